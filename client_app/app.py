@@ -1,0 +1,53 @@
+"""The ClientApp: one train, one evaluate and one handler per query, each dispatching to the method's code.
+
+The run config's ``method`` picks the client class from ``strategies.registry``; an exception in a
+handler becomes an error reply (Flower does that), which the strategy logs and leaves out of the round.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from client_app.base import ClientMethod
+from strategies.registry import all_queries, load_object, method_spec
+from task.config import Settings, parse_settings
+
+app = ClientApp()
+
+
+@functools.lru_cache(maxsize=16)
+def _settings(items: tuple) -> Settings:
+    return parse_settings(dict(items))
+
+
+def method_for(msg: Message, context: Context) -> ClientMethod:
+    settings = _settings(tuple(sorted(context.run_config.items())))
+    cls = load_object(method_spec(settings.method).client)
+    method = cls(context, settings)
+    method.round_seed = ClientMethod.round_of(msg)
+    return method
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return method_for(msg, context).train(msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    return method_for(msg, context).evaluate(msg)
+
+
+def _query_handler(name: str):
+    def handler(msg: Message, context: Context) -> Message:
+        return method_for(msg, context).query(name, msg)
+
+    handler.__name__ = f"query_{name}"
+    return handler
+
+
+for _name in sorted(all_queries()):
+    app.query(_name)(_query_handler(_name))

@@ -1,0 +1,213 @@
+"""Client side of the baselines: Local, FedAvg, FedProx, FedPer, FedRep, FedRoD, Ditto.
+
+Every train reply carries the shared arrays (``arrays``) and metrics with ``num-examples``,
+``partition-id``, train loss/accuracy and ``trained-acc`` (the just-trained local model on the client's
+test split, i.e. "after local training").  Every evaluate reply carries ``personal-acc`` (the client's
+personalized model on its own test split) and, where the method has one, ``global-acc``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from flwr.app import Message
+from torch import nn
+
+from client_app.base import ClientMethod, load_shared
+from task.params import load_record, model_to_record
+from task.train import proximal_term
+
+
+class FedAvgClient(ClientMethod):
+    """Train the received global model; personalized accuracy is the global model's own."""
+
+    def extra_loss(self, model: nn.Module):
+        return None
+
+    def train(self, msg: Message) -> Message:
+        model = self.fresh_model()
+        load_shared(model, msg)
+        metrics = self.fit(model, extra_loss=self.extra_loss(model))
+        _, trained_acc = self.test(model)
+        return self.reply(msg, {**self.base_metrics(), **metrics, "trained-acc": trained_acc}, model_to_record(model))
+
+    def evaluate(self, msg: Message) -> Message:
+        model = self.fresh_model()
+        load_shared(model, msg)
+        loss, acc = self.test(model)
+        return self.reply(msg, {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
+                                "global-acc": acc, "global-loss": loss})
+
+
+class FedProxClient(FedAvgClient):
+    """FedAvg plus ``proximal-mu``/2 ||w - w_global||^2 in the local objective."""
+
+    def extra_loss(self, model: nn.Module):
+        mu = float(self.settings.get("proximal-mu", 0.01))
+        if mu < 0:
+            raise ValueError(f"run-config key 'proximal-mu' must be >= 0, got {mu}")
+        reference = {k: p.detach().clone() for k, p in model.named_parameters()}
+        return proximal_term(reference, mu)
+
+
+class LocalClient(ClientMethod):
+    """Separate training: the model lives in ``context.state['model']`` and never leaves the node."""
+
+    def _model(self) -> nn.Module:
+        model = self.fresh_model()
+        own = self.load_state("model")
+        if own is not None:
+            load_record(model, own)
+        return model
+
+    def train(self, msg: Message) -> Message:
+        model = self._model()
+        metrics = self.fit(model)
+        self.save_state("model", model.state_dict())
+        _, acc = self.test(model)
+        return self.reply(msg, {**self.base_metrics(), **metrics, "trained-acc": acc})
+
+    def evaluate(self, msg: Message) -> Message:
+        loss, acc = self.test(self._model())
+        return self.reply(msg, {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
+
+
+class FedPerClient(ClientMethod):
+    """Shared body from the server + this client's head (kept in ``context.state['head']``)."""
+
+    def _model(self, msg: Message) -> nn.Module:
+        model = self.fresh_model()
+        load_shared(model, msg)
+        head = self.load_state("head")
+        if head is not None:
+            load_record(model, head)
+        return model
+
+    def local_training(self, model: nn.Module) -> dict[str, float]:
+        return self.fit(model)
+
+    def train(self, msg: Message) -> Message:
+        model = self._model(msg)
+        metrics = self.local_training(model)
+        self.save_state("head", model.state_dict(), self.head_keys(model))
+        _, acc = self.test(model)
+        return self.reply(msg, {**self.base_metrics(), **metrics, "trained-acc": acc},
+                          model_to_record(model, self.body_keys(model)))
+
+    def evaluate(self, msg: Message) -> Message:
+        loss, acc = self.test(self._model(msg))
+        return self.reply(msg, {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
+
+
+class FedRepClient(FedPerClient):
+    """FedRep: ``head-epochs`` on the head with the body frozen, then ``local-epochs`` on the body."""
+
+    def local_training(self, model: nn.Module) -> dict[str, float]:
+        head_params = [p for n, p in model.named_parameters() if n.startswith("head.")]
+        body_params = [p for n, p in model.named_parameters() if not n.startswith("head.")]
+        self.fit(model, epochs=int(self.settings.get("head-epochs", 1)), params=head_params)
+        return self.fit(model, params=body_params)
+
+
+def balanced_softmax_loss(class_counts: torch.Tensor):
+    """FedRoD's balanced softmax: cross-entropy on logits shifted by the log of the local label counts."""
+    log_prior = torch.log(class_counts.float().clamp_min(1e-8))
+
+    def loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits + log_prior.to(logits.device), y)
+
+    return loss
+
+
+class _RoDModel(nn.Module):
+    """Generic model + personal head; ``forward`` gives generic logits and remembers the features."""
+
+    def __init__(self, base: nn.Module, num_classes: int) -> None:
+        super().__init__()
+        self.base = base
+        self.phead = nn.Linear(base.feature_dim, num_classes).to(next(base.parameters()).device)
+        nn.init.zeros_(self.phead.weight)
+        nn.init.zeros_(self.phead.bias)
+        self.last_features: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.base.features(x)
+        self.last_features = z
+        return self.base.head(z)
+
+    def personalized(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.base.features(x)
+        return self.base.head(z) + self.phead(z)
+
+
+class FedRoDClient(ClientMethod):
+    """FedRoD: body + generic head trained with balanced softmax and shared; personal head trained with CE on
+    generic + personal logits (gradients only into the personal head), kept in ``context.state['phead']``."""
+
+    def _model(self, msg: Message) -> _RoDModel:
+        rod = _RoDModel(self.fresh_model(), self.settings.num_classes)
+        load_shared(rod.base, msg)
+        own = self.load_state("phead")
+        if own is not None:
+            rod.phead.load_state_dict({k: torch.from_numpy(v) for k, v in own.items()})
+        return rod
+
+    def train(self, msg: Message) -> Message:
+        rod = self._model(msg)
+        counts = torch.from_numpy(np.bincount(self.data.y_train.numpy(), minlength=self.settings.num_classes))
+
+        def personal_head_loss(model: nn.Module, x, y, logits):
+            z = rod.last_features.detach()
+            return nn.functional.cross_entropy(logits.detach() + rod.phead(z), y)
+
+        metrics = self.fit(rod, forward=rod.forward, loss_fn=balanced_softmax_loss(counts), extra_loss=personal_head_loss)
+        self.save_state("phead", rod.phead.state_dict())
+        _, acc = self.test(rod, forward=rod.personalized)
+        return self.reply(msg, {**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(rod.base))
+
+    def evaluate(self, msg: Message) -> Message:
+        rod = self._model(msg)
+        loss, acc = self.test(rod, forward=rod.personalized)
+        gloss, gacc = self.test(rod.base)
+        return self.reply(msg, {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
+                                "global-acc": gacc, "global-loss": gloss})
+
+
+class DittoClient(ClientMethod):
+    """Ditto: train the global model as FedAvg, and the personal model v (``context.state['personal']``) for
+    ``ditto-epochs`` on loss + ``ditto-lambda``/2 ||v - w_global||^2."""
+
+    def _personal(self, global_model: nn.Module) -> nn.Module:
+        personal = _clone(global_model)
+        own = self.load_state("personal")
+        if own is not None:
+            load_record(personal, own)
+        return personal
+
+    def train(self, msg: Message) -> Message:
+        model = self.fresh_model()
+        load_shared(model, msg)
+        lam = float(self.settings.get("ditto-lambda", 0.1))
+        if lam < 0:
+            raise ValueError(f"run-config key 'ditto-lambda' must be >= 0, got {lam}")
+        personal = self._personal(model)
+        reference = {k: p.detach().clone() for k, p in model.named_parameters()}
+        self.fit(personal, epochs=int(self.settings.get("ditto-epochs", 1)), extra_loss=proximal_term(reference, lam))
+        self.save_state("personal", personal.state_dict())
+        metrics = self.fit(model)
+        _, acc = self.test(personal)
+        return self.reply(msg, {**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model))
+
+    def evaluate(self, msg: Message) -> Message:
+        model = self.fresh_model()
+        load_shared(model, msg)
+        gloss, gacc = self.test(model)
+        loss, acc = self.test(self._personal(model))
+        return self.reply(msg, {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
+                                "global-acc": gacc, "global-loss": gloss})
+
+
+def _clone(model: nn.Module) -> nn.Module:
+    return copy.deepcopy(model)

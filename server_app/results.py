@@ -1,0 +1,120 @@
+"""One results folder per run: config, per-round metrics (JSON + CSV), final per-client accuracies, failures,
+communication, method artefacts and an accuracy-curve PNG, plus a one-line summary."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from task.config import Settings
+
+RESULTS_ENV = "PFLOWER_RESULTS_DIR"
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(_jsonable(obj), indent=1))
+
+
+class ResultsWriter:
+    """Creates ``<results-dir>/<time>-<method>-<run id>/`` (``results-dir`` relative paths resolve against
+    ``$PFLOWER_RESULTS_DIR`` when set, else the ServerApp's working directory)."""
+
+    def __init__(self, settings: Settings, run_id: int) -> None:
+        self.settings = settings
+        base = Path(settings.results_dir).expanduser()
+        if not base.is_absolute() and os.environ.get(RESULTS_ENV):
+            base = Path(os.environ[RESULTS_ENV]) / base
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.folder = base.resolve() / f"{stamp}-{settings.method}-{run_id}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        config = {"run-config": dict(settings.raw), "resolved": {
+            k: v for k, v in asdict(settings).items() if k != "raw"}}
+        write_json(self.folder / "config.json", config)
+
+    def write(self, strategy, seconds: float) -> str:
+        rows = []
+        for r in strategy.history:
+            row = {"round": r.server_round}
+            row.update({f"train/{k}": v for k, v in r.train.items()})
+            row.update({f"eval/{k}": v for k, v in r.evaluate.items()})
+            row.update({f"comm/{k}": v for k, v in r.extra.get("comm", {}).items()})
+            row["seconds"] = r.extra.get("seconds")
+            rows.append(row)
+        write_json(self.folder / "rounds.json", [
+            {"round": r.server_round, "train": r.train, "evaluate": r.evaluate, "extra": r.extra} for r in strategy.history
+        ])
+        fields = sorted({k for row in rows for k in row}, key=lambda k: (k != "round", k))
+        with open(self.folder / "rounds.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=fields)
+            w.writeheader()
+            w.writerows(rows)
+        clients = sorted(strategy.client_eval.items())
+        client_fields = sorted({k for _, m in clients for k in m})
+        with open(self.folder / "clients.csv", "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["client", *client_fields])
+            for pid, m in clients:
+                w.writerow([pid, *(m.get(k, "") for k in client_fields)])
+        write_json(self.folder / "failures.json", strategy.failures)
+        if hasattr(strategy, "write_artifacts"):
+            strategy.write_artifacts(self.folder)
+        self.plot(strategy)
+        final = strategy.history[-1].evaluate if strategy.history else {}
+        summary = {
+            "method": self.settings.method, "dataset": self.settings.data.dataset,
+            "partition": self.settings.data.partition, "rounds": len(strategy.history),
+            "personal-acc": final.get("personal-acc"), "global-acc": final.get("global-acc"),
+            "clients": len(clients), "failures": len(strategy.failures), "seconds": round(seconds, 2),
+            "results": str(self.folder),
+        }
+        write_json(self.folder / "summary.json", summary)
+        acc = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+        return (f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "
+                f"{summary['rounds']} rounds, {summary['clients']} clients, personalized acc "
+                f"{acc(summary['personal-acc'])}, global acc {acc(summary['global-acc'])}, "
+                f"{summary['failures']} rejected replies, {seconds:.1f} s -> {self.folder}")
+
+    def plot(self, strategy) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rounds = [r.server_round for r in strategy.history]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key, label in (("personal-acc", "personalized (mean over clients)"), ("global-acc", "global model"),):
+            ys = [r.evaluate.get(key) for r in strategy.history]
+            if any(y is not None for y in ys):
+                ax.plot(rounds, [np.nan if y is None else y for y in ys], marker="o", label=label)
+        ys = [r.train.get("trained-acc") for r in strategy.history]
+        if any(y is not None for y in ys):
+            ax.plot(rounds, [np.nan if y is None else y for y in ys], ls="--", label="after local training")
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.set_title(f"{self.settings.method} on {self.settings.data.dataset} ({self.settings.data.partition})")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(self.folder / "accuracy.png", dpi=100)
+        plt.close(fig)

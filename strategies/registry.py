@@ -1,0 +1,50 @@
+"""Which server strategy and which client code implement each ``method`` of the run config.
+
+Entries are import paths ("module:Class") so that choosing one method never imports the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    strategy: str
+    client: str
+    queries: tuple[str, ...] = ()
+    description: str = ""
+
+
+METHODS: dict[str, MethodSpec] = {
+    "local": MethodSpec("strategies.baselines:LocalStrategy", "client_app.baselines:LocalClient",
+                        description="each client trains alone"),
+    "fedavg": MethodSpec("strategies.baselines:FedAvgStrategy", "client_app.baselines:FedAvgClient",
+                         description="one global model"),
+    "fedprox": MethodSpec("strategies.baselines:FedProxStrategy", "client_app.baselines:FedProxClient",
+                          description="FedAvg with a proximal term (proximal-mu)"),
+    "fedper": MethodSpec("strategies.baselines:FedPerStrategy", "client_app.baselines:FedPerClient",
+                         description="shared body, personal head"),
+    "fedrep": MethodSpec("strategies.baselines:FedRepStrategy", "client_app.baselines:FedRepClient",
+                         description="shared body, personal head trained first (head-epochs)"),
+    "fedrod": MethodSpec("strategies.baselines:FedRoDStrategy", "client_app.baselines:FedRoDClient",
+                         description="balanced-softmax generic model + personal head"),
+    "ditto": MethodSpec("strategies.baselines:DittoStrategy", "client_app.baselines:DittoClient",
+                        description="global model + regularised personal model (ditto-lambda)"),
+}
+
+
+def load_object(path: str):
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def method_spec(method: str) -> MethodSpec:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r} (run-config key 'method'); allowed: {sorted(METHODS)}")
+    return METHODS[method]
+
+
+def all_queries() -> set[str]:
+    return {q for spec in METHODS.values() for q in spec.queries}

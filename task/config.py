@@ -1,0 +1,131 @@
+"""Run config -> typed settings shared by the ServerApp and the ClientApp.
+
+The run config (pyproject ``[tool.flwr.app.config]`` overridden by ``--run-config``) is the single
+source of settings.  Keys are kebab-case as Flower uses them; a method reads its own extra keys with
+:meth:`Settings.get`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from task.data import DataSettings, dataset_info
+from task.models import MODELS
+
+
+@dataclass(frozen=True)
+class Settings:
+    method: str
+    data: DataSettings
+    model: str
+    num_rounds: int
+    fraction_train: float
+    min_nodes: int
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    seed: int
+    device: str
+    round_timeout: float
+    results_dir: str
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A method-specific run-config key (kebab-case), with a default."""
+        return self.raw.get(key, default)
+
+    def require(self, key: str, kind: type, *, minimum: float | None = None, maximum: float | None = None) -> Any:
+        """A method-specific key that must exist, converted to ``kind`` and range-checked."""
+        if key not in self.raw:
+            raise ValueError(f"run-config key {key!r} is required by method {self.method!r}")
+        try:
+            value = kind(self.raw[key])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"run-config key {key!r} must be {kind.__name__}, got {self.raw[key]!r}") from err
+        if minimum is not None and value < minimum:
+            raise ValueError(f"run-config key {key!r} must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"run-config key {key!r} must be <= {maximum}, got {value}")
+        return value
+
+    @property
+    def in_channels(self) -> int:
+        return dataset_info(self.data.dataset).in_channels
+
+    @property
+    def image_size(self) -> int:
+        return dataset_info(self.data.dataset).image_size
+
+    @property
+    def num_classes(self) -> int:
+        return dataset_info(self.data.dataset).num_classes
+
+
+def _num(cfg: Mapping[str, Any], key: str, kind: type, default: Any, minimum: float | None = None) -> Any:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = kind(value)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"run-config key {key!r} must be a number, got {value!r}") from err
+    if kind is int and float(value) != int(value):
+        raise ValueError(f"run-config key {key!r} must be an integer, got {value!r}")
+    value = kind(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"run-config key {key!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def parse_settings(cfg: Mapping[str, Any]) -> Settings:
+    """Validate the run config; every error names the key and what is allowed."""
+    from strategies.registry import METHODS  # late import: the registry imports method modules lazily
+
+    method = str(cfg.get("method", "fedavg"))
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r} (run-config key 'method'); allowed: {sorted(METHODS)}")
+    dataset = str(cfg.get("dataset", "digits"))
+    dataset_info(dataset)
+    model = str(cfg.get("model", "auto"))
+    if model == "auto":
+        model = "cnn" if dataset_info(dataset).image_size > 0 else "softmax"
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r} (run-config key 'model'); allowed: {sorted(MODELS)} or 'auto'")
+    data = DataSettings(
+        dataset=dataset,
+        partition=str(cfg.get("partition", "dirichlet")),
+        alpha=_num(cfg, "alpha", float, 0.5),
+        classes_per_client=_num(cfg, "classes-per-client", int, 2, 1),
+        num_clusters=_num(cfg, "num-clusters", int, 5, 1),
+        mixture=str(cfg.get("mixture", "10:90")),
+        feature_shift=_num(cfg, "feature-shift", int, 0, 0),
+        test_fraction=_num(cfg, "test-fraction", float, 0.2, 0.0),
+        val_fraction=_num(cfg, "val-fraction", float, 0.1, 0.0),
+        noise_std=_num(cfg, "noise-std", float, 0.0, 0.0),
+        data_dir=str(cfg.get("data-dir", "")),
+        seed=_num(cfg, "seed", int, 0),
+    )
+    fraction = _num(cfg, "fraction-train", float, 1.0)
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"run-config key 'fraction-train' must be in (0, 1], got {fraction}")
+    return Settings(
+        method=method,
+        data=data,
+        model=model,
+        num_rounds=_num(cfg, "num-server-rounds", int, 10, 1),
+        fraction_train=fraction,
+        min_nodes=_num(cfg, "min-nodes", int, 2, 1),
+        local_epochs=_num(cfg, "local-epochs", int, 1, 0),
+        batch_size=_num(cfg, "batch-size", int, 20, 1),
+        lr=_num(cfg, "lr", float, 0.05, 0.0),
+        momentum=_num(cfg, "momentum", float, 0.9, 0.0),
+        weight_decay=_num(cfg, "weight-decay", float, 0.0, 0.0),
+        seed=data.seed,
+        device=str(cfg.get("device", "auto")),
+        round_timeout=_num(cfg, "round-timeout", float, 3600.0, 1.0),
+        results_dir=str(cfg.get("results-dir", "results")),
+        raw=dict(cfg),
+    )

@@ -1,0 +1,255 @@
+"""Models used by the methods, each split into a feature extractor ("body") and a classifier ("head").
+
+Convention shared by every model here: the last linear layer is the attribute ``head`` and
+``model.features(x)`` returns the flattened vector that ``head`` consumes.  Parameter (and buffer) names
+starting with ``"head."`` are the classifier; everything else is the body.  Personalized methods split
+states with :func:`head_keys` / :func:`body_keys` instead of hard-coding layer names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+HEAD_PREFIX = "head."
+
+
+class SplitModel(nn.Module):
+    """Base class: ``forward(x) = head(features(x))``."""
+
+    head: nn.Linear
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    @property
+    def feature_dim(self) -> int:
+        return self.head.in_features
+
+
+def _flat_dim(body: nn.Module, in_channels: int, image_size: int) -> int:
+    with torch.no_grad():
+        return int(body(torch.zeros(1, in_channels, image_size, image_size)).flatten(1).shape[1])
+
+
+class SmallCNN(SplitModel):
+    """FedCAC spec §8 CNN for digits: conv3x3(16, no bias)-BN-ReLU-conv3x3(32, no bias)-BN-ReLU-maxpool2-FC64-FC.
+
+    38,330 parameters on 8x8 inputs.  Larger inputs are average-pooled to 4x4 after the max-pool, so the
+    same architecture serves 28x28 (MNIST-like) and 32x32 images.
+    """
+
+    def __init__(self, in_channels: int, image_size: int, num_classes: int, hidden: int = 64) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [
+            nn.Conv2d(in_channels, 16, 3, padding=1, bias=False),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1, bias=False),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        ]
+        if image_size // 2 != 4:
+            layers.append(nn.AdaptiveAvgPool2d(4))
+        self.conv = nn.Sequential(*layers)
+        self.fc = nn.Linear(32 * 4 * 4, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(self.conv(x).flatten(1)))
+
+
+class C2ICNN(SplitModel):
+    """FedC2I paper Table 7 CNN (called "LeNet" there): conv5(64)-pool-conv5(64)-pool-FC384-FC192-FC.
+
+    Valid convolutions as in the paper for inputs >= 16 pixels (64x64 gives the paper's 64*13*13);
+    smaller inputs (8x8 digits) use padding 2 so the two pooling stages still fit.
+    """
+
+    def __init__(self, in_channels: int, image_size: int, num_classes: int) -> None:
+        super().__init__()
+        pad = 0 if image_size >= 16 else 2
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 5, padding=pad),
+            nn.ReLU(),
+            nn.MaxPool2d(2, 2),
+            nn.Conv2d(64, 64, 5, padding=pad),
+            nn.ReLU(),
+            nn.MaxPool2d(2, 2),
+        )
+        flat = _flat_dim(self.conv, in_channels, image_size)
+        self.fc1 = nn.Linear(flat, 384)
+        self.fc2 = nn.Linear(384, 192)
+        self.head = nn.Linear(192, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x).flatten(1)
+        return torch.relu(self.fc2(torch.relu(self.fc1(x))))
+
+
+class LeNet(SplitModel):
+    """LeNet-5 style: conv5(6)-pool-conv5(16)-pool-FC120-FC84-FC (padding 2 keeps it valid on 8x8)."""
+
+    def __init__(self, in_channels: int, image_size: int, num_classes: int) -> None:
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 6, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        flat = _flat_dim(self.conv, in_channels, image_size)
+        self.fc1 = nn.Linear(flat, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.head = nn.Linear(84, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x).flatten(1)
+        return torch.relu(self.fc2(torch.relu(self.fc1(x))))
+
+
+class PIFLCNN(SplitModel):
+    """PI-FL spec §4 CNN: conv3(32)-conv3(64)-pool-conv3(64,pad1)-pool-dropout-FC128-dropout-FC."""
+
+    def __init__(self, in_channels: int, image_size: int, num_classes: int) -> None:
+        super().__init__()
+        pad = 0 if image_size >= 16 else 1
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3, padding=pad),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=pad),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Dropout(0.25),
+        )
+        flat = _flat_dim(self.conv, in_channels, image_size)
+        self.fc = nn.Linear(flat, 128)
+        self.dropout = nn.Dropout(0.5)
+        self.head = nn.Linear(128, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(torch.relu(self.fc(self.conv(x).flatten(1))))
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet(SplitModel):
+    """CIFAR-style ResNet (3x3 stem, no max-pool) for 32x32 inputs; depth from ``blocks`` per stage."""
+
+    def __init__(self, in_channels: int, num_classes: int, blocks: list[int], widths: list[int]) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU()
+        )
+        stages: list[nn.Module] = []
+        cin = widths[0]
+        for i, (n, w) in enumerate(zip(blocks, widths, strict=True)):
+            for j in range(n):
+                stages.append(_BasicBlock(cin, w, 2 if (i > 0 and j == 0) else 1))
+                cin = w
+        self.stages = nn.Sequential(*stages)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(cin, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.stages(self.stem(x))).flatten(1)
+
+
+class SoftmaxRegression(SplitModel):
+    """Multinomial logistic regression: the body is the identity on the flattened input."""
+
+    def __init__(self, input_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.head = nn.Linear(input_dim, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1)
+
+
+class MLP(SplitModel):
+    """Two hidden layers of ReLU units, for vector data (e.g. the synthetic concept-shift set)."""
+
+    def __init__(self, input_dim: int, num_classes: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(input_dim, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc2(torch.relu(self.fc1(x.flatten(1)))))
+
+
+def _input_dim(in_channels: int, image_size: int) -> int:
+    return in_channels * image_size * image_size if image_size > 0 else in_channels
+
+
+MODELS: dict[str, Callable[[int, int, int], SplitModel]] = {
+    "cnn": lambda c, s, k: SmallCNN(c, s, k),
+    "c2i-cnn": lambda c, s, k: C2ICNN(c, s, k),
+    "lenet": lambda c, s, k: LeNet(c, s, k),
+    "pifl-cnn": lambda c, s, k: PIFLCNN(c, s, k),
+    "resnet8": lambda c, s, k: ResNet(c, k, [1, 1, 1], [64, 128, 256]),
+    "resnet10": lambda c, s, k: ResNet(c, k, [1, 1, 1, 1], [64, 128, 256, 512]),
+    "resnet18": lambda c, s, k: ResNet(c, k, [2, 2, 2, 2], [64, 128, 256, 512]),
+    "softmax": lambda c, s, k: SoftmaxRegression(_input_dim(c, s), k),
+    "mlp": lambda c, s, k: MLP(_input_dim(c, s), k),
+}
+IMAGE_ONLY = {"cnn", "c2i-cnn", "lenet", "pifl-cnn", "resnet8", "resnet10", "resnet18"}
+
+
+def build_model(name: str, in_channels: int, image_size: int, num_classes: int, seed: int | None = None) -> SplitModel:
+    """Build model ``name`` for inputs of ``in_channels`` x ``image_size`` x ``image_size``.
+
+    ``image_size == 0`` means vector inputs of dimension ``in_channels``.  With ``seed`` the initial
+    weights are reproducible (the server and every client build the same initial model).
+    """
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r} (run-config key 'model'); allowed: {sorted(MODELS)} or 'auto'")
+    if image_size == 0 and name in IMAGE_ONLY:
+        raise ValueError(
+            f"model {name!r} needs image inputs but the data set gives vectors; use 'softmax' or 'mlp'"
+        )
+    if seed is not None:
+        torch.manual_seed(seed)
+    return MODELS[name](in_channels, image_size, num_classes)
+
+
+def head_keys(model_or_state: nn.Module | dict) -> list[str]:
+    """Names (state_dict order) of the classifier's parameters and buffers."""
+    state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
+    return [k for k in state if k.startswith(HEAD_PREFIX)]
+
+
+def body_keys(model_or_state: nn.Module | dict) -> list[str]:
+    """Names (state_dict order) of the feature extractor's parameters and buffers (incl. BN statistics)."""
+    state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
+    return [k for k in state if not k.startswith(HEAD_PREFIX)]
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
