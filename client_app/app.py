@@ -11,6 +11,7 @@ import functools
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from client_app import faults
 from client_app.base import ClientMethod
 from strategies.registry import all_queries, load_object, method_spec
 from task.config import Settings, parse_settings
@@ -27,23 +28,27 @@ def method_for(msg: Message, context: Context) -> ClientMethod:
     settings = _settings(tuple(sorted(context.run_config.items())))
     cls = load_object(method_spec(settings.method).client)
     method = cls(context, settings)
-    method.round_seed = ClientMethod.round_of(msg)
+    method.round_seed = ClientMethod.round_of(msg.content)
+    faults.before_handler(str(settings.get("fault", "")), method.partition_id)
     return method
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return method_for(msg, context).train(msg)
+    method = method_for(msg, context)
+    content = method.train(msg.content)
+    content = faults.corrupt_train_reply(str(method.settings.get("fault", "")), method.partition_id, content)
+    return Message(content=content, reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    return method_for(msg, context).evaluate(msg)
+    return Message(content=method_for(msg, context).evaluate(msg.content), reply_to=msg)
 
 
 def _query_handler(name: str):
     def handler(msg: Message, context: Context) -> Message:
-        return method_for(msg, context).query(name, msg)
+        return Message(content=method_for(msg, context).query(name, msg.content), reply_to=msg)
 
     handler.__name__ = f"query_{name}"
     return handler

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from torch import nn
 
 from task.config import Settings, parse_settings
@@ -83,13 +83,16 @@ class ClientMethod:
         self.context.state[name] = ConfigRecord(dict(values))
 
     @staticmethod
-    def message_arrays(msg: Message, key: str = "arrays") -> ArrayRecord | None:
-        return msg.content.array_records.get(key) if key in msg.content.array_records else None
+    def message_arrays(content: RecordDict, key: str = "arrays") -> ArrayRecord | None:
+        return content.array_records[key] if key in content.array_records else None
 
     @staticmethod
-    def round_of(msg: Message) -> int:
-        cfg = msg.content.config_records.get("config") if "config" in msg.content.config_records else None
-        return int(cfg.get("server-round", 0)) if cfg is not None else 0
+    def message_config(content: RecordDict) -> dict[str, Any]:
+        return dict(content.config_records["config"]) if "config" in content.config_records else {}
+
+    @staticmethod
+    def round_of(content: RecordDict) -> int:
+        return int(ClientMethod.message_config(content).get("server-round", 0))
 
     # ---------------------------------------------------------------- training and evaluation
     def fit(self, model: nn.Module, epochs: int | None = None, **hooks: Any) -> dict[str, float]:
@@ -110,29 +113,32 @@ class ClientMethod:
         return {"partition-id": self.partition_id, "num-examples": self.data.num_train}
 
     @staticmethod
-    def reply(msg: Message, metrics: Mapping[str, float | int], arrays: ArrayRecord | None = None,
-              **records: ArrayRecord | MetricRecord | ConfigRecord) -> Message:
+    def reply(metrics: Mapping[str, float | int], arrays: ArrayRecord | None = None,
+              **records: ArrayRecord | MetricRecord | ConfigRecord) -> RecordDict:
+        """The reply's content: ``metrics`` (MetricRecord), optional ``arrays`` and any further records."""
         content = RecordDict({"metrics": MetricRecord(dict(metrics))})
         if arrays is not None:
             content["arrays"] = arrays
         for k, v in records.items():
             content[k] = v
-        return Message(content=content, reply_to=msg)
+        return content
 
     # ---------------------------------------------------------------- handlers (override)
-    def train(self, msg: Message) -> Message:  # pragma: no cover - abstract
+    # Handlers take and return a message's content (RecordDict); client_app.app wraps them in Messages,
+    # so they can be unit-tested with a hand-built Context and RecordDict.
+    def train(self, content: RecordDict) -> RecordDict:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def evaluate(self, msg: Message) -> Message:  # pragma: no cover - abstract
+    def evaluate(self, content: RecordDict) -> RecordDict:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def query(self, name: str, msg: Message) -> Message:
+    def query(self, name: str, content: RecordDict) -> RecordDict:
         raise ValueError(f"method {self.settings.method!r} does not answer query {name!r}")
 
 
-def load_shared(model: nn.Module, msg: Message, key: str = "arrays") -> bool:
+def load_shared(model: nn.Module, content: RecordDict, key: str = "arrays") -> bool:
     """Load the arrays the server sent (if any) into ``model``; True when something was loaded."""
-    rec = ClientMethod.message_arrays(msg, key)
+    rec = ClientMethod.message_arrays(content, key)
     if rec is None or len(rec) == 0:
         return False
     load_record(model, rec)

@@ -12,7 +12,7 @@ import copy
 
 import numpy as np
 import torch
-from flwr.app import Message
+from flwr.app import RecordDict
 from torch import nn
 
 from client_app.base import ClientMethod, load_shared
@@ -26,18 +26,18 @@ class FedAvgClient(ClientMethod):
     def extra_loss(self, model: nn.Module):
         return None
 
-    def train(self, msg: Message) -> Message:
+    def train(self, content: RecordDict) -> Message:
         model = self.fresh_model()
-        load_shared(model, msg)
+        load_shared(model, content)
         metrics = self.fit(model, extra_loss=self.extra_loss(model))
         _, trained_acc = self.test(model)
-        return self.reply(msg, {**self.base_metrics(), **metrics, "trained-acc": trained_acc}, model_to_record(model))
+        return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc}, model_to_record(model))
 
-    def evaluate(self, msg: Message) -> Message:
+    def evaluate(self, content: RecordDict) -> Message:
         model = self.fresh_model()
-        load_shared(model, msg)
+        load_shared(model, content)
         loss, acc = self.test(model)
-        return self.reply(msg, {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
+        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
                                 "global-acc": acc, "global-loss": loss})
 
 
@@ -62,24 +62,24 @@ class LocalClient(ClientMethod):
             load_record(model, own)
         return model
 
-    def train(self, msg: Message) -> Message:
+    def train(self, content: RecordDict) -> Message:
         model = self._model()
         metrics = self.fit(model)
         self.save_state("model", model.state_dict())
         _, acc = self.test(model)
-        return self.reply(msg, {**self.base_metrics(), **metrics, "trained-acc": acc})
+        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc})
 
-    def evaluate(self, msg: Message) -> Message:
+    def evaluate(self, content: RecordDict) -> Message:
         loss, acc = self.test(self._model())
-        return self.reply(msg, {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
+        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
 
 
 class FedPerClient(ClientMethod):
     """Shared body from the server + this client's head (kept in ``context.state['head']``)."""
 
-    def _model(self, msg: Message) -> nn.Module:
+    def _model(self, content: RecordDict) -> nn.Module:
         model = self.fresh_model()
-        load_shared(model, msg)
+        load_shared(model, content)
         head = self.load_state("head")
         if head is not None:
             load_record(model, head)
@@ -88,17 +88,17 @@ class FedPerClient(ClientMethod):
     def local_training(self, model: nn.Module) -> dict[str, float]:
         return self.fit(model)
 
-    def train(self, msg: Message) -> Message:
-        model = self._model(msg)
+    def train(self, content: RecordDict) -> Message:
+        model = self._model(content)
         metrics = self.local_training(model)
         self.save_state("head", model.state_dict(), self.head_keys(model))
         _, acc = self.test(model)
-        return self.reply(msg, {**self.base_metrics(), **metrics, "trained-acc": acc},
+        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc},
                           model_to_record(model, self.body_keys(model)))
 
-    def evaluate(self, msg: Message) -> Message:
-        loss, acc = self.test(self._model(msg))
-        return self.reply(msg, {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
+    def evaluate(self, content: RecordDict) -> Message:
+        loss, acc = self.test(self._model(content))
+        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
 
 
 class FedRepClient(FedPerClient):
@@ -146,16 +146,16 @@ class FedRoDClient(ClientMethod):
     """FedRoD: body + generic head trained with balanced softmax and shared; personal head trained with CE on
     generic + personal logits (gradients only into the personal head), kept in ``context.state['phead']``."""
 
-    def _model(self, msg: Message) -> _RoDModel:
+    def _model(self, content: RecordDict) -> _RoDModel:
         rod = _RoDModel(self.fresh_model(), self.settings.num_classes)
-        load_shared(rod.base, msg)
+        load_shared(rod.base, content)
         own = self.load_state("phead")
         if own is not None:
             rod.phead.load_state_dict({k: torch.from_numpy(v) for k, v in own.items()})
         return rod
 
-    def train(self, msg: Message) -> Message:
-        rod = self._model(msg)
+    def train(self, content: RecordDict) -> Message:
+        rod = self._model(content)
         counts = torch.from_numpy(np.bincount(self.data.y_train.numpy(), minlength=self.settings.num_classes))
 
         def personal_head_loss(model: nn.Module, x, y, logits):
@@ -165,13 +165,13 @@ class FedRoDClient(ClientMethod):
         metrics = self.fit(rod, forward=rod.forward, loss_fn=balanced_softmax_loss(counts), extra_loss=personal_head_loss)
         self.save_state("phead", rod.phead.state_dict())
         _, acc = self.test(rod, forward=rod.personalized)
-        return self.reply(msg, {**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(rod.base))
+        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(rod.base))
 
-    def evaluate(self, msg: Message) -> Message:
-        rod = self._model(msg)
+    def evaluate(self, content: RecordDict) -> Message:
+        rod = self._model(content)
         loss, acc = self.test(rod, forward=rod.personalized)
         gloss, gacc = self.test(rod.base)
-        return self.reply(msg, {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
+        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
                                 "global-acc": gacc, "global-loss": gloss})
 
 
@@ -186,9 +186,9 @@ class DittoClient(ClientMethod):
             load_record(personal, own)
         return personal
 
-    def train(self, msg: Message) -> Message:
+    def train(self, content: RecordDict) -> Message:
         model = self.fresh_model()
-        load_shared(model, msg)
+        load_shared(model, content)
         lam = float(self.settings.get("ditto-lambda", 0.1))
         if lam < 0:
             raise ValueError(f"run-config key 'ditto-lambda' must be >= 0, got {lam}")
@@ -198,14 +198,14 @@ class DittoClient(ClientMethod):
         self.save_state("personal", personal.state_dict())
         metrics = self.fit(model)
         _, acc = self.test(personal)
-        return self.reply(msg, {**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model))
+        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model))
 
-    def evaluate(self, msg: Message) -> Message:
+    def evaluate(self, content: RecordDict) -> Message:
         model = self.fresh_model()
-        load_shared(model, msg)
+        load_shared(model, content)
         gloss, gacc = self.test(model)
         loss, acc = self.test(self._personal(model))
-        return self.reply(msg, {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
+        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
                                 "global-acc": gacc, "global-loss": gloss})
 
 

@@ -168,16 +168,20 @@ class PersonalizedStrategy(Strategy):
         if msg.has_error():
             self.record_failure(server_round, nid, phase, f"error reply: {msg.error.reason}")
             return None
+        return self.validate_content(server_round, nid, msg.content, phase, seen)
+
+    def validate_content(self, server_round: int, nid: int, content: RecordDict, phase: str,
+                         seen: set[int]) -> ClientUpdate | None:
+        """A reply's content as a :class:`ClientUpdate`, or None (logged, recorded) when it is unusable."""
         if nid in seen:
             self.record_failure(server_round, nid, phase, "duplicate reply from the same node")
             return None
-        content = msg.content
         if "metrics" not in content.metric_records:
             self.record_failure(server_round, nid, phase, "reply has no 'metrics' MetricRecord")
             return None
         metrics = dict(content.metric_records["metrics"])
         n = metrics.get("num-examples")
-        if not isinstance(n, (int, float)) or not np.isfinite(n) or n < 0:
+        if not isinstance(n, (int, float)) or isinstance(n, bool) or not np.isfinite(n) or n <= 0:
             self.record_failure(server_round, nid, phase, f"invalid num-examples {n!r}")
             return None
         arrays: dict[str, np.ndarray] = {}

@@ -1,0 +1,47 @@
+"""Fault injection for testing failure handling end to end (run-config key ``fault``, empty = off).
+
+``fault = "nan@1,shape@2,crash@3"``: the client with partition id 1 replies NaN arrays to train messages,
+2 replies a wrongly shaped array, 3 raises in every handler (an error reply).  The server must reject
+those replies with a logged reason and finish the round with the rest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import RecordDict
+
+from task.params import record_to_numpy, to_record
+
+KINDS = ("nan", "shape", "crash")
+
+
+def parse_faults(spec: str) -> dict[int, str]:
+    faults: dict[int, str] = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        kind, _, pid = item.partition("@")
+        if kind not in KINDS or not pid.isdigit():
+            raise ValueError(f"run-config key 'fault': bad item {item!r}; use kind@partition-id with kind in {KINDS}")
+        faults[int(pid)] = kind
+    return faults
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def before_handler(spec: str, partition_id: int) -> None:
+    if spec and parse_faults(spec).get(partition_id) == "crash":
+        raise InjectedFault(f"injected crash on partition {partition_id} (run-config 'fault')")
+
+
+def corrupt_train_reply(spec: str, partition_id: int, content: RecordDict) -> RecordDict:
+    kind = parse_faults(spec).get(partition_id) if spec else None
+    if kind not in ("nan", "shape") or "arrays" not in content.array_records:
+        return content
+    arrays = record_to_numpy(content.array_records["arrays"])
+    if not arrays:
+        return content
+    key = next(k for k, v in arrays.items() if np.issubdtype(v.dtype, np.floating))
+    arrays[key] = np.full_like(arrays[key], np.nan) if kind == "nan" else np.zeros((*arrays[key].shape, 2), arrays[key].dtype)
+    content["arrays"] = to_record(arrays)
+    return content

@@ -1,0 +1,143 @@
+"""Run the app programmatically through Flower's own runtime, for tests and benchmarks.
+
+:class:`LocalSimulation` starts a private ``flower-superlink --simulation`` (own ports, own
+``FLWR_HOME``, runtime dependency installation disabled so runs use this environment), submits runs
+with ``flwr run <app> <connection> --stream`` and stops the SuperLink by its process id on exit.
+Nothing here bypasses Flower: every run goes through the SuperLink, the simulation runtime and the
+Message API like any ``flwr run``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import urllib.request
+
+APP_DIR = Path(__file__).resolve().parents[1]
+CONNECTION = "pflower-local"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "'" + str(value).replace("'", "") + "'"
+
+
+def run_config_arg(config: dict[str, Any]) -> str:
+    return " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+class LocalSimulation:
+    """A private SuperLink in simulation mode; use as a context manager."""
+
+    def __init__(self, workdir: str | Path | None = None, startup_timeout: float = 60.0) -> None:
+        self._own_dir = workdir is None
+        self.home = Path(workdir or tempfile.mkdtemp(prefix="pflower-flwr-"))
+        self.port = free_port()
+        self.health_port = free_port()
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["FLWR_HOME"] = str(self.home)
+        env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+        env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+        env.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+        return env
+
+    def start(self) -> "LocalSimulation":
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        self.log_path = self.home / "superlink.log"
+        cmd = [
+            shutil.which("flower-superlink") or "flower-superlink", "--insecure", "--simulation",
+            "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(self.port),
+            "--health-server-address", f"127.0.0.1:{self.health_port}",
+            "--disable-runtime-dependency-installation", "--database", str(self.home / "state.db"),
+        ]
+        self.process = subprocess.Popen(
+            cmd, env=self.env, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, cwd=self.home,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RunFailed(f"flower-superlink exited with {self.process.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=0.5) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RunFailed(f"flower-superlink did not become healthy in {self.startup_timeout:.0f} s; see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self.process = None
+        if self._own_dir:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    def __enter__(self) -> "LocalSimulation":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def run(self, run_config: dict[str, Any], num_supernodes: int = 4, timeout: float = 1200.0,
+            app_dir: Path = APP_DIR, num_cpus: int = 1, log_path: Path | None = None) -> dict[str, Any]:
+        """Submit one run, follow it to the end, and return its ``summary.json`` (plus ``log``)."""
+        if "results-dir" not in run_config:
+            run_config = {**run_config, "results-dir": str(self.home / "results")}
+        fed = f"num-supernodes={num_supernodes} client-resources-num-cpus={int(num_cpus)}"
+        cmd = [shutil.which("flwr") or "flwr", "run", str(app_dir), CONNECTION, "--stream",
+               "--federation-config", fed, "--run-config", run_config_arg(run_config)]
+        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=app_dir)
+        out = proc.stdout + proc.stderr
+        if log_path is not None:
+            Path(log_path).write_text(out)
+        match = re.search(r"-> (\S+)\s*$", "\n".join(l for l in out.splitlines() if l.startswith("pflower ")), re.M)
+        if proc.returncode != 0 or match is None:
+            tail = "\n".join(out.splitlines()[-40:])
+            raise RunFailed(f"flwr run failed (exit {proc.returncode}) for {run_config}:\n{tail}")
+        folder = Path(match.group(1))
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["log"] = out
+        return summary

@@ -1,0 +1,89 @@
+"""The baseline ClientApp handlers called directly with a hand-built Context (no Ray, no SuperLink)."""
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Context, RecordDict
+
+from server_app.app import build_strategy
+from strategies.registry import METHODS, load_object
+from task.config import parse_settings
+from task.params import record_to_numpy
+
+BASELINES = ["local", "fedavg", "fedprox", "fedper", "fedrep", "fedrod", "ditto"]
+CFG = {"num-server-rounds": 2, "local-epochs": 1, "partition": "pathological", "classes-per-client": 2}
+
+
+def context(method, pid=0, n=5, **extra):
+    cfg = {**CFG, "method": method, **extra}
+    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": n},
+                   state=RecordDict(), run_config=cfg)
+
+
+def client(ctx):
+    settings = parse_settings(ctx.run_config)
+    return load_object(METHODS[settings.method].client)(ctx, settings)
+
+
+def payload(strategy, rnd):
+    content = strategy.train_payload(1, rnd)
+    content["config"] = ConfigRecord({"server-round": rnd})
+    return content
+
+
+@pytest.mark.parametrize("method", BASELINES)
+def test_train_and_evaluate_reply_what_the_strategy_expects(method):
+    ctx = context(method)
+    strat = build_strategy(parse_settings(ctx.run_config))
+    reply = client(ctx).train(payload(strat, 1))
+    metrics = dict(reply["metrics"])
+    assert metrics["num-examples"] > 0 and metrics["partition-id"] == 0
+    assert 0.0 <= metrics["trained-acc"] <= 1.0 and metrics["steps"] > 0
+    update = strat.validate_content(1, 100, reply, "train", set())
+    assert update is not None, strat.failures
+    strat.aggregate(1, [update])
+    ev = dict(client(ctx).evaluate(payload(strat, 1))["metrics"])
+    assert 0.0 <= ev["personal-acc"] <= 1.0
+    assert ("global-acc" in ev) == strat.has_global_model or method == "fedavg"
+
+
+def test_local_model_persists_in_context_state():
+    ctx = context("local")
+    client(ctx).train(RecordDict())
+    first = record_to_numpy(ctx.state["model"])
+    client(ctx).train(RecordDict())
+    second = record_to_numpy(ctx.state["model"])
+    assert any(not np.allclose(first[k], second[k]) for k in first if k.endswith("weight"))
+
+
+def test_fedper_head_stays_on_the_client():
+    ctx = context("fedper")
+    strat = build_strategy(parse_settings(ctx.run_config))
+    reply = client(ctx).train(payload(strat, 1))
+    assert not any(k.startswith("head.") for k in reply["arrays"].keys())
+    head = record_to_numpy(ctx.state["head"])
+    assert set(head) == {"head.weight", "head.bias"}
+
+
+def test_fedrep_trains_head_then_body():
+    ctx = context("fedrep", **{"head-epochs": 2})
+    strat = build_strategy(parse_settings(ctx.run_config))
+    init_head = strat.global_state  # body only
+    reply = client(ctx).train(payload(strat, 1))
+    body = record_to_numpy(reply["arrays"])
+    assert any(not np.allclose(body[k], init_head[k]) for k in body if k.endswith("weight"))
+
+
+def test_personal_models_differ_between_clients_with_different_labels():
+    states = []
+    for pid in (0, 3):
+        ctx = context("ditto", pid=pid)
+        strat = build_strategy(parse_settings(ctx.run_config))
+        client(ctx).train(payload(strat, 1))
+        states.append(record_to_numpy(ctx.state["personal"]))
+    assert not np.allclose(states[0]["head.bias"], states[1]["head.bias"])
+
+
+def test_missing_partition_in_node_config_is_a_clear_error():
+    ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={"method": "fedavg"})
+    with pytest.raises(ValueError, match="partition-id"):
+        client(ctx)

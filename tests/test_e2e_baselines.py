@@ -1,0 +1,49 @@
+"""End-to-end Flower runs (flwr run on a private simulation SuperLink): two rounds of every baseline."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BASELINES = ["local", "fedavg", "fedprox", "fedper", "fedrep", "fedrod", "ditto"]
+
+
+@pytest.mark.parametrize("method", BASELINES)
+def test_two_rounds(simulation, method):
+    summary = simulation.run({"method": method, "num-server-rounds": 2, "min-nodes": 4}, num_supernodes=4)
+    assert summary["rounds"] == 2 and summary["clients"] == 4 and summary["failures"] == 0
+    assert 0.3 < summary["personal-acc"] <= 1.0  # far above chance (0.1) after two rounds on digits
+    folder = Path(summary["results"])
+    for name in ("config.json", "rounds.json", "rounds.csv", "clients.csv", "accuracy.png", "summary.json"):
+        assert (folder / name).exists(), name
+    rounds = json.loads((folder / "rounds.json").read_text())
+    assert [r["round"] for r in rounds] == [1, 2]
+    comm = rounds[0]["extra"]["comm"]
+    assert comm["train-bytes-up"] > 0 and comm["evaluate-bytes-up"] > 0
+    if method != "local":
+        assert comm["train-bytes-down"] > 4 * 4 * 30_000  # four clients, >= 30k float32 parameters each
+    assert "global-acc" in rounds[-1]["evaluate"] or method in ("local", "fedper", "fedrep")
+
+
+def test_bad_replies_are_rejected_and_the_run_goes_on(simulation):
+    summary = simulation.run({"method": "fedavg", "num-server-rounds": 2, "min-nodes": 4,
+                              "fault": "nan@1,shape@2,crash@3"}, num_supernodes=4)
+    failures = json.loads((Path(summary["results"]) / "failures.json").read_text())
+    reasons = {(f["round"], f["phase"]): [] for f in failures}
+    for f in failures:
+        reasons[(f["round"], f["phase"])].append(f["reason"])
+    for rnd in (1, 2):
+        train = " | ".join(reasons[(rnd, "train")])
+        assert "non-finite" in train and "shape of" in train and "injected crash" in train
+        assert "injected crash" in " ".join(reasons[(rnd, "evaluate")])
+    assert summary["failures"] == 8  # 3 train + 1 evaluate rejections per round
+    assert 0.3 < summary["personal-acc"] <= 1.0  # the healthy client's model kept learning
+
+
+def test_unknown_method_fails_with_a_clear_message(simulation):
+    from server_app.runner import RunFailed
+
+    with pytest.raises(RunFailed, match="unknown method 'nosuch'"):
+        simulation.run({"method": "nosuch", "num-server-rounds": 1}, num_supernodes=2, timeout=300)
