@@ -32,6 +32,11 @@ METHODS: dict[str, MethodSpec] = {
                          description="balanced-softmax generic model + personal head"),
     "ditto": MethodSpec("strategies.baselines:DittoStrategy", "client_app.baselines:DittoClient",
                         description="global model + regularised personal model (ditto-lambda)"),
+    # --- fedcac ---
+    # --- fedc2i ---
+    # --- pfedlia ---
+    # --- pifl ---
+    # --- client2vec ---
 }
 
 
