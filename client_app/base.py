@@ -7,8 +7,11 @@ loaded once per process (cached by settings), not again in every handler.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import resource
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -50,6 +53,7 @@ class ClientMethod:
             torch.set_num_threads(threads)
         self.data: ClientData = load_client_data(self.settings.data, self.partition_id, self.num_partitions)
         self.seed = int(self.settings.seed) * 100_003 + self.partition_id
+        self.timings: dict[str, float] = {}
 
     # ---------------------------------------------------------------- model and state
     def fresh_model(self) -> SplitModel:
@@ -95,7 +99,22 @@ class ClientMethod:
         return int(ClientMethod.message_config(content).get("server-round", 0))
 
     # ---------------------------------------------------------------- training and evaluation
+    @contextlib.contextmanager
+    def timed(self, phase: str):
+        """Accumulate wall time of a phase ("train" for local training, "method" for method-specific
+        client work such as influence, masks, bids or the index); reported as ``time-<phase>``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - start
+
     def fit(self, model: nn.Module, epochs: int | None = None, **hooks: Any) -> dict[str, float]:
+        """Local training with the run's settings (timed as ``time-train``); hooks as in task.train.train."""
+        with self.timed("train"):
+            return self._fit(model, epochs, **hooks)
+
+    def _fit(self, model: nn.Module, epochs: int | None = None, **hooks: Any) -> dict[str, float]:
         s = self.settings
         return train(
             model, self.data.x_train, self.data.y_train,
@@ -110,7 +129,11 @@ class ClientMethod:
         return evaluate(model, x, y, **kw)
 
     def base_metrics(self) -> dict[str, float | int]:
-        return {"partition-id": self.partition_id, "num-examples": self.data.num_train}
+        """partition-id, num-examples, the timed phases so far and the process's peak memory (MB)."""
+        metrics: dict[str, float | int] = {"partition-id": self.partition_id, "num-examples": self.data.num_train}
+        metrics.update({f"time-{k}": float(v) for k, v in self.timings.items()})
+        metrics["peak-rss-mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        return metrics
 
     @staticmethod
     def reply(metrics: Mapping[str, float | int], arrays: ArrayRecord | None = None,

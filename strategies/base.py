@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import resource
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -213,28 +214,47 @@ class PersonalizedStrategy(Strategy):
         log.info("%s on %s (%s), model %s, %d rounds, fraction-train %.2f, seed %d", self.name, s.data.dataset,
                  s.data.partition, s.model, s.num_rounds, s.fraction_train, s.seed)
 
+    def _server_time(self, seconds: float) -> None:
+        if self.history:
+            extra = self.history[-1].extra
+            extra["server-seconds"] = extra.get("server-seconds", 0.0) + seconds
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         self._round_start = time.monotonic()
         self.history.append(RoundLog(server_round))
         nodes = self.sample(grid, server_round)
-        return self._messages(server_round, nodes, "train", MessageType.TRAIN)
+        start = time.perf_counter()
+        msgs = self._messages(server_round, nodes, "train", MessageType.TRAIN)
+        self._server_time(time.perf_counter() - start)
+        return msgs
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        start = time.perf_counter()
         seen: set[int] = set()
         updates = [u for r in replies if (u := self.validate_reply(server_round, r, "train", seen)) is not None]
         extra = self.aggregate(server_round, updates) if updates else {}
         if not updates:
             log.warning("round %d: no valid train replies; state left unchanged", server_round)
-        metrics = self._mean_metrics(updates, ("train-loss", "train-acc", "trained-acc"))
+        metrics = self._mean_metrics(updates, ("train-loss", "train-acc", "trained-acc", "time-train", "time-method"))
+        for key in ("time-train", "time-method", "peak-rss-mb"):
+            vals = [float(u.metrics[key]) for u in updates if key in u.metrics]
+            if vals:
+                metrics[f"{key}-max"] = max(vals)
         metrics["num-replies"] = len(updates)
         self.history[-1].train = metrics
         self.history[-1].extra.update(extra)
-        return (to_record(self.global_state) if self.global_state else ArrayRecord()), MetricRecord(
+        result = (to_record(self.global_state) if self.global_state else ArrayRecord()), MetricRecord(
             {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
         )
+        self._server_time(time.perf_counter() - start)
+        return result
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        return self._messages(server_round, wait_for_nodes(grid, self.settings.min_nodes), "evaluate", MessageType.EVALUATE)
+        nodes = wait_for_nodes(grid, self.settings.min_nodes)
+        start = time.perf_counter()
+        msgs = self._messages(server_round, nodes, "evaluate", MessageType.EVALUATE)
+        self._server_time(time.perf_counter() - start)
+        return msgs
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         seen: set[int] = set()
@@ -251,6 +271,7 @@ class PersonalizedStrategy(Strategy):
         self.on_round_end(server_round)
         self.history[-1].extra["comm"] = dict(self.comm.get(server_round, {}))
         self.history[-1].extra["seconds"] = time.monotonic() - self._round_start
+        self.history[-1].extra["server-peak-rss-mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         self._progress(server_round, metrics)
         return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
 
