@@ -249,8 +249,17 @@ class PersonalizedStrategy(Strategy):
         self._server_time(time.perf_counter() - start)
         return result
 
+    def evaluation_round(self, server_round: int) -> bool:
+        """Evaluate every ``eval-every`` rounds and always in the last one."""
+        return server_round % self.settings.eval_every == 0 or server_round == self.settings.num_rounds
+
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        if not self.evaluation_round(server_round):
+            return []
         nodes = wait_for_nodes(grid, self.settings.min_nodes)
+        k = max(1, int(round(self.settings.fraction_evaluate * len(nodes))))
+        if k < len(nodes):
+            nodes = sorted(self.rng.sample(nodes, k))
         start = time.perf_counter()
         msgs = self._messages(server_round, nodes, "evaluate", MessageType.EVALUATE)
         self._server_time(time.perf_counter() - start)
@@ -291,5 +300,7 @@ class PersonalizedStrategy(Strategy):
         per_round = elapsed / server_round
         eta = per_round * (self.settings.num_rounds - server_round)
         accs = ", ".join(f"{k} {metrics[k]:.4f}" for k in ("personal-acc", "global-acc") if k in metrics)
+        if not accs:
+            accs = "no evaluation replies" if self.evaluation_round(server_round) else "not evaluated this round"
         log.info("[%s] round %d/%d done: %s | %.1f s/round, ETA %.0f s", self.name, server_round,
-                 self.settings.num_rounds, accs or "no evaluation replies", per_round, eta)
+                 self.settings.num_rounds, accs, per_round, eta)

@@ -32,6 +32,8 @@ class Settings:
     device: str
     round_timeout: float
     results_dir: str
+    eval_every: int = 1
+    fraction_evaluate: float = 1.0
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -80,6 +82,13 @@ def _num(cfg: Mapping[str, Any], key: str, kind: type, default: Any, minimum: fl
     return value
 
 
+def _fraction(cfg: Mapping[str, Any], key: str) -> float:
+    value = _num(cfg, key, float, 1.0)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"run-config key {key!r} must be in (0, 1], got {value}")
+    return value
+
+
 def parse_settings(cfg: Mapping[str, Any]) -> Settings:
     """Validate the run config; every error names the key and what is allowed."""
     from strategies.registry import METHODS  # late import: the registry imports method modules lazily
@@ -105,12 +114,11 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         test_fraction=_num(cfg, "test-fraction", float, 0.2, 0.0),
         val_fraction=_num(cfg, "val-fraction", float, 0.1, 0.0),
         noise_std=_num(cfg, "noise-std", float, 0.0, 0.0),
+        data_copies=_num(cfg, "data-copies", int, 1, 1),
         data_dir=str(cfg.get("data-dir", "")),
         seed=_num(cfg, "seed", int, 0),
     )
-    fraction = _num(cfg, "fraction-train", float, 1.0)
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"run-config key 'fraction-train' must be in (0, 1], got {fraction}")
+    fraction = _fraction(cfg, "fraction-train")
     return Settings(
         method=method,
         data=data,
@@ -127,5 +135,7 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         device=str(cfg.get("device", "auto")),
         round_timeout=_num(cfg, "round-timeout", float, 3600.0, 1.0),
         results_dir=str(cfg.get("results-dir", "results")),
+        eval_every=_num(cfg, "eval-every", int, 1, 1),
+        fraction_evaluate=_fraction(cfg, "fraction-evaluate"),
         raw=dict(cfg),
     )

@@ -23,6 +23,9 @@ def test_defaults_parse():
     ({"num-server-rounds": 0}, r"'num-server-rounds' must be >= 1"),
     ({"local-epochs": 1.5}, r"'local-epochs' must be an integer"),
     ({"lr": "fast"}, r"'lr' must be a number"),
+    ({"fraction-evaluate": 1.5}, r"'fraction-evaluate' must be in \(0, 1\]"),
+    ({"eval-every": 0}, r"'eval-every' must be >= 1"),
+    ({"data-copies": 0}, r"'data-copies' must be >= 1"),
 ])
 def test_bad_run_config(cfg, pattern):
     with pytest.raises(ValueError, match=pattern):

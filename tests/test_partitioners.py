@@ -150,3 +150,13 @@ def test_client_data_is_deterministic():
     b = load_client_data(s, 2, 8)
     assert np.array_equal(a.y_train.numpy(), b.y_train.numpy())
     assert np.array_equal(a.x_test.numpy(), b.x_test.numpy())
+
+
+def test_data_copies_add_jittered_samples(digits):
+    big = load_centralized("digits", copies=3)
+    assert big.x.shape[0] == 3 * len(digits.y)
+    np.testing.assert_array_equal(big.y[: len(digits.y)], digits.y)
+    np.testing.assert_array_equal(big.x[: len(digits.y)], digits.x)
+    assert not np.allclose(big.x[len(digits.y):2 * len(digits.y)], digits.x)
+    parts = all_parts(make("iid", 1000, big.y), 1000)
+    assert min(map(len, parts)) >= 5
