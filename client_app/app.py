@@ -29,7 +29,7 @@ def method_for(msg: Message, context: Context) -> ClientMethod:
     cls = load_object(method_spec(settings.method).client)
     method = cls(context, settings)
     method.round_seed = ClientMethod.round_of(msg.content)
-    faults.before_handler(str(settings.get("fault", "")), method.partition_id)
+    faults.before_handler(str(settings.get("fault", "")), method.partition_id, method.round_seed)
     return method
 
 
@@ -37,7 +37,8 @@ def method_for(msg: Message, context: Context) -> ClientMethod:
 def train(msg: Message, context: Context) -> Message:
     method = method_for(msg, context)
     content = method.train(msg.content)
-    content = faults.corrupt_train_reply(str(method.settings.get("fault", "")), method.partition_id, content)
+    content = faults.corrupt_train_reply(str(method.settings.get("fault", "")), method.partition_id,
+                                         method.round_seed, content)
     return Message(content=content, reply_to=msg)
 
 

@@ -33,6 +33,8 @@ METHODS: dict[str, MethodSpec] = {
     "ditto": MethodSpec("strategies.baselines:DittoStrategy", "client_app.baselines:DittoClient",
                         description="global model + regularised personal model (ditto-lambda)"),
     # --- fedcac ---
+    "fedcac": MethodSpec("strategies.fedcac:FedCACStrategy", "client_app.fedcac:FedCACClient",
+                         description="critical-parameter masks, mask-overlap collaborators (tau, beta)"),
     # --- fedc2i ---
     # --- pfedlia ---
     # --- pifl ---

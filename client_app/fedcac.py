@@ -1,0 +1,79 @@
+"""FedCAC client (spec fedcac §2.3, §2.4, §2.7, §7): train, score sensitivity, send the packed critical mask,
+mix the server's global and customized models with the stored mask (Eq. 11).
+
+State kept in ``context.state``: ``model`` (the post-training model, BN statistics included: they stay
+local) and ``mask`` (the packed critical mask of the last round).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from flwr.app import ArrayRecord, RecordDict
+
+from client_app.base import ClientMethod
+from client_app.fedcac_math import critical_masks, merge_customized, pack_masks, parameter_sensitivity, unpack_masks
+from task.params import load_record, model_to_record, record_to_numpy, to_record
+
+
+class FedCACClient(ClientMethod):
+    def _params(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def _mixed_model(self, content: RecordDict) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """(model to start from / evaluate as personalized, stored post-training model or None)."""
+        model = self.fresh_model()
+        own = self.load_state("model")
+        global_rec = self.message_arrays(content, "global")
+        if own is None:  # first contact: the common initial model with the current global parameters
+            if global_rec is not None:
+                load_record(model, global_rec)
+            return model, None
+        load_record(model, own)
+        trained = copy.deepcopy(model)
+        packed = self.load_state("mask")
+        if global_rec is None or packed is None:
+            return model, trained
+        keys = [n for n, _ in model.named_parameters()]
+        shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        masks = unpack_masks(packed["bits"], shapes)
+        to_t = lambda rec: {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(rec).items()}  # noqa: E731
+        custom_rec = self.message_arrays(content, "custom")
+        with self.timed("method"):
+            mixed = merge_customized(self._params(model), to_t(custom_rec) if custom_rec is not None else None,
+                                     to_t(global_rec), masks)
+        load_record(model, {k: v.cpu().numpy() for k, v in mixed.items() if k in keys})
+        return model, trained
+
+    def train(self, content: RecordDict) -> RecordDict:
+        model, _ = self._mixed_model(content)
+        before = self._params(model)
+        metrics = self.fit(model)
+        tau = float(self.settings.get("tau", 0.5))
+        with self.timed("method"):
+            after = self._params(model)
+            masks = critical_masks(parameter_sensitivity(before, after), tau)
+            keys = list(after)
+            packed = pack_masks(masks, keys)
+        self.save_state("model", model.state_dict())
+        self.save_state("mask", {"bits": packed})
+        _, trained_acc = self.test(model)
+        extra = {}
+        if bool(self.settings.get("fedcac-diagnostics", False)):  # simulation-only diagnostic (leaks labels)
+            extra["label-histogram"] = [int(c) for c in self.data.label_histogram()]
+        return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc, **extra},
+                          model_to_record(model, keys), mask=to_record({"bits": packed}))
+
+    def evaluate(self, content: RecordDict) -> RecordDict:
+        mixed, trained = self._mixed_model(content)
+        loss, acc = self.test(mixed)
+        metrics = {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss}
+        if trained is not None:
+            metrics["before-agg-acc"] = self.test(trained)[1]
+        global_rec = self.message_arrays(content, "global")
+        if global_rec is not None:  # w_bar with this client's BN statistics
+            glob = copy.deepcopy(trained if trained is not None else mixed)
+            load_record(glob, global_rec)
+            metrics["global-loss"], metrics["global-acc"] = self.test(glob)
+        return self.reply(metrics)

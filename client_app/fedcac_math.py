@@ -1,0 +1,84 @@
+"""FedCAC client-side math (spec fedcac §2.3, §2.4, §2.7): sensitivity, critical masks, bit packing, Eq. 11.
+
+Pure torch / numpy, no Flower.  A "layer" is one trainable tensor (one entry of ``named_parameters()``);
+BatchNorm running statistics are not scored and stay local (spec §2.4 "recommended default").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+
+def parameter_sensitivity(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Eq. 5: ``s = |(theta_after - theta_before) * theta_after|``, element-wise, per trainable tensor.
+
+    The paper's "·" is a Hadamard product; the sign of the change does not matter.
+    """
+    out = {}
+    for name, theta in after.items():
+        if name not in before:
+            raise ValueError(f"no start-of-round value for parameter {name!r}")
+        out[name] = ((theta - before[name]) * theta).abs()
+    return out
+
+
+def critical_masks(sensitivity: Mapping[str, torch.Tensor], tau: float) -> dict[str, torch.Tensor]:
+    """Eq. 6: per tensor, exactly ``floor(tau * n_l)`` ones at the largest sensitivities (exact top-k).
+
+    Top-k by index (spec §2.4 recommendation) gives exactly k ones even with ties; ``tau`` in [0, 1].
+    """
+    if not 0.0 <= tau <= 1.0:
+        raise ValueError(f"run-config key 'tau' must be in [0, 1], got {tau}")
+    masks = {}
+    for name, s in sensitivity.items():
+        flat = s.detach().flatten()
+        k = int(np.floor(tau * flat.numel() + 1e-9))
+        m = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
+        if k > 0:
+            m[torch.topk(flat, k, sorted=False).indices] = True
+        masks[name] = m.view_as(s)
+    return masks
+
+
+def pack_masks(masks: Mapping[str, torch.Tensor | np.ndarray], keys: list[str]) -> np.ndarray:
+    """Concatenate the masks in ``keys`` order and pack them 8 per byte (``np.packbits``): n/8 bytes."""
+    flat = [np.asarray(masks[k].cpu() if isinstance(masks[k], torch.Tensor) else masks[k], dtype=bool).ravel() for k in keys]
+    return np.packbits(np.concatenate(flat) if flat else np.zeros(0, bool))
+
+
+def unpack_masks(packed: np.ndarray, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """Inverse of :func:`pack_masks` for the given ordered ``shapes``; raises on a wrong length."""
+    sizes = [int(np.prod(s)) for s in shapes.values()]
+    total = sum(sizes)
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint8 or packed.ndim != 1 or len(packed) != (total + 7) // 8:
+        raise ValueError(f"packed mask must be uint8 of length {(total + 7) // 8} for {total} parameters, "
+                         f"got {packed.dtype} of shape {packed.shape}")
+    bits = np.unpackbits(packed, count=total).astype(bool)
+    out, pos = {}, 0
+    for (name, shape), size in zip(shapes.items(), sizes):
+        out[name] = bits[pos : pos + size].reshape(shape)
+        pos += size
+    return out
+
+
+def merge_customized(
+    own: Mapping[str, torch.Tensor], customized: Mapping[str, torch.Tensor] | None,
+    global_avg: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor | np.ndarray],
+) -> dict[str, torch.Tensor]:
+    """Eq. 11: ``w = u * M + w_bar * (1 - M)`` per trainable tensor.
+
+    ``customized`` is ``u_i`` (critical parameters averaged over the client and its collaborators); when
+    the server has none for this client (absent last round, spec §6.11) the client's own critical values
+    are kept.  Idempotent: it does not depend on the client's current non-critical values.
+    """
+    out = {}
+    for name, wbar in global_avg.items():
+        m = masks[name]
+        m = torch.as_tensor(np.asarray(m) if not isinstance(m, torch.Tensor) else m, device=wbar.device).bool()
+        u = (customized[name] if customized is not None else own[name]).to(wbar.device)
+        out[name] = torch.where(m, u, wbar)
+    return out
