@@ -119,7 +119,8 @@ class ClientMethod:
         return train(
             model, self.data.x_train, self.data.y_train,
             epochs=s.local_epochs if epochs is None else epochs, batch_size=s.batch_size, lr=s.lr,
-            momentum=s.momentum, weight_decay=s.weight_decay, seed=self.seed + 7919 * self.round_seed, **hooks,
+            momentum=s.momentum, weight_decay=s.weight_decay, seed=self.seed + 7919 * self.round_seed,
+            optimizer=str(s.get("optimizer", "sgd")), **hooks,
         )
 
     round_seed = 0

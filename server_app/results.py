@@ -83,6 +83,7 @@ class ResultsWriter:
             "method": self.settings.method, "dataset": self.settings.data.dataset,
             "partition": self.settings.data.partition, "rounds": len(strategy.history),
             "personal-acc": final.get("personal-acc"), "global-acc": final.get("global-acc"),
+            "trained-acc": strategy.history[-1].train.get("trained-acc") if strategy.history else None,
             "clients": len(clients), "failures": len(strategy.failures), "seconds": round(seconds, 2),
             "results": str(self.folder),
         }

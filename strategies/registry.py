@@ -36,6 +36,8 @@ METHODS: dict[str, MethodSpec] = {
     "fedcac": MethodSpec("strategies.fedcac:FedCACStrategy", "client_app.fedcac:FedCACClient",
                          description="critical-parameter masks, mask-overlap collaborators (tau, beta)"),
     # --- fedc2i ---
+    "fedc2i": MethodSpec("strategies.fedc2i:FedC2IStrategy", "client_app.fedc2i:FedC2IClient",
+                         description="leave-one-out influence, per-client mixing of all models (gamma, c2i-peers)"),
     # --- pfedlia ---
     # --- pifl ---
     # --- client2vec ---

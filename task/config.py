@@ -119,6 +119,8 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         seed=_num(cfg, "seed", int, 0),
     )
     fraction = _fraction(cfg, "fraction-train")
+    if str(cfg.get("optimizer", "sgd")) not in ("sgd", "adam"):
+        raise ValueError(f"unknown optimizer {cfg.get('optimizer')!r} (run-config key 'optimizer'); allowed: ['sgd', 'adam']")
     return Settings(
         method=method,
         data=data,

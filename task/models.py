@@ -116,6 +116,25 @@ class LeNet(SplitModel):
         return torch.relu(self.fc2(torch.relu(self.fc1(x))))
 
 
+class C2ISmall(SplitModel):
+    """FedC2I spec §8 CPU-sized version of the Table 7 CNN: conv5(16)-pool-conv5(32)-pool-FC120-FC84-FC."""
+
+    def __init__(self, in_channels: int, image_size: int, num_classes: int) -> None:
+        super().__init__()
+        pad = 0 if image_size >= 16 else 2
+        self.conv = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        flat = _flat_dim(self.conv, in_channels, image_size)
+        self.fc1 = nn.Linear(flat, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.head = nn.Linear(84, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc2(torch.relu(self.fc1(self.conv(x).flatten(1)))))
+
+
 class PIFLCNN(SplitModel):
     """PI-FL spec §4 CNN: conv3(32)-conv3(64)-pool-conv3(64,pad1)-pool-dropout-FC128-dropout-FC."""
 
@@ -212,6 +231,7 @@ MODELS: dict[str, Callable[[int, int, int], SplitModel]] = {
     "cnn": lambda c, s, k: SmallCNN(c, s, k),
     "c2i-cnn": lambda c, s, k: C2ICNN(c, s, k),
     "lenet": lambda c, s, k: LeNet(c, s, k),
+    "c2i-small": lambda c, s, k: C2ISmall(c, s, k),
     "pifl-cnn": lambda c, s, k: PIFLCNN(c, s, k),
     "resnet8": lambda c, s, k: ResNet(c, k, [1, 1, 1], [64, 128, 256]),
     "resnet10": lambda c, s, k: ResNet(c, k, [1, 1, 1, 1], [64, 128, 256, 512]),
@@ -219,7 +239,7 @@ MODELS: dict[str, Callable[[int, int, int], SplitModel]] = {
     "softmax": lambda c, s, k: SoftmaxRegression(_input_dim(c, s), k),
     "mlp": lambda c, s, k: MLP(_input_dim(c, s), k),
 }
-IMAGE_ONLY = {"cnn", "c2i-cnn", "lenet", "pifl-cnn", "resnet8", "resnet10", "resnet18"}
+IMAGE_ONLY = {"cnn", "c2i-cnn", "c2i-small", "lenet", "pifl-cnn", "resnet8", "resnet10", "resnet18"}
 
 
 def build_model(name: str, in_channels: int, image_size: int, num_classes: int, seed: int | None = None) -> SplitModel:

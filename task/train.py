@@ -49,8 +49,9 @@ def train(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
     max_steps: int | None = None,
+    optimizer: str = "sgd",
 ) -> dict[str, float]:
-    """Mini-batch SGD (with momentum) on ``(x, y)`` for ``epochs``; returns mean loss, accuracy and steps.
+    """Mini-batch SGD with momentum (or Adam) on ``(x, y)`` for ``epochs``; returns mean loss, accuracy, steps.
 
     Tensors are moved to the model's device batch by batch, so the data can stay on the CPU.
     """
@@ -60,7 +61,12 @@ def train(
     trainable = [p for p in (model.parameters() if params is None else params) if p.requires_grad]
     if not trainable or epochs == 0 or len(y) == 0:
         return {"train-loss": 0.0, "train-acc": 0.0, "steps": 0}
-    opt = torch.optim.SGD(trainable, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(trainable, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    elif optimizer == "adam":  # a fresh optimizer every call (FedC2I spec §6.19)
+        opt = torch.optim.Adam(trainable, lr=lr, weight_decay=weight_decay)
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r} (run-config key 'optimizer'); allowed: ['sgd', 'adam']")
     criterion = loss_fn or nn.functional.cross_entropy
     call = forward or model
     gen = torch.Generator().manual_seed(seed)

@@ -1,0 +1,71 @@
+"""FedC2I client (spec fedc2i §2.2, §2.5): leave-one-out influence on one batch, personalized mixing of the
+received models, local training, reply with the trained model and the influence vector."""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import RecordDict
+
+from client_app.base import ClientMethod
+from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states
+from task.params import load_record, model_to_record, record_to_numpy
+
+
+class FedC2IClient(ClientMethod):
+    def _personalized(self, model: torch.nn.Module, stacked: dict[str, torch.Tensor]) -> list[float]:
+        """Load the personalized model (Eqs. 5-10, variant per ``c2i-variant``) into ``model``; returns lambda."""
+        k = next(iter(stacked.values())).shape[0]
+        own = {name: v[0] for name, v in stacked.items()}  # the receiver's own model comes first
+        model.load_state_dict(own)
+        if k == 1:
+            return [1.0]
+        gamma = float(self.settings.get("gamma", 5.0))
+        variant = str(self.settings.get("c2i-variant", "full"))
+        heads = self.head_keys(model)
+        bodies = [n for n in self.body_keys(model)]
+        gen = torch.Generator().manual_seed(self.seed + 104_729 * self.round_seed)
+        size = min(int(self.settings.get("influence-batch-size", 32)), len(self.data.y_train))
+        idx = torch.randperm(len(self.data.y_train), generator=gen)[:size]
+        x, y = self.data.x_train[idx].to(self.device), self.data.y_train[idx].to(self.device)
+        lam, _ = influence_vector(model, stacked, {h: own[h] for h in heads}, x, y, gamma, heads)
+        if variant == "lambda-only":  # whole model mixed by the client-level weights (spec §6.18)
+            model.load_state_dict({**own, **mix_states(stacked, lam, list(stacked))})
+            return lam.tolist()
+        if variant == "full":
+            body = mix_states(stacked, lam, bodies)
+        elif variant == "Lambda-only":  # "Lambda/g": plain average extractor
+            body = mix_states(stacked, torch.full((k,), 1.0 / k), bodies)
+        else:  # "Lambda-local": own extractor
+            body = {n: own[n] for n in bodies}
+        with torch.no_grad():
+            model.eval()
+            feats = model.features(x)  # theta* = own extractor (spec §6.7), loaded above
+            big_lambda, _ = influence_matrix(feats, y, own["head.weight"], own["head.bias"],
+                                             stacked["head.weight"], stacked["head.bias"], gamma)
+            w, b = mix_classifier(stacked["head.weight"], stacked["head.bias"], big_lambda)
+        model.load_state_dict({**own, **body, "head.weight": w, "head.bias": b})
+        return lam.tolist()
+
+    def train(self, content: RecordDict) -> RecordDict:
+        model = self.fresh_model()
+        rec = self.message_arrays(content, "peers")
+        nodes: list[int] = []
+        lam: list[float] = []
+        if rec is not None:
+            stacked = {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(rec).items()}
+            if "peer-nodes" in content.config_records:
+                nodes = [int(n) for n in content.config_records["peer-nodes"]["node-ids"]]
+            with self.timed("method"):
+                lam = self._personalized(model, stacked)
+        metrics = self.fit(model)
+        _, acc = self.test(model)
+        extra = {"influence": [float(v) for v in lam], "influence-nodes": nodes} if nodes and len(nodes) == len(lam) else {}
+        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc, **extra}, model_to_record(model))
+
+    def evaluate(self, content: RecordDict) -> RecordDict:
+        model = self.fresh_model()
+        rec = self.message_arrays(content)
+        if rec is not None:
+            load_record(model, rec)
+        loss, acc = self.test(model)
+        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
