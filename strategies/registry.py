@@ -39,6 +39,11 @@ METHODS: dict[str, MethodSpec] = {
     "fedc2i": MethodSpec("strategies.fedc2i:FedC2IStrategy", "client_app.fedc2i:FedC2IClient",
                          description="leave-one-out influence, per-client mixing of all models (gamma, c2i-peers)"),
     # --- pfedlia ---
+    "pfedlia": MethodSpec("strategies.pfedlia:PFedLIAStrategy", "client_app.pfedlia:PFedLIAClient",
+                          queries=("lazy", "lia"),
+                          description="lazy-influence clustering after a FedAvg warm-up (lia-mode central|p2p)"),
+    "oracle": MethodSpec("strategies.pfedlia:OracleStrategy", "client_app.pfedlia:PFedLIAClient",
+                         description="per-cluster FedAvg on the planted groups after the same warm-up"),
     # --- pifl ---
     # --- client2vec ---
 }

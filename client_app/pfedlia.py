@@ -1,0 +1,74 @@
+"""pFedLIA client (spec pfedlia §2.4, §2.5): FedAvg-style training of the model it is sent, lazy training of
+the warm-up model, and its row of the lazy-influence matrix (plus its beneficial peers, peer-to-peer)."""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import RecordDict
+
+from client_app.base import ClientMethod, load_shared
+from client_app.fedc2i_math import batched_losses
+from client_app.pfedlia_math import beneficial_peers, lazy_influence_row
+from task.params import model_to_record, record_to_numpy
+from task.train import evaluate
+
+
+class PFedLIAClient(ClientMethod):
+    def _extra(self) -> dict:
+        planted = self.data.meta.get("planted-cluster")
+        return {"planted-cluster": int(planted)} if planted is not None else {}
+
+    def train(self, content: RecordDict) -> RecordDict:
+        model = self.fresh_model()
+        load_shared(model, content)
+        metrics = self.fit(model)
+        _, acc = self.test(model)
+        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc, **self._extra()}, model_to_record(model))
+
+    def evaluate(self, content: RecordDict) -> RecordDict:
+        model = self.fresh_model()
+        load_shared(model, content)
+        loss, acc = self.test(model)
+        metrics = {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss}
+        if not bool(self.message_config(content).get("clustered", True)):
+            metrics.update({"global-acc": acc, "global-loss": loss})  # warm-up: one global model
+        return self.reply(metrics)
+
+    def query(self, name: str, content: RecordDict) -> RecordDict:
+        if name == "lazy":
+            return self.lazy(content)
+        if name == "lia":
+            return self.influence_row(content)
+        return super().query(name, content)
+
+    def lazy(self, content: RecordDict) -> RecordDict:
+        """Train a copy of the warm-up model for ``lazy-epochs`` epochs (not to convergence) and return it."""
+        model = self.fresh_model()
+        load_shared(model, content)
+        with self.timed("method"):
+            self._fit(model, epochs=int(self.settings.get("lazy-epochs", 20)))
+        return self.reply(self.base_metrics(), model_to_record(model))
+
+    def influence_row(self, content: RecordDict) -> RecordDict:
+        """Eq. 1 on this client's validation split for every lazy model (one vmapped evaluation)."""
+        if len(self.data.y_val) == 0:
+            raise ValueError("pFedLIA scores on the validation split: set run-config 'val-fraction' > 0")
+        model = self.fresh_model()
+        load_shared(model, content)
+        with self.timed("method"):
+            x, y = self.data.x_val.to(self.device), self.data.y_val.to(self.device)
+            loss0, _ = evaluate(model, x, y)
+            stacked = {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(content.array_records["lazy"]).items()}
+            losses = batched_losses(model, stacked, x, y)
+            row = lazy_influence_row(loss0, losses, len(y), str(self.settings.get("lia-reduction", "sum")))
+            metrics = {**self.base_metrics(), "lia-row": [float(v) for v in row]}
+            cfg = content.config_records["lazy-nodes"] if "lazy-nodes" in content.config_records else {}
+            self_index = int(cfg.get("self-index", -1)) if cfg else -1
+            if str(self.settings.get("lia-mode", "central")) == "p2p":
+                if self_index < 0:  # a late joiner: not among the lazy models; compare against all of them
+                    peers = beneficial_peers(list(row) + [float("-inf")], len(row), seed=self.seed)[:-1]
+                else:
+                    peers = beneficial_peers(row, self_index, seed=self.seed,
+                                             require_positive=bool(self.settings.get("p2p-require-positive", False)))
+                metrics["beneficial"] = [int(p) for p in peers]
+        return self.reply(metrics)
