@@ -211,3 +211,14 @@ class DittoClient(ClientMethod):
 
 def _clone(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
+
+
+class ClusterModelClient(FedAvgClient):
+    """Trains the model it is sent like FedAvg; that model is the client's cluster model (CFL), so it is
+    reported as the personalized accuracy only."""
+
+    def evaluate(self, content: RecordDict) -> RecordDict:
+        model = self.fresh_model()
+        load_shared(model, content)
+        loss, acc = self.test(model)
+        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})

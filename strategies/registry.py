@@ -42,6 +42,8 @@ METHODS: dict[str, MethodSpec] = {
     "pfedlia": MethodSpec("strategies.pfedlia:PFedLIAStrategy", "client_app.pfedlia:PFedLIAClient",
                           queries=("lazy", "lia"),
                           description="lazy-influence clustering after a FedAvg warm-up (lia-mode central|p2p)"),
+    "cfl": MethodSpec("strategies.cfl:CFLStrategy", "client_app.baselines:ClusterModelClient",
+                      description="clustered FL (Sattler et al.): bipartition on update cosine similarity"),
     "oracle": MethodSpec("strategies.pfedlia:OracleStrategy", "client_app.pfedlia:PFedLIAClient",
                          description="per-cluster FedAvg on the planted groups after the same warm-up"),
     # --- pifl ---

@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-BASELINES = ["local", "fedavg", "fedprox", "fedper", "fedrep", "fedrod", "ditto"]
+BASELINES = ["local", "fedavg", "fedprox", "fedper", "fedrep", "fedrod", "ditto", "cfl"]
 
 
 @pytest.mark.parametrize("method", BASELINES)
@@ -24,7 +24,7 @@ def test_two_rounds(simulation, method):
     assert comm["train-bytes-up"] > 0 and comm["evaluate-bytes-up"] > 0
     if method != "local":
         assert comm["train-bytes-down"] > 4 * 4 * 30_000  # four clients, >= 30k float32 parameters each
-    assert "global-acc" in rounds[-1]["evaluate"] or method in ("local", "fedper", "fedrep")
+    assert "global-acc" in rounds[-1]["evaluate"] or method in ("local", "fedper", "fedrep", "cfl")
 
 
 def test_bad_replies_are_rejected_and_the_run_goes_on(simulation):

@@ -84,3 +84,17 @@ def test_bad_pfedlia_config():
         build_strategy(parse_settings({"method": "pfedlia", "lia-mode": "both"}))
     with pytest.raises(ValueError, match="warmup-rounds"):
         build_strategy(parse_settings({"method": "pfedlia", "warmup-rounds": 0}))
+
+
+def test_cfl_bipartition_and_split_criterion():
+    from strategies.cfl_math import cosine_similarity_matrix, optimal_bipartition, should_split
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=50), rng.normal(size=50)
+    updates = np.stack([a + 0.1 * rng.normal(size=50) for _ in range(3)] + [b + 0.1 * rng.normal(size=50) for _ in range(3)])
+    left, right = optimal_bipartition(cosine_similarity_matrix(updates))
+    assert {tuple(sorted(left)), tuple(sorted(right))} == {(0, 1, 2), (3, 4, 5)}
+    opposed = np.concatenate([updates[:3], -updates[:3]])
+    split, mean_norm, max_norm = should_split(opposed, eps1=1.0, eps2=1.0)
+    assert split and mean_norm < 1e-9 and max_norm > 1.0
+    assert not should_split(updates, eps1=1.0, eps2=1.0)[0]  # mean update still large: keep training together
