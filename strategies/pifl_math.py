@@ -1,0 +1,218 @@
+"""PI-FL's server parts as pure code (spec pifl §2.3-§2.5): token ledger, Shapley profiler, scheduler.
+
+No Flower.  Tokens are integers in micro-tokens (1 token = 10**6 units) so conservation holds exactly:
+``sum(balances) + sum(pools) == initial supply`` after every operation, which :meth:`TokenLedger.check`
+asserts.  Bad input (unknown tier, non-integer or negative amounts, an empty balance, a duplicate reply)
+is rejected with a reason and changes nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MICRO = 10**6
+
+
+class LedgerError(ValueError):
+    """A rejected ledger operation; the message says why. Nothing was changed."""
+
+
+@dataclass
+class Settlement:
+    """What happened to one tier's pool in one round (spec §2.4 steps 1-4), in micro-tokens."""
+
+    tier: int
+    payments: dict[int, int] = field(default_factory=dict)
+    refunds: dict[int, int] = field(default_factory=dict)
+    rewards: dict[int, int] = field(default_factory=dict)
+    utility_gain: float = 0.0
+    refund_ratio: float = 0.0
+    pool_after: int = 0
+
+
+class TokenLedger:
+    """Integer balances per client and one pool per tier.
+
+    ``price`` is the flat slot price tau_p, ``max_refund`` eta_R, ``full_use_gain`` gamma (spec §3).
+    """
+
+    def __init__(self, clients: Iterable[int], num_tiers: int, initial: int = 100 * MICRO, price: int = MICRO,
+                 max_refund: float = 1.0, full_use_gain: float = 0.1) -> None:
+        for name, value in (("initial", initial), ("price", price)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise LedgerError(f"{name} must be a non-negative integer number of micro-tokens, got {value!r}")
+        if price == 0:
+            raise LedgerError("price must be > 0")
+        if not 0.0 <= max_refund <= 1.0 or not 0.0 < full_use_gain <= 1.0:
+            raise LedgerError("max-refund must be in [0, 1] and full-use-gain in (0, 1]")
+        self.balances: dict[int, int] = {int(c): int(initial) for c in clients}
+        self.pools: dict[int, int] = {k: 0 for k in range(num_tiers)}
+        self.price, self.max_refund, self.full_use_gain = int(price), float(max_refund), float(full_use_gain)
+        self.supply = int(initial) * len(self.balances)
+        self.best_utility: dict[int, float | None] = {k: None for k in range(num_tiers)}
+
+    # ------------------------------------------------------------------ invariants
+    def total(self) -> int:
+        return sum(self.balances.values()) + sum(self.pools.values())
+
+    def check(self) -> None:
+        """Conservation and non-negativity; raises AssertionError on a violation (asserted every round)."""
+        assert self.total() == self.supply, f"tokens not conserved: {self.total()} != {self.supply}"
+        assert min(self.balances.values(), default=0) >= 0, "negative balance"
+        assert min(self.pools.values(), default=0) >= 0, "negative pool"
+
+    def add_client(self, client: int, initial: int) -> None:
+        """A late joiner brings its own initial tokens (the supply grows by exactly that)."""
+        if client in self.balances:
+            raise LedgerError(f"client {client} is already in the ledger")
+        self.balances[int(client)] = int(initial)
+        self.supply += int(initial)
+
+    def can_pay(self, client: int) -> bool:
+        return self.balances.get(client, 0) >= self.price
+
+    # ------------------------------------------------------------------ one tier, one round
+    def _tier(self, tier: object) -> int:
+        if isinstance(tier, bool) or not isinstance(tier, (int, np.integer)) or int(tier) not in self.pools:
+            raise LedgerError(f"unknown tier {tier!r}; tiers are {sorted(self.pools)}")
+        return int(tier)
+
+    def charge(self, tier: int, payers: Iterable[int]) -> dict[int, int]:
+        """Step 1 (Eqs. 6-7): every payer pays the flat price into the tier's pool; all-or-nothing."""
+        tier = self._tier(tier)
+        payers = list(payers)
+        if len(set(payers)) != len(payers):
+            raise LedgerError("a client appears twice among the payers")
+        for c in payers:
+            if c not in self.balances:
+                raise LedgerError(f"unknown client {c}")
+            if self.balances[c] < self.price:
+                raise LedgerError(f"client {c} cannot pay {self.price} (balance {self.balances[c]})")
+        for c in payers:
+            self.balances[c] -= self.price
+            self.pools[tier] += self.price
+        return {c: self.price for c in payers}
+
+    def settle(self, tier: int, payers: list[int], ranked: list[int], utility: float | None) -> Settlement:
+        """Steps 2-4: utility gain, refund to the payers, then the pool by contribution rank.
+
+        ``ranked`` lists the tier's winners best first (the Profiler's order); ``utility`` is the tier's new
+        accuracy (None: no report, treated as no improvement).  Eq. 8's gain is 0 in a tier's first settled
+        round (no earlier best); Eq. 13 uses beta = n(n+1)/2 with n = len(ranked) so the rank shares sum to
+        one (the printed N_r would create tokens); Eq. 11 is a refund (the printed form destroys tokens).
+        Rounding dust stays in the pool.
+        """
+        tier = self._tier(tier)
+        out = Settlement(tier)
+        best = self.best_utility[tier]
+        gain = 0.0 if best is None or utility is None or best <= 0 else max(0.0, (utility - best) / best)
+        ratio = self.max_refund * (self.full_use_gain - min(self.full_use_gain, gain)) / self.full_use_gain
+        out.utility_gain, out.refund_ratio = gain, ratio
+        if payers:
+            refund_total = min(self.pools[tier], int(np.floor(ratio * self.pools[tier] + 1e-6)))  # float slack, never above the pool
+            share = refund_total // len(payers)
+            for c in payers:
+                self.balances[c] += share
+                self.pools[tier] -= share
+                out.refunds[c] = share
+        n = len(ranked)
+        if n:
+            pool = self.pools[tier]
+            beta = n * (n + 1) // 2
+            for pos, c in enumerate(ranked):
+                amount = ((n - pos) * pool) // beta
+                self.balances[c] += amount
+                self.pools[tier] -= amount
+                out.rewards[c] = amount
+        if utility is not None:
+            self.best_utility[tier] = utility if best is None else max(best, utility)
+        out.pool_after = self.pools[tier]
+        return out
+
+
+# ------------------------------------------------------------------ bids
+def validate_bid(bid: object, num_tiers: int, max_bids: int) -> list[int]:
+    """A client's bid: a list of distinct tier ids, at most ``max_bids``; raises LedgerError otherwise."""
+    if not isinstance(bid, (list, tuple)):
+        raise LedgerError(f"a bid must be a list of tier ids, got {type(bid).__name__}")
+    tiers = []
+    for t in bid:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise LedgerError(f"tier id {t!r} is not an integer")
+        if not 0 <= int(t) < num_tiers:
+            raise LedgerError(f"unknown tier {t!r}; tiers are 0..{num_tiers - 1}")
+        tiers.append(int(t))
+    if len(set(tiers)) != len(tiers):
+        raise LedgerError("a bid names the same tier twice")
+    if len(tiers) > max_bids:
+        raise LedgerError(f"a bid names {len(tiers)} tiers; at most {max_bids} allowed")
+    return tiers
+
+
+# ------------------------------------------------------------------ profiler
+def shapley_scores(server_gradient: np.ndarray, updates: np.ndarray, aggregate: np.ndarray,
+                   weights: np.ndarray) -> np.ndarray:
+    """App. A normalised first-order Shapley estimate: ``psi_i = -g^T lambda_i (W_i - W_M)``.
+
+    ``server_gradient`` g is the mean loss gradient at the new aggregate W_M on the IID server set;
+    ``updates`` the participants' flattened models (n x d), ``weights`` the aggregation weights lambda.
+    The scores of one tier sum to zero: only their ranks are used (Eq. 12).
+    """
+    lam = np.asarray(weights, float)
+    return -(lam[:, None] * (np.asarray(updates, float) - np.asarray(aggregate, float)[None, :])) @ np.asarray(server_gradient, float)
+
+
+def rank_clients(clients: Iterable[int], scores: Mapping[int, float], counts: Mapping[int, int]) -> list[int]:
+    """Best first by (score desc, participation count desc, id asc); unscored clients rank last (spec §2.3)."""
+    return sorted(clients, key=lambda c: (-(scores.get(c, -np.inf)), -counts.get(c, 0), c))
+
+
+# ------------------------------------------------------------------ scheduler
+def schedule_tier(bidders: list[int], available: list[int], scores: Mapping[int, float], counts: Mapping[int, int],
+                  n_perf: int, n_rand: int, rng: random.Random) -> tuple[list[int], list[int]]:
+    """Spec §2.5 for one tier: (winners, payers).
+
+    The best ``n_perf`` bidders by (psi, Omega, id) plus ``n_rand`` drawn at random from the remaining
+    bidders; all bidders when there are fewer than n_perf + n_rand; with no bidder at all, n_perf + n_rand
+    clients are drafted at random from ``available`` and pay nothing.  Only winning bidders pay.
+    """
+    slots = n_perf + n_rand
+    if not bidders:
+        drafted = sorted(rng.sample(sorted(available), min(slots, len(available))))
+        return drafted, []
+    if len(bidders) <= slots:
+        return sorted(bidders), sorted(bidders)
+    ranked = rank_clients(bidders, scores, counts)
+    top = ranked[:n_perf]
+    rest = sorted(set(bidders) - set(top))
+    chosen = sorted(top + rng.sample(rest, min(n_rand, len(rest))))
+    return chosen, chosen
+
+
+def random_tiering(clients: list[int], num_tiers: int, n_per_tier: int, rng: random.Random) -> dict[int, list[int]]:
+    """Round 1 (free warm-up): a random partition into tiers, then up to ``n_per_tier`` clients from each."""
+    order = sorted(clients)
+    rng.shuffle(order)
+    groups = {k: sorted(order[k::num_tiers]) for k in range(num_tiers)}
+    return {k: sorted(rng.sample(g, min(n_per_tier, len(g)))) for k, g in groups.items()}
+
+
+# ------------------------------------------------------------------ client side helpers (pure)
+def bid_policy(accuracies: list[float], balance: int, price: int, threshold: float = 0.9, max_bids: int = 1) -> list[int]:
+    """Alg. 1 lines 5-6 as the spec resolves them: {k : a_k >= T_h} ∪ {argmax a}, the best ``max_bids``;
+    no bid when the balance cannot pay the price."""
+    if balance < price or not accuracies:
+        return []
+    acc = np.asarray(accuracies, float)
+    chosen = set(np.flatnonzero(acc >= threshold).tolist()) | {int(np.argmax(acc))}
+    return sorted(sorted(chosen, key=lambda k: (-acc[k], k))[:max_bids])
+
+
+def mixture_weights(accuracies: list[float]) -> np.ndarray:
+    """Eq. 4 weights normalised over tiers (spec §2.2): a_k / sum a; uniform when every a_k is 0."""
+    acc = np.clip(np.asarray(accuracies, float), 0.0, None)
+    return acc / acc.sum() if acc.sum() > 0 else np.full(len(acc), 1.0 / len(acc))
