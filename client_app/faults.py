@@ -13,7 +13,7 @@ from flwr.app import RecordDict
 
 from task.params import record_to_numpy, to_record
 
-KINDS = ("nan", "shape", "crash")
+KINDS = ("nan", "shape", "crash", "badbid")
 
 
 def parse_faults(spec: str, server_round: int | None = None) -> dict[int, str]:

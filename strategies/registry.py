@@ -47,6 +47,8 @@ METHODS: dict[str, MethodSpec] = {
     "oracle": MethodSpec("strategies.pfedlia:OracleStrategy", "client_app.pfedlia:PFedLIAClient",
                          description="per-cluster FedAvg on the planted groups after the same warm-up"),
     # --- pifl ---
+    "pifl": MethodSpec("strategies.pifl:PIFLStrategy", "client_app.pifl:PIFLClient", queries=("bid",),
+                       description="tiers, token auctions and one-shot personalization (tiers, slot-price)"),
     # --- client2vec ---
 }
 

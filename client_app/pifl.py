@@ -1,0 +1,78 @@
+"""PI-FL client (spec pifl §2.2): scores every tier model, bids, trains the tier it won, and builds its
+one-shot personalized model from the tier models weighted by their accuracy on its own goal data; that
+model never leaves the client."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from flwr.app import RecordDict
+
+from client_app.base import ClientMethod, load_shared
+from client_app.faults import parse_faults
+from strategies.pifl_math import bid_policy, mixture_weights
+from task.params import model_to_record, record_to_numpy
+from task.train import evaluate
+
+
+class PIFLClient(ClientMethod):
+    def _tiers(self, content: RecordDict) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(v) for k, v in record_to_numpy(content.array_records["tiers"]).items()}
+
+    def _tier_accuracies(self, tiers: dict[str, torch.Tensor], x, y) -> list[float]:
+        num = next(iter(tiers.values())).shape[0]
+        model = self.fresh_model()
+        accs = []
+        for t in range(num):
+            model.load_state_dict({k: v[t] for k, v in tiers.items()})
+            accs.append(evaluate(model, x, y)[1])
+        return accs
+
+    def _extra(self) -> dict:
+        share = self.data.meta.get("source-a-share")
+        return {"source-a-share": float(share)} if share is not None else {}
+
+    def query(self, name: str, content: RecordDict) -> RecordDict:
+        if name != "bid":
+            return super().query(name, content)
+        with self.timed("method"):
+            accs = self._tier_accuracies(self._tiers(content), self.data.x_val, self.data.y_val)
+            ledger = dict(content.config_records["ledger"]) if "ledger" in content.config_records else {}
+            balance, price = int(ledger.get("balance", 0)), int(ledger.get("price", 1))
+            if bool(self.settings.get("pifl-incentive", True)):
+                bid = bid_policy(accs, balance, price, float(self.settings.get("bid-threshold", 0.9)),
+                                 int(self.settings.get("max-bids", 1)))
+            else:  # PI-FL(NI): one tier uniformly at random
+                rng = random.Random(self.seed * 31 + self.round_seed)
+                bid = [rng.randrange(len(accs))] if balance >= price else []
+            if parse_faults(str(self.settings.get("fault", "")), self.round_seed).get(self.partition_id) == "badbid":
+                bid = [len(accs) + 7]  # a hostile bid naming an unknown tier
+        return self.reply({**self.base_metrics(), "tier-acc": accs, "bid": bid})
+
+    def train(self, content: RecordDict) -> RecordDict:
+        model = self.fresh_model()
+        load_shared(model, content)
+        metrics = self.fit(model)
+        return self.reply({**self.base_metrics(), **metrics, **self._extra()}, model_to_record(model))
+
+    def evaluate(self, content: RecordDict) -> RecordDict:
+        """Tier accuracies on the validation split (the tiers' utility) and the personalized mixture (Eq. 4):
+        weights from the first half of the goal (test) data, accuracy reported on the other half."""
+        tiers = self._tiers(content)
+        val_accs = self._tier_accuracies(tiers, self.data.x_val, self.data.y_val)
+        half = len(self.data.y_test) // 2
+        calib = (self.data.x_test[:half], self.data.y_test[:half])
+        held = (self.data.x_test[half:], self.data.y_test[half:])
+        with self.timed("method"):
+            weights = torch.from_numpy(mixture_weights(self._tier_accuracies(tiers, *calib))).float()
+            model = self.fresh_model()
+            mixed = {k: (torch.tensordot(weights.to(v.dtype), v, dims=1) if v.is_floating_point() else v[0])
+                     for k, v in tiers.items()}
+            model.load_state_dict(mixed)
+        loss, acc = evaluate(model, *held)
+        tier_goal = self._tier_accuracies(tiers, *held)
+        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
+                           "tier-acc": val_accs, "tier-goal-acc": tier_goal,
+                           "mixture-weights": [float(w) for w in weights], **self._extra()})
