@@ -41,7 +41,7 @@ class PIFLClient(ClientMethod):
             accs = self._tier_accuracies(self._tiers(content), self.data.x_val, self.data.y_val)
             ledger = dict(content.config_records["ledger"]) if "ledger" in content.config_records else {}
             balance, price = int(ledger.get("balance", 0)), int(ledger.get("price", 1))
-            if bool(self.settings.get("pifl-incentive", True)):
+            if bool(self.settings.get("pifl-incentive", True)) and self.settings.method != "pifl-ni":
                 bid = bid_policy(accs, balance, price, float(self.settings.get("bid-threshold", 0.9)),
                                  int(self.settings.get("max-bids", 1)))
             else:  # PI-FL(NI): one tier uniformly at random

@@ -238,3 +238,9 @@ class PIFLStrategy(PersonalizedStrategy):
         fig.tight_layout()
         fig.savefig(folder / "pifl_ledger.png", dpi=100)
         plt.close(fig)
+
+
+class PIFLNoIncentiveStrategy(PIFLStrategy):
+    """PI-FL(NI) ablation (spec pifl §2.2): the same system, but every client bids for a random tier."""
+
+    name = "pifl-ni"

@@ -49,6 +49,8 @@ METHODS: dict[str, MethodSpec] = {
     # --- pifl ---
     "pifl": MethodSpec("strategies.pifl:PIFLStrategy", "client_app.pifl:PIFLClient", queries=("bid",),
                        description="tiers, token auctions and one-shot personalization (tiers, slot-price)"),
+    "pifl-ni": MethodSpec("strategies.pifl:PIFLNoIncentiveStrategy", "client_app.pifl:PIFLClient", queries=("bid",),
+                          description="PI-FL without incentive: random bids"),
     # --- client2vec ---
 }
 
