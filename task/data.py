@@ -60,7 +60,22 @@ DATASETS: dict[str, DatasetInfo] = {
     ),
     "svhn": DatasetInfo("svhn", 3, 32, 10, "ufldl-stanford/svhn", "cropped_digits", torchvision_name="SVHN"),
     "usps": DatasetInfo("usps", 1, 16, 10, "flwrlabs/usps", torchvision_name="USPS"),
+    "synth-concept": DatasetInfo("synth-concept", 10, 0, 2),
 }
+SYNTH_CONCEPT_SIZE = 6000
+
+
+def synth_concept(num_samples: int = SYNTH_CONCEPT_SIZE, dim: int = 10, classes: int = 2, sources: int = 2,
+                  seed: int = 4_242) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PI-FL spec §4 "SynthConcept": x ~ N(0, I) in R^dim, source s labels it ``argmax(x W_s + eps)`` with
+    W_s entries N(0, 10) and eps ~ N(0, 1): the sources share the input distribution but conflict on
+    labels.  Returns (x, y, source); every sample's source is fixed (half A, half B)."""
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(0.0, np.sqrt(10.0), size=(sources, dim, classes))
+    x = rng.normal(size=(num_samples, dim)).astype(np.float32)
+    source = np.arange(num_samples) % sources
+    logits = np.einsum("nd,ndc->nc", x, weights[source]) + rng.normal(size=(num_samples, classes))
+    return x, logits.argmax(1).astype(np.int64), source.astype(np.int64)
 
 PARTITIONS = ("iid", "dirichlet", "pathological", "planted-clusters", "planted-clusters-noisy", "two-source")
 MIXTURES = ("10:90", "30:70", "linear", "random")
@@ -77,6 +92,7 @@ class Centralized:
     x: np.ndarray
     y: np.ndarray
     info: DatasetInfo
+    source: np.ndarray | None = None  # concept-shift data: which source labelled each sample
 
 
 def dataset_info(name: str) -> DatasetInfo:
@@ -147,6 +163,9 @@ def load_centralized(name: str, data_dir: str = "", noise_std: float = 0.0, copi
         raise ValueError(f"noise-std must be >= 0, got {noise_std}")
     if copies < 1:
         raise ValueError(f"data-copies must be >= 1, got {copies}")
+    if name == "synth-concept":
+        x, y, source = synth_concept()
+        return Centralized(x, y, info, source)
     if name == "digits":
         from sklearn.datasets import load_digits
 
@@ -316,8 +335,12 @@ class TwoSourcePartitioner(_IndexPartitioner):
         self.goal_fraction = goal_fraction
         self._goal_indices: list[np.ndarray] | None = None
 
+    sources: np.ndarray | None = None  # set for concept-shift data, where the source is not the label
+
     def source_of_labels(self, labels: np.ndarray, num_classes: int) -> np.ndarray:
-        """0 for source A (first half of the labels), 1 for source B."""
+        """0 for source A, 1 for source B: the first / second half of the labels, or the data's own sources."""
+        if self.sources is not None:
+            return self.sources
         return (labels >= (num_classes + 1) // 2).astype(np.int64)
 
     @staticmethod
@@ -360,7 +383,7 @@ class TwoSourcePartitioner(_IndexPartitioner):
 
 def build_partitioner(
     partition: str, num_partitions: int, *, alpha: float = 0.5, classes_per_client: int = 2,
-    num_clusters: int = 5, mixture: str = "10:90", seed: int = 0,
+    num_clusters: int = 5, mixture: str = "10:90", seed: int = 0, goal: str = "inverted",
 ) -> Partitioner:
     """The partitioner named by run-config ``partition`` with its parameters (validated)."""
     if num_partitions < 1:
@@ -383,7 +406,7 @@ def build_partitioner(
             num_partitions, num_clusters, noisy=partition.endswith("noisy"), seed=seed
         )
     if partition == "two-source":
-        return TwoSourcePartitioner(num_partitions, mixture, seed=seed)
+        return TwoSourcePartitioner(num_partitions, mixture, goal=goal, seed=seed)
     raise ValueError(f"unknown partition {partition!r} (run-config key 'partition'); allowed: {list(PARTITIONS)}")
 
 
@@ -529,7 +552,10 @@ def _partitioner(settings: DataSettings, num_partitions: int) -> tuple[Partition
     part = build_partitioner(
         settings.partition, num_partitions, alpha=settings.alpha, classes_per_client=settings.classes_per_client,
         num_clusters=settings.num_clusters, mixture=settings.mixture, seed=settings.seed,
+        goal="same" if data.source is not None else "inverted",  # spec pifl §4: synthetic goal = training mix
     )
+    if isinstance(part, TwoSourcePartitioner) and data.source is not None:
+        part.sources = data.source
     part.dataset = index_table(data.y)
     return part, data
 

@@ -160,3 +160,17 @@ def test_data_copies_add_jittered_samples(digits):
     assert not np.allclose(big.x[len(digits.y):2 * len(digits.y)], digits.x)
     parts = all_parts(make("iid", 1000, big.y), 1000)
     assert min(map(len, parts)) >= 5
+
+
+def test_synth_concept_sources_conflict_and_mix_per_client():
+    from task.data import synth_concept
+
+    x, y, source = synth_concept(num_samples=4000)
+    assert x.shape == (4000, 10) and set(np.unique(y)) == {0, 1}
+    # the two sources label the same inputs differently: a model of one source is wrong on the other
+    x2, y2, _ = synth_concept(num_samples=4000)
+    np.testing.assert_array_equal(y, y2)  # deterministic
+    s = DataSettings(dataset="synth-concept", partition="two-source", mixture="30:70")
+    first, last = load_client_data(s, 0, 10), load_client_data(s, 9, 10)
+    assert first.meta["source-a-share"] == 0.7 and last.meta["source-a-share"] == 0.3
+    assert first.x_train.shape[1:] == (10,) and len(first.y_test) > 0
