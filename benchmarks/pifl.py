@@ -1,10 +1,9 @@
 """PI-FL on two-source data: synthetic concept shift (10:90, 30:70) and digits mixtures (10:90, 30:70,
-linear, random), against FedAvg and PI-FL(NI) (random bids).
+linear, random), against FedAvg, IFCA and PI-FL(NI) (random bids).
 
 Prints personalized accuracy (each client's one-shot mixture on its goal data, held-out half; FedAvg: the
 global model on the same data) and, per tier, its members' mean share of source A at the last round (how
-well tiers specialise: near 0.9 / 0.1 on 10:90 means one tier per source).  IFCA and FedSoft are not
-implemented yet.
+well tiers specialise: near 0.9 / 0.1 on 10:90 means one tier per source).  FedSoft is not implemented yet.
 
 Reproduce: python benchmarks/pifl.py              (3 seeds; about 40 minutes on 2 cores)
            python benchmarks/pifl.py --seeds 0 --partitions synth-10:90,digits-10:90   (reduced)
@@ -29,7 +28,8 @@ PARTITIONS = {
     "digits-10:90": {"mixture": "10:90"}, "digits-30:70": {"mixture": "30:70"},
     "digits-linear": {"mixture": "linear"}, "digits-random": {"mixture": "random"},
 }
-METHODS = {"fedavg": {"method": "fedavg"}, "pifl": {"method": "pifl"}, "pifl-ni": {"method": "pifl-ni"}}
+METHODS = {"fedavg": {"method": "fedavg"}, "ifca": {"method": "ifca"}, "pifl": {"method": "pifl"},
+           "pifl-ni": {"method": "pifl-ni"}}
 
 
 def tier_shares(folder: str) -> list[float]:

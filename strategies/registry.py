@@ -49,6 +49,8 @@ METHODS: dict[str, MethodSpec] = {
     # --- pifl ---
     "pifl": MethodSpec("strategies.pifl:PIFLStrategy", "client_app.pifl:PIFLClient", queries=("bid",),
                        description="tiers, token auctions and one-shot personalization (tiers, slot-price)"),
+    "ifca": MethodSpec("strategies.ifca:IFCAStrategy", "client_app.ifca:IFCAClient",
+                       description="IFCA: K cluster models, each client takes the one with the lowest loss (tiers)"),
     "pifl-ni": MethodSpec("strategies.pifl:PIFLNoIncentiveStrategy", "client_app.pifl:PIFLClient", queries=("bid",),
                           description="PI-FL without incentive: random bids"),
     # --- client2vec ---

@@ -87,3 +87,22 @@ def test_missing_partition_in_node_config_is_a_clear_error():
     ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={"method": "fedavg"})
     with pytest.raises(ValueError, match="partition-id"):
         client(ctx)
+
+
+def test_ifca_client_picks_the_cluster_with_the_lowest_loss():
+    cfg = {"method": "ifca", "tiers": 3, "partition": "iid"}
+    ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(),
+                  run_config=cfg)
+    settings = parse_settings(cfg)
+    strat = build_strategy(settings)
+    strat.models[2] = {k: v.copy() for k, v in strat.models[2].items()}
+    # make cluster 1 a model already trained on this client's data: it must be chosen
+    cls = load_object(METHODS["ifca"].client)
+    c = cls(ctx, settings)
+    model = c.fresh_model()
+    c.fit(model, epochs=5)
+    strat.models[1] = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    reply = cls(ctx, settings).train(payload(strat, 1))
+    assert reply["metrics"]["cluster"] == 1
+    update = strat.validate_content(1, 5, reply, "train", set())
+    assert strat.aggregate(1, [update])["ifca"]["cluster-sizes"] == [0, 1, 0]

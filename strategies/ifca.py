@@ -1,0 +1,54 @@
+"""IFCA (Ghosh et al.), a PI-FL baseline (spec pifl §5): K cluster models; every client takes the one with the
+lowest loss on its own data, trains it, and each cluster model is the FedAvg of its takers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from strategies.base import ClientUpdate, PersonalizedStrategy
+from task.params import to_record, weighted_average
+
+
+class IFCAStrategy(PersonalizedStrategy):
+    name = "ifca"
+    has_global_model = False
+
+    def __init__(self, settings, initial_state, body, head):
+        super().__init__(settings, initial_state, body, head)
+        self.k = int(settings.get("tiers", 2))
+        if self.k < 1:
+            raise ValueError(f"run-config key 'tiers' must be >= 1, got {self.k}")
+        # IFCA needs distinct starting points: cluster j starts from the common model plus seeded noise
+        rng = np.random.default_rng(settings.seed + 1)
+        self.models = [
+            {key: (v + (0.0 if j == 0 else 0.01) * rng.standard_normal(v.shape)).astype(v.dtype)
+             if np.issubdtype(v.dtype, np.floating) else v for key, v in self.global_state.items()}
+            for j in range(self.k)
+        ]
+        self.choices: dict[int, dict[int, int]] = {}
+
+    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
+        return RecordDict({"tiers": to_record({key: np.stack([m[key] for m in self.models]) for key in self.all_keys})})
+
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+        chosen = {}
+        for u in updates:
+            c = int(u.metrics.get("cluster", -1))
+            if not 0 <= c < self.k:
+                self.record_failure(server_round, u.node_id, "train", f"cluster {c} out of range 0..{self.k - 1}")
+                continue
+            chosen[u.node_id] = c
+        for j in range(self.k):
+            group = [u for u in updates if chosen.get(u.node_id) == j]
+            if group:
+                self.models[j] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
+        self.choices[server_round] = {self.node_partition.get(n, n): c for n, c in chosen.items()}
+        return {"ifca": {"cluster-sizes": [sum(1 for c in chosen.values() if c == j) for j in range(self.k)]}}
+
+    def write_artifacts(self, folder: Path) -> None:
+        (folder / "ifca_clusters.json").write_text(json.dumps({str(r): c for r, c in self.choices.items()}, indent=1))
