@@ -24,6 +24,12 @@ class FedProxStrategy(FedAvgStrategy):
     name = "fedprox"
 
 
+class MoonStrategy(FedAvgStrategy):
+    """MOON (Li et al.): FedAvg on the server; clients add the model-contrastive loss."""
+
+    name = "moon"
+
+
 class LocalStrategy(PersonalizedStrategy):
     """Local / Separate training: nothing is shared, each client trains and keeps its own model."""
 

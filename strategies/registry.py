@@ -54,6 +54,11 @@ METHODS: dict[str, MethodSpec] = {
     "pifl-ni": MethodSpec("strategies.pifl:PIFLNoIncentiveStrategy", "client_app.pifl:PIFLClient", queries=("bid",),
                           description="PI-FL without incentive: random bids"),
     # --- client2vec ---
+    "client2vec": MethodSpec("strategies.client2vec:Client2VecStrategy", "client_app.client2vec:Client2VecClient",
+                             queries=("c2v_embed", "c2v_ign", "c2v_index"),
+                             description="CLIP client index; index-aware sampling, aggregation, local loss (c2v-*)"),
+    "moon": MethodSpec("strategies.baselines:MoonStrategy", "client_app.client2vec:MoonClient",
+                       description="MOON: FedAvg + model-contrastive loss (moon-mu, moon-temperature)"),
 }
 
 

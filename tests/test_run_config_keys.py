@@ -12,7 +12,8 @@ def test_every_run_config_key_read_by_the_code_is_declared():
     declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
     used = set()
     patterns = [r'(?:cfg|settings)\.(?:get|require)\("([a-z0-9-]+)"', r'_num\(cfg, "([a-z0-9-]+)"',
-                r'_fraction\(cfg, "([a-z0-9-]+)"']
+                r'_fraction\(cfg, "([a-z0-9-]+)"',
+                r'_(?:flag|choice|number)\(settings, "([a-z0-9-]+)"']
     for folder in ("task", "strategies", "client_app", "server_app"):
         for path in (ROOT / folder).glob("*.py"):
             text = path.read_text()

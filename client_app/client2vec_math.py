@@ -1,0 +1,60 @@
+"""Client-side losses of Client2Vec case study (iii) (spec §2.8) and of MOON (a base algorithm of the paper).
+
+Case study (iii) adds two training-only modules to the local model: a projection P (features -> index
+width) and a projection classifier h_P.  The loss is CE + w (L_orth + L_dist), with
+L_orth = mean over the batch of sum_k |cos(P z, beta_k^f)| (all M clients' feature indices) and
+L_dist = KL(softmax(h(z)) || softmax(h_P(P z))) with the main head as a detached teacher.  Evaluation uses
+the main head only, so P and h_P never change the model's predictions.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+AUX_PREFIX = "c2v."
+
+
+class C2VAux(nn.Module):
+    """P (feature_dim -> index_dim, no bias) and h_P (index_dim -> classes)."""
+
+    def __init__(self, feature_dim: int, index_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(feature_dim, index_dim, bias=False)
+        self.head = nn.Linear(index_dim, num_classes)
+
+    def state_with_prefix(self) -> dict[str, torch.Tensor]:
+        return {AUX_PREFIX + k: v for k, v in self.state_dict().items()}
+
+
+def build_aux(feature_dim: int, index_dim: int, num_classes: int, seed: int) -> C2VAux:
+    torch.manual_seed(seed + 424_242)
+    return C2VAux(feature_dim, index_dim, num_classes)
+
+
+def orth_loss(z_p: torch.Tensor, beta_f: torch.Tensor, normalize: bool = True, mean_over_clients: bool = False) -> torch.Tensor:
+    """Mean over the batch of sum_k |z_P . beta_k| (cosines when ``normalize``); divided by M if asked."""
+    if normalize:
+        z_p, beta_f = F.normalize(z_p, dim=1), F.normalize(beta_f, dim=1)
+    per_sample = (z_p @ beta_f.T).abs()
+    per_sample = per_sample.mean(1) if mean_over_clients else per_sample.sum(1)
+    return per_sample.mean()
+
+
+def distill_loss(logits: torch.Tensor, proj_logits: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(h(z)) || softmax(h_P(z_P))), teacher ``logits`` detached, averaged over the batch."""
+    return F.kl_div(F.log_softmax(proj_logits, dim=1), F.softmax(logits.detach(), dim=1), reduction="batchmean")
+
+
+def local_regulariser(z: torch.Tensor, logits: torch.Tensor, aux: C2VAux, beta_f: torch.Tensor, *,
+                      normalize: bool = True, mean_over_clients: bool = False) -> torch.Tensor:
+    z_p = aux.proj(z)
+    return orth_loss(z_p, beta_f, normalize, mean_over_clients) + distill_loss(logits, aux.head(z_p))
+
+
+def moon_loss(z: torch.Tensor, z_global: torch.Tensor, z_prev: torch.Tensor, temperature: float = 0.5) -> torch.Tensor:
+    """MOON's model-contrastive loss: -log e^{cos(z,z_g)/T} / (e^{cos(z,z_g)/T} + e^{cos(z,z_prev)/T})."""
+    pos = F.cosine_similarity(z, z_global.detach(), dim=1) / temperature
+    neg = F.cosine_similarity(z, z_prev.detach(), dim=1) / temperature
+    return (torch.logsumexp(torch.stack([pos, neg], 1), dim=1) - pos).mean()

@@ -1,0 +1,71 @@
+"""Client2Vec end to end through Flower: index phase (Global and Federated), the three case studies, artefacts."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _mlp_params():
+    from task.models import build_model
+
+    return sum(p.numel() for p in build_model("mlp", 1, 8, 10).parameters())
+
+
+def _artefacts(summary):
+    folder = Path(summary["results"])
+    index = np.load(folder / "client2vec_index.npz")
+    info = json.loads((folder / "client2vec.json").read_text())
+    rounds = json.loads((folder / "rounds.json").read_text())
+    return folder, index, info, rounds
+
+
+def test_client2vec_global_mode_with_open_clip_and_moon(simulation, tmp_path):
+    m = 6
+    summary = simulation.run({
+        "method": "client2vec", "num-server-rounds": 2, "min-nodes": m, "partition": "dirichlet", "alpha": 0.3,
+        "feature-shift": 3, "fraction-train": 0.34, "model": "mlp", "c2v-base": "moon", "c2v-ign-epochs": 2,
+        "c2v-cache-dir": str(tmp_path / "cache"),
+    }, num_supernodes=m)
+    assert summary["rounds"] == 2 and summary["failures"] == 0
+    folder, index, info, rounds = _artefacts(summary)
+    assert sorted(index["partition_id"].tolist()) == list(range(m))  # every node is indexed, once
+    assert index["beta_f"].shape == (m, 512) and index["beta_l"].shape == (m, 512)
+    assert list(index["domain"]) == sorted(index["domain"])  # ordered by domain for the heatmap
+    assert (folder / "client2vec_similarity.png").stat().st_size > 0
+    assert info["index-seconds"] > 0 and rounds[0]["extra"]["index-seconds"] > 0
+    assert len(info["dsa-ign-losses"]) == 2
+    for r in ("1", "2"):
+        assert len(info["cohorts"][r]) == 2
+        weights = info["aggregation-weights"][r]
+        assert abs(sum(weights.values()) - 1) < 1e-9 and min(weights.values()) > 0
+    # round 2's cohort avoids round 1's (exclusion window floor(6 / (2 * 2)) = 1)
+    assert not set(info["cohorts"]["1"]) & set(info["cohorts"]["2"])
+    # (iii): every train message carries B_f (M x 512 float32) on top of the model and P, h_P
+    payload = 4 * (_mlp_params() + 64 * 512 + 512 * 10 + 10 + m * 512)
+    assert payload <= rounds[0]["extra"]["comm"]["train-bytes-down"] / 2 < payload + 4_000
+    # the embedding cache holds one file per client
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == m
+
+
+def test_client2vec_federated_mode_fedprox_without_local_loss(simulation, tmp_path):
+    m = 4
+    summary = simulation.run({
+        "method": "client2vec", "num-server-rounds": 2, "min-nodes": m, "partition": "dirichlet", "alpha": 0.5,
+        "feature-shift": 2, "fraction-train": 0.5, "model": "mlp", "c2v-base": "fedprox", "c2v-local": False,
+        "c2v-ign-mode": "federated", "c2v-ign-epochs": 2, "c2v-ign-local-epochs": 1, "c2v-ign-fraction": 0.5,
+        "c2v-encoder": "synthetic", "c2v-cache-dir": str(tmp_path / "cache"),
+    }, num_supernodes=m)
+    assert summary["rounds"] == 2 and summary["failures"] == 0
+    folder, index, info, rounds = _artefacts(summary)
+    assert sorted(index["partition_id"].tolist()) == list(range(m))
+    assert len(info["dsa-ign-losses"]) == 2  # two federated DSA-IGN rounds
+    comm = rounds[0]["extra"]["comm"]
+    from task.dsa_ign import IGNConfig, build_ign
+
+    ign_bytes = 4 * sum(p.numel() for p in build_ign(IGNConfig(ff=256, dropout=0.0), 0).parameters())
+    assert comm["c2v_ign-bytes-down"] >= 2 * 2 * ign_bytes  # 2 DSA-IGN rounds x 2 nodes
+    assert 4 * _mlp_params() <= comm["train-bytes-down"] / 2 < 4 * _mlp_params() + 4_000  # no B_f, no P without (iii)
