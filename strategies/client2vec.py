@@ -57,6 +57,9 @@ class Client2VecStrategy(PersonalizedStrategy):
         self.c2v: C2VServerState | None = None
         self.index_seconds = 0.0
         self.cohorts: dict[int, list[int]] = {}
+        # with every case study off this is the plain base algorithm: no index phase at all
+        self.enabled = self.opts.sampling or self.opts.aggregation or self.opts.local
+        self._uniform = np.random.default_rng(int(settings.seed))
         self.agg_weights: dict[int, dict[int, float]] = {}
 
     # ------------------------------------------------------------------ index phase
@@ -174,6 +177,11 @@ class Client2VecStrategy(PersonalizedStrategy):
     # ------------------------------------------------------------------ rounds
     def sample(self, grid: Grid, server_round: int) -> list[int]:
         nodes = wait_for_nodes(grid, self.settings.min_nodes)
+        if not self.enabled:  # same uniform draws as the index-aware arms without (i)
+            k = max(1, int(round(self.settings.fraction_train * len(nodes))))
+            rows = np.sort(self._uniform.choice(len(nodes), size=k, replace=False, p=np.full(len(nodes), 1 / len(nodes))))
+            self.cohorts[server_round] = [int(r) for r in rows]
+            return [nodes[r] for r in rows]
         self.ensure_index(grid, server_round, nodes)
         if self.c2v is None:
             raise RuntimeError("no node returned a usable client index; see failures.json")
@@ -200,6 +208,8 @@ class Client2VecStrategy(PersonalizedStrategy):
         return RecordDict({"arrays": to_record(self.global_state)})
 
     def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+        if not self.enabled:
+            return super().aggregate(server_round, updates)
         assert self.c2v is not None
         updates = [u for u in updates if u.node_id in self.index_nodes]
         if not updates:
