@@ -7,6 +7,8 @@ the adjusted Rand index of the clustering against the planted groups, and the cl
 (bytes per client, seconds) next to one normal round.
 
 Reproduce: python benchmarks/pfedlia.py                    (36 runs; over an hour on 2 cores)
+           python benchmarks/pfedlia.py --partitions dialects --clients 15 --rounds 15 --warmup 5 --methods fedavg,local,oracle,pfedlia-p2p
+                                                      (next-word task: perplexity, lower is better)
            python benchmarks/pfedlia.py --seeds 0 --clients 20 --rounds 30 --warmup 10   (reduced)
 """
 
@@ -23,7 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import fmt, run_grid  # noqa: E402
 
-PARTITIONS = {"pathological": {"partition": "planted-clusters"}, "noisy": {"partition": "planted-clusters-noisy"}}
+PARTITIONS = {
+    "pathological": {"partition": "planted-clusters"}, "noisy": {"partition": "planted-clusters-noisy"},
+    # next-word prediction, 3 synthetic dialects, GPT-2-config causal LM (not in the default grid: --partitions dialects)
+    "dialects": {"dataset": "dialects", "partition": "planted-clusters", "num-clusters": 3, "model": "gpt2",
+                 "optimizer": "adam", "lr": 0.003, "val-fraction": 0.2, "lazy-epochs": 5, "optics-min-samples": 2},
+}
 METHODS = {
     "local": {"method": "local"}, "fedavg": {"method": "fedavg"}, "cfl": {"method": "cfl"},
     "oracle": {"method": "oracle"}, "pfedlia-central": {"method": "pfedlia", "lia-mode": "central"},
@@ -52,7 +59,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--lazy-epochs", type=int, default=20)
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--partitions", default=",".join(PARTITIONS))
+    ap.add_argument("--partitions", default="pathological,noisy")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "pfedlia.json"))
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -61,13 +68,14 @@ def main() -> None:
             "lazy-epochs": args.lazy_epochs, "optics-min-samples": max(2, min(5, args.clients // 10))}
     partitions = {k: PARTITIONS[k] for k in args.partitions.split(",")}
     methods = {m: METHODS[m] for m in args.methods.split(",")}
-    rows = run_grid(partitions, methods, seeds, base, args.clients, Path(args.out))
+    rows = run_grid(partitions, methods, seeds, base, args.clients, Path(args.out),
+                    metric_keys=("personal-acc", "personal-perplexity"))
     for r in rows:
         r.update({f"clu/{k}": v for k, v in clustering_info(r["results"]).items()})
     Path(args.out).write_text(json.dumps(rows, indent=1))
     print(f"\nplanted clusters on digits, {args.clients} clients, {args.rounds} rounds ({args.warmup} warm-up), seeds {seeds}")
-    print("| partition | method | personalized acc | ARI | clustering round: MB down / client, s | normal round: MB down / client, s |")
-    print("|---|---|---|---|---|---|")
+    print("| partition | method | personalized acc | perplexity (dialects) | ARI | clustering round: MB down / client, s | normal round: MB down / client, s |")
+    print("|---|---|---|---|---|---|---|")
     for part in partitions:
         for m in methods:
             sel = [r for r in rows if r["partition"] == part and r["method"] == m]
@@ -78,7 +86,8 @@ def main() -> None:
             normal = "—"
             if any(v is not None for v in clu("normal-round-seconds")):
                 normal = f"{np.mean(clu('normal-round-bytes-down-per-client')) / 1e6:.2f} MB, {np.mean(clu('normal-round-seconds')):.1f} s"
-            print(f"| {part} | {m} | {fmt([r['personal-acc'] for r in sel])} | {fmt(clu('ari'))} | {cost} | {normal} |")
+            ppl = fmt([r.get("personal-perplexity") for r in sel])
+            print(f"| {part} | {m} | {fmt([r['personal-acc'] for r in sel])} | {ppl} | {fmt(clu('ari'))} | {cost} | {normal} |")
     print(f"\nwrote {args.out}; command: python benchmarks/pfedlia.py {' '.join(sys.argv[1:])}")
 
 

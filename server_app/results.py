@@ -84,9 +84,14 @@ class ResultsWriter:
             "partition": self.settings.data.partition, "rounds": len(strategy.history),
             "personal-acc": final.get("personal-acc"), "global-acc": final.get("global-acc"),
             "trained-acc": strategy.history[-1].train.get("trained-acc") if strategy.history else None,
+            "personal-loss": final.get("personal-loss"), "global-loss": final.get("global-loss"),
             "clients": len(clients), "failures": len(strategy.failures), "seconds": round(seconds, 2),
             "results": str(self.folder),
         }
+        if self.settings.data.dataset == "dialects":  # next-word prediction: perplexity = exp(token CE)
+            for key in ("personal", "global"):
+                if summary[f"{key}-loss"] is not None:
+                    summary[f"{key}-perplexity"] = float(np.exp(summary[f"{key}-loss"]))
         write_json(self.folder / "summary.json", summary)
         acc = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
         return (f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "

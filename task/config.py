@@ -64,6 +64,10 @@ class Settings:
 
     @property
     def num_classes(self) -> int:
+        if self.data.dataset == "dialects":
+            from task.text import vocab_size
+
+            return vocab_size(self.data.lm_pretrained)
         return dataset_info(self.data.dataset).num_classes
 
 
@@ -99,9 +103,12 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
     dataset = str(cfg.get("dataset", "digits"))
     dataset_info(dataset)
     model = str(cfg.get("model", "auto"))
+    lm_pretrained = str(cfg.get("lm-pretrained", ""))
     if model == "auto":
-        model = "cnn" if dataset_info(dataset).image_size > 0 else "softmax"
-    if model not in MODELS:
+        model = "cnn" if dataset_info(dataset).image_size > 0 else ("gpt2" if dataset == "dialects" else "softmax")
+    if lm_pretrained and model == "gpt2":
+        model = f"gpt2:{lm_pretrained}"  # the model starts from the local pretrained folder
+    if model not in MODELS and not model.startswith("gpt2:"):
         raise ValueError(f"unknown model {model!r} (run-config key 'model'); allowed: {sorted(MODELS)} or 'auto'")
     data = DataSettings(
         dataset=dataset,
@@ -117,6 +124,9 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         data_copies=_num(cfg, "data-copies", int, 1, 1),
         data_dir=str(cfg.get("data-dir", "")),
         seed=_num(cfg, "seed", int, 0),
+        dialect_mix=_num(cfg, "dialect-mix", float, 0.5, 0.0),
+        dialect_sequences=_num(cfg, "dialect-sequences", int, 120, 4),
+        lm_pretrained=lm_pretrained,
     )
     fraction = _fraction(cfg, "fraction-train")
     if str(cfg.get("optimizer", "sgd")) not in ("sgd", "adam"):

@@ -62,6 +62,9 @@ DATASETS: dict[str, DatasetInfo] = {
     "svhn": DatasetInfo("svhn", 3, 32, 10, "ufldl-stanford/svhn", "cropped_digits", torchvision_name="SVHN"),
     "usps": DatasetInfo("usps", 1, 16, 10, "flwrlabs/usps", torchvision_name="USPS"),
     "synth-concept": DatasetInfo("synth-concept", 10, 0, 2),
+    # next-word prediction on synthetic dialects (task/text.py): in_channels = sequence length,
+    # num_classes = vocabulary size of the built-in tokenizer (a pretrained tokenizer changes it)
+    "dialects": DatasetInfo("dialects", 16, 0, 247),
 }
 SYNTH_CONCEPT_SIZE = 6000
 
@@ -492,9 +495,15 @@ class DataSettings:
     data_copies: int = 1
     data_dir: str = ""
     seed: int = 0
+    dialect_mix: float = 0.5
+    dialect_sequences: int = 120
+    lm_pretrained: str = ""
 
     def __post_init__(self) -> None:
         dataset_info(self.dataset)
+        if self.dataset == "dialects" and self.partition not in ("planted-clusters", "iid"):
+            raise ValueError(f"dataset 'dialects' takes partition 'planted-clusters' (client i speaks dialect "
+                             f"i % num-clusters) or 'iid' (every client mixes all dialects), got {self.partition!r}")
         if self.partition not in PARTITIONS:
             raise ValueError(
                 f"unknown partition {self.partition!r} (run-config key 'partition'); allowed: {list(PARTITIONS)}"
@@ -591,6 +600,8 @@ def load_client_data(settings: DataSettings, partition_id: int, num_partitions: 
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} out of range for num-partitions={num_partitions}")
+    if settings.dataset == "dialects":
+        return _dialect_client(settings, partition_id, num_partitions)
     part, data = _partitioner(settings, num_partitions)
     idx = np.asarray(part.load_partition(partition_id)["idx"], dtype=np.int64)
     if len(idx) < 2:
@@ -621,3 +632,25 @@ def load_client_data(settings: DataSettings, partition_id: int, num_partitions: 
     if isinstance(part, TwoSourcePartitioner):
         meta["source-a-share"] = float(part.shares[partition_id])
     return ClientData(x_tr, y_tr, x_va, y_va, x_te, y_te, data.info.num_classes, domain, meta)
+
+
+def _dialect_client(settings: DataSettings, partition_id: int, num_partitions: int) -> ClientData:
+    """One client of the synthetic-dialect next-word task: x = tokens[:-1], y = tokens[1:] per line."""
+    from task.text import MAX_DIALECTS, client_tokens, vocab_size
+
+    if not 1 <= settings.num_clusters <= MAX_DIALECTS:
+        raise ValueError(f"num-clusters (the number of dialects) must be in 1..{MAX_DIALECTS}, got {settings.num_clusters}")
+    tokens, dialect = client_tokens(partition_id, settings.num_clusters, settings.dialect_sequences,
+                                    settings.dialect_mix, settings.seed, settings.lm_pretrained,
+                                    iid=settings.partition == "iid")
+    rng = np.random.default_rng([settings.seed, partition_id])
+    order = rng.permutation(len(tokens))
+    n_test = int(round(settings.test_fraction * len(tokens)))
+    n_val = int(round(settings.val_fraction * len(tokens)))
+    parts = order[n_test + n_val:], order[n_test:n_test + n_val], order[:n_test]
+    t = torch.from_numpy(tokens)
+    (x_tr, y_tr), (x_va, y_va), (x_te, y_te) = ((t[np.sort(p), :-1], t[np.sort(p), 1:]) for p in parts)
+    meta = {"num-partitions": num_partitions, "partition-id": partition_id, "dialect": dialect}
+    if dialect >= 0:
+        meta["planted-cluster"] = dialect
+    return ClientData(x_tr, y_tr, x_va, y_va, x_te, y_te, vocab_size(settings.lm_pretrained), "original", meta)

@@ -238,7 +238,15 @@ MODELS: dict[str, Callable[[int, int, int], SplitModel]] = {
     "resnet18": lambda c, s, k: ResNet(c, k, [2, 2, 2, 2], [64, 128, 256, 512]),
     "softmax": lambda c, s, k: SoftmaxRegression(_input_dim(c, s), k),
     "mlp": lambda c, s, k: MLP(_input_dim(c, s), k),
+    # causal LM for the dialects task: c = sequence length, k = vocabulary size ("gpt2:<folder>" = pretrained)
+    "gpt2": lambda c, s, k: _causal_lm(k, c),
 }
+
+
+def _causal_lm(vocab: int, seq_len: int, pretrained: str = "") -> SplitModel:
+    from task.text import CausalLM
+
+    return CausalLM(vocab, seq_len, pretrained=pretrained)
 IMAGE_ONLY = {"cnn", "c2i-cnn", "c2i-small", "lenet", "pifl-cnn", "resnet8", "resnet10", "resnet18"}
 
 
@@ -248,6 +256,10 @@ def build_model(name: str, in_channels: int, image_size: int, num_classes: int, 
     ``image_size == 0`` means vector inputs of dimension ``in_channels``.  With ``seed`` the initial
     weights are reproducible (the server and every client build the same initial model).
     """
+    if name.startswith("gpt2:"):
+        if seed is not None:
+            torch.manual_seed(seed)
+        return _causal_lm(num_classes, in_channels, pretrained=name.split(":", 1)[1])
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r} (run-config key 'model'); allowed: {sorted(MODELS)} or 'auto'")
     if image_size == 0 and name in IMAGE_ONLY:

@@ -84,9 +84,9 @@ def train(
                 loss = loss + extra_loss(model, xb, yb, logits)
             loss.backward()
             opt.step()
-            total_loss += float(loss.detach()) * len(yb)
+            total_loss += float(loss.detach()) * yb.numel()  # per target (token, for sequence targets)
             correct += int((logits.detach().argmax(1) == yb).sum())
-            seen += len(yb)
+            seen += yb.numel()
             steps += 1
             if max_steps is not None and steps >= max_steps:
                 break
@@ -114,7 +114,7 @@ def evaluate(
         logits = call(xb)
         total += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
         correct += int((logits.argmax(1) == yb).sum())
-    return total / len(y), correct / len(y)
+    return total / y.numel(), correct / y.numel()  # per target: tokens for next-word prediction
 
 
 def proximal_term(reference: dict[str, torch.Tensor], mu: float) -> ExtraLoss:

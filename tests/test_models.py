@@ -12,7 +12,16 @@ CASES = {
 
 
 def test_every_model_is_covered():
-    assert set(CASES) == set(MODELS)
+    assert set(CASES) | {"gpt2"} == set(MODELS)
+
+
+def test_causal_lm_split_and_output_layout():
+    model = build_model("gpt2", 12, 0, 50, seed=0).eval()
+    x = torch.randint(0, 50, (3, 12))
+    out = model(x)
+    assert out.shape == (3, 50, 12)  # (batch, vocab, time): cross_entropy(out, next_tokens) works as is
+    assert head_keys(model) == ["head.weight", "head.bias"] and model.feature_dim == 64
+    assert set(head_keys(model)) | set(body_keys(model)) == set(model.state_dict())
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
