@@ -11,6 +11,7 @@ import numpy as np
 from flwr.app import RecordDict
 
 from strategies.base import ClientUpdate, PersonalizedStrategy
+from strategies.tier_tables import SourceHoldouts
 from task.params import to_record, weighted_average
 
 
@@ -31,6 +32,8 @@ class IFCAStrategy(PersonalizedStrategy):
             for j in range(self.k)
         ]
         self.choices: dict[int, dict[int, int]] = {}
+        self.tier_tables: dict[int, list[dict[str, float]]] = {}
+        self._holdouts: SourceHoldouts | None = None
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
         return RecordDict({"tiers": to_record({key: np.stack([m[key] for m in self.models]) for key in self.all_keys})})
@@ -50,5 +53,16 @@ class IFCAStrategy(PersonalizedStrategy):
         self.choices[server_round] = {self.node_partition.get(n, n): c for n, c in chosen.items()}
         return {"ifca": {"cluster-sizes": [sum(1 for c in chosen.values() if c == j) for j in range(self.k)]}}
 
+    def on_round_end(self, server_round: int) -> None:
+        if self._holdouts is None:
+            self._holdouts = SourceHoldouts(self.settings, max(len(self.node_partition), self.settings.min_nodes))
+        table = self._holdouts.table(self.models)
+        if table:
+            self.tier_tables[server_round] = table
+            self.history[-1].extra["tier-table"] = table
+
     def write_artifacts(self, folder: Path) -> None:
-        (folder / "ifca_clusters.json").write_text(json.dumps({str(r): c for r, c in self.choices.items()}, indent=1))
+        (folder / "ifca_clusters.json").write_text(json.dumps({
+            "choices": {str(r): c for r, c in self.choices.items()},
+            "tier-table (accuracy of each cluster model on the source A / B holdouts)": {
+                str(r): t for r, t in self.tier_tables.items()}}, indent=1))

@@ -53,6 +53,9 @@ METHODS: dict[str, MethodSpec] = {
                        description="IFCA: K cluster models, each client takes the one with the lowest loss (tiers)"),
     "pifl-ni": MethodSpec("strategies.pifl:PIFLNoIncentiveStrategy", "client_app.pifl:PIFLClient", queries=("bid",),
                           description="PI-FL without incentive: random bids"),
+    "fedsoft": MethodSpec("strategies.fedsoft:FedSoftStrategy", "client_app.fedsoft:FedSoftClient",
+                          queries=("fedsoft_u",),
+                          description="FedSoft: soft clustering, proximal updates towards the centres (tiers, fedsoft-*)"),
     # --- client2vec ---
     "client2vec": MethodSpec("strategies.client2vec:Client2VecStrategy", "client_app.client2vec:Client2VecClient",
                              queries=("c2v_embed", "c2v_ign", "c2v_index"),

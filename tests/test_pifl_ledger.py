@@ -139,3 +139,14 @@ def test_client_bid_policy_and_mixture():
     w = mixture_weights([0.2, 0.6, 0.0])
     assert np.all(w >= 0) and w.sum() == pytest.approx(1.0) and w[1] == pytest.approx(0.75)
     np.testing.assert_allclose(mixture_weights([0.0, 0.0]), [0.5, 0.5])
+
+
+def test_fedsoft_importance_weights():
+    import numpy as np
+
+    from client_app.fedsoft import importance_weights
+
+    losses = np.array([[0.1, 0.2, 3.0, 0.3], [1.0, 0.1, 0.2, 0.4]])  # centre 0 best for points 0 and 3
+    np.testing.assert_allclose(importance_weights(losses, sigma=0.0), [0.5, 0.5])
+    u = importance_weights(np.array([[0.1, 0.1], [1.0, 1.0]]))
+    assert u[1] > 0 and abs(u.sum() - 1) < 1e-12 and u[0] > 0.99  # smoothed, never exactly zero

@@ -1,0 +1,123 @@
+"""FedSoft (Ruan & Joe-Wong), a PI-FL baseline (spec pifl §5): soft clustering with S cluster centres.
+
+Every ``fedsoft-estimate-every`` rounds each client estimates its importance weights u_ks: the share of its
+training points for which centre s has the lowest loss, smoothed by sigma = 1e-4 (``query.fedsoft_u``).
+For every centre s the server draws ``fedsoft-clients-per-cluster`` clients with probability proportional
+to u_ks * n_k.  A drawn client solves min f_k(w) + lambda/2 sum_s u_ks ||w - c_s||^2 (``fedsoft-lambda``)
+from its own model, and centre s becomes the u_ks n_k-weighted average of the models of the clients drawn
+for it.  A client's personalized model is its own model (the u-weighted mix of centres before it first
+trains).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, RecordDict
+from flwr.serverapp import Grid
+
+from strategies.base import ClientUpdate, PersonalizedStrategy, wait_for_nodes
+from strategies.tier_tables import SourceHoldouts
+from task.params import to_record, weighted_average
+
+
+class FedSoftStrategy(PersonalizedStrategy):
+    name = "fedsoft"
+    has_global_model = False
+
+    def __init__(self, settings, initial_state, body, head):
+        super().__init__(settings, initial_state, body, head)
+        g = settings.get
+        self.k = int(g("tiers", 2))
+        self.per_cluster = int(g("fedsoft-clients-per-cluster", 5))
+        self.every = int(g("fedsoft-estimate-every", 2))
+        self.lam = float(g("fedsoft-lambda", 0.1))
+        if self.k < 1 or self.per_cluster < 1 or self.every < 1 or self.lam < 0:
+            raise ValueError("FedSoft needs 'tiers' >= 1, 'fedsoft-clients-per-cluster' >= 1, "
+                             "'fedsoft-estimate-every' >= 1 and 'fedsoft-lambda' >= 0")
+        rng = np.random.default_rng(settings.seed + 1)  # distinct starting centres, as IFCA
+        self.models = [
+            {key: (v + (0.0 if j == 0 else 0.01) * rng.standard_normal(v.shape)).astype(v.dtype)
+             if np.issubdtype(v.dtype, np.floating) else v for key, v in self.global_state.items()}
+            for j in range(self.k)]
+        self.np_rng = np.random.default_rng(settings.seed)
+        self.u: dict[int, np.ndarray] = {}
+        self.n: dict[int, int] = {}
+        self.selected: dict[int, list[int]] = {}
+        self.u_log: dict[int, dict[int, list[float]]] = {}
+        self.selection_log: dict[int, dict[int, list[int]]] = {}
+        self.tier_tables: dict[int, list[dict[str, float]]] = {}
+        self._holdouts: SourceHoldouts | None = None
+
+    def _stacked(self) -> RecordDict:
+        return RecordDict({"tiers": to_record({key: np.stack([m[key] for m in self.models]) for key in self.all_keys})})
+
+    def estimate(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
+        payload = self._stacked()
+        for r in self.send_query(grid, server_round, "fedsoft_u", {n: payload for n in nodes}):
+            nid = r.metadata.src_node_id
+            m = dict(r.content.metric_records["metrics"]) if "metrics" in r.content.metric_records else {}
+            u = np.asarray(m.get("fedsoft-u", []), dtype=float)
+            n = m.get("num-examples")
+            if u.shape != (self.k,) or not np.isfinite(u).all() or (u < 0).any() or abs(u.sum() - 1) > 1e-6 \
+                    or not isinstance(n, (int, float)) or n <= 0:
+                self.record_failure(server_round, nid, "fedsoft_u", f"bad importance weights {u.tolist()} / n {n!r}")
+                continue
+            self.u[nid], self.n[nid] = u, int(n)
+            if "partition-id" in m:
+                self.node_partition[nid] = int(m["partition-id"])
+        self.u_log[server_round] = {self.node_partition.get(n, n): self.u[n].round(4).tolist() for n in self.u}
+
+    def sample(self, grid: Grid, server_round: int) -> list[int]:
+        nodes = wait_for_nodes(grid, self.settings.min_nodes)
+        if server_round == 1 or (server_round - 1) % self.every == 0 or any(n not in self.u for n in nodes):
+            self.estimate(grid, server_round, nodes)
+        known = [n for n in nodes if n in self.u]
+        self.selected = {}
+        for s in range(self.k):
+            w = np.array([self.u[n][s] * self.n[n] for n in known])
+            if not known or w.sum() <= 0:
+                continue
+            take = min(self.per_cluster, int((w > 0).sum()))
+            self.selected[s] = sorted(int(known[i]) for i in self.np_rng.choice(len(known), take, replace=False, p=w / w.sum()))
+        self.selection_log[server_round] = {s: [self.node_partition.get(n, n) for n in v] for s, v in self.selected.items()}
+        return sorted({n for v in self.selected.values() for n in v})
+
+    def _payload(self, node_id: int) -> RecordDict:
+        payload = self._stacked()
+        u = self.u.get(node_id, np.full(self.k, 1.0 / self.k))
+        payload["fedsoft"] = ConfigRecord({"u": [float(x) for x in u], "lambda": self.lam})
+        return payload
+
+    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
+        return self._payload(node_id)
+
+    def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
+        return self._payload(node_id)
+
+    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+        by_node = {u.node_id: u for u in updates}
+        for s, members in self.selected.items():
+            group = [by_node[n] for n in members if n in by_node]
+            weights = [self.u[u.node_id][s] * u.num_examples for u in group]
+            if group and sum(weights) > 0:
+                self.models[s] = weighted_average([u.arrays for u in group], weights)
+        return {"fedsoft": {"selected": {s: len(v) for s, v in self.selected.items()}}}
+
+    def on_round_end(self, server_round: int) -> None:
+        if self._holdouts is None:
+            self._holdouts = SourceHoldouts(self.settings, max(len(self.node_partition), self.settings.min_nodes))
+        table = self._holdouts.table(self.models)
+        if table:
+            self.tier_tables[server_round] = table
+            self.history[-1].extra["tier-table"] = table
+
+    def write_artifacts(self, folder: Path) -> None:
+        (folder / "fedsoft_clusters.json").write_text(json.dumps({
+            "importance": {str(r): v for r, v in self.u_log.items()},
+            "selected": {str(r): v for r, v in self.selection_log.items()},
+            "tier-table (accuracy of each centre on the source A / B holdouts)": {str(r): t for r, t in self.tier_tables.items()},
+        }, indent=1))
