@@ -3,7 +3,9 @@ linear, random), against FedAvg, IFCA and PI-FL(NI) (random bids).
 
 Prints personalized accuracy (each client's one-shot mixture on its goal data, held-out half; FedAvg: the
 global model on the same data) and, per tier, its members' mean share of source A at the last round (how
-well tiers specialise: near 0.9 / 0.1 on 10:90 means one tier per source).  FedSoft is not implemented yet.
+well tiers specialise: near 0.9 / 0.1 on 10:90 means one tier per source), and the tier-level table of the
+paper's Tables 1-2: each tier (cluster) model's accuracy on the source A and source B holdouts at the
+last round (PI-FL, PI-FL(NI), IFCA, FedSoft).
 
 Reproduce: python benchmarks/pifl.py              (3 seeds; about 40 minutes on 2 cores)
            python benchmarks/pifl.py --seeds 0 --partitions synth-10:90,digits-10:90   (reduced)
@@ -28,8 +30,15 @@ PARTITIONS = {
     "digits-10:90": {"mixture": "10:90"}, "digits-30:70": {"mixture": "30:70"},
     "digits-linear": {"mixture": "linear"}, "digits-random": {"mixture": "random"},
 }
-METHODS = {"fedavg": {"method": "fedavg"}, "ifca": {"method": "ifca"}, "pifl": {"method": "pifl"},
-           "pifl-ni": {"method": "pifl-ni"}}
+METHODS = {"fedavg": {"method": "fedavg"}, "ifca": {"method": "ifca"}, "fedsoft": {"method": "fedsoft"},
+           "pifl": {"method": "pifl"}, "pifl-ni": {"method": "pifl-ni"}}
+
+
+def tier_table(folder: str) -> list[dict]:
+    """Last round's [{A: acc, B: acc}] per tier, tiers ordered by their accuracy on A (best first)."""
+    rounds = json.loads((Path(folder) / "rounds.json").read_text())
+    tables = [r["extra"]["tier-table"] for r in rounds if r["extra"].get("tier-table")]
+    return sorted(tables[-1], key=lambda t: -t["A"]) if tables else []
 
 
 def tier_shares(folder: str) -> list[float]:
@@ -57,16 +66,23 @@ def main() -> None:
     rows = run_grid(partitions, methods, seeds, base, args.clients, Path(args.out))
     for r in rows:
         r["tier-source-a-shares"] = tier_shares(r["results"])
+        r["tier-table"] = tier_table(r["results"])
     Path(args.out).write_text(json.dumps(rows, indent=1))
     print(f"\ntwo-source data, {args.clients} clients, {args.rounds} rounds, seeds {seeds}")
-    print("| data / mixture | method | personalized acc | tier source-A shares (last round, mean over seeds) |")
-    print("|---|---|---|---|")
+    print("| data / mixture | method | personalized acc | tier source-A shares (last round, mean over seeds) | "
+          "tier accuracy on source A / B holdouts (tiers ordered by A accuracy; mean over seeds) |")
+    print("|---|---|---|---|---|")
     for part in partitions:
         for m in methods:
             sel = [r for r in rows if r["partition"] == part and r["method"] == m]
             shares = [r["tier-source-a-shares"] for r in sel if r["tier-source-a-shares"]]
             tiers = "—" if not shares else " / ".join(f"{v:.2f}" for v in np.mean(np.array(shares), axis=0))
-            print(f"| {part} | {m} | {fmt([r['personal-acc'] for r in sel])} | {tiers} |")
+            tables = [r["tier-table"] for r in sel if r["tier-table"]]
+            table = "—"
+            if tables and len({len(t) for t in tables}) == 1:
+                mean = [{k: np.mean([t[i][k] for t in tables]) for k in ("A", "B")} for i in range(len(tables[0]))]
+                table = "; ".join(f"θ{i}: {t['A']:.3f} / {t['B']:.3f}" for i, t in enumerate(mean))
+            print(f"| {part} | {m} | {fmt([r['personal-acc'] for r in sel])} | {tiers} | {table} |")
     print(f"\nwrote {args.out}; command: python benchmarks/pifl.py {' '.join(sys.argv[1:])}")
 
 
