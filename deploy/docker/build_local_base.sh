@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Build a local base image for the compose demo where no image registry is reachable.
+#
+# debootstrap makes a Debian bookworm root file system (Python 3.11), a virtual environment in it gets
+# pflower's pinned dependencies (flwr, torch, ...) with this machine's pip configuration (its index, local
+# wheels and constraints are bind-mounted read-only), and `docker import` turns the tree into an image.
+# Where Flower's published images can be pulled, this is not needed: the Dockerfiles default to them.
+#
+# usage: deploy/docker/build_local_base.sh [image-tag]      (default pflower-base:local; needs root)
+set -euo pipefail
+
+TAG="${1:-pflower-base:local}"
+MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+REPO="$(cd "$(dirname "$0")/../.." && pwd)"
+WORK="$(mktemp -d /tmp/pflower-base.XXXXXX)"
+ROOT="$WORK/rootfs"
+MOUNTS=()
+
+die() { echo "build_local_base: $*" >&2; exit 1; }
+cleanup() {
+  for ((i=${#MOUNTS[@]}-1; i>=0; i--)); do umount -l "${MOUNTS[$i]}" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+[ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot, mounts)"
+command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get install debootstrap"
+command -v docker >/dev/null || die "docker is missing: apt-get install docker.io, then start dockerd"
+docker info >/dev/null 2>&1 || die "no Docker engine answers: start dockerd (e.g. 'dockerd &') and retry"
+
+echo "[1/4] debootstrap bookworm (minbase + python3) into $ROOT"
+debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates,procps \
+  bookworm "$ROOT" "$MIRROR" > "$WORK/debootstrap.log" 2>&1 || { tail -20 "$WORK/debootstrap.log"; die "debootstrap failed"; }
+
+echo "[2/4] bind-mount this machine's pip configuration, wheels and DNS"
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+bind() {  # bind <host path> : read-only mount at the same path inside the root
+  [ -e "$1" ] || return 0
+  if [ -d "$1" ]; then mkdir -p "$ROOT$1"; else mkdir -p "$(dirname "$ROOT$1")"; touch "$ROOT$1"; fi
+  mount --bind "$1" "$ROOT$1" && mount -o remount,bind,ro "$ROOT$1" && MOUNTS+=("$ROOT$1")
+}
+for p in /etc/pip.conf /etc/xdg/pip /opt/wheels /opt/pypi /opt/pypi-more /etc/ssl/certs; do bind "$p"; done
+mount -t proc proc "$ROOT/proc" && MOUNTS+=("$ROOT/proc")
+
+echo "[3/4] install pflower's pinned dependencies into /opt/venv (torch is large: minutes)"
+DEPS="$(python3 - "$REPO/pyproject.toml" <<'EOF'
+import sys, tomllib
+print(" ".join(f"'{d}'" for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
+EOF
+)"
+chroot "$ROOT" /bin/sh -c "python3 -m venv /opt/venv && PIP_ROOT_USER_ACTION=ignore /opt/venv/bin/pip install -q $DEPS" \
+  || die "pip install in the root file system failed"
+rm -f "$ROOT/etc/resolv.conf"
+for ((i=${#MOUNTS[@]}-1; i>=0; i--)); do umount -l "${MOUNTS[$i]}"; done
+MOUNTS=()
+rm -rf "$ROOT/root/.cache" "$ROOT/var/cache/apt/archives"/*.deb
+
+echo "[4/4] docker import -> $TAG"
+tar -C "$ROOT" -c . | docker import \
+  -c 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  -c 'ENV PYTHONUNBUFFERED=1' -c 'WORKDIR /app' - "$TAG"
+docker image ls "$TAG"
