@@ -1,0 +1,78 @@
+"""Deployment runtime end to end: deploy/local_cluster.py on loopback (SuperLink + SuperNodes, TLS, node auth).
+
+Each test runs the script as a user would and reads the JSON line it prints last. The loopback run and the
+unregistered-SuperNode check share one cluster (one script invocation) to keep the time down.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "deploy" / "local_cluster.py"
+TOOLS = ("flower-superlink", "flower-supernode", "flwr", "openssl", "ssh-keygen")
+missing = [t for t in TOOLS if shutil.which(t) is None]
+if missing:
+    pytest.skip(f"deployment tests need {missing} on PATH", allow_module_level=True)
+
+
+def run_cluster(workdir: Path, *args: str, timeout: float = 900) -> dict:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quiet", "--workdir", str(workdir), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    assert lines, f"no JSON report (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    report = json.loads(lines[-1])
+    assert proc.returncode == 0 and report["ok"], (
+        f"exit {proc.returncode}: {report.get('error')}\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
+    return report
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory):
+    # two SuperNodes, two rounds (evaluation in the last one only), plus one SuperNode with an unregistered key
+    return run_cluster(tmp_path_factory.mktemp("deploy-loopback"), "--nodes", "2", "--rounds", "2",
+                       "--unregistered-check", "--run-config", "eval-every=2")
+
+
+def test_loopback_tls_auth_run_completes(loopback):
+    r = loopback
+    assert r["rounds"] == 2 and r["clients"] == 2 and r["failures"] == 0
+    assert [x["train"] for x in r["replies-per-round"]] == [2, 2]
+    assert 0.3 < r["accuracy"] <= 1.0  # far above chance (0.1) on digits
+    folder = Path(r["results"])
+    assert (folder / "summary.json").exists() and (folder / "rounds.json").exists()
+    events = {e["event"]: e for e in r["events"]}
+    assert events["superlink up"]["tls"] and events["superlink up"]["supernode_auth"]
+    assert len(events["registered"]["node_ids"]) == 2
+
+
+def test_unregistered_supernode_is_refused(loopback):
+    check = loopback["unregistered-check"]
+    assert check["refused"]
+    assert check["exit-code"] not in (None, 0)  # the SuperNode gave up
+    assert "Failed to" in check["supernode-log"]  # e.g. "[code: 2004] Failed to activate SuperNode."
+    assert "No SuperNode found with the given public key" in check["superlink-log"]
+    assert check["listed-nodes"] == 2 and check["unknown-ids-listed"] == []  # never joined the federation
+
+
+@pytest.mark.extended  # ~4 minutes: waits for the SuperLink to declare the node gone (python -m pytest -m extended)
+def test_killed_supernode_run_finishes_with_failures_recorded(tmp_path):
+    # SIGKILL SuperNode 1 when round 2 starts; the SuperLink turns its missing reply into an error reply once the
+    # node misses its heartbeats (<= 60 s), the strategy records it and finishes the round with the other node
+    r = run_cluster(tmp_path, "--nodes", "2", "--rounds", "2", "--kill-node", "1@2", "--round-timeout", "120",
+                    "--run-config", "eval-every=2")
+    assert r["killed"]["done"] and r["killed"]["round"] == 2
+    assert r["rounds"] == 2  # the run went on to the end
+    assert r["replies-per-round"][0]["train"] == 2
+    observed = r["kill-observed"]
+    assert observed["failure-recorded"] or observed["fewer-replies"]
+    assert r["replies-per-round"][1]["train"] == 1
+    failures = json.loads((Path(r["results"]) / "failures.json").read_text())
+    # the error reply is created by the SuperLink, so its source node id is the SuperLink's (1), not the node's
+    assert failures and all(f["round"] == 2 and "Node Unavailable" in f["reason"] for f in failures)
