@@ -28,8 +28,8 @@ class FedSoftClient(ClientMethod):
         return {k: torch.from_numpy(v) for k, v in record_to_numpy(content.array_records["tiers"]).items()}
 
     def _u(self, content: RecordDict, k: int) -> np.ndarray:
-        cfg = dict(content.config_records["fedsoft"]) if "fedsoft" in content.config_records else {}
-        u = np.asarray(cfg.get("u", np.full(k, 1.0 / k)), dtype=float)
+        soft = dict(content.config_records["fedsoft"]) if "fedsoft" in content.config_records else {}
+        u = np.asarray(soft.get("u", np.full(k, 1.0 / k)), dtype=float)
         if u.shape != (k,) or (u < 0).any() or u.sum() <= 0:
             raise ValueError(f"importance weights must be {k} non-negative values, got {u.tolist()}")
         return u / u.sum()

@@ -51,6 +51,7 @@ def test_client2vec_global_mode_with_open_clip_and_moon(simulation, tmp_path):
     assert len(list((tmp_path / "cache").glob("*.npz"))) == m
 
 
+@pytest.mark.extended  # ~1-3 minutes (python -m pytest -m extended); Global mode runs by default
 def test_client2vec_federated_mode_fedprox_without_local_loss(simulation, tmp_path):
     m = 4
     summary = simulation.run({
