@@ -130,7 +130,8 @@ def part_scale(args) -> list[dict]:
     rows = []
     sizes = [int(x) for x in args.sizes.split(",")]
     with LocalSimulation() as sim:
-        for m, extra in (("fedavg", {}), ("fedcac", {}), ("fedc2i", {"c2i-peers": 5})):
+        chosen = args.scale_methods.split(",")
+        for m, extra in [x for x in (("fedavg", {}), ("fedcac", {}), ("fedc2i", {"c2i-peers": 5})) if x[0] in chosen]:
             for n in sizes:
                 copies = max(1, int(np.ceil(n * 12 / 1797)))  # ~12 samples per client
                 cfg = {"method": m, "dataset": "digits", "partition": "iid", "model": "softmax", "data-copies": copies,
@@ -195,6 +196,7 @@ def main() -> None:
     ap.add_argument("parts", nargs="+", choices=["overhead", "floor", "scale", "kernels"])
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--sizes", default="10,100,1000")
+    ap.add_argument("--scale-methods", default="fedavg,fedcac,fedc2i")
     ap.add_argument("--floor-epochs", type=int, default=10)
     args = ap.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
