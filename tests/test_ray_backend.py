@@ -6,6 +6,7 @@ import socket
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -51,9 +52,11 @@ def test_existing_ray_cluster_via_ray_address(tmp_path):
         else:
             os.environ["RAY_ADDRESS"] = old
         # stop only this cluster's processes (by the temp dir in their command lines), never other Ray sessions
-        for pid in subprocess.run(["pgrep", "-f", ray_dir], capture_output=True, text=True).stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # gcs_server outlived SIGTERM here: finish with SIGKILL
+            for pid in subprocess.run(["pgrep", "-f", ray_dir], capture_output=True, text=True).stdout.split():
+                try:
+                    os.kill(int(pid), sig)
+                except ProcessLookupError:
+                    pass
+            time.sleep(2)
         shutil.rmtree(ray_dir, ignore_errors=True)
