@@ -19,6 +19,8 @@ def run_grid(partitions: dict[str, dict], methods: dict[str, dict], seeds: list[
              clients: int, out: Path, metric_keys: tuple[str, ...] = ("personal-acc", "global-acc")) -> list[dict]:
     """Run every combination once through ``flwr run`` and return one row per run (also written to ``out``)."""
     rows, t0 = [], time.time()
+    # keep the run folders: LocalSimulation deletes its own temp dir on exit, and callers read artefacts later
+    base = {"results-dir": str(out.parent.resolve() / "runs"), **base}
     total = len(partitions) * len(methods) * len(seeds)
     with LocalSimulation() as sim:
         for part, pcfg in partitions.items():
