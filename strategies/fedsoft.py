@@ -20,7 +20,7 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from strategies.base import ClientUpdate, PersonalizedStrategy, wait_for_nodes
-from strategies.tier_tables import SourceHoldouts
+from strategies.tier_tables import TierTables, distinct_starting_models
 from task.params import to_record, weighted_average
 
 
@@ -38,19 +38,14 @@ class FedSoftStrategy(PersonalizedStrategy):
         if self.k < 1 or self.per_cluster < 1 or self.every < 1 or self.lam < 0:
             raise ValueError("FedSoft needs 'tiers' >= 1, 'fedsoft-clients-per-cluster' >= 1, "
                              "'fedsoft-estimate-every' >= 1 and 'fedsoft-lambda' >= 0")
-        rng = np.random.default_rng(settings.seed + 1)  # distinct starting centres, as IFCA
-        self.models = [
-            {key: (v + (0.0 if j == 0 else 0.01) * rng.standard_normal(v.shape)).astype(v.dtype)
-             if np.issubdtype(v.dtype, np.floating) else v for key, v in self.global_state.items()}
-            for j in range(self.k)]
+        self.models = distinct_starting_models(self.global_state, self.k, settings.seed)  # as IFCA
         self.np_rng = np.random.default_rng(settings.seed)
         self.u: dict[int, np.ndarray] = {}
         self.n: dict[int, int] = {}
         self.selected: dict[int, list[int]] = {}
         self.u_log: dict[int, dict[int, list[float]]] = {}
         self.selection_log: dict[int, dict[int, list[int]]] = {}
-        self.tier_tables: dict[int, list[dict[str, float]]] = {}
-        self._holdouts: SourceHoldouts | None = None
+        self.tier_tables = TierTables()
 
     def _stacked(self) -> RecordDict:
         return RecordDict({"tiers": to_record({key: np.stack([m[key] for m in self.models]) for key in self.all_keys})})
@@ -108,16 +103,11 @@ class FedSoftStrategy(PersonalizedStrategy):
         return {"fedsoft": {"selected": {s: len(v) for s, v in self.selected.items()}}}
 
     def on_round_end(self, server_round: int) -> None:
-        if self._holdouts is None:
-            self._holdouts = SourceHoldouts(self.settings, max(len(self.node_partition), self.settings.min_nodes))
-        table = self._holdouts.table(self.models)
-        if table:
-            self.tier_tables[server_round] = table
-            self.history[-1].extra["tier-table"] = table
+        self.tier_tables.record(self, server_round, self.models)
 
     def write_artifacts(self, folder: Path) -> None:
         (folder / "fedsoft_clusters.json").write_text(json.dumps({
             "importance": {str(r): v for r, v in self.u_log.items()},
             "selected": {str(r): v for r, v in self.selection_log.items()},
-            "tier-table (accuracy of each centre on the source A / B holdouts)": {str(r): t for r, t in self.tier_tables.items()},
+            "tier-table (accuracy of each centre on the source A / B holdouts)": {str(r): t for r, t in self.tier_tables.by_round.items()},
         }, indent=1))

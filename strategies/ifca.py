@@ -11,7 +11,7 @@ import numpy as np
 from flwr.app import RecordDict
 
 from strategies.base import ClientUpdate, PersonalizedStrategy
-from strategies.tier_tables import SourceHoldouts
+from strategies.tier_tables import TierTables, distinct_starting_models
 from task.params import to_record, weighted_average
 
 
@@ -25,15 +25,9 @@ class IFCAStrategy(PersonalizedStrategy):
         if self.k < 1:
             raise ValueError(f"run-config key 'tiers' must be >= 1, got {self.k}")
         # IFCA needs distinct starting points: cluster j starts from the common model plus seeded noise
-        rng = np.random.default_rng(settings.seed + 1)
-        self.models = [
-            {key: (v + (0.0 if j == 0 else 0.01) * rng.standard_normal(v.shape)).astype(v.dtype)
-             if np.issubdtype(v.dtype, np.floating) else v for key, v in self.global_state.items()}
-            for j in range(self.k)
-        ]
+        self.models = distinct_starting_models(self.global_state, self.k, settings.seed)
         self.choices: dict[int, dict[int, int]] = {}
-        self.tier_tables: dict[int, list[dict[str, float]]] = {}
-        self._holdouts: SourceHoldouts | None = None
+        self.tier_tables = TierTables()
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
         return RecordDict({"tiers": to_record({key: np.stack([m[key] for m in self.models]) for key in self.all_keys})})
@@ -54,15 +48,10 @@ class IFCAStrategy(PersonalizedStrategy):
         return {"ifca": {"cluster-sizes": [sum(1 for c in chosen.values() if c == j) for j in range(self.k)]}}
 
     def on_round_end(self, server_round: int) -> None:
-        if self._holdouts is None:
-            self._holdouts = SourceHoldouts(self.settings, max(len(self.node_partition), self.settings.min_nodes))
-        table = self._holdouts.table(self.models)
-        if table:
-            self.tier_tables[server_round] = table
-            self.history[-1].extra["tier-table"] = table
+        self.tier_tables.record(self, server_round, self.models)
 
     def write_artifacts(self, folder: Path) -> None:
         (folder / "ifca_clusters.json").write_text(json.dumps({
             "choices": {str(r): c for r, c in self.choices.items()},
             "tier-table (accuracy of each cluster model on the source A / B holdouts)": {
-                str(r): t for r, t in self.tier_tables.items()}}, indent=1))
+                str(r): t for r, t in self.tier_tables.by_round.items()}}, indent=1))

@@ -26,7 +26,7 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.tier_tables import SourceHoldouts
+from strategies.tier_tables import TierTables
 from strategies.base import ClientUpdate, PersonalizedStrategy, log, wait_for_nodes
 from strategies.pifl_math import (
     MICRO, LedgerError, TokenLedger, random_tiering, rank_clients, schedule_tier, shapley_scores, validate_bid,
@@ -67,7 +67,7 @@ class PIFLStrategy(PersonalizedStrategy):
         self.source_share: dict[int, float] = {}
         self._server_set: tuple[torch.Tensor, torch.Tensor] | None = None
         self._tier_acc: dict[int, list[float]] = {}
-        self._holdouts: SourceHoldouts | None = None
+        self.tier_tables = TierTables()
         self._model = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes)
 
     # ------------------------------------------------------------------ round start: bids and schedule
@@ -198,12 +198,9 @@ class PIFLStrategy(PersonalizedStrategy):
                 "source-a-share": float(np.mean(shares)) if shares else None,
             }
         self.ledger.check()  # conservation asserted every round
-        if self._holdouts is None:
-            self._holdouts = SourceHoldouts(self.settings, max(len(self.node_partition), self.settings.min_nodes))
-        table = self._holdouts.table([self.tiers[k] for k in range(self.num_tiers)])
+        table = self.tier_tables.record(self, server_round, [self.tiers[k] for k in range(self.num_tiers)])
         if table:  # accuracy of each tier model on the source A / B holdouts (paper Tables 1-2)
             entry["tier-table"] = table
-            self.history[-1].extra["tier-table"] = table
         entry["balances"] = {pid(c): b for c, b in self.ledger.balances.items()}
         entry["total"] = self.ledger.total()
         self.ledger_log.append(entry)

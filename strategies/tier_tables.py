@@ -56,3 +56,28 @@ class SourceHoldouts:
             load_record(self.model, state)
             out.append({name: float(evaluate(self.model, x, y)[1]) for name, (x, y) in self.sets.items()})
         return out
+
+
+class TierTables:
+    """The tier table of every round for a strategy with several models (holdouts built on first use)."""
+
+    def __init__(self) -> None:
+        self.by_round: dict[int, list[dict[str, float]]] = {}
+        self._holdouts: SourceHoldouts | None = None
+
+    def record(self, strategy, server_round: int, models: list[dict[str, np.ndarray]]) -> list[dict[str, float]]:
+        """Table of ``models`` after ``server_round``, kept here and in the round's history (``tier-table``)."""
+        if self._holdouts is None:
+            self._holdouts = SourceHoldouts(strategy.settings, max(len(strategy.node_partition), strategy.settings.min_nodes))
+        table = self._holdouts.table(models)
+        if table:
+            self.by_round[server_round] = table
+            strategy.history[-1].extra["tier-table"] = table
+        return table
+
+
+def distinct_starting_models(state: dict[str, np.ndarray], k: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """k copies of ``state``; copy j > 0 gets seeded noise (std 0.01) so cluster models can diverge (IFCA, FedSoft)."""
+    rng = np.random.default_rng(seed + 1)
+    return [{key: (v + (0.0 if j == 0 else 0.01) * rng.standard_normal(v.shape)).astype(v.dtype)
+             if np.issubdtype(v.dtype, np.floating) else v for key, v in state.items()} for j in range(k)]
