@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -90,7 +91,9 @@ class PersonalizedStrategy(Strategy):
         self.failures: list[dict[str, Any]] = []
         self.client_eval: dict[int, dict[str, float]] = {}  # partition id -> last evaluate metrics
         self.comm: dict[int, dict[str, int]] = {}
-        self._sent: dict[tuple[int, str], dict[int, int]] = {}
+        # messages sent per (round, phase), to name the node behind an error reply the SuperLink made for it
+        # (its src_node_id is the SuperLink's) and to record nodes that never replied
+        self._outbox: dict[tuple[int, str], list[Any]] = {}
         self._t0 = time.monotonic()
         self._round_start = self._t0
 
@@ -128,13 +131,12 @@ class PersonalizedStrategy(Strategy):
 
     def _messages(self, server_round: int, nodes: Iterable[int], phase: str, message_type: str) -> list[Message]:
         msgs = []
-        sent = self._sent.setdefault((server_round, phase), {})
         for nid in nodes:
             payload = self.train_payload(nid, server_round) if phase == "train" else self.evaluate_payload(nid, server_round)
             payload["config"] = self.round_config(server_round, phase)
-            sent[nid] = content_bytes(payload)
-            self._count(server_round, f"{phase}-bytes-down", sent[nid])
+            self._count(server_round, f"{phase}-bytes-down", content_bytes(payload))
             msgs.append(Message(content=payload, message_type=message_type, dst_node_id=nid))
+        self._outbox[(server_round, phase)] = msgs
         return msgs
 
     def _count(self, server_round: int, key: str, n: int) -> None:
@@ -149,14 +151,18 @@ class PersonalizedStrategy(Strategy):
             payload["config"] = self.round_config(server_round, name)
             self._count(server_round, f"{name}-bytes-down", content_bytes(payload))
             msgs.append(Message(content=payload, message_type=f"{MessageType.QUERY}.{name}", dst_node_id=nid))
-        replies = list(grid.send_and_receive(msgs, timeout=timeout or self.settings.round_timeout))
+        self._outbox[(server_round, name)] = msgs
+        wait = timeout or self.settings.round_timeout
+        replies = list(grid.send_and_receive(msgs, timeout=wait))
         ok = []
         for r in replies:
             if r.has_error():
-                self.record_failure(server_round, r.metadata.src_node_id, name, f"error reply: {r.error.reason}")
+                self.record_failure(server_round, self.reply_node(server_round, name, r), name,
+                                    f"error reply: {r.error.reason}")
                 continue
             self._count(server_round, f"{name}-bytes-up", content_bytes(r.content))
             ok.append(r)
+        self.record_silent(server_round, name, replies, wait)
         return ok
 
     # ------------------------------------------------------------------ failure handling
@@ -164,8 +170,32 @@ class PersonalizedStrategy(Strategy):
         log.warning("round %d %s: reply from node %d rejected: %s", server_round, phase, node_id, reason)
         self.failures.append({"round": server_round, "node-id": node_id, "phase": phase, "reason": reason})
 
+    def reply_node(self, server_round: int, phase: str, msg: Any) -> int:
+        """The node a reply is about.
+
+        A node's own replies carry its id as ``src_node_id``; an error reply the SuperLink makes for a node it
+        lost ("Node Unavailable") carries the SuperLink's id instead, so it is matched to the message it
+        answers (``reply_to_message_id``) and that message's destination.
+        """
+        md = msg.metadata
+        if md.src_node_id != SUPERLINK_NODE_ID:
+            return int(md.src_node_id)
+        for sent in self._outbox.get((server_round, phase), []):
+            if md.reply_to_message_id and sent.metadata.message_id == md.reply_to_message_id:
+                return int(sent.metadata.dst_node_id)
+        return int(md.src_node_id)
+
+    def record_silent(self, server_round: int, phase: str, replies: Iterable[Any], timeout: float | None) -> None:
+        """Record every node that was sent a ``phase`` message and did not answer at all (not even an error)."""
+        answered = {self.reply_node(server_round, phase, r) for r in replies}
+        for m in self._outbox.pop((server_round, phase), []):
+            nid = int(m.metadata.dst_node_id)
+            if nid not in answered:
+                limit = f"{timeout:g} s" if timeout else "the round's time limit"
+                self.record_failure(server_round, nid, phase, f"no reply within {limit} (round-timeout)")
+
     def validate_reply(self, server_round: int, msg: Message, phase: str, seen: set[int]) -> ClientUpdate | None:
-        nid = msg.metadata.src_node_id
+        nid = self.reply_node(server_round, phase, msg)
         if msg.has_error():
             self.record_failure(server_round, nid, phase, f"error reply: {msg.error.reason}")
             return None
@@ -231,7 +261,9 @@ class PersonalizedStrategy(Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         start = time.perf_counter()
         seen: set[int] = set()
+        replies = list(replies)
         updates = [u for r in replies if (u := self.validate_reply(server_round, r, "train", seen)) is not None]
+        self.record_silent(server_round, "train", replies, self.settings.round_timeout)
         extra = self.aggregate(server_round, updates) if updates else {}
         if not updates:
             log.warning("round %d: no valid train replies; state left unchanged", server_round)
@@ -267,7 +299,9 @@ class PersonalizedStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         seen: set[int] = set()
+        replies = list(replies)
         updates = [u for r in replies if (u := self.validate_reply(server_round, r, "evaluate", seen)) is not None]
+        self.record_silent(server_round, "evaluate", replies, self.settings.round_timeout)
         for u in updates:
             self.client_eval[u.partition_id if u.partition_id >= 0 else u.node_id] = {
                 k: float(v) for k, v in u.metrics.items() if isinstance(v, (int, float))

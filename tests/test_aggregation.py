@@ -1,5 +1,7 @@
 """Aggregation rules and reply validation of the baseline strategies, on hand-made arrays."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
@@ -114,3 +116,28 @@ def test_a_rejected_reply_does_not_touch_the_global_model():
     assert all(np.isfinite(v).all() for v in s.global_state.values())
     np.testing.assert_allclose(s.global_state["head.weight"], 1.0)
     assert not np.allclose(before["head.weight"], 1.0)
+
+
+def _sent(node, message_id):
+    return SimpleNamespace(metadata=SimpleNamespace(dst_node_id=node, message_id=message_id))
+
+
+def _error_reply(src, reply_to, reason="Error: Node Unavailable"):
+    return SimpleNamespace(metadata=SimpleNamespace(src_node_id=src, reply_to_message_id=reply_to),
+                           has_error=lambda: True, error=SimpleNamespace(reason=reason))
+
+
+def test_lost_and_silent_nodes_are_recorded_under_their_own_ids():
+    # node 7 crashed: the SuperLink answers for it (source id 1); node 9 never answers within the time limit;
+    # node 8 replies with its own error
+    s = strategy("fedavg")
+    s._outbox[(3, "train")] = [_sent(7, "m7"), _sent(8, "m8"), _sent(9, "m9")]
+    replies = [_error_reply(1, "m7"), _error_reply(8, "m8", "client raised ValueError")]
+    seen: set[int] = set()
+    assert all(s.validate_reply(3, r, "train", seen) is None for r in replies)
+    s.record_silent(3, "train", replies, 120.0)
+    got = {(f["node-id"], f["phase"]): f["reason"] for f in s.failures}
+    assert set(got) == {(7, "train"), (8, "train"), (9, "train")}
+    assert "Node Unavailable" in got[(7, "train")] and "ValueError" in got[(8, "train")]
+    assert got[(9, "train")] == "no reply within 120 s (round-timeout)"
+    assert (3, "train") not in s._outbox  # the sent messages are not kept after the round

@@ -74,5 +74,6 @@ def test_killed_supernode_run_finishes_with_failures_recorded(tmp_path):
     assert observed["failure-recorded"] or observed["fewer-replies"]
     assert r["replies-per-round"][1]["train"] == 1
     failures = json.loads((Path(r["results"]) / "failures.json").read_text())
-    # the error reply is created by the SuperLink, so its source node id is the SuperLink's (1), not the node's
+    # the error reply is made by the SuperLink (source node id 1); the strategy names the node it was sent to
     assert failures and all(f["round"] == 2 and "Node Unavailable" in f["reason"] for f in failures)
+    assert all(f["node-id"] != 1 for f in failures)
