@@ -21,7 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDic
 from torch import nn
 
 from task.config import Settings, parse_settings
-from task.data import ClientData, load_client_data
+from task.data import ClientData, load_client_data, load_local_file
 from task.models import SplitModel, body_keys, build_model, head_keys
 from task.params import load_record, record_to_numpy, to_record
 from task.train import evaluate, resolve_device, train
@@ -40,18 +40,23 @@ class ClientMethod:
         self.context = context
         self.settings = settings or parse_settings(context.run_config)
         node_cfg = context.node_config
-        if "partition-id" not in node_cfg or "num-partitions" not in node_cfg:
+        data_path = str(node_cfg.get("data-path", ""))
+        if "partition-id" not in node_cfg or ("num-partitions" not in node_cfg and not data_path):
             raise ValueError(
-                "node config needs 'partition-id' and 'num-partitions' (set by the simulation, or "
-                "--node-config \"partition-id=0 num-partitions=3\" on a SuperNode)"
+                "node config needs 'partition-id' and either 'num-partitions' (a partition of the embedded data; "
+                "set by the simulation, or --node-config \"partition-id=0 num-partitions=3\" on a SuperNode) or "
+                "'data-path' (the node's own .npz file: --node-config \"partition-id=0 data-path='/data/me.npz'\")"
             )
         self.partition_id = int(node_cfg["partition-id"])
-        self.num_partitions = int(node_cfg["num-partitions"])
+        self.num_partitions = int(node_cfg.get("num-partitions", 0))
         self.device = resolve_device(str(node_cfg.get("device", self.settings.device)))
         threads = int(node_cfg.get("num-threads", self.settings.get("client-threads", 1)))
         if threads > 0 and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-        self.data: ClientData = load_client_data(self.settings.data, self.partition_id, self.num_partitions)
+        if data_path:
+            self.data: ClientData = load_local_file(data_path, self.settings.data, self.partition_id)
+        else:
+            self.data = load_client_data(self.settings.data, self.partition_id, self.num_partitions)
         self.seed = int(self.settings.seed) * 100_003 + self.partition_id
         self.timings: dict[str, float] = {}
 

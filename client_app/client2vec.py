@@ -16,6 +16,7 @@ the model under ``c2v.*`` keys.  ``evaluate`` tests the global model (main head 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,9 @@ class Client2VecClient(ClientMethod):
             encoder = build_encoder(o.encoder, o.clip_model, o.clip_weights, o.normalize, int(self.settings.seed))
             names = class_names(self.settings.data.dataset, self.settings.num_classes)
             key = f"{self.settings.data!r}|{self.partition_id}/{self.num_partitions}"
+            if "data-path" in self.data.meta:  # a node's own file: key on its path and modification time
+                f = Path(self.data.meta["data-path"])
+                key += f"|{f}|{f.stat().st_mtime_ns}"
             D, L, _ = cached_embeddings(encoder, key, self.data.x_train, self.data.y_train, names, o.cache_dir or None)
         return D, L
 

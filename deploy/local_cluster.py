@@ -251,6 +251,24 @@ class Cluster:
             self.node_ids[k] = int(parse_json_out(r.stdout)["node-id"])
         self.event("registered", node_ids={f"node{k}": str(v) for k, v in self.node_ids.items()})
 
+    def node_config(self, part: int) -> str:
+        """A partition of the embedded data, or with --data-files the node's own file (data-path)."""
+        if self.args.data_files:
+            return f"partition-id={part} data-path='{Path(self.args.data_files).resolve() / f'node-{part}.npz'}'"
+        return f"partition-id={part} num-partitions={self.args.nodes}"
+
+    def export_data_files(self) -> None:
+        """--data-files: write node-<i>.npz (partition i of the run's data) for every node that has none."""
+        folder = Path(self.args.data_files)
+        if all((folder / f"node-{k}.npz").is_file() for k in range(self.args.nodes)):
+            return
+        cmd = [sys.executable, str(Path(__file__).resolve().parent / "export_partitions.py"), "--out", str(folder),
+               "--num-partitions", str(self.args.nodes), "--run-config", self.args.run_config]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise ClusterError(f"exporting node data files failed:\n{r.stdout}\n{r.stderr}")
+        self.event("data files", folder=str(folder.resolve()), nodes=self.args.nodes)
+
     def start_node(self, k: int, key: str | None = None, partition: int | None = None,
                    extra: list[str] | None = None) -> Proc:
         name = key or f"node{k}"
@@ -261,7 +279,7 @@ class Cluster:
                "--root-certificates", str(self.certs / "ca.crt"),
                "--superlink", f"{self.host_addr(k)}:{self.port}",
                "--auth-supernode-private-key", str(self.keys / name),
-               "--node-config", f"partition-id={part} num-partitions={self.args.nodes}",
+               "--node-config", self.node_config(part),
                "--port", str(free_port())] + (extra or [])
         if self.args.netns:
             cmd = ["ip", "netns", "exec", f"pfl-node{k}"] + cmd
@@ -490,6 +508,8 @@ class Cluster:
         self.make_credentials()
         self.start_superlink()
         self.register()
+        if self.args.data_files:
+            self.export_data_files()
         for k in range(self.args.nodes):
             self.nodes[k] = self.start_node(k)
         if self.args.unregistered_check:
@@ -536,6 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unregistered-check", action="store_true",
                     help="start one extra SuperNode with an unregistered key and check it is refused")
     ap.add_argument("--netns", action="store_true", help="each SuperNode in its own network namespace (root)")
+    ap.add_argument("--data-files", metavar="DIR",
+                    help="each SuperNode reads its own DIR/node-<i>.npz (node config data-path) instead of a "
+                         "partition of the embedded data; missing files are exported from the run's data first")
     ap.add_argument("--workdir", help="keep certificates, keys, logs, state here (default: a temp dir)")
     ap.add_argument("--results-dir", help="results-dir for the run (default: <workdir>/results)")
     ap.add_argument("--startup-timeout", type=float, default=90.0)

@@ -106,3 +106,43 @@ def test_ifca_client_picks_the_cluster_with_the_lowest_loss():
     assert reply["metrics"]["cluster"] == 1
     update = strat.validate_content(1, 5, reply, "train", set())
     assert strat.aggregate(1, [update])["ifca"]["cluster-sizes"] == [0, 1, 0]
+
+
+def test_node_trains_on_its_own_data_file(tmp_path):
+    # a deployed node without the embedded partitions: its own .npz (here: partition 3 exported), no num-partitions
+    from task.data import export_client_file, load_client_data
+    settings = parse_settings({**CFG, "method": "fedavg"})
+    path = export_client_file(settings.data, 3, 5, tmp_path / "node3.npz")
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 3, "data-path": str(path)},
+                  state=RecordDict(), run_config={**CFG, "method": "fedavg"})
+    c = client(ctx)
+    ref = load_client_data(settings.data, 3, 5)
+    assert len(c.data.y_test) == len(ref.y_test) and c.data.num_train + len(c.data.y_val) == ref.num_train + len(ref.y_val)
+    assert set(c.data.y_train.tolist()) == set(ref.y_train.tolist())  # the same two classes
+    strat = build_strategy(settings)
+    reply = c.train(payload(strat, 1))
+    assert strat.validate_content(1, 7, reply, "train", set()) is not None, strat.failures
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"x": np.zeros((4, 3), np.float32), "y": np.zeros(4, np.int64)}, "needs (N, 1, 8, 8)"),
+    ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.full(4, 10)}, "must be in [0, 10)"),
+    ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.zeros(4, np.float32)}, "must be integers"),
+    ({"x": np.zeros((4, 1, 8, 8), np.float32)}, "needs 'x' and 'y'"),
+    ({"x": np.full((4, 1, 8, 8), np.nan, np.float32), "y": np.zeros(4, np.int64)}, "NaN"),
+])
+def test_bad_node_data_file_says_what_is_wrong(tmp_path, arrays, message):
+    from task.data import DataSettings, load_local_file
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load_local_file(str(path), DataSettings(dataset="digits"), 0)
+    with pytest.raises(ValueError, match="no such file"):
+        load_local_file(str(tmp_path / "missing.npz"), DataSettings(dataset="digits"), 0)
+
+
+def test_node_config_without_data_source_is_refused():
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(),
+                  run_config={**CFG, "method": "fedavg"})
+    with pytest.raises(ValueError, match="data-path"):
+        client(ctx)

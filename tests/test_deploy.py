@@ -34,10 +34,24 @@ def run_cluster(workdir: Path, *args: str, timeout: float = 900) -> dict:
 
 
 @pytest.fixture(scope="module")
-def loopback(tmp_path_factory):
+def node_files(tmp_path_factory):
+    # each SuperNode reads its own data file (node config data-path); node 1's file holds only 150 samples
+    import numpy as np
+    from task.data import DataSettings, export_client_file
+    folder = tmp_path_factory.mktemp("node-data")
+    for i in range(2):
+        export_client_file(DataSettings(), i, 2, folder / f"node-{i}.npz")
+    with np.load(folder / "node-1.npz") as z:
+        small = {k: z[k][:150] for k in ("x", "y")}
+    np.savez(folder / "node-1.npz", **small)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory, node_files):
     # two SuperNodes, two rounds (evaluation in the last one only), plus one SuperNode with an unregistered key
     return run_cluster(tmp_path_factory.mktemp("deploy-loopback"), "--nodes", "2", "--rounds", "2",
-                       "--unregistered-check", "--run-config", "eval-every=2")
+                       "--unregistered-check", "--data-files", str(node_files), "--run-config", "eval-every=2")
 
 
 def test_loopback_tls_auth_run_completes(loopback):
@@ -50,6 +64,16 @@ def test_loopback_tls_auth_run_completes(loopback):
     events = {e["event"]: e for e in r["events"]}
     assert events["superlink up"]["tls"] and events["superlink up"]["supernode_auth"]
     assert len(events["registered"]["node_ids"]) == 2
+
+
+def test_supernodes_trained_on_their_own_data_files(loopback, node_files):
+    import csv
+    from task.data import DataSettings, load_local_file
+    rows = {int(float(r["partition-id"])): r for r in csv.DictReader(open(Path(loopback["results"]) / "clients.csv"))}
+    for pid in (0, 1):
+        expected = load_local_file(str(node_files / f"node-{pid}.npz"), DataSettings(), pid).num_train
+        assert int(float(rows[pid]["num-examples"])) == expected
+    assert int(float(rows[1]["num-examples"])) < 150  # the cut-down file, not partition 1 of the embedded data
 
 
 def test_unregistered_supernode_is_refused(loopback):
