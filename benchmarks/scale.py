@@ -18,7 +18,8 @@ Three parts, each printing a table and writing JSON to benchmarks/out/:
 
 Reproduce: python benchmarks/scale.py overhead floor scale kernels     (all; about an hour on 2 cores)
            python benchmarks/scale.py kernels                           (seconds)
-Per-round numbers are medians over the rounds after the first (which pays for process start-up).
+Per-round numbers are medians over the rounds after the first (which pays for process start-up) that have no
+evaluation phase (overhead: 4 rounds, evaluation in the last; pFedLIA 5, its clustering round included).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def round_stats(folder: Path) -> dict:
     """Median per-round split of one run's rounds.json (rounds after the first)."""
     rounds = json.loads((folder / "rounds.json").read_text())
     later = rounds[1:] or rounds
+    # rounds without an evaluation phase, when there are any: the split is then of training rounds only
+    later = [r for r in later if not r.get("evaluate", {}).get("num-replies")] or later
     rows = []
     for r in later:
         t, e = r["train"], r["extra"]
@@ -98,14 +101,14 @@ def table(rows: list[dict], title: str) -> None:
 
 def part_overhead(args) -> list[dict]:
     rows = []
-    base = {"dataset": "digits", "partition": "dirichlet", "num-server-rounds": 3, "eval-every": 3,
+    base = {"dataset": "digits", "partition": "dirichlet", "num-server-rounds": 4, "eval-every": 4,
             "local-epochs": 2, "val-fraction": 0.2, "model": "cnn"}
     with LocalSimulation() as sim:
         for n in (10, 50):
             for m in args.methods.split(","):
                 cfg = {**base, "method": m, "min-nodes": n, **METHODS[m]}
-                if m == "pfedlia":
-                    cfg["num-server-rounds"] = 4
+                if m == "pfedlia":  # warm-up round 1, clustering round 2, clustered rounds 3-5
+                    cfg["num-server-rounds"] = cfg["eval-every"] = 5
                 rows.append({"method": m, "n": n, **run(sim, cfg, n)})
                 print(f"  {m} @ {n}: {rows[-1]['seconds']:.2f} s / round, ratio {rows[-1]['ratio']}", flush=True)
     table(rows, f"every method, digits, cnn, 2 local epochs, Dirichlet 0.5 ({WORKERS} workers)")
