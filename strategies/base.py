@@ -91,8 +91,9 @@ class PersonalizedStrategy(Strategy):
         self.failures: list[dict[str, Any]] = []
         self.client_eval: dict[int, dict[str, float]] = {}  # partition id -> last evaluate metrics
         self.comm: dict[int, dict[str, int]] = {}
-        # messages sent per (round, phase), to name the node behind an error reply the SuperLink made for it
-        # (its src_node_id is the SuperLink's) and to record nodes that never replied
+        # metadata of the messages sent per (round, phase), to name the node behind an error reply the SuperLink
+        # made for it (its src_node_id is the SuperLink's) and to record nodes that never replied.  Only the
+        # metadata: the grid fills in message_id on it when pushing, and the payloads are not kept alive.
         self._outbox: dict[tuple[int, str], list[Any]] = {}
         self._t0 = time.monotonic()
         self._round_start = self._t0
@@ -136,7 +137,7 @@ class PersonalizedStrategy(Strategy):
             payload["config"] = self.round_config(server_round, phase)
             self._count(server_round, f"{phase}-bytes-down", content_bytes(payload))
             msgs.append(Message(content=payload, message_type=message_type, dst_node_id=nid))
-        self._outbox[(server_round, phase)] = msgs
+        self._outbox[(server_round, phase)] = [m.metadata for m in msgs]
         return msgs
 
     def _count(self, server_round: int, key: str, n: int) -> None:
@@ -151,7 +152,7 @@ class PersonalizedStrategy(Strategy):
             payload["config"] = self.round_config(server_round, name)
             self._count(server_round, f"{name}-bytes-down", content_bytes(payload))
             msgs.append(Message(content=payload, message_type=f"{MessageType.QUERY}.{name}", dst_node_id=nid))
-        self._outbox[(server_round, name)] = msgs
+        self._outbox[(server_round, name)] = [m.metadata for m in msgs]
         wait = timeout or self.settings.round_timeout
         replies = list(grid.send_and_receive(msgs, timeout=wait))
         ok = []
@@ -181,15 +182,15 @@ class PersonalizedStrategy(Strategy):
         if md.src_node_id != SUPERLINK_NODE_ID:
             return int(md.src_node_id)
         for sent in self._outbox.get((server_round, phase), []):
-            if md.reply_to_message_id and sent.metadata.message_id == md.reply_to_message_id:
-                return int(sent.metadata.dst_node_id)
+            if md.reply_to_message_id and sent.message_id == md.reply_to_message_id:
+                return int(sent.dst_node_id)
         return int(md.src_node_id)
 
     def record_silent(self, server_round: int, phase: str, replies: Iterable[Any], timeout: float | None) -> None:
         """Record every node that was sent a ``phase`` message and did not answer at all (not even an error)."""
         answered = {self.reply_node(server_round, phase, r) for r in replies}
-        for m in self._outbox.pop((server_round, phase), []):
-            nid = int(m.metadata.dst_node_id)
+        for sent in self._outbox.pop((server_round, phase), []):
+            nid = int(sent.dst_node_id)
             if nid not in answered:
                 limit = f"{timeout:g} s" if timeout else "the round's time limit"
                 self.record_failure(server_round, nid, phase, f"no reply within {limit} (round-timeout)")

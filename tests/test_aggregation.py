@@ -118,8 +118,8 @@ def test_a_rejected_reply_does_not_touch_the_global_model():
     assert not np.allclose(before["head.weight"], 1.0)
 
 
-def _sent(node, message_id):
-    return SimpleNamespace(metadata=SimpleNamespace(dst_node_id=node, message_id=message_id))
+def _sent(node, message_id):  # the metadata of a sent message, as the grid leaves it after pushing
+    return SimpleNamespace(dst_node_id=node, message_id=message_id)
 
 
 def _error_reply(src, reply_to, reason="Error: Node Unavailable"):
