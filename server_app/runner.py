@@ -45,6 +45,18 @@ def run_config_arg(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
 
 
+def summary_line(output: str) -> str | None:
+    """The ServerApp's ``pflower ... -> <folder>`` summary line in a run's output (the last one), or None."""
+    lines = [line for line in output.splitlines() if line.startswith("pflower ") and re.search(r"-> \S+\s*$", line)]
+    return lines[-1].rstrip() if lines else None
+
+
+def results_folder_from_output(output: str) -> Path | None:
+    """The results folder named by the summary line in a run's output (``flwr run --stream``), or None."""
+    line = summary_line(output)
+    return Path(line.rsplit("-> ", 1)[1].strip()) if line else None
+
+
 class RunFailed(RuntimeError):
     pass
 
@@ -133,11 +145,10 @@ class LocalSimulation:
         out = proc.stdout + proc.stderr
         if log_path is not None:
             Path(log_path).write_text(out)
-        match = re.search(r"-> (\S+)\s*$", "\n".join(l for l in out.splitlines() if l.startswith("pflower ")), re.M)
-        if proc.returncode != 0 or match is None:
+        folder = results_folder_from_output(out)
+        if proc.returncode != 0 or folder is None:
             tail = "\n".join(out.splitlines()[-40:])
             raise RunFailed(f"flwr run failed (exit {proc.returncode}) for {run_config}:\n{tail}")
-        folder = Path(match.group(1))
         summary = json.loads((folder / "summary.json").read_text())
         summary["log"] = out
         return summary
