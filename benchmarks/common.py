@@ -1,52 +1,351 @@
-"""Shared by the benchmark scripts: run a grid of (partition, method, seed) through Flower and print a table."""
+"""Shared by the benchmark scripts: run grid cells through Flower and keep one compact raw record per run.
+
+Every run goes through ``server_app.runner.LocalSimulation`` (a private SuperLink, ``flwr run``).  Its full
+results folder stays under ``benchmarks/out/runs`` (gitignored); what the tables need is copied into a
+small JSON record, ``benchmarks/raw/<grid>/<cell>.json``, which is committed.  ``benchmarks/report.py``
+builds ``benchmarks/RESULTS.md`` from those records only.
+
+Record schema (``SCHEMA``; every key is always present, ``None`` where it does not apply):
+
+- ``grid``, ``cell`` (the grid coordinates, e.g. partition / method / seed), ``command`` (what produced it),
+  ``run`` (the results folder's name), ``num-supernodes``, ``error`` (the tail of a failed run's log, or None),
+  ``code`` (the commit of the app code that ran, and whether it had uncommitted changes)
+- ``machine``: cores, memory, versions, and the 1-minute load average before and after the run
+- ``run-config``: the run's full run config (``config.json``)
+- ``summary``: the essentials of ``summary.json`` (final accuracies and losses, perplexity, clients, failures,
+  seconds)
+- ``rounds``: per round: accuracies (personalized, global, after local training), seconds, server seconds,
+  bytes down / up (all phases; and the train phase alone), clients that trained / evaluated, mean local
+  training and method seconds per client, peak memory, and the cohort where the strategy logs one
+- ``clients``: ``{"columns": [...], "rows": [[...], ...]}`` from ``clients.csv`` (per-client final accuracy,
+  num-examples, and any further per-client count the client reports)
+- ``artefacts``: what the tables need from the method's own files (pFedLIA clustering and assignment, CFL
+  clusters, tier tables and tier shares, Client2Vec index seconds / quality / cohorts, FedCAC mask size)
+- ``failures``: number of rejected replies and the first reasons
+- ``fingerprint``: ``data`` (hash of the sorted per-client example counts and data digests) and ``draws``
+  (hash of the clients drawn per round, ``"all"`` when every client trained every round, None when unknown):
+  the report pairs two runs only when these agree (``report.pairing``).
+"""
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import json
+import os
+import platform
+import re
+import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, Iterable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from server_app.runner import LocalSimulation  # noqa: E402
+from server_app.runner import LocalSimulation, RunFailed  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+RAW = HERE / "raw"
+SCHEMA = 1
+# per-client columns of clients.csv that are not data (kept out of the record)
+_CLIENT_SKIP = {"peak-rss-mb", "partition-id"}
+# per-client columns that describe a client's data (counts, digests): they go into the data fingerprint
+_DATA_COLUMN = re.compile(r"(^|-)(examples|digest|hash)$")
 
 
-def run_grid(partitions: dict[str, dict], methods: dict[str, dict], seeds: list[int], base: dict[str, Any],
-             clients: int, out: Path, metric_keys: tuple[str, ...] = ("personal-acc", "global-acc")) -> list[dict]:
-    """Run every combination once through ``flwr run`` and return one row per run (also written to ``out``)."""
-    rows, t0 = [], time.time()
-    # keep the run folders: LocalSimulation deletes its own temp dir on exit, and callers read artefacts later
-    base = {"results-dir": str(out.parent.resolve() / "runs"), **base}
-    total = len(partitions) * len(methods) * len(seeds)
-    with LocalSimulation() as sim:
-        for part, pcfg in partitions.items():
-            for label, mcfg in methods.items():
-                for seed in seeds:
-                    cfg = {**base, **pcfg, **mcfg, "seed": seed, "min-nodes": clients}
-                    s = sim.run(cfg, num_supernodes=clients)
-                    rows.append({"partition": part, "method": label, "seed": seed,
-                                 **{k: s.get(k) for k in (*metric_keys, "seconds", "results")}})
-                    accs = " ".join(f"{k} {s.get(k):.4f}" for k in metric_keys if s.get(k) is not None)
-                    print(f"[{len(rows)}/{total}] {part:14s} {label:12s} seed {seed}: {accs} "
-                          f"({s['seconds']:.0f} s; {time.time() - t0:.0f} s total)", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
+# --------------------------------------------------------------------------- small helpers
+def failure_line(error: str | None) -> str:
+    """The line of a failed run's log tail that names the error (else its last line)."""
+    lines = [l for l in (error or "").splitlines() if l.strip()]
+    named = [l for l in lines if re.search(r"(Error|Exception|Timeout)\b", l)]
+    return re.sub(r"\x1b\[[0-9;]*m", "", (named or lines or [""])[-1]).strip()
+
+
+def code_version() -> dict[str, Any]:
+    """The app code a run used: a snapshot's ``.pflower-commit`` file, else the checkout's HEAD and whether the
+    app's code differs from it (benchmarks/ and tests/ do not count)."""
+    import subprocess
+
+    root = HERE.parent
+    stamp = root / ".pflower-commit"
+    if stamp.exists():
+        return {"commit": stamp.read_text().strip(), "dirty": False}
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "strategies", "client_app", "task",
+                                "server_app", "pyproject.toml"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return {"commit": None, "dirty": None}
+    return {"commit": head or None, "dirty": bool(dirty)}
+
+
+def command_line(script: str | None = None, argv: list[str] | None = None) -> str:
+    """``python benchmarks/<script> <args>`` of the current process (what reproduces its records)."""
+    argv = sys.argv if argv is None else argv
+    script = script or Path(argv[0]).name
+    return " ".join(["python", f"benchmarks/{script}", *(shlex.quote(a) for a in argv[1:])])
+
+
+def cell_name(cell: dict[str, Any]) -> str:
+    """File name of a grid cell: its coordinates joined, unsafe characters replaced."""
+    return "__".join(re.sub(r"[^A-Za-z0-9.+=-]+", "_", f"{v}".replace("%", "pct")) for v in cell.values())
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _num(v: Any) -> Any:
+    """csv cell -> int / float / str / None."""
+    if v in ("", None):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return v
+    return int(f) if f.is_integer() and abs(f) < 2**53 else f
+
+
+def _round(v: Any, nd: int = 6) -> Any:
+    return round(v, nd) if isinstance(v, float) else v
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def machine(load_before: float | None = None) -> dict[str, Any]:
+    import flwr
+    import torch
+
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        mem = None
+    return {"cores": os.cpu_count(), "memory-gib": None if mem is None else round(mem), "gpu": torch.cuda.is_available(),
+            "python": platform.python_version(), "flwr": flwr.__version__, "torch": torch.__version__.split("+")[0],
+            "load-before": load_before, "load-after": round(os.getloadavg()[0], 2)}
+
+
+# --------------------------------------------------------------------------- one run folder -> one record
+def _rounds(folder: Path) -> list[dict[str, Any]]:
+    rows = []
+    for r in _read_json(folder / "rounds.json") or []:
+        t, e, x = r.get("train", {}), r.get("evaluate", {}), r.get("extra", {})
+        comm = x.get("comm", {})
+        row = {
+            "round": r["round"], "personal-acc": e.get("personal-acc"), "global-acc": e.get("global-acc"),
+            "trained-acc": t.get("trained-acc"), "personal-loss": e.get("personal-loss"),
+            "seconds": x.get("seconds"), "server-seconds": x.get("server-seconds"),
+            "bytes-down": sum(v for k, v in comm.items() if k.endswith("bytes-down")),
+            "bytes-up": sum(v for k, v in comm.items() if k.endswith("bytes-up")),
+            "train-bytes-down": comm.get("train-bytes-down"), "train-bytes-up": comm.get("train-bytes-up"),
+            "train-clients": t.get("num-replies"), "eval-clients": e.get("num-replies"),
+            "train-seconds-per-client": t.get("time-train"), "method-seconds-per-client": t.get("time-method"),
+            "server-rss-mb": x.get("server-peak-rss-mb"), "client-rss-mb": t.get("peak-rss-mb-max"),
+            "index-seconds": x.get("index-seconds"),
+            "cohort": x.get("cohort"),  # partition ids drawn this round, where the strategy logs them
+        }
+        rows.append({k: _round(v) for k, v in row.items() if v is not None})
     return rows
 
 
-def fmt(values: list) -> str:
-    vals = [v for v in values if v is not None]
-    return "—" if not vals else f"{np.mean(vals):.4f} ± {np.std(vals):.4f}"
+def _clients(folder: Path) -> dict[str, Any]:
+    path = folder / "clients.csv"
+    if not path.exists():
+        return {"columns": [], "rows": []}
+    with open(path, newline="") as fh:
+        table = list(csv.reader(fh))
+    if not table:
+        return {"columns": [], "rows": []}
+    keep = [i for i, c in enumerate(table[0]) if c not in _CLIENT_SKIP]
+    rows = [[_round(_num(row[i])) for i in keep] for row in table[1:]]
+    return {"columns": [table[0][i] for i in keep], "rows": sorted(rows, key=lambda r: (r[0] is None, r[0]))}
 
 
-def print_table(rows: list[dict], partitions: list[str], methods: list[str], keys: tuple[str, ...] = ("personal-acc", "global-acc")) -> None:
-    print("| partition | method | " + " | ".join(keys) + " |")
-    print("|---|---|" + "---|" * len(keys))
-    for part in partitions:
-        for method in methods:
-            sel = [r for r in rows if r["partition"] == part and r["method"] == method]
-            print(f"| {part} | {method} | " + " | ".join(fmt([r.get(k) for r in sel]) for k in keys) + " |")
+def _last_tier_table(folder: Path) -> list[dict] | None:
+    tables = [r["extra"]["tier-table"] for r in _read_json(folder / "rounds.json") or [] if r.get("extra", {}).get("tier-table")]
+    return tables[-1] if tables else None
+
+
+def _artefacts(folder: Path) -> dict[str, Any]:
+    art: dict[str, Any] = {}
+    clu = _read_json(folder / "pfedlia_clusters.json")
+    if clu:
+        art["pfedlia"] = {"clustering": clu.get("clustering", {}), "assignment": clu.get("assignment", {}),
+                          "planted": clu.get("planted", {})}
+    cfl = _read_json(folder / "cfl_clusters.json")
+    if cfl:
+        art["cfl"] = {"clusters": len(set(cfl.get("assignment", {}).values())), "assignment": cfl.get("assignment", {}),
+                      "splits": len(cfl.get("splits", []))}
+    table = _last_tier_table(folder)
+    if table:
+        art["tier-table"] = table
+    ledger = _read_json(folder / "pifl_ledger.json")
+    if ledger and ledger.get("rounds"):
+        last = ledger["rounds"][-1]
+        art["pifl"] = {"rounds": len(ledger["rounds"]), "totals": sorted({e.get("total") for e in ledger["rounds"]}),
+                       "tiers": {k: {"source-a-share": t.get("source-a-share"), "members": t.get("members")}
+                                 for k, t in last.get("tiers", {}).items()}}
+    c2v = _read_json(folder / "client2vec.json")
+    if c2v:
+        art["client2vec"] = {"index-seconds": c2v.get("index-seconds"), "index-quality": c2v.get("index-quality"),
+                             "best-global-acc": c2v.get("best-global-acc"), "cohorts": c2v.get("cohorts")}
+    cac = _read_json(folder / "fedcac_communication.json")
+    if cac:
+        art["fedcac"] = cac
+    return art
+
+
+def _fingerprint(clients: dict[str, Any], rounds: list[dict], artefacts: dict[str, Any]) -> dict[str, Any]:
+    cols = clients["columns"]
+    data_cols = [i for i, c in enumerate(cols) if i == 0 or _DATA_COLUMN.search(c)]
+    data = digest([[row[i] for i in data_cols] for row in clients["rows"]]) if clients["rows"] else None
+    cohorts = None
+    if all("cohort" in r for r in rounds) and rounds:
+        cohorts = {str(r["round"]): sorted(r["cohort"]) for r in rounds}
+    elif artefacts.get("client2vec", {}).get("cohorts"):
+        cohorts = {str(k): sorted(v) for k, v in artefacts["client2vec"]["cohorts"].items()}
+    if cohorts is not None:
+        draws = digest(cohorts)
+    elif rounds and all(r.get("train-clients") == len(clients["rows"]) for r in rounds if "train-clients" in r):
+        draws = "all"
+    else:
+        draws = None
+    return {"data": data, "data-columns": [cols[i] for i in data_cols], "draws": draws}
+
+
+def record_from_run(folder: Path | None, *, grid: str, cell: dict[str, Any], command: str, num_supernodes: int,
+                    run_config: dict[str, Any], load_before: float | None = None, error: str | None = None) -> dict:
+    """The compact raw record of one run (see the module docstring)."""
+    folder = Path(folder) if folder else None
+    config = (_read_json(folder / "config.json") or {}).get("run-config") if folder else None
+    summary = (_read_json(folder / "summary.json") or {}) if folder else {}
+    rounds = _rounds(folder) if folder else []
+    clients = _clients(folder) if folder else {"columns": [], "rows": []}
+    artefacts = _artefacts(folder) if folder else {}
+    failures = (_read_json(folder / "failures.json") or []) if folder else []
+    keys = ("rounds", "clients", "failures", "seconds", "personal-acc", "global-acc", "trained-acc", "personal-loss",
+            "global-loss", "personal-perplexity", "global-perplexity")
+    return {
+        "schema": SCHEMA, "grid": grid, "cell": cell, "command": command, "run": folder.name if folder else None,
+        "num-supernodes": num_supernodes, "error": error, "code": code_version(), "machine": machine(load_before),
+        "run-config": config if config is not None else run_config,
+        "summary": {k: summary.get(k) for k in keys},
+        "rounds": rounds, "clients": clients, "artefacts": artefacts,
+        "failures": {"count": len(failures), "first": [str(f.get("reason", f))[:200] for f in failures[:3]]},
+        "fingerprint": _fingerprint(clients, rounds, artefacts),
+    }
+
+
+def measurement_record(grid: str, cell: dict[str, Any], measurements: dict[str, Any], command: str | None = None) -> dict:
+    """The raw record of an in-process measurement (no federated run: a timing of the method's own code)."""
+    return {"schema": SCHEMA, "grid": grid, "cell": cell, "command": command or command_line(), "run": None,
+            "error": None, "code": code_version(), "machine": machine(round(os.getloadavg()[0], 2)),
+            "measurements": measurements}
+
+
+def dumps_record(record: dict) -> str:
+    """JSON with one top-level key per line and one round / client per line (small, diffable)."""
+    out = []
+    for key, value in record.items():
+        if key == "rounds" and value:
+            body = ",\n  ".join(json.dumps(r) for r in value)
+            out.append(f'"{key}": [\n  {body}\n ]')
+        elif key == "clients" and value.get("rows"):
+            rows = ",\n   ".join(json.dumps(r) for r in value["rows"])
+            out.append(f'"{key}": {{"columns": {json.dumps(value["columns"])}, "rows": [\n   {rows}\n ]}}')
+        else:
+            out.append(f"{json.dumps(key)}: {json.dumps(value, sort_keys=key in ('run-config', 'artefacts'))}")
+    return "{\n " + ",\n ".join(out) + "\n}\n"
+
+
+def write_record(record: dict, raw_dir: Path = RAW) -> Path:
+    path = Path(raw_dir) / record["grid"] / f"{cell_name(record['cell'])}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps_record(record))
+    return path
+
+
+def load_records(grid: str, raw_dir: Path = RAW) -> list[dict]:
+    folder = Path(raw_dir) / grid
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+
+
+# --------------------------------------------------------------------------- running cells
+class Bench:
+    """A private SuperLink that runs grid cells and writes one raw record per run (failed runs too)."""
+
+    def __init__(self, grid: str, *, raw_dir: Path | str = RAW, command: str | None = None, total: int | None = None,
+                 timeout: float = 3600.0) -> None:
+        self.grid, self.raw_dir, self.total, self.timeout = grid, Path(raw_dir), total, timeout
+        self.command = command or command_line()
+        self.runs_dir = OUT / "runs"
+        self.done, self.t0, self.sim = 0, time.time(), LocalSimulation()
+
+    def __enter__(self) -> "Bench":
+        self.sim.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sim.stop()
+
+    def run(self, cell: dict[str, Any], cfg: dict[str, Any], clients: int) -> dict:
+        """Run ``cfg`` on ``clients`` simulated nodes; write and return its record (``error`` set if it failed)."""
+        cfg = {"results-dir": str(self.runs_dir), **cfg}
+        load = round(os.getloadavg()[0], 2)
+        folder, error = None, None
+        try:
+            folder = Path(self.sim.run(cfg, num_supernodes=clients, timeout=self.timeout)["results"])
+        except (RunFailed, OSError, ValueError) as exc:  # keep going: the record says what failed
+            error = "\n".join(str(exc).splitlines()[-15:])
+        except Exception as exc:  # noqa: BLE001  (subprocess timeouts and the like)
+            error = f"{type(exc).__name__}: {exc}"[-2000:]
+        rec = record_from_run(folder, grid=self.grid, cell=cell, command=self.command, num_supernodes=clients,
+                              run_config=cfg, load_before=load, error=error)
+        write_record(rec, self.raw_dir)
+        self.done += 1
+        s = rec["summary"]
+        what = (f"FAILED: {failure_line(error)}" if error else " ".join(
+            f"{k} {s[k]:.4f}" for k in ("personal-acc", "global-acc", "personal-perplexity") if s.get(k) is not None))
+        print(f"[{self.done}/{self.total or '?'}] {self.grid} {' '.join(str(v) for v in cell.values())}: {what} "
+              f"({s.get('seconds') or 0:.0f} s; {time.time() - self.t0:.0f} s total)", flush=True)
+        return rec
+
+
+def run_grid(grid: str, cells: Iterable[tuple[dict[str, Any], dict[str, Any]]], clients: int,
+             raw_dir: Path | str = RAW) -> list[dict]:
+    """Run every (cell, run config) once through ``flwr run``; ``min-nodes`` defaults to ``clients``."""
+    cells = list(cells)
+    with Bench(grid, raw_dir=raw_dir, total=len(cells)) as bench:
+        return [bench.run(cell, {"min-nodes": clients, **cfg}, clients) for cell, cfg in cells]
+
+
+def product(axes: dict[str, dict[str, dict]], seeds: list[int], base: dict[str, Any]) -> list[tuple[dict, dict]]:
+    """Cells of a grid: every combination of the named axes (each ``{label: run-config overrides}``) and seed."""
+    cells: list[tuple[dict, dict]] = [({}, dict(base))]
+    for axis, values in axes.items():
+        cells = [({**c, axis: label}, {**cfg, **over}) for c, cfg in cells for label, over in values.items()]
+    return [({**c, "seed": s}, {**cfg, "seed": s}) for c, cfg in cells for s in seeds]
+
+
+def add_common_args(ap) -> None:
+    ap.add_argument("--raw-dir", default=str(RAW), help="where the raw records go (default benchmarks/raw)")
+
+
+def split(text: str) -> list[str]:
+    return [t for t in text.split(",") if t]
+
+
+def print_report(grid: str, raw_dir: Path | str = RAW) -> None:
+    """Print the grid's table as ``benchmarks/report.py`` renders it (from the raw records just written)."""
+    try:
+        import report  # benchmarks/report.py (this folder is on sys.path when a script runs)
+    except ImportError as exc:
+        print(f"\nno table printed ({exc}); raw records are in {Path(raw_dir) / grid}/")
+        return
+    print()
+    print(report.render_grid(grid, Path(raw_dir)))
+    print(f"\nraw records: {Path(raw_dir) / grid}/; rebuild RESULTS.md with: python benchmarks/report.py")

@@ -3,10 +3,11 @@
 Domains: original, inverted, rotated, noisy, shifted (task.data.DOMAINS), IID labels, the c2i-small CNN,
 Adam lr 1e-3, 2 local epochs, batch 32, 20 rounds.  Same protocol for every method (spec §6.12/§8):
 ``personal-acc`` is each client's own model on its own test split; for FedAvg/FedProx that is the global
-model, so ``trained-acc`` (the model right after local training, "FedAvg + fine-tuning") is printed too —
+model, so ``trained-acc`` (the model right after local training, "FedAvg + fine-tuning") is reported too —
 about half of a personalized method's edge over FedAvg comes from that protocol difference alone.
+One raw record per run goes to ``benchmarks/raw/fedc2i/``; the table is ``benchmarks/report.py``'s.
 
-Reproduce: python benchmarks/fedc2i.py              (24 runs, about 15 minutes on 2 cores)
+Reproduce: python benchmarks/fedc2i.py              (24 runs, about 15-30 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import print_table, run_grid  # noqa: E402
+from common import add_common_args, print_report, product, run_grid, split  # noqa: E402
 
 METHODS = {
     "local": {"method": "local"},
@@ -36,18 +37,13 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "fedc2i.json"))
+    add_common_args(ap)
     args = ap.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
     base = {"partition": "iid", "feature-shift": 5, "model": "c2i-small", "optimizer": "adam", "lr": 0.001,
             "local-epochs": 2, "batch-size": 32, "num-server-rounds": args.rounds}
-    methods = {m: METHODS[m] for m in args.methods.split(",")}
-    keys = ("personal-acc", "trained-acc", "global-acc")
-    rows = run_grid({"feature-shift-5": {}}, methods, seeds, base, 5, Path(args.out), keys)
-    print(f"\nfeature-shift digits, 5 clients (one domain each), {args.rounds} rounds, seeds {seeds}; "
-          "final-round accuracy, mean ± std over seeds")
-    print_table(rows, ["feature-shift-5"], list(methods), keys)
-    print(f"\nwrote {args.out}; command: python benchmarks/fedc2i.py {' '.join(sys.argv[1:])}")
+    axes = {"method": {m: METHODS[m] for m in split(args.methods)}}
+    run_grid("fedc2i", product(axes, [int(s) for s in split(args.seeds)], base), 5, args.raw_dir)
+    print_report("fedc2i", args.raw_dir)
 
 
 if __name__ == "__main__":

@@ -4,15 +4,15 @@ Times (on one thread, as a simulated client runs) the client's influence phase o
 (leave-one-out losses from the sum + one vmapped evaluation of the M candidates + the class-level
 matrix + mixing) against one round of local training (2 epochs of Adam, batch 32, as in the paper; 1,000 training samples
 per client as in its Digit-5 split, ``--train-samples`` to change), and prints the bytes a client downloads per round with all M models (the paper) and with
-k = 5 sampled peers (``c2i-peers=5``).
+k = 5 sampled peers (``c2i-peers=5``).  Not a federated run: it times the client's own code in-process.
+One raw record per M goes to ``benchmarks/raw/fedc2i-speed/``; the table is ``benchmarks/report.py``'s.
 
-Reproduce: python benchmarks/fedc2i_speed.py [--model c2i-small] [--clients 5,20,50]
+Reproduce: python benchmarks/fedc2i_speed.py [--model c2i-small] [--clients 5,20,50] [--train-samples 200]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -21,7 +21,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import add_common_args, measurement_record, print_report, write_record  # noqa: E402
 from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states  # noqa: E402
 from task.models import build_model, count_parameters, head_keys  # noqa: E402
 from task.params import to_record  # noqa: E402
@@ -47,14 +49,13 @@ def main() -> None:
     ap.add_argument("--clients", default="5,20,50")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--train-samples", type=int, default=1000)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "fedc2i_speed.json"))
+    add_common_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     n = args.train_samples
     x_train, y_train = torch.rand(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)
     x, y = x_train[:32], y_train[:32]
-    rows = []
     print(f"model {args.model}; {n} training samples; one thread; median of {args.repeats}")
     print("| M | influence phase (s) | local training, 2 epochs (s) | ratio | download all M (MB) | download k=5 (MB) |")
     print("|---|---|---|---|---|---|")
@@ -75,13 +76,12 @@ def main() -> None:
         size_all = to_record({k: v.numpy() for k, v in stacked.items()}).count_bytes()
         size_k = to_record({k: v[: min(5, m)].numpy() for k, v in stacked.items()}).count_bytes()
         row = {"M": m, "influence-s": float(np.median(infl)), "local-training-s": float(np.median(local)),
-               "download-all-bytes": size_all, "download-k5-bytes": size_k, "parameters": count_parameters(model)}
-        rows.append(row)
+               "download-all-bytes": size_all, "download-k5-bytes": size_k, "parameters": count_parameters(model),
+               "influence-s-repeats": infl, "local-training-s-repeats": local}
+        write_record(measurement_record("fedc2i-speed", {"model": args.model, "train-samples": n, "M": m}, row), args.raw_dir)
         print(f"| {m} | {row['influence-s']:.3f} | {row['local-training-s']:.3f} | "
               f"{row['influence-s'] / row['local-training-s']:.2f} | {size_all / 1e6:.2f} | {size_k / 1e6:.2f} |", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=1))
-    print(f"\ncommand: python benchmarks/fedc2i_speed.py {' '.join(sys.argv[1:])}")
+    print_report("fedc2i-speed", args.raw_dir)
 
 
 if __name__ == "__main__":

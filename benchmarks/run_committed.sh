@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run benchmark scripts on a committed tree while the working tree is being edited.
+#
+# `flwr run .` packages the app folder as it is, so a benchmark started in a working tree that others edit
+# runs whatever half-made change is there when each run starts.  This exports the app code of a commit
+# (default HEAD) to a folder of its own, lays the working tree's benchmarks/*.py over it (the benchmark
+# plumbing, not the app), stamps the commit into `.pflower-commit` (each raw record names it), and runs each
+# argument as one benchmark command there, one after another, raw records going to this checkout's
+# benchmarks/raw/.  Run folders stay in the export's benchmarks/out/runs.
+#
+#   benchmarks/run_committed.sh [--commit REV] "baselines.py --grid clean" "fedcac.py" ...
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+rev=HEAD
+if [[ "${1:-}" == "--commit" ]]; then rev=$2; shift 2; fi
+commit=$(git -C "$repo" rev-parse "$rev")
+tree=${PFLOWER_BENCH_TREE:-/tmp/pflower-bench-${commit:0:12}}
+if [[ ! -f "$tree/.pflower-commit" ]]; then
+  mkdir -p "$tree"
+  git -C "$repo" archive "$commit" | tar -x -C "$tree"
+  echo "$commit" > "$tree/.pflower-commit"
+fi
+cp "$repo"/benchmarks/*.py "$tree/benchmarks/"
+cd "$tree"
+for cmd in "$@"; do
+  echo "=== $(date '+%F %T') python benchmarks/$cmd (code $commit)"
+  # shellcheck disable=SC2086
+  python benchmarks/$cmd --raw-dir "$repo/benchmarks/raw"
+done
+echo "=== $(date '+%F %T') done"
