@@ -162,6 +162,9 @@ class ClientMethod:
         raise NotImplementedError
 
     def query(self, name: str, content: RecordDict) -> RecordDict:
+        """Extra phases; every method answers ``identify`` (who this client is: its partition id and size)."""
+        if name == "identify":
+            return self.reply(self.base_metrics())
         raise ValueError(f"method {self.settings.method!r} does not answer query {name!r}")
 
 

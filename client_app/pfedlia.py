@@ -62,8 +62,8 @@ class PFedLIAClient(ClientMethod):
             losses = batched_losses(model, stacked, x, y)
             row = lazy_influence_row(loss0, losses, len(y), str(self.settings.get("lia-reduction", "sum")))
             metrics = {**self.base_metrics(), "lia-row": [float(v) for v in row]}
-            lazy_nodes = content.config_records["lazy-nodes"] if "lazy-nodes" in content.config_records else {}
-            self_index = int(lazy_nodes.get("self-index", -1)) if lazy_nodes else -1
+            lazy_clients = content.config_records["lazy-clients"] if "lazy-clients" in content.config_records else {}
+            self_index = int(lazy_clients.get("self-index", -1)) if lazy_clients else -1
             if str(self.settings.get("lia-mode", "central")) == "p2p":
                 if self_index < 0:  # a late joiner: not among the lazy models; compare against all of them
                     peers = beneficial_peers(list(row) + [float("-inf")], len(row), seed=self.seed)[:-1]

@@ -1,15 +1,32 @@
 """The personalized base every strategy here stands on.
 
 :class:`PersonalizedStrategy` is a ``flwr.serverapp.strategy.Strategy`` (Message API) that owns what all
-methods share: seeded node sampling that waits for nodes, one message per node (so each node can get its
-own ``ArrayRecord``), a per-client store keyed by node id, validation of every reply (errors, duplicates,
-wrong keys or shapes, NaN) that drops a bad reply with a logged reason while the round goes on with the
-rest, communication accounting, per-round history and progress lines.  A method overrides a few hooks:
+methods share: waiting for nodes, seeded sampling, one message per node (so each node can get its own
+``ArrayRecord``), extra ``query.<name>`` phases, one validation gate for every reply of every phase,
+communication accounting, per-round history and progress lines.
+
+Clients are known by their **client id**, the ``partition-id`` their node reports (stable across runs and
+restarts), not by Flower's node id (random per simulated run).  Per-client state is keyed by client id;
+node ids only address messages.  The first valid reply of a node binds its client id for the rest of the
+run (a deployed SuperNode keeps its node id across restarts: it is tied to its registered key); a reply
+that claims another client id, or a client id another node holds, is rejected.  A partition id is
+self-declared: a node that connects first can claim a partition id meant for another, which the real
+owner's rejected replies then show in failures.json (see deploy/README.md's threat model).  When the server must choose among nodes it has not heard from yet
+(sampling, PI-FL's tiers) it first asks them who they are (``query.identify``), so that a seed draws the
+same clients in every run.
+
+A method overrides these hooks, and nothing else of the base:
 
 - :meth:`shared_keys` - which state keys the server aggregates and broadcasts;
-- :meth:`train_payload` / :meth:`evaluate_payload` - what one node receives;
-- :meth:`expected_reply_shapes` - what a train reply must carry;
-- :meth:`aggregate` - what happens with the round's valid updates.
+- :meth:`reply_spec` - what a reply of a phase must carry (see :mod:`strategies.replies`);
+- :meth:`round_config`, :meth:`train_payload`, :meth:`evaluate_payload` - what one node receives;
+- :meth:`prepare_round` - extra phases (queries) before the round's cohort is drawn;
+- :meth:`wants_client_ids` - whether the cohort depends on which client each node is;
+- :meth:`sample` - the round's cohort;
+- :meth:`aggregate` - what happens with the round's valid train replies;
+- :meth:`on_evaluated` - what happens with the round's valid evaluate replies (after the common metrics);
+- :meth:`on_round_end` - after evaluation of every round;
+- :meth:`write_artifacts` - the method's files in the results folder.
 """
 
 from __future__ import annotations
@@ -20,30 +37,38 @@ import resource
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, InvalidReply, ReplySpec, parse_reply
 from task.config import Settings
-from task.params import check_arrays, record_to_numpy, to_record, weighted_average
+from task.params import to_record, weighted_average
 
 log = logging.getLogger("flwr.pflower")
 
+IDENTIFY = "identify"
+
 
 @dataclass
-class ClientUpdate:
-    """One validated train reply."""
+class Reply:
+    """One validated reply: only what the phase's :class:`ReplySpec` declares, already checked."""
 
     node_id: int
-    partition_id: int
+    client: int
     num_examples: int
-    arrays: dict[str, np.ndarray]
     metrics: dict[str, Any]
-    content: RecordDict
+    records: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The ``arrays`` record (the model update of a train reply)."""
+        return self.records.get("arrays", {})
 
 
 @dataclass
@@ -71,7 +96,7 @@ def wait_for_nodes(grid: Grid, minimum: int, poll: float = 0.5, report_every: fl
 
 
 class PersonalizedStrategy(Strategy):
-    """Round loop and per-client store shared by all methods (see module docstring)."""
+    """Round loop, client identities and reply validation shared by all methods (see module docstring)."""
 
     #: human-readable name used in logs and results
     name = "base"
@@ -80,21 +105,23 @@ class PersonalizedStrategy(Strategy):
 
     def __init__(self, settings: Settings, initial_state: Mapping[str, np.ndarray], body: list[str], head: list[str]):
         self.settings = settings
+        self.initial_state = {k: np.array(v) for k, v in initial_state.items()}
         self.all_keys = list(initial_state)
         self.body_keys, self.head_keys = list(body), list(head)
         self.shapes = {k: tuple(np.shape(v)) for k, v in initial_state.items()}
-        self.global_state: dict[str, np.ndarray] = {k: np.array(initial_state[k]) for k in self.shared_keys()}
-        self.client_store: dict[int, dict[str, Any]] = {}
-        self.node_partition: dict[int, int] = {}
+        self._global_state: dict[str, np.ndarray] | None = None
+        self.client_of: dict[int, int] = {}  # node id -> client id (its partition id)
+        self.node_of: dict[int, int] = {}  # client id -> the node currently speaking for it
         self.rng = random.Random(settings.seed)
         self.history: list[RoundLog] = []
         self.failures: list[dict[str, Any]] = []
-        self.client_eval: dict[int, dict[str, float]] = {}  # partition id -> last evaluate metrics
+        self.client_eval: dict[int, dict[str, float]] = {}  # client id -> last evaluate metrics
         self.comm: dict[int, dict[str, int]] = {}
         # metadata of the messages sent per (round, phase), to name the node behind an error reply the SuperLink
         # made for it (its src_node_id is the SuperLink's) and to record nodes that never replied.  Only the
         # metadata: the grid fills in message_id on it when pushing, and the payloads are not kept alive.
         self._outbox: dict[tuple[int, str], list[Any]] = {}
+        self.results_dir: Path | None = None
         self._t0 = time.monotonic()
         self._round_start = self._t0
 
@@ -102,6 +129,20 @@ class PersonalizedStrategy(Strategy):
     def shared_keys(self) -> list[str]:
         """State keys the server aggregates and sends (default: the whole model)."""
         return list(self.all_keys)
+
+    def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
+        """What a reply of ``phase`` from ``node_id`` must carry.  Default: train replies carry the shared keys
+        in ``arrays``; evaluate replies the personalized accuracy; queries only the client's identity."""
+        if phase == "train":
+            keys = list(self.expected_reply_shapes(node_id))
+            return TRAIN.with_records(arrays=Arrays.like(self.initial_state, keys)) if keys else TRAIN
+        if phase == "evaluate":
+            return EVALUATE
+        return BASE
+
+    def expected_reply_shapes(self, node_id: int) -> dict[str, tuple[int, ...]]:
+        """The arrays a train reply returns (default: the shared keys)."""
+        return {k: self.shapes[k] for k in self.shared_keys()}
 
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         return ConfigRecord({"server-round": server_round, "phase": phase})
@@ -112,24 +153,75 @@ class PersonalizedStrategy(Strategy):
     def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
         return self.train_payload(node_id, server_round)
 
-    def expected_reply_shapes(self, node_id: int) -> dict[str, tuple[int, ...]]:
-        return {k: self.shapes[k] for k in self.shared_keys()}
+    def prepare_round(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
+        """Extra phases before the round's cohort is drawn (bids, clustering, the client index); default none."""
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
-        """Default: example-weighted average of the shared keys (FedAvg)."""
+    def wants_client_ids(self, server_round: int, nodes: list[int]) -> bool:
+        """Whether the cohort depends on which client each node is (then unknown nodes are identified first).
+        Default: when only part of the nodes is drawn."""
+        return self.cohort_size(len(nodes), self.settings.fraction_train) < len(nodes)
+
+    def sample(self, server_round: int, nodes: list[int]) -> list[int]:
+        """The round's cohort: ``fraction-train`` of the nodes, drawn by client id with the run's seed."""
+        return self.draw(nodes, self.cohort_size(len(nodes), self.settings.fraction_train))
+
+    def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
+        """Default: example-weighted average of the shared keys (FedAvg).  Returns extra history entries."""
         if updates and self.shared_keys():
             self.global_state = weighted_average([u.arrays for u in updates], [u.num_examples for u in updates])
         return {}
 
+    def on_evaluated(self, server_round: int, replies: list[Reply]) -> None:
+        """The round's valid evaluate replies, after the common metrics were recorded (default: nothing)."""
+
     def on_round_end(self, server_round: int) -> None:
-        """Called after evaluation of every round (e.g. to write method artefacts)."""
+        """Called after evaluation of every round (e.g. to settle tokens or record tier tables)."""
 
-    # ------------------------------------------------------------------ sampling and messages
-    def sample(self, grid: Grid, server_round: int) -> list[int]:
-        nodes = wait_for_nodes(grid, self.settings.min_nodes)
-        k = max(min(len(nodes), self.settings.min_nodes), int(round(self.settings.fraction_train * len(nodes))))
-        return sorted(self.rng.sample(nodes, k)) if k < len(nodes) else nodes
+    def write_artifacts(self, folder: Path) -> None:
+        """Write the method's artefacts (JSON, PNG) into the run's results folder (default: none)."""
 
+    # ------------------------------------------------------------------ state
+    @property
+    def global_state(self) -> dict[str, np.ndarray]:
+        """The shared model (the shared keys of the common initial model until the first aggregation)."""
+        if self._global_state is None:
+            self._global_state = {k: np.array(self.initial_state[k]) for k in self.shared_keys()}
+        return self._global_state
+
+    @global_state.setter
+    def global_state(self, value: dict[str, np.ndarray]) -> None:
+        self._global_state = value
+
+    def client(self, node_id: int) -> int | None:
+        """The client id behind ``node_id`` (None until the node has replied once)."""
+        return self.client_of.get(node_id)
+
+    # ------------------------------------------------------------------ sampling
+    @staticmethod
+    def cohort_size(available: int, fraction: float) -> int:
+        return min(available, max(1, int(round(fraction * available))))
+
+    def by_client(self, nodes: Iterable[int]) -> list[int]:
+        """``nodes`` ordered by client id (nodes not identified yet last, by node id)."""
+        return sorted(nodes, key=lambda n: (n not in self.client_of, self.client_of.get(n, 0), n))
+
+    def draw(self, nodes: list[int], k: int) -> list[int]:
+        """``k`` of ``nodes`` drawn with the run's generator in client-id order (all of them when k >= len)."""
+        ordered = self.by_client(nodes)
+        if k >= len(ordered):
+            return ordered
+        return self.by_client(self.rng.sample(ordered, k))
+
+    def identify(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
+        """Ask nodes that never replied which client they are (a tiny ``query.identify``)."""
+        unknown = [n for n in nodes if n not in self.client_of]
+        if unknown:
+            self.send_query(grid, server_round, IDENTIFY, {n: RecordDict() for n in unknown})
+
+    def available_nodes(self, grid: Grid) -> list[int]:
+        return wait_for_nodes(grid, self.settings.min_nodes)
+
+    # ------------------------------------------------------------------ messages
     def _messages(self, server_round: int, nodes: Iterable[int], phase: str, message_type: str) -> list[Message]:
         msgs = []
         for nid in nodes:
@@ -145,8 +237,9 @@ class PersonalizedStrategy(Strategy):
         c[key] = c.get(key, 0) + int(n)
 
     def send_query(self, grid: Grid, server_round: int, name: str, payloads: Mapping[int, RecordDict],
-                   timeout: float | None = None) -> list[Message]:
-        """Extra phase: send ``query.<name>`` with each node's own payload and return the valid replies."""
+                   timeout: float | None = None) -> list[Reply]:
+        """Extra phase: send ``query.<name>`` with each node's own payload; return the replies that match
+        ``reply_spec(name, node)``, ordered by client id (the others are recorded in failures)."""
         msgs = []
         for nid, payload in payloads.items():
             payload["config"] = self.round_config(server_round, name)
@@ -154,22 +247,60 @@ class PersonalizedStrategy(Strategy):
             msgs.append(Message(content=payload, message_type=f"{MessageType.QUERY}.{name}", dst_node_id=nid))
         self._outbox[(server_round, name)] = [m.metadata for m in msgs]
         wait = timeout or self.settings.round_timeout
-        replies = list(grid.send_and_receive(msgs, timeout=wait))
-        ok = []
-        for r in replies:
-            if r.has_error():
-                self.record_failure(server_round, self.reply_node(server_round, name, r), name,
-                                    f"error reply: {r.error.reason}")
-                continue
-            self._count(server_round, f"{name}-bytes-up", content_bytes(r.content))
-            ok.append(r)
-        self.record_silent(server_round, name, replies, wait)
-        return ok
+        return self.receive(server_round, name, list(grid.send_and_receive(msgs, timeout=wait)), wait)
+
+    # ------------------------------------------------------------------ validation
+    def receive(self, server_round: int, phase: str, replies: list[Any], timeout: float | None) -> list[Reply]:
+        """The valid replies of one phase, ordered by client id; every other reply (error, duplicate, a field
+        that does not match the spec, a client id that clashes) and every silent node is recorded."""
+        seen: set[int] = set()
+        valid = [r for msg in replies if (r := self.validate_reply(server_round, msg, phase, seen)) is not None]
+        self.record_silent(server_round, phase, replies, timeout)
+        return sorted(valid, key=lambda r: r.client)
+
+    def validate_reply(self, server_round: int, msg: Any, phase: str, seen: set[int]) -> Reply | None:
+        nid = self.reply_node(server_round, phase, msg)
+        if msg.has_error():
+            self.record_failure(server_round, nid, phase, f"error reply: {msg.error.reason}")
+            return None
+        return self.check_reply(server_round, nid, msg.content, phase, seen)
+
+    def check_reply(self, server_round: int, nid: int, content: RecordDict, phase: str, seen: set[int]) -> Reply | None:
+        """``content`` as a :class:`Reply`, or None (logged, recorded) when any declared field is unusable.
+
+        Nothing of the strategy's state changes for a rejected reply.
+        """
+        if nid in seen:
+            self.record_failure(server_round, nid, phase, "duplicate reply from the same node")
+            return None
+        try:
+            metrics, records = parse_reply(content, self.reply_spec(phase, nid))
+        except InvalidReply as err:
+            self.record_failure(server_round, nid, phase, str(err))
+            return None
+        client = int(metrics["partition-id"])
+        known = self.client_of.get(nid)
+        if known is not None and known != client:
+            self.record_failure(server_round, nid, phase,
+                                f"reports partition-id {client}, but reported {known} before (a node cannot change it)")
+            return None
+        owner = self.node_of.get(client)
+        if owner is not None and owner != nid:
+            self.record_failure(server_round, nid, phase,
+                                f"partition-id {client} is already used by node {owner} (each node needs its own)")
+            return None
+        seen.add(nid)
+        self.client_of[nid], self.node_of[client] = client, nid
+        self._count(server_round, f"{phase}-bytes-up", content_bytes(content))
+        return Reply(nid, client, int(metrics["num-examples"]), metrics, records)
 
     # ------------------------------------------------------------------ failure handling
     def record_failure(self, server_round: int, node_id: int, phase: str, reason: str) -> None:
         log.warning("round %d %s: reply from node %d rejected: %s", server_round, phase, node_id, reason)
-        self.failures.append({"round": server_round, "node-id": node_id, "phase": phase, "reason": reason})
+        entry: dict[str, Any] = {"round": server_round, "node-id": node_id, "phase": phase, "reason": reason}
+        if node_id in self.client_of:
+            entry["client"] = self.client_of[node_id]
+        self.failures.append(entry)
 
     def reply_node(self, server_round: int, phase: str, msg: Any) -> int:
         """The node a reply is about.
@@ -195,50 +326,6 @@ class PersonalizedStrategy(Strategy):
                 limit = f"{timeout:g} s" if timeout else "the round's time limit"
                 self.record_failure(server_round, nid, phase, f"no reply within {limit} (round-timeout)")
 
-    def validate_reply(self, server_round: int, msg: Message, phase: str, seen: set[int]) -> ClientUpdate | None:
-        nid = self.reply_node(server_round, phase, msg)
-        if msg.has_error():
-            self.record_failure(server_round, nid, phase, f"error reply: {msg.error.reason}")
-            return None
-        return self.validate_content(server_round, nid, msg.content, phase, seen)
-
-    def validate_content(self, server_round: int, nid: int, content: RecordDict, phase: str,
-                         seen: set[int]) -> ClientUpdate | None:
-        """A reply's content as a :class:`ClientUpdate`, or None (logged, recorded) when it is unusable."""
-        if nid in seen:
-            self.record_failure(server_round, nid, phase, "duplicate reply from the same node")
-            return None
-        if "metrics" not in content.metric_records:
-            self.record_failure(server_round, nid, phase, "reply has no 'metrics' MetricRecord")
-            return None
-        metrics = dict(content.metric_records["metrics"])
-        n = metrics.get("num-examples")
-        if not isinstance(n, (int, float)) or isinstance(n, bool) or not np.isfinite(n) or n <= 0:
-            self.record_failure(server_round, nid, phase, f"invalid num-examples {n!r}")
-            return None
-        arrays: dict[str, np.ndarray] = {}
-        if phase == "train":
-            expected = self.expected_reply_shapes(nid)
-            if expected:
-                if "arrays" not in content.array_records:
-                    self.record_failure(server_round, nid, phase, "reply has no 'arrays' ArrayRecord")
-                    return None
-                arrays = record_to_numpy(content.array_records["arrays"])
-                problem = check_arrays(arrays, expected)
-                if problem:
-                    self.record_failure(server_round, nid, phase, problem)
-                    return None
-        for k, v in metrics.items():
-            if isinstance(v, float) and not np.isfinite(v):
-                self.record_failure(server_round, nid, phase, f"non-finite metric {k!r}")
-                return None
-        seen.add(nid)
-        pid = int(metrics.get("partition-id", -1))
-        if pid >= 0:
-            self.node_partition[nid] = pid
-        self._count(server_round, f"{phase}-bytes-up", content_bytes(content))
-        return ClientUpdate(nid, pid, int(n), arrays, metrics, content)
-
     # ------------------------------------------------------------------ Flower Strategy API
     def summary(self) -> None:
         s = self.settings
@@ -253,18 +340,19 @@ class PersonalizedStrategy(Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         self._round_start = time.monotonic()
         self.history.append(RoundLog(server_round))
-        nodes = self.sample(grid, server_round)
+        nodes = self.available_nodes(grid)
+        if self.wants_client_ids(server_round, nodes):
+            self.identify(grid, server_round, nodes)
+        self.prepare_round(grid, server_round, nodes)
+        cohort = self.sample(server_round, nodes)
         start = time.perf_counter()
-        msgs = self._messages(server_round, nodes, "train", MessageType.TRAIN)
+        msgs = self._messages(server_round, cohort, "train", MessageType.TRAIN)
         self._server_time(time.perf_counter() - start)
         return msgs
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         start = time.perf_counter()
-        seen: set[int] = set()
-        replies = list(replies)
-        updates = [u for r in replies if (u := self.validate_reply(server_round, r, "train", seen)) is not None]
-        self.record_silent(server_round, "train", replies, self.settings.round_timeout)
+        updates = self.receive(server_round, "train", list(replies), self.settings.round_timeout)
         extra = self.aggregate(server_round, updates) if updates else {}
         if not updates:
             log.warning("round %d: no valid train replies; state left unchanged", server_round)
@@ -289,29 +377,26 @@ class PersonalizedStrategy(Strategy):
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         if not self.evaluation_round(server_round):
             return []
-        nodes = wait_for_nodes(grid, self.settings.min_nodes)
-        k = max(1, int(round(self.settings.fraction_evaluate * len(nodes))))
+        nodes = self.available_nodes(grid)
+        k = self.cohort_size(len(nodes), self.settings.fraction_evaluate)
         if k < len(nodes):
-            nodes = sorted(self.rng.sample(nodes, k))
+            self.identify(grid, server_round, nodes)
+        nodes = self.draw(nodes, k)
         start = time.perf_counter()
         msgs = self._messages(server_round, nodes, "evaluate", MessageType.EVALUATE)
         self._server_time(time.perf_counter() - start)
         return msgs
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        seen: set[int] = set()
-        replies = list(replies)
-        updates = [u for r in replies if (u := self.validate_reply(server_round, r, "evaluate", seen)) is not None]
-        self.record_silent(server_round, "evaluate", replies, self.settings.round_timeout)
+        updates = self.receive(server_round, "evaluate", list(replies), self.settings.round_timeout)
         for u in updates:
-            self.client_eval[u.partition_id if u.partition_id >= 0 else u.node_id] = {
-                k: float(v) for k, v in u.metrics.items() if isinstance(v, (int, float))
-            }
+            self.client_eval[u.client] = {k: float(v) for k, v in u.metrics.items() if isinstance(v, (int, float))}
         keys = ("personal-acc", "personal-loss", "global-acc", "global-loss")
         metrics = self._mean_metrics(updates, keys)
         metrics.update({f"{k}-weighted": v for k, v in self._mean_metrics(updates, keys, weighted=True).items()})
         metrics["num-replies"] = len(updates)
         self.history[-1].evaluate = metrics
+        self.on_evaluated(server_round, updates)
         self.on_round_end(server_round)
         self.history[-1].extra["comm"] = dict(self.comm.get(server_round, {}))
         self.history[-1].extra["seconds"] = time.monotonic() - self._round_start
@@ -321,7 +406,7 @@ class PersonalizedStrategy(Strategy):
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
-    def _mean_metrics(updates: list[ClientUpdate], keys: Iterable[str], weighted: bool = False) -> dict[str, float]:
+    def _mean_metrics(updates: list[Reply], keys: Iterable[str], weighted: bool = False) -> dict[str, float]:
         out = {}
         for k in keys:
             vals = [(float(u.metrics[k]), u.num_examples) for u in updates if k in u.metrics]

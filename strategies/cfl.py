@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from strategies.base import ClientUpdate, PersonalizedStrategy
+from strategies.base import PersonalizedStrategy, Reply
 from strategies.cfl_math import cosine_similarity_matrix, optimal_bipartition, should_split
 from task.params import to_record, weighted_average
 
@@ -24,20 +24,20 @@ class CFLStrategy(PersonalizedStrategy):
         self.eps1 = float(settings.get("cfl-eps1", 0.4))
         self.eps2 = float(settings.get("cfl-eps2", 1.6))
         self.min_rounds = int(settings.get("cfl-min-rounds", 5))
-        self.cluster_of: dict[int, int] = {}
+        self.cluster_of: dict[int, int] = {}  # client id -> cluster
         self.models: dict[int, dict[str, np.ndarray]] = {0: dict(self.global_state)}
         self.splits: list[dict[str, Any]] = []
 
     def _model(self, node_id: int) -> dict[str, np.ndarray]:
-        return self.models[self.cluster_of.setdefault(node_id, 0)]
+        return self.models[self.cluster_of.get(self.client(node_id), 0)]
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
         return RecordDict({"arrays": to_record(self._model(node_id))})
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+    def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         norms = {}
-        for cid in sorted({self.cluster_of.setdefault(u.node_id, 0) for u in updates}):
-            members = [u for u in updates if self.cluster_of[u.node_id] == cid]
+        for cid in sorted({self.cluster_of.setdefault(u.client, 0) for u in updates}):
+            members = [u for u in updates if self.cluster_of[u.client] == cid]
             base = self.models[cid]
             keys = [k for k in base if np.issubdtype(base[k].dtype, np.floating)]
             deltas = np.stack([np.concatenate([(u.arrays[k] - base[k]).ravel() for k in keys]) for u in members])
@@ -49,15 +49,15 @@ class CFLStrategy(PersonalizedStrategy):
                 groups = [[members[i] for i in a], [members[i] for i in b]]
                 new = max(self.models) + 1
                 for u in groups[1]:
-                    self.cluster_of[u.node_id] = new
+                    self.cluster_of[u.client] = new
                 self.splits.append({"round": server_round, "cluster": cid, "new-cluster": new,
                                     "sizes": [len(groups[0]), len(groups[1])]})
             for group in groups:
-                target = self.cluster_of[group[0].node_id]
+                target = self.cluster_of[group[0].client]
                 self.models[target] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
         return {"cfl": {"clusters": len(set(self.cluster_of.values())), "norms": norms}}
 
     def write_artifacts(self, folder: Path) -> None:
         (folder / "cfl_clusters.json").write_text(json.dumps({
             "splits": self.splits,
-            "assignment": {str(self.node_partition.get(n, n)): c for n, c in self.cluster_of.items()}}, indent=1))
+            "assignment": {str(c): k for c, k in sorted(self.cluster_of.items())}}, indent=1))

@@ -19,7 +19,8 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.base import ClientUpdate, PersonalizedStrategy, wait_for_nodes
+from strategies.base import PersonalizedStrategy, Reply
+from strategies.replies import Numbers, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
 from task.params import to_record, weighted_average
 
@@ -40,8 +41,8 @@ class FedSoftStrategy(PersonalizedStrategy):
                              "'fedsoft-estimate-every' >= 1 and 'fedsoft-lambda' >= 0")
         self.models = distinct_starting_models(self.global_state, self.k, settings.seed)  # as IFCA
         self.np_rng = np.random.default_rng(settings.seed)
-        self.u: dict[int, np.ndarray] = {}
-        self.n: dict[int, int] = {}
+        self.u: dict[int, np.ndarray] = {}  # client id -> importance weights over the centres
+        self.n: dict[int, int] = {}  # client id -> number of training examples
         self.selected: dict[int, list[int]] = {}
         self.u_log: dict[int, dict[int, list[float]]] = {}
         self.selection_log: dict[int, dict[int, list[int]]] = {}
@@ -50,40 +51,37 @@ class FedSoftStrategy(PersonalizedStrategy):
     def _stacked(self) -> RecordDict:
         return RecordDict({"tiers": to_record({key: np.stack([m[key] for m in self.models]) for key in self.all_keys})})
 
+    def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
+        spec = super().reply_spec(phase, node_id)
+        if phase == "fedsoft_u":  # importance weights: a distribution over the centres
+            return spec.with_metrics(**{"fedsoft-u": Numbers(float, 0.0, 1.0, length=self.k, total=1.0)})
+        return spec
+
     def estimate(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         payload = self._stacked()
         for r in self.send_query(grid, server_round, "fedsoft_u", {n: payload for n in nodes}):
-            nid = r.metadata.src_node_id
-            m = dict(r.content.metric_records["metrics"]) if "metrics" in r.content.metric_records else {}
-            u = np.asarray(m.get("fedsoft-u", []), dtype=float)
-            n = m.get("num-examples")
-            if u.shape != (self.k,) or not np.isfinite(u).all() or (u < 0).any() or abs(u.sum() - 1) > 1e-6 \
-                    or not isinstance(n, (int, float)) or n <= 0:
-                self.record_failure(server_round, nid, "fedsoft_u", f"bad importance weights {u.tolist()} / n {n!r}")
-                continue
-            self.u[nid], self.n[nid] = u, int(n)
-            if "partition-id" in m:
-                self.node_partition[nid] = int(m["partition-id"])
-        self.u_log[server_round] = {self.node_partition.get(n, n): self.u[n].round(4).tolist() for n in self.u}
+            self.u[r.client], self.n[r.client] = np.asarray(r.metrics["fedsoft-u"], float), r.num_examples
+        self.u_log[server_round] = {c: self.u[c].round(4).tolist() for c in sorted(self.u)}
 
-    def sample(self, grid: Grid, server_round: int) -> list[int]:
-        nodes = wait_for_nodes(grid, self.settings.min_nodes)
-        if server_round == 1 or (server_round - 1) % self.every == 0 or any(n not in self.u for n in nodes):
+    def prepare_round(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
+        if server_round == 1 or (server_round - 1) % self.every == 0 or any(self.client(n) not in self.u for n in nodes):
             self.estimate(grid, server_round, nodes)
-        known = [n for n in nodes if n in self.u]
+
+    def sample(self, server_round: int, nodes: list[int]) -> list[int]:
+        known = [self.client(n) for n in self.by_client(nodes) if self.client(n) in self.u]
         self.selected = {}
         for s in range(self.k):
-            w = np.array([self.u[n][s] * self.n[n] for n in known])
+            w = np.array([self.u[c][s] * self.n[c] for c in known])
             if not known or w.sum() <= 0:
                 continue
             take = min(self.per_cluster, int((w > 0).sum()))
             self.selected[s] = sorted(int(known[i]) for i in self.np_rng.choice(len(known), take, replace=False, p=w / w.sum()))
-        self.selection_log[server_round] = {s: [self.node_partition.get(n, n) for n in v] for s, v in self.selected.items()}
-        return sorted({n for v in self.selected.values() for n in v})
+        self.selection_log[server_round] = {s: list(v) for s, v in self.selected.items()}
+        return self.by_client(self.node_of[c] for c in sorted({c for v in self.selected.values() for c in v}))
 
     def _payload(self, node_id: int) -> RecordDict:
         payload = self._stacked()
-        u = self.u.get(node_id, np.full(self.k, 1.0 / self.k))
+        u = self.u.get(self.client(node_id), np.full(self.k, 1.0 / self.k))
         payload["fedsoft"] = ConfigRecord({"u": [float(x) for x in u], "lambda": self.lam})
         return payload
 
@@ -93,11 +91,11 @@ class FedSoftStrategy(PersonalizedStrategy):
     def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
         return self._payload(node_id)
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
-        by_node = {u.node_id: u for u in updates}
+    def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
+        by_client = {u.client: u for u in updates}
         for s, members in self.selected.items():
-            group = [by_node[n] for n in members if n in by_node]
-            weights = [self.u[u.node_id][s] * u.num_examples for u in group]
+            group = [by_client[c] for c in members if c in by_client]
+            weights = [self.u[u.client][s] * u.num_examples for u in group]
             if group and sum(weights) > 0:
                 self.models[s] = weighted_average([u.arrays for u in group], weights)
         return {"fedsoft": {"selected": {s: len(v) for s, v in self.selected.items()}}}

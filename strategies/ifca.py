@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from strategies.base import ClientUpdate, PersonalizedStrategy
+from strategies.base import PersonalizedStrategy, Reply
+from strategies.replies import Number, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
 from task.params import to_record, weighted_average
 
@@ -32,19 +33,17 @@ class IFCAStrategy(PersonalizedStrategy):
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
         return RecordDict({"tiers": to_record({key: np.stack([m[key] for m in self.models]) for key in self.all_keys})})
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
-        chosen = {}
-        for u in updates:
-            c = int(u.metrics.get("cluster", -1))
-            if not 0 <= c < self.k:
-                self.record_failure(server_round, u.node_id, "train", f"cluster {c} out of range 0..{self.k - 1}")
-                continue
-            chosen[u.node_id] = c
+    def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
+        spec = super().reply_spec(phase, node_id)
+        return spec.with_metrics(cluster=Number(int, 0, self.k - 1)) if phase == "train" else spec
+
+    def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
+        chosen = {u.client: int(u.metrics["cluster"]) for u in updates}
         for j in range(self.k):
-            group = [u for u in updates if chosen.get(u.node_id) == j]
+            group = [u for u in updates if chosen[u.client] == j]
             if group:
                 self.models[j] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
-        self.choices[server_round] = {self.node_partition.get(n, n): c for n, c in chosen.items()}
+        self.choices[server_round] = chosen
         return {"ifca": {"cluster-sizes": [sum(1 for c in chosen.values() if c == j) for j in range(self.k)]}}
 
     def on_round_end(self, server_round: int) -> None:

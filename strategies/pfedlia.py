@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.base import ClientUpdate, PersonalizedStrategy, wait_for_nodes
+from strategies.base import PersonalizedStrategy, Reply, log
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
-from task.params import check_arrays, record_to_numpy, to_record, weighted_average
+from strategies.replies import INT_LIMIT, VALUE_LIMIT, Arrays, Number, Numbers, ReplySpec
+from task.params import to_record, weighted_average
 
 MODES = ("central", "p2p", "oracle")
 
@@ -49,13 +50,15 @@ class PFedLIAStrategy(PersonalizedStrategy):
         self.standardize = bool(settings.get("lia-row-standardize", False))
         self.clustered = False
         self.theta0: dict[str, np.ndarray] | None = None
-        self.assignment: dict[int, int] = {}  # node -> cluster (central/oracle) or group (p2p)
+        # everything per client is keyed by client id (partition id)
+        self.assignment: dict[int, int] = {}  # client -> cluster (central/oracle) or group (p2p)
         self.cluster_models: dict[int, dict[str, np.ndarray]] = {}
-        self.sets: dict[int, list[int]] = {}  # p2p: node -> beneficial nodes (itself included)
+        self.sets: dict[int, list[int]] = {}  # p2p: client -> beneficial clients (itself included)
         self.personal: dict[int, dict[str, np.ndarray]] = {}
-        self.lazy_nodes: list[int] = []
+        self.lazy_clients: list[int] = []  # column j of the influence matrix is the lazy model of lazy_clients[j]
         self.lazy_stacked: dict[str, np.ndarray] | None = None
         self.matrix: np.ndarray | None = None
+        self.matrix_clients: list[int] = []  # row i of the influence matrix was scored by matrix_clients[i]
         self.planted: dict[int, int] = {}
         self.clustering: dict[str, Any] = {}
 
@@ -67,9 +70,10 @@ class PFedLIAStrategy(PersonalizedStrategy):
     def model_for(self, node_id: int) -> dict[str, np.ndarray]:
         if not self.clustered:
             return self.global_state
+        client = self.client(node_id)
         if self.mode == "p2p":
-            return self.personal.get(node_id, self.theta0)
-        label = self.assignment.get(node_id)
+            return self.personal.get(client, self.theta0)
+        label = self.assignment.get(client)
         return self.cluster_models.get(label, self.theta0) if label is not None else self.theta0
 
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
@@ -80,108 +84,103 @@ class PFedLIAStrategy(PersonalizedStrategy):
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
         return RecordDict({"arrays": to_record(self.model_for(node_id))})
 
-    def configure_train(self, server_round: int, arrays, config, grid: Grid):
-        clustering_now = not self.clustered and server_round > self.warmup
-        if clustering_now:
-            self.cluster(grid, server_round)
-        elif self.clustered and self.mode != "oracle":
-            new = [n for n in grid.get_node_ids() if n not in self.assignment and n not in self.sets]
-            if new:
-                self.join_late(grid, server_round, sorted(new))
-        messages = super().configure_train(server_round, arrays, config, grid)
-        if clustering_now:
+    def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
+        spec = super().reply_spec(phase, node_id)
+        if phase == "train":
+            return spec.with_metrics(**{"planted-cluster": Number(int, 0, INT_LIMIT, required=False)})
+        if phase == "lazy":
+            return spec.with_records(arrays=Arrays.like(self.initial_state))
+        if phase == "lia":
+            n = len(self.lazy_clients)
+            spec = spec.with_metrics(**{"lia-row": Numbers(float, -VALUE_LIMIT, VALUE_LIMIT, length=n)})
+            if self.mode == "p2p":
+                spec = spec.with_metrics(beneficial=Numbers(int, 0, max(n - 1, 0), max_length=n, distinct=True))
+            return spec
+        return spec
+
+    def prepare_round(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
+        if not self.clustered and server_round > self.warmup:
+            self.cluster(grid, server_round, nodes)
             self.history[-1].extra["clustering"] = dict(self.clustering)
-        return messages
+        elif self.clustered and self.mode != "oracle":
+            new = [n for n in nodes if self.client(n) not in self.assignment and self.client(n) not in self.sets]
+            if new:
+                self.join_late(grid, server_round, new)
 
     # ------------------------------------------------------------------ aggregation
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+    def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         for u in updates:
             if "planted-cluster" in u.metrics:
-                self.planted[u.node_id] = int(u.metrics["planted-cluster"])
+                self.planted[u.client] = int(u.metrics["planted-cluster"])
+                if self.clustered and self.mode == "oracle" and u.client not in self.assignment:
+                    self.assignment[u.client] = self.planted[u.client]
+                    self.cluster_models.setdefault(self.planted[u.client], self.theta0)
         if not self.clustered:
             return super().aggregate(server_round, updates)
         if self.mode == "p2p":
-            trained = {u.node_id: u for u in updates}
-            for node, members in self.sets.items():
+            trained = {u.client: u for u in updates}
+            for client, members in self.sets.items():
                 present = [trained[j] for j in members if j in trained]
                 if present:
-                    self.personal[node] = weighted_average([u.arrays for u in present], [u.num_examples for u in present])
+                    self.personal[client] = weighted_average([u.arrays for u in present], [u.num_examples for u in present])
             return {}
-        for label in {self.assignment.get(u.node_id) for u in updates} - {None}:
-            group = [u for u in updates if self.assignment.get(u.node_id) == label]
+        for label in sorted({self.assignment.get(u.client) for u in updates} - {None}):
+            group = [u for u in updates if self.assignment.get(u.client) == label]
             self.cluster_models[label] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
         return {}
 
     # ------------------------------------------------------------------ the clustering round
     def _lazy_models(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, dict[str, np.ndarray]]:
         payloads = {n: RecordDict({"arrays": to_record(self.theta0)}) for n in nodes}
-        models = {}
-        expected = {k: self.shapes[k] for k in self.all_keys}
-        for r in self.send_query(grid, server_round, "lazy", payloads):
-            nid = r.metadata.src_node_id
-            arrays = record_to_numpy(r.content.array_records["arrays"]) if "arrays" in r.content.array_records else {}
-            problem = check_arrays(arrays, expected)
-            if problem:
-                self.record_failure(server_round, nid, "lazy", problem)
-                continue
-            models[nid] = arrays
-        return models
+        return {r.client: r.arrays for r in self.send_query(grid, server_round, "lazy", payloads)}
 
     def _rows(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, tuple[np.ndarray, list[int]]]:
+        """client -> (its influence row over the lazy models, its beneficial clients (p2p))."""
         lazy = to_record(self.lazy_stacked)
         base = to_record(self.theta0)
         payloads = {}
         for n in nodes:
+            me = self.client(n)
             payloads[n] = RecordDict({
                 "arrays": base, "lazy": lazy,
-                "lazy-nodes": ConfigRecord({"node-ids": [int(x) for x in self.lazy_nodes],
-                                            "self-index": self.lazy_nodes.index(n) if n in self.lazy_nodes else -1}),
+                "lazy-clients": ConfigRecord({"client-ids": [int(c) for c in self.lazy_clients],
+                                              "self-index": self.lazy_clients.index(me) if me in self.lazy_clients else -1}),
             })
         rows = {}
         for r in self.send_query(grid, server_round, "lia", payloads):
-            nid = r.metadata.src_node_id
-            metrics = dict(r.content.metric_records["metrics"]) if "metrics" in r.content.metric_records else {}
-            row = metrics.get("lia-row")
-            if not isinstance(row, list) or len(row) != len(self.lazy_nodes) or not np.all(np.isfinite(row)):
-                self.record_failure(server_round, nid, "lia", f"bad influence row (need {len(self.lazy_nodes)} finite values)")
-                continue
-            beneficial = [int(i) for i in metrics.get("beneficial", [])]
-            if any(i < 0 or i >= len(self.lazy_nodes) for i in beneficial):
-                self.record_failure(server_round, nid, "lia", "beneficial peers out of range")
-                continue
-            rows[nid] = (np.asarray(row, float), [self.lazy_nodes[i] for i in beneficial])
+            beneficial = [self.lazy_clients[i] for i in r.metrics.get("beneficial", [])]
+            rows[r.client] = (np.asarray(r.metrics["lia-row"], float), beneficial)
         return rows
 
-    def cluster(self, grid: Grid, server_round: int) -> None:
+    def cluster(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         start = time.monotonic()
         self.theta0 = {k: np.array(v) for k, v in self.global_state.items()}
-        nodes = wait_for_nodes(grid, self.settings.min_nodes)
         if self.mode == "oracle":
-            missing = [n for n in nodes if n not in self.planted]
-            if missing:
+            if not self.planted:
                 raise ValueError("lia-mode 'oracle' needs planted clusters (partition 'planted-clusters*'); "
-                                 f"{len(missing)} nodes reported none")
-            self.assignment = {n: self.planted[n] for n in nodes}
+                                 "no client reported one")
+            # clients that have not reported their group yet join it when they do (see aggregate)
+            self.assignment = dict(self.planted)
         else:
-            log_nodes = len(nodes)
             lazy = self._lazy_models(grid, server_round, nodes)
-            self.lazy_nodes = sorted(lazy)
-            self.lazy_stacked = {k: np.stack([lazy[n][k] for n in self.lazy_nodes]) for k in self.all_keys}
-            rows = self._rows(grid, server_round, self.lazy_nodes)
-            scored = [n for n in self.lazy_nodes if n in rows]
-            self.matrix = np.stack([rows[n][0] for n in scored]) if scored else np.zeros((0, 0))
-            self.matrix_nodes = scored
+            self.lazy_clients = sorted(lazy)
+            self.lazy_stacked = {k: np.stack([lazy[c][k] for c in self.lazy_clients]) for k in self.all_keys}
+            lazy_nodes = [self.node_of[c] for c in self.lazy_clients]
+            rows = self._rows(grid, server_round, lazy_nodes)
+            scored = [c for c in self.lazy_clients if c in rows]
+            self.matrix = np.stack([rows[c][0] for c in scored]) if scored else np.zeros((0, 0))
+            self.matrix_clients = scored
             if self.mode == "central":
                 # OPTICS on the square part (clients that both trained a lazy model and scored)
-                cols = [self.lazy_nodes.index(n) for n in scored]
+                cols = [self.lazy_clients.index(c) for c in scored]
                 labels = cluster_influence(self.matrix[:, cols], self.min_samples, noise=self.noise, score=self.score,
                                            standardize=self.standardize)
-                self.assignment = {n: int(l) for n, l in zip(scored, labels)}
+                self.assignment = {c: int(l) for c, l in zip(scored, labels)}
             else:
-                self.sets = {n: sorted(set(rows[n][1]) | {n}) for n in scored}
-                self.assignment = groups_from_sets({n: frozenset(s) for n, s in self.sets.items()})
-                self.personal = {n: self.theta0 for n in scored}
-            self.clustering["clients-asked"] = log_nodes
+                self.sets = {c: sorted(set(rows[c][1]) | {c}) for c in scored}
+                self.assignment = groups_from_sets({c: frozenset(s) for c, s in self.sets.items()})
+                self.personal = {c: self.theta0 for c in scored}
+            self.clustering["clients-asked"] = len(nodes)
         self.cluster_models = {label: self.theta0 for label in set(self.assignment.values())}
         self.clustered = True
         comm = self.comm.get(server_round, {})
@@ -191,14 +190,12 @@ class PFedLIAStrategy(PersonalizedStrategy):
             "bytes-down-per-client": (comm.get("lazy-bytes-down", 0) + comm.get("lia-bytes-down", 0)) / max(1, len(nodes)),
             "bytes-up-per-client": (comm.get("lazy-bytes-up", 0) + comm.get("lia-bytes-up", 0)) / max(1, len(nodes)),
         })
-        truth = [self.planted.get(n) for n in self.assignment]
+        truth = [self.planted.get(c) for c in self.assignment]
         if truth and all(t is not None for t in truth):
             self.clustering["ari"] = adjusted_rand(truth, list(self.assignment.values()))
             if self.mode == "p2p":
-                planted_sets = {n: {m for m in self.assignment if self.planted[m] == self.planted[n]} for n in self.sets}
-                self.clustering["p2p-exact-fraction"] = float(np.mean([set(self.sets[n]) == planted_sets[n] for n in self.sets]))
-        from strategies.base import log
-
+                planted_sets = {c: {m for m in self.assignment if self.planted[m] == self.planted[c]} for c in self.sets}
+                self.clustering["p2p-exact-fraction"] = float(np.mean([set(self.sets[c]) == planted_sets[c] for c in self.sets]))
         log.info("[pfedlia] clustering round %d (%s): %d clusters, ARI %s, %.1f s", server_round, self.mode,
                  self.clustering["clusters"], self.clustering.get("ari"), self.clustering["seconds"])
 
@@ -207,15 +204,15 @@ class PFedLIAStrategy(PersonalizedStrategy):
         if self.lazy_stacked is None:
             return
         rows = self._rows(grid, server_round, nodes)
-        order = list(self.matrix_nodes)
-        for n, (row, beneficial) in rows.items():
+        order = list(self.matrix_clients)
+        for c, (row, beneficial) in rows.items():
             if self.mode == "p2p":
-                self.sets[n] = sorted(set(beneficial) | {n})
-                self.personal[n] = self.theta0
-                self.assignment[n] = -1
+                self.sets[c] = sorted(set(beneficial) | {c})
+                self.personal[c] = self.theta0
+                self.assignment[c] = -1
             else:
-                cols = [self.lazy_nodes.index(m) for m in order]
-                self.assignment[n] = assign_late_joiner(row[cols], np.array([self.assignment[m] for m in order]))
+                cols = [self.lazy_clients.index(m) for m in order]
+                self.assignment[c] = assign_late_joiner(row[cols], np.array([self.assignment[m] for m in order]))
 
     # ------------------------------------------------------------------ artefacts
     def write_artifacts(self, folder: Path) -> None:
@@ -224,25 +221,25 @@ class PFedLIAStrategy(PersonalizedStrategy):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        pid = lambda n: self.node_partition.get(n, n)  # noqa: E731
         out = {"clustering": self.clustering,
-               "assignment": {str(pid(n)): int(l) for n, l in self.assignment.items()},
-               "planted": {str(pid(n)): c for n, c in self.planted.items()}}
+               "assignment": {str(c): int(l) for c, l in sorted(self.assignment.items())},
+               "planted": {str(c): p for c, p in sorted(self.planted.items())}}
         if self.sets:
-            out["beneficial-sets"] = {str(pid(n)): [pid(m) for m in s] for n, s in self.sets.items()}
+            out["beneficial-sets"] = {str(c): list(s) for c, s in sorted(self.sets.items())}
         (folder / "pfedlia_clusters.json").write_text(json.dumps(out, indent=1))
         if self.matrix is None or self.matrix.size == 0:
             return
         (folder / "pfedlia_influence.json").write_text(json.dumps({
-            "rows (scoring client)": [pid(n) for n in self.matrix_nodes],
-            "columns (lazy model of client)": [pid(n) for n in self.lazy_nodes], "matrix": self.matrix.tolist()}))
-        order = sorted(range(len(self.matrix_nodes)), key=lambda i: (self.assignment.get(self.matrix_nodes[i], -1), pid(self.matrix_nodes[i])))
-        cols = [self.lazy_nodes.index(self.matrix_nodes[i]) for i in order]
+            "rows (scoring client)": list(self.matrix_clients),
+            "columns (lazy model of client)": list(self.lazy_clients), "matrix": self.matrix.tolist()}))
+        order = sorted(range(len(self.matrix_clients)),
+                       key=lambda i: (self.assignment.get(self.matrix_clients[i], -1), self.matrix_clients[i]))
+        cols = [self.lazy_clients.index(self.matrix_clients[i]) for i in order]
         mat = self.matrix[np.ix_(order, cols)]
         lim = np.abs(mat).max() or 1.0
         fig, ax = plt.subplots(figsize=(6, 5))
         im = ax.imshow(mat, cmap="RdBu", vmin=-lim, vmax=lim)
-        labels = [self.assignment.get(self.matrix_nodes[i], -1) for i in order]
+        labels = [self.assignment.get(self.matrix_clients[i], -1) for i in order]
         for k in range(1, len(labels)):
             if labels[k] != labels[k - 1]:
                 ax.axhline(k - 0.5, color="k", lw=0.6)

@@ -77,4 +77,5 @@ def method_spec(method: str) -> MethodSpec:
 
 
 def all_queries() -> set[str]:
-    return {q for spec in METHODS.values() for q in spec.queries}
+    """Every ``query.<name>`` a ClientApp answers: ``identify`` (all methods) and each method's own."""
+    return {"identify"} | {q for spec in METHODS.values() for q in spec.queries}

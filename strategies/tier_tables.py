@@ -68,7 +68,9 @@ class TierTables:
     def record(self, strategy, server_round: int, models: list[dict[str, np.ndarray]]) -> list[dict[str, float]]:
         """Table of ``models`` after ``server_round``, kept here and in the round's history (``tier-table``)."""
         if self._holdouts is None:
-            self._holdouts = SourceHoldouts(strategy.settings, max(len(strategy.node_partition), strategy.settings.min_nodes))
+            known = strategy.client_of.values()
+            self._holdouts = SourceHoldouts(strategy.settings, max(len(known), max(known, default=-1) + 1,
+                                                                   strategy.settings.min_nodes))
         table = self._holdouts.table(models)
         if table:
             self.by_round[server_round] = table

@@ -7,7 +7,7 @@ import pytest
 from flwr.app import MetricRecord, RecordDict
 
 from server_app.app import build_strategy
-from strategies.base import ClientUpdate
+from strategies.base import Reply
 from task.config import parse_settings
 from task.params import to_record, weighted_average
 
@@ -19,7 +19,7 @@ def strategy(method, **cfg):
 def update(strat, node, value, n, keys=None):
     keys = strat.shared_keys() if keys is None else keys
     arrays = {k: np.full(strat.shapes[k], value, dtype=np.float32) for k in keys}
-    return ClientUpdate(node, node, n, arrays, {"num-examples": n}, RecordDict())
+    return Reply(node, node, n, {"num-examples": n, "partition-id": node}, {"arrays": arrays})
 
 
 def test_weighted_average_by_hand():
@@ -71,34 +71,34 @@ def content_with(arrays, n=10, pid=0):
 
 
 def good_arrays(s):
-    return {k: np.zeros(shape, dtype=np.float32) for k, shape in s.expected_reply_shapes(0).items()}
+    return {k: np.zeros(shape, dtype=s.initial_state[k].dtype) for k, shape in s.expected_reply_shapes(0).items()}
 
 
 def test_reply_validation_rejects_and_logs():
     s = strategy("fedavg")
     seen = set()
-    ok = s.validate_content(1, 11, content_with(good_arrays(s)), "train", seen)
-    assert ok is not None and ok.num_examples == 10
+    ok = s.check_reply(1, 11, content_with(good_arrays(s), pid=1), "train", seen)
+    assert ok is not None and ok.num_examples == 10 and ok.client == 1
     # duplicate
-    assert s.validate_content(1, 11, content_with(good_arrays(s)), "train", seen) is None
+    assert s.check_reply(1, 11, content_with(good_arrays(s), pid=1), "train", seen) is None
     # NaN
     bad = good_arrays(s)
     bad["head.bias"][0] = np.nan
-    assert s.validate_content(1, 12, content_with(bad), "train", seen) is None
+    assert s.check_reply(1, 12, content_with(bad, pid=2), "train", seen) is None
     # wrong shape
     bad = good_arrays(s)
     bad["head.weight"] = np.zeros((3, 3), np.float32)
-    assert s.validate_content(1, 13, content_with(bad), "train", seen) is None
+    assert s.check_reply(1, 13, content_with(bad, pid=3), "train", seen) is None
     # missing key
     bad = good_arrays(s)
     del bad["head.bias"]
-    assert s.validate_content(1, 14, content_with(bad), "train", seen) is None
+    assert s.check_reply(1, 14, content_with(bad, pid=4), "train", seen) is None
     # bad num-examples
-    assert s.validate_content(1, 15, content_with(good_arrays(s), n=-3), "train", seen) is None
+    assert s.check_reply(1, 15, content_with(good_arrays(s), n=-3, pid=5), "train", seen) is None
     reasons = [f["reason"] for f in s.failures]
     assert reasons[0] == "duplicate reply from the same node"
     assert "non-finite" in reasons[1] and "head.bias" in reasons[1]
-    assert "shape of 'head.weight'" in reasons[2]
+    assert "'head.weight' has shape" in reasons[2]
     assert "missing ['head.bias']" in reasons[3]
     assert "num-examples" in reasons[4]
 
@@ -107,10 +107,11 @@ def test_a_rejected_reply_does_not_touch_the_global_model():
     s = strategy("fedavg")
     before = {k: v.copy() for k, v in s.global_state.items()}
     seen = set()
-    bad = {k: np.full(shape, np.nan, np.float32) for k, shape in s.expected_reply_shapes(0).items()}
-    good = {k: np.ones(shape, np.float32) for k, shape in s.expected_reply_shapes(0).items()}
-    ups = [u for u in (s.validate_content(1, 1, content_with(bad), "train", seen),
-                       s.validate_content(1, 2, content_with(good), "train", seen)) if u]
+    bad = {k: np.full(shape, np.nan, s.initial_state[k].dtype) if s.initial_state[k].dtype.kind == "f"
+           else np.zeros(shape, s.initial_state[k].dtype) for k, shape in s.expected_reply_shapes(0).items()}
+    good = {k: np.ones(shape, s.initial_state[k].dtype) for k, shape in s.expected_reply_shapes(0).items()}
+    ups = [u for u in (s.check_reply(1, 1, content_with(bad, pid=1), "train", seen),
+                       s.check_reply(1, 2, content_with(good, pid=2), "train", seen)) if u]
     assert len(ups) == 1
     s.aggregate(1, ups)
     assert all(np.isfinite(v).all() for v in s.global_state.values())

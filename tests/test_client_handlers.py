@@ -38,7 +38,7 @@ def test_train_and_evaluate_reply_what_the_strategy_expects(method):
     metrics = dict(reply["metrics"])
     assert metrics["num-examples"] > 0 and metrics["partition-id"] == 0
     assert 0.0 <= metrics["trained-acc"] <= 1.0 and metrics["steps"] > 0
-    update = strat.validate_content(1, 100, reply, "train", set())
+    update = strat.check_reply(1, 100, reply, "train", set())
     assert update is not None, strat.failures
     strat.aggregate(1, [update])
     ev = dict(client(ctx).evaluate(payload(strat, 1))["metrics"])
@@ -104,7 +104,7 @@ def test_ifca_client_picks_the_cluster_with_the_lowest_loss():
     strat.models[1] = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     reply = cls(ctx, settings).train(payload(strat, 1))
     assert reply["metrics"]["cluster"] == 1
-    update = strat.validate_content(1, 5, reply, "train", set())
+    update = strat.check_reply(1, 5, reply, "train", set())
     assert strat.aggregate(1, [update])["ifca"]["cluster-sizes"] == [0, 1, 0]
 
 
@@ -121,7 +121,7 @@ def test_node_trains_on_its_own_data_file(tmp_path):
     assert set(c.data.y_train.tolist()) == set(ref.y_train.tolist())  # the same two classes
     strat = build_strategy(settings)
     reply = c.train(payload(strat, 1))
-    assert strat.validate_content(1, 7, reply, "train", set()) is not None, strat.failures
+    assert strat.check_reply(1, 7, reply, "train", set()) is not None, strat.failures
 
 
 @pytest.mark.parametrize("arrays, message", [

@@ -1,0 +1,258 @@
+"""What a client's reply must carry, declared once per phase, and the one check every reply goes through.
+
+A :class:`ReplySpec` names every metric and every array record a strategy reads from a reply of one phase
+(``train``, ``evaluate`` or a query such as ``bid``): type, length, shape, dtype, range, finiteness and
+cross-field rules.  :func:`parse_reply` turns a message's content into plain values when (and only when)
+everything declared is present and well-formed; otherwise it returns the reason, which the strategy
+records in ``failures.json`` while the round goes on without that reply.  Keys a spec does not declare
+are never exposed to the strategy, so no method can read an unchecked value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+#: largest value accepted for counts (num-examples) and identifiers (partition ids)
+INT_LIMIT = 2**31 - 1
+#: bounds of plausible values: anything beyond is a broken or hostile client, not a measurement
+LOSS_LIMIT = 1e9
+SECONDS_LIMIT = 1e7
+MEMORY_LIMIT_MB = 1e9
+VALUE_LIMIT = 1e15  # any other real quantity (e.g. an influence score summed over a validation split)
+
+
+class InvalidReply(ValueError):
+    """A reply that does not match its phase's :class:`ReplySpec`; the message says what and what is allowed."""
+
+
+def _range_text(minimum: float | None, maximum: float | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"in [{minimum:g}, {maximum:g}]"
+    if minimum is not None:
+        return f">= {minimum:g}"
+    if maximum is not None:
+        return f"<= {maximum:g}"
+    return "finite"
+
+
+def _check_number(value: Any, kind: type, minimum: float | None, maximum: float | None) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be {'an integer' if kind is int else 'a number'}, got {type(value).__name__}"
+    if kind is int and not isinstance(value, int):
+        return f"must be an integer, got {value!r}"
+    if not math.isfinite(value):
+        return f"must be finite, got {value!r}"
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        return f"must be {_range_text(minimum, maximum)}, got {value!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class Number:
+    """A scalar metric: ``int`` or ``float`` (an int is accepted where a float is declared), finite, within
+    ``[minimum, maximum]`` (both bounds must be declared: an unbounded value is a door left open)."""
+
+    kind: type
+    minimum: float
+    maximum: float
+    required: bool = True
+
+    def __post_init__(self) -> None:
+        if self.minimum is None or self.maximum is None or self.minimum > self.maximum:
+            raise ValueError(f"a Number needs bounds minimum <= maximum, got [{self.minimum}, {self.maximum}]")
+
+    def problem(self, value: Any) -> str | None:
+        return _check_number(value, self.kind, self.minimum, self.maximum)
+
+    def convert(self, value: Any) -> Any:
+        return self.kind(value)
+
+
+@dataclass(frozen=True)
+class Numbers:
+    """A list metric: exact ``length`` (or at most ``max_length``), every element a finite number in range,
+    optionally ``distinct`` elements and a ``total`` the elements must sum to (within ``1e-4``: clients
+    compute distributions in float32)."""
+
+    kind: type
+    minimum: float
+    maximum: float
+    length: int | None = None
+    max_length: int | None = None
+    distinct: bool = False
+    total: float | None = None
+    required: bool = True
+
+    def __post_init__(self) -> None:
+        if self.minimum is None or self.maximum is None or self.minimum > self.maximum:
+            raise ValueError(f"Numbers need bounds minimum <= maximum, got [{self.minimum}, {self.maximum}]")
+        if self.length is None and self.max_length is None:
+            raise ValueError("Numbers need a length or a max_length")
+
+    def problem(self, value: Any) -> str | None:
+        if not isinstance(value, list):
+            return f"must be a list, got {type(value).__name__}"
+        if self.length is not None and len(value) != self.length:
+            return f"must have {self.length} elements, got {len(value)}"
+        if self.max_length is not None and len(value) > self.max_length:
+            return f"must have at most {self.max_length} elements, got {len(value)}"
+        for i, v in enumerate(value):
+            bad = _check_number(v, self.kind, self.minimum, self.maximum)
+            if bad:
+                return f"element {i} {bad}"
+        if self.distinct and len(set(value)) != len(value):
+            return "must not repeat an element"
+        if self.total is not None and value and abs(math.fsum(value) - self.total) > 1e-4 * max(1.0, abs(self.total)):
+            return f"must sum to {self.total:g}, got {math.fsum(value)!r}"
+        return None
+
+    def convert(self, value: Any) -> list:
+        return [self.kind(v) for v in value]
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A variable array dimension in ``[low, high]`` (e.g. the number of uploaded embeddings)."""
+
+    low: int
+    high: int
+
+    def __contains__(self, n: int) -> bool:
+        return self.low <= n <= self.high
+
+    def __repr__(self) -> str:
+        return f"{self.low}..{self.high}"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One array of a record: its shape (ints or :class:`Dim`), dtype, and whether it must be finite."""
+
+    shape: tuple[int | Dim, ...]
+    dtype: str = "float32"
+    finite: bool = True
+
+    def problem(self, arr: np.ndarray) -> str | None:
+        if arr.dtype != np.dtype(self.dtype):
+            return f"has dtype {arr.dtype}, expected {self.dtype}"
+        if arr.ndim != len(self.shape) or any(
+                (n not in d) if isinstance(d, Dim) else n != d for n, d in zip(arr.shape, self.shape)):
+            return f"has shape {tuple(arr.shape)}, expected {self.shape}"
+        if self.finite and np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+            return "has non-finite values (NaN/inf)"
+        return None
+
+
+@dataclass(frozen=True)
+class Arrays:
+    """An ``ArrayRecord``: exactly these arrays (no more, no fewer)."""
+
+    tensors: Mapping[str, Tensor]
+    required: bool = True
+
+    @staticmethod
+    def like(state: Mapping[str, np.ndarray], keys: list[str] | None = None) -> "Arrays":
+        """The spec of an ArrayRecord holding ``keys`` of ``state`` with their shapes and dtypes."""
+        keys = list(state) if keys is None else keys
+        return Arrays({k: Tensor(tuple(np.shape(state[k])), str(np.asarray(state[k]).dtype)) for k in keys})
+
+
+#: a cross-field rule: (metrics, records) -> reason or None
+Rule = Callable[[Mapping[str, Any], Mapping[str, Mapping[str, np.ndarray]]], "str | None"]
+
+
+@dataclass(frozen=True)
+class ReplySpec:
+    """Everything a strategy reads from one phase's reply."""
+
+    metrics: Mapping[str, Number | Numbers] = field(default_factory=dict)
+    records: Mapping[str, Arrays] = field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
+
+    def with_metrics(self, **more: Number | Numbers) -> "ReplySpec":
+        return replace(self, metrics={**self.metrics, **{k.replace("_", "-"): v for k, v in more.items()}})
+
+    def with_records(self, **more: Arrays) -> "ReplySpec":
+        return replace(self, records={**self.records, **more})
+
+    def without_records(self, *names: str) -> "ReplySpec":
+        return replace(self, records={k: v for k, v in self.records.items() if k not in names})
+
+    def with_rule(self, rule: Rule) -> "ReplySpec":
+        return replace(self, rules=(*self.rules, rule))
+
+
+def parse_reply(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+    """(metrics, records) holding exactly what ``spec`` declares, converted; raises :class:`InvalidReply`.
+
+    Metrics live in the ``metrics`` MetricRecord.  Optional entries that are absent are left out.
+    """
+    raw = dict(content.metric_records["metrics"]) if "metrics" in content.metric_records else None
+    if raw is None and spec.metrics:
+        raise InvalidReply("reply has no 'metrics' MetricRecord")
+    metrics: dict[str, Any] = {}
+    for key, rule in spec.metrics.items():
+        if key not in raw:
+            if rule.required:
+                raise InvalidReply(f"metric {key!r} is missing")
+            continue
+        bad = rule.problem(raw[key])
+        if bad:
+            raise InvalidReply(f"metric {key!r} {bad}")
+        metrics[key] = rule.convert(raw[key])
+    records: dict[str, dict[str, np.ndarray]] = {}
+    for name, rule in spec.records.items():
+        if name not in content.array_records:
+            if rule.required:
+                raise InvalidReply(f"reply has no {name!r} ArrayRecord")
+            continue
+        rec = content.array_records[name]
+        keys = set(rec.keys())
+        if keys != set(rule.tensors):
+            extra, missing = sorted(keys - set(rule.tensors)), sorted(set(rule.tensors) - keys)
+            raise InvalidReply(f"record {name!r}: keys differ from the expected ones (unexpected {extra[:3]}, "
+                               f"missing {missing[:3]})")
+        arrays = {}
+        for key, tensor in rule.tensors.items():
+            try:
+                arr = np.asarray(rec[key].numpy())
+            except Exception as err:  # a malformed Array (bad bytes / header) must not escape as a crash
+                raise InvalidReply(f"record {name!r}: array {key!r} cannot be read ({type(err).__name__})") from err
+            bad = tensor.problem(arr)
+            if bad:
+                raise InvalidReply(f"record {name!r}: array {key!r} {bad}")
+            arrays[key] = arr
+        records[name] = arrays
+    for rule in spec.rules:
+        bad = rule(metrics, records)
+        if bad:
+            raise InvalidReply(bad)
+    return metrics, records
+
+
+# ---------------------------------------------------------------------- metrics every phase may carry
+COUNT = Number(int, 1, INT_LIMIT)
+IDENTIFIER = Number(int, 0, INT_LIMIT)
+ACCURACY = Number(float, 0.0, 1.0)
+LOSS = Number(float, 0.0, LOSS_LIMIT)
+SECONDS = Number(float, 0.0, SECONDS_LIMIT, required=False)
+
+#: every reply: who the client is and how many training examples it has
+BASE = ReplySpec(metrics={"num-examples": COUNT, "partition-id": IDENTIFIER,
+                          "time-train": SECONDS, "time-method": SECONDS,
+                          "peak-rss-mb": Number(float, 0.0, MEMORY_LIMIT_MB, required=False)})
+#: a train reply's training statistics (optional: Local and a few methods report fewer)
+TRAIN = BASE.with_metrics(**{
+    "train-loss": replace(LOSS, required=False), "train-acc": replace(ACCURACY, required=False),
+    "trained-acc": replace(ACCURACY, required=False), "steps": Number(int, 0, INT_LIMIT, required=False)})
+#: an evaluate reply: the personalized model's accuracy, and the global model's where the method has one
+EVALUATE = BASE.with_metrics(**{
+    "personal-acc": ACCURACY, "personal-loss": LOSS,
+    "global-acc": replace(ACCURACY, required=False), "global-loss": replace(LOSS, required=False),
+    "before-agg-acc": replace(ACCURACY, required=False)})
