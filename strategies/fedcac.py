@@ -18,13 +18,14 @@ import numpy as np
 from flwr.app import RecordDict
 
 from client_app.fedcac_math import unpack_masks
-from strategies.base import ClientUpdate, PersonalizedStrategy
+from strategies.base import PersonalizedStrategy, Reply
+from strategies.replies import INT_LIMIT, Arrays, Numbers, ReplySpec, Tensor
 from strategies.fedcac_math import (
     collaborator_label_similarity, collaborators, customized_models, global_average, mask_overlap, off_diagonal,
     overlap_threshold,
 )
 from task.models import build_model
-from task.params import record_to_numpy, to_record
+from task.params import to_record
 
 
 class FedCACStrategy(PersonalizedStrategy):
@@ -45,7 +46,10 @@ class FedCACStrategy(PersonalizedStrategy):
             raise ValueError(f"run-config key 'fedcac-weighting' must be 'uniform' or 'num-examples', got {weighting!r}")
         self.weighting = weighting
         self.param_shapes = {k: self.shapes[k] for k in self.param_keys}
+        # u_i of the last aggregation, keyed by client id, and the round it was computed in: a client only
+        # ever receives a customized model computed in the round just before (spec §6.11)
         self.custom: dict[int, dict[str, np.ndarray]] = {}
+        self.custom_round = 0
         self.overlaps: dict[int, dict[str, Any]] = {}
         self.mask_bytes: list[int] = []
 
@@ -55,37 +59,44 @@ class FedCACStrategy(PersonalizedStrategy):
     def expected_reply_shapes(self, node_id: int) -> dict[str, tuple[int, ...]]:
         return dict(self.param_shapes)
 
+    def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
+        spec = super().reply_spec(phase, node_id)
+        if phase != "train":
+            return spec
+        n = sum(int(np.prod(s)) for s in self.param_shapes.values())
+        spec = spec.with_records(mask=Arrays({"bits": Tensor(((n + 7) // 8,), "uint8")}))
+        if bool(self.settings.get("fedcac-diagnostics", False)):
+            spec = spec.with_metrics(**{"label-histogram": Numbers(int, 0, INT_LIMIT, length=self.settings.num_classes)})
+        return spec
+
+    def fresh_custom(self, node_id: int, server_round: int) -> dict[str, np.ndarray] | None:
+        """u_i for the client behind ``node_id`` if it was computed in round ``server_round`` (else None)."""
+        client = self.client(node_id)
+        return self.custom.get(client) if client is not None and self.custom_round == server_round else None
+
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
         payload = RecordDict({"global": to_record(self.global_state)})
-        if node_id in self.custom:
-            payload["custom"] = to_record(self.custom[node_id])
+        custom = self.fresh_custom(node_id, server_round - 1)
+        if custom is not None:
+            payload["custom"] = to_record(custom)
         return payload
 
-    def _mask_of(self, server_round: int, update: ClientUpdate) -> np.ndarray | None:
-        content = update.content
-        if "mask" not in content.array_records or "bits" not in content.array_records["mask"]:
-            self.record_failure(server_round, update.node_id, "train", "reply has no packed 'mask' record")
-            return None
-        bits = record_to_numpy(content.array_records["mask"])["bits"]
-        try:
-            masks = unpack_masks(bits, self.param_shapes)
-        except ValueError as err:
-            self.record_failure(server_round, update.node_id, "train", f"bad mask: {err}")
-            return None
-        self.mask_bytes.append(int(bits.nbytes))
-        return np.concatenate([masks[k].ravel() for k in self.param_keys])
+    def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
+        payload = RecordDict({"global": to_record(self.global_state)})
+        custom = self.fresh_custom(node_id, server_round)
+        if custom is not None:
+            payload["custom"] = to_record(custom)
+        return payload
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
-        rows, masks, kept = [], [], []
+    def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
+        rows, masks = [], []
         for u in updates:
-            m = self._mask_of(server_round, u)
-            if m is None:
-                continue
+            bits = u.records["mask"]["bits"]
+            flat = unpack_masks(bits, self.param_shapes)  # the length was checked against the spec
+            masks.append(np.concatenate([flat[k].ravel() for k in self.param_keys]))
             rows.append(np.concatenate([u.arrays[k].ravel().astype(np.float32) for k in self.param_keys]))
-            masks.append(m)
-            kept.append(u)
-        if not kept:
-            return {"fedcac": "no valid replies"}
+            self.mask_bytes.append(int(bits.nbytes))
+        kept = updates
         params, mask_matrix = np.stack(rows), np.stack(masks)
         overlap = mask_overlap(mask_matrix)
         threshold = overlap_threshold(overlap, server_round, self.beta)
@@ -94,11 +105,11 @@ class FedCACStrategy(PersonalizedStrategy):
         wbar = global_average(params, weights)
         custom = customized_models(params, collab)
         self.global_state = self._unflatten(wbar)
-        for i, u in enumerate(kept):
-            self.custom[u.node_id] = self._unflatten(custom[i])
+        self.custom = {u.client: self._unflatten(custom[i]) for i, u in enumerate(kept)}
+        self.custom_round = server_round
         off = off_diagonal(overlap)
         sizes = np.array([len(c) for c in collab])
-        pids = [u.partition_id for u in kept]
+        pids = [u.client for u in kept]
         diag: dict[str, Any] = {
             "threshold": float(threshold), "overlap-mean": float(off.mean()) if off.size else 0.0,
             "overlap-max": float(off.max()) if off.size else 0.0, "overlap-min": float(off.min()) if off.size else 0.0,
@@ -108,7 +119,7 @@ class FedCACStrategy(PersonalizedStrategy):
             "mask-fraction": float(mask_matrix.mean()),
         }
         hist = [u.metrics.get("label-histogram") for u in kept]
-        if all(isinstance(h, list) and h for h in hist):
+        if all(h is not None for h in hist):
             collab_sim, all_sim = collaborator_label_similarity(collab, np.array(hist, float))
             diag["collaborator-label-similarity"] = collab_sim
             diag["all-pairs-label-similarity"] = all_sim

@@ -53,12 +53,15 @@ def collaborators(overlap: np.ndarray, threshold: float, server_round: int, beta
     """Eq. 8: ``C_i = {j != i : O_ij >= threshold}`` (with a tolerance so the max pair counts at t = beta).
 
     With ``strict_beta_cutoff`` (spec §2.6) every set is empty once t > beta, also in the degenerate case
-    O_max = O_avg where the threshold would otherwise never rise above the overlaps.
+    O_max = O_avg where the threshold would otherwise never rise above the overlaps.  A pair with no common
+    critical parameter (O_ij = 0) never collaborates: with tau = 0 every mask is empty, every overlap 0 and
+    so is the threshold, and every C_i is empty (spec §6.8: the official code's 0/0 = NaN also gives the
+    empty set there), not "everyone".
     """
     n = overlap.shape[0]
     if strict_beta_cutoff and server_round > beta:
         return [np.zeros(0, dtype=np.int64) for _ in range(n)]
-    chosen = (overlap >= threshold - tol) & ~np.eye(n, dtype=bool)
+    chosen = (overlap >= threshold - tol) & (overlap > 0) & ~np.eye(n, dtype=bool)
     return [np.flatnonzero(row) for row in chosen]
 
 

@@ -14,6 +14,7 @@ from strategies.fedcac_math import (
 )
 from strategies.registry import METHODS, load_object
 from task.config import parse_settings
+from task.params import to_record
 from task.models import build_model
 
 
@@ -194,7 +195,7 @@ def run_rounds(cfg, rounds, n=4):
         for i, ctx in enumerate(ctxs):
             payload = strat.train_payload(10 + i, rnd)
             payload["config"] = ConfigRecord({"server-round": rnd})
-            u = strat.validate_content(rnd, 10 + i, cls(ctx, settings_).train(payload), "train", set())
+            u = strat.check_reply(rnd, 10 + i, cls(ctx, settings_).train(payload), "train", set())
             assert u is not None, strat.failures
             ups.append(u)
         diags.append(strat.aggregate(rnd, ups)["fedcac"])
@@ -239,11 +240,9 @@ def test_bad_mask_is_rejected_and_logged():
     payload = strat.train_payload(10, 2)
     payload["config"] = ConfigRecord({"server-round": 2})
     reply = load_object(METHODS["fedcac"].client)(ctxs[0], settings_).train(payload)
-    from task.params import to_record
     reply["mask"] = to_record({"bits": np.zeros(3, np.uint8)})
-    u = strat.validate_content(2, 10, reply, "train", set())
-    strat.aggregate(2, [u])
-    assert "bad mask" in strat.failures[-1]["reason"]
+    assert strat.check_reply(2, 10, reply, "train", set()) is None
+    assert "record 'mask': array 'bits' has shape (3,)" in strat.failures[-1]["reason"]
 
 
 def test_bad_fedcac_config():
@@ -260,3 +259,47 @@ def test_collaborators_on_planted_label_groups_share_labels_more_than_random_pai
     collab = [d["collaborator-label-similarity"] for d in diags if np.isfinite(d["collaborator-label-similarity"])]
     everyone = diags[0]["all-pairs-label-similarity"]
     assert collab and np.mean(collab) > everyone + 0.1, (collab, everyone)
+
+
+# ---------------------------------------------------------------- partial participation (spec §6.11)
+def test_a_client_that_missed_a_round_gets_no_stale_customized_model():
+    from tests.strategy_harness import drive
+
+    nodes = {71: 0, 5: 1, 909: 2, 44: 3}
+    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 10}))
+    sent = {}
+
+    def answer(rnd, node, phase, content):
+        if rnd == 2 and nodes[node] == 2:
+            return []  # client 2 misses round 2 (no train, no evaluate reply)
+        if rnd == 3 and phase == "train":
+            return []  # nobody's training arrives in round 3: no u_i is computed in round 3
+        return None
+
+    grid = drive(strat, nodes, 4, answer)
+    for m in grid.sent:
+        sent[(int(m.content["config"]["server-round"]), m.metadata.message_type, nodes[m.metadata.dst_node_id])] = m.content
+    assert "custom" in sent[(2, "train", 2)]  # it took part in round 1: u_i of round 1
+    assert "custom" not in sent[(3, "train", 2)]  # absent in round 2: nothing fresh, it keeps its own critical values
+    assert all("custom" in sent[(3, "train", c)] for c in (0, 1, 3))
+    assert "custom" not in sent[(2, "evaluate", 2)] and "custom" in sent[(2, "evaluate", 0)]
+    assert not any("custom" in sent[(4, "train", c)] for c in range(4))  # round 2's u_i are two rounds old
+
+
+def test_empty_masks_make_no_collaborators():
+    from tests.strategy_harness import drive
+
+    nodes = {1: 0, 2: 1, 3: 2}
+    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 3, "beta": 10}))
+    n_bits = strat.reply_spec("train", 1).records["mask"].tensors["bits"].shape[0]
+
+    def answer(rnd, node, phase, content):  # tau = 0 on every client: empty masks
+        if phase == "train":
+            content["mask"] = to_record({"bits": np.zeros(n_bits, np.uint8)})
+        return None
+
+    drive(strat, nodes, 1, answer)
+    diag = strat.history[0].extra["fedcac"]
+    assert diag["collaborators-max"] == 0 and all(v == [] for v in diag["collaborators"].values())
+    overlap = mask_overlap(np.zeros((3, 40), bool))
+    assert all(len(c) == 0 for c in collaborators(overlap, overlap_threshold(overlap, 1, 10), 1, 10))
