@@ -12,8 +12,12 @@ from task.params import load_record, model_to_record, record_to_numpy
 
 
 class FedC2IClient(ClientMethod):
-    def _personalized(self, model: torch.nn.Module, stacked: dict[str, torch.Tensor]) -> list[float]:
-        """Load the personalized model (Eqs. 5-10, variant per ``c2i-variant``) into ``model``; returns lambda."""
+    def _personalized(self, model: torch.nn.Module, stacked: dict[str, torch.Tensor], sizes: list[int]) -> list[float]:
+        """Load the personalized model (Eqs. 5-10, variant per ``c2i-variant``) into ``model``; returns lambda.
+
+        ``stacked`` holds the k models the server sent, this client's own first; ``sizes`` their clients'
+        training-set sizes (the Lambda/g ablation averages the extractors by size, spec §6.18).
+        """
         k = next(iter(stacked.values())).shape[0]
         own = {name: v[0] for name, v in stacked.items()}  # the receiver's own model comes first
         model.load_state_dict(own)
@@ -33,13 +37,18 @@ class FedC2IClient(ClientMethod):
             return lam.tolist()
         if variant == "full":
             body = mix_states(stacked, lam, bodies)
-        elif variant == "Lambda-only":  # "Lambda/g": plain average extractor
-            body = mix_states(stacked, torch.full((k,), 1.0 / k), bodies)
+        elif variant == "Lambda-only":  # "Lambda/g": the size-weighted FedAvg extractor (spec §6.18)
+            w = torch.tensor(sizes, dtype=torch.float64)
+            body = mix_states(stacked, w / w.sum(), bodies)
         else:  # "Lambda-local": own extractor
             body = {n: own[n] for n in bodies}
+        # the extractor theta* for the class-level test (spec §6.7): the client's own, except for the Lambda/g
+        # ablation, which uses the current global theta
+        if variant == "Lambda-only":
+            model.load_state_dict({**own, **body})
         with torch.no_grad():
             model.eval()
-            feats = model.features(x)  # theta* = own extractor (spec §6.7), loaded above
+            feats = model.features(x)
             big_lambda, _ = influence_matrix(feats, y, own["head.weight"], own["head.bias"],
                                              stacked["head.weight"], stacked["head.bias"], gamma)
             w, b = mix_classifier(stacked["head.weight"], stacked["head.bias"], big_lambda)
@@ -49,18 +58,17 @@ class FedC2IClient(ClientMethod):
     def train(self, content: RecordDict) -> RecordDict:
         model = self.fresh_model()
         rec = self.message_arrays(content, "peers")
-        nodes: list[int] = []
         lam: list[float] = []
         if rec is not None:
             stacked = {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(rec).items()}
-            if "peer-nodes" in content.config_records:
-                nodes = [int(n) for n in content.config_records["peer-nodes"]["node-ids"]]
+            peers = dict(content.config_records["peer-clients"]) if "peer-clients" in content.config_records else {}
+            sizes = [self.data.num_train, *(int(n) for n in peers.get("num-examples", []))]
             with self.timed("method"):
-                lam = self._personalized(model, stacked)
+                lam = self._personalized(model, stacked, sizes)
         metrics = self.fit(model)
         _, acc = self.test(model)
-        extra = {"influence": [float(v) for v in lam], "influence-nodes": nodes} if nodes and len(nodes) == len(lam) else {}
-        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc, **extra}, model_to_record(model))
+        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc, "influence": [float(v) for v in lam]},
+                          model_to_record(model))
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         model = self.fresh_model()

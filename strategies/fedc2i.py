@@ -2,11 +2,12 @@
 client the models it needs; it never averages.
 
 Each train message carries ``peers``: for every parameter name one array stacking the k models
-(leading dimension k), the receiver's own model first, and the peers' node ids in the config.  With
+(leading dimension k), the receiver's own model first, and the other k - 1 clients' ids and training-set
+sizes in the config (``peer-clients``).  The reply's ``influence`` vector follows the same order.  With
 ``c2i-peers = 0`` (default) k = M, all known clients, as in the paper; with ``c2i-peers = k`` each client
 gets itself plus k - 1 peers sampled per round (seeded), so its download is O(k) models, not O(M).
-Nodes that have not replied yet are not offered as peers (in round 1 every client starts from the common
-initial model).
+Clients that have not replied yet are not offered as peers (in round 1 every client starts from the common
+initial model).  Everything is keyed by client id (partition id), so a seed gives the same peers in every run.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
-from strategies.base import ClientUpdate, PersonalizedStrategy
+from strategies.base import PersonalizedStrategy, Reply
+from strategies.replies import Numbers, ReplySpec
 from task.params import to_record
 
 VARIANTS = ("full", "lambda-only", "Lambda-only", "Lambda-local")
@@ -31,8 +33,8 @@ class FedC2IStrategy(PersonalizedStrategy):
 
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
-        self.initial = {k: np.array(v) for k, v in initial_state.items()}
-        self.store: dict[int, dict[str, np.ndarray]] = {}
+        self.store: dict[int, dict[str, np.ndarray]] = {}  # client id -> its latest model
+        self.sizes: dict[int, int] = {}  # client id -> its number of training examples
         peers = settings.get("c2i-peers", 0)
         if isinstance(peers, bool) or int(peers) != peers or int(peers) < 0 or int(peers) == 1:
             raise ValueError(f"run-config key 'c2i-peers' must be 0 (all clients) or an integer >= 2, got {peers!r}")
@@ -43,41 +45,56 @@ class FedC2IStrategy(PersonalizedStrategy):
         gamma = float(settings.get("gamma", 5.0))
         if gamma < 0:
             raise ValueError(f"run-config key 'gamma' must be >= 0, got {gamma}")
-        self.influence: dict[int, dict[int, dict[int, float]]] = {}  # round -> pid -> peer pid -> weight
-
-    def shared_keys(self) -> list[str]:
-        return list(self.all_keys)
+        self.sent_peers: dict[int, list[int]] = {}  # node id -> the other clients whose models it was sent
+        self.influence: dict[int, dict[int, dict[int, float]]] = {}  # round -> client -> peer client -> weight
 
     def peers_for(self, node_id: int, server_round: int) -> list[int]:
-        others = sorted(n for n in self.store if n != node_id)
+        """The other clients whose models ``node_id`` receives: every client with a stored model, or ``c2i-peers``
+        - 1 of them drawn with a generator seeded by (seed, round, client id)."""
+        me = self.client(node_id)
+        others = sorted(c for c in self.store if c != me)
         if self.num_peers and len(others) > self.num_peers - 1:
-            rng = random.Random(hash((self.settings.seed, server_round, node_id)) & 0xFFFFFFFF)
-            others = sorted(rng.sample(others, self.num_peers - 1))
-        return [node_id, *others]
+            seed = (self.settings.seed * 1_000_003 + server_round) * 1_000_033 + (me if me is not None else -1)
+            others = sorted(random.Random(seed).sample(others, self.num_peers - 1))
+        return others
+
+    def own_model(self, node_id: int) -> dict[str, np.ndarray]:
+        me = self.client(node_id)
+        return self.store.get(me, self.initial_state) if me is not None else self.initial_state
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
         peers = self.peers_for(node_id, server_round)
-        models = [self.store.get(n, self.initial) for n in peers]
+        self.sent_peers[node_id] = peers
+        models = [self.own_model(node_id), *(self.store[c] for c in peers)]
         stacked = {k: np.stack([m[k] for m in models]) for k in self.all_keys}
-        return RecordDict({"peers": to_record(stacked),
-                           "peer-nodes": ConfigRecord({"node-ids": [int(n) for n in peers]})})
+        payload = RecordDict({"peers": to_record(stacked)})
+        if peers:  # the other clients' ids and training-set sizes, in the order of their models
+            payload["peer-clients"] = ConfigRecord({"client-ids": [int(c) for c in peers],
+                                                    "num-examples": [int(self.sizes[c]) for c in peers]})
+        return payload
 
     def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
-        return RecordDict({"arrays": to_record(self.store.get(node_id, self.initial))})
+        return RecordDict({"arrays": to_record(self.own_model(node_id))})
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+    def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
+        spec = super().reply_spec(phase, node_id)
+        if phase == "train":  # the influence vector over what this node was sent: itself first, then its peers
+            spec = spec.with_metrics(influence=Numbers(float, 0.0, 1.0, length=1 + len(self.sent_peers.get(node_id, [])),
+                                                       total=1.0))
+        return spec
+
+    def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         rows: dict[int, dict[int, float]] = {}
         for u in updates:
-            self.store[u.node_id] = {k: np.array(v) for k, v in u.arrays.items()}
-            weights, nodes = u.metrics.get("influence"), u.metrics.get("influence-nodes")
-            if isinstance(weights, list) and isinstance(nodes, list) and len(weights) == len(nodes):
-                rows[u.partition_id] = {int(n): float(w) for n, w in zip(nodes, weights)}
-        # node ids -> partition ids for the artefacts
-        named = {pid: {self.node_partition.get(n, n): w for n, w in row.items()} for pid, row in rows.items()}
-        self.influence[server_round] = named
-        self_weights = [row.get(pid, np.nan) for pid, row in named.items()]
-        return {"fedc2i": {"self-influence-mean": float(np.nanmean(self_weights)) if self_weights else None,
-                           "peers-per-client": float(np.mean([len(r) for r in named.values()])) if named else 0.0}}
+            peers = self.sent_peers.get(u.node_id, [])
+            rows[u.client] = dict(zip([u.client, *peers], u.metrics["influence"]))
+        for u in updates:
+            self.store[u.client] = {k: np.array(v) for k, v in u.arrays.items()}
+            self.sizes[u.client] = u.num_examples
+        self.influence[server_round] = rows
+        self_weights = [row[c] for c, row in rows.items()]
+        return {"fedc2i": {"self-influence-mean": float(np.mean(self_weights)) if self_weights else None,
+                           "peers-per-client": float(np.mean([len(r) for r in rows.values()])) if rows else 0.0}}
 
     def write_artifacts(self, folder: Path) -> None:
         import matplotlib

@@ -132,7 +132,7 @@ def run(cfg, rounds=2, n=4):
             payload = strat.train_payload(10 + i, rnd)
             payload["config"] = ConfigRecord({"server-round": rnd})
             replies[(rnd, i)] = payload
-            u = strat.validate_content(rnd, 10 + i, cls(ctx, settings).train(payload), "train", set())
+            u = strat.check_reply(rnd, 10 + i, cls(ctx, settings).train(payload), "train", set())
             assert u is not None, strat.failures
             ups.append(u)
         strat.aggregate(rnd, ups)
@@ -143,7 +143,8 @@ def test_round_one_starts_from_the_common_model_then_everyone_receives_everyone(
     strat, payloads = run({"method": "fedc2i", "partition": "iid", "feature-shift": 4})
     assert payloads[(1, 0)]["peers"]["head.bias"].shape[0] == 1
     assert payloads[(2, 0)]["peers"]["head.bias"].shape[0] == 4
-    assert list(payloads[(2, 2)]["peer-nodes"]["node-ids"])[0] == 12  # own model first
+    assert list(payloads[(2, 2)]["peer-clients"]["client-ids"]) == [0, 1, 3]  # the others, by client id
+    assert list(payloads[(2, 2)]["peer-clients"]["num-examples"]) == [strat.sizes[c] for c in (0, 1, 3)]
     row = strat.influence[2]
     assert len(row) == 4 and all(abs(sum(r.values()) - 1) < 1e-5 for r in row.values())
 
@@ -162,3 +163,35 @@ def test_bad_fedc2i_config():
         build_strategy(parse_settings({"method": "fedc2i", "c2i-variant": "both"}))
     with pytest.raises(ValueError, match="gamma"):
         build_strategy(parse_settings({"method": "fedc2i", "gamma": -2.0}))
+
+
+@pytest.mark.parametrize("variant,own_extractor_matters", [("Lambda-only", False), ("full", True)])
+def test_the_lambda_g_ablation_scores_classes_with_the_global_extractor(variant, own_extractor_matters):
+    # spec §6.7: for the Lambda/g ablation the class-level influence uses the current global theta (the average
+    # extractor), not the client's own.  Two sets of peers with the same average extractor but a different own
+    # extractor must then give the same personalized model; in the full method (own theta*) they must not.
+    cfg = {"method": "fedc2i", "model": "mlp", "partition": "iid", "c2i-variant": variant}
+    settings = parse_settings(cfg)
+    ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(),
+                  run_config=cfg)
+    client = load_object(METHODS["fedc2i"].client)(ctx, settings)
+    torch.manual_seed(0)
+    models = [build_model("mlp", 1, 8, 10, seed=s) for s in range(3)]
+    base = stacked_models(models)
+    shifted = {k: v.clone() for k, v in base.items()}
+    for k in shifted:
+        if not k.startswith("head."):  # move extractor mass from peer 1 to the client itself: same average
+            d = 0.5 * torch.randn_like(shifted[k][0])
+            shifted[k][0] += d
+            shifted[k][1] -= d
+    sizes = [client.data.num_train] * 3
+    out = []
+    for stacked in (base, shifted):
+        model = client.fresh_model()
+        client._personalized(model, stacked, sizes)
+        out.append({k: v.clone() for k, v in model.state_dict().items()})
+    same_head = torch.allclose(out[0]["head.weight"], out[1]["head.weight"], atol=1e-6)
+    assert same_head != own_extractor_matters
+    if not own_extractor_matters:
+        for k in out[0]:
+            torch.testing.assert_close(out[0][k], out[1][k], atol=1e-6, rtol=1e-5)
