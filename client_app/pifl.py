@@ -57,14 +57,21 @@ class PIFLClient(ClientMethod):
         metrics = self.fit(model)
         return self.reply({**self.base_metrics(), **metrics, **self._extra()}, model_to_record(model))
 
+    def goal_splits(self) -> tuple[tuple, tuple]:
+        """(calibration, held-out) goal data: the partition's calibration half and its test split, which every
+        method is scored on; a node's own data file has no calibration split, so its test split is halved."""
+        d = self.data
+        if d.x_calib is not None:
+            return (d.x_calib, d.y_calib), (d.x_test, d.y_test)
+        half = len(d.y_test) // 2
+        return (d.x_test[:half], d.y_test[:half]), (d.x_test[half:], d.y_test[half:])
+
     def evaluate(self, content: RecordDict) -> RecordDict:
         """Tier accuracies on the validation split (the tiers' utility) and the personalized mixture (Eq. 4):
-        weights from the first half of the goal (test) data, accuracy reported on the other half."""
+        weights from the calibration half of the goal data, accuracy on the held-out half."""
         tiers = self._tiers(content)
         val_accs = self._tier_accuracies(tiers, self.data.x_val, self.data.y_val)
-        half = len(self.data.y_test) // 2
-        calib = (self.data.x_test[:half], self.data.y_test[:half])
-        held = (self.data.x_test[half:], self.data.y_test[half:])
+        calib, held = self.goal_splits()
         with self.timed("method"):
             weights = torch.from_numpy(mixture_weights(self._tier_accuracies(tiers, *calib))).float()
             model = self.fresh_model()

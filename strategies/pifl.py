@@ -4,20 +4,24 @@ Per round r:
 1. r = 1: free warm-up, a random tiering (nobody pays).  r >= 2: ``query.bid`` sends every available
    client the K tier models, its balance and the price; it replies its per-tier validation accuracies and
    a bid.  Bids are validated (unknown tier, non-integer, too many, a client that cannot pay, duplicate
-   replies: rejected with a logged reason, no balance touched).  The Scheduler fills each tier's
-   ``slots-performance`` + ``slots-random`` slots; winning bidders pay the slot price into the tier pool.
+   replies: rejected with a logged reason, no balance touched, and that client sits the round out).  The
+   Scheduler fills each tier's ``slots-performance`` + ``slots-random`` slots from its bidders only; a tier
+   nobody bid for drafts clients that bid for nothing (they pay nothing).  Winning bidders pay the slot
+   price into the tier pool.
 2. Winners train their tier's model; each tier is rebuilt by FedAvg; the Profiler scores every winner with
    the first-order Shapley estimate on the server's IID set (an assumption of the paper, spec §6.16).
 3. Evaluation sends all K tier models to every client: it reports its tier accuracies (the utility of a
    tier is the mean over its winners) and the accuracy of its one-shot personalized mixture on its goal
-   data, which never leaves it.  The Token Manager then settles every tier (refund, rank reward) and the
-   ledger's conservation is asserted.
+   data, which never leaves it.  The Token Manager then settles every tier (refund, rank reward) among the
+   winners whose training arrived this round (a winner whose train reply failed has paid and gets nothing
+   back); where the utility gain is undefined (no earlier best, or a round without evaluation) the refund
+   ratio is 0.  The ledger's conservation is asserted every round.
 """
 
 from __future__ import annotations
 
 import json
-import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +30,11 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
+from strategies.base import PersonalizedStrategy, Reply
+from strategies.pifl_math import MICRO, TokenLedger, random_tiering, rank_clients, schedule, shapley_scores
+from strategies.replies import ACCURACY as SHARE
+from strategies.replies import Numbers, ReplySpec
 from strategies.tier_tables import TierTables
-from strategies.base import ClientUpdate, PersonalizedStrategy, log, wait_for_nodes
-from strategies.pifl_math import (
-    MICRO, LedgerError, TokenLedger, random_tiering, rank_clients, schedule_tier, shapley_scores, validate_bid,
-)
 from task.data import load_centralized
 from task.models import build_model
 from task.params import load_record, to_record, weighted_average
@@ -56,78 +60,72 @@ class PIFLStrategy(PersonalizedStrategy):
                                 full_use_gain=float(g("full-use-gain", 0.1)))
         TokenLedger([], self.num_tiers, self.initial_tokens, **self.ledger_args)  # validates the values now
         self.ledger: TokenLedger | None = None
-        self.tiers = {k: dict(self.global_state) for k in range(self.num_tiers)}
-        self.scores: dict[int, dict[int, float]] = {k: {} for k in range(self.num_tiers)}
-        self.counts: dict[int, dict[int, int]] = {k: {} for k in range(self.num_tiers)}
-        self.winners: dict[int, list[int]] = {}
-        self.payers: dict[int, list[int]] = {}
-        self.tier_of: dict[int, int] = {}
-        self.rng = random.Random(settings.seed)
+        self.tiers = {k: {key: np.array(v) for key, v in self.initial_state.items()} for k in range(self.num_tiers)}
+        # everything per client is keyed by client id (partition id)
+        self.scores: dict[int, dict[int, float]] = {k: {} for k in range(self.num_tiers)}  # tier -> client -> psi
+        self.counts: dict[int, dict[int, int]] = {k: {} for k in range(self.num_tiers)}  # tier -> client -> Omega
+        self.winners: dict[int, list[int]] = {}  # tier -> clients that train it this round
+        self.payers: dict[int, list[int]] = {}  # tier -> winners that bid (and paid)
+        self.tier_of: dict[int, int] = {}  # client -> its tier this round
+        self.delivered: set[int] = set()  # winners whose train reply was valid this round
         self.ledger_log: list[dict[str, Any]] = []
         self.source_share: dict[int, float] = {}
         self._server_set: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._tier_acc: dict[int, list[float]] = {}
+        self._tier_acc: dict[int, list[float]] = {}  # client -> its tier accuracies of this round's evaluation
         self.tier_tables = TierTables()
         self._model = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes)
 
     # ------------------------------------------------------------------ round start: bids and schedule
-    def configure_train(self, server_round: int, arrays, config, grid: Grid):
-        nodes = wait_for_nodes(grid, self.settings.min_nodes)
+    def wants_client_ids(self, server_round: int, nodes: list[int]) -> bool:
+        return True  # tiers and scores are per client
+
+    def prepare_round(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
+        clients = sorted(self.client_of[n] for n in nodes if n in self.client_of)
         if self.ledger is None:
-            self.ledger = TokenLedger(nodes, self.num_tiers, self.initial_tokens, **self.ledger_args)
-        for n in nodes:
-            if n not in self.ledger.balances:
-                self.ledger.add_client(n, self.initial_tokens)
-        slots = self.n_perf + self.n_rand
+            self.ledger = TokenLedger(clients, self.num_tiers, self.initial_tokens, **self.ledger_args)
+        for c in clients:
+            if c not in self.ledger.balances:
+                self.ledger.add_client(c, self.initial_tokens)
         if server_round == 1:
-            self.winners = random_tiering(nodes, self.num_tiers, slots, self.rng)
+            self.winners = random_tiering(clients, self.num_tiers, self.n_perf + self.n_rand, self.rng)
             self.payers = {k: [] for k in range(self.num_tiers)}
         else:
-            bids = self.collect_bids(grid, server_round, nodes)
-            available = sorted(bids)
-            self.winners, self.payers = {}, {}
-            for k in range(self.num_tiers):
-                bidders = [c for c in available if k in bids[c] and self.ledger.can_pay(c)]
-                self.winners[k], self.payers[k] = schedule_tier(bidders, available, self.scores[k], self.counts[k],
-                                                                self.n_perf, self.n_rand, self.rng)
-                # a client wins at most one tier per round (max-bids 1): drafted clients already placed are dropped
-                self.winners[k] = [c for c in self.winners[k] if all(c not in self.winners[j] for j in range(k))]
-                self.payers[k] = [c for c in self.payers[k] if c in self.winners[k]]
+            bids = self.collect_bids(grid, server_round, [n for n in nodes if n in self.client_of])
+            self.winners, self.payers = schedule(bids, self.num_tiers, self.scores, self.counts, self.n_perf,
+                                                 self.n_rand, self.rng)
         for k in range(self.num_tiers):
             self.ledger.charge(k, self.payers[k])
             for c in self.winners[k]:
                 self.counts[k][c] = self.counts[k].get(c, 0) + 1
         self.tier_of = {c: k for k, cs in self.winners.items() for c in cs}
-        msgs = super().configure_train(server_round, arrays, config, grid)
-        return [m for m in msgs if m.metadata.dst_node_id in self.tier_of]
+        self.delivered = set()
 
-    def sample(self, grid: Grid, server_round: int) -> list[int]:
-        return sorted(self.tier_of)
+    def sample(self, server_round: int, nodes: list[int]) -> list[int]:
+        return self.by_client(self.node_of[c] for c in self.tier_of)
+
+    def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
+        spec = super().reply_spec(phase, node_id)
+        if phase == "bid":  # a client that cannot pay the price must not bid
+            client = self.client(node_id)
+            can_pay = self.ledger is not None and client is not None and self.ledger.can_pay(client)
+            return spec.with_metrics(bid=Numbers(int, 0, self.num_tiers - 1, max_length=self.max_bids if can_pay else 0,
+                                                 distinct=True))
+        if phase == "evaluate":  # each tier model's accuracy on the client's validation split: the tiers' utility
+            return spec.with_metrics(**{"tier-acc": Numbers(float, 0.0, 1.0, length=self.num_tiers),
+                                        "source-a-share": replace(SHARE, required=False)})
+        if phase == "train":
+            return spec.with_metrics(**{"source-a-share": replace(SHARE, required=False)})
+        return spec
 
     def collect_bids(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, list[int]]:
+        """Every client's bid (client id -> tiers); clients whose reply was rejected are not available."""
         stacked = to_record({k: np.stack([self.tiers[t][k] for t in range(self.num_tiers)]) for k in self.all_keys})
         payloads = {n: RecordDict({"tiers": stacked, "ledger": ConfigRecord({
-            "balance": self.ledger.balances[n], "price": self.price})}) for n in nodes}
-        bids: dict[int, list[int]] = {}
-        for r in self.send_query(grid, server_round, "bid", payloads):
-            nid = r.metadata.src_node_id
-            if nid in bids:
-                self.record_failure(server_round, nid, "bid", "duplicate reply from the same node")
-                continue
-            metrics = dict(r.content.metric_records["metrics"]) if "metrics" in r.content.metric_records else {}
-            try:
-                bid = validate_bid(metrics.get("bid"), self.num_tiers, self.max_bids)
-                if bid and not self.ledger.can_pay(nid):
-                    raise LedgerError(f"balance {self.ledger.balances[nid]} cannot pay the price {self.price}")
-            except LedgerError as err:
-                self.record_failure(server_round, nid, "bid", str(err))
-                bids[nid] = []  # still available for drafting, never charged
-                continue
-            bids[nid] = bid
-        return bids
+            "balance": self.ledger.balances[self.client_of[n]], "price": self.price})}) for n in nodes}
+        return {r.client: r.metrics["bid"] for r in self.send_query(grid, server_round, "bid", payloads)}
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
-        tier = self.tier_of[node_id]
+        tier = self.tier_of[self.client_of[node_id]]
         return RecordDict({"arrays": to_record(self.tiers[tier]), "tier": ConfigRecord({"tier": tier})})
 
     def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
@@ -151,13 +149,15 @@ class PIFLStrategy(PersonalizedStrategy):
         return np.concatenate([p.grad.numpy().ravel() if p.grad is not None else np.zeros(p.numel())
                                for _, p in self._model.named_parameters()])
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+    def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         params = [n for n, _ in self._model.named_parameters()]
+        updates = [u for u in updates if u.client in self.tier_of]  # only this round's winners train
         for u in updates:
             if "source-a-share" in u.metrics:
-                self.source_share[u.node_id] = float(u.metrics["source-a-share"])
+                self.source_share[u.client] = float(u.metrics["source-a-share"])
+        self.delivered = {u.client for u in updates}
         for k in range(self.num_tiers):
-            group = [u for u in updates if self.tier_of.get(u.node_id) == k]
+            group = [u for u in updates if self.tier_of[u.client] == k]
             if not group:
                 continue
             weights = np.array([u.num_examples for u in group], float)
@@ -166,54 +166,46 @@ class PIFLStrategy(PersonalizedStrategy):
             flat = lambda s: np.concatenate([np.asarray(s[p], float).ravel() for p in params])  # noqa: E731
             psi = shapley_scores(grad, np.stack([flat(u.arrays) for u in group]), flat(self.tiers[k]), weights / weights.sum())
             for u, score in zip(group, psi):
-                self.scores[k][u.node_id] = float(score)
+                self.scores[k][u.client] = float(score)
         return {"pifl": {"tier-sizes": {k: len(v) for k, v in self.winners.items()}}}
 
     # ------------------------------------------------------------------ settlement after evaluation
+    def on_evaluated(self, server_round: int, replies: list[Reply]) -> None:
+        self._tier_acc = {r.client: r.metrics["tier-acc"] for r in replies}
+
     def on_round_end(self, server_round: int) -> None:
-        tier_acc: dict[int, list[float]] = {k: [] for k in range(self.num_tiers)}
-        for node, k in self.tier_of.items():
-            pid = self.node_partition.get(node, node)
-            accs = self._tier_acc.get(pid)
-            if accs is not None and len(accs) == self.num_tiers:
-                tier_acc[k].append(accs[k])
+        """Settle every tier (spec §2.4): only winners whose training arrived this round are refunded and ranked,
+        on this round's scores; the utility is the mean of their own tier accuracies."""
         entry: dict[str, Any] = {"round": server_round, "tiers": {}}
-        pid = lambda n: self.node_partition.get(n, n)  # noqa: E731
         for k in range(self.num_tiers):
-            utility = float(np.mean(tier_acc[k])) if tier_acc[k] else None
-            ranked = rank_clients(self.winners.get(k, []), self.scores[k], self.counts[k])
+            members = [c for c in self.winners.get(k, []) if c in self.delivered]
+            accs = [self._tier_acc[c][k] for c in members if c in self._tier_acc]
+            utility = float(np.mean(accs)) if accs else None
+            ranked = rank_clients(members, self.scores[k], self.counts[k])
+            payers = [c for c in self.payers.get(k, []) if c in self.delivered]
             if self.payers.get(k) or server_round > 1:
-                s = self.ledger.settle(k, self.payers.get(k, []), ranked, utility)
+                s = self.ledger.settle(k, payers, ranked, utility)
             else:  # round 1: free warm-up, only the utility is recorded
                 self.ledger.best_utility[k] = utility
                 s = None
-            shares = [self.source_share.get(c) for c in self.winners.get(k, [])]
+            shares = [self.source_share.get(c) for c in members]
             shares = [x for x in shares if x is not None]
             entry["tiers"][k] = {
-                "members": [pid(c) for c in self.winners.get(k, [])], "payers": [pid(c) for c in self.payers.get(k, [])],
-                "utility": utility, "pool": self.ledger.pools[k],
-                "payments": {pid(c): self.price for c in self.payers.get(k, [])},
-                "refunds": {pid(c): v for c, v in (s.refunds.items() if s else [])},
-                "rewards": {pid(c): v for c, v in (s.rewards.items() if s else [])},
+                "members": list(self.winners.get(k, [])), "payers": list(self.payers.get(k, [])),
+                "delivered": members, "utility": utility, "pool": self.ledger.pools[k],
+                "refund-ratio": s.refund_ratio if s else None,
+                "payments": {c: self.price for c in self.payers.get(k, [])},
+                "refunds": dict(s.refunds) if s else {}, "rewards": dict(s.rewards) if s else {},
                 "source-a-share": float(np.mean(shares)) if shares else None,
             }
         self.ledger.check()  # conservation asserted every round
         table = self.tier_tables.record(self, server_round, [self.tiers[k] for k in range(self.num_tiers)])
         if table:  # accuracy of each tier model on the source A / B holdouts (paper Tables 1-2)
             entry["tier-table"] = table
-        entry["balances"] = {pid(c): b for c, b in self.ledger.balances.items()}
+        entry["balances"] = dict(self.ledger.balances)
         entry["total"] = self.ledger.total()
         self.ledger_log.append(entry)
-
-    def aggregate_evaluate(self, server_round: int, replies):
-        replies = list(replies)
         self._tier_acc = {}
-        for r in replies:
-            if not r.has_error() and "metrics" in r.content.metric_records:
-                m = dict(r.content.metric_records["metrics"])
-                if isinstance(m.get("tier-acc"), list):
-                    self._tier_acc[int(m.get("partition-id", -1))] = [float(v) for v in m["tier-acc"]]
-        return super().aggregate_evaluate(server_round, replies)
 
     # ------------------------------------------------------------------ artefacts
     def write_artifacts(self, folder: Path) -> None:

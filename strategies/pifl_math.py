@@ -100,17 +100,22 @@ class TokenLedger:
     def settle(self, tier: int, payers: list[int], ranked: list[int], utility: float | None) -> Settlement:
         """Steps 2-4: utility gain, refund to the payers, then the pool by contribution rank.
 
-        ``ranked`` lists the tier's winners best first (the Profiler's order); ``utility`` is the tier's new
-        accuracy (None: no report, treated as no improvement).  Eq. 8's gain is 0 in a tier's first settled
-        round (no earlier best); Eq. 13 uses beta = n(n+1)/2 with n = len(ranked) so the rank shares sum to
-        one (the printed N_r would create tokens); Eq. 11 is a refund (the printed form destroys tokens).
-        Rounding dust stays in the pool.
+        ``payers`` are the clients to refund and ``ranked`` the clients to reward, best first (the Profiler's
+        order); the caller leaves out winners whose training failed this round, so their payment stays in the
+        pool.  ``utility`` is the tier's new accuracy (None: not measured this round).  Where the relative
+        gain of Eq. 8 is undefined - no earlier best (a tier's first settled round), no utility this round, or
+        an earlier best of 0 - the refund ratio is 0 and the whole pool goes out by rank (spec §2.4 step 2).
+        Eq. 13 uses beta = n(n+1)/2 with n = len(ranked) so the rank shares sum to one (the printed N_r would
+        create tokens); Eq. 11 is a refund (the printed form destroys tokens).  Rounding dust stays in the pool.
         """
         tier = self._tier(tier)
         out = Settlement(tier)
         best = self.best_utility[tier]
-        gain = 0.0 if best is None or utility is None or best <= 0 else max(0.0, (utility - best) / best)
-        ratio = self.max_refund * (self.full_use_gain - min(self.full_use_gain, gain)) / self.full_use_gain
+        if best is None or utility is None or best <= 0:
+            gain, ratio = 0.0, 0.0
+        else:
+            gain = max(0.0, (utility - best) / best)
+            ratio = self.max_refund * (self.full_use_gain - min(self.full_use_gain, gain)) / self.full_use_gain
         out.utility_gain, out.refund_ratio = gain, ratio
         if payers:
             refund_total = min(self.pools[tier], int(np.floor(ratio * self.pools[tier] + 1e-6)))  # float slack, never above the pool
@@ -134,25 +139,6 @@ class TokenLedger:
         return out
 
 
-# ------------------------------------------------------------------ bids
-def validate_bid(bid: object, num_tiers: int, max_bids: int) -> list[int]:
-    """A client's bid: a list of distinct tier ids, at most ``max_bids``; raises LedgerError otherwise."""
-    if not isinstance(bid, (list, tuple)):
-        raise LedgerError(f"a bid must be a list of tier ids, got {type(bid).__name__}")
-    tiers = []
-    for t in bid:
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-            raise LedgerError(f"tier id {t!r} is not an integer")
-        if not 0 <= int(t) < num_tiers:
-            raise LedgerError(f"unknown tier {t!r}; tiers are 0..{num_tiers - 1}")
-        tiers.append(int(t))
-    if len(set(tiers)) != len(tiers):
-        raise LedgerError("a bid names the same tier twice")
-    if len(tiers) > max_bids:
-        raise LedgerError(f"a bid names {len(tiers)} tiers; at most {max_bids} allowed")
-    return tiers
-
-
 # ------------------------------------------------------------------ profiler
 def shapley_scores(server_gradient: np.ndarray, updates: np.ndarray, aggregate: np.ndarray,
                    weights: np.ndarray) -> np.ndarray:
@@ -172,25 +158,46 @@ def rank_clients(clients: Iterable[int], scores: Mapping[int, float], counts: Ma
 
 
 # ------------------------------------------------------------------ scheduler
-def schedule_tier(bidders: list[int], available: list[int], scores: Mapping[int, float], counts: Mapping[int, int],
-                  n_perf: int, n_rand: int, rng: random.Random) -> tuple[list[int], list[int]]:
-    """Spec §2.5 for one tier: (winners, payers).
+def schedule_tier(bidders: list[int], scores: Mapping[int, float], counts: Mapping[int, int],
+                  n_perf: int, n_rand: int, rng: random.Random) -> list[int]:
+    """Spec §2.5 for one tier with bidders: the winners (who all pay).
 
     The best ``n_perf`` bidders by (psi, Omega, id) plus ``n_rand`` drawn at random from the remaining
-    bidders; all bidders when there are fewer than n_perf + n_rand; with no bidder at all, n_perf + n_rand
-    clients are drafted at random from ``available`` and pay nothing.  Only winning bidders pay.
+    bidders; all bidders when there are fewer than n_perf + n_rand.
     """
-    slots = n_perf + n_rand
-    if not bidders:
-        drafted = sorted(rng.sample(sorted(available), min(slots, len(available))))
-        return drafted, []
-    if len(bidders) <= slots:
-        return sorted(bidders), sorted(bidders)
+    if len(bidders) <= n_perf + n_rand:
+        return sorted(bidders)
     ranked = rank_clients(bidders, scores, counts)
     top = ranked[:n_perf]
     rest = sorted(set(bidders) - set(top))
-    chosen = sorted(top + rng.sample(rest, min(n_rand, len(rest))))
-    return chosen, chosen
+    return sorted(top + rng.sample(rest, min(n_rand, len(rest))))
+
+
+def schedule(bids: Mapping[int, list[int]], num_tiers: int, scores: Mapping[int, Mapping[int, float]],
+             counts: Mapping[int, Mapping[int, int]], n_perf: int, n_rand: int,
+             rng: random.Random) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Spec §2.5 for one round (r >= 2): (winners, payers) per tier from every available client's bid.
+
+    ``bids`` maps each available client to the tiers it bid for (empty: no bid).  A bidder is only ever
+    placed in a tier it bid for, and a tier with bidders gets min(slots, bidders) of them (they pay).  A tier
+    nobody bid for drafts n_perf + n_rand clients at random from the clients that bid for no tier at all and
+    were not drafted elsewhere; drafted clients pay nothing.
+    """
+    slots = n_perf + n_rand
+    winners: dict[int, list[int]] = {}
+    payers: dict[int, list[int]] = {}
+    for k in range(num_tiers):
+        bidders = sorted(c for c, tiers in bids.items() if k in tiers)
+        if bidders:
+            winners[k] = schedule_tier(bidders, scores.get(k, {}), counts.get(k, {}), n_perf, n_rand, rng)
+            payers[k] = list(winners[k])
+    draft_pool = sorted(c for c, tiers in bids.items() if not tiers)
+    for k in range(num_tiers):
+        if k not in winners:
+            winners[k] = sorted(rng.sample(draft_pool, min(slots, len(draft_pool))))
+            payers[k] = []
+            draft_pool = [c for c in draft_pool if c not in winners[k]]
+    return winners, payers
 
 
 def random_tiering(clients: list[int], num_tiers: int, n_per_tier: int, rng: random.Random) -> dict[int, list[int]]:

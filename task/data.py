@@ -322,12 +322,16 @@ class TwoSourcePartitioner(_IndexPartitioner):
     classes 0-4 vs 5-9).  The data set is first cut into a training pool and a goal pool
     (``goal_fraction``); client ``i`` trains on a mixture with share ``p_i`` of A and is tested on its
     "goal" mixture ``q_i`` = ``1 - p_i`` (``goal='inverted'``, images) or ``p_i`` (``goal='same'``).
-    Every client gets the same number of samples, the largest that keeps all partitions disjoint.
+    Every client gets the same number of training samples, the largest that keeps the training partitions
+    disjoint.  Goal data is only ever evaluated on, never trained on: each client's goal set holds
+    ``goal_size`` samples (fewer where the pool cannot supply its mixture) drawn from the whole goal pool, so
+    goal sets of different clients may share samples, and each is large enough that an accuracy difference
+    between methods is many samples, not a handful (spec pifl §4 leaves the test-set size open).
     """
 
     def __init__(
         self, num_partitions: int, mixture: str = "10:90", goal: str = "inverted", goal_fraction: float = 0.25,
-        seed: int = 0,
+        seed: int = 0, goal_size: int = 200,
     ) -> None:
         super().__init__(num_partitions, seed)
         if goal not in ("inverted", "same"):
@@ -337,6 +341,7 @@ class TwoSourcePartitioner(_IndexPartitioner):
         self.shares = source_shares(mixture, num_partitions, seed)
         self.goal_shares = 1.0 - self.shares if goal == "inverted" else self.shares
         self.goal_fraction = goal_fraction
+        self.goal_size = int(goal_size)
         self._goal_indices: list[np.ndarray] | None = None
 
     sources: np.ndarray | None = None  # set for concept-shift data, where the source is not the label
@@ -375,8 +380,27 @@ class TwoSourcePartitioner(_IndexPartitioner):
         goal_pool, train_pool = perm[:n_goal], perm[n_goal:]
         src = self.source_of_labels(labels, num_classes)
         train = self._allocate([train_pool[src[train_pool] == s] for s in (0, 1)], self.shares)
-        self._goal_indices = self._allocate([goal_pool[src[goal_pool] == s] for s in (0, 1)], self.goal_shares)
+        self._goal_indices = self._goal_sets([np.sort(goal_pool[src[goal_pool] == s]) for s in (0, 1)])
         return train
+
+    def _goal_sets(self, pools: list[np.ndarray]) -> list[np.ndarray]:
+        """Client i's goal set: ``goal_size`` samples with share ``q_i`` of source A, drawn (seeded by the
+        client) from the whole goal pool; capped so that every client's mixture can be met."""
+        q = self.goal_shares
+        size = self.goal_size
+        if q.max() > 0:
+            size = min(size, int(len(pools[0]) / q.max()))
+        if (1 - q).max() > 0:
+            size = min(size, int(len(pools[1]) / (1 - q).max()))
+        if size < 2:
+            raise ValueError("the goal pool is too small for the clients' goal mixtures")
+        out = []
+        for i, share in enumerate(q):
+            rng = np.random.default_rng([self._seed, i, 7_919])
+            n_a = int(round(share * size))
+            out.append(np.sort(np.concatenate([rng.choice(pools[0], n_a, replace=False),
+                                               rng.choice(pools[1], size - n_a, replace=False)])))
+        return out
 
     def load_goal_partition(self, partition_id: int) -> Dataset:
         """Client ``partition_id``'s test ("goal") data, drawn from the goal pool with mixture ``q_i``."""
@@ -533,6 +557,10 @@ class ClientData:
     num_classes: int
     domain: str = "original"
     meta: dict = field(default_factory=dict)
+    #: goal data a method may fit choices on before testing (PI-FL's mixture weights); two-source partitions:
+    #: half of the client's goal set, the other half being the test split every method is scored on
+    x_calib: torch.Tensor | None = None
+    y_calib: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:
@@ -611,9 +639,15 @@ def load_client_data(settings: DataSettings, partition_id: int, num_partitions: 
         )
     rng = np.random.default_rng([settings.seed, partition_id])
     labels = data.y[idx]
+    calib_idx = None
     if isinstance(part, TwoSourcePartitioner):
         tr, va, _ = stratified_split(labels, 0.0, settings.val_fraction, rng)
-        test_idx = np.asarray(part.load_goal_partition(partition_id)["idx"], dtype=np.int64)
+        goal = np.asarray(part.load_goal_partition(partition_id)["idx"], dtype=np.int64)
+        # half of the goal set (by source) for calibration, the other half held out: every method is scored on
+        # the same held-out half, PI-FL fits its mixture weights on the calibration half only
+        src = part.source_of_labels(data.y, data.info.num_classes)[goal]
+        calib_pos, _, test_pos = stratified_split(src, 0.5, 0.0, rng)
+        calib_idx, test_idx = goal[calib_pos], goal[test_pos]
     else:
         tr, va, te = stratified_split(labels, settings.test_fraction, settings.val_fraction, rng)
         test_idx = idx[te]
@@ -626,12 +660,13 @@ def load_client_data(settings: DataSettings, partition_id: int, num_partitions: 
     x_tr, y_tr = tensors(idx[tr])
     x_va, y_va = tensors(idx[va])
     x_te, y_te = tensors(test_idx)
+    x_ca, y_ca = tensors(calib_idx) if calib_idx is not None else (None, None)
     meta = {"num-partitions": num_partitions, "partition-id": partition_id}
     if isinstance(part, PlantedClusterPartitioner):
         meta["planted-cluster"] = part.cluster_of(partition_id)
     if isinstance(part, TwoSourcePartitioner):
         meta["source-a-share"] = float(part.shares[partition_id])
-    return ClientData(x_tr, y_tr, x_va, y_va, x_te, y_te, data.info.num_classes, domain, meta)
+    return ClientData(x_tr, y_tr, x_va, y_va, x_te, y_te, data.info.num_classes, domain, meta, x_ca, y_ca)
 
 
 @functools.lru_cache(maxsize=8)

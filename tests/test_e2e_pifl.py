@@ -25,7 +25,7 @@ def test_pifl_tiers_specialise_and_tokens_are_conserved(simulation):
                 assert "1" not in tier["payments"] and 1 not in tier["payments"]  # the hostile bidder never pays
     failures = json.loads((folder / "failures.json").read_text())
     assert {f["round"] for f in failures if f["phase"] == "bid"} == {2, 3, 4}
-    assert all("unknown tier" in f["reason"] for f in failures)
+    assert all("metric 'bid'" in f["reason"] for f in failures)
     last = ledger["rounds"][-1]["tiers"]
     shares = sorted(t["source-a-share"] for t in last.values())
     assert shares[0] < 0.3 and shares[1] > 0.7  # one tier per source on 10:90

@@ -7,26 +7,26 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from strategies.pifl_math import (
-    MICRO, LedgerError, TokenLedger, bid_policy, mixture_weights, random_tiering, rank_clients, schedule_tier,
-    shapley_scores, validate_bid,
+    MICRO, LedgerError, TokenLedger, bid_policy, mixture_weights, random_tiering, rank_clients, schedule, schedule_tier,
+    shapley_scores,
 )
 
 
 def play_round(ledger, bids, utilities, scores, counts, rng, n_perf, n_rand, dropouts):
-    """One scheduler + settlement round over the ledger, as the strategy drives it."""
+    """One scheduler + settlement round over the ledger with the strategy's scheduler (:func:`schedule`)."""
     tiers = len(ledger.pools)
-    available = sorted(c for c in ledger.balances if c not in dropouts)
+    available = {c: [t for t in bids.get(c, []) if ledger.can_pay(c)] for c in ledger.balances if c not in dropouts}
+    winners, payers = schedule(available, tiers, {k: scores for k in range(tiers)}, {k: counts for k in range(tiers)},
+                               n_perf, n_rand, rng)
     charged = {}
     for k in range(tiers):
-        bidders = [c for c in available if k in bids.get(c, []) and ledger.can_pay(c)]
-        winners, payers = schedule_tier(bidders, available, scores, counts, n_perf, n_rand, rng)
         before = dict(ledger.balances)
-        ledger.charge(k, payers)
+        ledger.charge(k, payers[k])
         for c in ledger.balances:
             if ledger.balances[c] < before[c]:
                 charged.setdefault(c, set()).add(k)
-        ranked = rank_clients(winners, scores, counts)
-        ledger.settle(k, payers, ranked, utilities.get(k))
+        ranked = rank_clients(winners[k], scores, counts)
+        ledger.settle(k, payers[k], ranked, utilities.get(k))
         ledger.check()
     return charged
 
@@ -43,7 +43,7 @@ def test_random_play_conserves_tokens_and_never_charges_a_non_bidder(n_clients, 
     ledger = TokenLedger(range(n_clients), n_tiers, initial, price, max_refund, full_gain)
     scores, counts = {}, {}
     for _ in range(rounds):
-        bids = {c: rng.sample(range(n_tiers), rng.randint(0, n_tiers)) for c in range(n_clients)}
+        bids = {c: rng.sample(range(n_tiers), rng.randint(0, 1)) for c in range(n_clients)}  # max-bids 1
         dropouts = {c for c in range(n_clients) if rng.random() < 0.2}
         utilities = {k: rng.random() for k in range(n_tiers) if rng.random() < 0.8}
         for c in range(n_clients):
@@ -70,21 +70,18 @@ def test_worked_example_from_the_spec():
     ledger.check()
 
 
-def test_first_settled_round_refunds_everything():
-    ledger = TokenLedger(range(3), 2, initial=5 * MICRO, price=MICRO)
+@pytest.mark.parametrize("best,utility", [(None, 0.7), (0.6, None), (0.0, 0.5)])
+def test_an_undefined_utility_gain_refunds_nothing_and_pays_the_pool_by_rank(best, utility):
+    # spec §2.4 step 2: no earlier best (a tier's first settled round), no measurement this round, or a best of
+    # 0: the relative gain is undefined, the refund ratio is 0, and the whole pool goes out by rank
+    ledger = TokenLedger(range(3), 2, initial=5 * MICRO, price=MICRO, max_refund=1.0)
+    ledger.best_utility[1] = best
     ledger.charge(1, [0, 1])
-    s = ledger.settle(1, [0, 1], [0, 1], utility=0.7)
-    assert s.utility_gain == 0.0 and s.refund_ratio == 1.0 and ledger.pools[1] == 0
-    assert ledger.balances == {0: 5 * MICRO, 1: 5 * MICRO, 2: 5 * MICRO}
-
-
-@pytest.mark.parametrize("bid,reason", [
-    ([7], "unknown tier"), ([-1], "unknown tier"), (["a"], "not an integer"), ([1.5], "not an integer"),
-    ([0, 0], "twice"), ([0, 1], "at most 1"), ("0", "must be a list"),
-])
-def test_hostile_bids_are_rejected(bid, reason):
-    with pytest.raises(LedgerError, match=reason):
-        validate_bid(bid, num_tiers=2, max_bids=1)
+    s = ledger.settle(1, [0, 1], [1, 0], utility=utility)
+    assert s.refund_ratio == 0.0 and set(s.refunds.values()) <= {0}
+    assert abs(s.rewards[1] - 2 * s.rewards[0]) <= 2 and s.rewards[1] + s.rewards[0] + ledger.pools[1] == 2 * MICRO
+    assert ledger.pools[1] < 3  # rounding dust only
+    ledger.check()
 
 
 def test_rejected_operations_change_nothing():
@@ -106,12 +103,13 @@ def test_rejected_operations_change_nothing():
 def test_scheduler_rules():
     rng = random.Random(0)
     scores = {1: 0.9, 2: 0.5, 3: 0.1, 4: -0.2, 5: 0.3}
-    winners, payers = schedule_tier([1, 2, 3, 4, 5], list(range(1, 10)), scores, {}, 2, 1, rng)
-    assert {1, 2} <= set(winners) and len(winners) == 3 and payers == winners
-    winners, payers = schedule_tier([3, 4], list(range(1, 10)), scores, {}, 2, 1, rng)
-    assert winners == payers == [3, 4]
-    drafted, payers = schedule_tier([], list(range(1, 10)), scores, {}, 2, 1, rng)
-    assert len(drafted) == 3 and payers == []  # drafted non-bidders are not charged
+    winners = schedule_tier([1, 2, 3, 4, 5], scores, {}, 2, 1, rng)
+    assert {1, 2} <= set(winners) and len(winners) == 3
+    assert schedule_tier([3, 4], scores, {}, 2, 1, rng) == [3, 4]
+    bids = {c: [0] for c in (1, 2, 3, 4, 5)} | {c: [] for c in (6, 7, 8, 9)}
+    winners, payers = schedule(bids, 2, {0: scores}, {}, 2, 1, rng)
+    assert len(winners[1]) == 3 and set(winners[1]) <= {6, 7, 8, 9} and payers[1] == []  # drafted: free
+    assert payers[0] == winners[0] and len(winners[0]) == 3
     assert rank_clients([7, 1, 2], {1: 0.5, 2: 0.5}, {2: 3}) == [2, 1, 7]  # ties by count, unscored last
     tiers = random_tiering(list(range(10)), 2, 3, random.Random(1))
     assert all(len(v) == 3 for v in tiers.values()) and not set(tiers[0]) & set(tiers[1])
@@ -150,3 +148,77 @@ def test_fedsoft_importance_weights():
     np.testing.assert_allclose(importance_weights(losses, sigma=0.0), [0.5, 0.5])
     u = importance_weights(np.array([[0.1, 0.1], [1.0, 1.0]]))
     assert u[1] > 0 and abs(u.sum() - 1) < 1e-12 and u[0] > 0.99  # smoothed, never exactly zero
+
+
+# ---------------------------------------------------------------- the strategy's own round path
+from server_app.app import build_strategy  # noqa: E402
+from task.config import parse_settings  # noqa: E402
+from tests.strategy_harness import drive, with_metrics  # noqa: E402
+
+NODES = {901: 0, 17: 1, 4242: 2, 333: 3}  # node id -> partition id
+
+
+def pifl(**cfg):
+    return build_strategy(parse_settings({"method": "pifl", "dataset": "digits", "model": "mlp", "min-nodes": 4,
+                                          "slots-performance": 1, "slots-random": 1, "server-set-size": 50, **cfg}))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_bidder_is_only_placed_in_the_tier_it_bid_for(seed):
+    # round 2: clients 0, 1, 2 bid for tier 1, client 3 bids for nothing; tier 0 has no bidder
+    strat = pifl(seed=seed)
+    bids = {0: [1], 1: [1], 2: [1], 3: []}
+
+    def answer(rnd, node, phase, content):
+        return [with_metrics(content, bid=bids[NODES[node]])] if phase == "bid" else None
+
+    drive(strat, NODES, 2, answer, seed=seed)
+    assert strat.winners[1] and set(strat.winners[1]) <= {0, 1, 2} and len(strat.winners[1]) == 2  # min(slots, bidders)
+    assert strat.winners[0] == [3] and strat.payers[0] == []  # drafted from the non-bidders only, for free
+    assert strat.payers[1] == strat.winners[1]
+
+
+def test_a_reply_with_a_broken_tier_accuracy_is_rejected_and_sets_no_best_utility():
+    for bad in ([float("nan"), 0.5], [0.5, 1e6], [0.5], [0.5, -0.1]):
+        strat = pifl()
+
+        def answer(rnd, node, phase, content, bad=bad):
+            if phase == "evaluate" and NODES[node] == 0:
+                return [with_metrics(content, tier_acc=bad)]
+            return None
+
+        drive(strat, NODES, 1, answer)
+        assert 0 not in strat._tier_acc and strat.client_eval.get(0) is None
+        assert any(f["phase"] == "evaluate" and "tier-acc" in f["reason"] for f in strat.failures), bad
+        assert all(u is None or 0.0 <= u <= 1.0 for u in strat.ledger.best_utility.values())
+
+
+def test_a_round_without_evaluation_refunds_nothing():
+    strat = pifl(**{"eval-every": 2, "bid-threshold": 0.0})
+    drive(strat, NODES, 3, lambda rnd, node, phase, content: [with_metrics(content, bid=[0])] if phase == "bid" else None)
+    by_round = {e["round"]: e for e in strat.ledger_log}
+    tier = by_round[3]["tiers"][0]  # round 3 is not evaluated (eval-every 2, 4 rounds would evaluate in 4)
+    assert tier["payers"] and tier["utility"] is None and tier["refund-ratio"] == 0.0
+    assert all(v == 0 for v in tier["refunds"].values())
+    assert sum(tier["rewards"].values()) + tier["pool"] >= len(tier["payers"]) * strat.price - 3
+
+
+def test_a_winner_whose_training_failed_gets_no_refund_and_no_reward():
+    strat = pifl()
+    failed = {}
+
+    def answer(rnd, node, phase, content):
+        if phase == "bid":
+            return [with_metrics(content, bid=[0])]
+        if rnd == 2 and phase == "train" and not failed:
+            failed[NODES[node]] = True  # the first winner to train in round 2 crashes
+            return []
+        return None
+
+    drive(strat, NODES, 2, answer)
+    (loser,) = failed
+    entry = strat.ledger_log[-1]["tiers"][0]
+    assert loser in entry["payers"] and loser not in entry["delivered"]
+    assert loser not in entry["refunds"] and loser not in entry["rewards"]
+    assert set(entry["rewards"]) == set(entry["delivered"]) and entry["delivered"]
+    strat.ledger.check()
