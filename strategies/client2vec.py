@@ -29,11 +29,12 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from client_app.client2vec_math import build_aux
-from strategies.base import ClientUpdate, PersonalizedStrategy, wait_for_nodes
+from strategies.base import PersonalizedStrategy, Reply
 from strategies.client2vec_math import C2VServerState
+from strategies.replies import LOSS_LIMIT, Arrays, Dim, Number, ReplySpec, Tensor
 from task.dsa_ign import build_ign, c2v_options, train_dsa_ign
 from task.models import build_model
-from task.params import check_arrays, load_record, record_to_numpy, state_to_numpy, to_record, weighted_average
+from task.params import load_record, state_to_numpy, to_record, weighted_average
 
 log = logging.getLogger("flwr.pflower")
 
@@ -52,8 +53,7 @@ class Client2VecStrategy(PersonalizedStrategy):
         super().__init__(settings, state, body, head)
         self.ign = build_ign(self.opts.ign, int(settings.seed))
         self.ign_history: list[dict[str, float]] = []
-        self.index_nodes: list[int] = []  # row r of the index matrices is node index_nodes[r]
-        self.index_partition: list[int] = []
+        self.index_clients: list[int] = []  # row r of the index matrices is client index_clients[r]
         self.c2v: C2VServerState | None = None
         self.index_seconds = 0.0
         self.cohorts: dict[int, list[int]] = {}
@@ -63,41 +63,30 @@ class Client2VecStrategy(PersonalizedStrategy):
         self.agg_weights: dict[int, dict[int, float]] = {}
 
     # ------------------------------------------------------------------ index phase
-    def _check(self, server_round: int, nid: int, reply: RecordDict, phase: str, shapes: dict[str, tuple]) -> dict | None:
-        """Arrays, sample count and partition id of an index-phase reply, or None (failure recorded)."""
-        metrics = dict(reply.metric_records["metrics"]) if "metrics" in reply.metric_records else {}
-        n = metrics.get("num-examples")
-        if not isinstance(n, (int, float)) or isinstance(n, bool) or not np.isfinite(n) or n <= 0:
-            self.record_failure(server_round, nid, phase, f"invalid num-examples {n!r}")
-            return None
-        arrays = record_to_numpy(reply.array_records["arrays"]) if "arrays" in reply.array_records else {}
-        problem = check_arrays(arrays, shapes)
-        if problem:
-            self.record_failure(server_round, nid, phase, problem)
-            return None
-        pid = int(metrics.get("partition-id", -1))
-        if pid >= 0:
-            self.node_partition[nid] = pid
-        return {"arrays": arrays, "n": int(n), "pid": pid if pid >= 0 else nid}
+    def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
+        spec = super().reply_spec(phase, node_id)
+        dim, o = self.opts.ign.dim, self.opts
+        if phase == "c2v_embed":  # one batch of (image, label-prompt) embedding pairs
+            rows = Dim(1, o.ign_upload)
+            return spec.with_records(arrays=Arrays({"D": Tensor((rows, dim)), "L": Tensor((rows, dim))})).with_rule(
+                lambda m, r: None if len(r["arrays"]["D"]) == len(r["arrays"]["L"])
+                else f"uploaded {len(r['arrays']['D'])} image but {len(r['arrays']['L'])} label embeddings")
+        if phase == "c2v_ign":
+            return spec.with_records(arrays=Arrays.like(state_to_numpy(self.ign.state_dict()))).with_metrics(
+                **{"ign-loss": Number(float, -LOSS_LIMIT, LOSS_LIMIT)})
+        if phase == "c2v_index":
+            return spec.with_records(arrays=Arrays({"beta_f": Tensor((dim,)), "beta_l": Tensor((dim,))}))
+        return spec
 
     def _train_ign_global(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
-        o, dim = self.opts, self.opts.ign.dim
-        pool_d, pool_l = [], []
-        for r in self.send_query(grid, server_round, "c2v_embed", {n: RecordDict() for n in nodes}):
-            rec = r.content.array_records.get("arrays") if "arrays" in r.content.array_records else None
-            rows = rec["D"].shape[0] if rec is not None and "D" in rec else 0
-            got = self._check(server_round, r.metadata.src_node_id, r.content, "c2v_embed",
-                              {"D": (rows, dim), "L": (rows, dim)})
-            if got is not None and 0 < rows <= o.ign_upload:
-                pool_d.append(got["arrays"]["D"])
-                pool_l.append(got["arrays"]["L"])
-            elif got is not None:
-                self.record_failure(server_round, r.metadata.src_node_id, "c2v_embed",
-                                    f"uploaded {rows} pairs; allowed 1..{o.ign_upload} (c2v-ign-upload)")
-        if not pool_d:
+        o = self.opts
+        replies = self.send_query(grid, server_round, "c2v_embed", {n: RecordDict() for n in nodes})
+        if not replies:
             raise RuntimeError("no node uploaded usable embeddings; the DSA-IGN cannot be trained")
-        D, L = np.concatenate(pool_d), np.concatenate(pool_l)
-        log.info("[client2vec] training DSA-IGN on %d pooled pairs from %d nodes for %d epochs", len(D), len(pool_d),
+        # pooled in client-id order, so a seed trains the same DSA-IGN in every run
+        D = np.concatenate([r.arrays["D"] for r in replies])
+        L = np.concatenate([r.arrays["L"] for r in replies])
+        log.info("[client2vec] training DSA-IGN on %d pooled pairs from %d nodes for %d epochs", len(D), len(replies),
                  o.ign_epochs)
         step = max(1, o.ign_epochs // 5)
 
@@ -113,52 +102,37 @@ class Client2VecStrategy(PersonalizedStrategy):
 
     def _train_ign_federated(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         o = self.opts
-        shapes = {k: tuple(v.shape) for k, v in self.ign.state_dict().items()}
-        k = max(1, int(round(o.ign_fraction * len(nodes))))
+        k = self.cohort_size(len(nodes), o.ign_fraction)
         for r in range(1, o.ign_epochs + 1):
-            cohort = sorted(self.rng.sample(nodes, k))
+            cohort = self.draw(nodes, k)
             weights = to_record(self.ign.state_dict())
-            states, ns, losses = [], [], []
-            for reply in self.send_query(grid, server_round, "c2v_ign", {n: RecordDict({"ign": weights}) for n in cohort}):
-                got = self._check(server_round, reply.metadata.src_node_id, reply.content, "c2v_ign", shapes)
-                if got is not None:
-                    states.append(got["arrays"])
-                    ns.append(got["n"])
-                    losses.append(float(dict(reply.content.metric_records["metrics"]).get("ign-loss", np.nan)))
-            if states:
-                avg = weighted_average(states, ns)
+            replies = self.send_query(grid, server_round, "c2v_ign", {n: RecordDict({"ign": weights}) for n in cohort})
+            if replies:
+                avg = weighted_average([u.arrays for u in replies], [u.num_examples for u in replies])
                 load_record(self.ign, avg, strict_keys=True)
-                self.ign_history.append({"total": float(np.nanmean(losses)) if losses else float("nan")})
+                self.ign_history.append({"total": float(np.mean([u.metrics["ign-loss"] for u in replies]))})
             log.info("[client2vec] federated DSA-IGN round %d/%d: %d/%d replies, mean local loss %.4f", r, o.ign_epochs,
-                     len(states), k, self.ign_history[-1]["total"] if self.ign_history else float("nan"))
+                     len(replies), k, self.ign_history[-1]["total"] if self.ign_history else float("nan"))
 
     def _collect_index(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
-        dim = self.opts.ign.dim
         weights = to_record(self.ign.state_dict())
-        rows = []
-        for r in self.send_query(grid, server_round, "c2v_index", {n: RecordDict({"ign": weights}) for n in nodes}):
-            nid = r.metadata.src_node_id
-            got = self._check(server_round, nid, r.content, "c2v_index", {"beta_f": (dim,), "beta_l": (dim,)})
-            if got is not None and nid not in self.index_nodes and nid not in [x[0] for x in rows]:
-                rows.append((nid, got))
+        replies = self.send_query(grid, server_round, "c2v_index", {n: RecordDict({"ign": weights}) for n in nodes})
+        rows = [r for r in replies if r.client not in self.index_clients]  # ordered by client id
         if not rows:
             return
-        rows.sort()
-        bf = np.stack([g["arrays"]["beta_f"] for _, g in rows])
-        bl = np.stack([g["arrays"]["beta_l"] for _, g in rows])
-        n = np.array([g["n"] for _, g in rows], dtype=float)
+        bf = np.stack([r.arrays["beta_f"] for r in rows])
+        bl = np.stack([r.arrays["beta_l"] for r in rows])
+        n = np.array([r.num_examples for r in rows], dtype=float)
         if self.c2v is None:
-            s = self.settings
             self.c2v = C2VServerState(bf, bl, n, tau=self.opts.tau, gamma=self.opts.gamma, lambda1=self.opts.lambda1,
-                                      seed=int(s.seed))
+                                      seed=int(self.settings.seed))
         else:
             self.c2v.add(bf, bl, n)
-        self.index_nodes += [nid for nid, _ in rows]
-        self.index_partition += [g["pid"] for _, g in rows]
+        self.index_clients += [r.client for r in rows]
 
     def ensure_index(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
-        """Index nodes that have none yet (all of them the first time; late joiners later)."""
-        missing = [n for n in nodes if n not in self.index_nodes]
+        """Index the clients that have none yet (all of them the first time; late joiners later)."""
+        missing = [n for n in nodes if self.client(n) not in self.index_clients]
         if not missing:
             return
         start = time.perf_counter()
@@ -171,27 +145,38 @@ class Client2VecStrategy(PersonalizedStrategy):
         seconds = time.perf_counter() - start
         self.index_seconds += seconds
         self.history[-1].extra["index-seconds"] = self.history[-1].extra.get("index-seconds", 0.0) + seconds
-        log.info("[client2vec] index phase: %d nodes indexed (%d total) in %.1f s", len(missing), len(self.index_nodes),
-                 seconds)
+        log.info("[client2vec] index phase: %d nodes asked, %d clients indexed in %.1f s", len(missing),
+                 len(self.index_clients), seconds)
 
     # ------------------------------------------------------------------ rounds
-    def sample(self, grid: Grid, server_round: int) -> list[int]:
-        nodes = wait_for_nodes(grid, self.settings.min_nodes)
-        if not self.enabled:  # same uniform draws as the index-aware arms without (i)
-            k = max(1, int(round(self.settings.fraction_train * len(nodes))))
-            rows = np.sort(self._uniform.choice(len(nodes), size=k, replace=False, p=np.full(len(nodes), 1 / len(nodes))))
-            self.cohorts[server_round] = [int(r) for r in rows]
-            return [nodes[r] for r in rows]
-        self.ensure_index(grid, server_round, nodes)
-        if self.c2v is None:
-            raise RuntimeError("no node returned a usable client index; see failures.json")
-        connected = set(nodes)
-        available = np.array([n in connected for n in self.index_nodes])
-        k = max(1, int(round(self.settings.fraction_train * int(available.sum()))))
+    def wants_client_ids(self, server_round: int, nodes: list[int]) -> bool:
+        # Federated DSA-IGN draws cohorts among the nodes before any index exists
+        return super().wants_client_ids(server_round, nodes) or (self.enabled and self.opts.ign_mode == "federated")
+
+    def prepare_round(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
+        if self.enabled:
+            self.ensure_index(grid, server_round, nodes)
+            if self.c2v is None:
+                raise RuntimeError("no node returned a usable client index; see failures.json")
+
+    def sample(self, server_round: int, nodes: list[int]) -> list[int]:
+        """Eq. 1 (with (i)) or uniform draws, both over the clients in client-id order, so that every arm of a
+        seed draws the same clients where its sampling is the same."""
+        if not self.enabled:  # the same uniform draws as the index arms without (i)
+            ordered = self.by_client(nodes)
+            k = self.cohort_size(len(ordered), self.settings.fraction_train)
+            rows = np.sort(self._uniform.choice(len(ordered), size=k, replace=False,
+                                                p=np.full(len(ordered), 1 / len(ordered))))
+            cohort = [ordered[r] for r in rows]
+            self.cohorts[server_round] = [self.client_of.get(n, -1) for n in cohort]
+            return cohort
+        assert self.c2v is not None
+        connected = {self.client_of[n] for n in nodes if n in self.client_of}
+        available = np.array([c in connected for c in self.index_clients])
+        k = self.cohort_size(int(available.sum()), self.settings.fraction_train)
         rows = self.c2v.sample(server_round, k, self.opts.sampling, available)
-        cohort = [self.index_nodes[r] for r in rows]
-        self.cohorts[server_round] = [self.index_partition[r] for r in rows]
-        return cohort
+        self.cohorts[server_round] = [self.index_clients[r] for r in rows]
+        return [self.node_of[self.index_clients[r]] for r in rows]
 
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         cfg = super().round_config(server_round, phase)
@@ -207,18 +192,18 @@ class Client2VecStrategy(PersonalizedStrategy):
     def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
         return RecordDict({"arrays": to_record(self.global_state)})
 
-    def aggregate(self, server_round: int, updates: list[ClientUpdate]) -> dict[str, Any]:
+    def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         if not self.enabled:
             return super().aggregate(server_round, updates)
         assert self.c2v is not None
-        updates = [u for u in updates if u.node_id in self.index_nodes]
+        updates = [u for u in updates if u.client in self.index_clients]
         if not updates:
             return {}
-        rows = [self.index_nodes.index(u.node_id) for u in updates]
+        rows = [self.index_clients.index(u.client) for u in updates]
         self.c2v.observe(rows)  # H <- gamma H + S(., C^t), C^t = this round's participants
         w = self.c2v.weights(rows, self.opts.aggregation)
         self.global_state = weighted_average([u.arrays for u in updates], w)
-        self.agg_weights[server_round] = {self.index_partition[r]: float(x) for r, x in zip(rows, w)}
+        self.agg_weights[server_round] = {self.index_clients[r]: float(x) for r, x in zip(rows, w)}
         return {"c2v-weights": self.agg_weights[server_round]}
 
     # ------------------------------------------------------------------ artefacts
@@ -230,7 +215,7 @@ class Client2VecStrategy(PersonalizedStrategy):
         """Mean beta_f cosine within a feature-shift domain minus across domains (the Fig. 2 block structure)."""
         if self.c2v is None or self.c2v.size < 2:
             return {}
-        dom = np.array([self.domain_of(p) for p in self.index_partition])
+        dom = np.array([self.domain_of(p) for p in self.index_clients])
         same = dom[:, None] == dom[None, :]
         off = ~np.eye(len(dom), dtype=bool)
         out = {}
@@ -243,8 +228,8 @@ class Client2VecStrategy(PersonalizedStrategy):
     def write_artifacts(self, folder: Path) -> None:
         if self.c2v is None:
             return
-        order = sorted(range(self.c2v.size), key=lambda r: (self.domain_of(self.index_partition[r]), self.index_partition[r]))
-        pids = [self.index_partition[r] for r in order]
+        order = sorted(range(self.c2v.size), key=lambda r: (self.domain_of(self.index_clients[r]), self.index_clients[r]))
+        pids = [self.index_clients[r] for r in order]
         np.savez(folder / "client2vec_index.npz", partition_id=np.array(pids), domain=np.array([self.domain_of(p) for p in pids]),
                  beta_f=self.c2v.beta_f[order], beta_l=self.c2v.beta_l[order], num_examples=self.c2v.n[order])
         best = max((r.evaluate.get("global-acc", -1.0) for r in self.history), default=-1.0)

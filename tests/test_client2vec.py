@@ -279,9 +279,7 @@ def _strategy(**cfg):
 
 
 def test_strategy_aggregates_with_index_weights_and_carries_the_projection():
-    from flwr.app import RecordDict
-
-    from strategies.base import ClientUpdate
+    from strategies.base import Reply
 
     strat = _strategy()
     assert any(k.startswith("c2v.") for k in strat.global_state)  # P and h_P are part of the shared state
@@ -289,12 +287,12 @@ def test_strategy_aggregates_with_index_weights_and_carries_the_projection():
     rng = np.random.default_rng(0)
     m = 5
     strat.c2v = C2VServerState(rng.standard_normal((m, 512)), rng.standard_normal((m, 512)), np.arange(1, m + 1) * 10.0)
-    strat.index_nodes, strat.index_partition = [101, 102, 103, 104, 105], [0, 1, 2, 3, 4]
+    strat.index_clients = [0, 1, 2, 3, 4]
     strat.c2v.observe([0, 1])  # an earlier round
     updates = []
     for nid in (102, 104, 105):
         arrays = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in strat.global_state.items()}
-        updates.append(ClientUpdate(nid, nid - 101, 10 * (nid - 100), arrays, {}, RecordDict()))
+        updates.append(Reply(nid, nid - 101, 10 * (nid - 100), {}, {"arrays": arrays}))
     h_before = strat.c2v.H.copy()
     strat.aggregate(2, updates)
     rows = [1, 3, 4]
@@ -316,9 +314,41 @@ def test_strategy_rejects_bad_index_replies_with_a_reason():
                             "arrays": to_record({"beta_f": np.zeros(7, np.float32), "beta_l": np.zeros(512, np.float32)})})
     nan = RecordDict({"metrics": MetricRecord({"num-examples": 10, "partition-id": 1}),
                       "arrays": to_record({"beta_f": np.full(512, np.nan, np.float32), "beta_l": np.zeros(512, np.float32)})})
-    no_n = RecordDict({"arrays": to_record({"beta_f": np.zeros(512, np.float32), "beta_l": np.zeros(512, np.float32)})})
-    shapes = {"beta_f": (512,), "beta_l": (512,)}
+    no_n = RecordDict({"metrics": MetricRecord({"partition-id": 2}),
+                       "arrays": to_record({"beta_f": np.zeros(512, np.float32), "beta_l": np.zeros(512, np.float32)})})
     for nid, content in ((1, bad_shape), (2, nan), (3, no_n)):
-        assert strat._check(1, nid, content, "c2v_index", shapes) is None
+        assert strat.check_reply(1, nid, content, "c2v_index", set()) is None
     reasons = [f["reason"] for f in strat.failures]
-    assert "shape of 'beta_f'" in reasons[0] and "non-finite" in reasons[1] and "num-examples" in reasons[2]
+    assert "'beta_f' has shape (7,)" in reasons[0] and "non-finite" in reasons[1] and "num-examples" in reasons[2]
+    assert strat.client_of == {}  # nothing of a rejected reply is kept
+
+
+ARMS = {"FedAvg": (False, False, False), "+ii": (False, True, False), "+i+ii+iii": (True, True, True)}
+
+
+def _cohorts_and_index(arm, nodes, rounds=4):
+    from tests.strategy_harness import drive
+
+    sampling, aggregation, local = ARMS[arm]
+    strat = _strategy(**{"min-nodes": len(nodes), "fraction-train": 0.5, "c2v-ign-epochs": 1, "c2v-ign-upload": 4,
+                         "c2v-sampling": sampling, "c2v-aggregation": aggregation, "c2v-local": local, "seed": 5})
+    drive(strat, nodes, rounds)
+    index = None if strat.c2v is None else (list(strat.index_clients), strat.c2v.beta_f.tobytes(), strat.ign_history)
+    return strat.cohorts, index
+
+
+def test_a_seed_draws_the_same_clients_whatever_flowers_node_ids():
+    # Flower's simulated node ids are random per run: the same partitions behind other node ids must give the
+    # same DSA-IGN, index and cohorts, and every arm without (i) must draw the FedAvg arm's clients
+    first = {9001: 0, 12: 1, 777: 2, 4: 3, 55: 4, 60: 5}
+    second = {3: 0, 80808: 1, 41: 2, 999: 3, 7: 4, 100: 5}
+    cohorts_a, index_a = _cohorts_and_index("+ii", first)
+    cohorts_b, index_b = _cohorts_and_index("+ii", second)
+    assert cohorts_a == cohorts_b and index_a == index_b
+    assert index_a[0] == sorted(index_a[0])  # index rows in client-id order
+    fedavg, _ = _cohorts_and_index("FedAvg", second)
+    assert fedavg == cohorts_a  # paired: the same draws as the index arm without sampling
+    full_a, index_full_a = _cohorts_and_index("+i+ii+iii", first)
+    full_b, index_full_b = _cohorts_and_index("+i+ii+iii", second)
+    assert full_a == full_b and index_full_a == index_full_b
+    assert all(len(c) == 3 for c in cohorts_a.values())

@@ -70,3 +70,17 @@ def test_client2vec_federated_mode_fedprox_without_local_loss(simulation, tmp_pa
     ign_bytes = 4 * sum(p.numel() for p in build_ign(IGNConfig(ff=256, dropout=0.0), 0).parameters())
     assert comm["c2v_ign-bytes-down"] >= 2 * 2 * ign_bytes  # 2 DSA-IGN rounds x 2 nodes
     assert 4 * _mlp_params() <= comm["train-bytes-down"] / 2 < 4 * _mlp_params() + 4_000  # no B_f, no P without (iii)
+
+
+def test_two_runs_with_one_seed_index_and_draw_the_same_clients(simulation, tmp_path):
+    # Flower gives the simulated nodes new random ids in every run: what a seed decides (the DSA-IGN pool,
+    # the index rows, the cohorts) must not depend on them, or "paired" seeds would not pair
+    cfg = {"method": "client2vec", "num-server-rounds": 3, "min-nodes": 6, "partition": "dirichlet", "alpha": 0.5,
+           "feature-shift": 2, "fraction-train": 0.34, "model": "mlp", "c2v-sampling": False, "c2v-local": False,
+           "c2v-encoder": "synthetic", "c2v-ign-epochs": 1, "seed": 4, "c2v-cache-dir": str(tmp_path / "cache")}
+    runs = [_artefacts(simulation.run(cfg, num_supernodes=6)) for _ in range(2)]
+    (_, index_a, info_a, _), (_, index_b, info_b, _) = runs
+    for key in ("partition_id", "beta_f", "beta_l", "num_examples"):
+        np.testing.assert_array_equal(index_a[key], index_b[key])
+    assert info_a["cohorts"] == info_b["cohorts"] and info_a["dsa-ign-losses"] == info_b["dsa-ign-losses"]
+    assert info_a["aggregation-weights"] == info_b["aggregation-weights"]
