@@ -24,10 +24,15 @@ def _settings(items: tuple) -> Settings:
     return parse_settings(dict(items))
 
 
-def method_for(msg: Message, context: Context) -> ClientMethod:
+def client_for(context: Context) -> ClientMethod:
+    """The client side of the run's method for this node (settings parsed once per process)."""
     settings = _settings(tuple(sorted(context.run_config.items())))
-    cls = load_object(method_spec(settings.method).client)
-    method = cls(context, settings)
+    return load_object(method_spec(settings.method).client)(context, settings)
+
+
+def method_for(msg: Message, context: Context) -> ClientMethod:
+    method = client_for(context)
+    settings = method.settings
     method.round_seed = ClientMethod.round_of(msg.content)
     faults.before_handler(str(settings.get("fault", "")), method.partition_id, method.round_seed)
     return method

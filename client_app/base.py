@@ -22,6 +22,7 @@ from torch import nn
 
 from task.config import Settings, parse_settings
 from task.data import ClientData, load_client_data, load_local_file
+from task.data.clients import default_cache_dir
 from task.models import SplitModel, body_keys, build_model, head_keys
 from task.params import load_record, record_to_numpy, to_record
 from task.train import evaluate, resolve_device, train
@@ -55,8 +56,9 @@ class ClientMethod:
             torch.set_num_threads(threads)
         if data_path:
             self.data: ClientData = load_local_file(data_path, self.settings.data, self.partition_id)
-        else:
-            self.data = load_client_data(self.settings.data, self.partition_id, self.num_partitions)
+        else:  # node config cache-dir: where the node keeps its splits ("" = rebuild them in every process)
+            cache = str(node_cfg.get("cache-dir", default_cache_dir()))
+            self.data = load_client_data(self.settings.data, self.partition_id, self.num_partitions, cache or None)
         self.seed = int(self.settings.seed) * 100_003 + self.partition_id
         self.timings: dict[str, float] = {}
 

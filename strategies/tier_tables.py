@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from task.data import TwoSourcePartitioner, _partitioner
+from task.data import TwoSourcePartitioner, partitioner_for
 from task.models import build_model
 from task.params import load_record
 from task.train import evaluate
@@ -30,7 +30,7 @@ class SourceHoldouts:
         if settings.data.partition != "two-source":
             return
         try:
-            part, data = _partitioner(settings.data, num_partitions)
+            part, data = partitioner_for(settings.data, num_partitions)
         except (ValueError, OSError) as err:  # e.g. a deployment whose server has no copy of the data
             log.info("no per-source holdouts (%s); tier tables skipped", err)
             return

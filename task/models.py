@@ -9,6 +9,7 @@ states with :func:`head_keys` / :func:`body_keys` instead of hard-coding layer n
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -223,6 +224,39 @@ class MLP(SplitModel):
         return torch.relu(self.fc2(torch.relu(self.fc1(x.flatten(1)))))
 
 
+class CausalLM(SplitModel):
+    """A GPT-2 body (transformers ``GPT2Model``) and a linear next-token head.
+
+    ``forward`` returns logits as (batch, vocab, time), so ``cross_entropy(logits, next_tokens)`` and
+    ``logits.argmax(1) == next_tokens`` work in the shared training loop unchanged.
+    """
+
+    def __init__(self, vocab: int, seq_len: int, width: int = 64, layers: int = 2, heads: int = 2,
+                 pretrained: str = "") -> None:
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
+
+        if pretrained:
+            full = GPT2LMHeadModel.from_pretrained(str(Path(pretrained).expanduser()), local_files_only=True)
+            self.body = full.transformer
+            self.head = nn.Linear(full.config.n_embd, full.config.vocab_size)
+            with torch.no_grad():
+                self.head.weight.copy_(full.lm_head.weight)
+                self.head.bias.zero_()
+        else:
+            cfg = GPT2Config(vocab_size=vocab, n_positions=max(seq_len, 8), n_embd=width, n_layer=layers, n_head=heads,
+                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+            cfg._attn_implementation = "eager"
+            self.body = GPT2Model(cfg)
+            self.head = nn.Linear(width, vocab)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(input_ids=x.long()).last_hidden_state
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x)).permute(0, 2, 1)
+
+
 def _input_dim(in_channels: int, image_size: int) -> int:
     return in_channels * image_size * image_size if image_size > 0 else in_channels
 
@@ -244,8 +278,6 @@ MODELS: dict[str, Callable[[int, int, int], SplitModel]] = {
 
 
 def _causal_lm(vocab: int, seq_len: int, pretrained: str = "") -> SplitModel:
-    from task.text import CausalLM
-
     return CausalLM(vocab, seq_len, pretrained=pretrained)
 IMAGE_ONLY = {"cnn", "c2i-cnn", "c2i-small", "lenet", "pifl-cnn", "resnet8", "resnet10", "resnet18"}
 

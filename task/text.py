@@ -1,5 +1,5 @@
 """Next-word prediction on synthetic "dialects" (pFedLIA's text task, stand-in for the paper's Nordic OSCAR
-corpus; spec pfedlia §4 / §8), with a small causal language model built from a transformers GPT-2 config.
+corpus; spec pfedlia §4 / §8); the model is :class:`task.models.CausalLM` (a transformers GPT-2 config).
 
 The language: a fixed vocabulary of pseudo-words (made from syllables, independent of the run's seed) and a
 word-level Markov chain.  Dialect l follows P_l = (1 - mix) P_base + mix P'_l: every dialect shares the base
@@ -19,10 +19,6 @@ import functools
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch import nn
-
-from task.models import SplitModel
 
 LANGUAGE_SEED = 2_024
 NUM_WORDS = 150
@@ -122,36 +118,3 @@ def client_tokens(partition_id: int, num_dialects: int, num_sequences: int, mix:
         return encode(lines, pretrained), -1
     dialect = partition_id % num_dialects
     return encode(generate(dialect, num_sequences, mix, seed * 100_003 + partition_id), pretrained), dialect
-
-
-class CausalLM(SplitModel):
-    """A GPT-2 body (transformers ``GPT2Model``) and a linear next-token head.
-
-    ``forward`` returns logits as (batch, vocab, time), so ``cross_entropy(logits, next_tokens)`` and
-    ``logits.argmax(1) == next_tokens`` work in the shared training loop unchanged.
-    """
-
-    def __init__(self, vocab: int, seq_len: int, width: int = 64, layers: int = 2, heads: int = 2,
-                 pretrained: str = "") -> None:
-        super().__init__()
-        from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
-
-        if pretrained:
-            full = GPT2LMHeadModel.from_pretrained(str(Path(pretrained).expanduser()), local_files_only=True)
-            self.body = full.transformer
-            self.head = nn.Linear(full.config.n_embd, full.config.vocab_size)
-            with torch.no_grad():
-                self.head.weight.copy_(full.lm_head.weight)
-                self.head.bias.zero_()
-        else:
-            cfg = GPT2Config(vocab_size=vocab, n_positions=max(seq_len, 8), n_embd=width, n_layer=layers, n_head=heads,
-                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-            cfg._attn_implementation = "eager"
-            self.body = GPT2Model(cfg)
-            self.head = nn.Linear(width, vocab)
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(input_ids=x.long()).last_hidden_state
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x)).permute(0, 2, 1)

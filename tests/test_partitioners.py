@@ -105,7 +105,11 @@ def test_two_source_mixture_shares(digits, mixture, expected):
     part.dataset = index_table(digits.y)
     parts = all_parts(part, 10)
     goals = [np.asarray(part.load_goal_partition(i)["idx"]) for i in range(10)]
-    assert_disjoint(parts + goals, len(digits.y))
+    assert_disjoint(parts, len(digits.y))
+    trained = set(np.concatenate(parts).tolist())
+    for g in goals:  # goal data is only evaluated on: never trained on, no sample twice in one client's set,
+        assert not trained & set(g.tolist()) and len(set(g.tolist())) == len(g)  # but shared across clients
+        assert len(g) == part.goal_size == 200
     for pid, (p, g) in enumerate(zip(parts, goals)):
         share_a = np.mean(digits.y[p] < 5)
         goal_a = np.mean(digits.y[g] < 5)

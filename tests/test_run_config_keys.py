@@ -5,7 +5,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NODE_CONFIG_KEYS = {"num-threads", "partition-id", "num-partitions", "device", "data-path"}
+NODE_CONFIG_KEYS = {"num-threads", "partition-id", "num-partitions", "device", "data-path", "cache-dir"}
 
 
 def test_every_run_config_key_read_by_the_code_is_declared():

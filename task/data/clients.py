@@ -1,0 +1,265 @@
+"""One client's data: the run's data settings, the client's train / validation / test splits, and the on-disk
+cache that lets a fresh ClientApp process load them without rebuilding the partition.
+
+In deployment every message starts a new ``flwr-clientapp`` process; building a partition imports
+``datasets`` and ``flwr-datasets`` and reads the whole data set.  :func:`load_client_data` keeps each
+client's splits in a small ``.npz`` under ``cache_dir`` (keyed by the data settings, the partition and the
+source code of the data modules), so later processes only read that file.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from task.data.catalogue import DOMAINS, MIXTURES, PARTITIONS, dataset_info
+from task.data.domains import apply_domain, domain_of
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """Everything that decides a client's data (hashable: it keys the per-process cache)."""
+
+    dataset: str = "digits"
+    partition: str = "dirichlet"
+    alpha: float = 0.5
+    classes_per_client: int = 2
+    num_clusters: int = 5
+    mixture: str = "10:90"
+    feature_shift: int = 0  # number of domains, 0 = none
+    test_fraction: float = 0.2
+    val_fraction: float = 0.1
+    noise_std: float = 0.0
+    data_copies: int = 1
+    data_dir: str = ""
+    seed: int = 0
+    dialect_mix: float = 0.5
+    dialect_sequences: int = 120
+    lm_pretrained: str = ""
+
+    def __post_init__(self) -> None:
+        dataset_info(self.dataset)
+        if self.dataset == "dialects" and self.partition not in ("planted-clusters", "iid"):
+            raise ValueError(f"dataset 'dialects' takes partition 'planted-clusters' (client i speaks dialect "
+                             f"i % num-clusters) or 'iid' (every client mixes all dialects), got {self.partition!r}")
+        if self.partition not in PARTITIONS:
+            raise ValueError(
+                f"unknown partition {self.partition!r} (run-config key 'partition'); allowed: {list(PARTITIONS)}"
+            )
+        if self.partition == "dirichlet" and not self.alpha > 0:
+            raise ValueError(f"alpha must be > 0 for partition 'dirichlet', got {self.alpha}")
+        if self.partition == "two-source" and self.mixture not in MIXTURES:
+            raise ValueError(f"unknown mixture {self.mixture!r} (run-config key 'mixture'); allowed: {list(MIXTURES)}")
+        if not 0.0 <= self.test_fraction < 1.0 or not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError("test-fraction and val-fraction must be in [0, 1)")
+        if self.test_fraction + self.val_fraction >= 0.9:
+            raise ValueError("test-fraction + val-fraction must leave at least 10% for training")
+        if not 0 <= self.feature_shift <= len(DOMAINS):
+            raise ValueError(f"feature-shift must be 0 (off) or 1..{len(DOMAINS)} domains, got {self.feature_shift}")
+
+
+@dataclass
+class ClientData:
+    """One client's splits as tensors (on CPU), and what describes them."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    domain: str = "original"
+    meta: dict = field(default_factory=dict)
+    #: goal data a method may fit choices on before testing (PI-FL's mixture weights); two-source partitions:
+    #: half of the client's goal set, the other half being the test split every method is scored on
+    x_calib: torch.Tensor | None = None
+    y_calib: torch.Tensor | None = None
+
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+    def label_histogram(self) -> np.ndarray:
+        return np.bincount(self.y_train.numpy(), minlength=self.num_classes)
+
+
+def stratified_split(
+    labels: np.ndarray, test_fraction: float, val_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split positions 0..n-1 into (train, val, test) with every class in the same proportions.
+
+    Each class contributes ``round(fraction * count)`` to test and val; the training split keeps at
+    least one sample of the client's data.
+    """
+    train, val, test = [], [], []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        n_test = int(round(test_fraction * len(idx)))
+        n_val = int(round(val_fraction * len(idx)))
+        if n_test + n_val >= len(idx) and len(idx) > 0:  # keep one for training
+            n_val = max(0, len(idx) - 1 - n_test)
+            n_test = min(n_test, len(idx) - 1)
+        test.append(idx[:n_test])
+        val.append(idx[n_test : n_test + n_val])
+        train.append(idx[n_test + n_val :])
+    cat = lambda parts: np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)  # noqa: E731
+    return cat(train), cat(val), cat(test)
+
+
+
+def partition_indices(settings: DataSettings, partition_id: int, num_partitions: int) -> np.ndarray:
+    """Indices (into the centralised data set) of client ``partition_id``'s data."""
+    from task.data.partitioners import partitioner_for
+
+    part, _ = partitioner_for(settings, num_partitions)
+    return np.asarray(part.load_partition(partition_id)["idx"], dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------------------------- the disk cache
+_SPLITS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "x_calib", "y_calib")
+
+
+@functools.lru_cache(maxsize=1)
+def _code_version() -> str:
+    """Hash of the modules that decide a client's data: a change to any of them invalidates the cache."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted([*here.glob("*.py"), here.parent / "text.py"]):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def default_cache_dir() -> Path:
+    """Where clients keep their splits: ``$PFLOWER_CACHE_DIR/partitions`` (default ``~/.cache/pflower``)."""
+    return Path(os.environ.get("PFLOWER_CACHE_DIR", "~/.cache/pflower")).expanduser() / "partitions"
+
+
+def cache_file(settings: DataSettings, partition_id: int, num_partitions: int, cache_dir: str | Path) -> Path:
+    key = hashlib.sha256(f"{settings!r}|{partition_id}/{num_partitions}|{_code_version()}".encode()).hexdigest()
+    return Path(cache_dir).expanduser() / f"{settings.dataset}-{partition_id}-of-{num_partitions}-{key[:20]}.npz"
+
+
+def _save(data: ClientData, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {k: getattr(data, k).numpy() for k in _SPLITS if getattr(data, k) is not None}
+    info = json.dumps({"num_classes": data.num_classes, "domain": data.domain, "meta": data.meta})
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+    os.close(fd)
+    try:
+        np.savez(tmp, info=np.frombuffer(info.encode(), dtype=np.uint8), **arrays)
+        os.replace(tmp, path)  # atomic: another process never sees half a file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load(path: Path) -> ClientData | None:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            info = json.loads(z["info"].tobytes().decode())
+            t = {k: torch.from_numpy(z[k]) if k in z.files else None for k in _SPLITS}
+    except Exception:  # a damaged cache file is rebuilt, never trusted
+        return None
+    return ClientData(t["x_train"], t["y_train"], t["x_val"], t["y_val"], t["x_test"], t["y_test"],
+                      info["num_classes"], info["domain"], info["meta"], t["x_calib"], t["y_calib"])
+
+
+# ---------------------------------------------------------------------------------------------- a client's splits
+@functools.lru_cache(maxsize=64)
+def load_client_data(settings: DataSettings, partition_id: int, num_partitions: int,
+                     cache_dir: str | None = None) -> ClientData:
+    """Client ``partition_id``'s train / validation / test splits (cached per process, and on disk under
+    ``cache_dir`` when given).
+
+    Splits are stratified by label and seeded by (seed, partition_id).  With a two-source partition the
+    test split is the client's goal mixture from a separate pool.  With ``feature_shift`` the client's
+    domain transform is applied to all of its splits.
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} out of range for num-partitions={num_partitions}")
+    path = cache_file(settings, partition_id, num_partitions, cache_dir) if cache_dir else None
+    if path is not None and path.is_file() and (cached := _load(path)) is not None:
+        return cached
+    data = _build_client_data(settings, partition_id, num_partitions)
+    if path is not None:
+        try:
+            _save(data, path)
+        except OSError:  # a read-only or full disk only costs the cache
+            pass
+    return data
+
+
+def _build_client_data(settings: DataSettings, partition_id: int, num_partitions: int) -> ClientData:
+    if settings.dataset == "dialects":
+        return _dialect_client(settings, partition_id, num_partitions)
+    from task.data.partitioners import PlantedClusterPartitioner, TwoSourcePartitioner, partitioner_for
+
+    part, data = partitioner_for(settings, num_partitions)
+    idx = np.asarray(part.load_partition(partition_id)["idx"], dtype=np.int64)
+    if len(idx) < 2:
+        raise ValueError(
+            f"partition {partition_id} of {num_partitions} got {len(idx)} samples; use fewer clients or a "
+            "larger alpha"
+        )
+    rng = np.random.default_rng([settings.seed, partition_id])
+    labels = data.y[idx]
+    calib_idx = None
+    if isinstance(part, TwoSourcePartitioner):
+        tr, va, _ = stratified_split(labels, 0.0, settings.val_fraction, rng)
+        goal = np.asarray(part.load_goal_partition(partition_id)["idx"], dtype=np.int64)
+        # half of the goal set (by source) for calibration, the other half held out: every method is scored on
+        # the same held-out half, PI-FL fits its mixture weights on the calibration half only
+        src = part.source_of_labels(data.y, data.info.num_classes)[goal]
+        calib_pos, _, test_pos = stratified_split(src, 0.5, 0.0, rng)
+        calib_idx, test_idx = goal[calib_pos], goal[test_pos]
+    else:
+        tr, va, te = stratified_split(labels, settings.test_fraction, settings.val_fraction, rng)
+        test_idx = idx[te]
+    domain = domain_of(partition_id, settings.feature_shift) if settings.feature_shift else "original"
+
+    def tensors(sel: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        x = apply_domain(data.x[sel], domain, seed=partition_id)
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(data.y[sel])
+
+    x_tr, y_tr = tensors(idx[tr])
+    x_va, y_va = tensors(idx[va])
+    x_te, y_te = tensors(test_idx)
+    x_ca, y_ca = tensors(calib_idx) if calib_idx is not None else (None, None)
+    meta = {"num-partitions": num_partitions, "partition-id": partition_id}
+    if isinstance(part, PlantedClusterPartitioner):
+        meta["planted-cluster"] = part.cluster_of(partition_id)
+    if isinstance(part, TwoSourcePartitioner):
+        meta["source-a-share"] = float(part.shares[partition_id])
+    return ClientData(x_tr, y_tr, x_va, y_va, x_te, y_te, data.info.num_classes, domain, meta, x_ca, y_ca)
+
+
+def _dialect_client(settings: DataSettings, partition_id: int, num_partitions: int) -> ClientData:
+    """One client of the synthetic-dialect next-word task: x = tokens[:-1], y = tokens[1:] per line."""
+    from task.text import MAX_DIALECTS, client_tokens, vocab_size
+
+    if not 1 <= settings.num_clusters <= MAX_DIALECTS:
+        raise ValueError(f"num-clusters (the number of dialects) must be in 1..{MAX_DIALECTS}, got {settings.num_clusters}")
+    tokens, dialect = client_tokens(partition_id, settings.num_clusters, settings.dialect_sequences,
+                                    settings.dialect_mix, settings.seed, settings.lm_pretrained,
+                                    iid=settings.partition == "iid")
+    rng = np.random.default_rng([settings.seed, partition_id])
+    order = rng.permutation(len(tokens))
+    n_test = int(round(settings.test_fraction * len(tokens)))
+    n_val = int(round(settings.val_fraction * len(tokens)))
+    parts = order[n_test + n_val:], order[n_test:n_test + n_val], order[:n_test]
+    t = torch.from_numpy(tokens)
+    (x_tr, y_tr), (x_va, y_va), (x_te, y_te) = ((t[np.sort(p), :-1], t[np.sort(p), 1:]) for p in parts)
+    meta = {"num-partitions": num_partitions, "partition-id": partition_id, "dialect": dialect}
+    if dialect >= 0:
+        meta["planted-cluster"] = dialect
+    return ClientData(x_tr, y_tr, x_va, y_va, x_te, y_te, vocab_size(settings.lm_pretrained), "original", meta)
+
