@@ -116,6 +116,13 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def app_defaults() -> dict[str, Any]:
+    """The app's default run config (``[tool.flwr.app.config]`` of the pyproject.toml next to this folder)."""
+    import tomllib
+
+    return tomllib.loads((HERE.parent / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
 def machine(load_before: float | None = None) -> dict[str, Any]:
     import flwr
     import torch
@@ -232,7 +239,8 @@ def record_from_run(folder: Path | None, *, grid: str, cell: dict[str, Any], com
     return {
         "schema": SCHEMA, "grid": grid, "cell": cell, "command": command, "run": folder.name if folder else None,
         "num-supernodes": num_supernodes, "error": error, "code": code_version(), "machine": machine(load_before),
-        "run-config": config if config is not None else run_config,
+        # a run that failed before writing config.json: what was asked, on top of the defaults of the code that ran
+        "run-config": config if config is not None else {**app_defaults(), **run_config},
         "summary": {k: summary.get(k) for k in keys},
         "rounds": rounds, "clients": clients, "artefacts": artefacts,
         "failures": {"count": len(failures), "first": [str(f.get("reason", f))[:200] for f in failures[:3]]},

@@ -38,11 +38,19 @@ PYPROJECT = HERE.parent / "pyproject.toml"
 # run-config keys never listed in a settings line: where results go, and the grid coordinates shown in the table
 NOT_SETTINGS = {"results-dir", "c2v-cache-dir", "seed", "method"}
 Rec = dict[str, Any]
+TIE = 1e-9  # accuracies closer than this are equal (float noise of the mean over clients)
 
 
 # =========================================================================== small helpers
 def defaults(pyproject: Path = PYPROJECT) -> dict[str, Any]:
     return tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def span(vals: Iterable[float], nd: int = 1, unit: str = "") -> str:
+    """"a-b" (or "a" when they agree at this precision)."""
+    vals = list(vals)
+    lo, hi = f"{min(vals):.{nd}f}", f"{max(vals):.{nd}f}"
+    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
 
 
 def ok(recs: Iterable[Rec]) -> list[Rec]:
@@ -65,8 +73,10 @@ def num(v: float | None, nd: int = 4) -> str:
 
 
 def pts(delta: float) -> str:
-    """A difference of accuracies in percentage points, signed."""
-    return f"{delta * 100:+.1f} points"
+    """A difference of accuracies in percentage points, signed (two decimals when it is below 0.05)."""
+    if abs(delta) <= TIE:
+        return "0 points"
+    return f"{delta * 100:+.{2 if abs(delta) < 5e-4 else 1}f} points"
 
 
 def values(recs: Iterable[Rec], metric: Callable[[Rec], Any]) -> list[float]:
@@ -137,7 +147,7 @@ class Paired:
 
     @property
     def wins(self) -> int:
-        return int(sum(d > 0 for d in self.deltas))
+        return int(sum(d > TIE for d in self.deltas))
 
     def text(self, nd: int = 4) -> str:
         if not self.ok:
@@ -183,6 +193,33 @@ def paired(arm: list[Rec], ref: list[Rec], metric: Callable[[Rec], Any], ref_met
     return Paired(deltas, None if deltas else "no runs to pair")
 
 
+def versus_many(arms: list[tuple[str, list[Rec]]], ref_name: str, ref: list[Rec], metric: Callable[[Rec], Any],
+                ref_metric: Callable[[Rec], Any] | None = None) -> str:
+    """"A (x, +d points, better in k of n seeds) and B (...) beat REF (y); C (...) does not"."""
+    ref_metric = ref_metric or metric
+    b = mean(ref, ref_metric)
+    if b is None:
+        return f"{ref_name}: no result"
+    groups: dict[str, list[str]] = {"beat": [], "tie with": [], "do not beat": []}
+    for name, arm in arms:
+        a = mean(arm, metric)
+        if a is None:
+            continue
+        p = paired(arm, ref, metric, ref_metric)
+        seeds = (f", better in {p.wins} of {len(p.deltas)} seeds" if p.ok and len(p.deltas) > 1
+                 else "" if p.ok else f"; {p.text()}")
+        groups["beat" if a > b + TIE else "tie with" if abs(a - b) <= TIE else "do not beat"].append(f"{name} ({a:.3f}, {pts(a - b)}{seeds})")
+    parts = []
+    for verb, names in groups.items():
+        if names:
+            single = {"beat": "beats", "tie with": "ties with", "do not beat": "does not beat"}[verb]
+            parts.append(f"{' and '.join(names) if len(names) < 3 else ', '.join(names[:-1]) + ' and ' + names[-1]} "
+                         f"{single if len(names) == 1 else verb}")
+    if not parts:
+        return f"{ref_name}: no result"
+    return "; ".join([parts[0] + f" {ref_name} ({b:.3f})"] + [p + " it" for p in parts[1:]])
+
+
 def versus(name: str, arm: list[Rec], ref_name: str, ref: list[Rec], metric: Callable[[Rec], Any],
            ref_metric: Callable[[Rec], Any] | None = None) -> str:
     """"A (x) beats B (y): +d points, wins k/n seeds (paired)" or "does not beat", from the records."""
@@ -190,7 +227,7 @@ def versus(name: str, arm: list[Rec], ref_name: str, ref: list[Rec], metric: Cal
     a, b = mean(arm, metric), mean(ref, ref_metric)
     if a is None or b is None:
         return f"{name} vs {ref_name}: no result"
-    verb = "beats" if a > b else ("ties" if a == b else "does not beat")
+    verb = "beats" if a > b + TIE else ("ties with" if abs(a - b) <= TIE else "does not beat")
     p = paired(arm, ref, metric, ref_metric)
     seeds = (f", better in {p.wins} of {len(p.deltas)} seeds (paired)" if p.ok and len(p.deltas) > 1
              else "" if p.ok else f"; {p.text()}")
@@ -214,6 +251,16 @@ def _where(recs: list[Rec], chosen: list[Rec]) -> str:
     return "; ".join(sorted({label(r["cell"]) for r in chosen}))
 
 
+def _axis_named_by(recs: list[Rec], by_value: dict[str, list[Rec]]) -> str | None:
+    """The grid axis whose label is the key's value in every run that sets it, if there is one."""
+    for name in [k for k in recs[0]["cell"] if k != "seed"]:
+        if by_value and all({str(r["cell"].get(name)) for r in chosen} == {value} and
+                            {id(r) for r in recs if str(r["cell"].get(name)) == value} == {id(r) for r in chosen}
+                            for value, chosen in by_value.items()):
+            return name
+    return None
+
+
 def settings_diff(recs: list[Rec], defaults_: dict[str, Any]) -> list[str]:
     """Every run-config key whose value differs from the default, with the rows that use the value when it
     is not the same in every run; and the number of simulated clients."""
@@ -234,6 +281,10 @@ def settings_diff(recs: list[Rec], defaults_: dict[str, Any]) -> list[str]:
                 continue
             by_value.setdefault(_fmt_value(v), []).append(r)
         unknown = "" if key in defaults_ else " (not a run-config key any more)"
+        named = _axis_named_by(recs, by_value)
+        if named:  # the value is the row's label on an axis (e.g. partition=iid on the iid rows): say so once
+            out.append(f"{key}: as in the {named} column{unknown}")
+            continue
         for value, chosen in by_value.items():
             where = "" if len(chosen) == len(recs) else f" ({_where(recs, chosen)})"
             out.append(f"{key}={value}{where}{unknown}")
@@ -370,11 +421,15 @@ def _baselines_table(recs: list[Rec]) -> str:
 def _baselines_claims(recs: list[Rec]) -> list[str]:
     out = []
     fedavg = lambda part: select(recs, partition=part, method="fedavg")  # noqa: E731
-    patho = [versus(NAMES[m], select(recs, partition="pathological", method=m), "FedAvg's global model",
-                    fedavg("pathological"), PERSONAL, GLOBAL)
-             for m in ("local", "fedper", "fedrep", "ditto") if select(recs, partition="pathological", method=m)]
-    if patho:
-        out.append("Pathological split: " + "; ".join(patho) + ".")
+    arms = [(NAMES[m], select(recs, partition="pathological", method=m)) for m in ("local", "fedper", "fedrep", "ditto")]
+    if any(a for _, a in arms) and fedavg("pathological"):
+        out.append("Pathological split: " + versus_many([x for x in arms if x[1]], "FedAvg's global model",
+                                                       fedavg("pathological"), PERSONAL, GLOBAL) + ".")
+    local = select(recs, partition="pathological", method="local")
+    pers = [(NAMES[m], select(recs, partition="pathological", method=m)) for m in ("fedper", "fedrep", "ditto")]
+    if local and any(a for _, a in pers):
+        out.append("Pathological split, against training alone: " + versus_many([x for x in pers if x[1]], "Local",
+                                                                                local, PERSONAL) + ".")
     if select(recs, partition="iid", method="local"):
         out.append("IID: " + versus("FedAvg's global model", fedavg("iid"), "Local", select(recs, partition="iid", method="local"),
                                     GLOBAL, PERSONAL) + ".")
@@ -383,7 +438,7 @@ def _baselines_claims(recs: list[Rec]) -> list[str]:
         p = paired(ditto, avg, GLOBAL)
         if p.ok:
             gap = max(abs(d) for d in p.deltas)
-            out.append(f"{part}: Ditto's global model " + ("equals FedAvg's exactly in every seed" if gap == 0 else
+            out.append(f"{part}: Ditto's global model " + ("equals FedAvg's in every seed" if gap <= TIE else
                        f"differs from FedAvg's by up to {gap:.4f}") + ".")
     if select(recs, method="fedprox"):
         out.append("FedProx vs FedAvg: " + "; ".join(
@@ -459,6 +514,10 @@ def render_fedcac(raw: Path, d: dict[str, Any]) -> str:
             claims.append(line + ".")
     wins = sum(1 for r in rows if "**" in r[1 + methods.index("fedcac")]) if "fedcac" in methods else 0
     claims.insert(0, f"FedCAC has the best mean in {wins} of {len(rows)} partitions.")
+    ratios = {r["artefacts"]["fedcac"].get("mask-to-model-ratio") for r in ok(recs) if r.get("artefacts", {}).get("fedcac")}
+    if ratios and None not in ratios:
+        claims.append(f"The packed mask a client sends costs 1/{1 / max(ratios):.0f} of the float32 model "
+                      "(`fedcac_communication.json`).")
     return "\n\n".join([intro, header(recs, FEDCAC_PAPER, d), md_table(["partition"] + methods, rows),
                         bullets(claims)])
 
@@ -481,6 +540,15 @@ PFEDLIA_PAPER = [
     Paper("rounds", "not given (100 inferred from FL-Bench)", key("num-server-rounds"), "pfedlia §3"),
     Paper("local epochs", "not given (5 inferred)", key("local-epochs"), "pfedlia §3"),
     Paper("batch size", "not given (32 inferred)", key("batch-size"), "pfedlia §3"),
+]
+DIALECTS_PAPER = [
+    Paper("model", "GPT-2 small (124M), pretrained", key("model", lambda v: f"{v} (a GPT-2 config, randomly initialised)"),
+          "pfedlia §3, §4"),
+    Paper("data", "OSCAR text in Norwegian, Swedish, Danish", fixed("three synthetic dialects"), "pfedlia §4"),
+    Paper("warm-up rounds", "20", key("warmup-rounds"), "pfedlia §3"),
+    Paper("lazy epochs", "20", key("lazy-epochs"), "pfedlia §3"),
+    Paper("participation per round", "10 %", key("fraction-train", percent), "pfedlia §3"),
+    Paper("seeds", "4", n_seeds, "pfedlia §3"),
 ]
 PFEDLIA_METHODS = ["local", "fedavg", "cfl", "cfl-tuned", "oracle", "pfedlia-central", "pfedlia-p2p"]
 
@@ -597,7 +665,7 @@ def _pfedlia_claims(recs: list[Rec]) -> list[str]:
                 if all(f == 1 for f in found):
                     lines.append("CFL with Sattler's thresholds never splits (1 cluster in every seed)" + (
                         ", so it is FedAvg exactly (same accuracy in every seed)" if same.ok and all(
-                            d == 0 for d in same.deltas) else ""))
+                            abs(d) <= TIE for d in same.deltas) else ""))
                 else:
                     lines.append(f"CFL with Sattler's thresholds finds {_range(found)} clusters")
             failed = [r for m in PFEDLIA_METHODS for r in sel(m) if r.get("error")]
@@ -611,7 +679,7 @@ def _pfedlia_claims(recs: list[Rec]) -> list[str]:
                     down = [clu("bytes-down-per-client")(r) / 1e6 / normal_round_mb(r) for r in ratio]
                     secs = [clu("seconds")(r) / normal_round_seconds(r) for r in ratio if normal_round_seconds(r)]
                     lines.append(f"the clustering round downloads {np.mean(down):.0f}x a normal round's bytes per client"
-                                 + (f" and takes {min(secs):.1f}-{max(secs):.1f}x its seconds" if secs else ""))
+                                 + (f" and takes {span(secs, 1, 'x')} its seconds" if secs else ""))
             if lines:
                 out.append(f"{where}: " + "; ".join(lines) + ".")
     return out
@@ -634,7 +702,7 @@ def render_pfedlia(raw: Path, d: dict[str, Any]) -> str:
     table = md_table(["participation", "partition", "method", "personalized acc", "ARI", "clusters found",
                       "clustering round: MB down, s (shared machine)", "normal round: MB down, s (shared machine)"], rows)
     foot = ("\n\n\\* ARI over the clients whose planted group the server knows at the end of the run: it learns a "
-            "client's group from its training replies, and with 10 % sampling some clients had not trained by the "
+            "client's group from its training replies, and with client sampling some clients had not trained by the "
             "clustering round.") if notes else ""
     return "\n\n".join([intro, header(recs, PFEDLIA_PAPER, d), table + foot,
                         bullets(_pfedlia_claims(recs))])
@@ -664,7 +732,7 @@ def render_dialects(raw: Path, d: dict[str, Any]) -> str:
                     a, b = mean(sel, ppl), mean(select(recs, method=ref), ppl)
                     claims.append(f"perplexity {NAMES[m]} {a:.2f} vs {NAMES[ref]} {b:.2f} "
                                   f"({'lower' if a < b else 'not lower'})")
-    return "\n\n".join([intro, header(recs, PFEDLIA_PAPER, d), table, bullets(claims)])
+    return "\n\n".join([intro, header(recs, DIALECTS_PAPER, d), table, bullets(claims)])
 
 
 # --------------------------------------------------------------------------- FedC2I
