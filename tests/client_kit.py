@@ -1,0 +1,65 @@
+"""Helpers for calling a method's client handlers directly (no Flower runtime) on hand-chosen data.
+
+``client(method, data, **run_config)`` builds the method's client class with a hand-built Context and then
+swaps in ``data`` (a ClientData), so a test decides exactly what the training, validation and test splits
+hold, e.g. a validation split that disagrees with the training split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Context, RecordDict
+
+from strategies.registry import METHODS, load_object
+from task.config import parse_settings
+from task.data import ClientData, load_centralized
+from task.train import train
+
+BASE_CFG = {"model": "mlp", "partition": "iid", "momentum": 0.0, "batch-size": 16, "lr": 0.1, "local-epochs": 1}
+
+
+def digits_of(classes, n_per_class=20, offset=0):
+    """(x, y) tensors: ``n_per_class`` digits of each class in ``classes``, starting at the ``offset``-th."""
+    d = load_centralized("digits")
+    idx = np.concatenate([np.flatnonzero(d.y == c)[offset:offset + n_per_class] for c in classes])
+    return torch.from_numpy(d.x[idx]), torch.from_numpy(d.y[idx])
+
+
+def client_data(train_classes, val_classes=None, test_classes=None, n=20) -> ClientData:
+    """Disjoint samples: training from the first ``n`` of each class, validation / test from later ones."""
+    x_tr, y_tr = digits_of(train_classes, n, 0)
+    x_va, y_va = digits_of(val_classes if val_classes is not None else train_classes, n, 60)
+    x_te, y_te = digits_of(test_classes if test_classes is not None else train_classes, n, 120)
+    return ClientData(x_tr, y_tr, x_va, y_va, x_te, y_te, num_classes=10)
+
+
+def context(method, pid=0, n=4, **cfg) -> Context:
+    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": n},
+                   state=RecordDict(), run_config={**BASE_CFG, "method": method, **cfg})
+
+
+def client(method, data: ClientData | None = None, ctx: Context | None = None, **cfg):
+    """The client; with ``ctx`` its node state is kept (later rounds of the same node), ``cfg`` still applies."""
+    if ctx is None:
+        ctx = context(method, **cfg)
+    elif cfg:
+        ctx = Context(run_id=ctx.run_id, node_id=ctx.node_id, node_config=ctx.node_config, state=ctx.state,
+                      run_config={**ctx.run_config, **cfg})
+    c = load_object(METHODS[method].client)(ctx, parse_settings(ctx.run_config))
+    if data is not None:
+        c.data = data
+    return c
+
+
+def trained_state(model, x, y, epochs=15, lr=0.1, seed=0):
+    """A copy of ``model``'s state after plain SGD on (x, y): a model that fits that data."""
+    import copy
+
+    m = copy.deepcopy(model)
+    train(m, x, y, epochs=epochs, batch_size=16, lr=lr, momentum=0.0, seed=seed)
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def numpy_state(state):
+    return {k: v.detach().cpu().numpy().copy() for k, v in state.items()}

@@ -1,0 +1,204 @@
+"""What FedCAC must do (spec fedcac §2.3-§2.7), checked against independent computations.
+
+Written to kill the mutants that survived the older tests (tests/MUTATION.md): sensitivity from the
+post-training weights, exact per-tensor top-k, masks that survive the wire, Eq. 11 on the model's device,
+and the server's overlap / threshold / collaborator / aggregation rules.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from client_app.fedcac_math import critical_masks, merge_customized, pack_masks, parameter_sensitivity, unpack_masks
+
+
+# ------------------------------------------------------------------------------------------ client side
+def test_sensitivity_uses_the_post_training_weights():
+    # parameter 0 moved a lot but ended near zero; parameter 1 moved a little and ended large.
+    # Eq. 5 scores |delta * theta_after|: 1 wins.  Scoring with the start-of-round weights would pick 0.
+    before = {"w": torch.tensor([3.0, 1.0])}
+    after = {"w": torch.tensor([-0.1, 2.0])}
+    s = parameter_sensitivity(before, after)["w"]
+    expected = np.abs((np.array([-0.1, 2.0]) - np.array([3.0, 1.0])) * np.array([-0.1, 2.0]))
+    np.testing.assert_allclose(s.numpy(), expected, rtol=1e-6)
+    assert critical_masks({"w": s}, 0.5)["w"].tolist() == [False, True]
+    with_before = np.abs((np.array([-0.1, 2.0]) - np.array([3.0, 1.0])) * np.array([3.0, 1.0]))
+    assert with_before.argmax() == 0  # the test case really separates the two readings
+
+
+def test_sensitivity_needs_the_start_of_round_value_of_every_parameter():
+    with pytest.raises(ValueError, match="'b'"):
+        parameter_sensitivity({"a": torch.zeros(2)}, {"a": torch.ones(2), "b": torch.ones(2)})
+
+
+@pytest.mark.parametrize("tau, n", [(0.29, 100), (0.57, 100), (0.7, 10), (0.1, 30), (1.0, 7), (0.5, 1)])
+def test_mask_size_is_floor_of_tau_n_in_exact_arithmetic(tau, n):
+    # 0.29 * 100 is 28.999999999999996 in floats; the spec's k = floor(tau n) is 29
+    from fractions import Fraction
+
+    k = int(Fraction(str(tau)) * n)  # exact floor
+    s = {"w": torch.arange(n, dtype=torch.float32)}
+    m = critical_masks(s, tau)["w"]
+    assert int(m.sum()) == k
+    assert m.tolist() == [i >= n - k for i in range(n)]  # the k largest scores
+
+
+@pytest.mark.parametrize("tau", [-0.01, 1.01, 1.5, 2.0])
+def test_tau_outside_the_unit_interval_is_refused_naming_the_key(tau):
+    with pytest.raises(ValueError, match="tau"):
+        critical_masks({"w": torch.ones(4)}, tau)
+
+
+def test_masks_are_made_on_the_scores_device():
+    # the device-agnostic rule (DESIGN: tensors made on the model's device); "meta" stands in for a GPU
+    s = {"w": torch.rand(10, device="meta")}
+    assert critical_masks(s, 0.5)["w"].device.type == "meta"
+
+
+def test_pack_accepts_any_binary_dtype_and_round_trips():
+    masks = {"a": np.array([1.0, 0.0, 1.0]), "b": torch.tensor([[0, 1], [1, 1]], dtype=torch.uint8),
+             "c": torch.tensor([True, False])}
+    shapes = {"a": (3,), "b": (2, 2), "c": (2,)}
+    back = unpack_masks(pack_masks(masks, list(shapes)), shapes)
+    assert back["a"].tolist() == [True, False, True]
+    assert back["b"].tolist() == [[False, True], [True, True]]
+    assert back["c"].tolist() == [True, False]
+
+
+def test_packing_no_tensor_gives_an_empty_payload():
+    packed = pack_masks({}, [])
+    assert packed.dtype == np.uint8 and packed.shape == (0,)
+    assert unpack_masks(packed, {}) == {}
+
+
+@pytest.mark.parametrize("total", [1, 8, 9, 17])
+def test_unpack_refuses_a_payload_of_the_wrong_type_or_length_and_says_the_right_length(total):
+    shapes = {"w": (total,)}
+    good = pack_masks({"w": np.ones(total, bool)}, ["w"])
+    expected_len = -(-total // 8)  # ceil
+    assert len(good) == expected_len
+    assert unpack_masks(good, shapes)["w"].all()
+    for bad in (good.astype(np.int64), good.astype(np.float32), good.reshape(1, -1), np.zeros(expected_len + 1, np.uint8)):
+        with pytest.raises(ValueError, match=f"length {expected_len} for {total} parameters"):
+            unpack_masks(bad, shapes)
+
+
+def test_eq11_result_lives_on_the_models_device_whatever_the_mask_and_message_carry():
+    wbar = {"w": torch.zeros(4, device="meta")}
+    own, custom = {"w": torch.zeros(4)}, {"w": torch.ones(4)}  # as unpacked from a message: CPU
+    mask = {"w": np.array([1, 0, 1, 0], bool)}  # as unpacked from the bit-packed payload: numpy
+    assert merge_customized(own, custom, wbar, mask)["w"].device.type == "meta"
+    assert merge_customized(own, None, wbar, mask)["w"].device.type == "meta"
+
+
+def test_eq11_takes_critical_positions_from_u_and_the_rest_from_w_bar():
+    rng = np.random.default_rng(0)
+    shape = (3, 5)
+    u, wbar, own = (rng.normal(size=shape).astype(np.float32) for _ in range(3))
+    mask = rng.random(shape) < 0.4
+    for m in (mask, torch.from_numpy(mask)):
+        out = merge_customized({"w": torch.from_numpy(own)}, {"w": torch.from_numpy(u)}, {"w": torch.from_numpy(wbar)},
+                               {"w": m})["w"].numpy()
+        np.testing.assert_array_equal(out, mask * u + (~mask) * wbar)
+
+
+# ------------------------------------------------------------------------------------------ server side
+from strategies.fedcac_math import (  # noqa: E402
+    collaboration_matrix, collaborator_label_similarity, collaborators, customized_models, global_average, mask_overlap,
+    overlap_threshold,
+)
+
+
+def naive_overlap(masks):
+    """<M_i, M_j> / K_i by counting positions, 0 for an empty M_i."""
+    n = len(masks)
+    out = np.zeros((n, n))
+    for i in range(n):
+        k = int(masks[i].sum())
+        for j in range(n):
+            out[i, j] = int(np.sum(masks[i] & masks[j])) / k if k else 0.0
+    return out
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 65_536])
+def test_overlap_is_shared_critical_positions_over_own_count_however_it_is_chunked(chunk):
+    rng = np.random.default_rng(chunk)
+    masks = rng.random((5, 23)) < 0.4
+    masks[3] = False
+    masks[3, 5] = True  # a single critical parameter: K = 1
+    masks[4] = False  # an empty mask: K = 0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no 0/0 warnings leak out for the empty row
+        got = mask_overlap(masks, chunk=chunk)
+    np.testing.assert_allclose(got, naive_overlap(masks), atol=1e-12)
+
+
+def test_overlap_needs_a_clients_by_parameters_matrix():
+    with pytest.raises(ValueError, match="N x n"):
+        mask_overlap(np.ones(5, bool))
+
+
+def offdiag(o):
+    return o[~np.eye(len(o), dtype=bool)]
+
+
+def test_threshold_rises_linearly_from_mean_to_max_of_the_off_diagonal_overlaps():
+    o = np.array([[1.0, 0.2, 0.5], [0.4, 1.0, 0.3], [0.9, 0.6, 1.0]])
+    avg, top = offdiag(o).mean(), offdiag(o).max()
+    for t, beta in ((1, 1), (1, 4), (3, 4), (4, 4), (6, 4)):
+        assert overlap_threshold(o, t, beta) == pytest.approx(avg + t / beta * (top - avg))
+    assert overlap_threshold(np.ones((1, 1)), 1, 3) == float("inf")  # one client: no pair to collaborate with
+    assert [len(c) for c in collaborators(np.ones((1, 1)), overlap_threshold(np.ones((1, 1)), 1, 3), 1, 3)] == [0]
+
+
+def test_the_most_overlapping_pair_still_collaborates_at_round_beta_despite_rounding():
+    o = np.array([[1.0, 0.92, 0.02], [0.92, 1.0, 0.14], [0.02, 0.14, 1.0]])
+    thr = overlap_threshold(o, 5, 5)
+    assert thr > 0.92  # avg + 1.0 * (max - avg) rounds above max here: the case the tolerance is for
+    assert [c.tolist() for c in collaborators(o, thr, 5, 5)] == [[1], [0], []]
+    assert [c.tolist() for c in collaborators(o, overlap_threshold(o, 1, 5), 1, 5)] == [[1], [0], []]
+
+
+def test_collaborators_are_those_at_or_above_the_threshold_and_never_oneself():
+    o = np.array([[1.0, 0.5, 0.3, 0.7], [0.5, 1.0, 0.6, 0.2], [0.3, 0.6, 1.0, 0.4], [0.7, 0.2, 0.4, 1.0]])
+    got = [c.tolist() for c in collaborators(o, 0.5, 1, 10)]
+    assert got == [[1, 3], [0, 2], [1], [0]]
+    assert [c.tolist() for c in collaborators(o, 0.5, 11, 10, strict_beta_cutoff=False)] == got
+    assert all(len(c) == 0 for c in collaborators(o, 0.5, 11, 10))
+
+
+def test_customized_model_is_the_plain_mean_over_self_and_collaborators_in_the_models_dtype():
+    rng = np.random.default_rng(4)
+    params = rng.normal(size=(4, 6)).astype(np.float32)
+    collab = [np.array([2, 3]), np.array([], dtype=np.int64), np.array([0]), np.array([0, 1, 2])]
+    u = customized_models(params, collab)
+    assert u.dtype == np.float32
+    for i, c in enumerate(collab):
+        np.testing.assert_allclose(u[i], params[[i, *c]].mean(0), rtol=1e-6)
+    a = collaboration_matrix(collab)
+    np.testing.assert_allclose(a[0], [1 / 3, 0, 1 / 3, 1 / 3])
+    np.testing.assert_allclose(a[1], [0, 1, 0, 0])
+
+
+def test_global_average_uniform_or_by_example_counts():
+    params = np.array([[0.0, 4.0], [8.0, 0.0]])
+    np.testing.assert_allclose(global_average(params), [4.0, 2.0])
+    np.testing.assert_allclose(global_average(params, np.array([1, 3])), [6.0, 1.0])  # (1*p0 + 3*p1) / 4
+
+
+def test_label_similarity_diagnostic_is_the_mean_cosine_over_collaborator_pairs_and_over_all_pairs():
+    hist = np.array([[3.0, 4.0, 0.0], [6.0, 8.0, 0.0], [0.0, 0.0, 2.0], [0.0, 0.0, 0.0]])
+    cos = np.zeros((4, 4))
+    for i in range(4):
+        for j in range(4):
+            ni, nj = np.linalg.norm(hist[i]), np.linalg.norm(hist[j])
+            cos[i, j] = hist[i] @ hist[j] / (ni * nj) if ni and nj else 0.0
+    collab = [np.array([1]), np.array([0, 2]), np.array([], dtype=np.int64), np.array([], dtype=np.int64)]
+    pairs, everyone = collaborator_label_similarity(collab, hist)
+    assert pairs == pytest.approx(np.mean([cos[0, 1], cos[1, 0], cos[1, 2]]))
+    assert everyone == pytest.approx(offdiag(cos).mean())
+    nobody, _ = collaborator_label_similarity([np.array([], dtype=np.int64)] * 4, hist)
+    assert np.isnan(nobody)
+    assert np.isnan(collaborator_label_similarity([np.array([], dtype=np.int64)], hist[:1])[1])  # no pair at all
