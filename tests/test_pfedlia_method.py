@@ -1,0 +1,200 @@
+"""What pFedLIA's client must do (spec pfedlia §2.4, §2.5, §2.8), with the data splits chosen by the test.
+
+The lazy-influence row is Eq. 1 on the client's *validation* split: a client whose validation split holds
+other digits than its training split must find the peer trained on its validation digits helpful.
+"""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, RecordDict
+
+from client_app.pfedlia_math import beneficial_peers, lazy_influence_row
+from task.params import record_to_numpy, to_record
+from task.train import evaluate
+from tests.client_kit import client, client_data, digits_of, numpy_state, trained_state
+
+LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
+
+
+# ------------------------------------------------------------------------------------------ math
+def test_influence_row_is_the_summed_loss_drop_and_mean_is_per_sample():
+    warm, lazy = 0.9, np.array([0.4, 1.3, 0.9])
+    np.testing.assert_allclose(lazy_influence_row(warm, torch.tensor(lazy), 7, "sum"), 7 * (warm - lazy), atol=1e-5)
+    np.testing.assert_allclose(lazy_influence_row(torch.tensor(warm), torch.tensor(lazy), 7, "mean"), warm - lazy, atol=1e-6)
+    with pytest.raises(ValueError, match="lia-reduction"):
+        lazy_influence_row(warm, torch.tensor(lazy), 7, "median")
+
+
+def test_two_clients_each_find_the_other_beneficial():
+    np.testing.assert_array_equal(beneficial_peers(np.array([3.0, -8.0]), 0), [0, 1])
+    np.testing.assert_array_equal(beneficial_peers(np.array([3.0]), 0), [0])
+
+
+def test_two_means_splits_small_scores_too():
+    # scores well below 1 in magnitude still form two groups (no absolute tolerance swallows them)
+    row = np.array([0.0, 0.30, 0.01, 0.32, 0.02, 0.31])
+    np.testing.assert_array_equal(beneficial_peers(row, 0), [0, 1, 3, 5])
+
+
+def test_a_row_constant_up_to_rounding_means_everyone_even_for_large_negative_scores():
+    base = -1.0e4
+    row = np.array([5.0, base, base + 2e-9, base, base + 2e-9])  # float noise on a constant row
+    np.testing.assert_array_equal(beneficial_peers(row, 0), [0, 1, 2, 3, 4])
+
+
+def test_require_positive_drops_peers_whose_influence_is_not_positive():
+    row = np.array([4.0, 0.0, 0.0, -9.0, -10.0])  # the top group scores exactly zero
+    np.testing.assert_array_equal(beneficial_peers(row, 0), [0, 1, 2])
+    np.testing.assert_array_equal(beneficial_peers(row, 0, require_positive=True), [0])
+
+
+def test_self_index_anywhere_is_always_included_and_never_clustered():
+    row = np.array([-40.0, 7.0, -50.0, 6.5, -49.0])
+    np.testing.assert_array_equal(beneficial_peers(row, 2), [1, 2, 3])  # its own (low) score does not count
+
+
+# ------------------------------------------------------------------------------------------ client handlers
+@pytest.fixture(scope="module")
+def lazy_models():
+    """theta_0 (the common initial model) and two lazy models: one fitted to digits 0-4, one to 5-9."""
+    c = client("pfedlia", client_data(LOW))
+    theta0 = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
+    model = c.fresh_model()
+    low = trained_state(model, *digits_of(LOW, 30, 0))
+    high = trained_state(model, *digits_of(HIGH, 30, 0))
+    return theta0, low, high
+
+
+def lia_content(theta0, lazies, self_index=None):
+    stacked = {k: np.stack([numpy_state(s)[k] for s in lazies]) for k in theta0}
+    content = RecordDict({"arrays": to_record(numpy_state(theta0)), "lazy": to_record(stacked)})
+    if self_index is not None:
+        ids = ConfigRecord({"node-ids": list(range(100, 100 + len(lazies))), "self-index": self_index})
+        content["lazy-nodes"] = ids  # the record's name differs between versions: send both
+        content["lazy-clients"] = ConfigRecord(dict(ids))
+    return content
+
+
+def loss_of(c, state, x, y):
+    model = c.fresh_model()
+    model.load_state_dict(state)
+    return evaluate(model, x, y)[0]
+
+
+def test_influence_row_is_scored_on_the_validation_split(lazy_models):
+    theta0, low, high = lazy_models
+    data = client_data(LOW, val_classes=HIGH)  # trains on 0-4, validates on 5-9
+    c = client("pfedlia", data, **{"lia-mode": "central"})
+    row = np.array(c.query("lia", lia_content(theta0, [low, high], self_index=0))["metrics"]["lia-row"])
+    assert row[1] > 0 > row[0]  # the 5-9 model helps this client's validation split; the 0-4 model does not
+    n = len(data.y_val)
+    expected = [n * (loss_of(c, theta0, data.x_val, data.y_val) - loss_of(c, s, data.x_val, data.y_val)) for s in (low, high)]
+    np.testing.assert_allclose(row, expected, rtol=1e-4)
+    mean = client("pfedlia", data, **{"lia-reduction": "mean"}).query("lia", lia_content(theta0, [low, high], 0))
+    np.testing.assert_allclose(mean["metrics"]["lia-row"], np.array(expected) / n, rtol=1e-4)
+
+
+def test_influence_row_is_measured_from_the_warm_up_model_it_is_sent(lazy_models):
+    theta0, low, high = lazy_models
+    data = client_data(LOW)
+    c = client("pfedlia", data)
+    row = np.array(c.query("lia", lia_content(low, [low, high], self_index=0))["metrics"]["lia-row"])
+    assert row[0] == pytest.approx(0.0, abs=1e-4)  # theta_0 = the low model itself: no loss drop
+    assert row[1] < 0
+
+
+def test_an_empty_validation_split_is_a_clear_error(lazy_models):
+    theta0, low, high = lazy_models
+    data = client_data(LOW)
+    data.x_val, data.y_val = data.x_val[:0], data.y_val[:0]
+    with pytest.raises(ValueError, match="val-fraction"):
+        client("pfedlia", data).query("lia", lia_content(theta0, [low, high], 0))
+
+
+def test_p2p_client_reports_its_beneficial_peers_from_its_own_row(lazy_models):
+    theta0, low, high = lazy_models
+    lazies = [low, high, low, high]
+    c = client("pfedlia", client_data(LOW), **{"lia-mode": "p2p"})
+    metrics = c.query("lia", lia_content(theta0, lazies, self_index=0))["metrics"]
+    assert list(metrics["beneficial"]) == [0, 2]
+    # self at index 1 (a 5-9 model) with a 0-4 validation split: its own score does not put it in the top
+    # group's company, but it is always a member
+    metrics = c.query("lia", lia_content(theta0, lazies, self_index=1))["metrics"]
+    assert list(metrics["beneficial"]) == [0, 1, 2]
+    central = client("pfedlia", client_data(LOW), **{"lia-mode": "central"})
+    assert "beneficial" not in central.query("lia", lia_content(theta0, lazies, 0))["metrics"]
+
+
+def test_p2p_require_positive_is_read_from_the_run_config(lazy_models):
+    theta0, low, _ = lazy_models
+    # every lazy model equals theta_0 but one: scores [0, 0, 0, x>0]; self 0; top group {3}
+    lazies = [theta0, theta0, theta0, low]
+    for flag, expected in ((False, [0, 3]), (True, [0, 3])):
+        c = client("pfedlia", client_data(LOW), **{"lia-mode": "p2p", "p2p-require-positive": flag})
+        assert list(c.query("lia", lia_content(theta0, lazies, 0))["metrics"]["beneficial"]) == expected
+    # a row whose top group is negative too: the plain 2-means keeps it, require-positive drops it
+    high_val = client_data(LOW, val_classes=HIGH)
+    c = client("pfedlia", high_val)
+    slightly = trained_state(c.fresh_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
+    lazies = [slightly, slightly, low, low]  # on a 5-9 validation split both hurt, the fitted one more
+    plain = client("pfedlia", high_val, **{"lia-mode": "p2p"}).query("lia", lia_content(theta0, lazies, 3))
+    row = plain["metrics"]["lia-row"]
+    assert row[2] < row[0] < 0  # the case this test needs
+    strict = client("pfedlia", high_val, **{"lia-mode": "p2p", "p2p-require-positive": True}).query(
+        "lia", lia_content(theta0, lazies, 3))
+    assert list(plain["metrics"]["beneficial"]) == [0, 1, 3]
+    assert list(strict["metrics"]["beneficial"]) == [3]
+
+
+def test_late_joiner_compares_against_every_stored_lazy_model(lazy_models):
+    theta0, low, high = lazy_models
+    c = client("pfedlia", client_data(LOW), **{"lia-mode": "p2p"})
+    metrics = c.query("lia", lia_content(theta0, [high, low, high, low]))["metrics"]  # no self-index: newcomer
+    assert list(metrics["beneficial"]) == [1, 3]
+    assert len(metrics["lia-row"]) == 4
+
+
+def test_lazy_training_starts_from_the_sent_model_and_runs_lazy_epochs_on_the_training_split(lazy_models):
+    theta0, low, high = lazy_models
+    data = client_data(HIGH)
+    none = client("pfedlia", data, **{"lazy-epochs": 0}).query("lazy", RecordDict({"arrays": to_record(numpy_state(low))}))
+    for k, v in record_to_numpy(none["arrays"]).items():
+        np.testing.assert_array_equal(v, low[k].numpy())  # zero lazy epochs: the sent model itself
+    c = client("pfedlia", data, **{"lazy-epochs": 4, "local-epochs": 0})
+    lazy = {k: torch.from_numpy(v) for k, v in record_to_numpy(c.query("lazy", RecordDict({"arrays": to_record(numpy_state(theta0))}))["arrays"]).items()}
+    assert loss_of(c, lazy, data.x_train, data.y_train) < 0.7 * loss_of(c, theta0, data.x_train, data.y_train)
+    with pytest.raises(ValueError, match="query"):
+        c.query("no-such-query", RecordDict())
+
+
+def test_train_trains_the_sent_model_and_reports_the_planted_cluster(lazy_models):
+    theta0, low, high = lazy_models
+    data = client_data(HIGH)
+    data.meta["planted-cluster"] = 3
+    c = client("pfedlia", data, **{"local-epochs": 3})
+    reply = c.train(RecordDict({"arrays": to_record(numpy_state(theta0))}))
+    metrics = reply["metrics"]
+    trained = {k: torch.from_numpy(v) for k, v in record_to_numpy(reply["arrays"]).items()}
+    assert metrics["num-examples"] == len(data.y_train) and metrics["planted-cluster"] == 3
+    assert loss_of(c, trained, data.x_train, data.y_train) < loss_of(c, theta0, data.x_train, data.y_train)
+    model = c.fresh_model()
+    model.load_state_dict(trained)
+    assert metrics["trained-acc"] == pytest.approx(evaluate(model, data.x_test, data.y_test)[1])
+    assert "planted-cluster" not in client("pfedlia", client_data(HIGH)).train(
+        RecordDict({"arrays": to_record(numpy_state(theta0))}))["metrics"]
+
+
+def test_evaluate_scores_the_sent_model_and_calls_it_global_only_during_warm_up(lazy_models):
+    theta0, low, high = lazy_models
+    data = client_data(LOW)
+    c = client("pfedlia", data)
+    model = c.fresh_model()
+    model.load_state_dict(low)
+    loss, acc = evaluate(model, data.x_test, data.y_test)
+    warm = c.evaluate(RecordDict({"arrays": to_record(numpy_state(low)), "config": ConfigRecord({"clustered": False})}))
+    assert warm["metrics"]["personal-acc"] == pytest.approx(acc) and warm["metrics"]["global-acc"] == pytest.approx(acc)
+    assert warm["metrics"]["personal-loss"] == pytest.approx(loss) and warm["metrics"]["global-loss"] == pytest.approx(loss)
+    clustered = c.evaluate(RecordDict({"arrays": to_record(numpy_state(low)), "config": ConfigRecord({"clustered": True})}))
+    assert clustered["metrics"]["personal-acc"] == pytest.approx(acc) and "global-acc" not in clustered["metrics"]
+    assert "global-acc" not in c.evaluate(RecordDict({"arrays": to_record(numpy_state(low))}))["metrics"]

@@ -1,0 +1,110 @@
+"""What pFedLIA's server side must do with the influence matrix (spec pfedlia §2.5, §2.6, §2.8), and CFL's
+split rule (Sattler et al.), checked on matrices whose right answer is known by construction."""
+
+import numpy as np
+import pytest
+
+from strategies.cfl_math import cosine_similarity_matrix, optimal_bipartition, should_split
+from strategies.pfedlia_math import (
+    adjusted_rand, assign_late_joiner, cluster_features, cluster_influence, groups_from_sets, reassign_noise,
+)
+
+
+def test_features_are_the_rows_as_votes_or_standardised():
+    m = np.array([[2.0, -1.0, 0.0], [5.0, 5.0, 5.0]])
+    np.testing.assert_array_equal(cluster_features(m), m)
+    np.testing.assert_array_equal(cluster_features(m, "sign"), [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])  # 0 is no vote
+    z = cluster_features(m, standardize=True)
+    np.testing.assert_allclose(z[0], (m[0] - m[0].mean()) / m[0].std())
+    np.testing.assert_array_equal(z[1], [0.0, 0.0, 0.0])  # a constant row stays finite
+    with pytest.raises(ValueError, match="lia-score"):
+        cluster_features(m, "rank")
+
+
+def test_noise_points_join_the_cluster_of_their_nearest_clustered_point():
+    feats = np.array([[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [7.0, 0.5], [1.0, 0.8]])
+    labels = np.array([4, 4, 7, 7, -1, -1])
+    got = reassign_noise(feats, labels)
+    np.testing.assert_array_equal(got, [4, 4, 7, 7, 7, 4])
+    np.testing.assert_array_equal(labels, [4, 4, 7, 7, -1, -1])  # the caller's labels are not modified
+    np.testing.assert_array_equal(reassign_noise(feats, np.array([4, 4, 7, 7, 0, 1])), [4, 4, 7, 7, 0, 1])
+    single = reassign_noise(feats, labels, "singleton")
+    assert single[:4].tolist() == [4, 4, 7, 7] and len(set(single[4:].tolist()) | {4, 7}) == 4
+
+
+def test_optics_finds_clusters_of_two_when_min_samples_allows_it_and_caps_min_samples_at_n():
+    rng = np.random.default_rng(0)
+    truth = np.repeat(np.arange(3), 2)
+    centers = np.array([[0.0, 0.0], [50.0, 0.0], [0.0, 50.0]])
+    x = centers[truth] + rng.normal(0, 0.1, size=(6, 2))
+    labels = cluster_influence(x, min_samples=2)
+    assert adjusted_rand(truth, labels) == 1.0
+    assert sorted(set(labels.tolist())) == [0, 1, 2]  # dense labels
+    assert len(cluster_influence(x[:3], min_samples=5)) == 3  # min_samples larger than N still runs
+    np.testing.assert_array_equal(cluster_influence(np.ones((1, 1))), [0])
+
+
+def test_standardised_rows_cluster_by_pattern_not_by_offset():
+    pattern = np.array([[1.0] * 4 + [0.0] * 4, [0.0] * 4 + [1.0] * 4])
+    truth = np.array([0, 1] * 4)
+    offsets = np.array([0.0, 0.0, 300.0, 300.0, 600.0, 600.0, 900.0, 900.0])
+    rng = np.random.default_rng(1)
+    m = offsets[:, None] + 5.0 * pattern[truth] + rng.normal(0, 0.01, size=(8, 8))
+    labels = cluster_influence(m, min_samples=3, standardize=True)
+    assert adjusted_rand(truth, labels) == 1.0
+
+
+def test_sign_votes_cluster_by_who_helps_whom_not_by_magnitude():
+    truth = np.array([0, 0, 0, 1, 1, 1])
+    helps = np.where(truth[:, None] == truth[None, :], 1.0, -1.0)
+    scale = np.array([1.0, 80.0, 0.5, 120.0, 2.0, 40.0])[:, None]  # very different score magnitudes per row
+    labels = cluster_influence(helps * scale, min_samples=2, score="sign")
+    assert adjusted_rand(truth, labels) == 1.0
+
+
+def test_late_joiner_joins_the_cluster_its_lazy_scores_favour_on_average():
+    labels = np.array([5, 5, 2, 2, 2])
+    assert assign_late_joiner(np.array([1.0, 1.0, 3.0, -4.0, 2.0]), labels) == 5  # mean 1.0 vs 0.33
+    assert assign_late_joiner(np.array([-1.0, -1.0, 0.0, 0.0, 0.5]), labels) == 2
+
+
+def test_identical_beneficial_sets_share_one_group_numbered_in_node_order():
+    sets = {30: frozenset({10, 30}), 10: frozenset({10, 30}), 20: frozenset({20})}
+    assert groups_from_sets(sets) == {10: 0, 20: 1, 30: 0}
+
+
+def test_adjusted_rand_ignores_label_names():
+    assert adjusted_rand([0, 0, 1, 1], [7, 7, 3, 3]) == 1.0
+    assert adjusted_rand([0, 0, 1, 1], [0, 1, 0, 1]) < 0.5
+
+
+# ------------------------------------------------------------------------------------------ CFL
+def test_cosine_similarity_of_updates_including_a_zero_update():
+    u = np.array([[1.0, 0.0], [0.0, 2.0], [-3.0, 0.0], [0.0, 0.0]])
+    s = cosine_similarity_matrix(u)
+    np.testing.assert_allclose(s[:3, :3], [[1, 0, -1], [0, 1, 0], [-1, 0, 1]], atol=1e-12)
+    assert np.isfinite(s).all() and (np.abs(s) <= 1.0).all()
+    np.testing.assert_allclose(s[3], 0.0)
+
+
+def test_bipartition_separates_opposed_groups_and_needs_two_clients():
+    rng = np.random.default_rng(3)
+    d = rng.normal(size=20)
+    u = np.stack([d + 0.05 * rng.normal(size=20) for _ in range(2)] + [-d + 0.05 * rng.normal(size=20) for _ in range(3)])
+    left, right = optimal_bipartition(cosine_similarity_matrix(u))
+    assert {tuple(left.tolist()), tuple(right.tolist())} == {(0, 1), (2, 3, 4)}
+    with pytest.raises(ValueError, match="two clients"):
+        optimal_bipartition(np.ones((1, 1)))
+
+
+@pytest.mark.parametrize("eps1, eps2, expected", [(0.5, 1.0, True), (0.02, 1.0, False), (0.5, 3.0, False)])
+def test_split_when_the_mean_update_is_small_and_some_update_is_large(eps1, eps2, expected):
+    u = np.array([[2.0, 0.0], [-2.0, 0.2], [0.0, -0.1]])  # mean (0, 0.0333), norms 2, 2.01, 0.1
+    split, mean_norm, max_norm = should_split(u, eps1, eps2)
+    assert mean_norm == pytest.approx(np.linalg.norm(u.mean(0)))
+    assert max_norm == pytest.approx(np.linalg.norm(u, axis=1).max())
+    assert split is expected
+
+
+def test_two_clients_are_never_split():
+    assert not should_split(np.array([[1.0, 0.0], [-1.0, 0.0]]), 0.5, 0.5)[0]
