@@ -1,0 +1,204 @@
+"""What Client2Vec's server must do (spec client2vec §2.6, §2.7): index similarity, Eq. 1 sampling with the
+exclusion window, Eq. 3 aggregation weights, late joiners.  Expectations are computed here from the
+formulas, with plain loops."""
+
+import math
+
+import numpy as np
+import pytest
+
+from strategies.client2vec_math import (
+    C2VServerState, aggregation_weights, blocked_clients, cosine_matrix, draw_cohort, eq2_objective, exclusion_window,
+    sampling_probabilities, similarity_to_set,
+)
+
+
+def cos(a, b):
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    return float(a @ b / (na * nb)) if na and nb else 0.0
+
+
+def test_cosine_matrix_of_rows_with_another_set_and_with_a_zero_row():
+    a = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
+    b = np.array([[0.0, 2.0], [-3.0, 0.0]])
+    got = cosine_matrix(a, b)
+    assert got.shape == (3, 2)
+    for i in range(3):
+        for j in range(2):
+            assert got[i, j] == pytest.approx(cos(a[i], b[j]))
+    square = cosine_matrix(a)
+    assert np.isfinite(square).all() and square[2].tolist() == [0.0, 0.0, 0.0]
+    assert square[1, 1] == pytest.approx(1.0)
+
+
+def test_similarity_to_a_cohort_is_the_size_weighted_mean_of_both_halves():
+    rng = np.random.default_rng(0)
+    bf, bl = rng.normal(size=(5, 4)), rng.normal(size=(5, 4))
+    n = np.array([10.0, 20.0, 30.0, 40.0, 50.0])
+    cohort = [1, 3, 4]
+    got = similarity_to_set(cosine_matrix(bf), cosine_matrix(bl), n, cohort)
+    for i in range(5):
+        expected = sum(n[j] * (cos(bf[i], bf[j]) + cos(bl[i], bl[j])) for j in cohort) / (2 * n[cohort].sum())
+        assert got[i] == pytest.approx(expected)
+    with pytest.raises(ValueError, match="empty cohort"):
+        similarity_to_set(cosine_matrix(bf), cosine_matrix(bl), n, [])
+    for bad in (np.array([10.0, -1.0, 5.0, 1.0, 1.0]), np.zeros(5)):
+        with pytest.raises(ValueError, match="sample counts"):
+            similarity_to_set(cosine_matrix(bf), cosine_matrix(bl), bad, [0, 1])
+    zero_weight = np.array([10.0, 0.0, 30.0, 40.0, 50.0])  # a zero count among positive ones is allowed
+    assert np.isfinite(similarity_to_set(cosine_matrix(bf), cosine_matrix(bl), zero_weight, [0, 1])).all()
+
+
+@pytest.mark.parametrize("m, k, w", [(100, 10, 5), (60, 6, 5), (10, 3, 1), (7, 4, 0), (5, 0, 0)])
+def test_exclusion_window_is_floor_m_over_twice_the_last_cohort(m, k, w):
+    assert exclusion_window(m, k) == w
+
+
+def test_blocked_are_the_clients_drawn_within_the_window_counting_last_round():
+    last = np.array([-np.inf, 1.0, 3.0, 4.0, 5.0])
+    assert blocked_clients(last, 6, 2).tolist() == [False, False, False, True, True]
+    assert blocked_clients(last, 6, 0).tolist() == [False] * 5
+    assert blocked_clients(last, 6, 5).tolist() == [False, True, True, True, True]
+
+
+def test_sampling_probabilities_are_a_softmax_of_similarity_over_tau_without_the_blocked():
+    s = np.array([0.2, -0.4, 0.9, 0.1])
+    for tau in (0.3, 1.0, 4.0):
+        e = np.exp(s / tau)
+        np.testing.assert_allclose(sampling_probabilities(s, tau), e / e.sum())
+        blocked = np.array([False, True, False, False])
+        e[1] = 0.0
+        np.testing.assert_allclose(sampling_probabilities(s, tau, blocked), e / e.sum())
+    np.testing.assert_allclose(sampling_probabilities(s, 1.0, np.zeros(4, bool)), sampling_probabilities(s, 1.0))
+    tiny = sampling_probabilities(np.array([1.0, 0.999, -1.0]), 1e-3)  # exp(1000): no overflow
+    assert np.isfinite(tiny).all() and tiny.sum() == pytest.approx(1.0) and tiny[0] > tiny[1] > tiny[2]
+    with pytest.raises(ValueError, match="every client is blocked"):
+        sampling_probabilities(s, 1.0, np.ones(4, bool))
+    for tau in (0.0, -1.0):
+        with pytest.raises(ValueError, match="c2v-tau"):
+            sampling_probabilities(s, tau)
+
+
+def test_draw_cohort_draws_distinct_eligible_clients_sorted():
+    rng = np.random.default_rng(0)
+    p = np.array([0.0, 0.25, 0.25, 0.0, 0.25, 0.25])
+    for _ in range(20):
+        c = draw_cohort(rng, p, 3)
+        assert c.tolist() == sorted(set(c.tolist())) and len(c) == 3 and set(c.tolist()) <= {1, 2, 4, 5}
+    assert draw_cohort(rng, p, 4).tolist() == [1, 2, 4, 5]
+    with pytest.raises(ValueError, match="cannot draw 5"):
+        draw_cohort(rng, p, 5)
+
+
+def test_aggregation_weights_are_q_times_exp_history_over_lambda1_normalised():
+    h, n = np.array([0.5, -0.3, 0.9]), np.array([10.0, 30.0, 60.0])
+    for lam in (0.2, 1.0, 3.0):
+        raw = n / n.sum() * np.exp(h / lam)
+        np.testing.assert_allclose(aggregation_weights(h, n, lam), raw / raw.sum())
+    big = aggregation_weights(np.array([900.0, 899.0]), np.array([1.0, 1.0]), 1.0)  # exp(900): no overflow
+    np.testing.assert_allclose(big, [1 / (1 + math.exp(-1)), 1 - 1 / (1 + math.exp(-1))])
+    with pytest.raises(ValueError, match="c2v-lambda1"):
+        aggregation_weights(h, n, 0.0)
+    for bad in (np.array([10.0, 0.0, 5.0]), np.array([])):
+        with pytest.raises(ValueError, match="positive sample counts"):
+            aggregation_weights(h[: len(bad)], bad, 1.0)
+
+
+def test_eq2_objective_is_reward_minus_lambda1_kl_and_zero_weights_cost_nothing():
+    h, n, lam = np.array([0.5, -0.3, 0.9]), np.array([10.0, 30.0, 60.0]), 2.0
+    q = n / n.sum()
+    p = np.array([0.2, 0.0, 0.8])
+    expected = p @ h - lam * sum(p[i] * math.log(p[i] / q[i]) for i in range(3) if p[i] > 0)
+    assert eq2_objective(p, h, n, lam) == pytest.approx(expected)
+    assert eq2_objective(q, np.zeros(3), n, lam) == pytest.approx(0.0)
+
+
+# ------------------------------------------------------------------------------------------ server state
+def state(m=8, seed=0, **kw):
+    rng = np.random.default_rng(seed)
+    return C2VServerState(rng.normal(size=(m, 6)), rng.normal(size=(m, 6)), rng.integers(5, 50, m).astype(float),
+                          seed=seed, **kw)
+
+
+def test_gamma_must_lie_in_the_unit_interval():
+    for g in (-0.1, 1.1):
+        with pytest.raises(ValueError, match="c2v-gamma"):
+            state(gamma=g)
+    state(gamma=0.0), state(gamma=1.0)
+
+
+def test_late_joiners_extend_the_index_with_no_history_and_are_eligible_at_once():
+    s = state(4)
+    s.observe([0, 1])
+    s.last_drawn[:] = 1
+    rng = np.random.default_rng(9)
+    bf, bl = rng.normal(size=(2, 6)), rng.normal(size=(2, 6))
+    s.add(bf, bl, np.array([7.0, 9.0]))
+    assert s.size == 6 and s.n[4:].tolist() == [7.0, 9.0]
+    assert s.H[4:].tolist() == [0.0, 0.0] and np.isneginf(s.last_drawn[4:]).all()
+    assert s.sim_f.shape == (6, 6) and s.sim_f[4, 5] == pytest.approx(cos(bf[0], bf[1]))
+    assert s.sim_l[5, 0] == pytest.approx(cos(bl[1], s.beta_l[0]))
+
+
+def test_probabilities_follow_eq1_on_the_last_cohort_with_unavailable_and_recent_clients_excluded():
+    s = state(10, tau=0.5)
+    s.sample(1, 2, use_index=True)  # window = 10 // (2*2) = 2 for the next draws
+    first = s.last_drawn.copy()
+    s.observe(np.flatnonzero(first == 1))
+    available = np.ones(10, bool)
+    available[7] = False
+    p = s.probabilities(2, available)
+    sim = s.similarity(np.flatnonzero(first == 1))
+    e = np.exp(sim / 0.5)
+    e[first == 1] = 0.0  # drawn last round: inside the window
+    e[7] = 0.0  # not connected
+    np.testing.assert_allclose(p, e / e.sum())
+
+
+def test_without_the_index_the_cohort_is_uniform_over_available_clients():
+    s = state(6)
+    available = np.array([True, False, True, True, False, True])
+    seen = set()
+    for t in range(1, 30):
+        c = s.sample(t, 2, use_index=False, available=available)
+        assert len(c) == 2 and set(c.tolist()) <= {0, 2, 3, 5}
+        seen |= set(c.tolist())
+        assert (s.last_drawn[c] == t).all() and s.prev_drawn_size == 2
+    assert seen == {0, 2, 3, 5}
+
+
+def test_the_window_is_lifted_when_too_few_clients_remain_eligible():
+    s = state(6)
+    c1 = s.sample(1, 3, use_index=True)  # window 6 // 6 = 1: the 3 drawn are blocked in round 2
+    s.observe(c1)
+    available = np.ones(6, bool)
+    available[np.setdiff1d(np.arange(6), c1)[0]] = False  # only 2 eligible and unblocked, 3 wanted
+    c2 = s.sample(2, 3, use_index=True, available=available)
+    assert len(c2) == 3 and available[c2].all()
+
+
+def test_cohort_size_shrinks_to_the_available_clients():
+    s = state(5)
+    c = s.sample(1, 4, use_index=False, available=np.array([True, False, True, False, False]))
+    assert c.tolist() == [0, 2]
+
+
+def test_observing_updates_history_and_the_last_cohort_and_ignores_empty_rounds():
+    s = state(6, gamma=0.5)
+    s.observe([1, 2])
+    h1 = s.similarity([1, 2])
+    np.testing.assert_allclose(s.H, h1)
+    s.observe([])
+    np.testing.assert_allclose(s.H, h1)
+    assert s.prev_cohort.tolist() == [1, 2]
+    s.observe([4])
+    np.testing.assert_allclose(s.H, 0.5 * h1 + s.similarity([4]))
+    assert s.prev_cohort.tolist() == [4]
+
+
+def test_weights_use_history_with_the_index_and_sample_counts_without():
+    s = state(6, lambda1=0.7)
+    s.observe([0, 3, 5])
+    cohort = [0, 3, 5]
+    np.testing.assert_allclose(s.weights(cohort, True), aggregation_weights(s.H[cohort], s.n[cohort], 0.7))
+    np.testing.assert_allclose(s.weights(cohort, False), s.n[cohort] / s.n[cohort].sum())

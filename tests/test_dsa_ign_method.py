@@ -1,0 +1,191 @@
+"""DSA-IGN and the Client2Vec options (spec client2vec §2.2-§2.5, §3), against the spec's definitions.
+
+The options are checked against pyproject.toml's declared defaults (the run config Flower sends) and key by
+key, so a misspelt key, a wrong default or an off-by-one range shows up.
+"""
+
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from task.dsa_ign import (
+    DSAIGN, IGNConfig, build_ign, c2v_options, client_index, loss_div, loss_orth, loss_recon, loss_sim, total_loss,
+    train_dsa_ign,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = IGNConfig(dim=16, token=8, layers=1, heads=2, ff=16, dropout=0.0)
+
+
+def declared_defaults():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    return {k: v for k, v in cfg.items() if k.startswith("c2v-")}
+
+
+def test_code_defaults_equal_the_declared_run_config_defaults():
+    assert c2v_options({}) == c2v_options(declared_defaults())
+
+
+# key -> (a value other than the default, the option field it sets, the value that field then holds)
+CHANGES = {
+    "c2v-base": ("moon", "base", "moon"), "c2v-sampling": (False, "sampling", False),
+    "c2v-aggregation": (False, "aggregation", False), "c2v-local": (False, "local", False),
+    "c2v-encoder": ("synthetic", "encoder", "synthetic"), "c2v-clip-model": ("ViT-B-32", "clip_model", "ViT-B-32"),
+    "c2v-clip-weights": ("/w.pt", "clip_weights", "/w.pt"), "c2v-normalize": (False, "normalize", False),
+    "c2v-cache-dir": ("/c", "cache_dir", "/c"), "c2v-ign-mode": ("federated", "ign_mode", "federated"),
+    "c2v-ign-epochs": (3, "ign_epochs", 3), "c2v-ign-local-epochs": (4, "ign_local_epochs", 4),
+    "c2v-ign-fraction": (0.5, "ign_fraction", 0.5), "c2v-ign-upload": (64, "ign_upload", 64),
+    "c2v-ign-batch": (32, "ign_batch", 32), "c2v-ign-lr": (0.01, "ign_lr", 0.01),
+    "c2v-orth-mode": ("diag", "orth_mode", "diag"), "c2v-tau": (2.0, "tau", 2.0), "c2v-gamma": (0.9, "gamma", 0.9),
+    "c2v-lambda1": (3.0, "lambda1", 3.0), "c2v-local-weight": (5.0, "local_weight", 5.0),
+    "c2v-orth-normalize": (False, "orth_normalize", False),
+    "c2v-orth-mean-over-clients": (True, "orth_mean_over_clients", True),
+}
+
+
+@pytest.mark.parametrize("key", sorted(CHANGES))
+def test_each_key_sets_its_own_option(key):
+    value, field, expected = CHANGES[key]
+    base, changed = c2v_options({}), c2v_options({key: value})
+    assert getattr(changed, field) == expected != getattr(base, field)
+    assert {f: v for f, v in vars(changed).items() if f != field} == {f: v for f, v in vars(base).items() if f != field}
+
+
+@pytest.mark.parametrize("key, value, field", [("c2v-ign-ff", 64, "ff"), ("c2v-ign-dropout", 0.3, "dropout"),
+                                               ("c2v-pos-emb", False, "pos_emb")])
+def test_network_keys_set_the_dsa_ign_shape(key, value, field):
+    assert getattr(c2v_options({key: value}).ign, field) == value != getattr(c2v_options({}).ign, field)
+
+
+@pytest.mark.parametrize("key, ok, bad", [
+    ("c2v-ign-epochs", [0], [-1]), ("c2v-ign-local-epochs", [1], [0]), ("c2v-ign-fraction", [0.0, 1.0], [-0.01, 1.01]),
+    ("c2v-ign-upload", [2], [1]), ("c2v-ign-batch", [2], [1]), ("c2v-ign-lr", [0.0], [-1e-6]),
+    ("c2v-ign-ff", [1], [0]), ("c2v-ign-dropout", [0.0, 1.0], [-0.1, 1.1]), ("c2v-tau", [1e-9], [0.0]),
+    ("c2v-gamma", [0.0, 1.0], [-0.1, 1.1]), ("c2v-lambda1", [1e-9], [0.0]), ("c2v-local-weight", [0.0], [-0.5]),
+])
+def test_ranges_accept_their_bounds_and_refuse_beyond_naming_the_key(key, ok, bad):
+    for v in ok:
+        c2v_options({key: v})
+    for v in bad:
+        with pytest.raises(ValueError, match=key):
+            c2v_options({key: v})
+
+
+def test_flags_and_numbers_accept_strings_and_refuse_nonsense():
+    assert c2v_options({"c2v-sampling": "TRUE"}).sampling is True
+    assert c2v_options({"c2v-sampling": "yes"}).sampling is True and c2v_options({"c2v-sampling": "1"}).sampling
+    assert c2v_options({"c2v-sampling": "No"}).sampling is False and not c2v_options({"c2v-sampling": "0"}).sampling
+    assert c2v_options({"c2v-local": "false"}).local is False
+    assert c2v_options({"c2v-ign-epochs": "7"}).ign_epochs == 7
+    with pytest.raises(ValueError, match="c2v-local.*true or false"):
+        c2v_options({"c2v-local": "perhaps"})
+    with pytest.raises(ValueError, match="c2v-ign-epochs.*int"):
+        c2v_options({"c2v-ign-epochs": "many"})
+    with pytest.raises(ValueError, match="c2v-orth-mode.*allowed"):
+        c2v_options({"c2v-orth-mode": "l2"})
+
+
+def test_network_shape_must_split_into_tokens_and_heads():
+    with pytest.raises(ValueError, match="divisible"):
+        IGNConfig(dim=10, token=8, heads=2)
+    with pytest.raises(ValueError, match="divisible"):
+        IGNConfig(dim=16, token=8, heads=3)
+    IGNConfig(dim=16, token=8, heads=2)
+
+
+def test_forward_is_the_spec_architecture_z_first_half_u_second_half_d_tilde_projected():
+    net = build_ign(SMALL, 0).eval()
+    assert net.n_tokens == 4  # 2 * 16 / 8
+    d = torch.randn(3, 16)
+    z, u, d_hat = net(d)
+    tokens = torch.cat([d, d], 1).reshape(3, 4, 8) + net.pos
+    out = net.encoder(tokens).reshape(3, 32)
+    torch.testing.assert_close(z, out[:, :16])
+    torch.testing.assert_close(u, out[:, 16:])
+    torch.testing.assert_close(d_hat, out @ net.proj.weight.T + net.proj.bias)
+    assert net.proj.in_features == 32 and net.proj.out_features == 16
+    assert net.pos.shape == (1, 4, 8) and float(net.pos.std()) < 0.1  # small N(0, 0.02) start
+    assert build_ign(IGNConfig(dim=16, token=8, layers=1, heads=2, ff=16, pos_emb=False), 0).pos is None
+
+
+def test_small_losses_match_their_definitions():
+    u = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 2.0]])
+    cosm = torch.nn.functional.normalize(u, dim=1) @ torch.nn.functional.normalize(u, dim=1).T
+    expected = np.mean([np.log(sum(np.exp(float(cosm[j, k])) for k in range(3) if k != j)) for j in range(3)])
+    assert loss_div(u).item() == pytest.approx(expected, rel=1e-6)
+    one = torch.ones(1, 2, requires_grad=True)
+    assert loss_div(one).item() == 0.0 and loss_div(one).requires_grad
+    z = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    v = torch.tensor([[0.0, 3.0], [2.0, 0.0]])
+    c = np.array([[0.0, 1.0], [np.sqrt(0.5), np.sqrt(0.5)]])  # |cos(z_j, v_k)|
+    assert loss_orth(z, v, "cos").item() == pytest.approx(c.mean(), rel=1e-6)
+    assert loss_orth(z, v, "diag").item() == pytest.approx(np.mean([c[0, 0], c[1, 1]]), rel=1e-6)
+    assert loss_orth(z, v, "literal").item() == pytest.approx(0 + 2 + 3 + 2, rel=1e-6)
+    assert loss_recon(z, v).item() == pytest.approx(((z - v) ** 2).mean().item())
+    assert loss_sim(z, v).item() == pytest.approx(np.mean([1.0, 1 - np.sqrt(0.5)]), rel=1e-6)
+
+
+def test_total_loss_is_the_sum_of_the_four_parts_it_reports():
+    net = build_ign(SMALL, 1)
+    d, lab = torch.randn(6, 16), torch.randn(6, 16)
+    for mode in ("cos", "literal"):
+        total, parts = total_loss(net.eval(), d, lab, mode)
+        z, u, d_hat = net(d)
+        assert parts["div"] == pytest.approx(loss_div(u).item(), rel=1e-5)
+        assert parts["sim"] == pytest.approx(loss_sim(z, lab).item(), rel=1e-5)
+        assert parts["orth"] == pytest.approx(loss_orth(z, u, mode).item(), rel=1e-5)
+        assert parts["recon"] == pytest.approx(loss_recon(d_hat, d).item(), rel=1e-5)
+        assert total.item() == pytest.approx(sum(parts.values()), rel=1e-5)
+
+
+def test_training_history_progress_and_mode():
+    rng = np.random.default_rng(0)
+    D, L = rng.normal(size=(5, 16)).astype(np.float32), rng.normal(size=(5, 16)).astype(np.float32)
+    net = build_ign(SMALL, 2)
+    seen = []
+    hist = train_dsa_ign(net, D, L, epochs=3, batch_size=2, lr=0.01, progress=lambda e, h: seen.append((e, h)))
+    assert len(hist) == 3 and [e for e, _ in seen] == [1, 2, 3] and seen[-1][1] == hist[-1]
+    assert set(hist[0]) == {"div", "sim", "orth", "recon", "total"}
+    assert hist[0]["total"] == pytest.approx(hist[0]["div"] + hist[0]["sim"] + hist[0]["orth"] + hist[0]["recon"], rel=1e-5)
+    assert not net.training  # ready for the index
+    frozen = build_ign(SMALL, 2)
+    before = {k: v.clone() for k, v in frozen.state_dict().items()}
+    train_dsa_ign(frozen, D, L, epochs=2, batch_size=2, lr=0.0)
+    assert all(torch.equal(before[k], v) for k, v in frozen.state_dict().items())  # lr is the step size
+    with pytest.raises(ValueError, match="as many label embeddings"):
+        train_dsa_ign(net, D, L[:4], epochs=1)
+    with pytest.raises(ValueError, match="as many label embeddings"):
+        train_dsa_ign(net, D[:0], L[:0], epochs=1)
+
+
+def test_training_lowers_the_loss_and_is_seeded():
+    rng = np.random.default_rng(1)
+    D, L = rng.normal(size=(16, 16)).astype(np.float32), rng.normal(size=(16, 16)).astype(np.float32)
+    a, b = build_ign(SMALL, 3), build_ign(SMALL, 3)
+    ha = train_dsa_ign(a, D, L, epochs=8, batch_size=8, lr=0.01, seed=5)
+    hb = train_dsa_ign(b, D, L, epochs=8, batch_size=8, lr=0.01, seed=5)
+    assert ha == hb and ha[-1]["total"] < ha[0]["total"]
+
+
+def test_client_index_averages_u_over_all_samples_in_eval_mode():
+    rng = np.random.default_rng(2)
+    cfg = IGNConfig(dim=16, token=8, layers=1, heads=2, ff=16, dropout=0.5)  # dropout: train mode would be noisy
+    net = build_ign(cfg, 4).train()
+    D, L = rng.normal(size=(7, 16)).astype(np.float32), rng.normal(size=(7, 16)).astype(np.float32)
+    bf, bl = client_index(net, D, L, batch_size=3)
+    with torch.no_grad():
+        _, u, _ = net.eval()(torch.from_numpy(D))
+    np.testing.assert_allclose(bf, u.numpy().mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bl, L.mean(0), rtol=1e-6)
+    assert bf.dtype == np.float32 and bl.dtype == np.float32 and bf.shape == (16,)
+    with pytest.raises(ValueError, match="at least one"):
+        client_index(net, D[:0], L[:0])
+
+
+def test_dsaign_default_config_is_the_papers():
+    cfg = IGNConfig()
+    assert (cfg.dim, cfg.token, cfg.layers, cfg.heads, cfg.ff, cfg.dropout, cfg.pos_emb) == (512, 32, 3, 8, 2048, 0.1, True)
+    assert isinstance(build_ign(SMALL, 0), DSAIGN)
