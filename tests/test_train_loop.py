@@ -1,0 +1,223 @@
+"""The one training loop and the evaluation loop (task/train.py), checked against steps computed by hand.
+
+Every method trains through ``train``; a loop that silently drops momentum, the extra loss, the parameter
+subset or the per-sample averaging would change every method at once.
+"""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from task.models import SplitModel
+from task.train import batches, evaluate, proximal_term, resolve_device, train
+
+
+class Lin(SplitModel):
+    def __init__(self, d=4, c=3, bn=False):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(d, 5), nn.BatchNorm1d(5)) if bn else nn.Linear(d, 5)
+        self.head = nn.Linear(5, c)
+
+    def features(self, x):
+        return torch.tanh(self.body(x))
+
+
+def data(n=12, d=4, c=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g), torch.randint(0, c, (n,), generator=g)
+
+
+def model(seed=0, **kw):
+    torch.manual_seed(seed)
+    return Lin(**kw)
+
+
+def grads(net, x, y, extra=None):
+    net.zero_grad()
+    loss = nn.functional.cross_entropy(net(x), y)
+    if extra is not None:
+        loss = loss + extra(net)
+    loss.backward()
+    return {n: p.grad.detach().clone() for n, p in net.named_parameters()}
+
+
+def params(net):
+    return {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+def test_one_full_batch_sgd_step_with_weight_decay():
+    x, y = data()
+    net, ref = model(), model()
+    g = grads(ref, x, y)
+    w0 = params(ref)
+    out = train(net, x, y, epochs=1, batch_size=len(y), lr=0.3, momentum=0.0, weight_decay=0.1)
+    for n, p in net.named_parameters():
+        torch.testing.assert_close(p.detach(), w0[n] - 0.3 * (g[n] + 0.1 * w0[n]))
+    assert out["steps"] == 1
+
+
+def test_momentum_carries_the_previous_step_within_one_call():
+    x, y = data()
+    net, ref = model(), model()
+    lr, mu = 0.2, 0.9
+    g1 = grads(ref, x, y)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            p -= lr * g1[n]
+    g2 = grads(ref, x, y)
+    w0 = params(model())
+    train(net, x, y, epochs=2, batch_size=len(y), lr=lr, momentum=mu)
+    for n, p in net.named_parameters():
+        torch.testing.assert_close(p.detach(), w0[n] - lr * g1[n] - lr * (mu * g1[n] + g2[n]))
+
+
+def test_adam_first_step_moves_each_weight_by_about_lr_against_its_gradient():
+    x, y = data()
+    net, ref = model(), model()
+    g = grads(ref, x, y)
+    w0 = params(ref)
+    train(net, x, y, epochs=1, batch_size=len(y), lr=0.01, optimizer="adam")
+    for n, p in net.named_parameters():
+        expected = w0[n] - 0.01 * g[n] / (g[n].abs() + 1e-8)
+        torch.testing.assert_close(p.detach(), expected, atol=1e-6, rtol=1e-4)
+    with pytest.raises(ValueError, match="optimizer"):
+        train(model(), x, y, optimizer="lbfgs")
+
+
+def test_the_extra_loss_is_added_to_the_objective():
+    x, y = data()
+    extra = lambda m: 2.0 * (m.head.weight ** 2).sum()  # noqa: E731
+    net, ref = model(), model()
+    g = grads(ref, x, y, extra)
+    w0 = params(ref)
+    train(net, x, y, epochs=1, batch_size=len(y), lr=0.1, momentum=0.0,
+          extra_loss=lambda m, xb, yb, logits: extra(m))
+    for n, p in net.named_parameters():
+        torch.testing.assert_close(p.detach(), w0[n] - 0.1 * g[n])
+
+
+def test_only_the_given_parameters_move():
+    x, y = data()
+    net = model()
+    w0 = params(net)
+    train(net, x, y, epochs=2, batch_size=4, lr=0.1, params=list(net.head.parameters()))
+    for n, p in net.named_parameters():
+        assert torch.equal(p.detach(), w0[n]) != n.startswith("head.")
+
+
+def test_custom_loss_and_forward_are_the_ones_optimised_and_reported():
+    x, y = data()
+    net = model()
+    w0 = params(net)
+    out = train(net, x, y, epochs=1, batch_size=4, lr=0.5, loss_fn=lambda logits, t: (logits * 0.0).sum())
+    assert out["train-loss"] == 0.0 and all(torch.equal(p.detach(), w0[n]) for n, p in net.named_parameters())
+    c = 3
+    out = train(net, x, y, epochs=1, batch_size=4, lr=0.5,
+                forward=lambda xb: torch.zeros(len(xb), c, requires_grad=True))
+    assert out["train-loss"] == pytest.approx(math.log(c), rel=1e-6)  # uniform logits
+    assert all(torch.equal(p.detach(), w0[n]) for n, p in net.named_parameters())
+
+
+def test_reported_loss_and_accuracy_are_per_sample_means_over_uneven_batches():
+    x, y = data(n=10)
+    net = model()
+    with torch.no_grad():
+        logits = net(x)
+    expected_loss = float(nn.functional.cross_entropy(logits, y))
+    expected_acc = float((logits.argmax(1) == y).float().mean())
+    out = train(net, x, y, epochs=2, batch_size=4, lr=0.0, momentum=0.0)  # lr 0: the model stays put
+    assert out["train-loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert out["train-acc"] == pytest.approx(expected_acc)
+    assert out["steps"] == 6  # ceil(10 / 4) batches x 2 epochs
+
+
+def test_batchnorm_models_skip_a_last_batch_of_one():
+    x, y = data(n=9)
+    assert train(model(bn=True), x, y, epochs=1, batch_size=4, lr=0.01)["steps"] == 2
+    assert train(model(), x, y, epochs=1, batch_size=4, lr=0.01)["steps"] == 3
+
+
+def test_nothing_to_train_returns_zeros_and_bad_settings_are_refused():
+    x, y = data()
+    zero = {"train-loss": 0.0, "train-acc": 0.0, "steps": 0}
+    net = model()
+    assert train(net, x, y, epochs=0) == zero
+    assert train(net, x[:0], y[:0]) == zero
+    frozen = model()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    assert train(frozen, x, y) == zero
+    assert train(net, x, y, params=[]) == zero
+    for kw in ({"epochs": -1}, {"batch_size": 0}):
+        with pytest.raises(ValueError, match="local-epochs"):
+            train(net, x, y, **kw)
+
+
+def test_max_steps_stops_an_epoch_early():
+    x, y = data(n=12)
+    assert train(model(), x, y, epochs=1, batch_size=2, lr=0.01, max_steps=2)["steps"] == 2
+
+
+def test_training_is_seeded_by_its_seed():
+    x, y = data(n=20)
+    a, b, c = model(), model(), model()
+    train(a, x, y, epochs=1, batch_size=5, lr=0.1, seed=3)
+    train(b, x, y, epochs=1, batch_size=5, lr=0.1, seed=3)
+    train(c, x, y, epochs=1, batch_size=5, lr=0.1, seed=4)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
+
+
+def test_batches_cover_every_index_once_in_order_or_shuffled():
+    assert [b.tolist() for b in batches(7, 3, None, shuffle=False)] == [[0, 1, 2], [3, 4, 5], [6]]
+    shuffled = torch.cat(list(batches(7, 3, torch.Generator().manual_seed(0))))
+    assert sorted(shuffled.tolist()) == list(range(7)) and shuffled.tolist() != list(range(7))
+
+
+def test_evaluate_in_eval_mode_over_chunks_with_per_target_means():
+    x, y = data(n=11)
+    net = model(bn=True)
+    train(net, x, y, epochs=1, batch_size=4, lr=0.1)  # BN statistics move away from their initial values
+    net.train()
+    ref = copy.deepcopy(net).eval()
+    with torch.no_grad():
+        logits = ref(x)
+    loss, acc = evaluate(net, x, y, batch_size=3)
+    assert loss == pytest.approx(float(nn.functional.cross_entropy(logits, y)), rel=1e-5)
+    assert acc == pytest.approx(float((logits.argmax(1) == y).float().mean()))
+    assert evaluate(net, x[:0], y[:0]) == (0.0, 0.0)
+
+
+def test_sequence_targets_are_averaged_per_token():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 5, 4, generator=g)  # (batch, classes, time)
+    y = torch.randint(0, 5, (3, 4), generator=g)
+    net = model()
+    rows = torch.arange(3, dtype=torch.float32)[:, None]  # "inputs" that say which row of logits to return
+    loss, acc = evaluate(net, rows, y, forward=lambda xb: logits[xb[:, 0].long()], batch_size=2)
+    assert loss == pytest.approx(float(nn.functional.cross_entropy(logits, y)), rel=1e-5)
+    assert acc == pytest.approx(float((logits.argmax(1) == y).float().mean()))
+
+
+def test_proximal_term_is_half_mu_squared_distance_over_the_named_parameters():
+    net = model()
+    ref = {n: p.detach() + 0.5 for n, p in net.named_parameters() if n.startswith("head.")}
+    term = proximal_term(ref, mu=0.4)
+    n_head = sum(p.numel() for p in net.head.parameters())
+    value = term(net, None, None, torch.zeros(1))
+    assert float(value) == pytest.approx(0.5 * 0.4 * n_head * 0.25, rel=1e-5)
+    value.backward()
+    assert net.body.weight.grad is None
+    torch.testing.assert_close(net.head.weight.grad, torch.full_like(net.head.weight, -0.4 * 0.5))
+
+
+def test_device_names():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="'device'"):
+        resolve_device("gpu-zero")
