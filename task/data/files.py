@@ -13,6 +13,52 @@ from task.data.catalogue import dataset_info
 from task.data.clients import ClientData, DataSettings, load_client_data, stratified_split
 
 
+def _read_npz(file: Path, where: str) -> dict[str, np.ndarray]:
+    if not file.is_file():
+        raise ValueError(f"{where}: no such file (expected an .npz with arrays 'x' and 'y')")
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as exc:  # a zip or npy error: say what the file should be
+        raise ValueError(f"{where}: not a readable .npz file ({exc}); expected arrays 'x' and 'y'") from exc
+
+
+def checked_arrays(x: np.ndarray, y: np.ndarray | None, name: str, dataset: str, where: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """``x`` (float32 in the data set's sample shape; uint8 scaled to [0, 1]) and ``y`` (int64 labels in range),
+    or ValueError saying what is wrong and what is allowed."""
+    info = dataset_info(dataset)
+    shape = (info.in_channels, info.image_size, info.image_size) if info.image_size > 0 else (info.in_channels,)
+    if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != shape:
+        raise ValueError(f"{where}: '{name}' has shape {x.shape}; dataset {dataset!r} needs (N, "
+                         f"{', '.join(map(str, shape))})")
+    if y is not None:
+        if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer):
+            raise ValueError(f"{where}: labels for '{name}' must be integers of shape ({len(x)},), got "
+                             f"{y.dtype} {y.shape}")
+        if len(y) and (y.min() < 0 or y.max() >= info.num_classes):
+            raise ValueError(f"{where}: labels of '{name}' must be in [0, {info.num_classes}), got "
+                             f"[{y.min()}, {y.max()}]")
+        y = y.astype(np.int64)
+    if x.dtype == np.uint8:
+        x = x.astype(np.float32) / 255.0
+    elif not np.issubdtype(x.dtype, np.floating):
+        raise ValueError(f"{where}: '{name}' must be float or uint8, got {x.dtype}")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{where}: '{name}' contains NaN or infinite values")
+    return np.ascontiguousarray(x, dtype=np.float32), y
+
+
+def read_node_file(path: str | Path, dataset: str, labels_required: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """(x, y) of a data file in the deployed-node format (``y`` None when absent and not required)."""
+    if dataset == "dialects":
+        raise ValueError(f"{path}: the 'dialects' text task has no file format; use a vision or vector dataset")
+    where = f"data file {str(path)!r}"
+    arrays = _read_npz(Path(path).expanduser(), where)
+    if "x" not in arrays or (labels_required and "y" not in arrays):
+        raise ValueError(f"{where}: has arrays {sorted(arrays)}; needs 'x'{' and y' if labels_required else ''}")
+    return checked_arrays(arrays["x"], arrays.get("y"), "x", dataset, where)
+
+
 @functools.lru_cache(maxsize=8)
 def load_local_file(path: str, settings: DataSettings, partition_id: int) -> ClientData:
     """A deployed node's own data from an ``.npz`` file (node config ``data-path``), split like a partition.
@@ -27,36 +73,14 @@ def load_local_file(path: str, settings: DataSettings, partition_id: int) -> Cli
     if settings.dataset == "dialects":
         raise ValueError(f"{where}: the 'dialects' text task has no file format; use a vision or vector dataset")
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise ValueError(f"{where}: no such file (expected an .npz with arrays 'x' and 'y')")
-    try:
-        with np.load(file, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except Exception as exc:  # a zip or npy error: say what the file should be
-        raise ValueError(f"{where}: not a readable .npz file ({exc}); expected arrays 'x' and 'y'") from exc
+    arrays = _read_npz(file, where)
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing or (("x_test" in arrays) != ("y_test" in arrays)):
         raise ValueError(f"{where}: has arrays {sorted(arrays)}; needs 'x' and 'y' (and optionally both "
                          "'x_test' and 'y_test')")
-    shape = (info.in_channels, info.image_size, info.image_size) if info.image_size > 0 else (info.in_channels,)
 
     def checked(x: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-        if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != shape:
-            raise ValueError(f"{where}: '{name}' has shape {x.shape}; dataset {settings.dataset!r} needs (N, "
-                             f"{', '.join(map(str, shape))})")
-        if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer):
-            raise ValueError(f"{where}: labels for '{name}' must be integers of shape ({len(x)},), got "
-                             f"{y.dtype} {y.shape}")
-        if len(y) and (y.min() < 0 or y.max() >= info.num_classes):
-            raise ValueError(f"{where}: labels of '{name}' must be in [0, {info.num_classes}), got "
-                             f"[{y.min()}, {y.max()}]")
-        if x.dtype == np.uint8:
-            x = x.astype(np.float32) / 255.0
-        elif not np.issubdtype(x.dtype, np.floating):
-            raise ValueError(f"{where}: '{name}' must be float or uint8, got {x.dtype}")
-        if not np.isfinite(x).all():
-            raise ValueError(f"{where}: '{name}' contains NaN or infinite values")
-        return np.ascontiguousarray(x, dtype=np.float32), y.astype(np.int64)
+        return checked_arrays(x, y, name, settings.dataset, where)
 
     x, y = checked(arrays["x"], arrays["y"], "x")
     if len(y) < 2:

@@ -1,0 +1,81 @@
+"""Checkpoint files (task/checkpoint.py): every kind of state comes back equal, generators continue where they
+stopped, foreign classes are refused, and a broken checkpoint fails with its reason."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from strategies.base import RoundLog
+from strategies.pifl_math import TokenLedger
+from task.checkpoint import (
+    FORMAT_VERSION, CheckpointError, from_tree, load_checkpoint, restore_into, save_checkpoint, to_tree,
+)
+
+
+def sample_state():
+    rng, gen = random.Random(3), np.random.default_rng(4)
+    rng.random(), gen.random(5)  # mid-stream
+    ledger = TokenLedger([0, 1, 2], 2, initial=100, price=7)
+    ledger.charge(1, [0, 2])
+    return {
+        "ints": {3: [1, 2], 10: (4, 5.5)}, "set": {7, 8}, "frozen": frozenset({"a"}), "nan": float("nan"),
+        "array": np.arange(6, dtype=np.float32).reshape(2, 3), "labels": np.array([1, 2], np.int64),
+        "scalar": np.float64(2.5), "rng": rng, "gen": gen, "ledger": ledger,
+        "log": [RoundLog(1, {"personal-acc": 0.5}, {}, {"comm": {"train-bytes-up": 10}})],
+        "module": torch.nn.Linear(3, 2), "none": None, "flag": True,
+    }
+
+
+def test_a_state_tree_comes_back_equal_and_generators_continue():
+    state = sample_state()
+    tree, arrays = to_tree(state)
+    json.dumps(tree)  # the tree itself is plain JSON
+    back = from_tree(json.loads(json.dumps(tree)), arrays)
+    assert back["ints"] == {3: [1, 2], 10: (4, 5.5)} and back["set"] == {7, 8} and back["frozen"] == frozenset({"a"})
+    assert np.isnan(back["nan"]) and back["scalar"] == 2.5 and isinstance(back["scalar"], np.float64)
+    np.testing.assert_array_equal(back["array"], state["array"])
+    assert back["array"].dtype == np.float32 and back["labels"].dtype == np.int64
+    assert [back["rng"].random() for _ in range(3)] == [state["rng"].random() for _ in range(3)]
+    np.testing.assert_array_equal(back["gen"].random(4), state["gen"].random(4))
+    assert back["ledger"].balances == state["ledger"].balances and back["ledger"].pools == state["ledger"].pools
+    back["ledger"].check()
+    assert back["log"][0] == state["log"][0]
+    target = torch.nn.Linear(3, 2)
+    restore_into(type("Holder", (), {})(), {})  # nothing to restore is fine
+    holder = type("Holder", (), {})()
+    holder.module = target
+    restore_into(holder, {"module": back["module"]})
+    assert holder.module is target and torch.equal(target.weight, state["module"].weight)
+
+
+def test_foreign_classes_are_refused_both_ways():
+    with pytest.raises(TypeError, match="only the project's own classes"):
+        to_tree({"x": object()})
+    evil = {"$object": "os:system", "fields": {}}
+    with pytest.raises(CheckpointError, match="outside the project"):
+        from_tree(evil, {})
+
+
+def test_files_are_atomic_and_broken_ones_are_refused(tmp_path):
+    tree, arrays = to_tree(sample_state())
+    for r in (1, 2, 3):
+        save_checkpoint(tmp_path, r, tree, arrays, {"method": "fedavg"})
+    assert (tmp_path / "LATEST").read_text() == "round-00003"
+    assert sorted(p.name for p in tmp_path.glob("round-*")) == ["round-00002", "round-00003"]  # keep 2
+    r, state, meta = load_checkpoint(tmp_path)
+    assert r == 3 and meta == {"method": "fedavg"} and state["ledger"].balances == sample_state()["ledger"].balances
+    doc = json.loads((tmp_path / "round-00003" / "state.json").read_text())
+    doc["format-version"] = FORMAT_VERSION + 1
+    (tmp_path / "round-00003" / "state.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match="newer pflower"):
+        load_checkpoint(tmp_path)
+    save_checkpoint(tmp_path, 4, tree, arrays, {})
+    data = (tmp_path / "round-00004" / "arrays.safetensors").read_bytes()
+    (tmp_path / "round-00004" / "arrays.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(tmp_path / "nothing-here")
