@@ -89,6 +89,8 @@ def test_eq11_result_lives_on_the_models_device_whatever_the_mask_and_message_ca
     mask = {"w": np.array([1, 0, 1, 0], bool)}  # as unpacked from the bit-packed payload: numpy
     assert merge_customized(own, custom, wbar, mask)["w"].device.type == "meta"
     assert merge_customized(own, None, wbar, mask)["w"].device.type == "meta"
+    on_device = {"w": torch.tensor([True, False, True, False], device="meta")}  # a mask kept on the device
+    assert merge_customized(own, custom, wbar, on_device)["w"].device.type == "meta"
 
 
 def test_eq11_takes_critical_positions_from_u_and_the_rest_from_w_bar():
