@@ -54,6 +54,54 @@ def test_self_index_anywhere_is_always_included_and_never_clustered():
     np.testing.assert_array_equal(beneficial_peers(row, 2), [1, 2, 3])  # its own (low) score does not count
 
 
+def optimal_upper_group(values):
+    """The exact 2-means split of 1-D values: sort, try every threshold, keep the least within-group squared
+    error; returns the positions of the group with the larger mean."""
+    order = np.argsort(values)
+    s = np.asarray(values, float)[order]
+    sse = [((s[:k] - s[:k].mean()) ** 2).sum() + ((s[k:] - s[k:].mean()) ** 2).sum() for k in range(1, len(s))]
+    return sorted(order[int(np.argmin(sse)) + 1:].tolist())
+
+
+# rows on which a single k-means start (or another seed) lands in a worse local optimum than the 2-means split
+HARD_ROWS = [
+    [-1.0, 3.0, -1.8, 0.9, 1.3, 4.4, -1.5, 5.2, 0.5, -0.6, -2.0, 1.8, 0.1, -3.3, -3.4, -1.7],
+    [-3.0, -1.2, 0.3, -7.7, 1.1, 4.2],
+    [-2.4, -3.1, 3.3, 3.5, -0.4, 4.0, -1.4, -1.0, -3.9, 6.3, 0.5, 2.3, -4.6, 1.7, -5.2, -1.8, 2.2, 4.5, 5.0, 0.1,
+     -3.7, 1.4],
+    [2.6, -0.1, 1.0, 0.3, 5.3, 0.8, 3.7, -0.4, -2.4, -4.6, -3.2, 1.4, -2.9, 3.4, -1.1, -5.6, 0.6, -1.5, 5.7],
+    [1.1, 3.5, -3.0, -6.8, 2.3, -3.6, -1.0, -3.5, 3.2, 2.6, -2.2, 2.7, 0.4, -0.4, 0.2, -0.6, 1.8, 0.9],
+    [3.0, -2.9, 2.3, -0.3, 3.4, 1.4, -3.3, 0.4],
+    [-0.8, -2.1, 2.6, -2.7, -8.2, -3.2, 0.3, -9.2, -1.1, -1.0, -4.3, -4.4, -1.4, -1.6, 3.8, 1.1, -4.7, -2.6, 2.1,
+     5.7, 1.2],
+]
+
+
+@pytest.mark.parametrize("values", HARD_ROWS)
+def test_beneficial_peers_are_the_upper_group_of_the_2_means_split(values):
+    row = np.array([100.0, *values])  # the client itself first; its own score takes no part
+    expected = [0] + [j + 1 for j in optimal_upper_group(values)]
+    np.testing.assert_array_equal(beneficial_peers(row, 0), expected)
+
+
+def test_two_means_with_two_peers_still_separates_them():
+    np.testing.assert_array_equal(beneficial_peers(np.array([0.0, 5.0, -5.0]), 0), [0, 1])
+
+
+def test_symmetric_scores_are_two_groups_not_a_constant_row():
+    np.testing.assert_array_equal(beneficial_peers(np.array([0.0, 3.0, 3.0, -3.0, -3.0]), 0), [0, 1, 2])
+
+
+def test_three_levels_give_the_upper_two_levels_in_one_group():
+    row = np.array([0.0, 10.0, 9.0, 5.0, 4.8, -30.0, -31.0])
+    np.testing.assert_array_equal(beneficial_peers(row, 0), [0, 1, 2, 3, 4])
+
+
+def test_require_positive_keeps_small_positive_influences():
+    row = np.array([4.0, 0.5, 0.6, -9.0, -10.0])
+    np.testing.assert_array_equal(beneficial_peers(row, 0, require_positive=True), [0, 1, 2])
+
+
 # ------------------------------------------------------------------------------------------ client handlers
 @pytest.fixture(scope="module")
 def lazy_models():
@@ -158,9 +206,9 @@ def test_late_joiner_compares_against_every_stored_lazy_model(lazy_models):
 def test_lazy_training_starts_from_the_sent_model_and_runs_lazy_epochs_on_the_training_split(lazy_models):
     theta0, low, high = lazy_models
     data = client_data(HIGH)
-    none = client("pfedlia", data, **{"lazy-epochs": 0}).query("lazy", RecordDict({"arrays": to_record(numpy_state(low))}))
+    none = client("pfedlia", data, **{"lazy-epochs": 1, "lr": 0.0}).query("lazy", RecordDict({"arrays": to_record(numpy_state(low))}))
     for k, v in record_to_numpy(none["arrays"]).items():
-        np.testing.assert_array_equal(v, low[k].numpy())  # zero lazy epochs: the sent model itself
+        np.testing.assert_array_equal(v, low[k].numpy())  # a step size of 0: the sent model itself
     c = client("pfedlia", data, **{"lazy-epochs": 4, "local-epochs": 0})
     lazy = {k: torch.from_numpy(v) for k, v in record_to_numpy(c.query("lazy", RecordDict({"arrays": to_record(numpy_state(theta0))}))["arrays"]).items()}
     assert loss_of(c, lazy, data.x_train, data.y_train) < 0.7 * loss_of(c, theta0, data.x_train, data.y_train)
