@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from client_app.client2vec_math import build_aux, distill_loss, local_regulariser, moon_loss, orth_loss
+from client_app.baselines import moon_loss
+from client_app.client2vec_math import distill_loss, local_regulariser, orth_loss
+from task.methods.client2vec import build_aux
 
 
 def cos_np(a, b):
@@ -76,5 +78,8 @@ def test_moon_loss_matches_its_formula_and_only_pulls_the_local_representation()
         neg = np.diag(cos_np(z.detach(), zp.detach())) / t
         expected = (-np.log(np.exp(pos) / (np.exp(pos) + np.exp(neg)))).mean()
         assert moon_loss(z, zg, zp, t).item() == pytest.approx(expected, rel=1e-5)
+    pos, neg = np.diag(cos_np(z.detach(), zg.detach())) / 0.5, np.diag(cos_np(z.detach(), zp.detach())) / 0.5
+    default = (np.log(np.exp(pos) + np.exp(neg)) - pos).mean()  # MOON's default temperature 0.5
+    assert moon_loss(z, zg, zp).item() == pytest.approx(default, rel=1e-5)
     moon_loss(z, zg, zp).backward()
     assert zg.grad is None and zp.grad is None and z.grad.abs().sum() > 0
