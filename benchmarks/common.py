@@ -11,7 +11,8 @@ Record schema (``SCHEMA``; every key is always present, ``None`` where it does n
   ``run`` (the results folder's name), ``num-supernodes``, ``error`` (the tail of a failed run's log, or None),
   ``code`` (the commit of the app code that ran, and whether it had uncommitted changes)
 - ``machine``: cores, memory, versions, and the 1-minute load average before and after the run
-- ``run-config``: the run's full run config (``config.json``)
+- ``run-config``: the run's full run config (``config.json``); ``overrides``: the keys it set away from the
+  defaults of the code that ran; ``resolved-model``: the model ``model=auto`` resolved to
 - ``summary``: the essentials of ``summary.json`` (final accuracies and losses, perplexity, clients, failures,
   seconds)
 - ``rounds``: per round: accuracies (personalized, global, after local training), seconds, server seconds,
@@ -228,7 +229,11 @@ def record_from_run(folder: Path | None, *, grid: str, cell: dict[str, Any], com
                     run_config: dict[str, Any], load_before: float | None = None, error: str | None = None) -> dict:
     """The compact raw record of one run (see the module docstring)."""
     folder = Path(folder) if folder else None
-    config = (_read_json(folder / "config.json") or {}).get("run-config") if folder else None
+    config_json = (_read_json(folder / "config.json") or {}) if folder else {}
+    config = config_json.get("run-config")
+    # a run that failed before writing config.json: what was asked, on top of the defaults of the code that ran
+    defaults = app_defaults()
+    config = config if config is not None else {**defaults, **run_config}
     summary = (_read_json(folder / "summary.json") or {}) if folder else {}
     rounds = _rounds(folder) if folder else []
     clients = _clients(folder) if folder else {"columns": [], "rows": []}
@@ -239,8 +244,10 @@ def record_from_run(folder: Path | None, *, grid: str, cell: dict[str, Any], com
     return {
         "schema": SCHEMA, "grid": grid, "cell": cell, "command": command, "run": folder.name if folder else None,
         "num-supernodes": num_supernodes, "error": error, "code": code_version(), "machine": machine(load_before),
-        # a run that failed before writing config.json: what was asked, on top of the defaults of the code that ran
-        "run-config": config if config is not None else {**app_defaults(), **run_config},
+        "run-config": config,
+        # the keys this run set away from the defaults of the code that ran (a later change of a default is not one)
+        "overrides": sorted(k for k, v in config.items() if k not in defaults or defaults[k] != v),
+        "resolved-model": (config_json.get("resolved") or {}).get("model"),
         "summary": {k: summary.get(k) for k in keys},
         "rounds": rounds, "clients": clients, "artefacts": artefacts,
         "failures": {"count": len(failures), "first": [str(f.get("reason", f))[:200] for f in failures[:3]]},
@@ -357,3 +364,35 @@ def print_report(grid: str, raw_dir: Path | str = RAW) -> None:
     print()
     print(report.render_grid(grid, Path(raw_dir)))
     print(f"\nraw records: {Path(raw_dir) / grid}/; rebuild RESULTS.md with: python benchmarks/report.py")
+
+
+def refresh(raw_dir: Path, runs_dir: Path) -> int:
+    """Rebuild every record of ``raw_dir`` from its run folder in ``runs_dir`` (after a change of what a record
+    keeps), keeping what only the original run knew: grid, cell, command, error, code and machine."""
+    n = 0
+    for path in sorted(Path(raw_dir).glob("*/*.json")):
+        old = json.loads(path.read_text())
+        if "measurements" in old:
+            continue
+        folder = Path(runs_dir) / old["run"] if old.get("run") else None
+        if folder is not None and not folder.is_dir():
+            continue
+        asked = {k: v for k, v in old["run-config"].items()} if folder is None else {}
+        new = record_from_run(folder, grid=old["grid"], cell=old["cell"], command=old["command"],
+                              num_supernodes=old["num-supernodes"], run_config=asked, error=old["error"])
+        new.update(code=old["code"], machine=old["machine"])
+        path.write_text(dumps_record(new))
+        n += 1
+    return n
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="rebuild raw records from their run folders (see refresh)")
+    ap.add_argument("command", choices=["refresh"])
+    ap.add_argument("--runs", default=str(OUT / "runs"))
+    ap.add_argument("--raw-dir", default=str(RAW))
+    a = ap.parse_args()
+    print(f"refreshed {refresh(Path(a.raw_dir), Path(a.runs))} records from {a.runs}")
+

@@ -287,7 +287,10 @@ def settings_diff(recs: list[Rec], defaults_: dict[str, Any]) -> list[str]:
             continue
         for value, chosen in by_value.items():
             where = "" if len(chosen) == len(recs) else f" ({_where(recs, chosen)})"
-            out.append(f"{key}={value}{where}{unknown}")
+            # runs that did not set the key used the default of their code: the default has changed since
+            then = ("" if key not in defaults_ or any(key in r.get("overrides", [key]) for r in chosen) else
+                    f" (the default when these ran; now {_fmt_value(defaults_[key])})")
+            out.append(f"{key}={value}{where}{unknown}{then}")
     return out
 
 
@@ -313,6 +316,12 @@ def key(name: str, fmt: Callable[[Any], str] = _fmt_value) -> Callable[[list[Rec
         return "; ".join(f"{v} ({_where(recs, g)})" for v, g in groups.items())
 
     return ours
+
+
+def trained_model(recs: list[Rec]) -> str:
+    """The model the runs trained (what ``model=auto`` resolved to, where the record knows it)."""
+    names = sorted({str(r.get("resolved-model") or r["run-config"].get("model")) for r in recs})
+    return " / ".join(names)
 
 
 def fixed(text: str) -> Callable[[list[Rec]], str]:
@@ -480,7 +489,7 @@ FEDCAC_PAPER = [
     Paper("seeds", "5", n_seeds, "fedcac §3"),
     Paper("data", "CIFAR-10 / CIFAR-100 / Tiny ImageNet, 500 train / 100 test samples per client",
           fixed("digits (8x8) with Gaussian pixel noise, all samples split among clients"), "fedcac §4"),
-    Paper("model", "ResNet-8 / ResNet-10", key("model"), "fedcac §4"),
+    Paper("model", "ResNet-8 / ResNet-10", trained_model, "fedcac §4"),
     Paper("headline metric", "best round", fixed("last round"), "fedcac §3"),
 ]
 FEDCAC_METHODS = ["local", "fedavg", "fedper", "fedrep", "ditto", "fedcac"]
@@ -500,7 +509,7 @@ def render_fedcac(raw: Path, d: dict[str, Any]) -> str:
         best = max((m for m in methods if means[m] is not None), key=lambda m: means[m], default=None)
         cells = [mean_std(select(recs, partition=part, method=m), PERSONAL) for m in methods]
         rows.append([part] + [f"**{c}**" if m == best else c for m, c in zip(methods, cells)])
-        if "fedcac" in methods and best is not None:
+        if "fedcac" in methods and best is not None and means["fedcac"] is not None:
             others = [m for m in methods if m != "fedcac" and means[m] is not None]
             rival = max(others, key=lambda m: means[m]) if others else None
             std = max(np.std(values(select(recs, partition=part, method=m), PERSONAL)) for m in ("fedcac", rival))
@@ -533,7 +542,7 @@ PFEDLIA_PAPER = [
           lambda recs: key("val-fraction", lambda v: f"validation {percent(v)}")(recs) + ", "
           + key("test-fraction", lambda v: f"test {percent(v)}")(recs), "pfedlia §3, §4"),
     Paper("seeds", "4", n_seeds, "pfedlia §3"),
-    Paper("model", "ResNet18 / GPT-2, pretrained", key("model"), "pfedlia §3, §4"),
+    Paper("model", "ResNet18 / GPT-2, pretrained", trained_model, "pfedlia §3, §4"),
     Paper("data", "FashionMNIST / CIFAR-10 / CIFAR-100; OSCAR Nordic text",
           key("dataset", lambda v: "digits (8x8)" if v == "digits" else "synthetic dialects" if v == "dialects" else v),
           "pfedlia §4"),
@@ -747,7 +756,7 @@ FEDC2I_PAPER = [
     Paper("seeds", "3", n_seeds, "fedc2i §3"),
     Paper("data", "Digit-5 (MNIST, SVHN, USPS, SynthDigits, MNIST-M), 1,000 training images per client",
           fixed("digits (8x8), 5 hand-made feature-shift domains, about 250 training images per client"), "fedc2i §4.1"),
-    Paper("model", "CIFAR-style CNN 64-64-384-192 (\"LeNet\")", key("model"), "fedc2i §4.2"),
+    Paper("model", "CIFAR-style CNN 64-64-384-192 (\"LeNet\")", trained_model, "fedc2i §4.2"),
 ]
 FEDC2I_METHODS = ["local", "fedavg", "fedprox", "fedrep", "fedrod", "fedc2i", "lambda-only", "Lambda-only"]
 
@@ -827,7 +836,7 @@ C2V_PAPER = [
     Paper("seeds", "3", n_seeds, "client2vec §3"),
     Paper("data", "CIFAR-10 (Dirichlet 0.1), DomainNet (6 domains), Shakespeare",
           fixed("digits (8x8), feature-shift domains x Dirichlet label skew"), "client2vec §4"),
-    Paper("model", "ResNet18 / MobileNetV2", key("model"), "client2vec §4"),
+    Paper("model", "ResNet18 / MobileNetV2", trained_model, "client2vec §4"),
 ]
 C2V_ARMS = ["FedAvg", "+i", "+ii", "+iii", "+i+ii+iii"]
 C2V_BLOCK_GAP_TARGET = 0.5  # spec client2vec §8: acceptance threshold of the index's domain block gap
