@@ -43,6 +43,11 @@ def test_a_row_constant_up_to_rounding_means_everyone_even_for_large_negative_sc
     np.testing.assert_array_equal(beneficial_peers(row, 0), [0, 1, 2, 3, 4])
 
 
+def test_scores_that_differ_only_at_rounding_scale_mean_everyone():
+    # the spread passes the constant-row test, but 2-means' two centres lie within 1e-12 of each other
+    np.testing.assert_array_equal(beneficial_peers(np.array([5.0, 0.0, 0.55e-12, 1.1e-12]), 0), [0, 1, 2, 3])
+
+
 def test_require_positive_drops_peers_whose_influence_is_not_positive():
     row = np.array([4.0, 0.0, 0.0, -9.0, -10.0])  # the top group scores exactly zero
     np.testing.assert_array_equal(beneficial_peers(row, 0), [0, 1, 2])
