@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from client_app.fedcac_math import critical_masks, merge_customized, pack_masks, parameter_sensitivity, unpack_masks
+from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
+from task.methods.fedcac import pack_masks, unpack_masks
 
 
 # ------------------------------------------------------------------------------------------ client side
@@ -201,6 +202,12 @@ def test_label_similarity_diagnostic_is_the_mean_cosine_over_collaborator_pairs_
     pairs, everyone = collaborator_label_similarity(collab, hist)
     assert pairs == pytest.approx(np.mean([cos[0, 1], cos[1, 0], cos[1, 2]]))
     assert everyone == pytest.approx(offdiag(cos).mean())
-    nobody, _ = collaborator_label_similarity([np.array([], dtype=np.int64)] * 4, hist)
-    assert np.isnan(nobody)
-    assert np.isnan(collaborator_label_similarity([np.array([], dtype=np.int64)], hist[:1])[1])  # no pair at all
+    shares = hist / np.maximum(hist.sum(1, keepdims=True), 1)  # cosine ignores scale: shares give the same
+    assert collaborator_label_similarity(collab, shares) == pytest.approx((pairs, everyone))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # undefined means are NaN, without "mean of empty slice" noise
+        nobody, _ = collaborator_label_similarity([np.array([], dtype=np.int64)] * 4, hist)
+        assert np.isnan(nobody)
+        assert np.isnan(collaborator_label_similarity([np.array([], dtype=np.int64)], hist[:1])[1])  # no pair at all
