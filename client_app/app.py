@@ -1,6 +1,6 @@
 """The ClientApp: one train, one evaluate and one handler per query, each dispatching to the method's code.
 
-The run config's ``method`` picks the client class from ``strategies.registry``; an exception in a
+The run config's ``method`` picks the client class from the registry (``task.methods``); an exception in a
 handler becomes an error reply (Flower does that), which the strategy logs and leaves out of the round.
 """
 
@@ -13,7 +13,7 @@ from flwr.clientapp import ClientApp
 
 from client_app import faults
 from client_app.base import ClientMethod
-from strategies.registry import all_queries, load_object, method_spec
+from task.methods import all_queries, load_object, method_spec
 from task.config import Settings, parse_settings
 
 app = ClientApp()
@@ -34,7 +34,7 @@ def method_for(msg: Message, context: Context) -> ClientMethod:
     method = client_for(context)
     settings = method.settings
     method.round_seed = ClientMethod.round_of(msg.content)
-    faults.before_handler(str(settings.get("fault", "")), method.partition_id, method.round_seed)
+    faults.before_handler(settings.fault, method.partition_id, method.round_seed)
     return method
 
 
@@ -42,7 +42,7 @@ def method_for(msg: Message, context: Context) -> ClientMethod:
 def train(msg: Message, context: Context) -> Message:
     method = method_for(msg, context)
     content = method.train(msg.content)
-    content = faults.corrupt_train_reply(str(method.settings.get("fault", "")), method.partition_id,
+    content = faults.corrupt_train_reply(method.settings.fault, method.partition_id,
                                          method.round_seed, content)
     return Message(content=content, reply_to=msg)
 
@@ -54,7 +54,10 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 def _query_handler(name: str):
     def handler(msg: Message, context: Context) -> Message:
-        return Message(content=method_for(msg, context).query(name, msg.content), reply_to=msg)
+        method = method_for(msg, context)
+        content = faults.corrupt_query_reply(method.settings.fault, method.partition_id, method.round_seed, name,
+                                             method.query(name, msg.content))
+        return Message(content=content, reply_to=msg)
 
     handler.__name__ = f"query_{name}"
     return handler

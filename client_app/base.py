@@ -40,6 +40,7 @@ class ClientMethod:
     def __init__(self, context: Context, settings: Settings | None = None) -> None:
         self.context = context
         self.settings = settings or parse_settings(context.run_config)
+        self.options = self.settings.options  # the method's own typed options (task.methods)
         node_cfg = context.node_config
         data_path = str(node_cfg.get("data-path", ""))
         if "partition-id" not in node_cfg or ("num-partitions" not in node_cfg and not data_path):
@@ -51,7 +52,7 @@ class ClientMethod:
         self.partition_id = int(node_cfg["partition-id"])
         self.num_partitions = int(node_cfg.get("num-partitions", 0))
         self.device = resolve_device(str(node_cfg.get("device", self.settings.device)))
-        threads = int(node_cfg.get("num-threads", self.settings.get("client-threads", 1)))
+        threads = int(node_cfg.get("num-threads", self.settings.client_threads))
         if threads > 0 and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         if data_path:
@@ -127,7 +128,7 @@ class ClientMethod:
             model, self.data.x_train, self.data.y_train,
             epochs=s.local_epochs if epochs is None else epochs, batch_size=s.batch_size, lr=s.lr,
             momentum=s.momentum, weight_decay=s.weight_decay, seed=self.seed + 7919 * self.round_seed,
-            optimizer=str(s.get("optimizer", "sgd")), **hooks,
+            optimizer=s.optimizer, **hooks,
         )
 
     round_seed = 0

@@ -1,4 +1,4 @@
-"""Client side of the baselines: Local, FedAvg, FedProx, FedPer, FedRep, FedRoD, Ditto.
+"""Client side of the baselines: Local, FedAvg, FedProx, FedPer, FedRep, FedRoD, Ditto, MOON.
 
 Every train reply carries the shared arrays (``arrays``) and metrics with ``num-examples``,
 ``partition-id``, train loss/accuracy and ``trained-acc`` (the just-trained local model on the client's
@@ -26,14 +26,14 @@ class FedAvgClient(ClientMethod):
     def extra_loss(self, model: nn.Module):
         return None
 
-    def train(self, content: RecordDict) -> Message:
+    def train(self, content: RecordDict) -> RecordDict:
         model = self.fresh_model()
         load_shared(model, content)
         metrics = self.fit(model, extra_loss=self.extra_loss(model))
         _, trained_acc = self.test(model)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc}, model_to_record(model))
 
-    def evaluate(self, content: RecordDict) -> Message:
+    def evaluate(self, content: RecordDict) -> RecordDict:
         model = self.fresh_model()
         load_shared(model, content)
         loss, acc = self.test(model)
@@ -45,11 +45,8 @@ class FedProxClient(FedAvgClient):
     """FedAvg plus ``proximal-mu``/2 ||w - w_global||^2 in the local objective."""
 
     def extra_loss(self, model: nn.Module):
-        mu = float(self.settings.get("proximal-mu", 0.01))
-        if mu < 0:
-            raise ValueError(f"run-config key 'proximal-mu' must be >= 0, got {mu}")
         reference = {k: p.detach().clone() for k, p in model.named_parameters()}
-        return proximal_term(reference, mu)
+        return proximal_term(reference, self.options.proximal_mu)
 
 
 class LocalClient(ClientMethod):
@@ -62,14 +59,14 @@ class LocalClient(ClientMethod):
             load_record(model, own)
         return model
 
-    def train(self, content: RecordDict) -> Message:
+    def train(self, content: RecordDict) -> RecordDict:
         model = self._model()
         metrics = self.fit(model)
         self.save_state("model", model.state_dict())
         _, acc = self.test(model)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc})
 
-    def evaluate(self, content: RecordDict) -> Message:
+    def evaluate(self, content: RecordDict) -> RecordDict:
         loss, acc = self.test(self._model())
         return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
 
@@ -88,7 +85,7 @@ class FedPerClient(ClientMethod):
     def local_training(self, model: nn.Module) -> dict[str, float]:
         return self.fit(model)
 
-    def train(self, content: RecordDict) -> Message:
+    def train(self, content: RecordDict) -> RecordDict:
         model = self._model(content)
         metrics = self.local_training(model)
         self.save_state("head", model.state_dict(), self.head_keys(model))
@@ -96,7 +93,7 @@ class FedPerClient(ClientMethod):
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc},
                           model_to_record(model, self.body_keys(model)))
 
-    def evaluate(self, content: RecordDict) -> Message:
+    def evaluate(self, content: RecordDict) -> RecordDict:
         loss, acc = self.test(self._model(content))
         return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
 
@@ -107,7 +104,7 @@ class FedRepClient(FedPerClient):
     def local_training(self, model: nn.Module) -> dict[str, float]:
         head_params = [p for n, p in model.named_parameters() if n.startswith("head.")]
         body_params = [p for n, p in model.named_parameters() if not n.startswith("head.")]
-        self.fit(model, epochs=int(self.settings.get("head-epochs", 1)), params=head_params)
+        self.fit(model, epochs=self.options.head_epochs, params=head_params)
         return self.fit(model, params=body_params)
 
 
@@ -154,7 +151,7 @@ class FedRoDClient(ClientMethod):
             rod.phead.load_state_dict({k: torch.from_numpy(v) for k, v in own.items()})
         return rod
 
-    def train(self, content: RecordDict) -> Message:
+    def train(self, content: RecordDict) -> RecordDict:
         rod = self._model(content)
         counts = torch.from_numpy(np.bincount(self.data.y_train.numpy(), minlength=self.settings.num_classes))
 
@@ -167,7 +164,7 @@ class FedRoDClient(ClientMethod):
         _, acc = self.test(rod, forward=rod.personalized)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(rod.base))
 
-    def evaluate(self, content: RecordDict) -> Message:
+    def evaluate(self, content: RecordDict) -> RecordDict:
         rod = self._model(content)
         loss, acc = self.test(rod, forward=rod.personalized)
         gloss, gacc = self.test(rod.base)
@@ -186,21 +183,19 @@ class DittoClient(ClientMethod):
             load_record(personal, own)
         return personal
 
-    def train(self, content: RecordDict) -> Message:
+    def train(self, content: RecordDict) -> RecordDict:
         model = self.fresh_model()
         load_shared(model, content)
-        lam = float(self.settings.get("ditto-lambda", 0.1))
-        if lam < 0:
-            raise ValueError(f"run-config key 'ditto-lambda' must be >= 0, got {lam}")
+        lam = self.options.ditto_lambda
         personal = self._personal(model)
         reference = {k: p.detach().clone() for k, p in model.named_parameters()}
-        self.fit(personal, epochs=int(self.settings.get("ditto-epochs", 1)), extra_loss=proximal_term(reference, lam))
+        self.fit(personal, epochs=self.options.ditto_epochs, extra_loss=proximal_term(reference, lam))
         self.save_state("personal", personal.state_dict())
         metrics = self.fit(model)
         _, acc = self.test(personal)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model))
 
-    def evaluate(self, content: RecordDict) -> Message:
+    def evaluate(self, content: RecordDict) -> RecordDict:
         model = self.fresh_model()
         load_shared(model, content)
         gloss, gacc = self.test(model)
@@ -222,3 +217,51 @@ class ClusterModelClient(FedAvgClient):
         load_shared(model, content)
         loss, acc = self.test(model)
         return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
+
+
+# ---------------------------------------------------------------------------------------------- MOON
+def moon_loss(z: torch.Tensor, z_global: torch.Tensor, z_prev: torch.Tensor, temperature: float = 0.5) -> torch.Tensor:
+    """MOON's model-contrastive loss: -log e^{cos(z,z_g)/T} / (e^{cos(z,z_g)/T} + e^{cos(z,z_prev)/T})."""
+    pos = nn.functional.cosine_similarity(z, z_global.detach(), dim=1) / temperature
+    neg = nn.functional.cosine_similarity(z, z_prev.detach(), dim=1) / temperature
+    return (torch.logsumexp(torch.stack([pos, neg], 1), dim=1) - pos).mean()
+
+
+def moon_term(model: nn.Module, feats: dict, previous: dict | None, mu: float, temperature: float):
+    """``term(x, logits)``: mu times MOON's loss of this batch's features ``feats["z"]`` (set by the forward
+    hook) against the round's global model (a frozen copy of ``model`` as it starts) and the client's previous
+    local model (``previous``, its state; the global model when there is none yet)."""
+    global_model = copy.deepcopy(model).eval()
+    prev_model = copy.deepcopy(model).eval()
+    if previous is not None:
+        load_record(prev_model, previous)
+    for p in list(global_model.parameters()) + list(prev_model.parameters()):
+        p.requires_grad_(False)
+
+    def term(x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            zg, zp = global_model.features(x), prev_model.features(x)
+        return mu * moon_loss(feats["z"], zg, zp, temperature)
+
+    return term
+
+
+class MoonClient(FedAvgClient):
+    """MOON (Li et al.): FedAvg plus the model-contrastive loss; the last local model stays on the node
+    (``context.state['moon-prev']``)."""
+
+    def train(self, content: RecordDict) -> RecordDict:
+        model = self.fresh_model()
+        load_shared(model, content)
+        feats: dict = {}
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            feats["z"] = model.features(x)
+            return model.head(feats["z"])
+
+        term = moon_term(model, feats, self.load_state("moon-prev"), self.options.moon_mu,
+                         self.options.moon_temperature)
+        metrics = self.fit(model, forward=forward, extra_loss=lambda m, x, y, logits: term(x, logits))
+        self.save_state("moon-prev", model.state_dict())
+        _, trained_acc = self.test(model)
+        return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc}, model_to_record(model))

@@ -1,4 +1,5 @@
-"""Client side of Client2Vec (spec §2.1-2.8) and of the base algorithms it sits on (FedAvg, FedProx, MOON).
+"""Client side of Client2Vec (spec §2.1-2.8, docs/methods/client2vec.md) on its base algorithm (FedAvg,
+FedProx or MOON).
 
 Queries of the one-off index phase:
 
@@ -15,19 +16,20 @@ the model under ``c2v.*`` keys.  ``evaluate`` tests the global model (main head 
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import RecordDict
 from torch import nn
 
 from client_app.base import ClientMethod
-from client_app.client2vec_math import AUX_PREFIX, build_aux, local_regulariser, moon_loss
+from client_app.baselines import moon_term
+from client_app.client2vec_math import local_regulariser
 from task.clip import build_encoder, cached_embeddings, class_names
-from task.dsa_ign import C2VOptions, build_ign, c2v_options, client_index, train_dsa_ign
+from task.dsa_ign import build_ign, client_index, train_dsa_ign
+from task.methods.client2vec import AUX_PREFIX, Client2VecOptions, build_aux
 from task.params import load_record, record_to_numpy, to_record
 from task.train import proximal_term
 
@@ -35,15 +37,11 @@ from task.train import proximal_term
 class Client2VecClient(ClientMethod):
     """Base algorithm (``c2v-base``) + the Client2Vec queries; see module docstring."""
 
-    base_algorithm: str | None = None  # fixed by the plain baselines below
-
-    def __init__(self, context, settings=None) -> None:
-        super().__init__(context, settings)
-        self.opts: C2VOptions = c2v_options(self.settings)
+    options: Client2VecOptions
 
     @property
-    def algorithm(self) -> str:
-        return self.base_algorithm or self.opts.base
+    def opts(self) -> Client2VecOptions:
+        return self.options
 
     # ------------------------------------------------------------------ index phase
     def embeddings(self) -> tuple[np.ndarray, np.ndarray]:
@@ -109,14 +107,12 @@ class Client2VecClient(ClientMethod):
             feats["z"] = z
             return model.head(z)
 
-        if self.algorithm == "fedprox":
-            mu = float(self.settings.get("proximal-mu", 0.01))
-            if mu < 0:
-                raise ValueError(f"run-config key 'proximal-mu' must be >= 0, got {mu}")
-            prox = proximal_term({k: p.detach().clone() for k, p in model.named_parameters()}, mu)
+        if self.opts.base == "fedprox":
+            prox = proximal_term({k: p.detach().clone() for k, p in model.named_parameters()}, self.opts.proximal_mu)
             terms.append(lambda x, logits: prox(model, x, None, logits))
-        elif self.algorithm == "moon":
-            terms.append(self._moon_term(model, feats))
+        elif self.opts.base == "moon":
+            terms.append(moon_term(model, feats, self.load_state("moon-prev"), self.opts.moon_mu,
+                                   self.opts.moon_temperature))
         aux = None
         if "c2v" in content.array_records:
             beta = torch.as_tensor(content.array_records["c2v"]["B_f"].numpy(), dtype=torch.float32)
@@ -132,34 +128,13 @@ class Client2VecClient(ClientMethod):
             return sum(t(x, logits) for t in terms)
 
         metrics = self.fit(model, forward=forward, params=params, extra_loss=extra_loss if terms else None)
-        if self.algorithm == "moon":
+        if self.opts.base == "moon":
             self.save_state("moon-prev", model.state_dict())
         _, trained_acc = self.test(model)
         state: dict[str, Any] = dict(model.state_dict())
         if aux is not None:
             state.update(aux.state_with_prefix())
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc}, to_record(state))
-
-    def _moon_term(self, model: nn.Module, feats: dict):
-        """MOON: contrast this round's features with the global model's (positive) and the previous local one's."""
-        mu = float(self.settings.get("moon-mu", 1.0))
-        temperature = float(self.settings.get("moon-temperature", 0.5))
-        if mu < 0 or temperature <= 0:
-            raise ValueError(f"run-config keys 'moon-mu' (>= 0) and 'moon-temperature' (> 0) got {mu}, {temperature}")
-        global_model = copy.deepcopy(model).eval()
-        prev_model = copy.deepcopy(model).eval()
-        prev = self.load_state("moon-prev")
-        if prev is not None:
-            load_record(prev_model, prev)
-        for p in list(global_model.parameters()) + list(prev_model.parameters()):
-            p.requires_grad_(False)
-
-        def term(x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
-                zg, zp = global_model.features(x), prev_model.features(x)
-            return mu * moon_loss(feats["z"], zg, zp, temperature)
-
-        return term
 
     def evaluate(self, content: RecordDict) -> RecordDict:
         model = self.fresh_model()
@@ -168,8 +143,3 @@ class Client2VecClient(ClientMethod):
         return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
                            "global-acc": acc, "global-loss": loss})
 
-
-class MoonClient(Client2VecClient):
-    """MOON (Li et al.) as a plain baseline: FedAvg plus the model-contrastive loss."""
-
-    base_algorithm = "moon"

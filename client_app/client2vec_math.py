@@ -1,4 +1,4 @@
-"""Client-side losses of Client2Vec case study (iii) (spec §2.8) and of MOON (a base algorithm of the paper).
+"""Client-side losses of Client2Vec case study (iii) (spec §2.8); MOON's loss is in client_app/baselines.py.
 
 Case study (iii) adds two training-only modules to the local model: a projection P (features -> index
 width) and a projection classifier h_P.  The loss is CE + w (L_orth + L_dist), with
@@ -11,26 +11,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-AUX_PREFIX = "c2v."
-
-
-class C2VAux(nn.Module):
-    """P (feature_dim -> index_dim, no bias) and h_P (index_dim -> classes)."""
-
-    def __init__(self, feature_dim: int, index_dim: int, num_classes: int) -> None:
-        super().__init__()
-        self.proj = nn.Linear(feature_dim, index_dim, bias=False)
-        self.head = nn.Linear(index_dim, num_classes)
-
-    def state_with_prefix(self) -> dict[str, torch.Tensor]:
-        return {AUX_PREFIX + k: v for k, v in self.state_dict().items()}
-
-
-def build_aux(feature_dim: int, index_dim: int, num_classes: int, seed: int) -> C2VAux:
-    torch.manual_seed(seed + 424_242)
-    return C2VAux(feature_dim, index_dim, num_classes)
+from task.methods.client2vec import C2VAux
 
 
 def orth_loss(z_p: torch.Tensor, beta_f: torch.Tensor, normalize: bool = True, mean_over_clients: bool = False) -> torch.Tensor:
@@ -51,10 +33,3 @@ def local_regulariser(z: torch.Tensor, logits: torch.Tensor, aux: C2VAux, beta_f
                       normalize: bool = True, mean_over_clients: bool = False) -> torch.Tensor:
     z_p = aux.proj(z)
     return orth_loss(z_p, beta_f, normalize, mean_over_clients) + distill_loss(logits, aux.head(z_p))
-
-
-def moon_loss(z: torch.Tensor, z_global: torch.Tensor, z_prev: torch.Tensor, temperature: float = 0.5) -> torch.Tensor:
-    """MOON's model-contrastive loss: -log e^{cos(z,z_g)/T} / (e^{cos(z,z_g)/T} + e^{cos(z,z_prev)/T})."""
-    pos = F.cosine_similarity(z, z_global.detach(), dim=1) / temperature
-    neg = F.cosine_similarity(z, z_prev.detach(), dim=1) / temperature
-    return (torch.logsumexp(torch.stack([pos, neg], 1), dim=1) - pos).mean()

@@ -1,15 +1,16 @@
 """Fault injection for testing failure handling end to end (run-config key ``fault``, empty = off).
 
 ``fault = "nan@1,shape@2,crash@3"``: the client with partition id 1 replies NaN arrays to train messages,
-2 replies a wrongly shaped array, 3 raises in every handler (an error reply).  ``crash@3:2`` limits a
-fault to round 2 (a client that drops out of one round).  The server must reject those replies with a
-logged reason and finish the round with the rest.
+2 replies a wrongly shaped array, 3 raises in every handler (an error reply), and ``badbid@4`` makes client
+4 bid for a tier that does not exist (PI-FL's ``query.bid``).  ``crash@3:2`` limits a fault to round 2 (a
+client that drops out of one round).  The server must reject those replies with a logged reason and
+finish the round with the rest.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import MetricRecord, RecordDict
 
 from task.params import record_to_numpy, to_record
 
@@ -48,4 +49,14 @@ def corrupt_train_reply(spec: str, partition_id: int, server_round: int, content
     key = next(k for k, v in arrays.items() if np.issubdtype(v.dtype, np.floating))
     arrays[key] = np.full_like(arrays[key], np.nan) if kind == "nan" else np.zeros((*arrays[key].shape, 2), arrays[key].dtype)
     content["arrays"] = to_record(arrays)
+    return content
+
+
+def corrupt_query_reply(spec: str, partition_id: int, server_round: int, name: str, content: RecordDict) -> RecordDict:
+    """``badbid``: a PI-FL bid naming a tier that does not exist."""
+    if name != "bid" or not spec or parse_faults(spec, server_round).get(partition_id) != "badbid":
+        return content
+    metrics = dict(content["metrics"])
+    metrics["bid"] = [999]
+    content["metrics"] = MetricRecord(metrics)
     return content

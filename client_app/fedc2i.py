@@ -8,7 +8,7 @@ from flwr.app import RecordDict
 
 from client_app.base import ClientMethod
 from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states
-from task.params import load_record, model_to_record, record_to_numpy
+from task.params import load_record, model_to_record, stacked_tensors
 
 
 class FedC2IClient(ClientMethod):
@@ -23,12 +23,11 @@ class FedC2IClient(ClientMethod):
         model.load_state_dict(own)
         if k == 1:
             return [1.0]
-        gamma = float(self.settings.get("gamma", 5.0))
-        variant = str(self.settings.get("c2i-variant", "full"))
+        gamma, variant = self.options.gamma, self.options.variant
         heads = self.head_keys(model)
         bodies = [n for n in self.body_keys(model)]
         gen = torch.Generator().manual_seed(self.seed + 104_729 * self.round_seed)
-        size = min(int(self.settings.get("influence-batch-size", 32)), len(self.data.y_train))
+        size = min(self.options.influence_batch_size, len(self.data.y_train))
         idx = torch.randperm(len(self.data.y_train), generator=gen)[:size]
         x, y = self.data.x_train[idx].to(self.device), self.data.y_train[idx].to(self.device)
         lam, _ = influence_vector(model, stacked, {h: own[h] for h in heads}, x, y, gamma, heads)
@@ -60,7 +59,7 @@ class FedC2IClient(ClientMethod):
         rec = self.message_arrays(content, "peers")
         lam: list[float] = []
         if rec is not None:
-            stacked = {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(rec).items()}
+            stacked = stacked_tensors(rec, self.device)
             peers = dict(content.config_records["peer-clients"]) if "peer-clients" in content.config_records else {}
             sizes = [self.data.num_train, *(int(n) for n in peers.get("num-examples", []))]
             with self.timed("method"):

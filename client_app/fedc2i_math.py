@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
-from torch.func import functional_call, vmap
+
+from task.train import batched_losses
 
 
 def leave_one_out(stacked: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -37,21 +38,6 @@ def sharpened_weights(losses: torch.Tensor, gamma: float, dim: int = 0) -> torch
     if gamma < 0:
         raise ValueError(f"run-config key 'gamma' must be >= 0, got {gamma}")
     return torch.softmax(gamma * torch.log(losses.clamp_min(1e-12)), dim=dim)
-
-
-def batched_losses(model: nn.Module, stacked_state: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy on ``(x, y)`` of each of the M states in ``stacked_state`` (leading dim M).
-
-    States hold every parameter and buffer of ``model`` (eval mode: BatchNorm uses each candidate's own
-    running statistics).  One vmapped functional call, no Python loop over candidates.
-    """
-    model.eval()
-
-    def loss_of(state: dict[str, torch.Tensor]) -> torch.Tensor:
-        return nn.functional.cross_entropy(functional_call(model, state, (x,)), y)
-
-    with torch.no_grad():
-        return vmap(loss_of)(dict(stacked_state))
 
 
 def influence_vector(model: nn.Module, stacked: Mapping[str, torch.Tensor], own_head: Mapping[str, torch.Tensor],

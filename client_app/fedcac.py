@@ -13,7 +13,8 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from client_app.base import ClientMethod
-from client_app.fedcac_math import critical_masks, merge_customized, pack_masks, parameter_sensitivity, unpack_masks
+from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
+from task.methods.fedcac import pack_masks, unpack_masks
 from task.params import load_record, model_to_record, record_to_numpy, to_record
 
 
@@ -50,17 +51,16 @@ class FedCACClient(ClientMethod):
         model, _ = self._mixed_model(content)
         before = self._params(model)
         metrics = self.fit(model)
-        tau = float(self.settings.get("tau", 0.5))
         with self.timed("method"):
             after = self._params(model)
-            masks = critical_masks(parameter_sensitivity(before, after), tau)
+            masks = critical_masks(parameter_sensitivity(before, after), self.options.tau)
             keys = list(after)
             packed = pack_masks(masks, keys)
         self.save_state("model", model.state_dict())
         self.save_state("mask", {"bits": packed})
         _, trained_acc = self.test(model)
         extra = {}
-        if bool(self.settings.get("fedcac-diagnostics", False)):  # simulation-only diagnostic (leaks labels)
+        if self.options.diagnostics:  # simulation-only diagnostic (leaks labels)
             extra["label-histogram"] = [int(c) for c in self.data.label_histogram()]
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc, **extra},
                           model_to_record(model, keys), mask=to_record({"bits": packed}))

@@ -1,4 +1,5 @@
-"""FedCAC client-side math (spec fedcac §2.3, §2.4, §2.7): sensitivity, critical masks, bit packing, Eq. 11.
+"""FedCAC client-side math (spec fedcac §2.3, §2.4, §2.7): sensitivity, critical masks, Eq. 11 (the packed
+wire format of the masks is in task/methods/fedcac.py).
 
 Pure torch / numpy, no Flower.  A "layer" is one trainable tensor (one entry of ``named_parameters()``);
 BatchNorm running statistics are not scored and stay local (spec §2.4 "recommended default").
@@ -41,28 +42,6 @@ def critical_masks(sensitivity: Mapping[str, torch.Tensor], tau: float) -> dict[
             m[torch.topk(flat, k, sorted=False).indices] = True
         masks[name] = m.view_as(s)
     return masks
-
-
-def pack_masks(masks: Mapping[str, torch.Tensor | np.ndarray], keys: list[str]) -> np.ndarray:
-    """Concatenate the masks in ``keys`` order and pack them 8 per byte (``np.packbits``): n/8 bytes."""
-    flat = [np.asarray(masks[k].cpu() if isinstance(masks[k], torch.Tensor) else masks[k], dtype=bool).ravel() for k in keys]
-    return np.packbits(np.concatenate(flat) if flat else np.zeros(0, bool))
-
-
-def unpack_masks(packed: np.ndarray, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-    """Inverse of :func:`pack_masks` for the given ordered ``shapes``; raises on a wrong length."""
-    sizes = [int(np.prod(s)) for s in shapes.values()]
-    total = sum(sizes)
-    packed = np.asarray(packed)
-    if packed.dtype != np.uint8 or packed.ndim != 1 or len(packed) != (total + 7) // 8:
-        raise ValueError(f"packed mask must be uint8 of length {(total + 7) // 8} for {total} parameters, "
-                         f"got {packed.dtype} of shape {packed.shape}")
-    bits = np.unpackbits(packed, count=total).astype(bool)
-    out, pos = {}, 0
-    for (name, shape), size in zip(shapes.items(), sizes):
-        out[name] = bits[pos : pos + size].reshape(shape)
-        pos += size
-    return out
 
 
 def merge_customized(

@@ -7,7 +7,7 @@ import torch
 from flwr.app import RecordDict
 
 from client_app.base import ClientMethod
-from task.params import load_record, model_to_record, record_to_numpy
+from task.params import load_record, model_at, model_to_record, stacked_tensors
 from task.train import proximal_term
 
 SIGMA = 1e-4  # FedSoft's smoother: every centre keeps a tiny share
@@ -25,7 +25,7 @@ def importance_weights(losses: np.ndarray, sigma: float = SIGMA) -> np.ndarray:
 
 class FedSoftClient(ClientMethod):
     def _centres(self, content: RecordDict) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(v) for k, v in record_to_numpy(content.array_records["tiers"]).items()}
+        return stacked_tensors(content.array_records["tiers"], self.device)
 
     def _u(self, content: RecordDict, k: int) -> np.ndarray:
         soft = dict(content.config_records["fedsoft"]) if "fedsoft" in content.config_records else {}
@@ -49,7 +49,7 @@ class FedSoftClient(ClientMethod):
         with self.timed("method"), torch.no_grad():
             losses = []
             for s in range(k):
-                model.load_state_dict({key: v[s] for key, v in centres.items()})
+                model.load_state_dict(model_at(centres, s))
                 logits = model(self.data.x_train)
                 losses.append(torch.nn.functional.cross_entropy(logits, self.data.y_train, reduction="none").numpy())
             u = importance_weights(np.stack(losses))

@@ -6,20 +6,20 @@ import torch
 from flwr.app import RecordDict
 
 from client_app.base import ClientMethod
-from task.params import model_to_record, record_to_numpy
+from task.params import model_at, model_to_record, stacked_tensors
 from task.train import evaluate
 
 
 class IFCAClient(ClientMethod):
     def _best(self, content: RecordDict, x, y) -> tuple[torch.nn.Module, int]:
-        stacked = {k: torch.from_numpy(v) for k, v in record_to_numpy(content.array_records["tiers"]).items()}
+        stacked = stacked_tensors(content.array_records["tiers"], self.device)
         model = self.fresh_model()
         losses = []
         for j in range(next(iter(stacked.values())).shape[0]):
-            model.load_state_dict({k: v[j] for k, v in stacked.items()})
+            model.load_state_dict(model_at(stacked, j))
             losses.append(evaluate(model, x, y)[0])
         best = int(torch.tensor(losses).argmin())
-        model.load_state_dict({k: v[best] for k, v in stacked.items()})
+        model.load_state_dict(model_at(stacked, best))
         return model, best
 
     def train(self, content: RecordDict) -> RecordDict:

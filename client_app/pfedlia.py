@@ -7,10 +7,9 @@ import torch
 from flwr.app import RecordDict
 
 from client_app.base import ClientMethod, load_shared
-from client_app.fedc2i_math import batched_losses
 from client_app.pfedlia_math import beneficial_peers, lazy_influence_row
-from task.params import model_to_record, record_to_numpy
-from task.train import evaluate
+from task.params import model_to_record, stacked_tensors
+from task.train import batched_losses, evaluate
 
 
 class PFedLIAClient(ClientMethod):
@@ -46,7 +45,7 @@ class PFedLIAClient(ClientMethod):
         model = self.fresh_model()
         load_shared(model, content)
         with self.timed("method"):
-            self._fit(model, epochs=int(self.settings.get("lazy-epochs", 20)))
+            self._fit(model, epochs=self.options.lazy_epochs)
         return self.reply(self.base_metrics(), model_to_record(model))
 
     def influence_row(self, content: RecordDict) -> RecordDict:
@@ -58,17 +57,17 @@ class PFedLIAClient(ClientMethod):
         with self.timed("method"):
             x, y = self.data.x_val.to(self.device), self.data.y_val.to(self.device)
             loss0, _ = evaluate(model, x, y)
-            stacked = {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(content.array_records["lazy"]).items()}
+            stacked = stacked_tensors(content.array_records["lazy"], self.device)
             losses = batched_losses(model, stacked, x, y)
-            row = lazy_influence_row(loss0, losses, len(y), str(self.settings.get("lia-reduction", "sum")))
+            row = lazy_influence_row(loss0, losses, len(y), self.options.reduction)
             metrics = {**self.base_metrics(), "lia-row": [float(v) for v in row]}
             lazy_clients = content.config_records["lazy-clients"] if "lazy-clients" in content.config_records else {}
             self_index = int(lazy_clients.get("self-index", -1)) if lazy_clients else -1
-            if str(self.settings.get("lia-mode", "central")) == "p2p":
+            if self.options.mode == "p2p":
                 if self_index < 0:  # a late joiner: not among the lazy models; compare against all of them
                     peers = beneficial_peers(list(row) + [float("-inf")], len(row), seed=self.seed)[:-1]
                 else:
                     peers = beneficial_peers(row, self_index, seed=self.seed,
-                                             require_positive=bool(self.settings.get("p2p-require-positive", False)))
+                                             require_positive=self.options.p2p_require_positive)
                 metrics["beneficial"] = [int(p) for p in peers]
         return self.reply(metrics)

@@ -11,22 +11,21 @@ import torch
 from flwr.app import RecordDict
 
 from client_app.base import ClientMethod, load_shared
-from client_app.faults import parse_faults
-from strategies.pifl_math import bid_policy, mixture_weights
-from task.params import model_to_record, record_to_numpy
+from task.methods.pifl import bid_policy, mixture_weights
+from task.params import model_at, model_to_record, stacked_tensors
 from task.train import evaluate
 
 
 class PIFLClient(ClientMethod):
     def _tiers(self, content: RecordDict) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(v) for k, v in record_to_numpy(content.array_records["tiers"]).items()}
+        return stacked_tensors(content.array_records["tiers"], self.device)
 
     def _tier_accuracies(self, tiers: dict[str, torch.Tensor], x, y) -> list[float]:
         num = next(iter(tiers.values())).shape[0]
         model = self.fresh_model()
         accs = []
         for t in range(num):
-            model.load_state_dict({k: v[t] for k, v in tiers.items()})
+            model.load_state_dict(model_at(tiers, t))
             accs.append(evaluate(model, x, y)[1])
         return accs
 
@@ -41,14 +40,11 @@ class PIFLClient(ClientMethod):
             accs = self._tier_accuracies(self._tiers(content), self.data.x_val, self.data.y_val)
             ledger = dict(content.config_records["ledger"]) if "ledger" in content.config_records else {}
             balance, price = int(ledger.get("balance", 0)), int(ledger.get("price", 1))
-            if bool(self.settings.get("pifl-incentive", True)) and self.settings.method != "pifl-ni":
-                bid = bid_policy(accs, balance, price, float(self.settings.get("bid-threshold", 0.9)),
-                                 int(self.settings.get("max-bids", 1)))
+            if self.options.incentive:
+                bid = bid_policy(accs, balance, price, self.options.bid_threshold, self.options.max_bids)
             else:  # PI-FL(NI): one tier uniformly at random
                 rng = random.Random(self.seed * 31 + self.round_seed)
                 bid = [rng.randrange(len(accs))] if balance >= price else []
-            if parse_faults(str(self.settings.get("fault", "")), self.round_seed).get(self.partition_id) == "badbid":
-                bid = [len(accs) + 7]  # a hostile bid naming an unknown tier
         return self.reply({**self.base_metrics(), "tier-acc": accs, "bid": bid})
 
     def train(self, content: RecordDict) -> RecordDict:

@@ -9,8 +9,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from server_app.results import ResultsWriter
-from strategies.base import PersonalizedStrategy
-from strategies.registry import load_object, method_spec
+from strategies.base import PersonalizedStrategy, RunAborted
+from task.methods import load_object, method_spec
 from task.config import Settings, parse_settings
 from task.models import body_keys, build_model, head_keys
 from task.params import state_to_numpy, to_record
@@ -34,10 +34,16 @@ def main(grid: Grid, context: Context) -> None:
     writer = ResultsWriter(settings, context.run_id)
     strategy.results_dir = writer.folder
     start = time.monotonic()
-    strategy.start(
-        grid=grid, initial_arrays=to_record(strategy.global_state), num_rounds=settings.num_rounds,
-        timeout=settings.round_timeout,
-    )
-    summary = writer.write(strategy, time.monotonic() - start)
+    aborted = None
+    try:
+        strategy.start(
+            grid=grid, initial_arrays=to_record(strategy.global_state), num_rounds=settings.num_rounds,
+            timeout=settings.round_timeout,
+        )
+    except RunAborted as err:
+        aborted = str(err)
+    summary = writer.write(strategy, time.monotonic() - start, aborted=aborted)
     print(summary, flush=True)
     log.info(summary)
+    if aborted:  # a non-zero exit: the run failed, and why is in the summary line and summary.json
+        raise RunAborted(aborted)

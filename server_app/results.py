@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from strategies.plots import integer_ticks, pyplot
 from task.config import Settings
 
 RESULTS_ENV = "PFLOWER_RESULTS_DIR"
@@ -50,7 +51,7 @@ class ResultsWriter:
             k: v for k, v in asdict(settings).items() if k != "raw"}}
         write_json(self.folder / "config.json", config)
 
-    def write(self, strategy, seconds: float) -> str:
+    def write(self, strategy, seconds: float, aborted: str | None = None) -> str:
         rows = []
         for r in strategy.history:
             row = {"round": r.server_round}
@@ -88,6 +89,8 @@ class ResultsWriter:
             "clients": len(clients), "failures": len(strategy.failures), "seconds": round(seconds, 2),
             "results": str(self.folder),
         }
+        if aborted:
+            summary["aborted"] = aborted
         if self.settings.data.dataset == "dialects":  # next-word prediction: perplexity = exp(token CE)
             for key in ("personal", "global"):
                 if summary[f"{key}-loss"] is not None:
@@ -97,13 +100,11 @@ class ResultsWriter:
         return (f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "
                 f"{summary['rounds']} rounds, {summary['clients']} clients, personalized acc "
                 f"{acc(summary['personal-acc'])}, global acc {acc(summary['global-acc'])}, "
-                f"{summary['failures']} rejected replies, {seconds:.1f} s -> {self.folder}")
+                f"{summary['failures']} rejected replies, {seconds:.1f} s"
+                + (f", ABORTED: {aborted}" if aborted else "") + f" -> {self.folder}")
 
     def plot(self, strategy) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         rounds = [r.server_round for r in strategy.history]
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -115,6 +116,7 @@ class ResultsWriter:
         if any(y is not None for y in ys):
             ax.plot(rounds, [np.nan if y is None else y for y in ys], ls="--", label="after local training")
         ax.set_xlabel("round")
+        integer_ticks(ax)
         ax.set_ylabel("test accuracy")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)

@@ -58,7 +58,11 @@ def results_folder_from_output(output: str) -> Path | None:
 
 
 class RunFailed(RuntimeError):
-    pass
+    """A run that did not finish; ``output`` holds everything ``flwr run`` printed."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
 
 
 class LocalSimulation:
@@ -148,7 +152,9 @@ class LocalSimulation:
         folder = results_folder_from_output(out)
         if proc.returncode != 0 or folder is None:
             tail = "\n".join(out.splitlines()[-40:])
-            raise RunFailed(f"flwr run failed (exit {proc.returncode}) for {run_config}:\n{tail}")
+            raise RunFailed(f"flwr run failed (exit {proc.returncode}) for {run_config}:\n{tail}", output=out)
         summary = json.loads((folder / "summary.json").read_text())
+        if summary.get("aborted"):  # flwr run exits 0 even when the ServerApp raised: the summary says it stopped
+            raise RunFailed(f"the run stopped early: {summary['aborted']}", output=out)
         summary["log"] = out
         return summary

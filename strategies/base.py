@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import resource
 import time
 from collections.abc import Iterable, Mapping
@@ -53,6 +54,23 @@ from task.params import to_record, weighted_average
 log = logging.getLogger("flwr.pflower")
 
 IDENTIFY = "identify"
+
+
+class RunAborted(RuntimeError):
+    """Every reply of a phase failed for the same reason: running more rounds would only repeat it."""
+
+
+def _gist(reason: str) -> str:
+    """A failure reason without what differs between nodes (ids, process ids, partition numbers, addresses)."""
+    return re.sub(r"[0-9a-fA-F]{8,}|\d+", "#", reason)
+
+
+def short_reason(reason: str) -> str:
+    """One line of a failure reason: the client's own exception message from an error reply's traceback."""
+    if "Message: " in reason:
+        reason = reason.rsplit("Message: ", 1)[1]
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    return (lines[0] if lines else reason).rstrip("'>").strip()
 
 
 @dataclass
@@ -105,6 +123,8 @@ class PersonalizedStrategy(Strategy):
 
     def __init__(self, settings: Settings, initial_state: Mapping[str, np.ndarray], body: list[str], head: list[str]):
         self.settings = settings
+        self.options = settings.options  # the method's own typed options (task.methods)
+        self.name = settings.method
         self.initial_state = {k: np.array(v) for k, v in initial_state.items()}
         self.all_keys = list(initial_state)
         self.body_keys, self.head_keys = list(body), list(head)
@@ -252,10 +272,19 @@ class PersonalizedStrategy(Strategy):
     # ------------------------------------------------------------------ validation
     def receive(self, server_round: int, phase: str, replies: list[Any], timeout: float | None) -> list[Reply]:
         """The valid replies of one phase, ordered by client id; every other reply (error, duplicate, a field
-        that does not match the spec, a client id that clashes) and every silent node is recorded."""
+        that does not match the spec, a client id that clashes) and every silent node is recorded.
+
+        Raises :class:`RunAborted` when there were replies, none was valid and all failed for the same reason
+        (e.g. every client lacks the data set): the remaining rounds would fail the same way.
+        """
         seen: set[int] = set()
+        before = len(self.failures)
         valid = [r for msg in replies if (r := self.validate_reply(server_round, msg, phase, seen)) is not None]
+        rejected = [f["reason"] for f in self.failures[before:]]
         self.record_silent(server_round, phase, replies, timeout)
+        if replies and not valid and len({_gist(r) for r in rejected}) == 1:
+            raise RunAborted(f"round {server_round}: every {phase} reply failed for the same reason, so the run stops "
+                             f"here: {short_reason(rejected[0])}")
         return sorted(valid, key=lambda r: r.client)
 
     def validate_reply(self, server_round: int, msg: Any, phase: str, seen: set[int]) -> Reply | None:

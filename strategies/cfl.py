@@ -21,9 +21,7 @@ class CFLStrategy(PersonalizedStrategy):
 
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
-        self.eps1 = float(settings.get("cfl-eps1", 0.4))
-        self.eps2 = float(settings.get("cfl-eps2", 1.6))
-        self.min_rounds = int(settings.get("cfl-min-rounds", 5))
+        self.eps1, self.eps2, self.min_rounds = self.options.eps1, self.options.eps2, self.options.min_rounds
         self.cluster_of: dict[int, int] = {}  # client id -> cluster
         self.models: dict[int, dict[str, np.ndarray]] = {0: dict(self.global_state)}
         self.splits: list[dict[str, Any]] = []

@@ -28,11 +28,12 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from client_app.client2vec_math import build_aux
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.client2vec_math import C2VServerState
+from strategies.plots import integer_ticks, pyplot
 from strategies.replies import LOSS_LIMIT, Arrays, Dim, Number, ReplySpec, Tensor
-from task.dsa_ign import build_ign, c2v_options, train_dsa_ign
+from task.dsa_ign import build_ign, train_dsa_ign
+from task.methods.client2vec import Client2VecOptions, build_aux
 from task.models import build_model
 from task.params import load_record, state_to_numpy, to_record, weighted_average
 
@@ -43,7 +44,7 @@ class Client2VecStrategy(PersonalizedStrategy):
     name = "client2vec"
 
     def __init__(self, settings, initial_state, body, head):
-        self.opts = c2v_options(settings)
+        self.opts: Client2VecOptions = settings.options
         state = dict(initial_state)
         if self.opts.local:
             model = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes,
@@ -57,8 +58,7 @@ class Client2VecStrategy(PersonalizedStrategy):
         self.c2v: C2VServerState | None = None
         self.index_seconds = 0.0
         self.cohorts: dict[int, list[int]] = {}
-        # with every case study off this is the plain base algorithm: no index phase at all
-        self.enabled = self.opts.sampling or self.opts.aggregation or self.opts.local
+        self.enabled = self.opts.enabled  # with every case study off: the base algorithm, no index phase
         self._uniform = np.random.default_rng(int(settings.seed))
         self.agg_weights: dict[int, dict[int, float]] = {}
 
@@ -240,10 +240,7 @@ class Client2VecStrategy(PersonalizedStrategy):
             "dsa-ign-losses": self.ign_history, "cohorts": self.cohorts,
             "aggregation-weights": self.agg_weights,
         }, indent=1, default=str))
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         doms = [self.domain_of(p) for p in pids]
         fig, axes = plt.subplots(1, 2, figsize=(11, 5))
@@ -256,6 +253,7 @@ class Client2VecStrategy(PersonalizedStrategy):
                     ax.axvline(k - 0.5, color="k", lw=0.6)
             ax.set_title(title)
             ax.set_xlabel("client (ordered by domain)")
+            integer_ticks(ax, y=True)
             fig.colorbar(im, ax=ax, fraction=0.046)
         q = self.index_quality()
         gap = f"; same - cross domain beta_f cos {q['beta-f-block-gap']:.2f}" if "beta-f-block-gap" in q else ""

@@ -21,10 +21,9 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from strategies.base import PersonalizedStrategy, Reply
+from strategies.plots import integer_ticks, pyplot
 from strategies.replies import Numbers, ReplySpec
-from task.params import to_record
-
-VARIANTS = ("full", "lambda-only", "Lambda-only", "Lambda-local")
+from task.params import stacked_record, to_record
 
 
 class FedC2IStrategy(PersonalizedStrategy):
@@ -35,16 +34,7 @@ class FedC2IStrategy(PersonalizedStrategy):
         super().__init__(settings, initial_state, body, head)
         self.store: dict[int, dict[str, np.ndarray]] = {}  # client id -> its latest model
         self.sizes: dict[int, int] = {}  # client id -> its number of training examples
-        peers = settings.get("c2i-peers", 0)
-        if isinstance(peers, bool) or int(peers) != peers or int(peers) < 0 or int(peers) == 1:
-            raise ValueError(f"run-config key 'c2i-peers' must be 0 (all clients) or an integer >= 2, got {peers!r}")
-        self.num_peers = int(peers)
-        variant = str(settings.get("c2i-variant", "full"))
-        if variant not in VARIANTS:
-            raise ValueError(f"run-config key 'c2i-variant' must be one of {list(VARIANTS)}, got {variant!r}")
-        gamma = float(settings.get("gamma", 5.0))
-        if gamma < 0:
-            raise ValueError(f"run-config key 'gamma' must be >= 0, got {gamma}")
+        self.num_peers = self.options.peers
         self.sent_peers: dict[int, list[int]] = {}  # node id -> the other clients whose models it was sent
         self.influence: dict[int, dict[int, dict[int, float]]] = {}  # round -> client -> peer client -> weight
 
@@ -66,8 +56,7 @@ class FedC2IStrategy(PersonalizedStrategy):
         peers = self.peers_for(node_id, server_round)
         self.sent_peers[node_id] = peers
         models = [self.own_model(node_id), *(self.store[c] for c in peers)]
-        stacked = {k: np.stack([m[k] for m in models]) for k in self.all_keys}
-        payload = RecordDict({"peers": to_record(stacked)})
+        payload = RecordDict({"peers": stacked_record(models, self.all_keys)})
         if peers:  # the other clients' ids and training-set sizes, in the order of their models
             payload["peer-clients"] = ConfigRecord({"client-ids": [int(c) for c in peers],
                                                     "num-examples": [int(self.sizes[c]) for c in peers]})
@@ -97,10 +86,7 @@ class FedC2IStrategy(PersonalizedStrategy):
                            "peers-per-client": float(np.mean([len(r) for r in rows.values()])) if rows else 0.0}}
 
     def write_artifacts(self, folder: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         (folder / "fedc2i_influence.json").write_text(json.dumps(
             {str(r): {str(p): {str(q): w for q, w in row.items()} for p, row in rows.items()}
@@ -119,6 +105,7 @@ class FedC2IStrategy(PersonalizedStrategy):
             im = ax.imshow(mat, vmin=0, vmax=1, cmap="magma")
             ax.set_title(f"influence vector, round {r}")
             ax.set_xlabel("peer client i")
+            integer_ticks(ax, y=True)
             ax.set_ylabel("client m")
             if len(clients) <= 20:
                 ax.set_xticks(range(len(clients)), clients)

@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from client_app.fedcac_math import unpack_masks
 from strategies.base import PersonalizedStrategy, Reply
-from strategies.replies import INT_LIMIT, Arrays, Numbers, ReplySpec, Tensor
 from strategies.fedcac_math import (
     collaborator_label_similarity, collaborators, customized_models, global_average, mask_overlap, off_diagonal,
     overlap_threshold,
 )
+from strategies.plots import integer_ticks, pyplot
+from strategies.replies import INT_LIMIT, Arrays, Numbers, ReplySpec, Tensor
+from task.methods.fedcac import packed_length, unpack_masks
 from task.models import build_model
 from task.params import to_record
 
@@ -35,16 +36,7 @@ class FedCACStrategy(PersonalizedStrategy):
         model = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes)
         self.param_keys = [n for n, _ in model.named_parameters()]
         super().__init__(settings, initial_state, body, head)
-        self.tau = settings.require("tau", float, minimum=0.0, maximum=1.0) if "tau" in settings.raw else 0.5
-        beta = settings.get("beta", 15)
-        if isinstance(beta, bool) or float(beta) != int(beta) or int(beta) < 1:
-            raise ValueError(f"run-config key 'beta' must be an integer >= 1, got {beta!r}")
-        self.beta = int(beta)
-        self.strict_cutoff = bool(settings.get("strict-beta-cutoff", True))
-        weighting = str(settings.get("fedcac-weighting", "uniform"))
-        if weighting not in ("uniform", "num-examples"):
-            raise ValueError(f"run-config key 'fedcac-weighting' must be 'uniform' or 'num-examples', got {weighting!r}")
-        self.weighting = weighting
+        self.beta = self.options.beta
         self.param_shapes = {k: self.shapes[k] for k in self.param_keys}
         # u_i of the last aggregation, keyed by client id, and the round it was computed in: a client only
         # ever receives a customized model computed in the round just before (spec §6.11)
@@ -63,9 +55,8 @@ class FedCACStrategy(PersonalizedStrategy):
         spec = super().reply_spec(phase, node_id)
         if phase != "train":
             return spec
-        n = sum(int(np.prod(s)) for s in self.param_shapes.values())
-        spec = spec.with_records(mask=Arrays({"bits": Tensor(((n + 7) // 8,), "uint8")}))
-        if bool(self.settings.get("fedcac-diagnostics", False)):
+        spec = spec.with_records(mask=Arrays({"bits": Tensor((packed_length(self.param_shapes),), "uint8")}))
+        if self.options.diagnostics:
             spec = spec.with_metrics(**{"label-histogram": Numbers(int, 0, INT_LIMIT, length=self.settings.num_classes)})
         return spec
 
@@ -100,8 +91,8 @@ class FedCACStrategy(PersonalizedStrategy):
         params, mask_matrix = np.stack(rows), np.stack(masks)
         overlap = mask_overlap(mask_matrix)
         threshold = overlap_threshold(overlap, server_round, self.beta)
-        collab = collaborators(overlap, threshold, server_round, self.beta, self.strict_cutoff)
-        weights = np.array([u.num_examples for u in kept], float) if self.weighting == "num-examples" else None
+        collab = collaborators(overlap, threshold, server_round, self.beta, self.options.strict_beta_cutoff)
+        weights = np.array([u.num_examples for u in kept], float) if self.options.weighting == "num-examples" else None
         wbar = global_average(params, weights)
         custom = customized_models(params, collab)
         self.global_state = self._unflatten(wbar)
@@ -135,10 +126,7 @@ class FedCACStrategy(PersonalizedStrategy):
         return out
 
     def write_artifacts(self, folder: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         per_round = [{"round": r.server_round, **r.extra.get("fedcac", {})} for r in self.history
                      if isinstance(r.extra.get("fedcac"), dict)]
@@ -162,6 +150,7 @@ class FedCACStrategy(PersonalizedStrategy):
             im = ax.imshow(mat, vmin=0, vmax=1, cmap="viridis")
             ax.set_title(f"mask overlap, round {r}")
             ax.set_xlabel("client")
+            integer_ticks(ax, y=True)
             ax.set_ylabel("client")
             fig.colorbar(im, ax=ax, fraction=0.046)
         fig.tight_layout()
@@ -175,6 +164,7 @@ class FedCACStrategy(PersonalizedStrategy):
         ax2.plot(xs, [d["overlap-mean"] for d in per_round], color="tab:gray", ls=":", label="mean overlap")
         ax.axvline(self.beta, color="k", lw=0.8)
         ax.set_xlabel("round")
+        integer_ticks(ax)
         ax.set_ylabel("collaborators per client")
         ax2.set_ylabel("overlap")
         fig.legend(loc="upper right", fontsize=8)

@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.replies import Numbers, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
-from task.params import to_record, weighted_average
+from task.params import stacked_record, weighted_average
 
 
 class FedSoftStrategy(PersonalizedStrategy):
@@ -31,14 +31,8 @@ class FedSoftStrategy(PersonalizedStrategy):
 
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
-        g = settings.get
-        self.k = int(g("tiers", 2))
-        self.per_cluster = int(g("fedsoft-clients-per-cluster", 5))
-        self.every = int(g("fedsoft-estimate-every", 2))
-        self.lam = float(g("fedsoft-lambda", 0.1))
-        if self.k < 1 or self.per_cluster < 1 or self.every < 1 or self.lam < 0:
-            raise ValueError("FedSoft needs 'tiers' >= 1, 'fedsoft-clients-per-cluster' >= 1, "
-                             "'fedsoft-estimate-every' >= 1 and 'fedsoft-lambda' >= 0")
+        o = self.options
+        self.k, self.per_cluster, self.every, self.lam = o.tiers, o.clients_per_cluster, o.estimate_every, o.lam
         self.models = distinct_starting_models(self.global_state, self.k, settings.seed)  # as IFCA
         self.np_rng = np.random.default_rng(settings.seed)
         self.u: dict[int, np.ndarray] = {}  # client id -> importance weights over the centres
@@ -49,7 +43,7 @@ class FedSoftStrategy(PersonalizedStrategy):
         self.tier_tables = TierTables()
 
     def _stacked(self) -> RecordDict:
-        return RecordDict({"tiers": to_record({key: np.stack([m[key] for m in self.models]) for key in self.all_keys})})
+        return RecordDict({"tiers": stacked_record(self.models, self.all_keys)})
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

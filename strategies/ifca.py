@@ -13,7 +13,7 @@ from flwr.app import RecordDict
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.replies import Number, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
-from task.params import to_record, weighted_average
+from task.params import stacked_record, weighted_average
 
 
 class IFCAStrategy(PersonalizedStrategy):
@@ -22,16 +22,14 @@ class IFCAStrategy(PersonalizedStrategy):
 
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
-        self.k = int(settings.get("tiers", 2))
-        if self.k < 1:
-            raise ValueError(f"run-config key 'tiers' must be >= 1, got {self.k}")
+        self.k = self.options.tiers
         # IFCA needs distinct starting points: cluster j starts from the common model plus seeded noise
         self.models = distinct_starting_models(self.global_state, self.k, settings.seed)
         self.choices: dict[int, dict[int, int]] = {}
         self.tier_tables = TierTables()
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
-        return RecordDict({"tiers": to_record({key: np.stack([m[key] for m in self.models]) for key in self.all_keys})})
+        return RecordDict({"tiers": stacked_record(self.models, self.all_keys)})
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

@@ -23,10 +23,9 @@ from flwr.serverapp import Grid
 
 from strategies.base import PersonalizedStrategy, Reply, log
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
+from strategies.plots import integer_ticks, pyplot
 from strategies.replies import INT_LIMIT, VALUE_LIMIT, Arrays, Number, Numbers, ReplySpec
-from task.params import to_record, weighted_average
-
-MODES = ("central", "p2p", "oracle")
+from task.params import stack_states, to_record, weighted_average
 
 
 class PFedLIAStrategy(PersonalizedStrategy):
@@ -35,19 +34,9 @@ class PFedLIAStrategy(PersonalizedStrategy):
 
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
-        self.mode = str(settings.get("lia-mode", self.default_mode)) if self.default_mode != "oracle" else "oracle"
-        if self.mode not in MODES:
-            raise ValueError(f"run-config key 'lia-mode' must be one of {list(MODES)}, got {self.mode!r}")
-        self.warmup = int(settings.get("warmup-rounds", 20))
-        if self.warmup < 1:
-            raise ValueError(f"run-config key 'warmup-rounds' must be >= 1, got {self.warmup}")
-        self.lazy_epochs = int(settings.get("lazy-epochs", 20))
-        if self.lazy_epochs < 1:
-            raise ValueError(f"run-config key 'lazy-epochs' must be >= 1, got {self.lazy_epochs}")
-        self.min_samples = int(settings.get("optics-min-samples", 5))
-        self.noise = str(settings.get("lia-noise", "nearest"))
-        self.score = str(settings.get("lia-score", "raw"))
-        self.standardize = bool(settings.get("lia-row-standardize", False))
+        o = self.options
+        self.mode = "oracle" if self.default_mode == "oracle" else o.mode
+        self.warmup = o.warmup_rounds
         self.clustered = False
         self.theta0: dict[str, np.ndarray] | None = None
         # everything per client is keyed by client id (partition id)
@@ -164,7 +153,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
         else:
             lazy = self._lazy_models(grid, server_round, nodes)
             self.lazy_clients = sorted(lazy)
-            self.lazy_stacked = {k: np.stack([lazy[c][k] for c in self.lazy_clients]) for k in self.all_keys}
+            self.lazy_stacked = stack_states([lazy[c] for c in self.lazy_clients], self.all_keys)
             lazy_nodes = [self.node_of[c] for c in self.lazy_clients]
             rows = self._rows(grid, server_round, lazy_nodes)
             scored = [c for c in self.lazy_clients if c in rows]
@@ -173,8 +162,9 @@ class PFedLIAStrategy(PersonalizedStrategy):
             if self.mode == "central":
                 # OPTICS on the square part (clients that both trained a lazy model and scored)
                 cols = [self.lazy_clients.index(c) for c in scored]
-                labels = cluster_influence(self.matrix[:, cols], self.min_samples, noise=self.noise, score=self.score,
-                                           standardize=self.standardize)
+                o = self.options
+                labels = cluster_influence(self.matrix[:, cols], o.optics_min_samples, noise=o.noise, score=o.score,
+                                           standardize=o.row_standardize)
                 self.assignment = {c: int(l) for c, l in zip(scored, labels)}
             else:
                 self.sets = {c: sorted(set(rows[c][1]) | {c}) for c in scored}
@@ -216,10 +206,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
 
     # ------------------------------------------------------------------ artefacts
     def write_artifacts(self, folder: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         out = {"clustering": self.clustering,
                "assignment": {str(c): int(l) for c, l in sorted(self.assignment.items())},
@@ -246,6 +233,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
                 ax.axvline(k - 0.5, color="k", lw=0.6)
         ax.set_title(f"lazy influence (rows: scoring client), ordered by cluster; ARI {self.clustering.get('ari', 'n/a')}")
         ax.set_xlabel("lazy model of client")
+        integer_ticks(ax, y=True)
         ax.set_ylabel("client")
         fig.colorbar(im, ax=ax, fraction=0.046)
         fig.tight_layout()

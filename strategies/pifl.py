@@ -31,13 +31,15 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from strategies.base import PersonalizedStrategy, Reply
-from strategies.pifl_math import MICRO, TokenLedger, random_tiering, rank_clients, schedule, shapley_scores
+from strategies.pifl_math import TokenLedger, random_tiering, rank_clients, schedule, shapley_scores
+from strategies.plots import integer_ticks, pyplot
 from strategies.replies import ACCURACY as SHARE
 from strategies.replies import Numbers, ReplySpec
 from strategies.tier_tables import TierTables
 from task.data import load_centralized
+from task.methods.pifl import MICRO
 from task.models import build_model
-from task.params import load_record, to_record, weighted_average
+from task.params import load_record, stacked_record, to_record, weighted_average
 
 
 class PIFLStrategy(PersonalizedStrategy):
@@ -46,18 +48,11 @@ class PIFLStrategy(PersonalizedStrategy):
 
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
-        g = settings.get
-        self.num_tiers = int(g("tiers", 2))
-        self.n_perf, self.n_rand = int(g("slots-performance", 4)), int(g("slots-random", 1))
-        self.max_bids = int(g("max-bids", 1))
-        if self.num_tiers < 1 or self.n_perf < 0 or self.n_rand < 0 or self.n_perf + self.n_rand < 1:
-            raise ValueError("run-config keys 'tiers' >= 1 and 'slots-performance' + 'slots-random' >= 1 required")
-        if self.max_bids != 1:
-            raise ValueError("run-config key 'max-bids' must be 1 in this version (one tier per client and round)")
-        self.initial_tokens = int(round(float(g("initial-tokens", 100)) * MICRO))
-        self.price = int(round(float(g("slot-price", 1)) * MICRO))
-        self.ledger_args = dict(price=self.price, max_refund=float(g("max-refund", 1.0)),
-                                full_use_gain=float(g("full-use-gain", 0.1)))
+        o = self.options
+        self.num_tiers, self.n_perf, self.n_rand, self.max_bids = o.tiers, o.slots_performance, o.slots_random, o.max_bids
+        self.initial_tokens = int(round(o.initial_tokens * MICRO))
+        self.price = int(round(o.slot_price * MICRO))
+        self.ledger_args = dict(price=self.price, max_refund=o.max_refund, full_use_gain=o.full_use_gain)
         TokenLedger([], self.num_tiers, self.initial_tokens, **self.ledger_args)  # validates the values now
         self.ledger: TokenLedger | None = None
         self.tiers = {k: {key: np.array(v) for key, v in self.initial_state.items()} for k in range(self.num_tiers)}
@@ -119,7 +114,7 @@ class PIFLStrategy(PersonalizedStrategy):
 
     def collect_bids(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, list[int]]:
         """Every client's bid (client id -> tiers); clients whose reply was rejected are not available."""
-        stacked = to_record({k: np.stack([self.tiers[t][k] for t in range(self.num_tiers)]) for k in self.all_keys})
+        stacked = self.stacked_tiers()
         payloads = {n: RecordDict({"tiers": stacked, "ledger": ConfigRecord({
             "balance": self.ledger.balances[self.client_of[n]], "price": self.price})}) for n in nodes}
         return {r.client: r.metrics["bid"] for r in self.send_query(grid, server_round, "bid", payloads)}
@@ -129,14 +124,16 @@ class PIFLStrategy(PersonalizedStrategy):
         return RecordDict({"arrays": to_record(self.tiers[tier]), "tier": ConfigRecord({"tier": tier})})
 
     def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
-        stacked = to_record({k: np.stack([self.tiers[t][k] for t in range(self.num_tiers)]) for k in self.all_keys})
-        return RecordDict({"tiers": stacked})
+        return RecordDict({"tiers": self.stacked_tiers()})
+
+    def stacked_tiers(self):
+        return stacked_record([self.tiers[t] for t in range(self.num_tiers)], self.all_keys)
 
     # ------------------------------------------------------------------ aggregation and profiling
     def server_set(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._server_set is None:
             data = load_centralized(self.settings.data.dataset, self.settings.data.data_dir, self.settings.data.noise_std)
-            idx = np.random.default_rng(12_345).permutation(len(data.y))[: int(self.settings.get("server-set-size", 500))]
+            idx = np.random.default_rng(12_345).permutation(len(data.y))[: self.options.server_set_size]
             self._server_set = torch.from_numpy(data.x[idx]), torch.from_numpy(data.y[idx])
         return self._server_set
 
@@ -209,10 +206,7 @@ class PIFLStrategy(PersonalizedStrategy):
 
     # ------------------------------------------------------------------ artefacts
     def write_artifacts(self, folder: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         (folder / "pifl_ledger.json").write_text(json.dumps({"micro-tokens-per-token": MICRO, "rounds": self.ledger_log}, indent=1))
         if not self.ledger_log:
@@ -224,6 +218,7 @@ class PIFLStrategy(PersonalizedStrategy):
             ax1.plot(rounds, [e["balances"].get(c, np.nan) / MICRO for e in self.ledger_log], lw=0.8)
         ax1.set_title("token balance per client")
         ax1.set_xlabel("round")
+        integer_ticks(ax1)
         ax1.set_ylabel("tokens")
         for k in range(self.num_tiers):
             ys = [e["tiers"][k]["source-a-share"] for e in self.ledger_log]
@@ -231,13 +226,9 @@ class PIFLStrategy(PersonalizedStrategy):
         ax2.set_ylim(0, 1)
         ax2.set_title("tier membership: mean share of source A")
         ax2.set_xlabel("round")
+        integer_ticks(ax2)
         ax2.legend()
         fig.tight_layout()
         fig.savefig(folder / "pifl_ledger.png", dpi=100)
         plt.close(fig)
 
-
-class PIFLNoIncentiveStrategy(PIFLStrategy):
-    """PI-FL(NI) ablation (spec pifl §2.2): the same system, but every client bids for a random tier."""
-
-    name = "pifl-ni"

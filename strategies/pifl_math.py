@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-MICRO = 10**6
+from task.methods.pifl import MICRO
 
 
 class LedgerError(ValueError):
@@ -206,20 +206,3 @@ def random_tiering(clients: list[int], num_tiers: int, n_per_tier: int, rng: ran
     rng.shuffle(order)
     groups = {k: sorted(order[k::num_tiers]) for k in range(num_tiers)}
     return {k: sorted(rng.sample(g, min(n_per_tier, len(g)))) for k, g in groups.items()}
-
-
-# ------------------------------------------------------------------ client side helpers (pure)
-def bid_policy(accuracies: list[float], balance: int, price: int, threshold: float = 0.9, max_bids: int = 1) -> list[int]:
-    """Alg. 1 lines 5-6 as the spec resolves them: {k : a_k >= T_h} ∪ {argmax a}, the best ``max_bids``;
-    no bid when the balance cannot pay the price."""
-    if balance < price or not accuracies:
-        return []
-    acc = np.asarray(accuracies, float)
-    chosen = set(np.flatnonzero(acc >= threshold).tolist()) | {int(np.argmax(acc))}
-    return sorted(sorted(chosen, key=lambda k: (-acc[k], k))[:max_bids])
-
-
-def mixture_weights(accuracies: list[float]) -> np.ndarray:
-    """Eq. 4 weights normalised over tiers (spec §2.2): a_k / sum a; uniform when every a_k is 0."""
-    acc = np.clip(np.asarray(accuracies, float), 0.0, None)
-    return acc / acc.sum() if acc.sum() > 0 else np.full(len(acc), 1.0 / len(acc))

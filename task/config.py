@@ -1,18 +1,69 @@
 """Run config -> typed settings shared by the ServerApp and the ClientApp.
 
-The run config (pyproject ``[tool.flwr.app.config]`` overridden by ``--run-config``) is the single
-source of settings.  Keys are kebab-case as Flower uses them; a method reads its own extra keys with
-:meth:`Settings.get`.
+The run config (pyproject ``[tool.flwr.app.config]`` overridden by ``--run-config``) is the single source of
+settings.  :class:`RunOptions` declares the keys every run has; each method's own keys are its option set in
+:mod:`task.methods` (``settings.options``).  :func:`parse_settings` is called with the same code on both
+sides: every bad value fails at start-up naming the key and what is allowed, and so does a combination of
+values that would make the method's defining step impossible (:class:`~task.options.ConfigConflict`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from task.data import DataSettings, dataset_info
-from task.models import MODELS
+from task.data import DATASETS, DOMAINS, MIXTURES, PARTITIONS, DataSettings, dataset_info
+from task.methods import METHODS, method_spec
+from task.models import IMAGE_ONLY, MODELS
+from task.options import ConfigConflict, OptionSet, option
+
+
+@dataclass(frozen=True)
+class RunOptions(OptionSet):
+    """The keys of every run, whatever the method."""
+
+    method: str = option("method", "fedavg", "the method (see task/methods)", choices=tuple(METHODS))
+    dataset: str = option("dataset", "digits", "the data set", choices=tuple(DATASETS))
+    partition: str = option("partition", "dirichlet", "how the data is split over clients", choices=PARTITIONS)
+    alpha: float = option("alpha", 0.5, "Dirichlet concentration (partition 'dirichlet')", minimum=1e-9)
+    classes_per_client: int = option("classes-per-client", 2, "labels per client (partition 'pathological')",
+                                     minimum=1)
+    num_clusters: int = option("num-clusters", 5, "planted groups (partition 'planted-clusters*'; dialects)",
+                               minimum=1)
+    mixture: str = option("mixture", "10:90", "two-source mixture (partition 'two-source')", choices=MIXTURES)
+    dialect_mix: float = option("dialect-mix", 0.5, "dialects: share of dialect-specific transitions", minimum=0.0,
+                                maximum=1.0)
+    dialect_sequences: int = option("dialect-sequences", 120, "dialects: lines per client", minimum=4)
+    lm_pretrained: str = option("lm-pretrained", "", "dialects: a local GPT-2 folder (save_pretrained layout)")
+    feature_shift: int = option("feature-shift", 0, "feature-shift domains, one transform per client (0 = none)",
+                                minimum=0, maximum=len(DOMAINS))
+    model: str = option("model", "auto", "the network ('auto': cnn for images, gpt2 for dialects, softmax else)")
+    num_rounds: int = option("num-server-rounds", 10, "rounds", minimum=1)
+    fraction_train: float = option("fraction-train", 1.0, "share of connected nodes trained per round", minimum=1e-9,
+                                   maximum=1.0)
+    fraction_evaluate: float = option("fraction-evaluate", 1.0, "share of connected nodes evaluated", minimum=1e-9,
+                                      maximum=1.0)
+    eval_every: int = option("eval-every", 1, "evaluate every k rounds (and always in the last)", minimum=1)
+    min_nodes: int = option("min-nodes", 2, "nodes to wait for before a round starts", minimum=1)
+    local_epochs: int = option("local-epochs", 1, "local epochs per round", minimum=0)
+    batch_size: int = option("batch-size", 20, "mini-batch size", minimum=1)
+    lr: float = option("lr", 0.05, "learning rate", minimum=0.0)
+    momentum: float = option("momentum", 0.9, "SGD momentum", minimum=0.0, maximum=1.0)
+    weight_decay: float = option("weight-decay", 0.0, "weight decay", minimum=0.0)
+    optimizer: str = option("optimizer", "sgd", "local optimizer (a fresh one every round)", choices=("sgd", "adam"))
+    test_fraction: float = option("test-fraction", 0.2, "each client's held-out test share", minimum=0.0, maximum=0.89)
+    val_fraction: float = option("val-fraction", 0.1, "each client's validation share", minimum=0.0, maximum=0.89)
+    noise_std: float = option("noise-std", 0.0, "fixed Gaussian pixel noise on the data", minimum=0.0)
+    data_copies: int = option("data-copies", 1, "jittered copies of the data set (many clients)", minimum=1)
+    seed: int = option("seed", 0, "seed of partitions, initial model and sampling", minimum=0)
+    device: str = option("device", "auto", "auto (CUDA if available), cpu, cuda or cuda:N")
+    round_timeout: float = option("round-timeout", 3600.0, "seconds to wait for a phase's replies", minimum=1.0)
+    results_dir: str = option("results-dir", "results", "where the run's folder goes")
+    data_dir: str = option("data-dir", "", "local copy of a real data set (empty: the Hugging Face hub)")
+    client_threads: int = option("client-threads", 1, "torch threads per client (0: torch's default)", minimum=0)
+    fault: str = option("fault", "", "fault injection for tests, e.g. nan@1,shape@2,crash@3 (empty: off)")
 
 
 @dataclass(frozen=True)
@@ -34,25 +85,12 @@ class Settings:
     results_dir: str
     eval_every: int = 1
     fraction_evaluate: float = 1.0
+    optimizer: str = "sgd"
+    client_threads: int = 1
+    fault: str = ""
+    #: the method's own option set (task.methods), parsed from the same run config
+    options: OptionSet = field(default_factory=OptionSet, compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """A method-specific run-config key (kebab-case), with a default."""
-        return self.raw.get(key, default)
-
-    def require(self, key: str, kind: type, *, minimum: float | None = None, maximum: float | None = None) -> Any:
-        """A method-specific key that must exist, converted to ``kind`` and range-checked."""
-        if key not in self.raw:
-            raise ValueError(f"run-config key {key!r} is required by method {self.method!r}")
-        try:
-            value = kind(self.raw[key])
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"run-config key {key!r} must be {kind.__name__}, got {self.raw[key]!r}") from err
-        if minimum is not None and value < minimum:
-            raise ValueError(f"run-config key {key!r} must be >= {minimum}, got {value}")
-        if maximum is not None and value > maximum:
-            raise ValueError(f"run-config key {key!r} must be <= {maximum}, got {value}")
-        return value
 
     @property
     def in_channels(self) -> int:
@@ -71,83 +109,76 @@ class Settings:
         return dataset_info(self.data.dataset).num_classes
 
 
-def _num(cfg: Mapping[str, Any], key: str, kind: type, default: Any, minimum: float | None = None) -> Any:
-    value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            value = kind(value)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"run-config key {key!r} must be a number, got {value!r}") from err
-    if kind is int and float(value) != int(value):
-        raise ValueError(f"run-config key {key!r} must be an integer, got {value!r}")
-    value = kind(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"run-config key {key!r} must be >= {minimum}, got {value}")
-    return value
+def _model_name(run: RunOptions) -> str:
+    model = run.model
+    if model == "auto":
+        info = dataset_info(run.dataset)
+        model = "cnn" if info.image_size > 0 else ("gpt2" if run.dataset == "dialects" else "softmax")
+    if run.lm_pretrained and model == "gpt2":
+        model = f"gpt2:{run.lm_pretrained}"  # the model starts from the local pretrained folder
+    if model not in MODELS and not model.startswith("gpt2:"):
+        raise ValueError(f"unknown model {model!r} (run-config key 'model'); allowed: {sorted(MODELS)} or 'auto'")
+    if dataset_info(run.dataset).image_size == 0 and model in IMAGE_ONLY:
+        raise ValueError(f"model {model!r} needs image inputs but dataset {run.dataset!r} gives vectors; use 'softmax' "
+                         "or 'mlp' (run-config key 'model')")
+    return model
 
 
-def _fraction(cfg: Mapping[str, Any], key: str) -> float:
-    value = _num(cfg, key, float, 1.0)
-    if not 0.0 < value <= 1.0:
-        raise ValueError(f"run-config key {key!r} must be in (0, 1], got {value}")
-    return value
+def data_conflicts(run: RunOptions) -> list[str]:
+    """Data settings that every client would fail on, found before round 1."""
+    info = dataset_info(run.dataset)
+    out = []
+    if run.partition == "pathological" and run.classes_per_client > info.num_classes:
+        out.append(f"classes-per-client={run.classes_per_client} exceeds the {info.num_classes} classes of dataset "
+                   f"{run.dataset!r} (partition 'pathological'); use at most {info.num_classes}")
+    if run.partition.startswith("planted-clusters") and run.dataset != "dialects" and run.num_clusters > info.num_classes:
+        out.append(f"num-clusters={run.num_clusters} exceeds the {info.num_classes} labels of dataset {run.dataset!r}: "
+                   f"every planted group needs its own labels (partition {run.partition!r})")
+    if run.feature_shift and info.image_size == 0:
+        out.append(f"feature-shift={run.feature_shift} transforms images, but dataset {run.dataset!r} has vectors; "
+                   "use feature-shift=0")
+    return out
 
 
 def parse_settings(cfg: Mapping[str, Any]) -> Settings:
-    """Validate the run config; every error names the key and what is allowed."""
-    from strategies.registry import METHODS  # late import: the registry imports method modules lazily
-
-    method = str(cfg.get("method", "fedavg"))
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r} (run-config key 'method'); allowed: {sorted(METHODS)}")
-    dataset = str(cfg.get("dataset", "digits"))
-    dataset_info(dataset)
-    model = str(cfg.get("model", "auto"))
-    lm_pretrained = str(cfg.get("lm-pretrained", ""))
-    if model == "auto":
-        model = "cnn" if dataset_info(dataset).image_size > 0 else ("gpt2" if dataset == "dialects" else "softmax")
-    if lm_pretrained and model == "gpt2":
-        model = f"gpt2:{lm_pretrained}"  # the model starts from the local pretrained folder
-    if model not in MODELS and not model.startswith("gpt2:"):
-        raise ValueError(f"unknown model {model!r} (run-config key 'model'); allowed: {sorted(MODELS)} or 'auto'")
+    """Validate the run config; every error names the key(s) and what is allowed."""
+    run = RunOptions.parse(cfg)
+    spec = method_spec(run.method)
+    options = spec.options.parse(cfg, spec.fixed)
+    model = _model_name(run)
     data = DataSettings(
-        dataset=dataset,
-        partition=str(cfg.get("partition", "dirichlet")),
-        alpha=_num(cfg, "alpha", float, 0.5),
-        classes_per_client=_num(cfg, "classes-per-client", int, 2, 1),
-        num_clusters=_num(cfg, "num-clusters", int, 5, 1),
-        mixture=str(cfg.get("mixture", "10:90")),
-        feature_shift=_num(cfg, "feature-shift", int, 0, 0),
-        test_fraction=_num(cfg, "test-fraction", float, 0.2, 0.0),
-        val_fraction=_num(cfg, "val-fraction", float, 0.1, 0.0),
-        noise_std=_num(cfg, "noise-std", float, 0.0, 0.0),
-        data_copies=_num(cfg, "data-copies", int, 1, 1),
-        data_dir=str(cfg.get("data-dir", "")),
-        seed=_num(cfg, "seed", int, 0),
-        dialect_mix=_num(cfg, "dialect-mix", float, 0.5, 0.0),
-        dialect_sequences=_num(cfg, "dialect-sequences", int, 120, 4),
-        lm_pretrained=lm_pretrained,
+        dataset=run.dataset, partition=run.partition, alpha=run.alpha, classes_per_client=run.classes_per_client,
+        num_clusters=run.num_clusters, mixture=run.mixture, feature_shift=run.feature_shift,
+        test_fraction=run.test_fraction, val_fraction=run.val_fraction, noise_std=run.noise_std,
+        data_copies=run.data_copies, data_dir=run.data_dir, seed=run.seed, dialect_mix=run.dialect_mix,
+        dialect_sequences=run.dialect_sequences, lm_pretrained=run.lm_pretrained,
     )
-    fraction = _fraction(cfg, "fraction-train")
-    if str(cfg.get("optimizer", "sgd")) not in ("sgd", "adam"):
-        raise ValueError(f"unknown optimizer {cfg.get('optimizer')!r} (run-config key 'optimizer'); allowed: ['sgd', 'adam']")
-    return Settings(
-        method=method,
-        data=data,
-        model=model,
-        num_rounds=_num(cfg, "num-server-rounds", int, 10, 1),
-        fraction_train=fraction,
-        min_nodes=_num(cfg, "min-nodes", int, 2, 1),
-        local_epochs=_num(cfg, "local-epochs", int, 1, 0),
-        batch_size=_num(cfg, "batch-size", int, 20, 1),
-        lr=_num(cfg, "lr", float, 0.05, 0.0),
-        momentum=_num(cfg, "momentum", float, 0.9, 0.0),
-        weight_decay=_num(cfg, "weight-decay", float, 0.0, 0.0),
-        seed=data.seed,
-        device=str(cfg.get("device", "auto")),
-        round_timeout=_num(cfg, "round-timeout", float, 3600.0, 1.0),
-        results_dir=str(cfg.get("results-dir", "results")),
-        eval_every=_num(cfg, "eval-every", int, 1, 1),
-        fraction_evaluate=_fraction(cfg, "fraction-evaluate"),
-        raw=dict(cfg),
-    )
+    common = {f.name: getattr(run, f.name) for f in dataclasses.fields(Settings)
+              if f.name not in ("method", "data", "model", "options", "raw") and hasattr(run, f.name)}
+    settings = Settings(method=run.method, data=data, model=model, options=options, raw=dict(cfg), **common)
+    problems = data_conflicts(run) + options.conflicts(settings)
+    if problems:
+        raise ConfigConflict("; ".join(problems))
+    return settings
+
+
+def describe_options() -> str:
+    """Every run-config key: who reads it, its default, what is allowed, one line of help (Markdown table)."""
+    from task.methods import METHODS
+
+    owners: dict[type[OptionSet], list[str]] = {RunOptions: ["every run"]}
+    for name, spec in METHODS.items():
+        owners.setdefault(spec.options, []).append(name)
+    rows, seen = ["| key | default | allowed | used by | help |", "|---|---|---|---|---|"], set()
+    for cls, methods in owners.items():
+        for key, opt in cls.declared().items():
+            if key in seen:
+                continue
+            seen.add(key)
+            users = ", ".join(m for c, ms in owners.items() if key in c.declared() for m in ms)
+            rows.append(f"| `{key}` | `{opt.default!r}` | {opt.allowed()} | {users} | {opt.help} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m task.config: the table of every run-config key
+    print(describe_options())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -93,3 +93,26 @@ def weighted_average(states: list[Mapping[str, np.ndarray]], weights: Iterable[f
         dtype = np.asarray(states[0][k]).dtype
         out[k] = (np.rint(avg) if np.issubdtype(dtype, np.integer) else avg).astype(dtype)
     return out
+
+
+# ---------------------------------------------------------------------------------------------- several models
+def stack_states(states: Sequence[Mapping[str, np.ndarray]], keys: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """Several models with the same keys as one state: each array gains a leading model dimension."""
+    names = list(states[0]) if keys is None else list(keys)
+    return {k: np.stack([np.asarray(s[k]) for s in states]) for k in names}
+
+
+def stacked_record(states: Sequence[Mapping[str, np.ndarray]], keys: Iterable[str] | None = None) -> ArrayRecord:
+    """The wire format of several models in one message (tiers, cluster centres, peers, lazy models)."""
+    return to_record(stack_states(states, keys))
+
+
+def stacked_tensors(record: ArrayRecord, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`stacked_record` on the receiving side: name -> tensor with a leading model dimension."""
+    return {k: torch.from_numpy(v).to(device) if device is not None else torch.from_numpy(v)
+            for k, v in record_to_numpy(record).items()}
+
+
+def model_at(stacked: Mapping[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+    """Model ``i`` of stacked models."""
+    return {k: v[i] for k, v in stacked.items()}

@@ -9,10 +9,11 @@ than ``model(x)``, e.g. FedRoD's generic + personal heads).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import nn
+from torch.func import functional_call, vmap
 
 ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -115,6 +116,21 @@ def evaluate(
         total += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
         correct += int((logits.argmax(1) == yb).sum())
     return total / y.numel(), correct / y.numel()  # per target: tokens for next-word prediction
+
+
+def batched_losses(model: nn.Module, stacked_state: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy on ``(x, y)`` of each of the M states in ``stacked_state`` (leading dim M).
+
+    States hold every parameter and buffer of ``model`` (eval mode: BatchNorm uses each candidate's own
+    running statistics).  One vmapped functional call, no Python loop over candidates.
+    """
+    model.eval()
+
+    def loss_of(state: dict[str, torch.Tensor]) -> torch.Tensor:
+        return nn.functional.cross_entropy(functional_call(model, state, (x,)), y)
+
+    with torch.no_grad():
+        return vmap(loss_of)(dict(stacked_state))
 
 
 def proximal_term(reference: dict[str, torch.Tensor], mu: float) -> ExtraLoss:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from flwr.app import Context, RecordDict
 
-from strategies.registry import METHODS, load_object
+from task.methods import METHODS, load_object
 from task.config import parse_settings
 from task.data import ClientData, load_centralized
 from task.train import train

@@ -206,7 +206,8 @@ def corruptions(spec: ReplySpec, content: RecordDict) -> list[Corruption]:
         for what, value in _bad_numbers(element):
             if isinstance(value, list):
                 continue
-            out.append(Corruption(f"{key}: an element {what}", _with_metric(key, [value] + list(sample[1:]))))
+            rest = [float(v) for v in sample[1:]] if isinstance(value, float) else list(sample[1:])  # one type per list
+            out.append(Corruption(f"{key}: an element {what}", _with_metric(key, [value] + rest)))
         if rule.length is not None:
             out.append(Corruption(f"{key}: one element too many", _with_metric(key, list(sample) + [sample[0]] * (
                 rule.length + 1 - len(sample)))))

@@ -5,14 +5,16 @@ import pytest
 import torch
 from hypothesis import given, settings as hsettings, strategies as st
 
-from client_app.client2vec_math import build_aux, distill_loss, local_regulariser, moon_loss, orth_loss
+from client_app.baselines import moon_loss
+from client_app.client2vec_math import distill_loss, local_regulariser, orth_loss
+from task.methods.client2vec import Client2VecOptions, build_aux
 from strategies.client2vec_math import (
     C2VServerState, aggregation_weights, cosine_matrix, eq2_objective, exclusion_window, sampling_probabilities,
     similarity_to_set,
 )
 from task.clip import MissingWeights, OpenClipEncoder, SyntheticEncoder, cached_embeddings, label_prompt
 from task.dsa_ign import (
-    IGNConfig, build_ign, c2v_options, client_index, loss_div, loss_orth, loss_recon, loss_sim, total_loss, train_dsa_ign,
+    IGNConfig, build_ign, client_index, loss_div, loss_orth, loss_recon, loss_sim, total_loss, train_dsa_ign,
 )
 
 torch.set_num_threads(1)
@@ -254,10 +256,10 @@ def test_options_reject_bad_values_naming_the_key():
     from task.config import parse_settings
 
     base = {"method": "client2vec"}
-    assert c2v_options(parse_settings(base)).base == "fedavg"
+    assert parse_settings(base).options.base == "fedavg"
     for key, value in (("c2v-base", "feddyn"), ("c2v-tau", -1.0), ("c2v-sampling", "maybe"), ("c2v-encoder", "vit")):
         with pytest.raises(ValueError, match=key):
-            c2v_options(parse_settings({**base, key: value}))
+            parse_settings({**base, key: value})
 
 
 def test_label_similarity_tracks_label_histograms():

@@ -5,7 +5,7 @@ import pytest
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from server_app.app import build_strategy
-from strategies.registry import METHODS, load_object
+from task.methods import METHODS, load_object
 from task.config import parse_settings
 from task.params import record_to_numpy
 

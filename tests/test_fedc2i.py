@@ -10,7 +10,7 @@ from client_app.fedc2i_math import (
     batched_losses, influence_matrix, influence_vector, leave_one_out, mix_classifier, mix_states, sharpened_weights,
 )
 from server_app.app import build_strategy
-from strategies.registry import METHODS, load_object
+from task.methods import METHODS, load_object
 from task.config import parse_settings
 from task.models import build_model, head_keys
 

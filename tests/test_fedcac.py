@@ -6,13 +6,14 @@ import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 from hypothesis import given, settings, strategies as st
 
-from client_app.fedcac_math import critical_masks, merge_customized, pack_masks, parameter_sensitivity, unpack_masks
+from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
+from task.methods.fedcac import pack_masks, unpack_masks
 from server_app.app import build_strategy
 from strategies.fedcac_math import (
     collaboration_matrix, collaborator_label_similarity, collaborators, customized_models, global_average,
     mask_overlap, overlap_threshold,
 )
-from strategies.registry import METHODS, load_object
+from task.methods import METHODS, load_object
 from task.config import parse_settings
 from task.params import to_record
 from task.models import build_model
@@ -248,7 +249,7 @@ def test_bad_mask_is_rejected_and_logged():
 def test_bad_fedcac_config():
     with pytest.raises(ValueError, match="'beta' must be an integer >= 1"):
         build_strategy(parse_settings({"method": "fedcac", "beta": 0}))
-    with pytest.raises(ValueError, match="'tau' must be <= 1"):
+    with pytest.raises(ValueError, match=r"'tau' must be a number in \[0, 1\]"):
         build_strategy(parse_settings({"method": "fedcac", "tau": 1.5}))
 
 

@@ -20,7 +20,7 @@ from flwr.app import MetricRecord
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from server_app.app import build_strategy
-from strategies.registry import METHODS
+from task.methods import METHODS
 from task.config import parse_settings
 from tests.strategy_harness import (
     ReplayGrid, assert_same_state, corruptions, outgoing_messages, phase_of, reply_message, run_round, snapshot,

@@ -7,7 +7,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from client_app.pfedlia_math import beneficial_peers, lazy_influence_row
 from server_app.app import build_strategy
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets, reassign_noise
-from strategies.registry import METHODS, load_object
+from task.methods import METHODS, load_object
 from task.config import parse_settings
 from task.params import record_to_numpy, to_record
 

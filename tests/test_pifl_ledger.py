@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from strategies.pifl_math import (
-    MICRO, LedgerError, TokenLedger, bid_policy, mixture_weights, random_tiering, rank_clients, schedule, schedule_tier,
-    shapley_scores,
+    LedgerError, TokenLedger, random_tiering, rank_clients, schedule, schedule_tier, shapley_scores,
 )
+from task.methods.pifl import MICRO, bid_policy, mixture_weights
 
 
 def play_round(ledger, bids, utilities, scores, counts, rng, n_perf, n_rand, dropouts):

@@ -1,0 +1,119 @@
+"""Run-config options declared once: key, type, default, allowed range or values, one line of help.
+
+An option set is a frozen dataclass whose fields are made with :func:`option`; :meth:`OptionSet.parse` reads
+it from a run config (the ServerApp and every ClientApp call the same code), converts each value to the
+field's type and checks it, and every error names the key, what it got and what is allowed.  Cross-key
+rules that make a method's defining step impossible (a warm-up as long as the run, ...) live in
+:meth:`OptionSet.conflicts`.  ``pyproject.toml``'s ``[tool.flwr.app.config]`` must list exactly the declared
+keys with the declared defaults (tests/test_options.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+T = TypeVar("T", bound="OptionSet")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One run-config key: the value's type comes from the default (bool, int, float or str)."""
+
+    key: str
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def kind(self) -> type:
+        return type(self.default)
+
+    def allowed(self) -> str:
+        if self.choices is not None:
+            return f"one of {list(self.choices)}"
+        if self.kind is bool:
+            return "true or false"
+        what = "an integer" if self.kind is int else ("a number" if self.kind is float else "a string")
+        if self.minimum is not None and self.maximum is not None:
+            return f"{what} in [{self.minimum:g}, {self.maximum:g}]"
+        if self.minimum is not None:
+            return f"{what} >= {self.minimum:g}"
+        if self.maximum is not None:
+            return f"{what} <= {self.maximum:g}"
+        return what
+
+    def convert(self, value: Any) -> Any:
+        """``value`` as this option's type, or ValueError naming the key, the value and what is allowed."""
+        bad = ValueError(f"run-config key {self.key!r} must be {self.allowed()}, got {value!r} ({self.help})")
+        kind = self.kind
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "false"):
+                return value.lower() == "true"
+            raise bad
+        if kind is str:
+            if not isinstance(value, str) or (self.choices is not None and value not in self.choices):
+                raise bad
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        if not math.isfinite(value) or (kind is int and float(value) != int(value)):
+            raise bad
+        value = kind(value)
+        if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
+            raise bad
+        return value
+
+
+def option(key: str, default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
+           choices: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field bound to run-config ``key``."""
+    opt = Option(key, default, help, minimum, maximum, choices)
+    opt.convert(default)  # a declaration whose default breaks its own rule is a bug
+    return dataclasses.field(default=default, metadata={"option": opt})
+
+
+class ConfigConflict(ValueError):
+    """Settings that each are valid but together make a method's defining step impossible or meaningless."""
+
+
+@dataclass(frozen=True)
+class OptionSet:
+    """Base of every option set: parse, declared keys, cross-key conflicts."""
+
+    #: keys whose value a method fixes (e.g. PI-FL(NI) has no incentive); set per registry entry
+    fixed: ClassVar[Mapping[str, Any]] = {}
+
+    @classmethod
+    def declared(cls) -> dict[str, Option]:
+        """key -> Option, in declaration order."""
+        return {f.metadata["option"].key: f.metadata["option"] for f in dataclasses.fields(cls) if "option" in f.metadata}
+
+    @classmethod
+    def parse(cls: type[T], cfg: Mapping[str, Any], fixed: Mapping[str, Any] | None = None) -> T:
+        values = {}
+        fixed = dict(fixed or {})
+        for f in dataclasses.fields(cls):
+            opt = f.metadata.get("option")
+            if opt is None:
+                continue
+            if opt.key in fixed:
+                value = opt.convert(fixed[opt.key])
+                if opt.key in cfg and opt.convert(cfg[opt.key]) != value:
+                    raise ConfigConflict(f"run-config key {opt.key!r} is {cfg[opt.key]!r}, but this method fixes it to "
+                                         f"{value!r}")
+            else:
+                value = opt.convert(cfg.get(opt.key, opt.default))
+            values[f.name] = value
+        return cls(**values)
+
+    def conflicts(self, settings: Any) -> list[str]:
+        """Why these options cannot work with the rest of the run's settings (none by default)."""
+        return []

@@ -1,0 +1,74 @@
+"""Options are declared once (task/options.py, task/config.py, task/methods): pyproject.toml's run config holds
+exactly the declared keys with the declared defaults (flwr rejects --run-config keys pyproject.toml does not
+declare), a key declared by several methods means the same everywhere, and bad values name their key."""
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from task.config import RunOptions, parse_settings
+from task.methods import METHODS, OPTION_SETS
+from task.options import ConfigConflict, Option, OptionSet, option
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def declared() -> dict[str, list[Option]]:
+    out: dict[str, list[Option]] = {}
+    for cls in (RunOptions, *OPTION_SETS):
+        for key, opt in cls.declared().items():
+            out.setdefault(key, []).append(opt)
+    return out
+
+
+def test_pyproject_holds_exactly_the_declared_keys_and_defaults():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    keys = declared()
+    assert set(config) == set(keys), (sorted(set(config) - set(keys)), sorted(set(keys) - set(config)))
+    for key, opts in keys.items():
+        assert all(o == opts[0] for o in opts), f"{key} is declared differently in two option sets"
+        assert type(config[key]) is opts[0].kind and config[key] == opts[0].default, (key, config[key], opts[0].default)
+        assert opts[0].help
+
+
+def test_every_method_parses_its_defaults_and_server_and_client_read_the_same_options():
+    for method, spec in METHODS.items():
+        settings = parse_settings({"method": method, "num-server-rounds": 10, "min-nodes": 4})
+        assert isinstance(settings.options, spec.options)
+        for key, value in spec.fixed.items():
+            opt = spec.options.declared()[key]
+            name = next(f.name for f in dataclasses.fields(spec.options) if f.metadata.get("option") is opt)
+            assert getattr(settings.options, name) == value
+
+
+@dataclasses.dataclass(frozen=True)
+class Example(OptionSet):
+    count: int = option("count", 3, "how many", minimum=1, maximum=9)
+    share: float = option("share", 0.5, "a share", minimum=0.0, maximum=1.0)
+    flag: bool = option("flag", True, "a switch")
+    mode: str = option("mode", "a", "the mode", choices=("a", "b"))
+
+
+@pytest.mark.parametrize("cfg,message", [
+    ({"count": 0}, r"'count' must be an integer in \[1, 9\], got 0 \(how many\)"),
+    ({"count": 2.5}, r"'count' must be an integer"), ({"count": True}, r"'count' must be an integer"),
+    ({"count": "3"}, r"'count' must be an integer"), ({"share": float("nan")}, r"'share' must be a number in"),
+    ({"share": 1.5}, r"'share' must be a number in \[0, 1\]"), ({"flag": 1}, r"'flag' must be true or false"),
+    ({"flag": "yes"}, r"'flag' must be true or false"), ({"mode": "c"}, r"'mode' must be one of \['a', 'b'\]"),
+])
+def test_a_bad_value_names_its_key_what_it_got_and_what_is_allowed(cfg, message):
+    with pytest.raises(ValueError, match=message):
+        Example.parse(cfg)
+
+
+def test_values_convert_and_fixed_values_win():
+    got = Example.parse({"count": 4.0, "share": 1, "flag": "False"})
+    assert (got.count, got.share, got.flag, got.mode) == (4, 1.0, False, "a")
+    assert type(got.count) is int and type(got.share) is float
+    assert Example.parse({}, fixed={"mode": "b"}).mode == "b"
+    with pytest.raises(ConfigConflict, match="'mode' is 'a', but this method fixes it to 'b'"):
+        Example.parse({"mode": "a"}, fixed={"mode": "b"})
+    with pytest.raises(ValueError):
+        option("bad", 0, "a default outside its own range", minimum=1)
