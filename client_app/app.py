@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from flwr.app import Context, Message
+from flwr.app import Context, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
 from client_app import faults
@@ -32,16 +32,21 @@ def client_for(context: Context) -> ClientMethod:
 
 def method_for(msg: Message, context: Context) -> ClientMethod:
     method = client_for(context)
-    settings = method.settings
-    method.round_seed = ClientMethod.round_of(msg.content)
-    faults.before_handler(settings.fault, method.partition_id, method.round_seed)
+    method.begin(msg.content)
+    faults.before_handler(method.settings.fault, method.partition_id, method.round_seed)
     return method
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     method = method_for(msg, context)
+    # one message per round: the server may ask for the evaluation of the model this client starts the round
+    # from (the previous round's result) together with the local update
+    evaluation = method.evaluation(msg.content) if method.config.get("evaluate") else None
+    method.timings.clear()  # the reply's time-train / time-method are the local update's
     content = method.train(msg.content)
+    if evaluation is not None:
+        content["evaluation"] = MetricRecord(evaluation)
     content = faults.corrupt_train_reply(method.settings.fault, method.partition_id,
                                          method.round_seed, content)
     return Message(content=content, reply_to=msg)

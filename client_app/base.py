@@ -1,8 +1,25 @@
-"""What every client method shares: settings, data, the model (built once per process) and persisted state.
+"""What every client method shares: settings, data, the model (built once per process), evaluation, saved
+models and the state a node keeps between rounds.
 
-A handler reads like a recipe: ``model = self.fresh_model()``; load what the message carries and what
-``context.state`` kept; ``self.fit(model, ...)``; reply with ``self.reply(...)``.  Data and model are
-loaded once per process (cached by settings), not again in every handler.
+A handler reads like a recipe: ``model = self.fresh_model()``; load what the message carries and what the
+node kept (:meth:`ClientMethod.load_state`); ``self.fit(model, ...)``; reply with ``self.reply(...)``.  Data
+and model are loaded once per process (cached by settings), not again in every handler.
+
+A method overrides these hooks, and nothing else of the base:
+
+- :meth:`ClientMethod.train` - the local update and its reply;
+- :meth:`ClientMethod.personal_model` - the model this client uses for its own predictions;
+- :meth:`ClientMethod.global_model` - the method's global model as this client sees it (if it has one);
+- :meth:`ClientMethod.evaluation_extras` - method-specific evaluation metrics;
+- :meth:`ClientMethod.test_split` - the data the personalized model is scored on (default: the test split);
+- :meth:`ClientMethod.query` - extra phases (``query.<name>``).
+
+The base's :meth:`ClientMethod.evaluate` scores the personalized (and global) model, saves the personalized
+model when the server asks (``save-model``) and answers the same way when the evaluation rides on a train
+message (``evaluate`` in a train message's config: the model of the previous round, before local training).
+State saved with :meth:`ClientMethod.save_state` lives in ``context.state`` and, when the node has a state
+folder (node config ``state-dir``, else the one the server names), on disk, so a restarted SuperNode or a
+resumed run picks up where it was.
 """
 
 from __future__ import annotations
@@ -10,9 +27,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import json
+import os
 import resource
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,9 +44,14 @@ from torch import nn
 from task.config import Settings, parse_settings
 from task.data import ClientData, load_client_data, load_local_file
 from task.data.clients import default_cache_dir
+from task.export import model_manifest, read_manifest, save_model
 from task.models import SplitModel, body_keys, build_model, head_keys
 from task.params import load_record, record_to_numpy, to_record
 from task.train import evaluate, resolve_device, train
+
+
+#: what :meth:`ClientMethod.global_model` returns when the personalized model is the global model
+SAME_AS_PERSONAL = object()
 
 
 @functools.lru_cache(maxsize=8)
@@ -80,19 +106,44 @@ class ClientMethod:
     def head_keys(self, model: nn.Module) -> list[str]:
         return head_keys(model)
 
+    # ---------------------------------------------------------------- state kept between rounds
+    def _state_dir(self) -> Path | None:
+        """``<state-dir>/<run-key>/client-<id>``: node config ``state-dir`` wins over the server's suggestion."""
+        config = getattr(self, "config", {})
+        base = str(self.context.node_config.get("state-dir", config.get("state-dir", "")))
+        key = str(config.get("run-key", ""))
+        return Path(base).expanduser() / key / f"client-{self.partition_id}" if base and key else None
+
     def load_state(self, name: str) -> dict[str, np.ndarray] | None:
-        """Arrays this node saved under ``name`` in ``context.state`` (persist across rounds), or None."""
-        rec = self.context.state.array_records.get(name) if name in self.context.state.array_records else None
-        return record_to_numpy(rec) if rec is not None else None
+        """Arrays this node saved under ``name`` (``context.state``, else the node's state folder), or None."""
+        if name in self.context.state.array_records:
+            return record_to_numpy(self.context.state.array_records[name])
+        folder = self._state_dir()
+        if folder is None or not (folder / f"{name}.safetensors").is_file():
+            return None
+        from safetensors.numpy import load_file
+
+        arrays = load_file(str(folder / f"{name}.safetensors"))
+        self.context.state[name] = to_record(arrays)
+        return arrays
 
     def save_state(self, name: str, state: Mapping[str, Any], keys: Iterable[str] | None = None) -> None:
-        self.context.state[name] = to_record(state, keys)
+        """Keep ``state`` (restricted to ``keys``) for the next rounds, in ``context.state`` and on disk."""
+        record = to_record(state, keys)
+        self.context.state[name] = record
+        folder = self._state_dir()
+        if folder is not None:
+            from safetensors.numpy import save_file
 
-    def load_config_state(self, name: str) -> dict[str, Any]:
-        return dict(self.context.state.config_records[name]) if name in self.context.state.config_records else {}
-
-    def save_config_state(self, name: str, values: Mapping[str, Any]) -> None:
-        self.context.state[name] = ConfigRecord(dict(values))
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+            os.close(fd)
+            try:
+                save_file({k: np.ascontiguousarray(v) for k, v in record_to_numpy(record).items()}, tmp)
+                os.replace(tmp, folder / f"{name}.safetensors")  # atomic: a crash leaves the previous round's file
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
 
     @staticmethod
     def message_arrays(content: RecordDict, key: str = "arrays") -> ArrayRecord | None:
@@ -105,6 +156,11 @@ class ClientMethod:
     @staticmethod
     def round_of(content: RecordDict) -> int:
         return int(ClientMethod.message_config(content).get("server-round", 0))
+
+    def begin(self, content: RecordDict) -> None:
+        """Read what every message's config says (round, where to keep state and models)."""
+        self.config = self.message_config(content)
+        self.round_seed = int(self.config.get("server-round", 0))
 
     # ---------------------------------------------------------------- training and evaluation
     @contextlib.contextmanager
@@ -132,6 +188,7 @@ class ClientMethod:
         )
 
     round_seed = 0
+    config: dict[str, Any] = {}
 
     def test(self, model: nn.Module, split: str = "test", **kw: Any) -> tuple[float, float]:
         x, y = getattr(self.data, f"x_{split}"), getattr(self.data, f"y_{split}")
@@ -155,14 +212,72 @@ class ClientMethod:
             content[k] = v
         return content
 
-    # ---------------------------------------------------------------- handlers (override)
+    # ---------------------------------------------------------------- evaluation (override the models)
+    def personal_model(self, content: RecordDict) -> nn.Module:
+        """The model this client uses for its own predictions, from an evaluate (or train) message.
+        Default: the model the server sent (``arrays``)."""
+        model = self.fresh_model()
+        load_shared(model, content)
+        return model
+
+    def global_model(self, content: RecordDict, personal: nn.Module) -> nn.Module | object | None:
+        """The method's global model as this client sees it, :data:`SAME_AS_PERSONAL` when the personalized
+        model is the global one, or None when the method has none.  Called after the personalized model was
+        scored, so it may rebuild the process's network."""
+        return None
+
+    def evaluation_extras(self, content: RecordDict, personal: nn.Module) -> dict[str, Any]:
+        """Method-specific evaluation metrics (e.g. tier accuracies); called last."""
+        return {}
+
+    def test_split(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The data the personalized and global models are scored on."""
+        return self.data.x_test, self.data.y_test
+
+    def evaluation(self, content: RecordDict) -> dict[str, Any]:
+        """The evaluation metrics of the models ``content`` gives this client (and the saved model, if asked)."""
+        x, y = self.test_split()
+        model = self.personal_model(content)
+        loss, acc = evaluate(model, x, y)
+        metrics: dict[str, Any] = {"personal-acc": acc, "personal-loss": loss}
+        if self.config.get("save-model"):
+            self.save_personal_model(model, metrics)
+        glob = self.global_model(content, model)
+        if glob is SAME_AS_PERSONAL:
+            metrics.update({"global-acc": acc, "global-loss": loss})
+        elif glob is not None:
+            metrics["global-loss"], metrics["global-acc"] = evaluate(glob, x, y)
+        metrics.update(self.evaluation_extras(content, model))
+        return metrics
+
+    def save_personal_model(self, model: nn.Module, metrics: Mapping[str, Any]) -> Path | None:
+        """Write the personalized model (safetensors + manifest) to node config ``model-dir``, else the folder
+        the server names; with ``save-best`` only when it beats the model saved before."""
+        base = str(self.context.node_config.get("model-dir", self.config.get("model-dir", "")))
+        if not base:
+            return None
+        path = Path(base).expanduser() / f"client-{self.partition_id}"
+        if self.config.get("save-best") and path.with_suffix(".json").is_file():
+            try:
+                if read_manifest(path).get("personal-acc", -1.0) >= metrics["personal-acc"]:
+                    return None
+            except (ValueError, json.JSONDecodeError):
+                pass  # an unreadable manifest is replaced
+        manifest = model_manifest(self.settings, client=self.partition_id,
+                                  round=int(self.config.get("evaluate-round", self.round_seed)),
+                                  **{"personal-acc": metrics["personal-acc"], "personal-loss": metrics["personal-loss"]})
+        return save_model(path, model.state_dict(), manifest)
+
+    # ---------------------------------------------------------------- handlers
     # Handlers take and return a message's content (RecordDict); client_app.app wraps them in Messages,
     # so they can be unit-tested with a hand-built Context and RecordDict.
     def train(self, content: RecordDict) -> RecordDict:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def evaluate(self, content: RecordDict) -> RecordDict:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def evaluate(self, content: RecordDict) -> RecordDict:
+        """The evaluate handler: the personalized model's (and the global model's) accuracy on the test split."""
+        self.begin(content)
+        return self.reply({**self.base_metrics(), **self.evaluation(content)})
 
     def query(self, name: str, content: RecordDict) -> RecordDict:
         """Extra phases; every method answers ``identify`` (who this client is: its partition id and size)."""

@@ -15,7 +15,7 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from client_app.base import ClientMethod, load_shared
+from client_app.base import SAME_AS_PERSONAL, ClientMethod, load_shared
 from task.params import load_record, model_to_record
 from task.train import proximal_term
 
@@ -33,12 +33,8 @@ class FedAvgClient(ClientMethod):
         _, trained_acc = self.test(model)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc}, model_to_record(model))
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
-        load_shared(model, content)
-        loss, acc = self.test(model)
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
-                                "global-acc": acc, "global-loss": loss})
+    def global_model(self, content: RecordDict, personal: nn.Module):
+        return SAME_AS_PERSONAL  # one model
 
 
 class FedProxClient(FedAvgClient):
@@ -66,9 +62,8 @@ class LocalClient(ClientMethod):
         _, acc = self.test(model)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc})
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
-        loss, acc = self.test(self._model())
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
+    def personal_model(self, content: RecordDict) -> nn.Module:
+        return self._model()
 
 
 class FedPerClient(ClientMethod):
@@ -93,9 +88,8 @@ class FedPerClient(ClientMethod):
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc},
                           model_to_record(model, self.body_keys(model)))
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
-        loss, acc = self.test(self._model(content))
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
+    def personal_model(self, content: RecordDict) -> nn.Module:
+        return self._model(content)
 
 
 class FedRepClient(FedPerClient):
@@ -164,12 +158,17 @@ class FedRoDClient(ClientMethod):
         _, acc = self.test(rod, forward=rod.personalized)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(rod.base))
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
+    def personal_model(self, content: RecordDict) -> nn.Module:
+        """The generic model with the personal head folded into its head: head(z) + phead(z) = (W + P) z + (b + c),
+        so the personalized model is one plain network (and is saved as one)."""
         rod = self._model(content)
-        loss, acc = self.test(rod, forward=rod.personalized)
-        gloss, gacc = self.test(rod.base)
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
-                                "global-acc": gacc, "global-loss": gloss})
+        with torch.no_grad():
+            rod.base.head.weight += rod.phead.weight
+            rod.base.head.bias += rod.phead.bias
+        return rod.base
+
+    def global_model(self, content: RecordDict, personal: nn.Module) -> nn.Module | None:
+        return self._model(content).base  # the generic model (balanced softmax head)
 
 
 class DittoClient(ClientMethod):
@@ -195,13 +194,15 @@ class DittoClient(ClientMethod):
         _, acc = self.test(personal)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model))
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
+    def personal_model(self, content: RecordDict) -> nn.Module:
         model = self.fresh_model()
         load_shared(model, content)
-        gloss, gacc = self.test(model)
-        loss, acc = self.test(self._personal(model))
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
-                                "global-acc": gacc, "global-loss": gloss})
+        return self._personal(model)  # a copy: the global model below reuses the process's network
+
+    def global_model(self, content: RecordDict, personal: nn.Module) -> nn.Module | None:
+        model = self.fresh_model()
+        load_shared(model, content)
+        return model
 
 
 def _clone(model: nn.Module) -> nn.Module:
@@ -212,11 +213,8 @@ class ClusterModelClient(FedAvgClient):
     """Trains the model it is sent like FedAvg; that model is the client's cluster model (CFL), so it is
     reported as the personalized accuracy only."""
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
-        load_shared(model, content)
-        loss, acc = self.test(model)
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
+    def global_model(self, content: RecordDict, personal: nn.Module) -> nn.Module | None:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------- MOON

@@ -24,7 +24,7 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from client_app.base import ClientMethod
+from client_app.base import SAME_AS_PERSONAL, ClientMethod
 from client_app.baselines import moon_term
 from client_app.client2vec_math import local_regulariser
 from task.clip import build_encoder, cached_embeddings, class_names
@@ -136,10 +136,12 @@ class Client2VecClient(ClientMethod):
             state.update(aux.state_with_prefix())
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc}, to_record(state))
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
+    def personal_model(self, content: RecordDict) -> nn.Module:
+        """The global model (main head; P and h_P only shape training)."""
         model = self.fresh_model()
         load_record(model, self._split_arrays(content)[0])
-        loss, acc = self.test(model)
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
-                           "global-acc": acc, "global-loss": loss})
+        return model
+
+    def global_model(self, content: RecordDict, personal: nn.Module):
+        return SAME_AS_PERSONAL
 

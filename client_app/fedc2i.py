@@ -8,7 +8,7 @@ from flwr.app import RecordDict
 
 from client_app.base import ClientMethod
 from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states
-from task.params import load_record, model_to_record, stacked_tensors
+from task.params import load_record, model_at, model_to_record, stacked_tensors
 
 
 class FedC2IClient(ClientMethod):
@@ -69,10 +69,13 @@ class FedC2IClient(ClientMethod):
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc, "influence": [float(v) for v in lam]},
                           model_to_record(model))
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
+    def personal_model(self, content: RecordDict) -> torch.nn.Module:
+        """This client's own latest model (spec §6.12): ``arrays`` of an evaluate message, or the first of the
+        models a train message stacks."""
         model = self.fresh_model()
         rec = self.message_arrays(content)
         if rec is not None:
             load_record(model, rec)
-        loss, acc = self.test(model)
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
+        elif (peers := self.message_arrays(content, "peers")) is not None:
+            model.load_state_dict(model_at(stacked_tensors(peers, self.device), 0))
+        return model

@@ -16,6 +16,7 @@ from client_app.base import ClientMethod
 from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
 from task.methods.fedcac import pack_masks, unpack_masks
 from task.params import load_record, model_to_record, record_to_numpy, to_record
+from task.train import evaluate
 
 
 class FedCACClient(ClientMethod):
@@ -65,15 +66,19 @@ class FedCACClient(ClientMethod):
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc, **extra},
                           model_to_record(model, keys), mask=to_record({"bits": packed}))
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
-        mixed, trained = self._mixed_model(content)
-        loss, acc = self.test(mixed)
-        metrics = {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss}
-        if trained is not None:
-            metrics["before-agg-acc"] = self.test(trained)[1]
+    def personal_model(self, content: RecordDict) -> torch.nn.Module:
+        """Eq. 11: the server's global and customized models mixed with this client's critical mask."""
+        mixed, self._trained = self._mixed_model(content)
+        return mixed
+
+    def global_model(self, content: RecordDict, personal: torch.nn.Module) -> torch.nn.Module | None:
         global_rec = self.message_arrays(content, "global")
-        if global_rec is not None:  # w_bar with this client's BN statistics
-            glob = copy.deepcopy(trained if trained is not None else mixed)
-            load_record(glob, global_rec)
-            metrics["global-loss"], metrics["global-acc"] = self.test(glob)
-        return self.reply(metrics)
+        if global_rec is None:
+            return None
+        glob = copy.deepcopy(personal)  # w_bar with this client's BN statistics (they never leave it)
+        load_record(glob, global_rec)
+        return glob
+
+    def evaluation_extras(self, content: RecordDict, personal: torch.nn.Module) -> dict:
+        """The model right after last round's local training, before aggregation (spec §6.9 logs both)."""
+        return {} if self._trained is None else {"before-agg-acc": evaluate(self._trained, *self.test_split())[1]}

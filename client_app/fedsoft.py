@@ -65,7 +65,7 @@ class FedSoftClient(ClientMethod):
 
     def train(self, content: RecordDict) -> RecordDict:
         model, centres, u = self._model(content)
-        lam = float(dict(content.config_records["fedsoft"]).get("lambda", 0.1)) if "fedsoft" in content.config_records else 0.1
+        lam = self.options.lam
         # lambda/2 sum_s u_s ||w - c_s||^2 = lambda/2 ||w - sum_s u_s c_s||^2 + const (sum_s u_s = 1)
         reference = {k: v for k, v in self._mixed(centres, u).items() if v.is_floating_point()}
         names = {n for n, _ in model.named_parameters()}
@@ -74,7 +74,6 @@ class FedSoftClient(ClientMethod):
         _, acc = self.test(model)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model))
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
-        model, _, _ = self._model(content)
-        loss, acc = self.test(model)
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss})
+    def personal_model(self, content: RecordDict) -> torch.nn.Module:
+        """This client's own model (the u-weighted mix of the centres before it first trains)."""
+        return self._model(content)[0]

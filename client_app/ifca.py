@@ -28,8 +28,11 @@ class IFCAClient(ClientMethod):
         metrics = self.fit(model)
         return self.reply({**self.base_metrics(), **metrics, "cluster": cluster}, model_to_record(model))
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
+    def personal_model(self, content: RecordDict) -> torch.nn.Module:
+        """The cluster model with the lowest loss on the validation split (the training split without one)."""
         x, y = (self.data.x_val, self.data.y_val) if len(self.data.y_val) else (self.data.x_train, self.data.y_train)
-        model, cluster = self._best(content, x, y)
-        loss, acc = self.test(model)
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss, "cluster": cluster})
+        model, self._cluster = self._best(content, x, y)
+        return model
+
+    def evaluation_extras(self, content: RecordDict, personal: torch.nn.Module) -> dict:
+        return {"cluster": self._cluster}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from flwr.app import RecordDict
 
-from client_app.base import ClientMethod, load_shared
+from client_app.base import SAME_AS_PERSONAL, ClientMethod, load_shared
 from client_app.pfedlia_math import beneficial_peers, lazy_influence_row
 from task.params import model_to_record, stacked_tensors
 from task.train import batched_losses, evaluate
@@ -24,14 +24,11 @@ class PFedLIAClient(ClientMethod):
         _, acc = self.test(model)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc, **self._extra()}, model_to_record(model))
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
-        load_shared(model, content)
-        loss, acc = self.test(model)
-        metrics = {**self.base_metrics(), "personal-acc": acc, "personal-loss": loss}
-        if not bool(self.message_config(content).get("clustered", True)):
-            metrics.update({"global-acc": acc, "global-loss": loss})  # warm-up: one global model
-        return self.reply(metrics)
+    def global_model(self, content: RecordDict, personal: torch.nn.Module):
+        """During the warm-up every client has the one global model (the config says which state the evaluated
+        model is from: a train message's evaluation is of the previous round's model)."""
+        key = "evaluated-clustered" if self.config.get("evaluate") else "clustered"
+        return None if bool(self.config.get(key, True)) else SAME_AS_PERSONAL
 
     def query(self, name: str, content: RecordDict) -> RecordDict:
         if name == "lazy":

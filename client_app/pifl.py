@@ -62,20 +62,25 @@ class PIFLClient(ClientMethod):
         half = len(d.y_test) // 2
         return (d.x_test[:half], d.y_test[:half]), (d.x_test[half:], d.y_test[half:])
 
-    def evaluate(self, content: RecordDict) -> RecordDict:
-        """Tier accuracies on the validation split (the tiers' utility) and the personalized mixture (Eq. 4):
-        weights from the calibration half of the goal data, accuracy on the held-out half."""
+    def test_split(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.goal_splits()[1]
+
+    def personal_model(self, content: RecordDict) -> torch.nn.Module:
+        """The one-shot personalized model (Eq. 4): the tier models weighted by their accuracy on the
+        calibration half of this client's goal data; it never leaves the client."""
         tiers = self._tiers(content)
-        val_accs = self._tier_accuracies(tiers, self.data.x_val, self.data.y_val)
-        calib, held = self.goal_splits()
         with self.timed("method"):
-            weights = torch.from_numpy(mixture_weights(self._tier_accuracies(tiers, *calib))).float()
+            weights = torch.from_numpy(mixture_weights(self._tier_accuracies(tiers, *self.goal_splits()[0]))).float()
             model = self.fresh_model()
-            mixed = {k: (torch.tensordot(weights.to(v.dtype), v, dims=1) if v.is_floating_point() else v[0])
-                     for k, v in tiers.items()}
-            model.load_state_dict(mixed)
-        loss, acc = evaluate(model, *held)
-        tier_goal = self._tier_accuracies(tiers, *held)
-        return self.reply({**self.base_metrics(), "personal-acc": acc, "personal-loss": loss,
-                           "tier-acc": val_accs, "tier-goal-acc": tier_goal,
-                           "mixture-weights": [float(w) for w in weights], **self._extra()})
+            model.load_state_dict({k: (torch.tensordot(weights.to(v.dtype), v, dims=1) if v.is_floating_point() else v[0])
+                                   for k, v in tiers.items()})
+        self._weights = [float(w) for w in weights]
+        return model
+
+    def evaluation_extras(self, content: RecordDict, personal: torch.nn.Module) -> dict:
+        """Every tier's accuracy on the validation split (the tiers' utility, for the settlement) and on the
+        held-out goal data, and the mixture's weights."""
+        tiers = self._tiers(content)
+        return {"tier-acc": self._tier_accuracies(tiers, self.data.x_val, self.data.y_val),
+                "tier-goal-acc": self._tier_accuracies(tiers, *self.goal_splits()[1]),
+                "mixture-weights": self._weights, **self._extra()}

@@ -35,21 +35,35 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(_jsonable(obj), indent=1))
 
 
-class ResultsWriter:
-    """Creates ``<results-dir>/<time>-<method>-<run id>/`` (``results-dir`` relative paths resolve against
-    ``$PFLOWER_RESULTS_DIR`` when set, else the ServerApp's working directory)."""
+def resolve_results_path(path: str) -> Path:
+    """A results path as the ServerApp sees it: relative paths resolve against ``$PFLOWER_RESULTS_DIR`` when
+    set, else the ServerApp's working directory."""
+    p = Path(path).expanduser()
+    if not p.is_absolute() and os.environ.get(RESULTS_ENV):
+        p = Path(os.environ[RESULTS_ENV]) / p
+    return p.resolve()
 
-    def __init__(self, settings: Settings, run_id: int) -> None:
+
+class ResultsWriter:
+    """Creates ``<results-dir>/<time>-<method>-<run id>/``, or continues ``folder`` (a resumed run writes into
+    the folder of the run it continues; each resumption is noted in ``resumes.json``)."""
+
+    def __init__(self, settings: Settings, run_id: int, folder: Path | None = None, resumed_after: int = 0) -> None:
         self.settings = settings
-        base = Path(settings.results_dir).expanduser()
-        if not base.is_absolute() and os.environ.get(RESULTS_ENV):
-            base = Path(os.environ[RESULTS_ENV]) / base
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.folder = base.resolve() / f"{stamp}-{settings.method}-{run_id}"
-        self.folder.mkdir(parents=True, exist_ok=True)
-        config = {"run-config": dict(settings.raw), "resolved": {
-            k: v for k, v in asdict(settings).items() if k != "raw"}}
-        write_json(self.folder / "config.json", config)
+        if folder is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            self.folder = resolve_results_path(settings.results_dir) / f"{stamp}-{settings.method}-{run_id}"
+            self.folder.mkdir(parents=True, exist_ok=True)
+            config = {"run-config": dict(settings.raw), "resolved": {
+                k: v for k, v in asdict(settings).items() if k not in ("raw", "options")},
+                "options": asdict(settings.options)}
+            write_json(self.folder / "config.json", config)
+        else:
+            self.folder = folder
+            resumes = json.loads((folder / "resumes.json").read_text()) if (folder / "resumes.json").is_file() else []
+            resumes.append({"run-id": run_id, "after-round": resumed_after, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                            "run-config": dict(settings.raw)})
+            write_json(folder / "resumes.json", resumes)
 
     def write(self, strategy, seconds: float, aborted: str | None = None) -> str:
         rows = []

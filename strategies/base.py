@@ -48,7 +48,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, InvalidReply, ReplySpec, parse_reply
+from task.checkpoint import restore_into, save_checkpoint, to_tree
 from task.config import Settings
+from task.export import model_manifest, save_model
 from task.params import to_record, weighted_average
 
 log = logging.getLogger("flwr.pflower")
@@ -58,6 +60,25 @@ IDENTIFY = "identify"
 
 class RunAborted(RuntimeError):
     """Every reply of a phase failed for the same reason: running more rounds would only repeat it."""
+
+
+class SimulatedCrash(RuntimeError):
+    """``stop-after``: the ServerApp stops after a round's checkpoint as a crash would (for testing resume)."""
+
+
+#: run-config keys that may differ between an interrupted run and its resumption
+RESUMABLE_CHANGES = {"num-server-rounds", "resume-from", "stop-after", "results-dir", "round-timeout",
+                     "checkpoint-every", "save-models", "save-every", "save-best", "min-nodes"}
+
+
+def checkpoint_meta(settings: Settings) -> dict[str, Any]:
+    """What a resumed run must agree on: every run-config key but those in :data:`RESUMABLE_CHANGES`."""
+    from task.config import RunOptions
+
+    declared = {**RunOptions.declared(), **type(settings.options).declared()}
+    config = {k: settings.raw.get(k, o.default) for k, o in declared.items() if k not in RESUMABLE_CHANGES}
+    return {"method": settings.method, "model": settings.model, "dataset": settings.data.dataset,
+            "run-config": config}
 
 
 def _gist(reason: str) -> str:
@@ -120,6 +141,14 @@ class PersonalizedStrategy(Strategy):
     name = "base"
     #: whether the server holds a global model whose accuracy clients report as ``global-acc``
     has_global_model = True
+    #: whether a round's evaluation may ride on the next round's train messages (one message per client and
+    #: round); methods that train only some clients, or settle after evaluation, keep an evaluate phase
+    evaluate_in_train = True
+    #: attributes that are not the run's state (rebuilt from the settings, or per-process / per-run values):
+    #: left out of checkpoints; methods add their own
+    transient = frozenset({"settings", "options", "initial_state", "all_keys", "body_keys", "head_keys", "shapes",
+                           "client_of", "node_of", "_outbox", "results_dir", "_t0", "_round_start", "name",
+                           "_fused_round", "_first_round"})
 
     def __init__(self, settings: Settings, initial_state: Mapping[str, np.ndarray], body: list[str], head: list[str]):
         self.settings = settings
@@ -144,6 +173,10 @@ class PersonalizedStrategy(Strategy):
         self.results_dir: Path | None = None
         self._t0 = time.monotonic()
         self._round_start = self._t0
+        self._pending_evaluation = 0  # a round whose evaluation rides on the next round's train messages
+        self._fused_round = 0  # the round evaluated by this round's train replies (0: none)
+        self._identify_all = False  # after a resume: ask every node who it is before the first round
+        self._first_round = 1  # the first round this process runs (> 1 after a resume)
 
     # ------------------------------------------------------------------ hooks for methods
     def shared_keys(self) -> list[str]:
@@ -155,7 +188,11 @@ class PersonalizedStrategy(Strategy):
         in ``arrays``; evaluate replies the personalized accuracy; queries only the client's identity."""
         if phase == "train":
             keys = list(self.expected_reply_shapes(node_id))
-            return TRAIN.with_records(arrays=Arrays.like(self.initial_state, keys)) if keys else TRAIN
+            spec = TRAIN.with_records(arrays=Arrays.like(self.initial_state, keys)) if keys else TRAIN
+            if self._fused_round:  # the node was asked for the evaluation of its previous round's model
+                spec = spec.with_evaluation({k: v for k, v in self.reply_spec("evaluate", node_id).metrics.items()
+                                             if k not in BASE.metrics})
+            return spec
         if phase == "evaluate":
             return EVALUATE
         return BASE
@@ -165,7 +202,25 @@ class PersonalizedStrategy(Strategy):
         return {k: self.shapes[k] for k in self.shared_keys()}
 
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
-        return ConfigRecord({"server-round": server_round, "phase": phase})
+        """The config of every message: the round and phase; where clients keep state and models (a node's own
+        node config wins); whether to evaluate (train) and to save the personalized model."""
+        cfg = ConfigRecord({"server-round": server_round, "phase": phase})
+        if self.results_dir is not None:
+            cfg["run-key"] = self.results_dir.name
+            cfg["state-dir"] = str(self.results_dir / "client-state")
+            cfg["model-dir"] = str(self.results_dir / "models" / "clients")
+        evaluated = self._fused_round if phase == "train" else (server_round if phase == "evaluate" else 0)
+        if phase == "train" and self._fused_round:
+            cfg["evaluate"] = True
+            cfg["evaluate-round"] = self._fused_round
+        if evaluated and self.save_round(evaluated):
+            cfg["save-model"] = True
+            cfg["save-best"] = self.settings.save_best
+        return cfg
+
+    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
+        """The models the server holds, by name (default: the global model, where the method has one)."""
+        return {"global": self.global_state} if self.has_global_model and self.global_state else {}
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
         return RecordDict({"arrays": to_record(self.global_state)})
@@ -366,14 +421,50 @@ class PersonalizedStrategy(Strategy):
             extra = self.history[-1].extra
             extra["server-seconds"] = extra.get("server-seconds", 0.0) + seconds
 
+    def save_round(self, server_round: int) -> bool:
+        """Whether models are saved after ``server_round`` (the last round; every ``save-every``; every evaluated
+        round with ``save-best``, where each client keeps only its best)."""
+        s = self.settings
+        return s.save_models and (server_round == s.num_rounds or bool(s.save_every and server_round % s.save_every == 0)
+                                  or (s.save_best and self.evaluation_round(server_round)))
+
+    def fused_evaluation(self, server_round: int) -> bool:
+        """Whether round ``server_round``'s evaluation rides on the next round's train messages: every client
+        evaluates the model it starts round r + 1 from (round r's result, before local training) in the
+        same message as its local update.  Only where every evaluated client trains in the next round."""
+        s = self.settings
+        return (self.evaluate_in_train and server_round < s.num_rounds and self.evaluation_round(server_round)
+                and s.fraction_train >= 1.0 and s.fraction_evaluate >= 1.0)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn=None, first_round: int = 1):
+        """Flower's round loop (``Strategy.start``: configure, send and receive, aggregate; train then
+        evaluate), from ``first_round`` on, so that a resumed run continues where its checkpoint ends."""
+        log.info("[%s] rounds %d..%d", self.name, first_round, num_rounds)
+        self._first_round = first_round
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        arrays = initial_arrays
+        for server_round in range(first_round, num_rounds + 1):
+            log.info("[ROUND %s/%s]", server_round, num_rounds)
+            replies = grid.send_and_receive(self.configure_train(server_round, arrays, train_config, grid), timeout=timeout)
+            agg, _ = self.aggregate_train(server_round, replies)
+            arrays = agg if agg is not None else arrays
+            replies = grid.send_and_receive(self.configure_evaluate(server_round, arrays, evaluate_config, grid),
+                                            timeout=timeout)
+            self.aggregate_evaluate(server_round, replies)
+
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         self._round_start = time.monotonic()
         self.history.append(RoundLog(server_round))
         nodes = self.available_nodes(grid)
-        if self.wants_client_ids(server_round, nodes):
+        if self._identify_all or self.wants_client_ids(server_round, nodes):
             self.identify(grid, server_round, nodes)
+            self._identify_all = False
         self.prepare_round(grid, server_round, nodes)
         cohort = self.sample(server_round, nodes)
+        self._fused_round, self._pending_evaluation = self._pending_evaluation, 0
         start = time.perf_counter()
         msgs = self._messages(server_round, cohort, "train", MessageType.TRAIN)
         self._server_time(time.perf_counter() - start)
@@ -382,6 +473,10 @@ class PersonalizedStrategy(Strategy):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         start = time.perf_counter()
         updates = self.receive(server_round, "train", list(replies), self.settings.round_timeout)
+        if self._fused_round:  # the previous round's evaluation came with these replies
+            evaluated = [Reply(u.node_id, u.client, u.num_examples, u.metrics.pop("evaluation")) for u in updates]
+            self.record_evaluation(self._fused_round, evaluated)
+            self._fused_round = 0
         extra = self.aggregate(server_round, updates) if updates else {}
         if not updates:
             log.warning("round %d: no valid train replies; state left unchanged", server_round)
@@ -406,6 +501,9 @@ class PersonalizedStrategy(Strategy):
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         if not self.evaluation_round(server_round):
             return []
+        if self.fused_evaluation(server_round):
+            self._pending_evaluation = server_round
+            return []
         nodes = self.available_nodes(grid)
         k = self.cohort_size(len(nodes), self.settings.fraction_evaluate)
         if k < len(nodes):
@@ -416,22 +514,70 @@ class PersonalizedStrategy(Strategy):
         self._server_time(time.perf_counter() - start)
         return msgs
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        updates = self.receive(server_round, "evaluate", list(replies), self.settings.round_timeout)
+    def record_evaluation(self, server_round: int, updates: list[Reply]) -> None:
+        """Round ``server_round``'s evaluation replies: each client's last metrics, the round's means, the
+        method's :meth:`on_evaluated`."""
         for u in updates:
             self.client_eval[u.client] = {k: float(v) for k, v in u.metrics.items() if isinstance(v, (int, float))}
         keys = ("personal-acc", "personal-loss", "global-acc", "global-loss")
         metrics = self._mean_metrics(updates, keys)
         metrics.update({f"{k}-weighted": v for k, v in self._mean_metrics(updates, keys, weighted=True).items()})
         metrics["num-replies"] = len(updates)
-        self.history[-1].evaluate = metrics
+        entry = next(r for r in self.history if r.server_round == server_round)
+        entry.evaluate = metrics
         self.on_evaluated(server_round, updates)
+        if server_round != self.history[-1].server_round:
+            accs = ", ".join(f"{k} {metrics[k]:.4f}" for k in ("personal-acc", "global-acc") if k in metrics)
+            log.info("[%s] round %d evaluated (with round %d's train replies): %s", self.name, server_round,
+                     server_round + 1, accs or "no evaluation replies")
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        replies = list(replies)
+        metrics: dict[str, float] = {}
+        if self.evaluation_round(server_round) and not self.fused_evaluation(server_round):
+            updates = self.receive(server_round, "evaluate", replies, self.settings.round_timeout)
+            self.record_evaluation(server_round, updates)
+            metrics = self.history[-1].evaluate
         self.on_round_end(server_round)
         self.history[-1].extra["comm"] = dict(self.comm.get(server_round, {}))
         self.history[-1].extra["seconds"] = time.monotonic() - self._round_start
         self.history[-1].extra["server-peak-rss-mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        if self.save_round(server_round) and self.results_dir is not None:
+            self.save_server_models(server_round)
         self._progress(server_round, metrics)
+        if self.settings.checkpoint_every and (server_round % self.settings.checkpoint_every == 0
+                                               or server_round == self.settings.num_rounds):
+            self.checkpoint(server_round)
+        if self.settings.stop_after == server_round and server_round < self.settings.num_rounds:
+            raise SimulatedCrash(f"stop-after={server_round}: the ServerApp stops here as if it crashed (testing resume); "
+                                 f"resume with resume-from='{self.results_dir}'")
         return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+
+    # ------------------------------------------------------------------ models out, checkpoints, resume
+    def save_server_models(self, server_round: int) -> None:
+        """The server's models (global, cluster, tier) under ``<results>/models/server/`` (safetensors + manifest)."""
+        for name, state in self.server_models().items():
+            save_model(self.results_dir / "models" / "server" / name, state,
+                       model_manifest(self.settings, round=server_round, **{"server-model": name}))
+
+    def state_for_checkpoint(self) -> dict[str, Any]:
+        """Everything of this strategy a resumed run needs (all attributes but the transient ones)."""
+        return {k: v for k, v in vars(self).items() if k not in self.transient}
+
+    def checkpoint(self, server_round: int) -> None:
+        if self.results_dir is None:
+            return
+        start = time.perf_counter()
+        tree, arrays = to_tree(self.state_for_checkpoint(), skip=self.transient | {"_holdouts"})
+        save_checkpoint(self.results_dir / "checkpoints", server_round, tree, arrays, checkpoint_meta(self.settings))
+        self.history[-1].extra["checkpoint-seconds"] = time.perf_counter() - start
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's state: node ids change between runs (simulation), so every node is
+        asked who it is before the first round."""
+        restore_into(self, {k: v for k, v in state.items() if k not in self.transient})
+        self._identify_all = True
+        self._t0 = time.monotonic()
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -445,11 +591,14 @@ class PersonalizedStrategy(Strategy):
         return out
 
     def _progress(self, server_round: int, metrics: dict[str, float]) -> None:
-        elapsed = time.monotonic() - self._t0
-        per_round = elapsed / server_round
+        done = server_round - self._first_round + 1
+        per_round = (time.monotonic() - self._t0) / max(done, 1)
         eta = per_round * (self.settings.num_rounds - server_round)
         accs = ", ".join(f"{k} {metrics[k]:.4f}" for k in ("personal-acc", "global-acc") if k in metrics)
         if not accs:
-            accs = "no evaluation replies" if self.evaluation_round(server_round) else "not evaluated this round"
+            if self.fused_evaluation(server_round):
+                accs = "evaluated with the next round's train messages"
+            else:
+                accs = "no evaluation replies" if self.evaluation_round(server_round) else "not evaluated this round"
         log.info("[%s] round %d/%d done: %s | %.1f s/round, ETA %.0f s", self.name, server_round,
                  self.settings.num_rounds, accs, per_round, eta)

@@ -19,6 +19,9 @@ class CFLStrategy(PersonalizedStrategy):
     name = "cfl"
     has_global_model = False
 
+    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
+        return {f"cluster-{k}": m for k, m in sorted(self.models.items())}
+
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
         self.eps1, self.eps2, self.min_rounds = self.options.eps1, self.options.eps2, self.options.min_rounds

@@ -42,6 +42,7 @@ log = logging.getLogger("flwr.pflower")
 
 class Client2VecStrategy(PersonalizedStrategy):
     name = "client2vec"
+    transient = PersonalizedStrategy.transient | {"opts"}
 
     def __init__(self, settings, initial_state, body, head):
         self.opts: Client2VecOptions = settings.options

@@ -29,6 +29,7 @@ from task.params import stacked_record, to_record
 class FedC2IStrategy(PersonalizedStrategy):
     name = "fedc2i"
     has_global_model = False
+    transient = PersonalizedStrategy.transient | {"sent_peers"}  # node ids of this round's messages
 
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)

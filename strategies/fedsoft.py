@@ -28,6 +28,10 @@ from task.params import stacked_record, weighted_average
 class FedSoftStrategy(PersonalizedStrategy):
     name = "fedsoft"
     has_global_model = False
+    evaluate_in_train = False  # only the clients drawn for a centre train; every client is evaluated
+
+    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
+        return {f"centre-{k}": m for k, m in enumerate(self.models)}
 
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
@@ -76,7 +80,7 @@ class FedSoftStrategy(PersonalizedStrategy):
     def _payload(self, node_id: int) -> RecordDict:
         payload = self._stacked()
         u = self.u.get(self.client(node_id), np.full(self.k, 1.0 / self.k))
-        payload["fedsoft"] = ConfigRecord({"u": [float(x) for x in u], "lambda": self.lam})
+        payload["fedsoft"] = ConfigRecord({"u": [float(x) for x in u]})
         return payload
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:

@@ -20,6 +20,9 @@ class IFCAStrategy(PersonalizedStrategy):
     name = "ifca"
     has_global_model = False
 
+    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
+        return {f"cluster-{k}": m for k, m in enumerate(self.models)}
+
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
         self.k = self.options.tiers

@@ -56,6 +56,13 @@ class PFedLIAStrategy(PersonalizedStrategy):
     def has_global_model(self) -> bool:  # type: ignore[override]
         return not self.clustered
 
+    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
+        if not self.clustered:
+            return super().server_models()
+        if self.mode == "p2p":  # every client's beneficial-set model is its own personalized model
+            return {}
+        return {f"cluster-{k}": m for k, m in sorted(self.cluster_models.items())}
+
     def model_for(self, node_id: int) -> dict[str, np.ndarray]:
         if not self.clustered:
             return self.global_state
@@ -68,6 +75,8 @@ class PFedLIAStrategy(PersonalizedStrategy):
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         cfg = super().round_config(server_round, phase)
         cfg["clustered"] = self.clustered
+        if phase == "train" and self._fused_round:  # the evaluated model is from before this round's clustering
+            cfg["evaluated-clustered"] = bool(self.clustering) and self.clustering.get("round", 0) <= self._fused_round
         return cfg
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:

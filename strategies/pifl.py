@@ -45,6 +45,8 @@ from task.params import load_record, stacked_record, to_record, weighted_average
 class PIFLStrategy(PersonalizedStrategy):
     name = "pifl"
     has_global_model = False
+    evaluate_in_train = False  # every client scores every tier after the round; only winners train
+    transient = PersonalizedStrategy.transient | {"_model", "_server_set"}
 
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
@@ -97,6 +99,9 @@ class PIFLStrategy(PersonalizedStrategy):
 
     def sample(self, server_round: int, nodes: list[int]) -> list[int]:
         return self.by_client(self.node_of[c] for c in self.tier_of)
+
+    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
+        return {f"tier-{k}": self.tiers[k] for k in range(self.num_tiers)}
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

@@ -169,11 +169,16 @@ Rule = Callable[[Mapping[str, Any], Mapping[str, Mapping[str, np.ndarray]]], "st
 
 @dataclass(frozen=True)
 class ReplySpec:
-    """Everything a strategy reads from one phase's reply."""
+    """Everything a strategy reads from one phase's reply.
+
+    ``evaluation``: the metrics of an ``evaluation`` MetricRecord the reply must also carry (a train reply
+    that evaluates the client's model of the previous round, see :meth:`PersonalizedStrategy.fused_evaluation`).
+    """
 
     metrics: Mapping[str, Number | Numbers] = field(default_factory=dict)
     records: Mapping[str, Arrays] = field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
+    evaluation: Mapping[str, Number | Numbers] | None = None
 
     def with_metrics(self, **more: Number | Numbers) -> "ReplySpec":
         return replace(self, metrics={**self.metrics, **{k.replace("_", "-"): v for k, v in more.items()}})
@@ -187,25 +192,41 @@ class ReplySpec:
     def with_rule(self, rule: Rule) -> "ReplySpec":
         return replace(self, rules=(*self.rules, rule))
 
+    def with_evaluation(self, metrics: Mapping[str, Number | Numbers]) -> "ReplySpec":
+        return replace(self, evaluation=dict(metrics))
+
+
+def _parse_metrics(content: RecordDict, name: str, rules: Mapping[str, Number | Numbers]) -> dict[str, Any]:
+    raw = dict(content.metric_records[name]) if name in content.metric_records else None
+    if raw is None:
+        if rules:
+            raise InvalidReply(f"reply has no {name!r} MetricRecord")
+        return {}
+    where = "metric" if name == "metrics" else f"{name} metric"
+    metrics: dict[str, Any] = {}
+    for key, rule in rules.items():
+        if key not in raw:
+            if rule.required:
+                raise InvalidReply(f"{where} {key!r} is missing")
+            continue
+        bad = rule.problem(raw[key])
+        if bad:
+            raise InvalidReply(f"{where} {key!r} {bad}")
+        metrics[key] = rule.convert(raw[key])
+    return metrics
+
 
 def parse_reply(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
     """(metrics, records) holding exactly what ``spec`` declares, converted; raises :class:`InvalidReply`.
 
-    Metrics live in the ``metrics`` MetricRecord.  Optional entries that are absent are left out.
+    Metrics live in the ``metrics`` MetricRecord.  Optional entries that are absent are left out.  With
+    ``spec.evaluation`` the ``evaluation`` MetricRecord is parsed too, into ``metrics["evaluation"]``.
     """
-    raw = dict(content.metric_records["metrics"]) if "metrics" in content.metric_records else None
-    if raw is None and spec.metrics:
-        raise InvalidReply("reply has no 'metrics' MetricRecord")
-    metrics: dict[str, Any] = {}
-    for key, rule in spec.metrics.items():
-        if key not in raw:
-            if rule.required:
-                raise InvalidReply(f"metric {key!r} is missing")
-            continue
-        bad = rule.problem(raw[key])
-        if bad:
-            raise InvalidReply(f"metric {key!r} {bad}")
-        metrics[key] = rule.convert(raw[key])
+    metrics = _parse_metrics(content, "metrics", spec.metrics)
+    if spec.evaluation is not None:
+        if "evaluation" not in content.metric_records:
+            raise InvalidReply("reply has no 'evaluation' MetricRecord (the server asked for one)")
+        metrics["evaluation"] = _parse_metrics(content, "evaluation", spec.evaluation)
     records: dict[str, dict[str, np.ndarray]] = {}
     for name, rule in spec.records.items():
         if name not in content.array_records:

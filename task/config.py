@@ -64,6 +64,15 @@ class RunOptions(OptionSet):
     data_dir: str = option("data-dir", "", "local copy of a real data set (empty: the Hugging Face hub)")
     client_threads: int = option("client-threads", 1, "torch threads per client (0: torch's default)", minimum=0)
     fault: str = option("fault", "", "fault injection for tests, e.g. nan@1,shape@2,crash@3 (empty: off)")
+    save_models: bool = option("save-models", True, "save each client's personalized model (on its node) and the "
+                               "server's models at the end")
+    save_every: int = option("save-every", 0, "also save the models every k rounds (0: only at the end)", minimum=0)
+    save_best: bool = option("save-best", False, "a client keeps only its best personalized model (by its test "
+                             "accuracy: optimistic)")
+    checkpoint_every: int = option("checkpoint-every", 1, "checkpoint the server every k rounds (0: never)", minimum=0)
+    resume_from: str = option("resume-from", "", "results folder of an interrupted run to continue (empty: a new run)")
+    stop_after: int = option("stop-after", 0, "testing resume: the ServerApp stops as if it crashed after this round's "
+                             "checkpoint (0: off)", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,12 @@ class Settings:
     optimizer: str = "sgd"
     client_threads: int = 1
     fault: str = ""
+    save_models: bool = True
+    save_every: int = 0
+    save_best: bool = False
+    checkpoint_every: int = 1
+    resume_from: str = ""
+    stop_after: int = 0
     #: the method's own option set (task.methods), parsed from the same run config
     options: OptionSet = field(default_factory=OptionSet, compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)

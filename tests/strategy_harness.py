@@ -122,6 +122,8 @@ def valid_content(spec: ReplySpec, client: int, seed: int, num_examples: int | N
     metrics["partition-id"] = client
     metrics["num-examples"] = num_examples if num_examples is not None else 10 + client
     content = RecordDict({"metrics": MetricRecord(metrics)})
+    if spec.evaluation is not None:  # the evaluation of the previous round's model, asked for with this message
+        content["evaluation"] = MetricRecord({k: _value(rule, rng) for k, rule in spec.evaluation.items()})
     for name, rec in spec.records.items():
         content[name] = to_record({k: _array(t, dims, nrng) for k, t in rec.tensors.items()})
     return content
@@ -136,15 +138,15 @@ class Corruption:
     apply: Callable[[RecordDict], RecordDict]
 
 
-def _with_metric(key: str, value: Any) -> Callable[[RecordDict], RecordDict]:
+def _with_metric(key: str, value: Any, record: str = "metrics") -> Callable[[RecordDict], RecordDict]:
     def apply(content: RecordDict) -> RecordDict:
         out = copy.deepcopy(content)
-        metrics = dict(out["metrics"])
+        metrics = dict(out[record])
         if value is _MISSING:
             metrics.pop(key, None)
         else:
             metrics[key] = value
-        out["metrics"] = MetricRecord(metrics)
+        out[record] = MetricRecord(metrics)
         return out
     return apply
 
@@ -186,40 +188,44 @@ def _bad_numbers(rule: Number) -> list[tuple[str, Any]]:
     return bad
 
 
-def corruptions(spec: ReplySpec, content: RecordDict) -> list[Corruption]:
+def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -> list[Corruption]:
     """Every hostile variant of ``content`` that ``spec`` must reject."""
     out: list[Corruption] = []
-    metrics = dict(content["metrics"])
+    if record == "metrics" and spec.evaluation is not None:
+        out.append(Corruption("record evaluation: missing", _without_record("evaluation")))
+        nested = ReplySpec(metrics=spec.evaluation)
+        out += [Corruption(f"evaluation {c.what}", c.apply) for c in corruptions(nested, content, "evaluation")]
+    metrics = dict(content[record])
     for key, rule in spec.metrics.items():
         if key in ("partition-id",):
             continue  # identity clashes are tested on their own
         if rule.required:
-            out.append(Corruption(f"{key}: missing", _with_metric(key, _MISSING)))
+            out.append(Corruption(f"{key}: missing", _with_metric(key, _MISSING, record)))
         if isinstance(rule, Number):
             for what, value in _bad_numbers(rule):
-                out.append(Corruption(f"{key}: {what}", _with_metric(key, value)))
+                out.append(Corruption(f"{key}: {what}", _with_metric(key, value, record)))
             continue
         current = metrics.get(key)
-        out.append(Corruption(f"{key}: a scalar for a list", _with_metric(key, 0.5 if rule.kind is float else 1)))
+        out.append(Corruption(f"{key}: a scalar for a list", _with_metric(key, 0.5 if rule.kind is float else 1, record)))
         sample = current if isinstance(current, list) and current else [rule.minimum]
         element = Number(rule.kind, rule.minimum, rule.maximum)
         for what, value in _bad_numbers(element):
             if isinstance(value, list):
                 continue
             rest = [float(v) for v in sample[1:]] if isinstance(value, float) else list(sample[1:])  # one type per list
-            out.append(Corruption(f"{key}: an element {what}", _with_metric(key, [value] + rest)))
+            out.append(Corruption(f"{key}: an element {what}", _with_metric(key, [value] + rest, record)))
         if rule.length is not None:
             out.append(Corruption(f"{key}: one element too many", _with_metric(key, list(sample) + [sample[0]] * (
-                rule.length + 1 - len(sample)))))
+                rule.length + 1 - len(sample)), record)))
             if rule.length > 0:
-                out.append(Corruption(f"{key}: one element short", _with_metric(key, list(sample)[: rule.length - 1])))
+                out.append(Corruption(f"{key}: one element short", _with_metric(key, list(sample)[: rule.length - 1], record)))
         if rule.max_length is not None:
             out.append(Corruption(f"{key}: too many elements",
-                                  _with_metric(key, [sample[0]] * (rule.max_length + 1))))
+                                  _with_metric(key, [sample[0]] * (rule.max_length + 1), record)))
         if rule.distinct and isinstance(current, list) and current:
-            out.append(Corruption(f"{key}: a repeated element", _with_metric(key, [current[0]] * max(2, len(current)))))
+            out.append(Corruption(f"{key}: a repeated element", _with_metric(key, [current[0]] * max(2, len(current)), record)))
         if rule.total is not None and isinstance(current, list) and current:
-            out.append(Corruption(f"{key}: does not sum to {rule.total}", _with_metric(key, [v * 0.5 for v in current])))
+            out.append(Corruption(f"{key}: does not sum to {rule.total}", _with_metric(key, [v * 0.5 for v in current], record)))
     for name, rec in spec.records.items():
         if rec.required:
             out.append(Corruption(f"record {name}: missing", _without_record(name)))

@@ -97,13 +97,11 @@ def test_fedsoft_client_reports_the_share_of_its_points_each_centre_fits_best(ce
         c.query("no-such-query", RecordDict())
 
 
-def soft_content(states, u=None, lam=None):
+def soft_content(states, u=None):
     content = RecordDict({"tiers": tiers(*states)})
     cfg = {}
     if u is not None:
         cfg["u"] = list(u)
-    if lam is not None:
-        cfg["lambda"] = lam
     if cfg:
         content["fedsoft"] = ConfigRecord(cfg)
     return content
@@ -130,8 +128,8 @@ def test_fedsoft_proximal_term_pulls_towards_the_mixture_and_the_model_stays_on_
     ref = {k: 0.5 * low[k] + 0.5 * high[k] for k in low}
     trained = {}
     for lam in (0.0, 5.0):
-        ctx = context("fedsoft", **{"tiers": 2, "local-epochs": 3})
-        reply = client("fedsoft", data, ctx=ctx).train(soft_content([low, high], u=[0.5, 0.5], lam=lam))
+        ctx = context("fedsoft", **{"tiers": 2, "local-epochs": 3, "fedsoft-lambda": lam})
+        reply = client("fedsoft", data, ctx=ctx).train(soft_content([low, high], u=[0.5, 0.5]))
         trained[lam] = as_torch(reply["arrays"])
         assert all(torch.equal(as_torch(ctx.state["model"])[k], trained[lam][k]) for k in trained[lam])
     assert dist(trained[5.0], ref) < 0.8 * dist(trained[0.0], ref)

@@ -64,8 +64,8 @@ def test_every_method_has_a_scenario():
 
 def run(name: str, tamper=None):
     """Run a scenario; ``tamper(i, node, phase, content) -> list of reply contents or None`` edits reply i."""
-    method, extra, rounds = SCENARIOS[name]
-    strategy = build_strategy(parse_settings({**COMMON, "method": method, **extra}))
+    method, extra, rounds = SCENARIOS[name]  # the last round has an evaluate phase, earlier ones ride on train
+    strategy = build_strategy(parse_settings({**COMMON, "method": method, "num-server-rounds": rounds, **extra}))
     counter, seen = itertools.count(), {}
     log = []
 
