@@ -5,6 +5,8 @@ width) and a projection classifier h_P.  The loss is CE + w (L_orth + L_dist), w
 L_orth = mean over the batch of sum_k |cos(P z, beta_k^f)| (all M clients' feature indices) and
 L_dist = KL(softmax(h(z)) || softmax(h_P(P z))) with the main head as a detached teacher.  Evaluation uses
 the main head only, so P and h_P never change the model's predictions.
+
+See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

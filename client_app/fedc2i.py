@@ -1,5 +1,7 @@
 """FedC2I client (spec fedc2i §2.2, §2.5): leave-one-out influence on one batch, personalized mixing of the
-received models, local training, reply with the trained model and the influence vector."""
+received models, local training, reply with the trained model and the influence vector.
+
+See docs/methods/fedc2i.md; its last section maps the "spec §" numbers cited here."""
 
 from __future__ import annotations
 

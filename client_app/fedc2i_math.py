@@ -4,6 +4,8 @@ Pure torch, no Flower.  The M leave-one-out models are never built one by one: t
 ``(S - w_i) / (M - 1)`` computed for all i at once from the sum, and the M candidates are evaluated on the
 influence batch in one batched call (``torch.func.functional_call`` under ``torch.func.vmap``).  The
 class-level test needs one feature pass and M*C cheap logit edits, done as one tensor.
+
+See docs/methods/fedc2i.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ mix the server's global and customized models with the stored mask (Eq. 11).
 
 State kept in ``context.state``: ``model`` (the post-training model, BN statistics included: they stay
 local) and ``mask`` (the packed critical mask of the last round).
+
+See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

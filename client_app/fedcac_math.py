@@ -3,6 +3,8 @@ wire format of the masks is in task/methods/fedcac.py).
 
 Pure torch / numpy, no Flower.  A "layer" is one trainable tensor (one entry of ``named_parameters()``);
 BatchNorm running statistics are not scored and stay local (spec §2.4 "recommended default").
+
+See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

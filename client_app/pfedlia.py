@@ -1,5 +1,7 @@
 """pFedLIA client (spec pfedlia §2.4, §2.5): FedAvg-style training of the model it is sent, lazy training of
-the warm-up model, and its row of the lazy-influence matrix (plus its beneficial peers, peer-to-peer)."""
+the warm-up model, and its row of the lazy-influence matrix (plus its beneficial peers, peer-to-peer).
+
+See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here."""
 
 from __future__ import annotations
 

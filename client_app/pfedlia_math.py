@@ -1,4 +1,6 @@
-"""pFedLIA client-side math (spec pfedlia §2.4, §2.5): the lazy-influence row and 2-means beneficial peers."""
+"""pFedLIA client-side math (spec pfedlia §2.4, §2.5): the lazy-influence row and 2-means beneficial peers.
+
+See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """PI-FL client (spec pifl §2.2): scores every tier model, bids, trains the tier it won, and builds its
 one-shot personalized model from the tier models weighted by their accuracy on its own goal data; that
-model never leaves the client."""
+model never leaves the client.
+
+See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here."""
 
 from __future__ import annotations
 

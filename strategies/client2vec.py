@@ -14,6 +14,8 @@ DSA-IGN on the pool; Federated mode - DSA-IGN is trained by FedAvg over ``query.
 
 Privacy (spec A20): the label half is a linear map of the label histogram, which the server can invert;
 Global mode also uploads 128 raw embeddings per client.  Nothing here claims otherwise.
+
+See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

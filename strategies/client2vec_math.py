@@ -2,6 +2,8 @@
 
 Clients are rows 0..M-1 of the index matrices ``beta_f`` and ``beta_l`` (M, d); ``n`` holds their sample
 counts.  A cohort is a list of row numbers.
+
+See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ sizes in the config (``peer-clients``).  The reply's ``influence`` vector follow
 gets itself plus k - 1 peers sampled per round (seeded), so its download is O(k) models, not O(M).
 Clients that have not replied yet are not offered as peers (in round 1 every client starts from the common
 initial model).  Everything is keyed by client id (partition id), so a seed gives the same peers in every run.
+
+See docs/methods/fedc2i.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ mask out of it), the threshold (Eq. 7), the collaborator sets (Eq. 8), the globa
 and each participant's customized model u_i (Eq. 10).  Each node then receives ``global`` (w_bar) and
 its own ``custom`` (u_i) and mixes them with its mask (Eq. 11) on the client.  BatchNorm running
 statistics never leave the clients (spec §2.4 default).
+
+See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Pure numpy, no Flower, vectorised over clients: the overlap is one matrix product of the N x n mask
 matrix (in chunks), the customized models are one product of the N x N collaboration matrix with the
 N x n parameter matrix.
+
+See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ to u_ks * n_k.  A drawn client solves min f_k(w) + lambda/2 sum_s u_ks ||w - c_s
 from its own model, and centre s becomes the u_ks n_k-weighted average of the models of the clients drawn
 for it.  A client's personalized model is its own model (the u-weighted mix of centres before it first
 trains).
+
+See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

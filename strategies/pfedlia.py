@@ -8,6 +8,8 @@ clusters the matrix with OPTICS (noise reassigned); peer-to-peer mode uses the c
 (the server only relays); ``oracle`` uses the planted groups the clients report (simulation only).
 Afterwards each cluster (central/oracle) or each client's beneficial set (p2p) runs FedAvg from theta_0.
 Clients that connect after the clustering round score the stored lazy models and join (spec §2.8).
+
+See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """pFedLIA server-side math (spec pfedlia §2.5, §2.6): OPTICS clustering of the lazy-influence matrix,
-noise reassignment, late joiners, the adjusted Rand index.  Pure numpy / scikit-learn, no Flower."""
+noise reassignment, late joiners, the adjusted Rand index.  Pure numpy / scikit-learn, no Flower.
+
+See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here."""
 
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ Per round r:
    winners whose training arrived this round (a winner whose train reply failed has paid and gets nothing
    back); where the utility gain is undefined (no earlier best, or a round without evaluation) the refund
    ratio is 0.  The ledger's conservation is asserted every round.
+
+See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

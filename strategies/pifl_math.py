@@ -4,6 +4,8 @@ No Flower.  Tokens are integers in micro-tokens (1 token = 10**6 units) so conse
 ``sum(balances) + sum(pools) == initial supply`` after every operation, which :meth:`TokenLedger.check`
 asserts.  Bad input (unknown tier, non-integer or negative amounts, an empty balance, a duplicate reply)
 is rejected with a reason and changes nothing.
+
+See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

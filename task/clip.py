@@ -16,6 +16,8 @@ as the text prompt "A photo of a/an {class}" with CLIP's text encoder.  Nothing 
 
 Embeddings of a client's training split are computed once and cached on disk (``.npy``, keyed by the
 encoder and the data settings), so CLIP runs once per client, not once per round.
+
+See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations

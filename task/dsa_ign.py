@@ -9,6 +9,8 @@ it (spec §2.3 / A3), and can be switched off to demonstrate the collapse.
 
 Everything here is plain torch with no Flower dependency, used by the server (Global mode training) and
 by the clients (Federated mode training and the index itself).
+
+See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
 """
 
 from __future__ import annotations
