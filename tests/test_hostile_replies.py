@@ -38,6 +38,7 @@ SCENARIOS = {
     "fedprox": ("fedprox", {}, 1),
     "fedper": ("fedper", {}, 2),
     "fedrep": ("fedrep", {}, 1),
+    "lgfedavg": ("lgfedavg", {}, 2),
     "fedrod": ("fedrod", {}, 1),
     "ditto": ("ditto", {}, 1),
     "moon": ("moon", {}, 1),

@@ -47,6 +47,8 @@ METHODS: dict[str, MethodSpec] = {
     "fedper": _m("baselines", "FedPerStrategy", "baselines", "FedPerClient", description="shared body, personal head"),
     "fedrep": _m("baselines", "FedRepStrategy", "baselines", "FedRepClient", options=FedRepOptions,
                  description="shared body, personal head trained first (head-epochs)"),
+    "lgfedavg": _m("lgfedavg", "LGFedAvgStrategy", "lgfedavg", "LGFedAvgClient",
+                   description="LG-FedAvg: local body (representation), shared head (FedPer's mirror)"),
     "fedrod": _m("baselines", "FedRoDStrategy", "baselines", "FedRoDClient",
                  description="balanced-softmax generic model + personal head"),
     "ditto": _m("baselines", "DittoStrategy", "baselines", "DittoClient", options=DittoOptions,
