@@ -6,17 +6,47 @@ handler becomes an error reply (Flower does that), which the strategy logs and l
 
 from __future__ import annotations
 
-import functools
+import time
 
-from flwr.app import Context, Message, MetricRecord
+_APP_IMPORT = time.time()  # when this module's own imports start (issue 17: where a message's time goes)
+
+import functools  # noqa: E402
+import os  # noqa: E402
+
+from flwr.app import Context, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp
 
-from client_app import faults
-from client_app.base import ClientMethod
-from task.methods import all_queries, load_object, method_spec
-from task.config import Settings, parse_settings
+from client_app import faults  # noqa: E402
+from client_app.base import ClientMethod  # noqa: E402
+from task.methods import all_queries, load_object, method_spec  # noqa: E402
+from task.config import Settings, parse_settings  # noqa: E402
 
 app = ClientApp()
+
+
+def _process_start() -> float | None:
+    """Unix time this process started (Linux ``/proc``), or None where that is not available."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+_PROCESS_START = _process_start()
+
+
+def stamped(content: RecordDict, handler_start: float, setup_done: float) -> RecordDict:
+    """Add the ``timing`` record: when this process started, when this module's imports began and ended,
+    when the handler began, finished its set-up (settings, data, client) and ended (unix seconds).  The server
+    turns them, with when it pushed the message and pulled the reply, into where a message's time went."""
+    stamps = {"app-import": _APP_IMPORT, "app-ready": _APP_READY, "handler-start": handler_start,
+              "setup-done": setup_done, "handler-end": time.time()}
+    if _PROCESS_START is not None:
+        stamps["process-start"] = _PROCESS_START
+    content["timing"] = MetricRecord(stamps)
+    return content
 
 
 @functools.lru_cache(maxsize=16)
@@ -39,7 +69,9 @@ def method_for(msg: Message, context: Context) -> ClientMethod:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    start = time.time()
     method = method_for(msg, context)
+    setup = time.time()
     # one message per round: the server may ask for the evaluation of the model this client starts the round
     # from (the previous round's result) together with the local update
     evaluation = method.evaluation(msg.content) if method.config.get("evaluate") else None
@@ -48,20 +80,25 @@ def train(msg: Message, context: Context) -> Message:
     if evaluation is not None:
         content["evaluation"] = MetricRecord(evaluation)
     content = faults.corrupt_train_reply(method.settings.fault, method.partition_id,
-                                         method.round_seed, content)
+                                         method.round_seed, stamped(content, start, setup))
     return Message(content=content, reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    return Message(content=method_for(msg, context).evaluate(msg.content), reply_to=msg)
+    start = time.time()
+    method = method_for(msg, context)
+    setup = time.time()
+    return Message(content=stamped(method.evaluate(msg.content), start, setup), reply_to=msg)
 
 
 def _query_handler(name: str):
     def handler(msg: Message, context: Context) -> Message:
+        start = time.time()
         method = method_for(msg, context)
+        setup = time.time()
         content = faults.corrupt_query_reply(method.settings.fault, method.partition_id, method.round_seed, name,
-                                             method.query(name, msg.content))
+                                             stamped(method.query(name, msg.content), start, setup))
         return Message(content=content, reply_to=msg)
 
     handler.__name__ = f"query_{name}"
@@ -70,3 +107,5 @@ def _query_handler(name: str):
 
 for _name in sorted(all_queries()):
     app.query(_name)(_query_handler(_name))
+
+_APP_READY = time.time()  # this module and everything it imports are loaded

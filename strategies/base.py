@@ -47,6 +47,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from strategies.message_timing import breakdown, summarize
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, InvalidReply, ReplySpec, parse_reply
 from task.checkpoint import restore_into, save_checkpoint, to_tree
 from task.config import Settings
@@ -148,7 +149,10 @@ class PersonalizedStrategy(Strategy):
     #: left out of checkpoints; methods add their own
     transient = frozenset({"settings", "options", "initial_state", "all_keys", "body_keys", "head_keys", "shapes",
                            "client_of", "node_of", "_outbox", "results_dir", "_t0", "_round_start", "name",
-                           "_fused_round", "_first_round"})
+                           "_fused_round", "_first_round", "_pushed_at", "_pulled_at", "_timing_rows"})
+    #: seconds between two pulls for replies (Flower's own send_and_receive waits 3 s between pulls in
+    #: deployment, which a round pays once per phase)
+    reply_poll_seconds = 0.1
 
     def __init__(self, settings: Settings, initial_state: Mapping[str, np.ndarray], body: list[str], head: list[str]):
         self.settings = settings
@@ -177,6 +181,9 @@ class PersonalizedStrategy(Strategy):
         self._fused_round = 0  # the round evaluated by this round's train replies (0: none)
         self._identify_all = False  # after a resume: ask every node who it is before the first round
         self._first_round = 1  # the first round this process runs (> 1 after a resume)
+        self._pushed_at: dict[str, float] = {}  # message id -> when it was pushed (unix s)
+        self._pulled_at: dict[str, float] = {}  # id of the message a reply answers -> when it was pulled
+        self._timing_rows: dict[str, list[dict[str, float]]] = {}  # phase -> this round's message breakdowns
 
     # ------------------------------------------------------------------ hooks for methods
     def shared_keys(self) -> list[str]:
@@ -322,7 +329,31 @@ class PersonalizedStrategy(Strategy):
             msgs.append(Message(content=payload, message_type=f"{MessageType.QUERY}.{name}", dst_node_id=nid))
         self._outbox[(server_round, name)] = [m.metadata for m in msgs]
         wait = timeout or self.settings.round_timeout
-        return self.receive(server_round, name, list(grid.send_and_receive(msgs, timeout=wait)), wait)
+        return self.receive(server_round, name, self.exchange(grid, msgs, wait), wait)
+
+    def exchange(self, grid: Grid, messages: Iterable[Message], timeout: float | None) -> list[Message]:
+        """Push ``messages`` and pull their replies until all are in or ``timeout`` s have passed (Flower's
+        Grid API, as ``Grid.send_and_receive`` does, pulling every :attr:`reply_poll_seconds`); notes when
+        each message was pushed and each reply pulled (:mod:`strategies.message_timing`)."""
+        messages = list(messages)
+        if not messages:
+            return []
+        pushed = time.time()
+        waiting = {mid for mid in grid.push_messages(messages) if mid}
+        self._pushed_at.update(dict.fromkeys(waiting, pushed))
+        deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
+        replies: list[Message] = []
+        while waiting:
+            got = list(grid.pull_messages(waiting))
+            now = time.time()
+            for msg in got:
+                self._pulled_at[msg.metadata.reply_to_message_id] = now
+                waiting.discard(msg.metadata.reply_to_message_id)
+            replies.extend(got)
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(self.reply_poll_seconds)
+        return replies
 
     # ------------------------------------------------------------------ validation
     def receive(self, server_round: int, phase: str, replies: list[Any], timeout: float | None) -> list[Reply]:
@@ -337,6 +368,7 @@ class PersonalizedStrategy(Strategy):
         valid = [r for msg in replies if (r := self.validate_reply(server_round, msg, phase, seen)) is not None]
         rejected = [f["reason"] for f in self.failures[before:]]
         self.record_silent(server_round, phase, replies, timeout)
+        self._note_timing(phase)
         if replies and not valid and len({_gist(r) for r in rejected}) == 1:
             raise RunAborted(f"round {server_round}: every {phase} reply failed for the same reason, so the run stops "
                              f"here: {short_reason(rejected[0])}")
@@ -347,7 +379,19 @@ class PersonalizedStrategy(Strategy):
         if msg.has_error():
             self.record_failure(server_round, nid, phase, f"error reply: {msg.error.reason}")
             return None
-        return self.check_reply(server_round, nid, msg.content, phase, seen)
+        reply = self.check_reply(server_round, nid, msg.content, phase, seen)
+        stamps = reply.metrics.pop("timing", None) if reply is not None else None
+        if stamps:
+            answered = msg.metadata.reply_to_message_id
+            row = breakdown(self._pushed_at.pop(answered, None), stamps, self._pulled_at.pop(answered, None))
+            self._timing_rows.setdefault(phase, []).append(row)
+        return reply
+
+    def _note_timing(self, phase: str) -> None:
+        """The phase's median message breakdown into the round's log (``message-timing`` in rounds.json)."""
+        rows = self._timing_rows.pop(phase, [])
+        if rows and self.history:
+            self.history[-1].extra.setdefault("message-timing", {})[phase] = summarize(rows)
 
     def check_reply(self, server_round: int, nid: int, content: RecordDict, phase: str, seen: set[int]) -> Reply | None:
         """``content`` as a :class:`Reply`, or None (logged, recorded) when any declared field is unusable.
@@ -405,6 +449,8 @@ class PersonalizedStrategy(Strategy):
         """Record every node that was sent a ``phase`` message and did not answer at all (not even an error)."""
         answered = {self.reply_node(server_round, phase, r) for r in replies}
         for sent in self._outbox.pop((server_round, phase), []):
+            self._pushed_at.pop(sent.message_id, None)  # the phase is over: forget its push/pull times
+            self._pulled_at.pop(sent.message_id, None)
             nid = int(sent.dst_node_id)
             if nid not in answered:
                 limit = f"{timeout:g} s" if timeout else "the round's time limit"
@@ -448,11 +494,10 @@ class PersonalizedStrategy(Strategy):
         arrays = initial_arrays
         for server_round in range(first_round, num_rounds + 1):
             log.info("[ROUND %s/%s]", server_round, num_rounds)
-            replies = grid.send_and_receive(self.configure_train(server_round, arrays, train_config, grid), timeout=timeout)
+            replies = self.exchange(grid, self.configure_train(server_round, arrays, train_config, grid), timeout)
             agg, _ = self.aggregate_train(server_round, replies)
             arrays = agg if agg is not None else arrays
-            replies = grid.send_and_receive(self.configure_evaluate(server_round, arrays, evaluate_config, grid),
-                                            timeout=timeout)
+            replies = self.exchange(grid, self.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout)
             self.aggregate_evaluate(server_round, replies)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:

@@ -216,13 +216,23 @@ def _parse_metrics(content: RecordDict, name: str, rules: Mapping[str, Number | 
     return metrics
 
 
+#: the optional ``timing`` record of every reply: unix seconds at which the client's process started, its app
+#: module's imports began and ended, and its handler began, finished its set-up and ended (diagnostics of where
+#: a message's time goes; see strategies/message_timing.py)
+STAMP = Number(float, 0.0, 1e11, required=False)
+TIMING = {k: STAMP for k in ("process-start", "app-import", "app-ready", "handler-start", "setup-done", "handler-end")}
+
+
 def parse_reply(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
     """(metrics, records) holding exactly what ``spec`` declares, converted; raises :class:`InvalidReply`.
 
     Metrics live in the ``metrics`` MetricRecord.  Optional entries that are absent are left out.  With
-    ``spec.evaluation`` the ``evaluation`` MetricRecord is parsed too, into ``metrics["evaluation"]``.
+    ``spec.evaluation`` the ``evaluation`` MetricRecord is parsed too, into ``metrics["evaluation"]``; an
+    optional ``timing`` record (:data:`TIMING`) into ``metrics["timing"]``.
     """
     metrics = _parse_metrics(content, "metrics", spec.metrics)
+    if "timing" in content.metric_records:
+        metrics["timing"] = _parse_metrics(content, "timing", TIMING)
     if spec.evaluation is not None:
         if "evaluation" not in content.metric_records:
             raise InvalidReply("reply has no 'evaluation' MetricRecord (the server asked for one)")

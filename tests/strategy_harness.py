@@ -54,7 +54,7 @@ def reply_message(src: int, content: RecordDict | None = None, error: str | None
 
 
 class ReplayGrid:
-    """``get_node_ids`` and ``send_and_receive`` over a callback ``respond(message) -> [reply messages]``."""
+    """``get_node_ids``, ``send_and_receive`` and ``push_messages`` / ``pull_messages`` over a callback ``respond(message) -> [reply messages]``."""
 
     def __init__(self, nodes: Iterable[int], respond: Callable[[Any], list[Any]]) -> None:
         self.nodes = list(nodes)
@@ -69,6 +69,23 @@ class ReplayGrid:
         for m in messages:
             self.sent.append(m)
             out.extend(self.respond(m))
+        return out
+
+    def push_messages(self, messages):
+        """Flower's Grid API as the strategy's own exchange uses it: push now; each reply names the message it
+        answers (as Flower's do), and the next pull returns them all."""
+        self._pending, answered = [], []
+        for m in messages:
+            self.sent.append(m)
+            for r in self.respond(m):
+                if not r.metadata.reply_to_message_id:
+                    r.metadata.reply_to_message_id = m.metadata.message_id
+                self._pending.append(r)
+                answered.append(m.metadata.message_id)
+        return answered  # a message nobody answers is a silent node: waiting for it would only wait out the timeout
+
+    def pull_messages(self, message_ids):
+        out, self._pending = getattr(self, "_pending", []), []
         return out
 
 
