@@ -28,6 +28,8 @@ Example::
 
     python deploy/local_cluster.py --nodes 3 --rounds 3
     python deploy/local_cluster.py --nodes 3 --rounds 4 --kill-node 2@2 --restart-node --unregistered-check
+    python deploy/local_cluster.py --nodes 2 --rounds 4 --workdir /tmp/lc --run-config "stop-after=2"
+    python deploy/local_cluster.py --nodes 2 --rounds 4 --workdir /tmp/lc --run-config "resume-from='<folder>'"
     sudo python deploy/local_cluster.py --nodes 2 --rounds 2 --netns --holder-check
 """
 
@@ -76,7 +78,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--data-files", metavar="DIR",
                     help="each SuperNode reads its own DIR/node-<i>.npz (node config data-path) instead of a "
                          "partition of the embedded data; missing files are exported from the run's data first")
-    ap.add_argument("--workdir", help="keep certificates, keys, logs, state here (default: a temp dir)")
+    ap.add_argument("--workdir", help="keep certificates, keys, logs, state here (default: a temp dir); each data "
+                                      "holder keeps its models, state and cached split in <workdir>/holders/node<i>/")
+    ap.add_argument("--task-poll-interval", type=float, default=0.1,
+                    help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL in s for the SuperLink and SuperNodes (default 0.1; "
+                         "Flower's default 1.0 adds up to a second to every message)")
     ap.add_argument("--results-dir", help="results-dir for the run (default: <workdir>/results)")
     ap.add_argument("--startup-timeout", type=float, default=90.0)
     ap.add_argument("--run-timeout", type=float, default=1200.0)
@@ -84,6 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.nodes < 1 or args.rounds < 1:
         ap.error(f"--nodes {args.nodes} / --rounds {args.rounds}: both must be >= 1")
+    if not 0.01 <= args.task_poll_interval <= 60:
+        ap.error(f"--task-poll-interval {args.task_poll_interval:g}: must be in [0.01, 60] s (Flower's limits)")
     args.kill = None
     if args.kill_node:
         i, sep, r = args.kill_node.partition("@")

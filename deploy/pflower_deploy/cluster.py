@@ -47,6 +47,12 @@ class Cluster:
         self.home = self.work / "flwr-home"  # the operator's FLWR_HOME
         self.certs, self.keys, self.logs = self.work / "certs", self.work / "keys", self.work / "logs"
         self.logs.mkdir(exist_ok=True)
+        earlier = [f for f in self.logs.iterdir() if f.is_file()]
+        if earlier:  # a work directory used again: keep the last cluster's logs apart (they are read for node ids)
+            keep = self.logs / "earlier" / time.strftime("%Y%m%d-%H%M%S")
+            keep.mkdir(parents=True, exist_ok=True)
+            for f in earlier:
+                f.rename(keep / f.name)
         self.results = Path(args.results_dir).resolve() if args.results_dir else self.work / "results"
         self.proxied = bool(args.proxy)
         self.superlink_port = free_port()
@@ -73,6 +79,9 @@ class Cluster:
         env = dict(os.environ)
         env.update(FLWR_HOME=str(home), FLWR_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1",
                    FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+        # how often the SuperExec (SuperLink: ServerApp; SuperNode: ClientApp) asks for a new task; Flower's
+        # default 1 s is paid by every message (issue 17)
+        env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = f"{self.args.task_poll_interval:g}"
         return env
 
     def holder(self, k: int) -> Link | None:
@@ -118,6 +127,12 @@ class Cluster:
     def start_superlink(self) -> None:
         # proxied: loopback only. Direct with --netns: every address (the namespaces reach it over their veth).
         host = "0.0.0.0" if (self.args.netns and not self.proxied) else "127.0.0.1"
+        # a work directory used again (to resume a run): Flower's own state of the last cluster (the SuperLink's
+        # registered keys and runs, the SuperNodes' homes with their node ids) is not needed - a run continues
+        # from pflower's checkpoint and the holders' folders - and would clash with the new registration
+        for old in self.work.glob("superlink.db*"):
+            old.unlink()
+        shutil.rmtree(self.work / "nodes", ignore_errors=True)
         cmd = [shutil.which("flower-superlink") or "flower-superlink",
                "--ssl-ca-certfile", str(self.certs / "ca.crt"), "--ssl-certfile", str(self.certs / "server.pem"),
                "--ssl-keyfile", str(self.certs / "server.key"), "--enable-supernode-auth",
@@ -151,15 +166,27 @@ class Cluster:
                           f"node{k}", "--format", "json")
             if r.returncode != 0:
                 raise ClusterError(f"flwr supernode register node{k} failed:\n{r.stdout}\n{r.stderr}")
-            self.node_ids[k] = int(parse_json_out(r.stdout)["node-id"])
+            out = parse_json_out(r.stdout)
+            if "node-id" not in out:
+                raise ClusterError(f"flwr supernode register node{k} gave no node id:\n{r.stdout}\n{r.stderr}")
+            self.node_ids[k] = int(out["node-id"])
         self.event("registered", node_ids={f"node{k}": str(v) for k, v in self.node_ids.items()},
                    via=self.control_address(), operator_netns=self.operator.ns if self.operator else None)
 
+    def node_dir(self, part: int) -> Path:
+        """What data holder ``part`` keeps on its own disk: its personalized models, the state its method keeps
+        between rounds, its cached partition (kept across runs of the same work directory)."""
+        return self.work / "holders" / f"node{part}"
+
     def node_config(self, part: int) -> str:
-        """A partition of the embedded data, or with --data-files the node's own file (data-path)."""
+        """A partition of the embedded data, or with --data-files the node's own file (data-path); the node's
+        own folders for models (model-dir), state between rounds (state-dir) and its cached split (cache-dir)."""
+        own = self.node_dir(part)
+        dirs = f"model-dir='{own / 'models'}' state-dir='{own / 'state'}' cache-dir='{own / 'cache'}'"
         if self.args.data_files:
-            return f"partition-id={part} data-path='{Path(self.args.data_files).resolve() / f'node-{part}.npz'}'"
-        return f"partition-id={part} num-partitions={self.args.nodes}"
+            return (f"partition-id={part} data-path='{Path(self.args.data_files).resolve() / f'node-{part}.npz'}' "
+                    + dirs)
+        return f"partition-id={part} num-partitions={self.args.nodes} {dirs}"
 
     def export_data_files(self) -> None:
         """--data-files: write node-<i>.npz (partition i of the run's data) for every node that has none."""
@@ -243,7 +270,7 @@ class Cluster:
             "round-timeout": repr(float(a.round_timeout)),
             "results-dir": f"'{self.results}'",
         }
-        for token in shlex.split(a.run_config or ""):
+        for token in shlex.split(a.run_config or "", posix=False):  # keep the quotes of string values
             key, sep, value = token.partition("=")
             if not sep:
                 raise ClusterError(f"--run-config: expected key=value, got {token!r}")
@@ -330,6 +357,11 @@ class Cluster:
                     "messages-after-restart": len(re.findall(r"Receiving: \w+ message", later)),
                 }
         folder = results_folder_from_output(text)
+        stopped = re.findall(r"resume with resume-from='([^']+)'", text)
+        if stopped:  # stop-after: the ServerApp stopped as a crash would, after its checkpoint
+            self.report["resume-from"] = stopped[-1]
+            raise ClusterError(f"the run stopped early (stop-after); continue it with the same --workdir and "
+                               f"--run-config \"resume-from='{stopped[-1]}'\"")
         if proc.returncode != 0 or folder is None:
             raise ClusterError(f"flwr run failed (exit {proc.returncode}); no 'pflower ... -> <folder>' line:\n"
                                + "".join(out[-40:]))
