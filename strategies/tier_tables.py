@@ -67,7 +67,9 @@ class TierTables:
 
     def record(self, strategy, server_round: int, models: list[dict[str, np.ndarray]]) -> list[dict[str, float]]:
         """Table of ``models`` after ``server_round``, kept here and in the round's history (``tier-table``)."""
-        if self._holdouts is None:
+        # the holdouts are rebuilt from the settings, not checkpointed: a TierTables restored from a checkpoint
+        # has no such attribute until its first use
+        if getattr(self, "_holdouts", None) is None:
             known = strategy.client_of.values()
             self._holdouts = SourceHoldouts(strategy.settings, max(len(known), max(known, default=-1) + 1,
                                                                    strategy.settings.min_nodes))

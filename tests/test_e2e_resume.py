@@ -36,6 +36,16 @@ def clients(folder: Path) -> list[dict]:
         return [{k: v for k, v in row.items() if "time" not in k and "rss" not in k} for row in csv.DictReader(fh)]
 
 
+def without_bytes(tree):
+    """Byte counts include each message's config, which names the run's results folder; its name ends in Flower's
+    run id, whose number of digits varies between runs, so two equal runs may differ there by a few bytes."""
+    if isinstance(tree, dict):
+        return {k: without_bytes(v) for k, v in tree.items() if "bytes" not in k}
+    if isinstance(tree, list):
+        return [without_bytes(v) for v in tree]
+    return tree
+
+
 def stop_and_resume(simulation, cfg: dict, stop_after: int) -> tuple[dict, Path, str]:
     with pytest.raises(RunFailed) as crash:
         simulation.run({**cfg, "stop-after": stop_after}, num_supernodes=CLIENTS)
@@ -73,8 +83,8 @@ def test_a_stopped_and_resumed_run_ends_like_the_uninterrupted_one(simulation, m
     assert [r["after-round"] for r in resumes] == [stop_after]
     if method == "pfedlia":  # the clustering of round 2 is restored, not recomputed
         assert "clustering round" not in log
-        assert json.loads((folder / "pfedlia_clusters.json").read_text()) == \
-            json.loads((ref_folder / "pfedlia_clusters.json").read_text())
+        assert without_bytes(json.loads((folder / "pfedlia_clusters.json").read_text())) == \
+            without_bytes(json.loads((ref_folder / "pfedlia_clusters.json").read_text()))
     if method == "pifl":  # tokens are conserved across the resume, round by round as without it
         ledger = json.loads((folder / "pifl_ledger.json").read_text())
         supply = CLIENTS * 100 * ledger["micro-tokens-per-token"]
@@ -104,7 +114,7 @@ def test_bad_resume_folders_fail_at_once_and_touch_nothing(simulation, tmp_path)
     before = sorted(p.name for p in done.rglob("*"))
     cases = [
         ({**cfg, "method": "fedprox"}, "is a fedavg run"),
-        ({**cfg, "lr": 0.01}, r"run-config keys \['lr'\] differ"),
+        ({**cfg, "lr": 0.01}, "run-config keys ['lr'] differ"),
         (cfg, "already finished its 2 rounds"),
     ]
     for bad, message in cases:
