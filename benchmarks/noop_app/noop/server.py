@@ -1,0 +1,45 @@
+"""The ServerApp: every round a train message to every node (and an evaluate message in the last round, as
+pflower sends), each carrying ``payload-floats`` float32s; writes the seconds of each round to ``results-file``."""
+
+import json
+import time
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+app = ServerApp()
+
+
+def _phase(grid: Grid, nodes: list[int], kind: str, server_round: int, floats: int) -> int:
+    msgs = []
+    for nid in nodes:
+        content = RecordDict({"config": ConfigRecord({"server-round": server_round})})
+        if floats:
+            content["arrays"] = ArrayRecord([np.zeros(floats, dtype=np.float32)])
+        msgs.append(Message(content=content, message_type=kind, dst_node_id=nid))
+    replies = list(grid.send_and_receive(msgs, timeout=600))
+    return sum(1 for r in replies if not r.has_error())
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    rounds, floats = int(cfg["num-server-rounds"]), int(cfg["payload-floats"])
+    start = time.monotonic()
+    nodes: list[int] = []
+    while len(nodes) < int(cfg["min-nodes"]) and time.monotonic() - start < 300:
+        nodes = sorted(grid.get_node_ids())
+        time.sleep(0.1)
+    out = {"nodes": len(nodes), "rounds": [], "wait-for-nodes": time.monotonic() - start}
+    for r in range(1, rounds + 1):
+        t0 = time.monotonic()
+        ok = _phase(grid, nodes, MessageType.TRAIN, r, floats)
+        if r == rounds and cfg["evaluate-last"]:
+            ok += _phase(grid, nodes, MessageType.EVALUATE, r, floats)
+        out["rounds"].append({"round": r, "seconds": time.monotonic() - t0, "replies": ok})
+    if cfg["results-file"]:
+        with open(str(cfg["results-file"]), "w") as fh:
+            json.dump(out, fh)
+    print(f"noop: {rounds} rounds, {len(nodes)} nodes, median "
+          f"{sorted(x['seconds'] for x in out['rounds'])[rounds // 2]:.3f} s per round")
