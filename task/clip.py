@@ -184,7 +184,8 @@ def build_encoder(kind: str, model_name: str, weights: str, normalize: bool, see
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("PFLOWER_CACHE", Path.home() / ".cache" / "pflower")) / "clip-embeddings"
+    base = os.environ.get("PFLOWER_CACHE_DIR") or os.environ.get("PFLOWER_CACHE")  # the latter: older name
+    return Path(base or Path.home() / ".cache" / "pflower").expanduser() / "clip-embeddings"
 
 
 def cached_embeddings(encoder, key: str, x: torch.Tensor, y: torch.Tensor, names: list[str],
