@@ -108,20 +108,13 @@ def test_a_stopped_and_resumed_run_ends_like_the_uninterrupted_one(simulation, m
     assert server_models == expected and server_models
 
 
-def test_bad_resume_folders_fail_at_once_and_touch_nothing(simulation, tmp_path):
+def test_a_bad_resume_folder_fails_through_flower_and_touches_nothing(simulation):
+    # every kind of bad folder is checked on the ServerApp's own check in tests/test_resume_point.py; here one
+    # goes through Flower: the run stops at once with the reason and the finished run's folder is unchanged
     cfg = {**SMALL, "method": "fedavg", "num-server-rounds": 2}
     done = Path(simulation.run(cfg, num_supernodes=CLIENTS)["results"])
-    before = sorted(p.name for p in done.rglob("*"))
-    cases = [
-        ({**cfg, "method": "fedprox"}, "is a fedavg run"),
-        ({**cfg, "lr": 0.01}, "run-config keys ['lr'] differ"),
-        (cfg, "already finished its 2 rounds"),
-    ]
-    for bad, message in cases:
-        with pytest.raises(RunFailed) as err:
-            simulation.run({**bad, "resume-from": str(done)}, num_supernodes=CLIENTS, timeout=300)
-        assert message in err.value.output.replace("\n", " "), message
-    assert sorted(p.name for p in done.rglob("*")) == before  # nothing written into the folder
+    before = sorted((p.name, p.stat().st_size) for p in done.rglob("*"))
     with pytest.raises(RunFailed) as err:
-        simulation.run({**cfg, "resume-from": str(tmp_path / "nowhere")}, num_supernodes=CLIENTS, timeout=300)
-    assert "no such results folder" in err.value.output
+        simulation.run({**cfg, "method": "fedprox", "resume-from": str(done)}, num_supernodes=CLIENTS, timeout=300)
+    assert "is a fedavg run" in err.value.output.replace("\n", " ")
+    assert sorted((p.name, p.stat().st_size) for p in done.rglob("*")) == before

@@ -1,0 +1,84 @@
+"""A resume folder that does not fit the run fails at once, with the reason, and touches nothing (issue 15).
+
+The ServerApp's own check (``server_app.app.resume_point``) on a checkpoint written by a real strategy; one
+case also goes through Flower end to end (tests/test_e2e_resume.py).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from server_app.app import build_strategy, resume_point
+from task.checkpoint import FORMAT_VERSION, CheckpointError
+from task.config import parse_settings
+
+BASE = {"method": "fedavg", "model": "mlp", "num-server-rounds": 4, "min-nodes": 2}
+
+
+def checkpointed(tmp_path: Path, rounds_done: int = 2, **over) -> Path:
+    """A results folder whose strategy checkpointed after ``rounds_done`` rounds."""
+    folder = tmp_path / "run"
+    strategy = build_strategy(parse_settings({**BASE, **over}))
+    strategy.results_dir = folder
+    from strategies.base import RoundLog
+
+    for r in range(1, rounds_done + 1):
+        strategy.history.append(RoundLog(r))
+        strategy.checkpoint(r)
+    return folder
+
+
+def files(folder: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(folder)), p.stat().st_size) for p in folder.rglob("*") if p.is_file())
+
+
+def attempt(folder: Path, **over):
+    settings = parse_settings({**BASE, **over, "resume-from": str(folder)})
+    return resume_point(settings, build_strategy(settings))
+
+
+def test_a_fitting_folder_resumes_after_its_last_round(tmp_path):
+    folder = checkpointed(tmp_path)
+    assert attempt(folder) == (folder, 2)
+    # what may change: more rounds, the time limit, saving
+    assert attempt(folder, **{"num-server-rounds": 9, "round-timeout": 30.0, "save-every": 2}) == (folder, 2)
+
+
+@pytest.mark.parametrize("over,reason", [
+    ({"method": "fedprox"}, "is a fedavg run of model mlp on digits; this run is fedprox / mlp / digits"),
+    ({"model": "cnn"}, "this run is fedavg / cnn / digits"),
+    ({"dataset": "synth-concept"}, "/ synth-concept"),
+    ({"lr": 0.01}, "run-config keys ['lr'] differ from the interrupted run"),
+    ({"seed": 1, "partition": "iid"}, "run-config keys ['partition', 'seed'] differ"),
+    ({"num-server-rounds": 2}, "the run already finished its 2 rounds; raise num-server-rounds above 2"),
+])
+def test_a_folder_of_another_run_is_refused_with_the_reason(tmp_path, over, reason):
+    folder = checkpointed(tmp_path)
+    before = files(folder)
+    with pytest.raises(CheckpointError) as err:
+        attempt(folder, **over)
+    assert reason in str(err.value)
+    assert files(folder) == before
+
+
+def test_missing_truncated_and_newer_checkpoints_are_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="no such results folder"):
+        attempt(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError):
+        attempt(tmp_path / "empty")
+    folder = checkpointed(tmp_path)
+    latest = folder / "checkpoints" / (folder / "checkpoints" / "LATEST").read_text().strip()
+    manifest = next(p for p in latest.iterdir() if p.suffix == ".json")
+    meta = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**meta, "format-version": FORMAT_VERSION + 1}))
+    with pytest.raises(CheckpointError, match="newer"):
+        attempt(folder)
+    manifest.write_text(json.dumps(meta))
+    arrays = next(p for p in latest.iterdir() if p.suffix == ".safetensors")
+    arrays.write_bytes(arrays.read_bytes()[: arrays.stat().st_size // 2])
+    before = files(folder)
+    with pytest.raises(CheckpointError):
+        attempt(folder)
+    assert files(folder) == before
