@@ -333,7 +333,16 @@ def n_clients(recs: list[Rec]) -> str:
 
 
 def n_seeds(recs: list[Rec]) -> str:
-    return str(len(seeds_of(recs)))
+    """How many seeds each row (grid cell without its seed) ran, naming the rows when the count differs."""
+    rows: dict[tuple, list[Rec]] = {}
+    for r in recs:
+        rows.setdefault(tuple((k, str(v)) for k, v in r["cell"].items() if k != "seed"), []).append(r)
+    by_count: dict[int, list[Rec]] = {}
+    for row in rows.values():
+        by_count.setdefault(len(seeds_of(row)), []).extend(row)
+    if len(by_count) <= 1:
+        return str(len(seeds_of(recs)))
+    return "; ".join(f"{n} ({_where(recs, chosen)})" for n, chosen in sorted(by_count.items(), reverse=True))
 
 
 def percent(v: Any) -> str:
@@ -376,9 +385,17 @@ def machine_note(recs: list[Rec]) -> str:
 
 def header(recs: list[Rec], paper: list[Paper], defaults_: dict[str, Any]) -> str:
     """Command, settings that differ from the defaults and from the paper, machine: the lines above a table."""
-    commands = sorted({r["command"].split(" --raw-dir")[0] for r in recs})
-    lines = ["Command: " + "; ".join(f"`{c}`" for c in commands) + f" (seeds {', '.join(map(str, seeds_of(recs)))})."
-             if seeds_of(recs) else "Command: " + "; ".join(f"`{c}`" for c in commands) + "."]
+    by_command: dict[str, list[Rec]] = {}
+    for r in recs:
+        by_command.setdefault(r["command"].split(" --raw-dir")[0], []).append(r)
+
+    def seeds(rs: list[Rec]) -> str:
+        return f" (seeds {', '.join(map(str, seeds_of(rs)))})" if seeds_of(rs) else ""
+
+    if len({seeds(rs) for rs in by_command.values()}) <= 1:  # one command, or all ran the same seeds
+        lines = ["Command: " + "; ".join(f"`{c}`" for c in sorted(by_command)) + seeds(recs) + "."]
+    else:  # say which seeds each command ran (a subset re-run next to a full one)
+        lines = ["Commands: " + "; ".join(f"`{c}`{seeds(by_command[c])}" for c in sorted(by_command)) + "."]
     diff = settings_diff(recs, defaults_)
     if diff:
         lines.append("Settings that differ from the defaults (pyproject.toml): " + ", ".join(f"`{d}`" for d in diff) + ".")
@@ -777,6 +794,9 @@ def render_fedc2i(raw: Path, d: dict[str, Any]) -> str:
     claims = []
     if best:
         claims.append(f"Best federated method by personal-acc: {best}.")
+        if ok(select(recs, method="local")):  # the federated methods' best against training alone
+            claims.append(f"Best federated method against Local: " + versus(best, select(recs, method=best), "Local",
+                                                                            select(recs, method="local"), PERSONAL) + ".")
     full = select(recs, method="fedc2i")
     for ref in ("local", "fedrep", "fedavg"):
         if ok(full) and ok(select(recs, method=ref)):
@@ -975,9 +995,10 @@ def render_pifl(raw: Path, d: dict[str, Any]) -> str:
                       + (f" ({', '.join(b[0] for b in won)})" if won else "") + ".")
         for part, p, a, b in beats:
             if p.ok:
+                spread = (f"mean {pts(p.mean)}, std {p.std * 100:.1f} points; " if len(p.deltas) > 1
+                          else "one seed, no spread; ")
                 claims.append(f"{part}: PI-FL minus FedAvg per seed " + " / ".join(f"{x:+.4f}" for x in p.deltas)
-                              + f" (mean {pts(p.mean)}, std {p.std * 100:.1f} points; PI-FL better in {p.wins} of "
-                              f"{len(p.deltas)} seeds).")
+                              + f" ({spread}PI-FL better in {p.wins} of {plural(len(p.deltas), 'seed')}).")
             else:
                 claims.append(f"{part}: {p.text()}.")
     for part in settings:
