@@ -11,11 +11,11 @@ if str(ROOT) not in sys.path:
 
 torch.set_num_threads(1)
 
+if ROOT.name == "mutants":
+    # mutation testing (tests/MUTATION.md) runs these tests from mutants/: one failing example kills a mutant, so
+    # skip Hypothesis' shrinking (minutes per killed mutant, which mutmut then reports as a timeout)
+    from hypothesis import Phase, settings
 
-@pytest.fixture(scope="session")
-def simulation():
-    """A private SuperLink in simulation mode for end-to-end runs, stopped by pid at the end."""
-    from server_app.runner import LocalSimulation
+    settings.register_profile("mutmut", phases=[Phase.explicit, Phase.generate], database=None)
+    settings.load_profile("mutmut")
 
-    with LocalSimulation() as sim:
-        yield sim
