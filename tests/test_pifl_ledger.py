@@ -139,6 +139,31 @@ def test_client_bid_policy_and_mixture():
     np.testing.assert_allclose(mixture_weights([0.0, 0.0]), [0.5, 0.5])
 
 
+def test_a_bid_is_the_best_tiers_at_or_above_the_threshold_up_to_max_bids():
+    # spec §2.2: B_c = {k : a_ck >= T_h} ∪ {argmax a}, truncated to the max_bids highest-scoring tiers
+    pay = dict(balance=MICRO, price=MICRO)
+    assert bid_policy([0.95, 0.92], **pay) == [0]  # default max_bids = 1: the argmax only
+    assert bid_policy([0.95, 0.9], **pay, threshold=0.9, max_bids=2) == [0, 1]  # a_ck == T_h qualifies
+    assert bid_policy([0.95, 0.89], **pay, threshold=0.9, max_bids=2) == [0]
+    # four tiers qualify; the two most accurate win, whatever their index
+    assert bid_policy([0.91, 0.5, 0.95, 0.93], **pay, threshold=0.9, max_bids=2) == [2, 3]
+    assert bid_policy([0.2, 0.7], balance=MICRO, price=MICRO) == [1]  # exactly the price: may bid
+
+
+def test_mixture_weights_are_a_convex_combination_even_for_a_negative_score():
+    # Eq. 4 normalised (spec §2.2): weights are non-negative and sum to one; a score below 0 counts as 0
+    np.testing.assert_allclose(mixture_weights([-0.5, 0.5]), [0.0, 1.0])
+    np.testing.assert_allclose(mixture_weights([-0.5, 0.0]), [0.5, 0.5])
+
+
+def test_slots_covering_every_client_are_flagged_as_no_auction():
+    from task.methods.pifl import PIFLOptions
+
+    assert PIFLOptions(slots_performance=3, slots_random=1).client_conflicts(5) == []
+    assert PIFLOptions(slots_performance=3, slots_random=2).client_conflicts(5)  # 5 slots, 5 clients: all win
+    assert PIFLOptions(slots_performance=3, slots_random=2).client_conflicts(4)
+
+
 def test_fedsoft_importance_weights():
     import numpy as np
 
