@@ -72,3 +72,13 @@ def test_values_convert_and_fixed_values_win():
         Example.parse({"mode": "a"}, fixed={"mode": "b"})
     with pytest.raises(ValueError):
         option("bad", 0, "a default outside its own range", minimum=1)
+
+
+def test_the_client_answers_identify_and_every_query_phase_of_every_method():
+    from task.methods import all_queries
+
+    queries = all_queries()
+    assert "identify" in queries
+    for method, spec in METHODS.items():
+        assert set(spec.queries) <= queries, method
+    assert {"lazy", "lia", "bid", "c2v_index"} <= queries  # pFedLIA, PI-FL and Client2Vec phases
