@@ -3,6 +3,7 @@ exclusion window, Eq. 3 aggregation weights, late joiners.  Expectations are com
 formulas, with plain loops."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -111,6 +112,9 @@ def test_eq2_objective_is_reward_minus_lambda1_kl_and_zero_weights_cost_nothing(
     expected = p @ h - lam * sum(p[i] * math.log(p[i] / q[i]) for i in range(3) if p[i] > 0)
     assert eq2_objective(p, h, n, lam) == pytest.approx(expected)
     assert eq2_objective(q, np.zeros(3), n, lam) == pytest.approx(0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a zero weight is a normal input, not a 0 * log 0 warning
+        assert math.isfinite(eq2_objective(p, h, n, lam))
 
 
 # ------------------------------------------------------------------------------------------ server state
