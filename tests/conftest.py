@@ -19,3 +19,12 @@ if ROOT.name == "mutants":
     settings.register_profile("mutmut", phases=[Phase.explicit, Phase.generate], database=None)
     settings.load_profile("mutmut")
 
+
+
+@pytest.fixture(scope="session")
+def simulation():
+    """A private SuperLink in simulation mode for end-to-end runs, stopped by pid at the end."""
+    from server_app.runner import LocalSimulation
+
+    with LocalSimulation() as sim:
+        yield sim
