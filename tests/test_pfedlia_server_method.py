@@ -1,6 +1,8 @@
 """What pFedLIA's server side must do with the influence matrix (spec pfedlia §2.5, §2.6, §2.8), and CFL's
 split rule (Sattler et al.), checked on matrices whose right answer is known by construction."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,10 @@ def test_features_are_the_rows_as_votes_or_standardised():
     np.testing.assert_array_equal(z[1], [0.0, 0.0, 0.0])  # a constant row stays finite
     with pytest.raises(ValueError, match="lia-score"):
         cluster_features(m, "rank")
+    # a small positive influence is a vote too, and a row of small influences is standardised to unit spread
+    small = np.array([[0.3, -0.2, 0.1]])
+    np.testing.assert_array_equal(cluster_features(small, "sign"), [[1.0, 0.0, 1.0]])
+    assert cluster_features(small, standardize=True).std() == pytest.approx(1.0)
 
 
 def test_noise_points_join_the_cluster_of_their_nearest_clustered_point():
@@ -30,6 +36,15 @@ def test_noise_points_join_the_cluster_of_their_nearest_clustered_point():
     np.testing.assert_array_equal(reassign_noise(feats, np.array([4, 4, 7, 7, 0, 1])), [4, 4, 7, 7, 0, 1])
     single = reassign_noise(feats, labels, "singleton")
     assert single[:4].tolist() == [4, 4, 7, 7] and len(set(single[4:].tolist()) | {4, 7}) == 4
+    # all noise (OPTICS found no cluster): everyone forms one cluster
+    assert reassign_noise(feats, np.full(6, -1)).tolist() == [0] * 6
+
+
+def test_the_noise_mode_reaches_the_clustering():
+    rng = np.random.default_rng(0)
+    rows = np.vstack([rng.normal(0, 0.1, (4, 2)), rng.normal(0, 0.1, (4, 2)) + [50, 0], [[25, 40]]])  # + an outlier
+    np.testing.assert_array_equal(cluster_influence(rows, min_samples=3), [0, 0, 0, 0, 1, 1, 1, 1, 0])
+    np.testing.assert_array_equal(cluster_influence(rows, min_samples=3, noise="singleton"), [0, 0, 0, 0, 1, 1, 1, 1, 2])
 
 
 def test_optics_finds_clusters_of_two_when_min_samples_allows_it_and_caps_min_samples_at_n():
@@ -41,7 +56,9 @@ def test_optics_finds_clusters_of_two_when_min_samples_allows_it_and_caps_min_sa
     assert adjusted_rand(truth, labels) == 1.0
     assert sorted(set(labels.tolist())) == [0, 1, 2]  # dense labels
     assert len(cluster_influence(x[:3], min_samples=5)) == 3  # min_samples larger than N still runs
-    np.testing.assert_array_equal(cluster_influence(np.ones((1, 1))), [0])
+    one = cluster_influence(np.ones((1, 1)))
+    np.testing.assert_array_equal(one, [0])
+    assert one.dtype == labels.dtype == np.int64  # cluster ids index arrays, whatever N is
 
 
 def test_standardised_rows_cluster_by_pattern_not_by_offset():
@@ -87,14 +104,46 @@ def test_cosine_similarity_of_updates_including_a_zero_update():
     np.testing.assert_allclose(s[3], 0.0)
 
 
+def test_cosine_similarity_of_small_updates_and_rounding_kept_inside_minus_one_one():
+    small = np.array([[0.03, 0.04], [0.04, 0.03], [0.0, 0.001]])  # norms below 1: still cosines, not dot products
+    np.testing.assert_allclose(cosine_similarity_matrix(small),
+                                [[1, 0.96, 0.8], [0.96, 1, 0.6], [0.8, 0.6, 1]], atol=1e-12)
+    # this direction's normalised self-product rounds to 1 + 2e-16 (and -1 - 2e-16 against its opposite):
+    # a cosine stays in [-1, 1], so 1 - similarity is a valid distance
+    d = np.array([[0.008142180518343508, -0.2756029052993704, 1.2940638143982073, 1.0067243153057943]])
+    s = cosine_similarity_matrix(np.vstack([d, -d]))
+    assert s.max() == 1.0 and s.min() == -1.0
+
+
 def test_bipartition_separates_opposed_groups_and_needs_two_clients():
     rng = np.random.default_rng(3)
     d = rng.normal(size=20)
     u = np.stack([d + 0.05 * rng.normal(size=20) for _ in range(2)] + [-d + 0.05 * rng.normal(size=20) for _ in range(3)])
     left, right = optimal_bipartition(cosine_similarity_matrix(u))
     assert {tuple(left.tolist()), tuple(right.tolist())} == {(0, 1), (2, 3, 4)}
-    with pytest.raises(ValueError, match="two clients"):
+    with pytest.raises(ValueError, match="^a bipartition needs at least two clients$"):
         optimal_bipartition(np.ones((1, 1)))
+
+
+def test_two_clients_are_bipartitioned_one_each():
+    left, right = optimal_bipartition(cosine_similarity_matrix(np.array([[1.0, 0.2], [0.3, -1.0]])))
+    assert {tuple(left.tolist()), tuple(right.tolist())} == {(0,), (1,)}
+
+
+def test_bipartition_minimises_the_largest_cross_group_similarity():
+    # Sattler et al.: complete linkage on the distance 1 - similarity; checked against every split of five clients
+    u = np.array([[-0.2, -1.0, 0.6], [-0.2, -0.4, 0.5], [-0.5, 1.4, 0.4], [-0.5, -1.9, -1.3], [1.1, -0.1, -0.3]])
+    sim = cosine_similarity_matrix(u)
+
+    def cross(group):
+        rest = [i for i in range(5) if i not in group]
+        return sim[np.ix_(list(group), rest)].max()
+
+    splits = [g for r in (1, 2) for g in itertools.combinations(range(5), r)]
+    best = min(splits, key=cross)
+    left, right = optimal_bipartition(sim)
+    got = left if len(left) <= len(right) else right
+    assert tuple(got.tolist()) == best == (2,)
 
 
 @pytest.mark.parametrize("eps1, eps2, expected", [(0.5, 1.0, True), (0.02, 1.0, False), (0.5, 3.0, False)])
@@ -104,6 +153,22 @@ def test_split_when_the_mean_update_is_small_and_some_update_is_large(eps1, eps2
     assert mean_norm == pytest.approx(np.linalg.norm(u.mean(0)))
     assert max_norm == pytest.approx(np.linalg.norm(u, axis=1).max())
     assert split is expected
+
+
+def test_split_criterion_is_strict_at_both_thresholds():
+    u = np.array([[3.0, 0.0], [0.0, 0.0], [0.0, 0.0]])  # mean norm exactly 1, largest norm exactly 3
+    assert should_split(u, 1.01, 2.99)[0]
+    assert not should_split(u, 1.0, 2.99)[0]  # mean norm < eps1, not <=
+    assert not should_split(u, 1.01, 3.0)[0]  # max norm > eps2, not >=
+
+
+def test_cfl_may_first_split_in_the_last_round_but_not_after_it():
+    from task.config import parse_settings
+    from task.options import ConfigConflict
+
+    parse_settings({"method": "cfl", "num-server-rounds": 5, "cfl-min-rounds": 5})
+    with pytest.raises(ConfigConflict, match="cfl-min-rounds=6"):
+        parse_settings({"method": "cfl", "num-server-rounds": 5, "cfl-min-rounds": 6})
 
 
 def test_two_clients_are_never_split():
