@@ -247,3 +247,14 @@ def test_a_winner_whose_training_failed_gets_no_refund_and_no_reward():
     assert loser not in entry["refunds"] and loser not in entry["rewards"]
     assert set(entry["rewards"]) == set(entry["delivered"]) and entry["delivered"]
     strat.ledger.check()
+
+
+def test_a_late_joiner_brings_its_own_tokens_and_joins_only_once():
+    ledger = TokenLedger([0, 1], num_tiers=2, initial=100 * MICRO, price=MICRO)
+    ledger.charge(0, [0])
+    ledger.add_client(7, 40 * MICRO)
+    assert ledger.balances[7] == 40 * MICRO and ledger.supply == 240 * MICRO
+    ledger.check()  # conserved: the supply grew by exactly the newcomer's tokens
+    with pytest.raises(LedgerError, match="client 7 is already in the ledger"):
+        ledger.add_client(7, 10 * MICRO)
+    assert ledger.balances[7] == 40 * MICRO and ledger.supply == 240 * MICRO
