@@ -50,7 +50,7 @@ def test_similarity_to_a_cohort_is_the_size_weighted_mean_of_both_halves():
     assert np.isfinite(similarity_to_set(cosine_matrix(bf), cosine_matrix(bl), zero_weight, [0, 1])).all()
 
 
-@pytest.mark.parametrize("m, k, w", [(100, 10, 5), (60, 6, 5), (10, 3, 1), (7, 4, 0), (5, 0, 0)])
+@pytest.mark.parametrize("m, k, w", [(100, 10, 5), (60, 6, 5), (10, 3, 1), (7, 4, 0), (10, 1, 5), (5, 0, 0)])
 def test_exclusion_window_is_floor_m_over_twice_the_last_cohort(m, k, w):
     assert exclusion_window(m, k) == w
 
@@ -159,6 +159,13 @@ def test_probabilities_follow_eq1_on_the_last_cohort_with_unavailable_and_recent
     np.testing.assert_allclose(p, e / e.sum())
 
 
+def test_a_last_cohort_of_one_client_already_steers_eq1():
+    s = state(6, tau=0.5)
+    s.observe([3])
+    e = np.exp(s.similarity([3]) / 0.5)
+    np.testing.assert_allclose(s.probabilities(2), e / e.sum())
+
+
 def test_without_the_index_the_cohort_is_uniform_over_available_clients():
     s = state(6)
     available = np.array([True, False, True, True, False, True])
@@ -179,6 +186,9 @@ def test_the_window_is_lifted_when_too_few_clients_remain_eligible():
     available[np.setdiff1d(np.arange(6), c1)[0]] = False  # only 2 eligible and unblocked, 3 wanted
     c2 = s.sample(2, 3, use_index=True, available=available)
     assert len(c2) == 3 and available[c2].all()
+    s = state(4)
+    s.observe(s.sample(1, 2, use_index=True))  # window 4 // 4 = 1: two of four blocked in round 2
+    assert len(s.sample(2, 3, use_index=True)) == 3  # every client connected (no availability given)
 
 
 def test_cohort_size_shrinks_to_the_available_clients():
