@@ -20,6 +20,7 @@ their data (the records' data fingerprints agree) and, where the pairing claims 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -68,6 +69,18 @@ def axis(recs: Iterable[Rec], name: str, order: Iterable[str] = ()) -> list[Any]
     return first + sorted(present - set(first), key=str)
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:[a-z_]\w*\.)*[A-Z]\w*: \S")  # "task.options.ConfigConflict: run-config key ..."
+
+
+def error_line(error: str | None) -> str:
+    """The line of a failed run's log tail that names its error: the last exception line of a traceback
+    (``package.module.SomeConflict: ...``) when there is one, else ``common.failure_line``'s choice (which
+    looks for names ending in Error / Exception / Timeout and falls back to the last line)."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", l).strip() for l in (error or "").splitlines()]
+    raised = [l for l in lines if _EXCEPTION_LINE.match(l)]
+    return raised[-1] if raised else failure_line(error)
+
+
 def num(v: float | None, nd: int = 4) -> str:
     return "—" if v is None else f"{v:.{nd}f}"
 
@@ -93,7 +106,7 @@ def mean_std(recs: list[Rec], metric: Callable[[Rec], Any], nd: int = 4) -> str:
     vals = values(recs, metric)
     failed = [r for r in recs if r.get("error")]
     if not vals:
-        return f"failed: {failure_line(failed[0]['error'])}" if failed else "—"
+        return f"failed: {error_line(failed[0]['error'])}" if failed else "—"
     text = f"{vals[0]:.{nd}f}" if len(vals) == 1 else f"{np.mean(vals):.{nd}f} ± {np.std(vals):.{nd}f}"
     return text + (f" ({len(failed)} of {len(recs)} runs failed)" if failed else "")
 
@@ -673,7 +686,8 @@ def _pfedlia_claims(recs: list[Rec]) -> list[str]:
     for part_ in axis(recs, "participation", ["full", "10%"]):
         for part in axis(recs, "partition", ["pathological", "noisy", "dialects"]):
             sel = lambda m: select(recs, participation=part_, partition=part, method=m)  # noqa: E731
-            where = f"{part}, {part_} participation"
+            row_seeds = seeds_of(select(recs, participation=part_, partition=part))
+            where = f"{part}, {part_} participation" + (f" (seed {row_seeds[0]} only)" if len(row_seeds) == 1 else "")
             lines = []
             for m in ("pfedlia-central", "pfedlia-p2p"):
                 aris = [ari(r)[0] for r in ok(sel(m))]
@@ -700,7 +714,7 @@ def _pfedlia_claims(recs: list[Rec]) -> list[str]:
             for m in sorted({r["cell"]["method"] for r in failed}):
                 fails = [r for r in failed if r["cell"]["method"] == m]
                 lines.append(f"{NAMES.get(m, m)} failed in {len(fails)} of {len(sel(m))} runs: "
-                             f"{failure_line(fails[0]['error'])}")
+                             f"{error_line(fails[0]['error'])}")
             if main:
                 ratio = [r for r in ok(sel(main)) if normal_round_mb(r) and clu("bytes-down-per-client")(r)]
                 if ratio:
@@ -1009,8 +1023,18 @@ def render_pifl(raw: Path, d: dict[str, Any]) -> str:
                 claims.append(f"{part}: {p.text()}.")
     for part in settings:
         ni, pi = select(recs, partition=part, method="pifl-ni"), select(recs, partition=part, method="pifl")
+        others = [(NAMES[m], select(recs, partition=part, method=m)) for m in ("ifca", "fedsoft")
+                  if ok(select(recs, partition=part, method=m))]
+        if others and ok(pi):  # PI-FL against the clustered baselines, not only against FedAvg
+            claims.append(f"{part}: " + versus_many(others, "PI-FL", pi, PERSONAL) + ".")
         if ok(ni) and ok(pi):
             claims.append(f"{part}: " + versus("PI-FL(NI)", ni, "PI-FL", pi, PERSONAL) + ".")
+        for m in axis(recs, "method", PIFL_METHODS):
+            sel = select(recs, partition=part, method=m)
+            failed = [r for r in sel if r.get("error")]
+            if failed:
+                claims.append(f"{part}: {NAMES.get(m, m)} failed in {len(failed)} of {plural(len(sel), 'run')}: "
+                              f"{error_line(failed[0]['error'])}.")
     if not any(goal_examples(r) for r in ok(recs)):
         claims.append("The size of each client's goal set is not in the records (clients.csv has no per-client "
                       "goal-example count), so how many samples a difference rests on cannot be checked here.")
@@ -1059,7 +1083,7 @@ def _split_rows(recs: list[Rec], order: list[str]) -> list[list[Any]]:
         for m in axis(recs, "method", order):
             for r in select(recs, method=m, clients=n):
                 if r.get("error"):
-                    rows.append([m, n, f"failed: {failure_line(r['error'])}"] + ["—"] * 9)
+                    rows.append([m, n, f"failed: {error_line(r['error'])}"] + ["—"] * 9)
                     continue
                 s = round_split(r)
                 rows.append([m, n, num(s["seconds"], 2), num(s["local-train"], 2), num(s["method-client"], 2),
