@@ -106,7 +106,9 @@ class OptionSet:
                 continue
             if opt.key in fixed:
                 value = opt.convert(fixed[opt.key])
-                if opt.key in cfg and opt.convert(cfg[opt.key]) != value:
+                # Flower passes every key of pyproject.toml, so the declared default stands for "not set"
+                given = opt.convert(cfg[opt.key]) if opt.key in cfg else opt.default
+                if given not in (value, opt.default):
                     raise ConfigConflict(f"run-config key {opt.key!r} is {cfg[opt.key]!r}, but this method fixes it to "
                                          f"{value!r}")
             else:

@@ -32,7 +32,6 @@ def test_defaults_parse():
     ({"method": "oracle", "warmup-rounds": 10}, r"warmup-rounds=10 is not shorter than num-server-rounds=10"),
     ({"method": "cfl", "cfl-min-rounds": 11}, r"cfl-min-rounds=11 is after the last round"),
     ({"method": "pifl", "tiers": 3}, r"tiers=3 is more than min-nodes=2"),
-    ({"method": "pifl-ni", "pifl-incentive": True}, r"'pifl-incentive' is True, but this method fixes it to False"),
     ({"partition": "pathological", "classes-per-client": 11}, r"classes-per-client=11 exceeds the 10 classes"),
     ({"partition": "planted-clusters", "num-clusters": 12}, r"num-clusters=12 exceeds the 10 labels"),
     ({"dataset": "synth-concept", "feature-shift": 2}, r"feature-shift=2 transforms images"),
@@ -56,3 +55,16 @@ def test_partition_id_out_of_range():
 def test_missing_local_copy():
     with pytest.raises(ValueError, match="data-dir '/nonexistent/mnist' does not exist"):
         load_client_data(DataSettings(dataset="mnist", partition="iid", data_dir="/nonexistent/mnist"), 0, 2)
+
+
+def test_pifl_ni_runs_with_the_defaults_flower_passes():
+    # Flower's run config holds every pyproject key, pifl-incentive = true among them; PI-FL(NI) fixes it to
+    # false (a bool fixed to its other value cannot conflict: true is the default, i.e. "not set")
+    from task.config import RunOptions
+    from task.methods import method_spec
+
+    defaults = {k: o.default for k, o in RunOptions.declared().items()}
+    defaults.update({k: o.default for k, o in method_spec("pifl-ni").options.declared().items()})
+    settings = parse_settings({**defaults, "method": "pifl-ni", "slots-performance": 1, "slots-random": 0,
+                               "min-nodes": 4})
+    assert settings.options.incentive is False

@@ -48,7 +48,7 @@ class Example(OptionSet):
     count: int = option("count", 3, "how many", minimum=1, maximum=9)
     share: float = option("share", 0.5, "a share", minimum=0.0, maximum=1.0)
     flag: bool = option("flag", True, "a switch")
-    mode: str = option("mode", "a", "the mode", choices=("a", "b"))
+    mode: str = option("mode", "a", "the mode", choices=("a", "b", "c"))
 
 
 @pytest.mark.parametrize("cfg,message", [
@@ -56,7 +56,7 @@ class Example(OptionSet):
     ({"count": 2.5}, r"'count' must be an integer"), ({"count": True}, r"'count' must be an integer"),
     ({"count": "3"}, r"'count' must be an integer"), ({"share": float("nan")}, r"'share' must be a number in"),
     ({"share": 1.5}, r"'share' must be a number in \[0, 1\]"), ({"flag": 1}, r"'flag' must be true or false"),
-    ({"flag": "yes"}, r"'flag' must be true or false"), ({"mode": "c"}, r"'mode' must be one of \['a', 'b'\]"),
+    ({"flag": "yes"}, r"'flag' must be true or false"), ({"mode": "d"}, r"'mode' must be one of \['a', 'b', 'c'\]"),
 ])
 def test_a_bad_value_names_its_key_what_it_got_and_what_is_allowed(cfg, message):
     with pytest.raises(ValueError, match=message):
@@ -68,8 +68,10 @@ def test_values_convert_and_fixed_values_win():
     assert (got.count, got.share, got.flag, got.mode) == (4, 1.0, False, "a")
     assert type(got.count) is int and type(got.share) is float
     assert Example.parse({}, fixed={"mode": "b"}).mode == "b"
-    with pytest.raises(ConfigConflict, match="'mode' is 'a', but this method fixes it to 'b'"):
-        Example.parse({"mode": "a"}, fixed={"mode": "b"})
+    # Flower's run config holds every key with its default: the default means "not set", and the fixed value wins
+    assert Example.parse({"mode": "a"}, fixed={"mode": "b"}).mode == "b"
+    with pytest.raises(ConfigConflict, match="'mode' is 'c', but this method fixes it to 'b'"):
+        Example.parse({"mode": "c"}, fixed={"mode": "b"})
     with pytest.raises(ValueError):
         option("bad", 0, "a default outside its own range", minimum=1)
 
