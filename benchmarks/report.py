@@ -987,18 +987,27 @@ def render_pifl(raw: Path, d: dict[str, Any]) -> str:
              "accuracy on the source-A and source-B holdouts, tiers ordered by their A accuracy, mean over seeds.")
     if not recs:
         return intro + "\n\n" + missing("python benchmarks/pifl.py")
-    rows, beats, settings = [], [], axis(recs, "partition", ["synth-10:90", "synth-30:70", "digits-10:90", "digits-30:70",
+    rows, beats, empty, settings = [], [], [], axis(recs, "partition", ["synth-10:90", "synth-30:70", "digits-10:90", "digits-30:70",
                                                                "digits-linear", "digits-random"])
     for part in settings:
         ref = select(recs, partition=part, method="fedavg")
         for m in axis(recs, "method", PIFL_METHODS):
             sel = select(recs, partition=part, method=m)
+            if not sel:  # this method did not run on this mixture
+                continue
             p = paired(sel, ref, PERSONAL) if m != "fedavg" else None
             if m == "pifl" and p is not None:
                 beats.append((part, p, mean(sel, PERSONAL), mean(ref, PERSONAL)))
             shares = [tier_shares(r) for r in ok(sel) if tier_shares(r)]
-            share = "—" if not shares or len({len(s) for s in shares}) > 1 else " / ".join(
-                f"{v:.2f}" for v in np.mean(np.array(shares), axis=0))
+            if shares and len({len(s) for s in shares}) == 1:
+                share = " / ".join(f"{v:.2f}" for v in np.mean(np.array(shares), axis=0))
+            elif shares:  # a tier had no members at the last round in some seeds: per seed, empty tiers left out
+                share = "per seed: " + "; ".join(" / ".join(f"{v:.2f}" for v in s) for s in shares)
+                tiers = [len((r["artefacts"].get("pifl") or {}).get("tiers", {})) for r in ok(sel)]
+                empty.append(f"{part}: a {NAMES.get(m, m)} tier had no members at the last round in "
+                             f"{sum(len(s) < t for s, t in zip(shares, tiers))} of {plural(len(shares), 'seed')}.")
+            else:
+                share = "—"
             tables = [sorted(r["artefacts"]["tier-table"], key=lambda t: -t["A"]) for r in ok(sel)
                       if r.get("artefacts", {}).get("tier-table")]
             table = "—"
@@ -1035,6 +1044,7 @@ def render_pifl(raw: Path, d: dict[str, Any]) -> str:
             if failed:
                 claims.append(f"{part}: {NAMES.get(m, m)} failed in {len(failed)} of {plural(len(sel), 'run')}: "
                               f"{error_line(failed[0]['error'])}.")
+    claims += empty
     if not any(goal_examples(r) for r in ok(recs)):
         claims.append("The size of each client's goal set is not in the records (clients.csv has no per-client "
                       "goal-example count), so how many samples a difference rests on cannot be checked here.")
