@@ -383,7 +383,12 @@ def machine_note(recs: list[Rec]) -> str:
     loads = [x["load-before"] for x in m if x.get("load-before") is not None]
     load = (f"; 1-minute load average when a run started: median {np.median(loads):.1f}, "
             f"range {min(loads):.1f}-{max(loads):.1f}") if loads else ""
-    commits = sorted({(r.get("code") or {}).get("commit") or "unknown" for r in recs})
+    by_commit: dict[str, list[Rec]] = {}
+    for r in recs:
+        by_commit.setdefault((r.get("code") or {}).get("commit") or "unknown", []).append(r)
+    commits = sorted(by_commit)
+    # several code versions in one table: say which rows ran which
+    where = {c: f" ({_where(recs, by_commit[c])})" if len(commits) > 1 else "" for c in commits}
     dirty = any((r.get("code") or {}).get("dirty") for r in recs)
     if any("summary" in r for r in recs):
         seconds = sum(r["summary"].get("seconds") or 0 for r in ok(recs))
@@ -394,7 +399,7 @@ def machine_note(recs: list[Rec]) -> str:
         ran = plural(len(recs), "in-process measurement")
     return (f"Measured on a shared machine: {first['cores']} cores, {first['memory-gib']} GiB, "
             f"{'a GPU' if first['gpu'] else 'no GPU'}, Python {first['python']}, flwr {first['flwr']}, torch "
-            f"{first['torch']}{load}. {ran}; code {', '.join(c[:10] for c in commits)}"
+            f"{first['torch']}{load}. {ran}; code {', '.join(c[:10] + where[c] for c in commits)}"
             f"{' with uncommitted changes' if dirty else ''}.")
 
 
