@@ -7,7 +7,12 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-BASELINES = ["local", "fedavg", "fedprox", "fedper", "fedrep", "fedrod", "ditto", "cfl"]
+# FedProx, FedPer, FedRep and FedRoD differ from FedAvg only inside the client (what it trains and keeps,
+# pinned by tests/test_baselines_method.py); their two-round Flower runs (about 18 s each on 2 cores) run with
+# `-m extended` to keep the default command inside CI's 20 minutes
+_EXTENDED = pytest.mark.extended
+BASELINES = ["local", "fedavg", pytest.param("fedprox", marks=_EXTENDED), pytest.param("fedper", marks=_EXTENDED),
+             pytest.param("fedrep", marks=_EXTENDED), pytest.param("fedrod", marks=_EXTENDED), "ditto", "cfl"]
 
 
 @pytest.mark.parametrize("method", BASELINES)
