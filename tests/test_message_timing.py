@@ -93,3 +93,20 @@ def test_the_strategy_stops_waiting_at_the_timeout():
     s._pushed_at, s._pulled_at = {}, {}
     msgs = [SimpleNamespace(metadata=SimpleNamespace(message_id="m0"))]
     assert s.exchange(SlowGrid(delay=1e9), msgs, timeout=0.3) == []
+
+
+def test_the_client_stamps_its_reply_in_the_order_things_happened():
+    from client_app import app as client_app
+
+    before = time.time()
+    content = client_app.stamped(RecordDict({"metrics": MetricRecord({"num-examples": 3, "partition-id": 0})}),
+                                 handler_start=before - 0.002, setup_done=before - 0.001)
+    stamps = dict(content["timing"])
+    assert stamps["handler-start"] == before - 0.002 and stamps["setup-done"] == before - 0.001
+    assert before <= stamps["handler-end"] <= time.time()  # stamped when the reply is made
+    assert stamps["process-start"] <= stamps["app-import"] <= stamps["app-ready"] <= before  # /proc on Linux
+    assert stamps["process-start"] > before - 24 * 3600  # this process, not the machine's boot
+    metrics, _ = parse_reply(content, BASE)  # and the server accepts what the client sends
+    assert metrics["timing"] == pytest.approx(stamps)
+    row = breakdown(stamps["handler-start"] - 1.0, metrics["timing"], stamps["handler-end"] + 0.5)
+    assert row["setup"] == pytest.approx(0.001, abs=1e-5) and row["return"] == pytest.approx(0.5, abs=1e-5)
