@@ -67,11 +67,16 @@ def method_for(msg: Message, context: Context) -> ClientMethod:
     return method
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
+def started(msg: Message, context: Context) -> tuple[ClientMethod, float, float]:
+    """(the method's client for this message, when the handler began, when its set-up ended): unix seconds."""
     start = time.time()
     method = method_for(msg, context)
-    setup = time.time()
+    return method, start, time.time()
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    method, start, setup = started(msg, context)
     # one message per round: the server may ask for the evaluation of the model this client starts the round
     # from (the previous round's result) together with the local update
     evaluation = method.evaluation(msg.content) if method.config.get("evaluate") else None
@@ -86,17 +91,13 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    start = time.time()
-    method = method_for(msg, context)
-    setup = time.time()
+    method, start, setup = started(msg, context)
     return Message(content=stamped(method.evaluate(msg.content), start, setup), reply_to=msg)
 
 
 def _query_handler(name: str):
     def handler(msg: Message, context: Context) -> Message:
-        start = time.time()
-        method = method_for(msg, context)
-        setup = time.time()
+        method, start, setup = started(msg, context)
         content = faults.corrupt_query_reply(method.settings.fault, method.partition_id, method.round_seed, name,
                                              stamped(method.query(name, msg.content), start, setup))
         return Message(content=content, reply_to=msg)
