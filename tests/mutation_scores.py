@@ -1,0 +1,189 @@
+"""Mutation-testing results, kept traceable (issue 14 §3; how to run mutmut: tests/MUTATION.md).
+
+mutmut keeps its verdicts in ``mutants/**/*.meta``, which is not committed (it is a copy of the tree with every
+mutant in it).  This script copies the verdicts that matter into ``tests/mutation/results.json`` (committed) and
+renders the per-module score table of ``tests/MUTATION.md`` from that file and the reviewed list of equivalent
+mutants, ``tests/mutation/equivalent.csv``; no score in MUTATION.md is typed by hand.
+
+    python tests/mutation_scores.py collect MUTANTS_DIR --commit REV [--only "strategies.fedcac_math.*" ...]
+    python tests/mutation_scores.py table            # rewrites the table in tests/MUTATION.md
+    python tests/mutation_scores.py table --check    # exit 1 if MUTATION.md's table is not what the files give
+
+``collect`` records, for each mutant mutmut has a verdict for (optionally only those matching the globs), its
+status and the commit of the tree it was run on; it also records every module's mutant count so that the
+mutants not run show up as such.  Several exports (one per person or helper) can be collected into the same file
+one after another; a later verdict for the same mutant replaces an earlier one.
+
+Score of a module = (killed + timeout) / (run - equivalent - import-time), where "run" counts every mutant with
+a verdict.  An equivalent mutant is one no test can tell from the original on the inputs the method gets; each
+has a reason in equivalent.csv, and one listed there that a test now kills is reported as stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import fcntl
+import fnmatch
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "mutation" / "results.json"
+EQUIVALENT = HERE / "mutation" / "equivalent.csv"
+DOC = HERE / "MUTATION.md"
+BEGIN, END = "<!-- mutation-scores:begin -->", "<!-- mutation-scores:end -->"
+
+#: mutmut 3.8's exit codes (mutmut.stats.status_by_exit_code), folded into what the score needs
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
+          36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
+          37: "type check", -11: "segfault", -9: "segfault"}
+CAUGHT = ("killed", "timeout", "type check", "segfault")
+
+
+def load(path: Path = RESULTS) -> dict:
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"modules": {}, "mutants": {}}
+
+
+def collect(mutants_dir: Path, commit: str, only: list[str], path: Path = RESULTS) -> tuple[int, int]:
+    metas = sorted(mutants_dir.rglob("*.py.meta"))
+    if not metas:
+        raise SystemExit(f"no mutmut results (*.py.meta) under {mutants_dir}: run `mutmut run` there first")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    added = counted = 0
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load(path)
+        for meta in metas:
+            module = str(meta.relative_to(mutants_dir))[: -len(".meta")]
+            codes = json.loads(meta.read_text())["exit_code_by_key"]
+            if not codes:
+                continue
+            if not only or any(fnmatch.fnmatch(k, g) for k in codes for g in only):
+                data["modules"][module] = len(codes)
+            for name, code in codes.items():
+                if code is None or (only and not any(fnmatch.fnmatch(name, g) for g in only)):
+                    continue
+                status = STATUS.get(code, "suspicious")
+                data["mutants"][name] = {"module": module, "status": status, "commit": commit[:12]}
+                added += 1
+            counted += 1
+        data["mutants"] = dict(sorted(data["mutants"].items()))
+        data["modules"] = dict(sorted(data["modules"].items()))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(path)
+    return added, counted
+
+
+def equivalents(path: Path = EQUIVALENT) -> dict[str, tuple[str, str]]:
+    if not path.exists():
+        return {}
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = {}
+    for row in rows:
+        kind = row["kind"].strip()
+        if kind not in ("equivalent", "import-time"):
+            raise SystemExit(f"{path}: kind of {row['mutant']} is {kind!r}; allowed: equivalent, import-time")
+        if not row["reason"].strip():
+            raise SystemExit(f"{path}: {row['mutant']} has no reason")
+        out[row["mutant"].strip()] = (kind, row["reason"].strip())
+    return out
+
+
+def table(data: dict, equiv: dict[str, tuple[str, str]]) -> tuple[str, list[str]]:
+    per: dict[str, Counter] = {m: Counter() for m in data["modules"]}
+    stale, surviving = [], []
+    for name, rec in data["mutants"].items():
+        c = per.setdefault(rec["module"], Counter())
+        status = rec["status"]
+        c["run"] += 1
+        if name in equiv:
+            if status in CAUGHT:
+                stale.append(name)
+                c["caught"] += 1
+            else:
+                c[equiv[name][0]] += 1
+        elif status in CAUGHT:
+            c["caught"] += 1
+        elif status == "survived":
+            c["survived"] += 1
+            surviving.append(name)
+        else:
+            c[status] += 1
+    lines = ["| module | mutants | not run | run | caught | survived | no tests | equivalent | import-time | score |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    totals = Counter()
+    for module in sorted(per):
+        c = per[module]
+        total = data["modules"].get(module, c["run"])
+        if not c["run"]:
+            continue
+        scored = c["run"] - c["equivalent"] - c["import-time"]
+        score = f"{100 * c['caught'] / scored:.1f}%" if scored else "-"
+        lines.append(f"| {module} | {total} | {total - c['run']} | {c['run']} | {c['caught']} | {c['survived']} | "
+                     f"{c['no tests'] + c['skipped'] + c['suspicious']} | {c['equivalent']} | {c['import-time']} | "
+                     f"{score} |")
+        totals.update(c)
+        totals["total"] += total
+    scored = totals["run"] - totals["equivalent"] - totals["import-time"]
+    lines.append(f"| **all of the above** | {totals['total']} | {totals['total'] - totals['run']} | {totals['run']} | "
+                 f"{totals['caught']} | {totals['survived']} | "
+                 f"{totals['no tests'] + totals['skipped'] + totals['suspicious']} | {totals['equivalent']} | "
+                 f"{totals['import-time']} | {100 * totals['caught'] / max(scored, 1):.1f}% |")
+    commits = sorted({rec["commit"] for rec in data["mutants"].values()})
+    not_run = sorted(m for m in data["modules"] if not per.get(m, Counter())["run"])
+    text = "\n".join(lines) + "\n\nRun on commit(s) " + ", ".join(f"`{c}`" for c in commits) + "."
+    if not_run:
+        text += "  Not run at all: " + ", ".join(f"`{m}` ({data['modules'][m]})" for m in not_run) + "."
+    if surviving:
+        text += "\n\nSurviving (not equivalent, no test kills them yet):\n\n" + "\n".join(f"- `{s}`" for s in surviving)
+    eq_lines = ["| mutant | kind | why no test can tell it from the original |", "|---|---|---|"]
+    eq_lines += [f"| `{m}` | {k} | {r} |" for m, (k, r) in sorted(equiv.items()) if m in data["mutants"]]
+    text += "\n\n### Equivalent and import-time mutants (tests/mutation/equivalent.csv)\n\n" + "\n".join(eq_lines)
+    return text, stale
+
+
+def render(check: bool) -> int:
+    text, stale = table(load(), equivalents())
+    doc = DOC.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{DOC} has no {BEGIN} ... {END} block to fill")
+    new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{text}\n{END}", doc, flags=re.S)
+    for name in stale:
+        print(f"stale: {name} is listed as equivalent but a test kills it; take it out of {EQUIVALENT.name}")
+    if check:
+        if new != doc:
+            print(f"{DOC} is not what {RESULTS.name} and {EQUIVALENT.name} give: run `python {__file__} table`")
+            return 1
+        return 1 if stale else 0
+    DOC.write_text(new)
+    print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect", help="copy mutmut's verdicts from a mutants/ folder into results.json")
+    c.add_argument("mutants_dir", type=Path)
+    c.add_argument("--commit", required=True, help="the commit the mutated tree was exported from")
+    c.add_argument("--only", nargs="*", default=[], help="mutant-name globs to collect (default: all with a verdict)")
+    t = sub.add_parser("table", help="render the score table into tests/MUTATION.md")
+    t.add_argument("--check", action="store_true")
+    args = ap.parse_args(argv)
+    if args.cmd == "collect":
+        added, modules = collect(args.mutants_dir, args.commit, args.only)
+        print(f"collected {added} verdicts from {modules} modules into {RESULTS}")
+        return 0
+    return render(args.check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
