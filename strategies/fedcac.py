@@ -68,14 +68,14 @@ class FedCACStrategy(PersonalizedStrategy):
         return self.custom.get(client) if client is not None and self.custom_round == server_round else None
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
-        payload = RecordDict({"global": to_record(self.global_state)})
+        payload = RecordDict({"global": self.record_of(self.global_state)})
         custom = self.fresh_custom(node_id, server_round - 1)
         if custom is not None:
             payload["custom"] = to_record(custom)
         return payload
 
     def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
-        payload = RecordDict({"global": to_record(self.global_state)})
+        payload = RecordDict({"global": self.record_of(self.global_state)})
         custom = self.fresh_custom(node_id, server_round)
         if custom is not None:
             payload["custom"] = to_record(custom)
