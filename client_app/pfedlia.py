@@ -59,14 +59,16 @@ class PFedLIAClient(ClientMethod):
             stacked = stacked_tensors(content.array_records["lazy"], self.device)
             losses = batched_losses(model, stacked, x, y)
             row = lazy_influence_row(loss0, losses, len(y), self.options.reduction)
-            metrics = {**self.base_metrics(), "lia-row": [float(v) for v in row]}
             lazy_clients = content.config_records["lazy-clients"] if "lazy-clients" in content.config_records else {}
             self_index = int(lazy_clients.get("self-index", -1)) if lazy_clients else -1
+            extra = {}
             if self.options.mode == "p2p":
+                positive = self.options.p2p_require_positive
                 if self_index < 0:  # a late joiner: not among the lazy models; compare against all of them
-                    peers = beneficial_peers(list(row) + [float("-inf")], len(row), seed=self.seed)[:-1]
+                    peers = beneficial_peers(list(row) + [float("-inf")], len(row), seed=self.seed,
+                                             require_positive=positive)[:-1]
                 else:
-                    peers = beneficial_peers(row, self_index, seed=self.seed,
-                                             require_positive=self.options.p2p_require_positive)
-                metrics["beneficial"] = [int(p) for p in peers]
-        return self.reply(metrics)
+                    peers = beneficial_peers(row, self_index, seed=self.seed, require_positive=positive)
+                extra["beneficial"] = [int(p) for p in peers]
+        # the metrics after the timed block, so that they carry its time-method
+        return self.reply({**self.base_metrics(), "lia-row": [float(v) for v in row], **extra})

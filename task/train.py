@@ -52,7 +52,8 @@ def train(
     max_steps: int | None = None,
     optimizer: str = "sgd",
 ) -> dict[str, float]:
-    """Mini-batch SGD with momentum (or Adam) on ``(x, y)`` for ``epochs``; returns mean loss, accuracy, steps.
+    """Mini-batch SGD with momentum (or Adam) on ``(x, y)`` for ``epochs`` (at most ``max_steps`` optimiser steps
+    in all, when given); returns mean loss, accuracy, steps.
 
     Tensors are moved to the model's device batch by batch, so the data can stay on the CPU.
     """
@@ -74,6 +75,8 @@ def train(
     model.train()
     total_loss, correct, seen, steps = 0.0, 0, 0, 0
     for _ in range(epochs):
+        if max_steps is not None and steps >= max_steps:
+            break  # max_steps caps the steps of the whole call, not of each epoch
         for idx in batches(len(y), batch_size, gen):
             xb, yb = x[idx].to(device, non_blocking=True), y[idx].to(device, non_blocking=True)
             if len(yb) < 2 and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):

@@ -208,6 +208,21 @@ def test_late_joiner_compares_against_every_stored_lazy_model(lazy_models):
     assert len(metrics["lia-row"]) == 4
 
 
+def test_a_late_joiner_keeps_only_positive_peers_under_require_positive(lazy_models):
+    """p2p-require-positive holds for a newcomer's set too (spec §2.5 2-means set, §2.8 late joiners): on a
+    row where every stored lazy model hurts, the plain 2-means takes the least harmful, the strict set none."""
+    theta0, low, _ = lazy_models
+    high_val = client_data(LOW, val_classes=HIGH)
+    slightly = trained_state(client("pfedlia", high_val).fresh_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
+    lazies = [low, slightly, low, slightly]
+    plain = client("pfedlia", high_val, **{"lia-mode": "p2p"}).query("lia", lia_content(theta0, lazies))["metrics"]
+    assert max(plain["lia-row"]) < 0  # the case this test needs
+    assert list(plain["beneficial"]) == [1, 3]
+    strict = client("pfedlia", high_val, **{"lia-mode": "p2p", "p2p-require-positive": True}).query(
+        "lia", lia_content(theta0, lazies))["metrics"]
+    assert list(strict["beneficial"]) == []
+
+
 def test_lazy_training_starts_from_the_sent_model_and_runs_lazy_epochs_on_the_training_split(lazy_models):
     theta0, low, high = lazy_models
     data = client_data(HIGH)
@@ -251,3 +266,38 @@ def test_evaluate_scores_the_sent_model_and_calls_it_global_only_during_warm_up(
     clustered = c.evaluate(RecordDict({"arrays": to_record(numpy_state(low)), "config": ConfigRecord({"clustered": True})}))
     assert clustered["metrics"]["personal-acc"] == pytest.approx(acc) and "global-acc" not in clustered["metrics"]
     assert "global-acc" not in c.evaluate(RecordDict({"arrays": to_record(numpy_state(low))}))["metrics"]
+
+
+def test_a_train_message_evaluates_the_previous_round_and_calls_it_global_only_if_it_was_before_clustering(
+        lazy_models):
+    """docs/methods/pfedlia.md "Evaluation": a round evaluated inside the next round's train message is the model
+    the client starts that round from; `evaluated-clustered` (not `clustered`, which describes the round being
+    trained) says whether that model is from before the clustering, i.e. the one global model."""
+    theta0, low, _ = lazy_models
+    data = client_data(LOW)
+    c = client("pfedlia", data)
+    model = c.fresh_model()
+    model.load_state_dict(low)
+    loss, acc = evaluate(model, data.x_test, data.y_test)
+    for before in (True, False):  # the round W + 1 message (clustered) carrying round W's evaluation, and later
+        msg = RecordDict({"arrays": to_record(numpy_state(low)), "config": ConfigRecord(
+            {"server-round": 6, "clustered": True, "evaluate": True, "evaluate-round": 5,
+             "evaluated-clustered": not before})})
+        c.begin(msg)
+        ev = c.evaluation(msg)
+        assert ev["personal-acc"] == pytest.approx(acc) and ev["personal-loss"] == pytest.approx(loss)
+        assert ("global-acc" in ev) == before
+        if before:
+            assert ev["global-acc"] == pytest.approx(acc) and ev["global-loss"] == pytest.approx(loss)
+
+
+def test_lazy_training_and_influence_scoring_are_reported_as_method_time(lazy_models):
+    """docs/adding-a-method.md: method-specific client work is timed as `method` (time-method), not as local
+    training, so the clustering round's cost shows up as pFedLIA's own."""
+    theta0, low, high = lazy_models
+    c = client("pfedlia", client_data(LOW), **{"lazy-epochs": 1})
+    lazy = c.query("lazy", RecordDict({"arrays": to_record(numpy_state(theta0))}))["metrics"]
+    assert {k for k in lazy if k.startswith("time-")} == {"time-method"} and lazy["time-method"] > 0
+    c = client("pfedlia", client_data(LOW))
+    row = c.query("lia", lia_content(theta0, [low, high], self_index=0))["metrics"]
+    assert {k for k in row if k.startswith("time-")} == {"time-method"} and row["time-method"] > 0

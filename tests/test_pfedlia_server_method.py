@@ -173,3 +173,20 @@ def test_cfl_may_first_split_in_the_last_round_but_not_after_it():
 
 def test_two_clients_are_never_split():
     assert not should_split(np.array([[1.0, 0.0], [-1.0, 0.0]]), 0.5, 0.5)[0]
+
+
+@pytest.mark.parametrize("rounds", [2, 3, 4, 7])
+def test_a_warm_up_as_long_as_the_run_is_refused_with_a_suggestion_that_is_accepted(rounds):
+    """docs/methods/pfedlia.md "Options": warmup-rounds >= num-server-rounds would never reach the clustering
+    round; the error suggests a warm-up that is shorter than the run, and that suggestion is a valid setting."""
+    import re
+
+    from task.config import parse_settings
+    from task.options import ConfigConflict
+
+    parse_settings({"method": "pfedlia", "num-server-rounds": rounds, "warmup-rounds": rounds - 1})
+    with pytest.raises(ConfigConflict, match=f"warmup-rounds={rounds} is not shorter") as err:
+        parse_settings({"method": "pfedlia", "num-server-rounds": rounds, "warmup-rounds": rounds})
+    (suggested,) = re.findall(r"e\.g\. warmup-rounds=(\S+)", str(err.value))
+    parse_settings({"method": "pfedlia", "num-server-rounds": rounds, "warmup-rounds": int(suggested)})
+    assert 1 <= int(suggested) < rounds and suggested == str(int(suggested))

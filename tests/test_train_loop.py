@@ -88,6 +88,45 @@ def test_adam_first_step_moves_each_weight_by_about_lr_against_its_gradient():
         train(model(), x, y, optimizer="lbfgs")
 
 
+def test_adam_applies_the_weight_decay_too():
+    """weight-decay is a run setting for either optimizer (torch's Adam: L2 added to the gradient)."""
+    x, y = data()
+    net, ref = model(), model()
+    g = grads(ref, x, y)
+    w0 = params(ref)
+    wd = 5.0
+    train(net, x, y, epochs=1, batch_size=len(y), lr=0.01, weight_decay=wd, optimizer="adam")
+    flipped = 0
+    for n, p in net.named_parameters():
+        d = g[n] + wd * w0[n]
+        flipped += int((torch.sign(d) != torch.sign(g[n])).sum())
+        torch.testing.assert_close(p.detach(), w0[n] - 0.01 * d / (d.abs() + 1e-8), atol=1e-6, rtol=1e-4)
+    assert flipped > 0  # the decay changes the direction of some steps: the case this test needs
+
+
+def test_the_extra_loss_sees_each_batch_with_its_labels_and_logits():
+    """The hook contract (module docstring): ``extra_loss(model, x, y, logits)`` of the batch being trained on
+    (MOON, Client2Vec and FedRoD compute their terms from the batch's inputs, labels and logits)."""
+    x, y = data(n=10)
+    net = model()
+    calls = []
+
+    def extra(m, xb, yb, logits):
+        calls.append((xb.clone(), yb.clone(), logits.detach().clone(), m(xb).detach().clone()))
+        return torch.zeros(())
+
+    train(net, x, y, epochs=1, batch_size=4, lr=0.0, momentum=0.0, extra_loss=extra)
+    assert [len(c[1]) for c in calls] == [4, 4, 2]
+    rows = []
+    for xb, yb, logits, own in calls:
+        torch.testing.assert_close(logits, own)  # the logits of this batch
+        for xi, yi in zip(xb, yb):
+            (i,) = [k for k in range(len(x)) if torch.equal(x[k], xi)]
+            assert int(y[i]) == int(yi)  # each input with its own label
+            rows.append(i)
+    assert sorted(rows) == list(range(10))
+
+
 def test_the_extra_loss_is_added_to_the_objective():
     x, y = data()
     extra = lambda m: 2.0 * (m.head.weight ** 2).sum()  # noqa: E731
@@ -141,6 +180,14 @@ def test_batchnorm_models_skip_a_last_batch_of_one():
     assert train(model(), x, y, epochs=1, batch_size=4, lr=0.01)["steps"] == 3
 
 
+def test_batchnorm_models_train_on_a_last_batch_of_two_and_other_models_on_batches_of_one():
+    """Only a batch of one is what BatchNorm cannot train on; batch-size 1 is an allowed setting."""
+    x, y = data(n=10)
+    assert train(model(bn=True), x, y, epochs=1, batch_size=4, lr=0.01)["steps"] == 3  # 4 + 4 + 2
+    out = train(model(), x, y, epochs=1, batch_size=1, lr=0.0, momentum=0.0)
+    assert out["steps"] == 10
+
+
 def test_nothing_to_train_returns_zeros_and_bad_settings_are_refused():
     x, y = data()
     zero = {"train-loss": 0.0, "train-acc": 0.0, "steps": 0}
@@ -160,6 +207,17 @@ def test_nothing_to_train_returns_zeros_and_bad_settings_are_refused():
 def test_max_steps_stops_an_epoch_early():
     x, y = data(n=12)
     assert train(model(), x, y, epochs=1, batch_size=2, lr=0.01, max_steps=2)["steps"] == 2
+
+
+@pytest.mark.parametrize("max_steps", [3, 5])  # at the end of an epoch of 3 batches, and inside the second one
+def test_max_steps_caps_the_steps_of_the_whole_call_across_epochs(max_steps):
+    x, y = data(n=12)
+    capped, reference = model(), model()
+    assert train(capped, x, y, epochs=3, batch_size=4, lr=0.1, max_steps=max_steps)["steps"] == max_steps
+    # the same steps as a run that stops there by itself: the same seeded batches, nothing after the cap
+    epochs, rest = divmod(max_steps, 3)
+    train(reference, x, y, epochs=epochs + (rest > 0), batch_size=4, lr=0.1, max_steps=max_steps if rest else None)
+    assert all(torch.equal(p, q) for p, q in zip(capped.parameters(), reference.parameters()))
 
 
 def test_training_is_seeded_by_its_seed():
