@@ -41,7 +41,7 @@ def test_similarity_to_a_cohort_is_the_size_weighted_mean_of_both_halves():
     for i in range(5):
         expected = sum(n[j] * (cos(bf[i], bf[j]) + cos(bl[i], bl[j])) for j in cohort) / (2 * n[cohort].sum())
         assert got[i] == pytest.approx(expected)
-    with pytest.raises(ValueError, match="empty cohort"):
+    with pytest.raises(ValueError, match="^similarity to an empty cohort is undefined$"):
         similarity_to_set(cosine_matrix(bf), cosine_matrix(bl), n, [])
     for bad in (np.array([10.0, -1.0, 5.0, 1.0, 1.0]), np.zeros(5)):
         with pytest.raises(ValueError, match="sample counts"):
@@ -73,7 +73,7 @@ def test_sampling_probabilities_are_a_softmax_of_similarity_over_tau_without_the
     np.testing.assert_allclose(sampling_probabilities(s, 1.0, np.zeros(4, bool)), sampling_probabilities(s, 1.0))
     tiny = sampling_probabilities(np.array([1.0, 0.999, -1.0]), 1e-3)  # exp(1000): no overflow
     assert np.isfinite(tiny).all() and tiny.sum() == pytest.approx(1.0) and tiny[0] > tiny[1] > tiny[2]
-    with pytest.raises(ValueError, match="every client is blocked"):
+    with pytest.raises(ValueError, match="^every client is blocked; nothing to sample$"):  # the whole reason
         sampling_probabilities(s, 1.0, np.ones(4, bool))
     for tau in (0.0, -1.0):
         with pytest.raises(ValueError, match="c2v-tau"):
@@ -216,3 +216,93 @@ def test_weights_use_history_with_the_index_and_sample_counts_without():
     cohort = [0, 3, 5]
     np.testing.assert_allclose(s.weights(cohort, True), aggregation_weights(s.H[cohort], s.n[cohort], 0.7))
     np.testing.assert_allclose(s.weights(cohort, False), s.n[cohort] / s.n[cohort].sum())
+
+
+def test_exactly_k_eligible_clients_are_all_drawn_and_the_window_stays():
+    """Spec §2.6: clients drawn in the last W rounds get p = 0; with M = 6 and |C| = 3 (W = 1) exactly K = 3
+    clients remain eligible, enough for the draw, so the cohort must be exactly those three, whatever the seed."""
+    for seed in range(5):
+        s = state(6, seed=seed)
+        c1 = s.sample(1, 3, use_index=True)
+        s.observe(c1)
+        c2 = s.sample(2, 3, use_index=True)
+        assert c2.tolist() == np.setdiff1d(np.arange(6), c1).tolist()
+
+
+def test_a_lifted_window_still_draws_only_connected_clients():
+    """Spec §2.6 with dropouts: when too few eligible clients are connected the window is lifted, but a client
+    that is not connected can still not be drawn (it would never answer)."""
+    for seed in range(10):
+        s = state(10, seed=seed)
+        c1 = s.sample(1, 5, use_index=True)  # W = 10 // 10 = 1: these five are blocked in round 2
+        s.observe(c1)
+        available = np.zeros(10, bool)
+        available[c1[:3]] = True  # three blocked ones and one unblocked one are connected
+        available[np.setdiff1d(np.arange(10), c1)[0]] = True
+        c2 = s.sample(2, 3, use_index=True, available=available)
+        assert len(c2) == 3 and available[c2].all()
+
+
+def test_a_lifted_window_keeps_eq1_towards_the_last_cohort():
+    """Spec §2.6, Eq. 1: lifting the window drops only the exclusion, not the similarity weighting.  Clients 0 and
+    1 (the last cohort) point along the first axis, the others at 10, 40, 70, ... degrees from it, so S(i, C) is
+    cos(angle).  With tau = 0.05 Eq. 1 puts all but ~1e-8 of the mass on the four most similar connected
+    clients; a uniform draw picks them one time in five."""
+    angles = np.radians([0, 0, 10, 40, 70, 100, 130, 160])
+    beta = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    for seed in range(10):
+        s = C2VServerState(beta, beta, np.full(8, 10.0), tau=0.05, seed=seed)
+        only_01 = np.isin(np.arange(8), [0, 1])
+        c1 = s.sample(1, 2, use_index=False, available=only_01)
+        assert c1.tolist() == [0, 1]
+        s.observe(c1)  # W = 8 // 4 = 2: clients 0 and 1 are blocked in round 2
+        available = np.isin(np.arange(8), [0, 1, 2, 3, 5])  # 2, 3, 5 eligible, 4 wanted: the window is lifted
+        assert s.sample(2, 4, use_index=True, available=available).tolist() == [0, 1, 2, 3]
+
+
+def test_a_round_whose_replies_were_all_lost_still_leaves_the_next_draw_possible():
+    """Spec §2.6: with no C^{t-1} to compare to (round 1's replies all lost, nothing observed) the draw is uniform
+    over the clients; the window from round 1's draw still applies and is lifted when too few remain."""
+    s = state(4)
+    c1 = s.sample(1, 2, use_index=True)  # never observed: every reply of round 1 was lost
+    np.testing.assert_allclose(s.probabilities(2), np.where(np.isin(np.arange(4), c1), 0.0, 0.5))
+    seen = set()
+    for t in range(2, 40):
+        c = s.sample(t, 3, use_index=True)  # W = 4 // (2*2) = 1 leaves 2 eligible of the 3 wanted: lifted
+        assert len(c) == 3 and len(set(c.tolist())) == 3
+        seen |= set(c.tolist())
+    assert seen == {0, 1, 2, 3}
+
+
+def test_a_cohort_of_one_client_with_one_sample_has_a_similarity():
+    """Spec §2.6: S(beta_i, C) only needs N_C > 0; a single client holding a single sample is a valid cohort, and
+    S(., {j}) is then the mean of the two cosines to j."""
+    rng = np.random.default_rng(4)
+    bf, bl = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+    n = np.array([1.0, 5.0, 9.0, 2.0])
+    got = similarity_to_set(cosine_matrix(bf), cosine_matrix(bl), n, [0])
+    for i in range(4):
+        assert got[i] == pytest.approx(0.5 * (cos(bf[i], bf[0]) + cos(bl[i], bl[0])))
+    s = C2VServerState(bf, bl, n)
+    s.observe([0])  # a round whose only participant holds one sample
+    np.testing.assert_allclose(s.H, got)
+
+
+def test_the_default_sampling_temperature_is_the_specs_one():
+    """Spec §3: tau = 1.0 by default (Global mode), so p = softmax(S(., C^{t-1}))."""
+    s = C2VServerState(*[np.random.default_rng(1).normal(size=(6, 4)) for _ in range(2)], np.full(6, 10.0))
+    s.observe([2])
+    e = np.exp(s.similarity([2]))
+    np.testing.assert_allclose(s.probabilities(2), e / e.sum())
+
+
+def test_a_single_late_joiner_may_come_as_one_row_and_one_count():
+    """Spec §2.6 late joiners: one client's index halves (two vectors) and its sample count (a number) add one
+    client, never drawn, with no history."""
+    s = state(3)
+    rng = np.random.default_rng(2)
+    bf, bl = rng.normal(size=6), rng.normal(size=6)
+    s.add(bf, bl, 12)
+    assert s.size == 4 and s.n.tolist()[-1] == 12.0 and s.H[-1] == 0.0 and np.isneginf(s.last_drawn[-1])
+    np.testing.assert_allclose(s.beta_f[-1], bf)
+    np.testing.assert_allclose(s.beta_l[-1], bl)
