@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
-from task.methods.fedcac import pack_masks, unpack_masks
+from task.methods.fedcac import pack_masks, packed_length, unpack_masks
 
 
 # ------------------------------------------------------------------------------------------ client side
@@ -82,6 +82,17 @@ def test_unpack_refuses_a_payload_of_the_wrong_type_or_length_and_says_the_right
     for bad in (good.astype(np.int64), good.astype(np.float32), good.reshape(1, -1), np.zeros(expected_len + 1, np.uint8)):
         with pytest.raises(ValueError, match=f"length {expected_len} for {total} parameters"):
             unpack_masks(bad, shapes)
+
+
+@pytest.mark.parametrize("shapes", [{"w": (1,)}, {"w": (8,)}, {"w": (2, 4), "b": (8,)}, {"w": (3, 3), "b": (7,)},
+                                    {"w": (4, 4)}, {"w": (17,)}, {}])
+def test_the_server_expects_exactly_the_bytes_a_client_sends(shapes):
+    """Spec §2.4 / §2.8: the uplink mask is one bit per parameter, ceil(n / 8) bytes.  The server sizes the
+    expected payload from the parameter shapes alone (packed_length); it must equal what pack_masks makes,
+    also when n is a multiple of 8 (no spare byte), or every honest reply would be refused."""
+    masks = {k: np.ones(s, bool) for k, s in shapes.items()}
+    n = sum(int(np.prod(s)) for s in shapes.values())
+    assert packed_length(shapes) == len(pack_masks(masks, list(shapes))) == -(-n // 8)
 
 
 def test_eq11_result_lives_on_the_models_device_whatever_the_mask_and_message_carry():
@@ -170,6 +181,16 @@ def test_collaborators_are_those_at_or_above_the_threshold_and_never_oneself():
     assert got == [[1, 3], [0, 2], [1], [0]]
     assert [c.tolist() for c in collaborators(o, 0.5, 11, 10, strict_beta_cutoff=False)] == got
     assert all(len(c) == 0 for c in collaborators(o, 0.5, 11, 10))
+
+
+def test_eq8_is_inclusive_a_pair_exactly_at_the_threshold_collaborates_even_without_tolerance():
+    """Spec §2.6 Eq. 8: C_i = {j != i : O_ij >= Threshold}.  "At or above", so the pair whose overlap equals
+    the threshold is a collaborator; the tolerance only widens this for rounding, it is not what makes the
+    boundary count."""
+    o = np.array([[1.0, 0.5, 0.25], [0.5, 1.0, 0.25], [0.25, 0.25, 1.0]])
+    assert [c.tolist() for c in collaborators(o, 0.5, 1, 10, tol=0.0)] == [[1], [0], []]
+    assert [c.tolist() for c in collaborators(o, 0.25, 1, 10, tol=0.0)] == [[1, 2], [0, 2], [0, 1]]
+    assert [c.tolist() for c in collaborators(o, 0.5 + 1e-9, 1, 10, tol=0.0)] == [[], [], []]
 
 
 def test_customized_model_is_the_plain_mean_over_self_and_collaborators_in_the_models_dtype():
