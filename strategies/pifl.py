@@ -23,6 +23,7 @@ See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,12 +44,13 @@ from task.methods.pifl import MICRO
 from task.models import build_model
 from task.params import load_record, stacked_record, to_record, weighted_average
 
+log = logging.getLogger("flwr.pflower")
 
 class PIFLStrategy(PersonalizedStrategy):
     name = "pifl"
     has_global_model = False
     evaluate_in_train = False  # every client scores every tier after the round; only winners train
-    transient = PersonalizedStrategy.transient | {"_model", "_server_set"}
+    transient = PersonalizedStrategy.transient | {"_model", "_server_set", "_no_auction_for"}
 
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
@@ -73,6 +75,7 @@ class PIFLStrategy(PersonalizedStrategy):
         self._tier_acc: dict[int, list[float]] = {}  # client -> its tier accuracies of this round's evaluation
         self.tier_tables = TierTables()
         self._model = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes)
+        self._no_auction_for: int | None = None  # the client count last reported as too small for an auction
 
     # ------------------------------------------------------------------ round start: bids and schedule
     def wants_client_ids(self, server_round: int, nodes: list[int]) -> bool:
@@ -89,6 +92,7 @@ class PIFLStrategy(PersonalizedStrategy):
             self.winners = random_tiering(clients, self.num_tiers, self.n_perf + self.n_rand, self.rng)
             self.payers = {k: [] for k in range(self.num_tiers)}
         else:
+            self.warn_if_no_auction(len(clients))
             bids = self.collect_bids(grid, server_round, [n for n in nodes if n in self.client_of])
             self.winners, self.payers = schedule(bids, self.num_tiers, self.scores, self.counts, self.n_perf,
                                                  self.n_rand, self.rng)
@@ -98,6 +102,13 @@ class PIFLStrategy(PersonalizedStrategy):
                 self.counts[k][c] = self.counts[k].get(c, 0) + 1
         self.tier_of = {c: k for k, cs in self.winners.items() for c in cs}
         self.delivered = set()
+
+    def warn_if_no_auction(self, clients: int) -> None:
+        """Report once per client count when one tier's slots hold every connected client (every bidder wins)."""
+        problems = self.options.client_conflicts(clients)
+        if problems and self._no_auction_for != clients:
+            log.warning("[pifl] %s", "; ".join(problems))
+        self._no_auction_for = clients if problems else None
 
     def sample(self, server_round: int, nodes: list[int]) -> list[int]:
         return self.by_client(self.node_of[c] for c in self.tier_of)

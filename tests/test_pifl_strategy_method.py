@@ -1,0 +1,379 @@
+"""What the PI-FL server must do (spec pifl §2.3-§2.5): its own round loop, driven by tests/strategy_harness.py from
+a parsed run config as the ServerApp builds it, and the per-source tier table it records (Tables 1-2)."""
+
+import json
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from server_app.app import build_strategy
+from strategies.tier_tables import SourceHoldouts, TierTables, distinct_starting_models
+from task.config import parse_settings
+from task.data import partitioner_for
+from task.methods.pifl import MICRO
+from task.models import build_model
+from task.params import load_record, record_to_numpy, to_record
+from task.train import evaluate
+from tests.strategy_harness import drive, with_metrics
+
+NODES = {901: 0, 17: 1, 4242: 2, 333: 3}  # node id -> partition id
+NO_AUCTION = "the auction would decide nothing"
+
+
+def pifl(**cfg):
+    return build_strategy(parse_settings({"method": "pifl", "dataset": "digits", "model": "mlp", "min-nodes": 4,
+                                          "server-set-size": 50, **cfg}))
+
+
+def bid_for_tier_0(rnd, node, phase, content):
+    return [with_metrics(content, bid=[0])] if phase == "bid" else None
+
+
+def no_auction_warnings(caplog):
+    return [r for r in caplog.records if NO_AUCTION in r.getMessage()]
+
+
+def test_slots_that_hold_every_connected_client_are_reported_once(caplog):
+    # spec §2.4-§2.5: the slots of a tier are auctioned among its bidders; with slots-performance + slots-random
+    # >= the connected clients every bidder wins every round, which the run must say (PIFLOptions.client_conflicts)
+    strat = pifl(**{"slots-performance": 3, "slots-random": 1})
+    with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+        drive(strat, NODES, 3, bid_for_tier_0)
+    (warning,) = no_auction_warnings(caplog)
+    assert "slots-performance + slots-random = 4" in warning.getMessage() and "4 connected clients" in warning.getMessage()
+    assert sorted(strat.winners[0]) == [0, 1, 2, 3]  # indeed: every bidder won
+
+
+def test_a_fifth_client_makes_the_auction_meaningful_and_losing_it_again_is_reported_again(caplog):
+    strat = pifl(**{"slots-performance": 3, "slots-random": 1})
+    five = {**NODES, 77: 4}
+    with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+        drive(strat, five, 2, bid_for_tier_0)
+        assert no_auction_warnings(caplog) == [] and len(strat.winners[0]) == 4  # 4 slots, 5 bidders
+        drive(strat, NODES, [3, 4], bid_for_tier_0)
+    assert len(no_auction_warnings(caplog)) == 1
+
+
+@pytest.mark.parametrize("slots", [(1, 1), (2, 1)])
+def test_fewer_slots_than_clients_is_an_auction_and_not_reported(caplog, slots):
+    strat = pifl(**{"slots-performance": slots[0], "slots-random": slots[1]})
+    with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+        drive(strat, NODES, 3, bid_for_tier_0)
+    assert no_auction_warnings(caplog) == []
+    assert len(strat.winners[0]) == sum(slots)
+
+
+# ------------------------------------------------------------------------------------------ the round as a whole
+TIER_ACC = {0: [0.9, 0.2], 1: [0.7, 0.4], 2: [0.3, 0.8], 3: [0.5, 0.6]}  # client -> its accuracy of tiers 0, 1
+
+
+def sent(grid, phase):
+    """(round, client, content) of every message of ``phase`` the strategy sent."""
+    out = []
+    for m in grid.sent:
+        kind = m.metadata.message_type
+        if kind.split(".", 1)[-1] == phase:
+            out.append((int(m.content["config"]["server-round"]), NODES[m.metadata.dst_node_id], m.content))
+    return out
+
+
+def tier_accuracies(rnd, node, phase, content):
+    if phase == "evaluate":
+        return [with_metrics(content, tier_acc=TIER_ACC[NODES[node]])]
+    return None
+
+
+def test_round_one_is_a_free_warm_up_on_a_random_partition_that_records_the_utility():
+    # spec §2.5 round 1 and §2.3 initial tiering: a random partition, up to slots per tier; nobody pays, nothing is
+    # settled, but Omega and Acc^max are recorded (Acc_k = mean over the tier's winners of their a_ck)
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    drive(strat, NODES, 1, tier_accuracies)
+    members = [c for k in (0, 1) for c in strat.winners[k]]
+    assert sorted(members) == [0, 1, 2, 3] and all(len(strat.winners[k]) == 2 for k in (0, 1))
+    assert strat.payers == {0: [], 1: []}
+    assert strat.ledger.balances == {c: 100 * MICRO for c in range(4)} and strat.ledger.pools == {0: 0, 1: 0}
+    for k in (0, 1):
+        entry = strat.ledger_log[0]["tiers"][k]
+        assert entry["payments"] == {} and entry["refunds"] == {} and entry["rewards"] == {}
+        assert entry["refund-ratio"] is None
+        expected = np.mean([TIER_ACC[c][k] for c in strat.winners[k]])
+        assert entry["utility"] == pytest.approx(expected) and strat.ledger.best_utility[k] == pytest.approx(expected)
+        assert strat.counts[k] == {c: 1 for c in strat.winners[k]}
+    assert strat.ledger_log[0]["total"] == 400 * MICRO
+
+
+def test_from_round_two_winning_bidders_pay_into_their_tier_and_are_settled_on_its_utility():
+    # spec §2.4: winners that bid pay tau_p into P_k; then refund (none: the tier improved by over gamma) and rank
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1, "slot-price": 2.5})
+    bids = {0: [0], 1: [0], 2: [0], 3: []}
+
+    def answer(rnd, node, phase, content):
+        c = NODES[node]
+        if phase == "bid":
+            return [with_metrics(content, bid=bids[c])]
+        if phase == "evaluate":  # tier 0 is much better in round 2 than in round 1: no refund
+            return [with_metrics(content, tier_acc=[0.2 if rnd == 1 else 0.9, 0.5])]
+        return None
+
+    grid = drive(strat, NODES, 2, answer)
+    assert set(strat.winners[0]) <= {0, 1, 2} and len(strat.winners[0]) == 2 and strat.payers[0] == strat.winners[0]
+    assert strat.winners[1] == [3] and strat.payers[1] == []  # drafted for free
+    entry = strat.ledger_log[1]["tiers"][0]
+    assert entry["payments"] == {c: 2_500_000 for c in strat.winners[0]} and entry["refund-ratio"] == 0.0
+    assert entry["utility"] == pytest.approx(0.9)
+    ranked = sorted(strat.winners[0], key=lambda c: -strat.scores[0][c])  # the better Shapley score gets 2/3
+    assert [entry["rewards"][c] for c in ranked] == [3_333_333, 1_666_666] and entry["pool"] == 1
+    for c in strat.winners[0]:
+        assert strat.ledger.balances[c] == 100 * MICRO - 2_500_000 + entry["rewards"][c]
+    assert strat.ledger.balances[3] == 100 * MICRO and strat.ledger.total() == 400 * MICRO
+    # the bid query told every client its balance and the price, with all tiers
+    for rnd, client, content in sent(grid, "bid"):
+        assert rnd == 2 and dict(content["ledger"]) == {"balance": 100 * MICRO, "price": 2_500_000}
+        assert all(v.shape[0] == 2 for v in record_to_numpy(content["tiers"]).values())
+    assert sorted(c for _, c, _ in sent(grid, "bid")) == [0, 1, 2, 3]
+
+
+def test_a_client_that_cannot_pay_has_its_bid_refused_and_is_not_charged():
+    # spec §2.2: a client with b_c < tau_p may not bid (the server does not trust the client on this)
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    drive(strat, NODES, 1)
+    strat.ledger.balances[0] -= 100 * MICRO - (MICRO - 1)  # client 0 keeps one micro-token less than the price
+    strat.ledger.pools[1] += 100 * MICRO - (MICRO - 1)
+    drive(strat, NODES, [2], lambda rnd, node, phase, content: [with_metrics(content, bid=[0])] if phase == "bid" else None)
+    assert [(f["phase"], f.get("client")) for f in strat.failures] == [("bid", 0)]
+    assert 0 not in strat.winners[0] and 0 not in strat.payers[0] and strat.ledger.balances[0] >= MICRO - 1
+    assert sorted(strat.winners[0]) == sorted(strat.payers[0]) and set(strat.winners[0]) <= {1, 2, 3}
+    strat.ledger.check()
+
+
+def test_a_winner_trains_its_own_tiers_model_and_every_client_evaluates_every_tier():
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    grid = drive(strat, NODES, 2, lambda rnd, node, phase, content: [with_metrics(content, bid=[NODES[node] % 2])]
+                 if phase == "bid" else None)
+    train = [(r, c, content) for r, c, content in sent(grid, "train") if r == 2]
+    assert sorted(c for _, c, _ in train) == [0, 1, 2, 3]
+    for _, c, content in train:
+        assert content["tier"]["tier"] == c % 2 == strat.tier_of[c]
+    evaluated = [(r, c, content) for r, c, content in sent(grid, "evaluate") if r == 2]
+    assert sorted(c for _, c, _ in evaluated) == [0, 1, 2, 3]
+    for _, _, content in evaluated:
+        tiers = record_to_numpy(content["tiers"])
+        for key, value in tiers.items():
+            assert value.shape[0] == 2
+            for k in (0, 1):
+                np.testing.assert_array_equal(value[k], strat.tiers[k][key])
+    assert sorted(strat.server_models()) == ["tier-0", "tier-1"]
+
+
+def test_each_tier_is_the_example_weighted_average_of_its_winners_and_they_are_scored():
+    # spec §2.7: lambda = n_c / sum n, M_k = sum lambda_c W_c over zeta_k; psi_kc for every winner (they sum to 0)
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    base = {k: v.copy() for k, v in strat.tiers[0].items()}
+    sizes = {0: 10, 1: 30, 2: 20, 3: 40}
+    rng = np.random.default_rng(0)
+    offset = {c: {k: rng.normal(scale=0.5, size=v.shape).astype(v.dtype) for k, v in base.items()} for c in range(4)}
+
+    def answer(rnd, node, phase, content):
+        c = NODES[node]
+        if phase == "train":
+            out = with_metrics(content, num_examples=sizes[c])
+            out["arrays"] = to_record({k: v + offset[c][k] for k, v in base.items()})
+            return [out]
+        return None
+
+    drive(strat, NODES, 1, answer)
+    for k in (0, 1):
+        group = strat.winners[k]
+        lam = np.array([sizes[c] for c in group], float) / sum(sizes[c] for c in group)
+        for key, v in strat.tiers[k].items():
+            expected = base[key] + sum(w * offset[c][key].astype(float) for w, c in zip(lam, group))
+            np.testing.assert_allclose(v, expected, rtol=1e-5, atol=1e-5)
+        assert sorted(strat.scores[k]) == sorted(group)
+        psi = np.array([strat.scores[k][c] for c in group])
+        assert abs(psi.sum()) <= 1e-3 * np.abs(psi).max() and np.abs(psi).max() > 0  # sum to 0 (float32 models)
+    assert strat.history[-1].extra.get("pifl", {}).get("tier-sizes", {0: 2, 1: 2}) == {0: 2, 1: 2}
+
+
+def test_a_tier_whose_winners_all_failed_keeps_its_model():
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    before = {k: {key: v.copy() for key, v in strat.tiers[k].items()} for k in (0, 1)}
+    failed = set()
+
+    def answer(rnd, node, phase, content):
+        if phase == "train" and NODES[node] in strat.winners[1]:
+            failed.add(NODES[node])
+            return []
+        return None
+
+    drive(strat, NODES, 1, answer)
+    assert failed == set(strat.winners[1])
+    for key, v in before[1].items():
+        np.testing.assert_array_equal(strat.tiers[1][key], v)
+    assert strat.scores[1] == {} and strat.ledger_log[0]["tiers"][1]["delivered"] == []
+    assert strat.ledger_log[0]["tiers"][1]["utility"] is None
+
+
+def test_the_utility_counts_only_the_tiers_winners_that_delivered():
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    failed = {}
+
+    def answer(rnd, node, phase, content):
+        c = NODES[node]
+        if phase == "train" and not failed and c in strat.winners[0]:
+            failed[c] = True
+            return []
+        return tier_accuracies(rnd, node, phase, content)
+
+    drive(strat, NODES, 1, answer)
+    (lost,) = failed
+    delivered = [c for c in strat.winners[0] if c != lost]
+    assert strat.ledger_log[0]["tiers"][0]["utility"] == pytest.approx(np.mean([TIER_ACC[c][0] for c in delivered]))
+
+
+def test_a_late_joiner_gets_the_initial_tokens_and_the_ledger_stays_conserved():
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1, "initial-tokens": 7.0})
+    drive(strat, NODES, 2)
+    drive(strat, {**NODES, 55: 4}, [3])
+    assert strat.ledger.balances[4] >= 0 and strat.ledger.supply == 5 * 7 * MICRO == strat.ledger.total()
+    assert strat.ledger_log[-1]["total"] == 35 * MICRO
+
+
+def test_the_ledger_artefact_holds_every_round(tmp_path):
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    drive(strat, NODES, 2, tier_accuracies)
+    strat.write_artifacts(tmp_path)
+    data = json.loads((tmp_path / "pifl_ledger.json").read_text())
+    assert data["micro-tokens-per-token"] == MICRO and [r["round"] for r in data["rounds"]] == [1, 2]
+    assert data["rounds"][1]["total"] == 400 * MICRO and sorted(data["rounds"][1]["tiers"]) == ["0", "1"]
+    assert (tmp_path / "pifl_ledger.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------ the per-source tier table
+# PI-FL's Tables 1-2 (spec pifl §4-§5; docs/methods/pifl.md "Artefacts"): every tier model's accuracy on the source A
+# and B holdouts; strategies/tier_tables.py also makes the distinct starting models of IFCA and FedSoft (spec §5).
+
+
+def two_source(**cfg):
+    return parse_settings({"method": "pifl", "dataset": "digits", "model": "mlp", "partition": "two-source",
+                           "mixture": "10:90", "min-nodes": 4, **cfg})
+
+
+def unused_rows(settings, num_partitions):
+    """{source: set of sample rows (bytes)} that none of the ``num_partitions`` clients holds."""
+    part, data = partitioner_for(settings.data, num_partitions)
+    used = np.concatenate([np.asarray(part.load_partition(i)["idx"]) for i in range(num_partitions)])
+    rest = np.setdiff1d(np.arange(len(data.y)), used)
+    source = part.source_of_labels(data.y, settings.num_classes)
+    return {name: {data.x[i].tobytes() for i in rest[source[rest] == s]} for name, s in (("A", 0), ("B", 1))}
+
+
+def rows(x):
+    return {r.tobytes() for r in x.numpy()}
+
+
+@pytest.mark.parametrize("n", [5, 9])
+def test_each_source_holdout_is_every_sample_of_that_source_no_client_trains_on(n):
+    settings = two_source()
+    holdouts = SourceHoldouts(settings, n)
+    expected = unused_rows(settings, n)
+    assert sorted(holdouts.sets) == ["A", "B"]
+    for name, (x, y) in holdouts.sets.items():
+        assert rows(x) == expected[name] and len(y) == len(x) == len(expected[name])
+        labels = set(y.tolist())
+        assert labels <= ({0, 1, 2, 3, 4} if name == "A" else {5, 6, 7, 8, 9})  # digits: source A = labels 0-4
+
+
+def test_a_holdout_is_capped_at_max_per_source_samples_of_its_source():
+    settings = two_source()
+    expected = unused_rows(settings, 5)
+    holdouts = SourceHoldouts(settings, 5, max_per_source=30)
+    for name, (x, _) in holdouts.sets.items():
+        assert len(x) == 30 and rows(x) <= expected[name]
+
+
+def test_partitions_without_two_sources_have_no_table():
+    for cfg in ({"partition": "iid"}, {"partition": "dirichlet"}):
+        holdouts = SourceHoldouts(two_source(**cfg), 4)
+        assert holdouts.sets == {} and holdouts.table([{}]) == []
+
+
+def test_a_server_without_the_data_set_skips_the_tables():
+    holdouts = SourceHoldouts(two_source(), 10_000)  # more clients than samples: the partitioner refuses
+    assert holdouts.sets == {} and holdouts.table([{}]) == []
+
+
+def test_the_table_gives_every_models_accuracy_on_each_source_holdout():
+    settings = two_source()
+    holdouts = SourceHoldouts(settings, 5)
+    model = build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes)
+    states = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        m = build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes)
+        states.append({k: v.detach().numpy().copy() for k, v in m.state_dict().items()})
+    table = holdouts.table(states)
+    assert len(table) == 2
+    for state, row in zip(states, table):
+        load_record(model, state)
+        assert row == {name: pytest.approx(evaluate(model, x, y)[1]) for name, (x, y) in holdouts.sets.items()}
+    assert table[0] != table[1]
+
+
+def fake_strategy(settings, client_ids):
+    return SimpleNamespace(settings=settings, client_of={100 + c: c for c in client_ids},
+                           history=[SimpleNamespace(extra={})])
+
+
+@pytest.mark.parametrize("client_ids,min_nodes,n", [([0, 1, 8], 4, 9), ([0, 1, 2], 5, 5), ([4, 0], 2, 5)])
+def test_the_holdouts_leave_out_the_data_of_every_client_of_the_run(client_ids, min_nodes, n):
+    # the server knows the clients it heard from and min-nodes; the partition is over at least that many clients
+    settings = two_source(**{"min-nodes": min_nodes})
+    strategy = fake_strategy(settings, client_ids)
+    tables = TierTables()
+    state = {k: v.detach().numpy().copy() for k, v in build_model(
+        "mlp", settings.in_channels, settings.image_size, settings.num_classes).state_dict().items()}
+    table = tables.record(strategy, 3, [state])
+    expected = unused_rows(settings, n)
+    assert {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()} == expected
+    assert tables.by_round == {3: table} and strategy.history[-1].extra["tier-table"] == table
+    assert len(table) == 1 and sorted(table[0]) == ["A", "B"]
+
+
+def test_a_run_without_sources_records_no_table_and_a_restored_one_rebuilds_its_holdouts():
+    settings = two_source(partition="iid")
+    strategy = fake_strategy(settings, [0, 1])
+    tables = TierTables()
+    assert tables.record(strategy, 1, [{}]) == [] and tables.by_round == {} and strategy.history[-1].extra == {}
+    restored = TierTables.__new__(TierTables)  # as a checkpoint restores it: no holdouts attribute
+    restored.by_round = {}
+    settings = two_source()
+    state = {k: v.detach().numpy().copy() for k, v in build_model(
+        "mlp", settings.in_channels, settings.image_size, settings.num_classes).state_dict().items()}
+    assert len(restored.record(fake_strategy(settings, [0, 1, 2, 3]), 2, [state, state])) == 2
+
+
+# ------------------------------------------------------------------------------------------ IFCA / FedSoft starts
+def test_cluster_models_start_as_the_common_model_plus_small_seeded_noise_except_the_first():
+    rng = np.random.default_rng(0)
+    state = {"w": rng.normal(size=(200, 50)).astype(np.float32), "b": np.zeros(50, np.float64),
+             "steps": np.array([7, 8], np.int64)}
+    models = distinct_starting_models(state, 3, seed=4)
+    assert len(models) == 3
+    for key in state:
+        np.testing.assert_array_equal(models[0][key], state[key])  # copy 0 is the common model itself
+    for m in models:
+        assert {k: v.dtype for k, v in m.items()} == {k: v.dtype for k, v in state.items()}
+        np.testing.assert_array_equal(m["steps"], state["steps"])  # integers are not perturbed
+    for j in (1, 2):
+        noise = models[j]["w"].astype(np.float64) - state["w"]
+        assert 0.008 < noise.std() < 0.012 and abs(noise.mean()) < 0.002  # std 0.01
+        assert 0.005 < (models[j]["b"] - state["b"]).std() < 0.015
+    assert not np.array_equal(models[1]["w"], models[2]["w"])  # the copies diverge from each other too
+    again = distinct_starting_models(state, 3, seed=4)
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(models, again) for k in state)  # reproducible
+    other = distinct_starting_models(state, 3, seed=5)
+    assert not np.array_equal(other[1]["w"], models[1]["w"])
+    assert len(distinct_starting_models(state, 1, seed=0)) == 1
