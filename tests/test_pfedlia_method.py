@@ -232,8 +232,15 @@ def test_lazy_training_starts_from_the_sent_model_and_runs_lazy_epochs_on_the_tr
     c = client("pfedlia", data, **{"lazy-epochs": 4, "local-epochs": 0})
     lazy = {k: torch.from_numpy(v) for k, v in record_to_numpy(c.query("lazy", RecordDict({"arrays": to_record(numpy_state(theta0))}))["arrays"]).items()}
     assert loss_of(c, lazy, data.x_train, data.y_train) < 0.7 * loss_of(c, theta0, data.x_train, data.y_train)
-    with pytest.raises(ValueError, match="query"):
+    with pytest.raises(ValueError, match="no-such-query"):
         c.query("no-such-query", RecordDict())
+
+
+def test_the_client_also_answers_identify():
+    """Every method's client answers query.identify (task.methods.all_queries) besides its own lazy / lia."""
+    data = client_data(LOW)
+    reply = client("pfedlia", data).query("identify", RecordDict())["metrics"]
+    assert reply["partition-id"] == 0 and reply["num-examples"] == len(data.y_train)
 
 
 def test_train_trains_the_sent_model_and_reports_the_planted_cluster(lazy_models):

@@ -186,6 +186,17 @@ def test_batchnorm_models_train_on_a_last_batch_of_two_and_other_models_on_batch
     assert train(model(bn=True), x, y, epochs=1, batch_size=4, lr=0.01)["steps"] == 3  # 4 + 4 + 2
     out = train(model(), x, y, epochs=1, batch_size=1, lr=0.0, momentum=0.0)
     assert out["steps"] == 10
+    one = model()  # a client holding a single training sample still trains on it
+    w0 = params(one)
+    assert train(one, x[:1], y[:1], epochs=2, batch_size=4, lr=0.1)["steps"] == 2
+    assert not all(torch.equal(p.detach(), w0[n]) for n, p in one.named_parameters())
+    still = model()  # and reports that sample's loss and accuracy (per-sample means over one sample)
+    with torch.no_grad():
+        right = int(torch.nonzero(still(x).argmax(1) == y)[0, 0])  # a sample the model already predicts
+        logits = still(x[right:right + 1])
+    out = train(still, x[right:right + 1], y[right:right + 1], epochs=1, batch_size=4, lr=0.0, momentum=0.0)
+    assert out["train-loss"] == pytest.approx(float(nn.functional.cross_entropy(logits, y[right:right + 1])), rel=1e-5)
+    assert out["train-acc"] == 1.0
 
 
 def test_nothing_to_train_returns_zeros_and_bad_settings_are_refused():
