@@ -300,9 +300,13 @@ def test_partitions_without_two_sources_have_no_table():
         assert holdouts.sets == {} and holdouts.table([{}]) == []
 
 
-def test_a_server_without_the_data_set_skips_the_tables():
-    holdouts = SourceHoldouts(two_source(), 10_000)  # more clients than samples: the partitioner refuses
+def test_a_server_without_the_data_set_skips_the_tables_and_says_why(caplog):
+    with caplog.at_level(logging.INFO, logger="flwr.pflower"):
+        holdouts = SourceHoldouts(two_source(), 10_000)  # more clients than samples: the partitioner refuses
     assert holdouts.sets == {} and holdouts.table([{}]) == []
+    (record,) = [r for r in caplog.records if "per-source holdouts" in r.getMessage()]
+    assert record.getMessage().startswith("no per-source holdouts (num-partitions=10000 is too many for dataset")
+    assert record.getMessage().endswith("); tier tables skipped")
 
 
 def test_the_table_gives_every_models_accuracy_on_each_source_holdout():
@@ -377,3 +381,37 @@ def test_cluster_models_start_as_the_common_model_plus_small_seeded_noise_except
     other = distinct_starting_models(state, 3, seed=5)
     assert not np.array_equal(other[1]["w"], models[1]["w"])
     assert len(distinct_starting_models(state, 1, seed=0)) == 1
+
+
+def test_every_rounds_table_uses_the_same_holdouts_even_when_more_clients_show_up():
+    # the tables of successive rounds must be comparable (a tier's specialisation is read across rounds), so the
+    # holdouts are fixed when first built; a later client with a higher id does not re-draw them
+    settings = two_source()
+    tables = TierTables()
+    state = {k: v.detach().numpy().copy() for k, v in build_model(
+        "mlp", settings.in_channels, settings.image_size, settings.num_classes).state_dict().items()}
+    first = tables.record(fake_strategy(settings, [0, 1, 2, 3, 4]), 1, [state])
+    sets = {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()}
+    assert sets == unused_rows(settings, 5)
+    second = tables.record(fake_strategy(settings, [0, 1, 2, 3, 4, 8]), 2, [state])
+    assert {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()} == sets and second == first
+
+
+@pytest.mark.parametrize("min_nodes", [1, 5])
+def test_a_round_in_which_no_client_was_heard_from_still_gets_a_table_over_min_nodes_clients(min_nodes):
+    settings = two_source(**{"min-nodes": min_nodes, "tiers": 1})
+    tables = TierTables()
+    state = {k: v.detach().numpy().copy() for k, v in build_model(
+        "mlp", settings.in_channels, settings.image_size, settings.num_classes).state_dict().items()}
+    assert len(tables.record(fake_strategy(settings, []), 1, [state])) == 1
+    assert {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()} == unused_rows(settings, min_nodes)
+
+
+def test_a_holdout_holds_at_most_1000_samples_of_its_source_by_default():
+    # spec pifl §4: 1000-sample per-source holdouts for the tier tables (SynthConcept with one client leaves 2750
+    # unused samples of source A and 754 of source B)
+    settings = two_source(dataset="synth-concept", **{"min-nodes": 1, "tiers": 1})
+    holdouts = SourceHoldouts(settings, 1)
+    expected = unused_rows(settings, 1)
+    assert len(expected["A"]) > 1000 and len(holdouts.sets["A"][0]) == 1000 and rows(holdouts.sets["A"][0]) <= expected["A"]
+    assert rows(holdouts.sets["B"][0]) == expected["B"]
