@@ -156,3 +156,17 @@ def test_a_train_reply_reports_the_trained_models_accuracy_and_its_time_split_un
     assert m["trained-acc"] == pytest.approx(scores(client, client.load_state("model"))[1])
     assert {k for k in m if k.startswith("time-")} == {"time-train", "time-method"}
     assert m["time-method"] > 0
+
+
+def test_the_reported_mask_cost_is_what_the_clients_sent_one_bit_per_parameter(after_round_one, tmp_path):
+    """Spec §2.4 / §2.8: the uplink mask costs one bit per trainable parameter, ceil(n / 8) bytes, about
+    1/32 of the float32 model; the run's communication record reports the bytes the clients really sent."""
+    _, strat, _, _, _ = after_round_one
+    strat.write_artifacts(tmp_path)
+    import json
+
+    comm = json.loads((tmp_path / "fedcac_communication.json").read_text())
+    n = sum(int(np.prod(s)) for s in strat.param_shapes.values())
+    assert comm["parameters"] == n and comm["float32-model-bytes"] == 4 * n
+    assert comm["packed-mask-bytes"] == -(-n // 8)
+    assert comm["mask-to-model-ratio"] == pytest.approx(1 / 32, rel=1e-3)
