@@ -231,3 +231,12 @@ def test_an_epochs_losses_average_its_batches_in_the_chosen_orthogonality_mode(m
         assert epoch["total"] == pytest.approx(total.item(), rel=1e-5)
         for k, v in parts.items():
             assert epoch[k] == pytest.approx(v, rel=1e-5, abs=1e-7)
+
+
+def test_diversity_of_a_two_sample_batch_is_their_cosine_and_cos_is_the_default_orthogonality():
+    """Spec §2.4: L_div = (1/B) sum_j log sum_{k != j} exp(cos(u_j, u_k)); with B = 2 each log-sum has one term, so
+    L_div = cos(u_1, u_2).  A5: the default L_orth is the mean |cos| over all pairs."""
+    u = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
+    assert loss_div(u).item() == pytest.approx(0.6, rel=1e-6)
+    z, v = torch.randn(4, 6), torch.randn(4, 6)
+    assert loss_orth(z, v).item() == pytest.approx(loss_orth(z, v, "cos").item())
