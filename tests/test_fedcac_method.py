@@ -232,3 +232,47 @@ def test_label_similarity_diagnostic_is_the_mean_cosine_over_collaborator_pairs_
         nobody, _ = collaborator_label_similarity([np.array([], dtype=np.int64)] * 4, hist)
         assert np.isnan(nobody)
         assert np.isnan(collaborator_label_similarity([np.array([], dtype=np.int64)], hist[:1])[1])  # no pair at all
+
+
+# ------------------------------------------------------------------------------------------ the strategy's options
+from server_app.app import build_strategy  # noqa: E402
+from task.config import parse_settings  # noqa: E402
+from task.params import to_record  # noqa: E402
+from tests.strategy_harness import drive  # noqa: E402
+
+
+def strategy_round(rounds=1, n=3, all_critical=False, **cfg):
+    nodes = {i + 1: i for i in range(n)}
+    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": n, **cfg}))
+    sent = {}
+
+    def answer(rnd, node, phase, content):
+        if phase == "train":
+            content["metrics"]["num-examples"] = [1, 2, 5][nodes[node]]
+            sent[nodes[node]] = {k: np.array(v.numpy()) for k, v in content["arrays"].items()}
+            if all_critical:  # tau = 1: every mask all ones, every overlap 1
+                bits = content["mask"]["bits"].numpy()
+                content["mask"] = to_record({"bits": np.full_like(bits, 255)})
+        return None
+
+    drive(strat, nodes, rounds, answer)
+    return strat, sent
+
+
+@pytest.mark.parametrize("weighting, weights", [("uniform", [1, 1, 1]), ("num-examples", [1, 2, 5])])
+def test_w_bar_is_the_uniform_or_example_weighted_mean_as_configured(weighting, weights):
+    """Eq. 9 averages uniformly; ``fedcac-weighting=num-examples`` weights by training examples (§6.10)."""
+    strat, sent = strategy_round(**{"fedcac-weighting": weighting})
+    w = np.array(weights, float) / sum(weights)
+    for k in strat.param_keys:
+        expected = sum(w[i] * sent[i][k].astype(np.float64) for i in range(3))
+        np.testing.assert_allclose(strat.global_state[k], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strict, expected", [(True, 0), (False, 1)])
+def test_the_strict_beta_cutoff_option_reaches_the_collaborator_sets(strict, expected):
+    """Spec §2.6 / §6.8: with all-ones masks (tau = 1) O_avg = O_max, so without the strict cutoff the clients
+    collaborate in every round; with it (the default) nobody collaborates once t > beta."""
+    strat, _ = strategy_round(rounds=2, n=2, all_critical=True, beta=1, **{"strict-beta-cutoff": strict})
+    diag = strat.history[-1].extra["fedcac"]
+    assert strat.history[-1].server_round == 2 and diag["collaborators-max"] == expected
