@@ -292,6 +292,8 @@ def test_a_holdout_is_capped_at_max_per_source_samples_of_its_source():
     holdouts = SourceHoldouts(settings, 5, max_per_source=30)
     for name, (x, _) in holdouts.sets.items():
         assert len(x) == 30 and rows(x) <= expected[name]
+    again = SourceHoldouts(settings, 5, max_per_source=30)  # reproducible: the same capped holdouts in every run
+    assert {n: rows(x) for n, (x, _) in again.sets.items()} == {n: rows(x) for n, (x, _) in holdouts.sets.items()}
 
 
 def test_partitions_without_two_sources_have_no_table():
