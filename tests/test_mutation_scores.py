@@ -72,3 +72,28 @@ def test_bad_equivalents_file_and_empty_folder_are_refused(tmp_path):
         ms.equivalents(bad)
     with pytest.raises(SystemExit, match="run `mutmut run` there first"):
         ms.collect(tmp_path / "nothing", "abc", [], path=tmp_path / "r.json")
+
+
+def test_a_method_meets_the_target_only_with_every_module_run_and_each_at_90_percent(tmp_path):
+    mutants, results = tmp_path / "mutants", tmp_path / "r.json"
+    # a.py: 9 of 10 caught (90 %, the target exactly); b.py: 8 of 10 (below); c.py is never run
+    _meta(mutants, "m/a.py", {f"m.a.x_f__mutmut_{i}": (1 if i <= 9 else 0) for i in range(1, 11)})
+    _meta(mutants, "m/b.py", {f"m.b.x_f__mutmut_{i}": (1 if i <= 8 else 0) for i in range(1, 11)})
+    ms.collect(mutants, "abc", [], path=results)
+    data = ms.load(results)
+    per = {}
+    for rec in data["mutants"].values():
+        c = per.setdefault(rec["module"], ms.Counter())
+        c["run"] += 1
+        c["caught" if rec["status"] in ms.CAUGHT else rec["status"]] += 1
+    rows = ms.method_summary(data, per, {"A": ("m/a.py",), "AB": ("m/a.py", "m/b.py"), "AC": ("m/a.py", "m/c.py")})
+    row = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")] for r in rows if r.startswith("| A")}
+    assert row["A"][-1] == "yes" and row["A"][3] == "90.0% (`m/a.py`)"
+    assert row["AB"][-1] == "no" and row["AB"][3] == "80.0% (`m/b.py`)"
+    assert row["AC"][-1] == "no" and "never run: `m/c.py`" in row["AC"][2]
+    # a module only partly run does not meet the target even at 100 % of what ran
+    _meta(mutants, "m/a.py", {"m.a.x_f__mutmut_1": 1, "m.a.x_f__mutmut_2": None})
+    ms.collect(mutants, "def", [], path=tmp_path / "r2.json")
+    d2 = ms.load(tmp_path / "r2.json")
+    rows = ms.method_summary(d2, {"m/a.py": ms.Counter(run=1, caught=1)}, {"A": ("m/a.py",)})
+    assert rows[-1].split("|")[3].strip() == "1" and rows[-1].split("|")[-2].strip() == "no"
