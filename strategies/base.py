@@ -150,9 +150,15 @@ class PersonalizedStrategy(Strategy):
     transient = frozenset({"settings", "options", "initial_state", "all_keys", "body_keys", "head_keys", "shapes",
                            "client_of", "node_of", "_outbox", "results_dir", "_t0", "_round_start", "name",
                            "_fused_round", "_first_round", "_pushed_at", "_pulled_at", "_timing_rows", "_records"})
-    #: seconds between two pulls for replies (Flower's own send_and_receive waits 3 s between pulls in
-    #: deployment, which a round pays once per phase)
+    #: the longest wait between two pulls for replies (Flower's own send_and_receive waits 3 s between pulls in
+    #: deployment, 0.1 s in simulation, and a round pays on average half of it once per phase)
     reply_poll_seconds = 0.1
+    #: the wait between two pulls grows with the time already waited (this share of it, at least
+    #: ``reply_poll_min_seconds``, at most ``reply_poll_seconds``): a phase's last reply is seen within about
+    #: 5 % of the phase's length after it arrives, and a long phase (a deployed round) pulls no more often
+    #: than every ``reply_poll_seconds``
+    reply_poll_share = 0.05
+    reply_poll_min_seconds = 0.002
 
     def __init__(self, settings: Settings, initial_state: Mapping[str, np.ndarray], body: list[str], head: list[str]):
         self.settings = settings
@@ -349,7 +355,7 @@ class PersonalizedStrategy(Strategy):
 
     def exchange(self, grid: Grid, messages: Iterable[Message], timeout: float | None) -> list[Message]:
         """Push ``messages`` and pull their replies until all are in or ``timeout`` s have passed (Flower's
-        Grid API, as ``Grid.send_and_receive`` does, pulling every :attr:`reply_poll_seconds`); notes when
+        Grid API, as ``Grid.send_and_receive`` does, pulling again after :meth:`poll_wait`); notes when
         each message was pushed and each reply pulled (:mod:`strategies.message_timing`)."""
         messages = list(messages)
         if not messages:
@@ -357,7 +363,8 @@ class PersonalizedStrategy(Strategy):
         pushed = time.time()
         waiting = {mid for mid in grid.push_messages(messages) if mid}
         self._pushed_at.update(dict.fromkeys(waiting, pushed))
-        deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
+        begun = time.monotonic()
+        deadline = begun + (timeout if timeout is not None else 3600.0)
         replies: list[Message] = []
         while waiting:
             got = list(grid.pull_messages(waiting))
@@ -368,8 +375,13 @@ class PersonalizedStrategy(Strategy):
             replies.extend(got)
             if not waiting or time.monotonic() >= deadline:
                 break
-            time.sleep(self.reply_poll_seconds)
+            time.sleep(self.poll_wait(time.monotonic() - begun))
         return replies
+
+    def poll_wait(self, waited: float) -> float:
+        """Seconds to wait before the next pull, after ``waited`` seconds of a phase: short while the phase is
+        young (a simulated round lasts a fraction of a second), growing to :attr:`reply_poll_seconds`."""
+        return min(self.reply_poll_seconds, max(self.reply_poll_min_seconds, self.reply_poll_share * waited))
 
     # ------------------------------------------------------------------ validation
     def receive(self, server_round: int, phase: str, replies: list[Any], timeout: float | None) -> list[Reply]:
