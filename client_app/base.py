@@ -239,7 +239,7 @@ class ClientMethod:
         x, y = self.test_split()
         model = self.personal_model(content)
         loss, acc = evaluate(model, x, y)
-        metrics: dict[str, Any] = {"personal-acc": acc, "personal-loss": loss}
+        metrics: dict[str, Any] = {"personal-acc": acc, "personal-loss": loss, "test-examples": len(y)}
         if self.config.get("save-model"):
             self.save_personal_model(model, metrics)
         glob = self.global_model(content, model)

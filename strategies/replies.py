@@ -284,6 +284,6 @@ TRAIN = BASE.with_metrics(**{
     "trained-acc": replace(ACCURACY, required=False), "steps": Number(int, 0, INT_LIMIT, required=False)})
 #: an evaluate reply: the personalized model's accuracy, and the global model's where the method has one
 EVALUATE = BASE.with_metrics(**{
-    "personal-acc": ACCURACY, "personal-loss": LOSS,
+    "personal-acc": ACCURACY, "personal-loss": LOSS, "test-examples": replace(COUNT, required=False),
     "global-acc": replace(ACCURACY, required=False), "global-loss": replace(LOSS, required=False),
     "before-agg-acc": replace(ACCURACY, required=False)})

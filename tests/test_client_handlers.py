@@ -41,9 +41,16 @@ def test_train_and_evaluate_reply_what_the_strategy_expects(method):
     update = strat.check_reply(1, 100, reply, "train", set())
     assert update is not None, strat.failures
     strat.aggregate(1, [update])
-    ev = dict(client(ctx).evaluate(payload(strat, 1))["metrics"])
+    c = client(ctx)
+    ev_reply = c.evaluate(payload(strat, 1))
+    ev = dict(ev_reply["metrics"])
     assert 0.0 <= ev["personal-acc"] <= 1.0
     assert ("global-acc" in ev) == strat.has_global_model
+    # how many samples the accuracy rests on travels with it (benchmarks report it), and the server accepts it
+    x_test, y_test = c.test_split()
+    assert ev["test-examples"] == len(y_test) > 0
+    assert round(ev["personal-acc"] * len(y_test), 6) == round(ev["personal-acc"] * len(y_test))
+    assert strat.check_reply(1, 100, ev_reply, "evaluate", set()) is not None, strat.failures
 
 
 def test_local_model_persists_in_context_state():
