@@ -1258,6 +1258,15 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
                               f"phase) takes {med:.1f} s = {x:.1f}x "
                               f"`python -c \"import torch, flwr\"` ({_med(ref):.2f} s in the same run; target "
                               f"{DEPLOY_TARGET:g}x: {'met' if x <= DEPLOY_TARGET else 'not met'})")
+                legs = {c: _med([t[c] for t in later if c in t]) for c in ("dispatch", "start-up", "return")}
+                if all(v is not None for v in legs.values()):
+                    flower = sum(legs.values())
+                    claims.append(f"2 nodes: Flower's own legs of a message (dispatch + start-up of the fresh "
+                                  f"`flwr-clientapp` process + return) take {flower:.2f} s = "
+                                  f"{flower / _med(ref):.1f}x the import time, before any of pflower's imports or "
+                                  f"work: flwr 1.41 starts a process per message, its SuperNode sleeps a fixed 3 s "
+                                  f"after an empty pull and polls for a finished reply every 0.5 s (neither is "
+                                  f"configurable)")
         fast, slow = dispatch.get((2, 0.1)), dispatch.get((2, 1.0))
         if fast is not None and slow is not None:
             claims.append(f"2 nodes: a message's dispatch (push to the ClientApp process's start) takes {fast:.2f} s "
