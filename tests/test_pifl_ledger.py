@@ -271,6 +271,7 @@ def test_a_ledger_starts_every_client_at_b0_with_empty_pools_and_no_best_utility
     assert ledger.total() == 21 * MICRO == ledger.supply
     ledger.check()
     TokenLedger([], 2).check()  # a ledger before any client connected (the strategy builds one to validate options)
+    TokenLedger(range(2), 0).check()  # and one without pools: the invariants hold over empty sets
     zero = TokenLedger(range(2), 1, initial=0, price=1)  # b0 = 0 is allowed: nobody can bid
     zero.check()
     assert not zero.can_pay(0)
