@@ -207,3 +207,57 @@ def test_a_calibration_split_is_used_as_is_and_the_test_split_is_the_held_out_ha
     c = client("pifl", goal_data(calib_classes=HIGH, test_classes=LOW))
     (xc, yc), (xe, ye) = c.goal_splits()
     assert yc is c.data.y_calib and ye is c.data.y_test and c.test_split()[1] is c.data.y_test
+
+
+def test_the_mixture_is_accounted_as_method_work_in_the_next_reply(tier_models):
+    # the client's replies split its wall time by phase (time-train, time-method): scoring the tiers on the goal
+    # data and mixing them (Eq. 4) is PI-FL's own client work, reported as time-method, not as a phase of its own
+    init, low, high = tier_models
+    c = client("pifl", goal_data(calib_classes=LOW, test_classes=HIGH))
+    assert not any(k.startswith("time-") for k in evaluate_reply(c, stacked(high, low)))  # nothing timed before
+    content = RecordDict({"config": ConfigRecord({"server-round": 4})})
+    m = c.query("identify", content).metric_records["metrics"]
+    assert sorted(k for k in m if k.startswith("time-")) == ["time-method"] and m["time-method"] > 0
+
+
+def counters(state):
+    return {k: v for k, v in state.items() if not v.is_floating_point()}
+
+
+def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
+    # Eq. 4 mixes the tier models' weights; a model with BatchNorm also holds integer counters
+    # (num_batches_tracked), which are no weights: the personalized model keeps them as they are in the tier
+    # models (every tier has trained the same number of batches here), never a weighted sum cut to an integer
+    c = client("pifl", goal_data(calib_classes=LOW, test_classes=LOW), model="cnn")
+    base = c.fresh_model().state_dict()
+    assert counters(base)  # the CNN does have integer buffers
+    tiers = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        tiers.append({k: (v + 0.1 * torch.randn_like(v) if v.is_floating_point() else torch.full_like(v, 7))
+                      for k, v in base.items()})
+    # goal labels each tier gets half right (its own predictions), so the mixture weights are strictly between 0 and 1
+    preds = []
+    for state in tiers:
+        model = c.fresh_model()
+        model.load_state_dict(state)
+        model.eval()
+        with torch.no_grad():
+            preds.append(model(c.data.x_calib).argmax(1))
+    half = len(preds[0]) // 2
+    c.data.y_calib = torch.cat([preds[0][:half], preds[1][half:]])
+    model = c.personal_model(RecordDict({"tiers": stacked(*tiers)}))
+    w = c._weights
+    assert 0 < w[0] < 1 and sum(w) == pytest.approx(1.0)  # a real mixture of the two tiers
+    out = model.state_dict()
+    for k, v in counters(out).items():
+        assert v.dtype == base[k].dtype and int(v) == 7
+    for k, v in out.items():
+        if v.is_floating_point():
+            torch.testing.assert_close(v.double(), w[0] * tiers[0][k].double() + w[1] * tiers[1][k].double(),
+                                       rtol=1e-5, atol=1e-6)
+    # K = 1: the personalized model is the tier model itself, counters included (spec §7 client-logic tests)
+    out = c.personal_model(RecordDict({"tiers": stacked(tiers[1])})).state_dict()
+    assert c._weights == [1.0]
+    for k, v in out.items():
+        torch.testing.assert_close(v, tiers[1][k])
