@@ -212,6 +212,30 @@ def test_global_average_uniform_or_by_example_counts():
     np.testing.assert_allclose(global_average(params, np.array([1, 3])), [6.0, 1.0])  # (1*p0 + 3*p1) / 4
 
 
+def test_w_bar_weights_are_exact_shares_of_the_counts_whatever_their_number_type():
+    """Eq. 9 with ``fedcac-weighting=num-examples`` (spec §2.7): p_i = n_i / sum_j n_j.  Counts may come as
+    float32 (e.g. read back from a record); the shares are still exact to double precision, so three equal
+    counts give the plain mean, not a mean with weights rounded to 0.33333334."""
+    params = np.array([[1.0, 10.0], [2.0, -3.0], [4.0, 0.5]])
+    plain = params.sum(0) / 3
+    for counts in (np.array([7, 7, 7], np.float32), np.array([7, 7, 7]), [7.0, 7.0, 7.0]):
+        np.testing.assert_allclose(global_average(params, counts), plain, rtol=1e-14, atol=0)
+    np.testing.assert_allclose(global_average(params, np.array([3, 1, 1], np.float32)),
+                               (3 * params[0] + params[1] + params[2]) / 5, rtol=1e-14, atol=0)
+
+
+def test_label_similarity_is_exact_for_float32_histograms():
+    """Spec §8 diagnostic: the cosines are computed in double precision whatever the histograms' dtype, so a
+    float32 copy of the counts gives the same numbers as the integer counts."""
+    counts = np.array([[1, 2, 3], [3, 1, 2], [0, 1, 1]])
+    unit = counts / np.linalg.norm(counts, axis=1, keepdims=True)
+    cos = unit @ unit.T
+    collab = [np.array([1]), np.array([0]), np.array([], dtype=np.int64)]
+    pairs, everyone = collaborator_label_similarity(collab, counts.astype(np.float32))
+    assert pairs == pytest.approx(cos[0, 1], rel=1e-14)
+    assert everyone == pytest.approx(offdiag(cos).mean(), rel=1e-14)
+
+
 def test_label_similarity_diagnostic_is_the_mean_cosine_over_collaborator_pairs_and_over_all_pairs():
     hist = np.array([[3.0, 4.0, 0.0], [6.0, 8.0, 0.0], [0.0, 0.0, 2.0], [0.0, 0.0, 0.0]])
     cos = np.zeros((4, 4))
