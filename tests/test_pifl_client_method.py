@@ -209,9 +209,20 @@ def test_a_calibration_split_is_used_as_is_and_the_test_split_is_the_held_out_ha
     assert yc is c.data.y_calib and ye is c.data.y_test and c.test_split()[1] is c.data.y_test
 
 
+def test_scoring_the_tiers_for_a_bid_is_accounted_as_method_work(tier_models):
+    # the client's replies split its wall time by phase (time-train, time-method): scoring every tier model for
+    # the bid (Eq. 3, Alg. 1) is PI-FL's own client work, so the bid reply reports it as time-method
+    init, low, high = tier_models
+    c = client("pifl", client_data(LOW))
+    content = bid_message(stacked(high, low))
+    c.begin(content)
+    m = c.query("bid", content).metric_records["metrics"]
+    assert sorted(k for k in m if k.startswith("time-")) == ["time-method"] and m["time-method"] > 0
+
+
 def test_the_mixture_is_accounted_as_method_work_in_the_next_reply(tier_models):
-    # the client's replies split its wall time by phase (time-train, time-method): scoring the tiers on the goal
-    # data and mixing them (Eq. 4) is PI-FL's own client work, reported as time-method, not as a phase of its own
+    # scoring the tiers on the goal data and mixing them (Eq. 4) is method work too, reported as time-method (the
+    # evaluate reply's timings are taken before its evaluation, so the next reply carries it)
     init, low, high = tier_models
     c = client("pifl", goal_data(calib_classes=LOW, test_classes=HIGH))
     assert not any(k.startswith("time-") for k in evaluate_reply(c, stacked(high, low)))  # nothing timed before
