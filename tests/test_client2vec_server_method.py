@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch._dynamo  # noqa: F401  # the DSA-IGN's first Adam imports it (seconds): once at collection, not per test
 
 from strategies.client2vec_math import (
     C2VServerState, aggregation_weights, blocked_clients, cosine_matrix, draw_cohort, eq2_objective, exclusion_window,
