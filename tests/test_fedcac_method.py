@@ -300,3 +300,238 @@ def test_the_strict_beta_cutoff_option_reaches_the_collaborator_sets(strict, exp
     strat, _ = strategy_round(rounds=2, n=2, all_critical=True, beta=1, **{"strict-beta-cutoff": strict})
     diag = strat.history[-1].extra["fedcac"]
     assert strat.history[-1].server_round == 2 and diag["collaborators-max"] == expected
+
+
+# ------------------------------------------------------------------------------------------ a whole server round
+def planted_bits(n, client, server_round):
+    """Critical masks with two planted groups (clients 0, 1 and 2, 3): each client's mask is its group's base
+    mask with a few client- and round-specific flips, so overlaps differ within and across groups."""
+    base = np.random.default_rng(1000 + client // 2).random(n) < 0.5
+    flips = np.random.default_rng(7 * client + 31 * server_round).choice(n, n // 20 * (1 + client % 2), replace=False)
+    base[flips] = ~base[flips]
+    return np.packbits(base)
+
+
+def play(strat, nodes, rounds, sent):
+    """Drive ``rounds`` of ``strat``; ``sent[(round, client)]`` keeps what each client's train reply carried."""
+    def answer(rnd, node, phase, content):
+        if phase == "train":
+            cid = nodes[node]
+            n = sum(int(np.prod(s)) for s in strat.param_shapes.values())
+            bits = planted_bits(n, cid, rnd)
+            content["mask"] = to_record({"bits": bits})
+            content["metrics"]["num-examples"] = 5 + cid
+            sent[(rnd, cid)] = {"arrays": {k: np.array(v.numpy()) for k, v in content["arrays"].items()},
+                                "bits": bits, "hist": list(content["metrics"].get("label-histogram", []))}
+        return None
+
+    drive(strat, nodes, rounds, answer)
+
+
+def expected_round(strat, sent, rnd, beta, clients):
+    """Eqs. 7-10 recomputed from the replies with plain loops (spec §2.5-§2.7), keyed by client id."""
+    from task.models import build_model
+
+    s = strat.settings
+    keys = [k for k, _ in build_model(s.model, s.in_channels, s.image_size, s.num_classes).named_parameters()]
+    n = sum(int(np.prod(strat.param_shapes[k])) for k in keys)
+    masks = np.array([np.unpackbits(sent[(rnd, c)]["bits"])[:n].astype(bool) for c in clients])
+    params = np.array([np.concatenate([sent[(rnd, c)]["arrays"][k].ravel() for k in keys]) for c in clients], float)
+    o = naive_overlap(masks)
+    off = offdiag(o)
+    thr = off.mean() + rnd / beta * (off.max() - off.mean())
+    collab = {c: [] if rnd > beta else [d for j, d in enumerate(clients) if j != i and o[i, j] >= thr - 1e-12]
+              for i, c in enumerate(clients)}
+    wbar = params.mean(0)
+    u = {c: params[[clients.index(d) for d in [c, *collab[c]]]].mean(0) for c in clients}
+    split = lambda flat: {k: v.reshape(strat.param_shapes[k]) for k, v in  # noqa: E731
+                          zip(keys, np.split(flat, np.cumsum([int(np.prod(strat.param_shapes[k])) for k in keys])[:-1]))}
+    return {"overlap": o, "threshold": thr, "collab": collab, "wbar": split(wbar), "u": {c: split(u[c]) for c in clients},
+            "mask-fraction": masks.mean(), "n": n}
+
+
+NODES = {21: 2, 22: 0, 23: 3, 24: 1}  # node id -> client id; neither order is the other's
+
+
+def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received():
+    """Spec §2.5-§2.7 for a whole round through the strategy: the overlap of the clients' unpacked masks, the
+    threshold rising from mean to max (Eq. 7), the collaborators at or above it, none after beta (Eq. 8),
+    w_bar (Eq. 9) and each client's u_i (Eq. 10); the next train message carries w_bar and u_i, and the round's
+    diagnostics report exactly these numbers."""
+    beta = 2
+    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": beta,
+                                           "fedcac-diagnostics": True, "num-server-rounds": 3}))
+    sent, clients = {}, sorted(NODES.values())
+    assert strat.param_keys == list(strat.param_shapes) and strat.shared_keys() == strat.param_keys
+    assert strat.expected_reply_shapes(21) == strat.param_shapes
+    for rnd in (1, 2, 3):
+        play(strat, NODES, [rnd], sent)
+        exp = expected_round(strat, sent, rnd, beta, clients)
+        diag = strat.history[-1].extra["fedcac"]
+        assert strat.history[-1].server_round == rnd
+        assert diag["threshold"] == pytest.approx(exp["threshold"], rel=1e-9)
+        off = offdiag(exp["overlap"])
+        assert (diag["overlap-mean"], diag["overlap-min"], diag["overlap-max"]) == pytest.approx(
+            (off.mean(), off.min(), off.max()), rel=1e-9)
+        assert {int(c): sorted(v) for c, v in diag["collaborators"].items()} == exp["collab"]
+        sizes = [len(v) for v in exp["collab"].values()]
+        assert (diag["collaborators-mean"], diag["collaborators-min"], diag["collaborators-max"]) == pytest.approx(
+            (np.mean(sizes), min(sizes), max(sizes)))
+        assert diag["mask-fraction"] == pytest.approx(exp["mask-fraction"], rel=1e-12)
+        if rnd == 1:
+            assert 0 < min(sizes) and max(sizes) < 3  # the planted groups: collaborators, but not everyone
+        hist = np.array([sent[(rnd, c)]["hist"] for c in clients], float)
+        unit = hist / np.linalg.norm(hist, axis=1, keepdims=True)
+        cos = unit @ unit.T
+        pairs = [cos[i, clients.index(d)] for i, c in enumerate(clients) for d in exp["collab"][c]]
+        if pairs:
+            assert diag["collaborator-label-similarity"] == pytest.approx(np.mean(pairs))
+        else:
+            assert np.isnan(diag["collaborator-label-similarity"])
+        assert diag["all-pairs-label-similarity"] == pytest.approx(offdiag(cos).mean())
+        logged = strat.overlaps[rnd]
+        order = [clients.index(c) for c in logged["partition-ids"]]
+        assert sorted(logged["partition-ids"]) == clients
+        np.testing.assert_allclose(logged["overlap"], exp["overlap"][np.ix_(order, order)], atol=5e-5)
+        assert strat.mask_bytes[-4:] == [-(-exp["n"] // 8)] * 4
+        for node, c in NODES.items():  # what the next train message and this round's evaluation carry
+            for payload in (strat.train_payload(node, rnd + 1), strat.evaluate_payload(node, rnd)):
+                for k, v in payload["global"].items():
+                    assert v.numpy().dtype == np.float32
+                    np.testing.assert_allclose(v.numpy(), exp["wbar"][k], rtol=1e-5, atol=1e-6)
+                    np.testing.assert_allclose(payload["custom"][k].numpy(), exp["u"][c][k], rtol=1e-5, atol=1e-6)
+                assert set(payload["global"]) == set(payload["custom"]) == set(strat.param_keys)
+            assert "custom" not in strat.train_payload(node, rnd + 2) and "custom" not in strat.evaluate_payload(node, rnd + 1)
+            assert "custom" not in strat.train_payload(node, rnd)  # u_i of round rnd is for round rnd + 1 only
+        assert strat.custom_round == rnd and set(strat.custom) == set(clients)
+    assert strat.fresh_custom(999, 3) is None  # a node the server has never heard from gets no u_i
+
+
+def test_the_train_reply_must_carry_one_bit_per_parameter_and_with_diagnostics_a_label_histogram():
+    """Spec §2.8 uplink: the packed mask (uint8, ceil(n / 8) bytes) is part of a train reply, not of an evaluate
+    reply; the label histogram (one count per class) is asked for only with ``fedcac-diagnostics``."""
+    from task.methods.fedcac import packed_length as bytes_for
+
+    for diagnostics in (False, True):
+        strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "fedcac-diagnostics": diagnostics}))
+        spec = strat.reply_spec("train", 1)
+        (bits,) = spec.records["mask"].tensors.values()
+        assert list(spec.records["mask"].tensors) == ["bits"]
+        assert bits.shape == (bytes_for(strat.param_shapes),) and np.dtype(bits.dtype) == np.uint8
+        assert set(spec.records["arrays"].tensors) == set(strat.param_keys)
+        hist = spec.metrics.get("label-histogram")
+        if diagnostics:
+            assert hist.kind is int and hist.minimum == 0 and hist.length == strat.settings.num_classes
+            assert hist.maximum >= 10**9
+        else:
+            assert hist is None
+        evaluate = strat.reply_spec("evaluate", 1)
+        assert "mask" not in evaluate.records and "label-histogram" not in evaluate.metrics
+
+
+def kept_figures(monkeypatch):
+    """pyplot for strategies.fedcac, except that closed figures are kept for inspection."""
+    import matplotlib.pyplot as plt
+
+    import strategies.fedcac as module
+
+    figures = []
+
+    class Keep:
+        def __getattr__(self, name):
+            return getattr(plt, name)
+
+        @staticmethod
+        def close(fig):
+            figures.append(fig)
+
+    monkeypatch.setattr(module, "pyplot", lambda: Keep())
+    return figures
+
+
+def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_and_last_round_and_the_mask_cost(
+        tmp_path, monkeypatch):
+    """docs Artefacts: ``fedcac_rounds.json`` is every round's diagnostics; ``fedcac_overlap.json`` / ``.png`` the
+    overlap matrix at the first round, round beta and the last (ordered by client id); the collaborators plot
+    shows mean |C_i|, the threshold and the mean overlap per round with a line at beta;
+    ``fedcac_communication.json`` the packed mask bytes against the float32 model."""
+    import json
+
+    import matplotlib.pyplot as plt
+
+    figures = kept_figures(monkeypatch)
+    beta, rounds = 2, 4
+    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": beta,
+                                           "num-server-rounds": rounds}))
+    sent = {}
+    play(strat, NODES, rounds, sent)
+    strat.write_artifacts(tmp_path)
+
+    logged = json.loads((tmp_path / "fedcac_rounds.json").read_text())
+    diags = [h.extra["fedcac"] for h in strat.history]
+    assert [r["round"] for r in logged] == list(range(1, rounds + 1))
+    assert logged == json.loads(json.dumps([{"round": r + 1, **d} for r, d in enumerate(diags)]))
+
+    n = sum(int(np.prod(s)) for s in strat.param_shapes.values())
+    assert json.loads((tmp_path / "fedcac_communication.json").read_text()) == {
+        "parameters": n, "float32-model-bytes": 4 * n, "packed-mask-bytes": -(-n // 8),
+        "mask-to-model-ratio": pytest.approx(-(-n // 8) / (4 * n))}
+
+    overlaps = json.loads((tmp_path / "fedcac_overlap.json").read_text())
+    assert list(overlaps) == ["1", str(beta), str(rounds)]
+    assert overlaps == {str(r): strat.overlaps[r] for r in (1, beta, rounds)}
+
+    assert len(figures) == 2
+    heat, lines = figures
+    panels = [ax for ax in heat.axes if ax.get_images()]
+    assert len(panels) == 3 and len(heat.axes) == 6  # one panel per chosen round, each with its colour bar
+    for ax, rnd in zip(panels, (1, beta, rounds)):
+        assert f"round {rnd}" in ax.get_title() and "overlap" in ax.get_title()
+        assert ax.get_xlabel() == "client" and ax.get_ylabel() == "client"
+        (image,) = ax.get_images()
+        assert image.get_clim() == (0, 1)
+        entry = strat.overlaps[rnd]
+        order = np.argsort(entry["partition-ids"])
+        np.testing.assert_allclose(image.get_array(), np.array(entry["overlap"])[np.ix_(order, order)])
+    assert tuple(heat.get_size_inches()) == pytest.approx((4.2 * 3, 3.8))
+    assert plt.imread(tmp_path / "fedcac_overlap.png").shape[:2] == (380, 1260)  # 100 dpi
+
+    main = next(ax for ax in lines.axes if ax.get_ylabel() == "collaborators per client")
+    twin = next(ax for ax in lines.axes if ax is not main)
+    assert main.get_xlabel() == "round" and twin.get_ylabel() == "overlap"
+    xs = list(range(1, rounds + 1))
+    series = {ln.get_label(): ln for ln in main.lines + twin.lines}
+    for label, key in (("mean |C_i|", "collaborators-mean"), ("threshold", "threshold"), ("mean overlap", "overlap-mean")):
+        assert list(series[label].get_xdata()) == xs
+        np.testing.assert_allclose(series[label].get_ydata(), [d[key] for d in diags])
+    assert series["mean |C_i|"] in main.lines and series["threshold"] in twin.lines
+    (vline,) = [ln for ln in main.lines if ln.get_label().startswith("_")]
+    assert list(vline.get_xdata()) == [beta, beta]
+    assert len({series[k].get_color() for k in ("threshold", "mean overlap")} | {vline.get_color()}) == 3
+    assert series["threshold"].get_linestyle() != series["mean overlap"].get_linestyle()
+    (legend,) = lines.legends
+    assert sorted(t.get_text() for t in legend.get_texts()) == ["mean overlap", "mean |C_i|", "threshold"]
+    assert tuple(lines.get_size_inches()) == pytest.approx((6, 3.5))
+    assert plt.imread(tmp_path / "fedcac_collaborators.png").shape[:2] == (350, 600)
+    for fig in figures:
+        plt.close(fig)
+
+
+def test_a_run_shorter_than_beta_shows_its_first_and_last_round_and_one_without_rounds_only_the_cost(
+        tmp_path, monkeypatch):
+    """docs Artefacts: with fewer rounds than beta, round beta never came, so the overlap record and plot hold the
+    first and the last round; before any aggregation there is nothing to plot and no mask was sent."""
+    import json
+
+    figures = kept_figures(monkeypatch)
+    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 5}))
+    strat.write_artifacts(tmp_path)
+    assert json.loads((tmp_path / "fedcac_rounds.json").read_text()) == []
+    comm = json.loads((tmp_path / "fedcac_communication.json").read_text())
+    assert comm["packed-mask-bytes"] is None and comm["mask-to-model-ratio"] is None
+    assert not (tmp_path / "fedcac_overlap.json").exists() and not figures
+    play(strat, NODES, 3, {})
+    strat.write_artifacts(tmp_path)
+    assert list(json.loads((tmp_path / "fedcac_overlap.json").read_text())) == ["1", "3"]
+    panels = [ax for ax in figures[0].axes if ax.get_images()]
+    assert [ax.get_title() for ax in panels] == ["mask overlap, round 1", "mask overlap, round 3"]
