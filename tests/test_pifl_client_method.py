@@ -64,6 +64,15 @@ def test_a_client_bids_for_the_tier_most_accurate_on_its_validation_split(tier_m
     assert accs == pytest.approx([accuracy(c, s, c.data.x_val, c.data.y_val) for s in states])
 
 
+@pytest.mark.parametrize("threshold,order,best", [(0.0, (2, 1, 1), 1), (0.5, (1, 1), 0)])
+def test_every_tier_above_the_threshold_still_gets_only_max_bids_bids(tier_models, threshold, order, best):
+    # spec §2.2 step 2: B_c = {k : a_ck >= T_h} u {argmax a_ck}, truncated to the max_bids (= 1) best tiers: a
+    # threshold every tier passes does not make the client bid for more than its best tier
+    c = client("pifl", client_data(LOW), **{"bid-threshold": threshold})
+    bid, accs = ask(c, bid_message(stacked(*[tier_models[i] for i in order])))
+    assert min(accs) >= threshold and bid == [best]  # equally good tiers: the lower id wins
+
+
 def test_a_client_that_cannot_pay_the_price_does_not_bid(tier_models):
     # spec §2.2: a client with b_c < tau_p may not bid; b_c == tau_p may; a message without a ledger offers no credit
     c = client("pifl", client_data(LOW))
