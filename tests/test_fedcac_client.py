@@ -170,3 +170,22 @@ def test_the_reported_mask_cost_is_what_the_clients_sent_one_bit_per_parameter(a
     assert comm["parameters"] == n and comm["float32-model-bytes"] == 4 * n
     assert comm["packed-mask-bytes"] == -(-n // 8)
     assert comm["mask-to-model-ratio"] == pytest.approx(1 / 32, rel=1e-3)
+
+
+def test_the_global_model_is_w_bar_with_own_bn_statistics_and_leaves_the_personalized_model_alone(after_round_one):
+    """docs "The personalized model": the global model is w_bar with the client's own BatchNorm statistics; it is
+    a separate model, so building it does not turn the Eq. 11 model (scored and saved as the personalized model)
+    into w_bar."""
+    settings, strat, ctxs, cls, _ = after_round_one
+    client = cls(ctxs[2], settings)
+    payload = with_config(strat.evaluate_payload(12, 1), 1)
+    personal = client.personal_model(payload)
+    before = {k: v.clone() for k, v in personal.state_dict().items()}
+    glob = client.global_model(payload, personal)
+    own = client.load_state("model")
+    for k, v in glob.state_dict().items():
+        expected = strat.global_state[k] if k in strat.global_state else own[k]
+        np.testing.assert_array_equal(v.numpy(), expected)
+    assert any(not torch.equal(before[k], torch.from_numpy(np.asarray(strat.global_state[k]))) for k in strat.param_keys)
+    for k, v in personal.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
