@@ -535,3 +535,18 @@ def test_a_run_shorter_than_beta_shows_its_first_and_last_round_and_one_without_
     assert list(json.loads((tmp_path / "fedcac_overlap.json").read_text())) == ["1", "3"]
     panels = [ax for ax in figures[0].axes if ax.get_images()]
     assert [ax.get_title() for ax in panels] == ["mask overlap, round 1", "mask overlap, round 3"]
+
+
+def test_a_round_with_a_single_participant_has_no_pair_no_collaborator_and_u_i_is_its_own_model():
+    """Spec §2.6 with one participant: there is no pair, so the threshold is unreachable, nobody collaborates, the
+    overlap statistics of the round are 0 (no pair to average) and u_i = w_bar = the client's own model."""
+    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 1, "beta": 3}))
+    sent = {}
+    play(strat, {7: 3}, 1, sent)
+    diag = strat.history[-1].extra["fedcac"]
+    assert diag["threshold"] == float("inf") and diag["collaborators"] == {3: []}
+    assert (diag["overlap-mean"], diag["overlap-min"], diag["overlap-max"]) == (0.0, 0.0, 0.0)
+    assert (diag["collaborators-mean"], diag["collaborators-min"], diag["collaborators-max"]) == (0.0, 0, 0)
+    for k, v in sent[(1, 3)]["arrays"].items():
+        np.testing.assert_array_equal(strat.custom[3][k], v)
+        np.testing.assert_allclose(strat.global_state[k], v, rtol=1e-6)
