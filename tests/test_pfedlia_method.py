@@ -308,3 +308,27 @@ def test_lazy_training_and_influence_scoring_are_reported_as_method_time(lazy_mo
     c = client("pfedlia", client_data(LOW))
     row = c.query("lia", lia_content(theta0, [low, high], self_index=0))["metrics"]
     assert {k for k in row if k.startswith("time-")} == {"time-method"} and row["time-method"] > 0
+
+
+def test_an_empty_validation_split_error_names_the_cause_and_the_fix(lazy_models):
+    """docs "Options": pFedLIA needs val-fraction > 0; the client's error says exactly that (it reaches the user
+    through the server's failure log)."""
+    theta0, low, high = lazy_models
+    data = client_data(LOW)
+    data.x_val, data.y_val = data.x_val[:0], data.y_val[:0]
+    with pytest.raises(ValueError, match=r"^pFedLIA scores on the validation split: set run-config 'val-fraction' > 0$"):
+        client("pfedlia", data).query("lia", lia_content(theta0, [low, high], 0))
+
+
+def test_a_lazy_client_list_without_a_self_index_means_a_newcomer(lazy_models):
+    """§2.8: a client that is not among the lazy models (no self-index in `lazy-clients`) compares itself with
+    every one of them, exactly as when the record is missing altogether."""
+    theta0, low, high = lazy_models
+    lazies = [high, low, high, low]
+    c = client("pfedlia", client_data(LOW), **{"lia-mode": "p2p"})
+    without = c.query("lia", lia_content(theta0, lazies))["metrics"]
+    content = lia_content(theta0, lazies)
+    content["lazy-clients"] = ConfigRecord({"client-ids": [100, 101, 102, 103]})
+    listed = c.query("lia", content)["metrics"]
+    assert list(listed["beneficial"]) == list(without["beneficial"]) == [1, 3]
+    np.testing.assert_allclose(listed["lia-row"], without["lia-row"])

@@ -190,3 +190,413 @@ def test_a_warm_up_as_long_as_the_run_is_refused_with_a_suggestion_that_is_accep
     (suggested,) = re.findall(r"e\.g\. warmup-rounds=(\S+)", str(err.value))
     parse_settings({"method": "pfedlia", "num-server-rounds": rounds, "warmup-rounds": int(suggested)})
     assert 1 <= int(suggested) < rounds and suggested == str(int(suggested))
+
+
+# ------------------------------------------------------------------------------------------ the strategy
+# A scripted federation: the server's round loop (tests/strategy_harness.py) against clients whose replies the test
+# chooses, so every model the strategy should hold or send is known in closed form.  Client ids are not 0..N-1 and
+# node ids differ from them, so an index into the lazy list, a client id and a node id cannot be confused.
+import json  # noqa: E402
+
+from flwr.app import MetricRecord  # noqa: E402
+
+from server_app.app import build_strategy  # noqa: E402
+from task.config import parse_settings  # noqa: E402
+from task.params import record_to_numpy, to_record  # noqa: E402
+from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, run_round, valid_content  # noqa: E402
+
+CLIENTS = [3, 8, 11, 20, 25, 31]
+PLANTED = {3: 0, 8: 1, 11: 0, 20: 1, 25: 0, 31: 1}  # two planted groups of three
+EXAMPLES = {3: 2, 8: 3, 11: 5, 20: 7, 25: 11, 31: 13}
+NODE = {c: 9000 - 17 * i for i, c in enumerate(CLIENTS)}  # node ids in the opposite order of the client ids
+
+
+def trained_value(rnd, c):
+    """Every array of client c's round-rnd train reply holds this one number."""
+    return float(100 * rnd + c)
+
+
+def lazy_value(c):
+    return float(1000 + c)
+
+
+def influence(i, j):
+    """I(i, j): positive within a planted group, negative across (a little client-specific spread)."""
+    return (6.0 if PLANTED[i] == PLANTED[j] else -6.0) + 0.01 * ((i * 7 + j) % 5)
+
+
+class Federation:
+    """Runs the strategy over scripted clients; records every message sent (round, phase, client, content)."""
+
+    def __init__(self, method="pfedlia", rounds=3, silent=(), beneficial=None, planted=True, **cfg):
+        self.strategy = build_strategy(parse_settings({
+            "dataset": "digits", "model": "mlp", "min-nodes": 1, "num-server-rounds": rounds, "local-epochs": 1,
+            "method": method, "warmup-rounds": 1, "optics-min-samples": 2, **cfg}))
+        self.silent = set(silent)  # (round, phase, client) that send nothing
+        self.beneficial = beneficial or (lambda i, lazy_ids: [k for k, j in enumerate(lazy_ids)
+                                                              if PLANTED[j] == PLANTED[i] and j != i])
+        self.planted = planted
+        self.sent = []
+        self.present = {r: list(CLIENTS) for r in range(1, rounds + 1)}
+
+    def respond(self, msg):
+        client = {n: c for c, n in NODE.items()}[msg.metadata.dst_node_id]
+        phase, rnd = phase_of(msg), int(msg.content["config"]["server-round"])
+        self.sent.append((rnd, phase, client, msg.content))
+        if (rnd, phase, client) in self.silent:
+            return []
+        content = valid_content(self.strategy.reply_spec(phase, msg.metadata.dst_node_id), client, seed=rnd * 100 + client)
+        metrics = dict(content["metrics"])
+        metrics["num-examples"] = EXAMPLES[client]
+        metrics.pop("planted-cluster", None)
+        if phase == "train":
+            if self.planted:
+                metrics["planted-cluster"] = PLANTED[client]
+            content["arrays"] = to_record({k: np.full_like(v, trained_value(rnd, client))
+                                           for k, v in record_to_numpy(content["arrays"]).items()})
+        elif phase == "lazy":
+            content["arrays"] = to_record({k: np.full_like(v, lazy_value(client))
+                                           for k, v in record_to_numpy(content["arrays"]).items()})
+        elif phase == "lia":
+            lazy_ids = list(msg.content["lazy-clients"]["client-ids"])
+            metrics["lia-row"] = [influence(client, j) for j in lazy_ids]
+            if "beneficial" in metrics:
+                metrics["beneficial"] = list(self.beneficial(client, lazy_ids))
+        content["metrics"] = MetricRecord(metrics)
+        return [reply_message(msg.metadata.dst_node_id, content)]
+
+    def run(self):
+        s = self.strategy
+        with outgoing_messages():
+            for r in range(1, s.settings.num_rounds + 1):
+                grid = ReplayGrid([NODE[c] for c in self.present[r]], self.respond)
+                run_round(s, grid, r)
+        return self
+
+    def messages(self, rnd, phase):
+        return {c: content for r, p, c, content in self.sent if r == rnd and p == phase}
+
+    def payload(self, rnd, phase, client, record="arrays"):
+        return record_to_numpy(self.messages(rnd, phase)[client][record])
+
+
+def fedavg(clients, rnd):
+    """FedAvg of the scripted train replies: sum n_j v_j / sum n_j (spec §2.6)."""
+    n = np.array([EXAMPLES[c] for c in clients], float)
+    return float(n @ [trained_value(rnd, c) for c in clients] / n.sum())
+
+
+def assert_holds(state, value):
+    for k, v in state.items():
+        np.testing.assert_allclose(v, np.full(v.shape, value, np.float32), rtol=1e-6, err_msg=k)
+
+
+def same_partition(labels: dict, groups: dict) -> bool:
+    return all((labels[a] == labels[b]) == (groups[a] == groups[b]) for a in labels for b in labels)
+
+
+@pytest.fixture(scope="module")
+def central():
+    return Federation().run()
+
+
+def test_warm_up_is_fedavg_and_the_clustering_round_starts_from_its_model(central):
+    """§2.8: rounds 1..W are FedAvg of everybody's model; round W + 1 first asks every client for a lazy model
+    trained from theta_0 = the warm-up result (query.lazy), not before."""
+    theta0 = fedavg(CLIENTS, 1)
+    assert {r for r, p, _, _ in central.sent if p == "lazy"} == {2}
+    assert set(central.messages(2, "lazy")) == set(CLIENTS)
+    for c in CLIENTS:
+        for k, v in central.payload(1, "train", c).items():
+            np.testing.assert_array_equal(v, central.strategy.initial_state[k])  # round 1: the common initial model
+        assert_holds(central.payload(2, "lazy", c), theta0)
+        assert_holds(central.payload(2, "train", c), theta0)  # every cluster model starts as theta_0
+    assert_holds(central.strategy.theta0, theta0)
+
+
+def test_every_client_scores_all_lazy_models_in_client_order_against_theta_0(central):
+    """§2.4 / §2.7: query.lia carries theta_0, the lazy models stacked in client-id order, their ids and the
+    receiver's own index among them (the diagonal of the matrix)."""
+    theta0 = fedavg(CLIENTS, 1)
+    assert set(central.messages(2, "lia")) == set(CLIENTS)
+    for c in CLIENTS:
+        assert_holds(central.payload(2, "lia", c), theta0)
+        for k, v in central.payload(2, "lia", c, "lazy").items():
+            assert v.shape == (len(CLIENTS), *central.strategy.shapes[k])
+            np.testing.assert_array_equal(v, np.stack([np.full(v.shape[1:], lazy_value(j), np.float32) for j in CLIENTS]))
+        ids = central.messages(2, "lia")[c]["lazy-clients"]
+        assert list(ids["client-ids"]) == CLIENTS and ids["self-index"] == CLIENTS.index(c)
+
+
+def test_central_mode_clusters_the_influence_rows_and_runs_fedavg_per_cluster(central):
+    """§2.5 central (OPTICS on the rows) and §2.6: each cluster's model is the example-weighted mean of its
+    members' updates; the next round sends every client its own cluster's model."""
+    s = central.strategy
+    np.testing.assert_allclose(s.matrix, [[influence(i, j) for j in CLIENTS] for i in CLIENTS])
+    assert s.matrix_clients == CLIENTS == s.lazy_clients
+    assert set(s.assignment) == set(CLIENTS) and same_partition(s.assignment, PLANTED)
+    assert len(set(s.assignment.values())) == 2
+    for c in CLIENTS:
+        members = [m for m in CLIENTS if PLANTED[m] == PLANTED[c]]
+        assert_holds(central.payload(3, "train", c), fedavg(members, 2))
+    for label in set(s.assignment.values()):
+        members = [m for m in CLIENTS if s.assignment[m] == label]
+        assert_holds(s.cluster_models[label], fedavg(members, 3))
+    assert not s.has_global_model
+    models = s.server_models()
+    assert set(models) == {f"cluster-{k}" for k in s.cluster_models}
+    for k, m in s.cluster_models.items():
+        assert models[f"cluster-{k}"] is m
+
+
+def test_the_clustering_round_is_logged_with_its_cost_and_quality(central):
+    """docs "Artefacts": the clustering round, mode, number of clusters, clients asked, bytes per client (lazy
+    and lia phases, down and up) and the ARI against the planted groups."""
+    s = central.strategy
+    info = s.history[1].extra["clustering"]
+    comm = s.comm[2]
+    assert info["round"] == 2 and info["mode"] == "central" and info["clusters"] == 2
+    assert info["clients-asked"] == len(CLIENTS) and info["ari"] == 1.0 and "p2p-exact-fraction" not in info
+    assert info["bytes-down-per-client"] == (comm["lazy-bytes-down"] + comm["lia-bytes-down"]) / len(CLIENTS)
+    assert info["bytes-up-per-client"] == (comm["lazy-bytes-up"] + comm["lia-bytes-up"]) / len(CLIENTS)
+    assert comm["lazy-bytes-up"] > 0 and comm["lia-bytes-up"] > 0 and info["seconds"] >= 0
+    assert "clustering" not in s.history[0].extra and "clustering" not in s.history[2].extra
+
+
+def test_messages_say_whether_the_round_and_the_evaluated_model_are_clustered(central):
+    """docs "Evaluation": `clustered` describes the round being trained; `evaluated-clustered` the round whose
+    evaluation rides on the message (round W's model is from before the clustering)."""
+    cfg = {r: central.messages(r, "train")[CLIENTS[0]]["config"] for r in (1, 2, 3)}
+    assert [cfg[r]["clustered"] for r in (1, 2, 3)] == [False, True, True]
+    assert "evaluated-clustered" not in cfg[1]
+    assert cfg[2]["evaluated-clustered"] is False and cfg[3]["evaluated-clustered"] is True
+    assert central.messages(2, "lia")[CLIENTS[0]]["config"]["clustered"] is False
+
+
+def test_the_server_holds_the_global_model_only_during_the_warm_up():
+    fed = Federation(rounds=2)
+    s = fed.strategy
+    assert s.has_global_model and set(s.server_models()) == {"global"}
+    assert s.model_for(NODE[CLIENTS[0]]) is s.global_state
+
+
+def test_a_cluster_without_a_trained_member_keeps_its_model():
+    """§2.6: clusters with no sampled (here: no replying) member keep their model."""
+    group1 = [c for c in CLIENTS if PLANTED[c] == 1]
+    fed = Federation(rounds=3, silent={(3, "train", c) for c in group1}).run()
+    s = fed.strategy
+    label1 = s.assignment[group1[0]]
+    assert_holds(s.cluster_models[label1], fedavg(group1, 2))
+    assert_holds(s.cluster_models[1 - label1], fedavg([c for c in CLIENTS if c not in group1], 3))
+
+
+def test_clients_missing_from_the_clustering_round_join_the_cluster_their_row_favours():
+    """§2.8 late joiners: a client without a lazy model (column) or without a row is assigned when it next
+    shows up, by its row over the stored lazy models (mean score per cluster); it then trains that cluster."""
+    late_lazy, late_row = CLIENTS[2], CLIENTS[3]  # planted groups 0 and 1
+    fed = Federation(rounds=3, silent={(2, "lazy", late_lazy), (2, "lia", late_row)}).run()
+    s = fed.strategy
+    lazy_ids = [c for c in CLIENTS if c != late_lazy]
+    assert s.lazy_clients == lazy_ids
+    assert s.matrix_clients == [c for c in lazy_ids if c != late_row]
+    np.testing.assert_allclose(s.matrix, [[influence(i, j) for j in lazy_ids] for i in s.matrix_clients])
+    assert s.history[1].extra["clustering"]["clients-asked"] == len(CLIENTS)
+    assert set(fed.messages(2, "lia")) == set(lazy_ids)  # only clients whose lazy model arrived are asked
+    # round 3: both latecomers are asked for a row over the stored lazy models (they are not among them / have no row)
+    asked = fed.messages(3, "lia")
+    assert set(asked) == {late_lazy, late_row}
+    assert asked[late_lazy]["lazy-clients"]["self-index"] == -1
+    assert asked[late_row]["lazy-clients"]["self-index"] == lazy_ids.index(late_row)
+    for c in (late_lazy, late_row):
+        for k, v in fed.payload(3, "lia", c, "lazy").items():
+            np.testing.assert_array_equal(v.reshape(len(lazy_ids), -1)[:, 0], [lazy_value(j) for j in lazy_ids])
+    assert same_partition(s.assignment, PLANTED) and set(s.assignment) == set(CLIENTS)
+    for c in (late_lazy, late_row):
+        members = [m for m in s.matrix_clients if PLANTED[m] == PLANTED[c]]
+        assert_holds(fed.payload(3, "train", c), fedavg(members, 2))
+
+
+def test_a_late_joiner_compares_clusters_by_its_scores_of_their_members_only():
+    """§2.8: the newcomer's row covers every stored lazy model, but the cluster means are taken over the
+    columns of the clustered clients, matched by client id (a lazy model whose owner has no row is left out)."""
+    late_lazy, late_row = CLIENTS[0], CLIENTS[1]
+    fed = Federation(rounds=3, silent={(2, "lazy", late_lazy), (2, "lia", late_row)}).run()
+    s = fed.strategy
+    assert s.assignment[late_lazy] == s.assignment[CLIENTS[2]] and s.assignment[late_row] == s.assignment[CLIENTS[3]]
+
+
+@pytest.mark.parametrize("rounds, half", [(2, 1), (4, 2), (7, 3), (10, 5)])
+def test_the_suggested_warm_up_is_half_the_run(rounds, half):
+    """The start-up error suggests half the run as warm-up (at least one round), so that as many rounds are left
+    for the clustered phase as the warm-up takes."""
+    from task.config import parse_settings
+    from task.options import ConfigConflict
+
+    with pytest.raises(ConfigConflict, match=f"e\\.g\\. warmup-rounds={half}$"):
+        parse_settings({"method": "pfedlia", "num-server-rounds": rounds, "warmup-rounds": rounds})
+
+
+# peer-to-peer: client 3 finds only client 11 beneficial (not its whole planted group), everyone else its group
+def _p2p_beneficial(i, lazy_ids):
+    if i == 3:
+        return [lazy_ids.index(11)]
+    return [k for k, j in enumerate(lazy_ids) if PLANTED[j] == PLANTED[i] and j != i]
+
+
+P2P_SETS = {c: sorted({c} | {j for j in CLIENTS if PLANTED[j] == PLANTED[c]}) for c in CLIENTS}
+P2P_SETS[3] = [3, 11]
+
+
+@pytest.fixture(scope="module")
+def p2p():
+    return Federation(**{"lia-mode": "p2p"}, beneficial=_p2p_beneficial).run()
+
+
+def test_p2p_sets_are_the_clients_beneficial_peers_by_client_id_plus_itself(p2p):
+    """§2.5 peer-to-peer: S_i = the peers client i reports (indices into the lazy list, mapped to client ids)
+    plus i itself; identical sets share one group label (§2.6)."""
+    s = p2p.strategy
+    assert s.sets == P2P_SETS
+    groups = {}
+    for c in CLIENTS:
+        groups.setdefault(tuple(P2P_SETS[c]), len(groups))
+    assert same_partition(s.assignment, {c: groups[tuple(P2P_SETS[c])] for c in CLIENTS})
+    assert len(set(s.assignment.values())) == 3 and s.matrix_clients == CLIENTS
+
+
+def test_p2p_personal_model_is_fedavg_over_the_trained_members_of_its_set(p2p):
+    """§2.6 p2p: theta_i <- sum_{j in S_i cap P_t} n_j theta_j / sum n_j; the next round sends client i its own."""
+    s = p2p.strategy
+    theta0 = fedavg(CLIENTS, 1)
+    for c in CLIENTS:
+        assert_holds(p2p.payload(2, "train", c), theta0)
+        assert_holds(p2p.payload(3, "train", c), fedavg(P2P_SETS[c], 2))
+        assert_holds(s.personal[c], fedavg(P2P_SETS[c], 3))
+    assert s.server_models() == {} and not s.has_global_model
+
+
+def test_p2p_clustering_reports_how_many_sets_equal_the_planted_groups(p2p):
+    info = p2p.strategy.history[1].extra["clustering"]
+    assert info["mode"] == "p2p" and info["clusters"] == 3 and info["ari"] < 1.0
+    assert info["p2p-exact-fraction"] == pytest.approx(5 / 6)  # all but client 3
+
+
+def test_p2p_lia_replies_may_carry_only_indices_of_lazy_models():
+    fed = Federation(**{"lia-mode": "p2p"})
+    s = fed.strategy
+    s.lazy_clients = CLIENTS[:4]
+    rule = s.reply_spec("lia", NODE[CLIENTS[0]]).metrics
+    assert rule["lia-row"].length == 4
+    assert rule["beneficial"].maximum == 3 and rule["beneficial"].max_length == 4 and rule["beneficial"].distinct
+    assert "beneficial" not in Federation().strategy.reply_spec("lia", NODE[CLIENTS[0]]).metrics
+
+
+def test_p2p_personal_model_of_a_client_whose_set_did_not_train_stays():
+    """§2.6: a client with S_i cap P_t empty keeps its personal model."""
+    fed = Federation(**{"lia-mode": "p2p"}, beneficial=_p2p_beneficial,
+                     silent={(3, "train", 3), (3, "train", 11)}).run()
+    s = fed.strategy
+    assert_holds(s.personal[3], fedavg([3, 11], 2))
+    assert_holds(s.personal[25], fedavg([25], 3))  # its set {3, 11, 25}: only 25 trained
+
+
+def test_p2p_late_joiner_gets_its_own_set_and_theta_0():
+    """§2.8 p2p: a newcomer's set is its own 2-means set over the stored lazy models (plus itself); it starts from
+    theta_0 and then averages over its set like everyone."""
+    late = 20
+    fed = Federation(**{"lia-mode": "p2p"}, silent={(2, "lazy", late)}).run()
+    s = fed.strategy
+    lazy_ids = [c for c in CLIENTS if c != late]
+    assert s.lazy_clients == lazy_ids and late not in s.matrix_clients
+    assert fed.messages(3, "lia")[late]["lazy-clients"]["self-index"] == -1
+    assert s.sets[late] == sorted({late} | {j for j in lazy_ids if PLANTED[j] == PLANTED[late]})
+    assert_holds(fed.payload(3, "train", late), fedavg(CLIENTS, 1))  # theta_0 in the round it joins
+    assert_holds(s.personal[late], fedavg(s.sets[late], 3))
+    assert s.assignment[late] not in {s.assignment[c] for c in lazy_ids}
+
+
+def test_oracle_clusters_by_the_planted_groups_without_any_lazy_round():
+    """Oracle baseline (docs "Oracle and CFL"): the same warm-up and per-cluster FedAvg, clusters = the planted
+    groups the clients report; no query.lazy / query.lia is sent."""
+    late = 31
+    fed = Federation(method="oracle", silent={(1, "train", late)}).run()
+    s = fed.strategy
+    assert not [p for _, p, _, _ in fed.sent if p in ("lazy", "lia")]
+    assert s.assignment == PLANTED  # the client missing in the warm-up joins its group when it reports it
+    for g in (0, 1):
+        members = [c for c in CLIENTS if PLANTED[c] == g]
+        assert_holds(s.cluster_models[g], fedavg(members, 3))
+        for c in members:  # round 2 already averaged the latecomer in
+            assert_holds(fed.payload(3, "train", c), fedavg(members, 2))
+    info = s.history[1].extra["clustering"]
+    assert info["mode"] == "oracle" and info["clusters"] == 2 and info["ari"] == 1.0 and "clients-asked" not in info
+
+
+def test_oracle_without_planted_groups_is_refused():
+    fed = Federation(method="oracle", planted=False)
+    with pytest.raises(ValueError, match="needs planted clusters"):
+        fed.run()
+
+
+def test_cluster_quality_is_left_out_without_planted_groups():
+    fed = Federation(planted=False).run()
+    info = fed.strategy.history[1].extra["clustering"]
+    assert "ari" not in info and info["clusters"] == 2 and fed.strategy.planted == {}
+
+
+def _figure_of(strategy, folder, monkeypatch):
+    """write_artifacts with plt.close kept from closing the figure, which is returned for inspection."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    strategy.write_artifacts(folder)
+    return kept[-1] if kept else None
+
+
+def test_artifacts_hold_the_clustering_and_the_influence_matrix_in_cluster_order(central, tmp_path, monkeypatch):
+    """docs "Artefacts": pfedlia_clusters.json (clustering, assignment, planted groups), pfedlia_influence.json
+    (rows = scoring clients, columns = lazy models) and a heatmap of the matrix ordered by cluster."""
+    s = central.strategy
+    fig = _figure_of(s, tmp_path, monkeypatch)
+    clusters = json.loads((tmp_path / "pfedlia_clusters.json").read_text())
+    assert clusters["clustering"] == json.loads(json.dumps(s.clustering))
+    assert clusters["assignment"] == {str(c): s.assignment[c] for c in CLIENTS}
+    assert clusters["planted"] == {str(c): PLANTED[c] for c in CLIENTS} and "beneficial-sets" not in clusters
+    infl = json.loads((tmp_path / "pfedlia_influence.json").read_text())
+    assert infl["rows (scoring client)"] == CLIENTS and infl["columns (lazy model of client)"] == CLIENTS
+    np.testing.assert_allclose(infl["matrix"], s.matrix)
+    from PIL import Image
+
+    with Image.open(tmp_path / "pfedlia_influence.png") as img:
+        assert img.size == (600, 500)
+    ax = fig.axes[0]
+    order = sorted(CLIENTS, key=lambda c: (s.assignment[c], c))
+    shown = np.asarray(ax.images[0].get_array())
+    np.testing.assert_allclose(shown, [[influence(i, j) for j in order] for i in order])
+    lim = np.abs(s.matrix).max()
+    assert ax.images[0].get_clim() == (-lim, lim) and ax.images[0].get_cmap().name == "RdBu"
+    # one horizontal and one vertical line between the two clusters
+    boundary = sum(1 for c in CLIENTS if s.assignment[c] == s.assignment[order[0]]) - 0.5
+    lines = [(tuple(l.get_xdata()), tuple(l.get_ydata())) for l in ax.lines]
+    assert sorted(lines) == sorted([((0, 1), (boundary, boundary)), ((boundary, boundary), (0, 1))])
+    assert all(l.get_color() == "k" and l.get_linewidth() == 0.6 for l in ax.lines)
+    assert "ARI 1.0" in ax.get_title() and ax.get_title().startswith("lazy influence (rows: scoring client)")
+    assert ax.get_xlabel() == "lazy model of client" and ax.get_ylabel() == "client"
+    assert len(fig.axes) == 2  # the colour bar
+
+
+def test_p2p_artifacts_list_the_beneficial_sets(p2p, tmp_path, monkeypatch):
+    _figure_of(p2p.strategy, tmp_path, monkeypatch)
+    clusters = json.loads((tmp_path / "pfedlia_clusters.json").read_text())
+    assert clusters["beneficial-sets"] == {str(c): P2P_SETS[c] for c in CLIENTS}
+
+
+def test_oracle_artifacts_have_no_influence_matrix(tmp_path, monkeypatch):
+    fed = Federation(method="oracle").run()
+    assert _figure_of(fed.strategy, tmp_path, monkeypatch) is None
+    assert (tmp_path / "pfedlia_clusters.json").exists() and not (tmp_path / "pfedlia_influence.json").exists()
+    assert not (tmp_path / "pfedlia_influence.png").exists()
