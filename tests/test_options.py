@@ -84,3 +84,15 @@ def test_the_client_answers_identify_and_every_query_phase_of_every_method():
     for method, spec in METHODS.items():
         assert set(spec.queries) <= queries, method
     assert {"lazy", "lia", "bid", "c2v_index"} <= queries  # pFedLIA, PI-FL and Client2Vec phases
+
+
+def test_an_unknown_method_is_refused_naming_the_key_the_value_and_every_method():
+    """The run-config key ``method`` selects the method (DESIGN); a typo must say what is allowed."""
+    from task.methods import method_spec
+
+    assert method_spec("client2vec") is METHODS["client2vec"]
+    with pytest.raises(ValueError) as err:
+        method_spec("fedavgg")
+    message = str(err.value)
+    assert "'fedavgg'" in message and "'method'" in message
+    assert all(repr(m) in message for m in METHODS)

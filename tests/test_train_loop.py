@@ -290,3 +290,143 @@ def test_device_names():
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
     with pytest.raises(ValueError, match="'device'"):
         resolve_device("gpu-zero")
+
+
+# ------------------------------------------------------------------ mutation testing (issue 14): sharper contracts
+def test_defaults_are_the_run_configs_declared_defaults():
+    """A caller that leaves a setting out trains as a default run would: train()'s keyword defaults are the run
+    config's declared defaults (task/config.py: local-epochs, batch-size, lr, momentum, weight-decay, seed).  45
+    samples so that a batch size of 20 and one of 21 give different batches."""
+    from task.config import RunOptions
+
+    d = {k: o.default for k, o in RunOptions.declared().items()}
+    x, y = data(n=45)
+    implicit, explicit = model(), model()
+    out_implicit = train(implicit, x, y)
+    out_explicit = train(explicit, x, y, epochs=d["local-epochs"], batch_size=d["batch-size"], lr=d["lr"],
+                         momentum=d["momentum"], weight_decay=d["weight-decay"], seed=d["seed"], optimizer="sgd")
+    assert out_implicit == out_explicit
+    assert all(torch.equal(p, q) for p, q in zip(implicit.parameters(), explicit.parameters()))
+    assert out_implicit["steps"] == d["local-epochs"] * math.ceil(45 / d["batch-size"])
+
+
+@pytest.mark.parametrize("kw, n", [({"epochs": 0}, 12), ({}, 0)])
+def test_nothing_to_train_leaves_the_model_exactly_as_it_was(kw, n):
+    """No epochs or no data: no step, and the model is not even switched to training mode (its weights, buffers and
+    mode are what the caller handed in)."""
+    x, y = data(n=max(n, 1))
+    net = model(bn=True).eval()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    assert train(net, x[:n], y[:n], lr=0.5, **kw)["steps"] == 0
+    assert not net.training
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+
+
+class _Held:
+    """Data held apart from the model (as a CPU tensor is from a GPU model): records the device each batch the loop
+    takes is moved to, then moves it there."""
+
+    def __init__(self, t, moves):
+        self.t, self.moves = t, moves
+
+    def __len__(self):
+        return len(self.t)
+
+    def __getitem__(self, idx):
+        return _Held(self.t[idx], self.moves)
+
+    def to(self, device=None, **kw):
+        self.moves.append(device)
+        return self.t.to(device, **kw)
+
+
+def test_every_batch_is_moved_to_the_models_device():
+    """Module docstring of train(): tensors go to the model's device batch by batch, so the data can stay on the
+    CPU (DESIGN: clients train on the local GPU).  No GPU here: the test checks the device each input and label
+    batch is sent to, and that training on moved batches is training on the data."""
+    x, y = data(n=10)
+    moves = []
+    net, ref = model(), model()
+    out = train(net, _Held(x, moves), _Held(y, moves), epochs=1, batch_size=4, lr=0.1)
+    device = next(net.parameters()).device
+    assert len(moves) == 2 * 3  # inputs and labels of three batches
+    assert all(m is not None and torch.device(m) == device for m in moves)
+    assert out == train(ref, x, y, epochs=1, batch_size=4, lr=0.1)
+    assert all(torch.equal(p, q) for p, q in zip(net.parameters(), ref.parameters()))
+
+
+class _TwoBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(4, 3), nn.Linear(4, 3)
+
+
+def test_a_parameter_a_step_does_not_reach_is_not_moved_by_that_step():
+    """A step only updates what its loss reaches: a parameter without a gradient in this step gets neither its
+    momentum carried over nor weight decay (FedRep-style phases, or a forward that skips a branch).  The forward
+    uses branch a on the first batch and branch b on the second; all rows are equal, so every batch is the same."""
+    x = torch.randn(1, 4).repeat(8, 1)
+    y = torch.tensor([1]).repeat(8)
+    net, ref = _TwoBranch(), _TwoBranch()
+    lr, wd = 0.1, 0.05
+    w0 = params(ref)
+    grad = {}
+    for branch in ("a", "b"):
+        ref.zero_grad()
+        nn.functional.cross_entropy(getattr(ref, branch)(x[:4]), y[:4]).backward()
+        grad.update({n: p.grad.clone() for n, p in ref.named_parameters() if n.startswith(branch)})
+    calls = []
+
+    def forward(xb):
+        calls.append(len(calls))
+        return (net.a if len(calls) == 1 else net.b)(xb)
+
+    train(net, x, y, epochs=1, batch_size=4, lr=lr, momentum=0.9, weight_decay=wd, forward=forward)
+    assert len(calls) == 2
+    for n, p in net.named_parameters():  # each branch: exactly one plain SGD step from w0, at the step that used it
+        torch.testing.assert_close(p.detach(), w0[n] - lr * (grad[n] + wd * w0[n]))
+
+
+def test_auto_picks_cuda_exactly_when_cuda_is_available(monkeypatch):
+    """DESIGN: device ``auto`` is CUDA if available, else CPU.  No GPU here: torch.cuda.is_available is patched
+    (a torch.device for CUDA can be named without one)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)  # an explicit device is honoured as named
+    with pytest.raises(ValueError, match=r"invalid device 'CUDA'.*'device'.*auto, cpu, cuda"):
+        resolve_device("CUDA")
+
+
+def test_proximal_term_is_made_on_the_models_device():
+    """DESIGN: tensors are made on the model's device.  The term is on the device of the model's logits, also when
+    it has nothing to sum ('meta' stands in for a GPU: no GPU here)."""
+    net = model().to("meta")
+    logits = torch.zeros(2, 3, device="meta")
+    assert proximal_term({}, 0.3)(net, None, None, logits).device == torch.device("meta")
+    ref = {n: p.detach() for n, p in net.named_parameters()}
+    assert proximal_term(ref, 0.3)(net, None, None, logits).device == torch.device("meta")
+
+
+def test_batched_losses_are_each_states_own_eval_mode_loss():
+    """batched_losses: the mean cross-entropy on (x, y) of each of the M stacked states, in eval mode (BatchNorm uses
+    each candidate's own running statistics, not the batch's), equal to evaluating every candidate on its own;
+    the model handed in is left in eval mode and its own weights unused."""
+    from task.train import batched_losses
+
+    x, y = data(n=11)
+    candidates = []
+    for seed in range(3):
+        net = model(seed=seed, bn=True)
+        train(net, x, y, epochs=1, batch_size=4, lr=0.1, seed=seed)  # running statistics move, differently each
+        candidates.append({k: v.detach().clone() for k, v in net.state_dict().items()})
+    stacked = {k: torch.stack([c[k] for c in candidates]) for k in candidates[0]}
+    host = model(seed=9, bn=True).train()
+    got = batched_losses(host, stacked, x, y)
+    assert got.shape == (3,) and not host.training
+    for m, state in enumerate(candidates):
+        ref = model(bn=True)
+        ref.load_state_dict(state)
+        assert float(got[m]) == pytest.approx(evaluate(ref, x, y)[0], rel=1e-5)
