@@ -187,6 +187,7 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
     client x client influence at the first, middle and last round (rows = client m, columns = peer i, like the
     paper's Figure 3), on one colour scale [0, 1]; a peer a client was not sent is blank."""
     import matplotlib.pyplot as plt
+    from matplotlib.image import imread
 
     import strategies.fedc2i as module
 
@@ -230,13 +231,36 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
         assert list(ax.get_xticks()) == [0, 1, 2] and list(ax.get_yticks()) == [0, 1, 2]  # on its column / row
         assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "2", "5"]
         assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "2", "5"]
+    readable_heat_maps(fig, panels)
+    png = imread(tmp_path / "fedc2i_influence.png")  # a valid image: the figure as drawn, pixel for pixel
+    width, height = fig.get_size_inches() * fig.dpi
+    assert png.shape[:2] == (round(height), round(width))
+    weights = sum(len(row) for rows in strat.influence.values() for row in rows.values())
+    assert len((tmp_path / "fedc2i_influence.json").read_text().splitlines()) > weights  # one weight per line
     plt.close(fig)
 
 
+def readable_heat_maps(fig, panels):
+    """docs Artefacts (the paper's Figure 3): the axes say what they hold (rows the client m whose influence
+    vector it is, columns the peer i it weighs); each panel's colour bar explains that panel's colours (the
+    image's own [0, 1] scale) and is a narrow strip as tall as the heat map beside it (``fig`` was saved, i.e.
+    drawn, at its own resolution)."""
+    for ax in panels:
+        assert ax.get_xlabel() == "peer client i" and ax.get_ylabel() == "client m"
+        (image,) = ax.get_images()
+        bar = image.colorbar
+        assert bar is not None and bar.mappable is image and bar.ax in fig.axes
+        assert bar.cmap.name == image.get_cmap().name and (bar.norm.vmin, bar.norm.vmax) == (0, 1)
+        heat, strip = ax.get_window_extent(), bar.ax.get_window_extent()
+        assert strip.height == pytest.approx(heat.height, rel=0.05)
+        assert strip.width < heat.width / 4 and strip.x0 >= heat.x1
+
+
 def test_the_heat_map_ticks_are_client_ids_also_for_many_clients(tmp_path, monkeypatch):
-    """docs Artefacts: the axes of the client x client heat map are client ids, so their ticks are whole
-    numbers also when there are too many clients to label each one (21 here: matplotlib's own choice would put
-    a tick at client 2.5)."""
+    """docs Artefacts: the axes of the client x client heat map are client ids: up to 20 clients each row and
+    column carries its id; with more (21 here) the labels would overlap, so only some ids are shown, and those
+    are whole numbers (matplotlib's own choice would put a tick at client 2.5).  The figure grows with the
+    panels (one per chosen round), so each panel keeps the size a one-round run gets."""
     import matplotlib.pyplot as plt
 
     import strategies.fedc2i as module
@@ -252,16 +276,28 @@ def test_the_heat_map_ticks_are_client_ids_also_for_many_clients(tmp_path, monke
             figures.append(fig)
 
     monkeypatch.setattr(module, "pyplot", lambda: Keep())
-    strat = strategy()
-    play_round(strat, 1, range(21))
-    strat.write_artifacts(tmp_path)
-    (fig,) = figures
-    fig.canvas.draw()
-    (ax,) = [a for a in fig.axes if a.get_images()]
-    for ticks in (ax.get_xticks(), ax.get_yticks()):
-        inside = [t for t in ticks if -0.5 <= t <= 20.5]
-        assert len(inside) >= 2 and all(float(t).is_integer() for t in inside)
-    plt.close(fig)
+    twenty = strategy()
+    play_round(twenty, 1, range(20))
+    twenty.write_artifacts(tmp_path)
+    many = strategy(**{"c2i-peers": 2})
+    for rnd in (1, 2, 3):
+        play_round(many, rnd, range(21))
+    (tmp_path / "many").mkdir()
+    many.write_artifacts(tmp_path / "many")
+    fig20, fig21 = figures
+    (ax20,) = [a for a in fig20.axes if a.get_images()]
+    assert list(ax20.get_xticks()) == list(range(20)) and list(ax20.get_yticks()) == list(range(20))
+    assert [t.get_text() for t in ax20.get_yticklabels()] == [str(c) for c in range(20)]
+    panels = [a for a in fig21.axes if a.get_images()]
+    assert len(panels) == 3
+    for ax in panels:
+        for ticks in (ax.get_xticks(), ax.get_yticks()):
+            inside = [t for t in ticks if -0.5 <= t <= 20.5]
+            assert 2 <= len(inside) < 21 and all(float(t).is_integer() for t in inside)
+    (w1, h1), (w3, h3) = fig20.get_size_inches(), fig21.get_size_inches()
+    assert w3 == pytest.approx(3 * w1) and h3 == pytest.approx(h1) and w1 >= h1
+    for fig in figures:
+        plt.close(fig)
 
 
 def test_c2i_peers_of_one_is_refused_with_the_values_that_work():
@@ -273,3 +309,16 @@ def test_c2i_peers_of_one_is_refused_with_the_values_that_work():
             "use 0 (every client) or a number >= 2") in str(err.value)
     for ok in (0, 2, 5):
         strategy(**{"c2i-peers": ok})
+
+
+def test_no_influence_weight_may_exceed_one():
+    """docs Messages: every influence weight lies in [0, 1].  The sum check alone (within 1e-4, float32 clients)
+    would let a weight of 1 + 5e-5 through; the per-weight bound refuses it."""
+    strat = strategy()
+    play_round(strat, 1, [0, 1])
+    for c in (0, 1):
+        strat.train_payload(NODE + c, 2)
+    assert strat.check_reply(2, NODE + 0, reply(strat, 0, 2, [1.0, 0.0], 10), "train", set()) is not None
+    assert strat.check_reply(2, NODE + 1, reply(strat, 1, 2, [1.0 + 5e-5, 0.0], 10), "train", set()) is None
+    assert "influence" in strat.failures[-1]["reason"]
+
