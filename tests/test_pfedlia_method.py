@@ -332,3 +332,13 @@ def test_a_lazy_client_list_without_a_self_index_means_a_newcomer(lazy_models):
     listed = c.query("lia", content)["metrics"]
     assert list(listed["beneficial"]) == list(without["beneficial"]) == [1, 3]
     np.testing.assert_allclose(listed["lia-row"], without["lia-row"])
+
+
+def test_rounding_tolerance_of_coinciding_centroids_is_1e_12_inclusive_and_absolute_below_one():
+    """§2.5: coinciding centroids (a constant row) mean every peer.  "Coinciding" is up to 1e-12: two groups whose
+    centroids are exactly 1e-12 apart coincide; scores of magnitude below one that spread by 1.5e-12 (centroids
+    1.5e-12 apart) are two groups, the tolerance there being absolute (1e-12), not larger."""
+    exactly = np.array([9.0, -1e-13, 1e-13, 1e-12 - 1e-13, 1e-12 + 1e-13])  # centroids 0 and 1e-12, spread 1.2e-12
+    np.testing.assert_array_equal(beneficial_peers(exactly, 0), [0, 1, 2, 3, 4])
+    apart = np.array([9.0, 0.0, 0.0, 1.5e-12, 1.5e-12])
+    np.testing.assert_array_equal(beneficial_peers(apart, 0), [0, 3, 4])
