@@ -307,3 +307,377 @@ def test_a_single_late_joiner_may_come_as_one_row_and_one_count():
     assert s.size == 4 and s.n.tolist()[-1] == 12.0 and s.H[-1] == 0.0 and np.isneginf(s.last_drawn[-1])
     np.testing.assert_allclose(s.beta_f[-1], bf)
     np.testing.assert_allclose(s.beta_l[-1], bl)
+
+
+# ------------------------------------------------------------------------------------------ the strategy
+# Client2VecStrategy driven through its own round loop (tests/strategy_harness.py), with every reply recorded,
+# so that each expectation is computed here from what the clients sent.
+import json  # noqa: E402
+import logging  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+import torch  # noqa: E402
+
+from strategies.base import Reply  # noqa: E402
+from task.dsa_ign import build_ign, train_dsa_ign  # noqa: E402
+from task.params import to_record  # noqa: E402
+from tests.strategy_harness import drive, phase_of, with_metrics  # noqa: E402
+
+NODES = {9001: 3, 12: 0, 777: 5, 4: 1, 55: 4, 60: 2}  # Flower node id -> partition id, node ids out of client order
+
+
+def c2v(**cfg):
+    from server_app.app import build_strategy
+    from task.config import parse_settings
+
+    base = {"method": "client2vec", "model": "mlp", "min-nodes": len(NODES), "c2v-ign-ff": 8, "c2v-ign-upload": 4,
+            "c2v-ign-epochs": 2}
+    return build_strategy(parse_settings({**base, **cfg}))
+
+
+class Recorder:
+    """drive()'s answer callback: keeps every reply sent, per phase, as (server round, client, content);
+    ``change(server_round, node, phase, content)`` may return other contents (``[]``: the node stays silent)."""
+
+    def __init__(self, change=None):
+        self.change = change
+        self.replies: dict[str, list] = {}
+
+    def __call__(self, server_round, node, phase, content):
+        out = self.change(server_round, node, phase, content) if self.change is not None else None
+        contents = [content] if out is None else out
+        for c in contents:
+            self.replies.setdefault(phase, []).append((server_round, int(c["metrics"]["partition-id"]), c))
+        return contents
+
+    def by_client(self, phase, server_round=None):
+        rows = [r for r in self.replies.get(phase, []) if server_round is None or r[0] == server_round]
+        return [c for _, _, c in sorted(rows, key=lambda r: r[1])]
+
+
+def sent(grid, phase, server_round=None):
+    return [m for m in grid.sent if phase_of(m) == phase
+            and (server_round is None or int(m.content["config"]["server-round"]) == server_round)]
+
+
+def arrays(content, record="arrays"):
+    return {k: content[record][k].numpy() for k in content[record].keys()}
+
+
+def assert_state_equal(got, expected):
+    assert set(got) == set(expected)
+    for k in expected:
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(expected[k]), err_msg=k)
+
+
+def assert_state_close(got, expected):
+    assert set(got) == set(expected)
+    for k in expected:
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(expected[k]), rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def ign_state(net):
+    return {k: v.numpy() for k, v in net.state_dict().items()}
+
+
+@contextmanager
+def pflower_log():
+    """The strategy's log lines (logger flwr.pflower), whatever Flower's handlers do with them."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logger, handler = logging.getLogger("flwr.pflower"), Keep()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_global_dsa_ign_is_trained_on_every_upload_pooled_in_client_order_and_sent_for_the_index():
+    """Spec §2.5 Global: every client uploads one batch of (D, L) pairs, the server pools them and trains DSA-IGN
+    for c2v-ign-epochs epochs with the configured batch size, learning rate and orthogonality loss (and the run's
+    seed), the pool in client-id order so that Flower's node ids do not matter; then every client gets that network
+    to compute its index with (spec §2.9, phase 2)."""
+    strat = c2v(**{"c2v-ign-epochs": 3, "c2v-ign-batch": 5, "c2v-ign-lr": 0.01, "c2v-orth-mode": "literal", "seed": 3})
+    rec = Recorder()
+    grid = drive(strat, NODES, 1, rec)
+    assert sorted(m.metadata.dst_node_id for m in sent(grid, "c2v_embed")) == sorted(NODES)
+    uploads = rec.by_client("c2v_embed")
+    D = np.concatenate([arrays(u)["D"] for u in uploads])
+    L = np.concatenate([arrays(u)["L"] for u in uploads])
+    assert len(D) > 5  # more than one batch per epoch: the batch size and the shuffling seed matter
+    reference = build_ign(strat.opts.ign, 3)
+    history = train_dsa_ign(reference, D, L, epochs=3, batch_size=5, lr=0.01, seed=3, orth_mode="literal")
+    assert strat.ign_history == history
+    assert_state_equal(ign_state(strat.ign), ign_state(reference))
+    index_messages = sent(grid, "c2v_index")
+    assert sorted(m.metadata.dst_node_id for m in index_messages) == sorted(NODES)
+    for m in index_messages:
+        assert_state_equal(arrays(m.content, "ign"), ign_state(reference))
+
+
+@pytest.mark.parametrize("epochs, logged", [(11, [2, 4, 6, 8, 10, 11]), (3, [1, 2, 3])])
+def test_global_dsa_ign_training_reports_its_losses_every_fifth_of_the_epochs_and_at_the_end(epochs, logged):
+    """The run's log says what the index phase trains on and shows the DSA-IGN losses (spec §2.4 terms) every
+    fifth of the epochs (every epoch when there are fewer than ten) and after the last one."""
+    strat = c2v(**{"c2v-ign-epochs": epochs})
+    rec = Recorder()
+    with pflower_log() as lines:
+        drive(strat, NODES, 1, rec)
+    pairs = sum(len(arrays(u)["D"]) for u in rec.by_client("c2v_embed"))
+    assert f"[client2vec] training DSA-IGN on {pairs} pooled pairs from 6 nodes for {epochs} epochs" in lines
+    expected = [f"[client2vec] DSA-IGN epoch {e}/{epochs}: loss {h['total']:.4f} (div {h['div']:.3f} sim {h['sim']:.3f} "
+                f"orth {h['orth']:.3f} recon {h['recon']:.4f})" for e, h in enumerate(strat.ign_history, 1) if e in logged]
+    assert [line for line in lines if "DSA-IGN epoch" in line] == expected
+    phase = [line for line in lines if "index phase" in line]
+    assert len(phase) == 1 and phase[0].startswith("[client2vec] index phase: 6 nodes asked, 6 clients indexed in ")
+    assert phase[0].endswith(f"{strat.index_seconds:.1f} s")
+
+
+def test_the_index_phase_time_is_recorded_in_the_round_that_ran_it():
+    """Artefacts: the index phase's seconds go into client2vec.json and the round log of the round that ran it."""
+    strat = c2v()
+    drive(strat, NODES, 2)
+    assert strat.index_seconds > 0
+    assert strat.history[0].extra["index-seconds"] == strat.index_seconds
+    assert "index-seconds" not in strat.history[1].extra  # everyone is indexed: no index phase in round 2
+
+
+def test_without_any_upload_the_dsa_ign_cannot_be_trained():
+    strat = c2v()
+    silent = Recorder(lambda r, n, phase, c: [] if phase == "c2v_embed" else None)
+    with pytest.raises(RuntimeError, match="^no node uploaded usable embeddings; the DSA-IGN cannot be trained$"):
+        drive(strat, NODES, 1, silent)
+
+
+def test_without_any_index_reply_the_run_stops_before_round_one():
+    strat = c2v()
+    silent = Recorder(lambda r, n, phase, c: [] if phase == "c2v_index" else None)
+    with pytest.raises(RuntimeError, match="^no node returned a usable client index; see failures.json$"):
+        drive(strat, NODES, 1, silent)
+    assert strat.c2v is None and strat.index_clients == []
+
+
+def test_with_zero_dsa_ign_epochs_the_untrained_network_computes_the_index():
+    """c2v-ign-epochs = 0: no DSA-IGN training (no upload asked for), the index comes from the initial network;
+    one epoch already trains it."""
+    strat = c2v(**{"c2v-ign-epochs": 0, "seed": 2})
+    grid = drive(strat, NODES, 1)
+    assert sent(grid, "c2v_embed") == [] and strat.ign_history == []
+    for m in sent(grid, "c2v_index"):
+        assert_state_equal(arrays(m.content, "ign"), ign_state(build_ign(strat.opts.ign, 2)))
+    assert strat.c2v.size == 6
+    once = c2v(**{"c2v-ign-epochs": 1})
+    drive(once, NODES, 1)
+    assert len(once.ign_history) == 1
+
+
+def test_federated_dsa_ign_is_fedavg_over_a_fraction_of_the_nodes_for_each_of_its_rounds():
+    """Spec §2.5 Federated: for c2v-ign-epochs rounds, c2v-ign-fraction of the nodes get the current DSA-IGN
+    (``ign``), train it locally, and the server averages their networks weighted by N_i; a round nobody answers
+    leaves the network as it was.  The index is computed with the final network."""
+    rounds = 3
+    strat = c2v(**{"c2v-ign-mode": "federated", "c2v-ign-epochs": rounds, "c2v-ign-fraction": 0.5, "seed": 1})
+    asked = []
+
+    def answer(server_round, node, phase, content):
+        if phase != "c2v_ign":
+            return None
+        asked.append(node)
+        if len(asked) <= 3:
+            return []  # every node of the first DSA-IGN round is silent
+        return [with_metrics(content, num_examples=(NODES[node] + 1) ** 2)]
+
+    rec = Recorder(answer)
+    with pflower_log() as lines:
+        grid = drive(strat, NODES, 1, rec)
+    messages = sent(grid, "c2v_ign")
+    assert len(messages) == 3 * rounds  # round(0.5 * 6) nodes per round
+    replies = [c for _, _, c in rec.replies["c2v_ign"]]
+    current = ign_state(build_ign(strat.opts.ign, 1))
+    losses = []
+    for r in range(rounds):
+        batch = messages[3 * r: 3 * r + 3]
+        assert len({m.metadata.dst_node_id for m in batch}) == 3
+        for m in batch:  # this round's network: the initial one, then the average of the last answered round
+            assert_state_close(arrays(m.content, "ign"), current)
+        if r == 0:
+            continue
+        got = replies[3 * (r - 1): 3 * r]
+        n = np.array([int(c["metrics"]["num-examples"]) for c in got], dtype=float)
+        current = {k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), got)).astype(np.float32)
+                   for k in current}
+        losses.append(float(np.mean([c["metrics"]["ign-loss"] for c in got])))
+    final = ign_state(strat.ign)
+    assert_state_close(final, current)
+    assert strat.ign_history == [{"total": pytest.approx(x)} for x in losses]
+    for m in sent(grid, "c2v_index"):
+        assert_state_equal(arrays(m.content, "ign"), final)
+    progress = [line for line in lines if "federated DSA-IGN round" in line]
+    assert progress[0] == f"[client2vec] federated DSA-IGN round 1/{rounds}: 0/3 replies, mean local loss nan"
+    assert progress[1:] == [f"[client2vec] federated DSA-IGN round {r}/{rounds}: 3/3 replies, mean local loss {x:.4f}"
+                            for r, x in zip(range(2, rounds + 1), losses)]
+
+
+def test_only_federated_dsa_ign_needs_the_client_ids_before_a_full_participation_round():
+    """Federated DSA-IGN draws c2v-ign-fraction of the nodes in client-id order before any index exists, so the
+    nodes are identified first even when every node trains; Global mode (or the base algorithm alone) does not."""
+    nodes = list(NODES)
+    assert c2v(**{"c2v-ign-mode": "federated"}).wants_client_ids(1, nodes)
+    assert not c2v(**{"c2v-ign-mode": "global"}).wants_client_ids(1, nodes)
+    off = {"c2v-sampling": False, "c2v-aggregation": False, "c2v-local": False}
+    assert not c2v(**{"c2v-ign-mode": "federated", **off}).wants_client_ids(1, nodes)
+    assert c2v(**{"c2v-ign-mode": "global", "fraction-train": 0.5}).wants_client_ids(1, nodes)  # the base rule stays
+
+
+def cos_loop(a, b):
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_index():
+    """Spec §2.2/§2.9: the registry holds every client's (beta_f, beta_l, N_i) in client-id order; spec §2.6: each
+    round's cohort is drawn by Eq. 1 from it (c2v-tau, the run's seed, round(fraction-train * M) clients); spec
+    §2.7: H <- gamma H + S(., C^t) over the round's participants and the new global model is the Eq. 3 average
+    p_i = q_i exp(H_i / lambda1) / sum_j q_j exp(H_j / lambda1) with q from the registry's N_i.  Train messages
+    carry every client's beta_f (B_f) and c2v-local; evaluate messages neither."""
+    tau, gamma, lam, seed, rounds = 0.7, 0.3, 2.0, 4, 4
+    strat = c2v(**{"fraction-train": 0.5, "c2v-tau": tau, "c2v-gamma": gamma, "c2v-lambda1": lam, "seed": seed})
+    n_index = {c: 5 * (c + 1) ** 2 for c in range(6)}  # the registry's N_i, unlike the train replies' counts
+    rec = Recorder(lambda r, node, phase, c: [with_metrics(c, num_examples=n_index[NODES[node]])]
+                   if phase == "c2v_index" else None)
+    grid = drive(strat, NODES, rounds, rec)
+
+    index = rec.by_client("c2v_index")
+    bf = np.stack([arrays(c)["beta_f"] for c in index]).astype(np.float64)
+    bl = np.stack([arrays(c)["beta_l"] for c in index]).astype(np.float64)
+    n = np.array([n_index[c] for c in range(6)], dtype=float)
+    assert strat.index_clients == list(range(6))
+    np.testing.assert_array_equal(strat.c2v.beta_f, bf)
+    np.testing.assert_array_equal(strat.c2v.beta_l, bl)
+    np.testing.assert_array_equal(strat.c2v.n, n)
+
+    draws = C2VServerState(bf, bl, n, tau=tau, gamma=gamma, lambda1=lam, seed=seed)
+    H = np.zeros(6)
+    model = {k: np.array(v) for k, v in strat.initial_state.items()}
+    for t in range(1, rounds + 1):
+        rows = draws.sample(t, 3, use_index=True)
+        draws.observe(rows)
+        assert strat.cohorts[t] == rows.tolist()
+        train = sent(grid, "train", t)
+        assert sorted(m.metadata.dst_node_id for m in train) == sorted(strat.node_of[c] for c in rows)
+        for m in train:
+            assert_state_close(arrays(m.content), model)  # the global model of the previous round
+            np.testing.assert_array_equal(arrays(m.content, "c2v")["B_f"], bf.astype(np.float32))
+            assert m.content["config"]["c2v-local"] is True
+        for m in sent(grid, "evaluate", t):
+            assert set(m.content.keys()) == {"arrays", "config"} and m.content["config"]["c2v-local"] is False
+        S = np.array([sum(n[j] * (cos_loop(bf[i], bf[j]) + cos_loop(bl[i], bl[j])) for j in rows) / (2 * n[rows].sum())
+                      for i in range(6)])
+        H = gamma * H + S
+        p = n[rows] / n[rows].sum() * np.exp(H[rows] / lam)
+        p /= p.sum()
+        assert strat.agg_weights[t] == pytest.approx(dict(zip(rows.tolist(), p)))
+        assert strat.history[t - 1].extra["c2v-weights"] == strat.agg_weights[t]
+        updates = rec.by_client("train", t)
+        assert [int(c["metrics"]["partition-id"]) for c in updates] == rows.tolist()
+        model = {k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(p, updates)) for k in model}
+    assert_state_close(strat.global_state, model)
+
+
+def test_late_joiners_are_indexed_with_the_trained_network_and_appended_to_the_registry():
+    """Spec §2.9 / docs: nodes connecting after the index phase are indexed when they first appear (the DSA-IGN is
+    not trained again); their rows come after the others', with no history term."""
+    first = {12: 0, 4: 1, 60: 2, 9001: 3}
+    strat = c2v(**{"min-nodes": 4, "fraction-train": 0.5})
+    rec = Recorder()
+    drive(strat, first, [1, 2], rec)
+    trained, index_seconds = ign_state(strat.ign), strat.index_seconds
+    assert strat.index_clients == [0, 1, 2, 3]
+    grid = drive(strat, NODES, [3], rec)
+    assert sent(grid, "c2v_embed") == []
+    asked = sent(grid, "c2v_index")
+    assert sorted(m.metadata.dst_node_id for m in asked) == [55, 777]
+    for m in asked:
+        assert_state_equal(arrays(m.content, "ign"), trained)
+    assert strat.index_clients == [0, 1, 2, 3, 4, 5] and strat.c2v.size == 6
+    late = [c for c in rec.by_client("c2v_index") if int(c["metrics"]["partition-id"]) >= 4]
+    np.testing.assert_array_equal(strat.c2v.beta_f[4:], np.stack([arrays(c)["beta_f"] for c in late]))
+    np.testing.assert_array_equal(strat.c2v.beta_l[4:], np.stack([arrays(c)["beta_l"] for c in late]))
+    assert strat.c2v.n[4:].tolist() == [float(c["metrics"]["num-examples"]) for c in late]
+    assert strat.history[2].extra["index-seconds"] == pytest.approx(strat.index_seconds - index_seconds)
+    assert len(strat.cohorts[3]) == 3  # round(0.5 * 6): the late joiners count
+
+
+def test_the_cohort_is_drawn_among_the_connected_clients_only_and_sized_by_them():
+    """Spec §2.6 with dropouts: a client whose node is gone cannot be drawn, and K = round(fraction * connected)."""
+    strat = c2v(**{"fraction-train": 0.5, "min-nodes": 5})
+    drive(strat, NODES, [1])
+    gone = {k: v for k, v in NODES.items() if v != 1}
+    for t in (2, 3, 4):
+        drive(strat, gone, [t])
+        assert 1 not in strat.cohorts[t] and len(strat.cohorts[t]) == 2  # round(2.5) = 2
+
+
+ARMS_OFF = {"c2v-sampling": False, "c2v-aggregation": False, "c2v-local": False}
+
+
+def test_arms_without_index_sampling_draw_the_same_uniform_cohorts_and_the_plain_arm_is_fedavg():
+    """Spec §8 (paired arms): every arm without (i) draws the same clients per seed as the base algorithm alone;
+    with every case study off there is no index phase, no B_f, and aggregation is FedAvg (weights N_i)."""
+    cohorts = {}
+    for name, cfg in {"plain": ARMS_OFF, "+ii": {"c2v-sampling": False, "c2v-local": False},
+                      "+iii": {"c2v-sampling": False, "c2v-aggregation": False}}.items():
+        strat = c2v(**{"fraction-train": 0.5, "seed": 7, **cfg})
+        rec = Recorder()
+        grid = drive(strat, NODES, 4, rec)
+        cohorts[name] = strat.cohorts
+        for t, c in strat.cohorts.items():
+            assert len(c) == 3 and len(set(c)) == 3
+            assert sorted(m.metadata.dst_node_id for m in sent(grid, "train", t)) == sorted(strat.node_of[x] for x in c)
+        if name == "plain":
+            assert not [m for m in grid.sent if phase_of(m).startswith("c2v")] and strat.c2v is None
+            assert all("c2v" not in m.content and m.content["config"]["c2v-local"] is False for m in sent(grid, "train"))
+            updates = rec.by_client("train", 4)
+            n = np.array([int(c["metrics"]["num-examples"]) for c in updates], dtype=float)
+            expected = {k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), updates))
+                        for k in strat.global_state}
+            assert_state_close(strat.global_state, expected)
+            assert strat.agg_weights == {} and "c2v-weights" not in strat.history[-1].extra
+    assert cohorts["plain"] == cohorts["+ii"] == cohorts["+iii"]
+    assert len({tuple(c) for c in cohorts["plain"].values()}) > 1  # drawn anew every round
+
+
+def test_a_node_never_identified_is_recorded_as_client_minus_one_in_the_plain_arms_cohorts():
+    """client2vec.json's cohorts name clients by partition id; in the plain arm with full participation round 1
+    is sent before any node said who it is, recorded as -1."""
+    strat = c2v(**ARMS_OFF)
+    drive(strat, NODES, 2)
+    assert strat.cohorts[1] == [-1] * 6 and strat.cohorts[2] == list(range(6))
+
+
+def test_aggregation_ignores_updates_of_clients_without_an_index():
+    """Spec §2.7: Eq. 3 needs S(beta_i, .) of every participant; an update of a client that has no index (it
+    joined after this round's index phase) is left out, and a round with only such updates changes nothing."""
+    strat = c2v(**{"fraction-train": 0.5})
+    drive(strat, NODES, 1)
+    H, before = strat.c2v.H.copy(), {k: v.copy() for k, v in strat.global_state.items()}
+    rng = np.random.default_rng(0)
+
+    def update(node, client, n):
+        return Reply(node, client, n, {}, {"arrays": {k: rng.standard_normal(v.shape).astype(v.dtype)
+                                                      for k, v in before.items()}})
+
+    assert strat.aggregate(2, [update(31, 17, 40)]) == {}
+    np.testing.assert_array_equal(strat.c2v.H, H)
+    assert_state_equal(strat.global_state, before) and 2 not in strat.agg_weights
+    known, stranger = update(12, 0, 10), update(31, 17, 40)
+    extra = strat.aggregate(2, [known, stranger])
+    assert extra == {"c2v-weights": {0: pytest.approx(1.0)}}
+    assert_state_close(strat.global_state, known.arrays)
