@@ -11,6 +11,9 @@ import torch
 
 from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
 from task.methods.fedcac import pack_masks, packed_length, unpack_masks
+from strategies.plots import pyplot
+
+pyplot()  # matplotlib on Agg, loaded with the module: the artefact tests below plot
 
 
 # ------------------------------------------------------------------------------------------ client side
