@@ -417,3 +417,82 @@ def test_a_holdout_holds_at_most_1000_samples_of_its_source_by_default():
     expected = unused_rows(settings, 1)
     assert len(expected["A"]) > 1000 and len(holdouts.sets["A"][0]) == 1000 and rows(holdouts.sets["A"][0]) <= expected["A"]
     assert rows(holdouts.sets["B"][0]) == expected["B"]
+
+
+# ------------------------------------------------------------------------------------------ the round's ledger log
+SHARE_A = {0: 0.1, 1: 0.3, 2: 0.6, 3: 0.9}  # each client's share of source A (two-source partitions)
+
+
+def ledger_round_answer(rnd, node, phase, content):
+    c = NODES[node]
+    if phase == "bid":
+        return [with_metrics(content, bid=[0] if c < 3 else [1])]
+    if phase == "train":
+        return [with_metrics(content, source_a_share=SHARE_A[c])]
+    if phase == "evaluate":
+        return [with_metrics(content, tier_acc=TIER_ACC[c])]
+    return None
+
+
+def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_the_balances():
+    # spec §2.4 per tier and round r >= 2: payers pay tau_p into P_k; theta = eta_R (gamma - min(gamma, delta)) / gamma
+    # with delta the relative gain of Acc_k (mean a_ck over the tier's winners) over its best so far; floor(theta P_k)
+    # refunded in equal shares; the rest paid by reverse rank (n - pos) / beta; the log entry says all of it
+    eta, gamma, price = 0.5, 0.1, 2 * MICRO
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1, "max-refund": eta, "full-use-gain": gamma,
+                    "slot-price": 2.0})
+    drive(strat, NODES, 4, ledger_round_answer)
+    log = strat.ledger_log
+    assert [e["round"] for e in log] == [1, 2, 3, 4]
+    best = {k: np.mean([TIER_ACC[c][k] for c in log[0]["tiers"][k]["members"]]) for k in (0, 1)}
+    balances, pools = {c: 100 * MICRO for c in range(4)}, {0: 0, 1: 0}
+    for e in log[1:]:
+        for k in (0, 1):
+            t = e["tiers"][k]
+            members = t["members"]
+            assert members == sorted(members) and t["payers"] == members and t["delivered"] == members
+            assert set(members) <= ({0, 1, 2} if k == 0 else {3}) and len(members) == (2 if k == 0 else 1)
+            utility = np.mean([TIER_ACC[c][k] for c in members])
+            assert t["utility"] == pytest.approx(utility)
+            gain = max(0.0, (utility - best[k]) / best[k])
+            ratio = eta * (gamma - min(gamma, gain)) / gamma
+            assert t["refund-ratio"] == pytest.approx(ratio)
+            best[k] = max(best[k], utility)
+            assert t["payments"] == {c: price for c in members}
+            pool = pools[k] + price * len(members)
+            share = int(np.floor(ratio * pool + 1e-6)) // len(members)
+            assert t["refunds"] == {c: share for c in members}
+            rest = pool - share * len(members)
+            n = len(members)
+            assert sorted(t["rewards"].values(), reverse=True) == [(n - p) * rest // (n * (n + 1) // 2) for p in range(n)]
+            pools[k] = rest - sum(t["rewards"].values())
+            assert t["pool"] == pools[k] and 0 <= t["pool"] < n  # only rounding dust stays
+            for c in members:
+                balances[c] += t["refunds"][c] + t["rewards"][c] - price
+            assert t["source-a-share"] == pytest.approx(np.mean([SHARE_A[c] for c in members]))
+        assert e["balances"] == balances and e["total"] == 400 * MICRO == sum(balances.values()) + sum(pools.values())
+    assert strat.ledger.balances == balances and strat.ledger.pools == pools
+    assert log[0]["tiers"][0]["source-a-share"] == pytest.approx(np.mean([SHARE_A[c] for c in log[0]["tiers"][0]["members"]]))
+
+
+def test_the_ledger_artefact_is_the_round_log_and_its_plot_an_image(tmp_path):
+    # docs/methods/pifl.md "Artefacts": pifl_ledger.json holds every round's entry as logged (balances, per-tier
+    # settlement, membership share of source A); pifl_ledger.png plots balances and membership
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    drive(strat, NODES, 3, ledger_round_answer)
+    strat.write_artifacts(tmp_path)
+    data = json.loads((tmp_path / "pifl_ledger.json").read_text())
+    assert data == json.loads(json.dumps({"micro-tokens-per-token": MICRO, "rounds": strat.ledger_log}))
+    assert [r["round"] for r in data["rounds"]] == [1, 2, 3]
+    assert data["rounds"][2]["balances"] == {str(c): b for c, b in strat.ledger.balances.items()}
+    from PIL import Image
+
+    with Image.open(tmp_path / "pifl_ledger.png") as img:
+        assert img.format == "PNG" and img.size == (1100, 400)  # two panels, 11 x 4 inches at 100 dpi
+
+
+def test_a_run_without_rounds_writes_an_empty_ledger_and_no_plot(tmp_path):
+    strat = pifl()
+    strat.write_artifacts(tmp_path)
+    assert json.loads((tmp_path / "pifl_ledger.json").read_text()) == {"micro-tokens-per-token": MICRO, "rounds": []}
+    assert not (tmp_path / "pifl_ledger.png").exists()
