@@ -600,3 +600,22 @@ def test_oracle_artifacts_have_no_influence_matrix(tmp_path, monkeypatch):
     assert _figure_of(fed.strategy, tmp_path, monkeypatch) is None
     assert (tmp_path / "pfedlia_clusters.json").exists() and not (tmp_path / "pfedlia_influence.json").exists()
     assert not (tmp_path / "pfedlia_influence.png").exists()
+
+
+@pytest.mark.parametrize("mode", ["central", "p2p"])
+def test_a_client_without_a_cluster_or_set_trains_theta_0(mode):
+    """Until a client has a cluster (central) or a set (p2p) - here a newcomer whose row never arrives - it is
+    sent theta_0, the common starting point of every cluster, and it changes nobody's model."""
+    late = 25
+    fed = Federation(rounds=3, silent={(2, "lazy", late), (3, "lia", late)}, **{"lia-mode": mode}).run()
+    s = fed.strategy
+    assert late not in s.assignment and late not in s.sets
+    assert_holds(fed.payload(3, "train", late), fedavg(CLIENTS, 1))
+    assert fed.messages(3, "lia").keys() == {late}
+    if mode == "central":
+        for label, model in s.cluster_models.items():
+            assert_holds(model, fedavg([c for c in CLIENTS if s.assignment.get(c) == label], 3))
+    else:
+        for c, members in s.sets.items():
+            assert late not in members
+            assert_holds(s.personal[c], fedavg(members, 3))
