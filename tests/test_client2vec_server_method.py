@@ -681,3 +681,175 @@ def test_aggregation_ignores_updates_of_clients_without_an_index():
     extra = strat.aggregate(2, [known, stranger])
     assert extra == {"c2v-weights": {0: pytest.approx(1.0)}}
     assert_state_close(strat.global_state, known.arrays)
+
+
+def upload(rows_d, rows_l, pid, width=512):
+    from flwr.app import MetricRecord, RecordDict
+
+    return RecordDict({"metrics": MetricRecord({"num-examples": 10, "partition-id": pid}),
+                       "arrays": to_record({"D": np.ones((rows_d, width), np.float32),
+                                            "L": np.ones((rows_l, width), np.float32)})})
+
+
+def test_an_embedding_upload_holds_one_to_c2v_ign_upload_pairs_with_as_many_labels_as_images():
+    """Spec §2.5 / §2.9 phase 1G: a client uploads at most c2v-ign-upload (D, L) pairs of CLIP width, the same
+    number of each (a client with fewer samples uploads fewer); anything else is rejected with its reason."""
+    strat = c2v(**{"c2v-ign-upload": 4})
+    for nid, rows in ((1, 1), (2, 4)):
+        reply = strat.check_reply(1, nid, upload(rows, rows, nid), "c2v_embed", set())
+        assert reply is not None and reply.records["arrays"]["D"].shape == reply.records["arrays"]["L"].shape == (rows, 512)
+    for nid, content in ((3, upload(5, 5, 3)), (4, upload(0, 0, 4)), (5, upload(2, 2, 5, width=511))):
+        assert strat.check_reply(1, nid, content, "c2v_embed", set()) is None
+    assert strat.check_reply(1, 6, upload(3, 2, 6), "c2v_embed", set()) is None
+    assert strat.failures[-1]["reason"] == "uploaded 3 image but 2 label embeddings"
+    assert strat.check_reply(1, 7, upload(2, 3, 7), "c2v_embed", set()) is None
+    assert strat.failures[-1]["reason"] == "uploaded 2 image but 3 label embeddings"
+
+
+def test_a_federated_dsa_ign_reply_is_the_whole_network_and_its_local_loss():
+    """Spec §2.9 phase 1F: the reply carries every DSA-IGN parameter (shapes of the server's network) and the
+    local loss (``ign-loss``, any finite value within the loss limit: the total DSA-IGN loss may be negative)."""
+    from flwr.app import MetricRecord, RecordDict
+
+    from strategies.replies import LOSS_LIMIT
+
+    strat = c2v(**{"c2v-ign-mode": "federated"})
+    state = ign_state(strat.ign)
+
+    def reply(pid, loss, net=state):
+        metrics = {"num-examples": 10, "partition-id": pid}
+        if loss is not None:
+            metrics["ign-loss"] = loss
+        return RecordDict({"metrics": MetricRecord(metrics), "arrays": to_record(net)})
+
+    good = strat.check_reply(1, 1, reply(1, -LOSS_LIMIT), "c2v_ign", set())
+    assert good is not None and good.metrics["ign-loss"] == -LOSS_LIMIT
+    assert_state_equal(good.arrays, state)
+    assert strat.check_reply(1, 2, reply(2, LOSS_LIMIT), "c2v_ign", set()) is not None
+    for nid, content in ((3, reply(3, None)), (4, reply(4, 2 * LOSS_LIMIT)), (5, reply(5, -2 * LOSS_LIMIT)),
+                         (6, reply(6, 1.0, {k: v for k, v in list(state.items())[1:]}))):
+        assert strat.check_reply(1, nid, content, "c2v_ign", set()) is None
+    assert "ign-loss" in strat.failures[0]["reason"]
+
+
+def test_domain_of_a_client_is_its_feature_shift_transform():
+    """Data: with feature-shift = s, partition p gets transform p mod s (its domain); without, one domain."""
+    assert [c2v(**{"feature-shift": 3}).domain_of(p) for p in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert {c2v().domain_of(p) for p in range(7)} == {0}
+
+
+def test_index_quality_is_the_same_minus_cross_domain_mean_feature_cosine():
+    """Spec §8 acceptance check 1 (the Fig. 2 block structure): mean cos(beta_f) over pairs of distinct clients of
+    the same domain minus the mean over pairs from different domains; undefined (left out) without both."""
+    rng = np.random.default_rng(3)
+    pids = [5, 0, 3, 1, 4, 2, 7]  # registry rows in arrival order, not sorted
+    bf, bl = rng.normal(size=(7, 5)), rng.normal(size=(7, 5))
+    strat = c2v(**{"feature-shift": 3})
+    assert strat.index_quality() == {}  # no index yet
+    strat.c2v, strat.index_clients = C2VServerState(bf, bl, np.full(7, 5.0)), pids
+    same = [cos_loop(bf[i], bf[j]) for i in range(7) for j in range(7) if i != j and pids[i] % 3 == pids[j] % 3]
+    cross = [cos_loop(bf[i], bf[j]) for i in range(7) for j in range(7) if pids[i] % 3 != pids[j] % 3]
+    q = strat.index_quality()
+    assert q == pytest.approx({"beta-f-same-domain": np.mean(same), "beta-f-cross-domain": np.mean(cross),
+                               "beta-f-block-gap": np.mean(same) - np.mean(cross)})
+    one_domain = c2v()
+    one_domain.c2v, one_domain.index_clients = C2VServerState(bf, bl, np.full(7, 5.0)), pids
+    assert one_domain.index_quality() == {}  # no cross-domain pair
+    own_domains = c2v(**{"feature-shift": 7})
+    own_domains.c2v, own_domains.index_clients = C2VServerState(bf[:6], bl[:6], np.full(6, 5.0)), pids[:6]
+    assert own_domains.index_quality() == {}  # no same-domain pair
+    two = c2v(**{"feature-shift": 2})
+    two.c2v, two.index_clients = C2VServerState(bf[:2], bl[:2], np.full(2, 5.0)), [0, 1]
+    assert two.index_quality() == {}  # fewer than two in a domain
+    single = c2v(**{"feature-shift": 2})
+    single.c2v, single.index_clients = C2VServerState(bf[:1], bl[:1], np.full(1, 5.0)), [0]
+    assert single.index_quality() == {}
+
+
+def kept_figures(monkeypatch):
+    """pyplot for strategies.client2vec, except that closed figures are kept for inspection."""
+    import matplotlib.pyplot as plt
+
+    import strategies.client2vec as module
+
+    figures = []
+
+    class Keep:
+        def __getattr__(self, name):
+            return getattr(plt, name)
+
+        @staticmethod
+        def close(fig):
+            figures.append(fig)
+
+    monkeypatch.setattr(module, "pyplot", lambda: Keep())
+    return figures
+
+
+def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similarity_plot(tmp_path, monkeypatch):
+    """docs Artefacts: client2vec_index.npz (the registry ordered by feature-shift domain, then partition id),
+    client2vec.json (options, index-phase seconds, index quality, best-round global accuracy, DSA-IGN losses,
+    cohorts, aggregation weights) and client2vec_similarity.png (cos of both halves in that order, from -1 to 1,
+    domain boundaries marked)."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+
+    figures = kept_figures(monkeypatch)
+    strat = c2v(**{"fraction-train": 0.5, "feature-shift": 2, "num-server-rounds": 3})
+    drive(strat, NODES, 3)
+    strat.write_artifacts(tmp_path)
+    order = [0, 2, 4, 1, 3, 5]  # domain p % 2, then partition id; registry row r is partition r here
+    assert strat.index_clients == list(range(6))
+    with np.load(tmp_path / "client2vec_index.npz") as npz:
+        assert npz["partition_id"].tolist() == order and npz["domain"].tolist() == [0, 0, 0, 1, 1, 1]
+        np.testing.assert_array_equal(npz["beta_f"], strat.c2v.beta_f[order])
+        np.testing.assert_array_equal(npz["beta_l"], strat.c2v.beta_l[order])
+        np.testing.assert_array_equal(npz["num_examples"], strat.c2v.n[order])
+    record = json.loads((tmp_path / "client2vec.json").read_text())
+    assert record["options"] == dataclasses.asdict(strat.opts)
+    assert record["index-seconds"] == strat.index_seconds > 0
+    assert record["index-quality"] == strat.index_quality() and "beta-f-block-gap" in record["index-quality"]
+    accs = [h.evaluate["global-acc"] for h in strat.history]
+    assert len(accs) == 3 and record["best-global-acc"] == max(accs)
+    assert record["dsa-ign-losses"] == strat.ign_history and len(record["dsa-ign-losses"]) == 2
+    assert record["cohorts"] == {str(t): c for t, c in strat.cohorts.items()} and len(record["cohorts"]) == 3
+    assert record["aggregation-weights"] == {str(t): {str(c): w for c, w in ws.items()}
+                                             for t, ws in strat.agg_weights.items()}
+    (fig,) = figures
+    panels = [ax for ax in fig.axes if ax.get_images()]
+    assert len(panels) == 2 and len(fig.axes) == 4  # two heat maps, each with its colour bar
+    for ax, sim, half in zip(panels, (strat.c2v.sim_f, strat.c2v.sim_l), ("feature half cos(beta_f)",
+                                                                           "label half cos(beta_l)")):
+        assert ax.get_title() == half and ax.get_xlabel() == "client (ordered by domain)"
+        (image,) = ax.get_images()
+        np.testing.assert_allclose(image.get_array(), sim[np.ix_(order, order)])
+        assert image.get_clim() == (-1, 1) and image.get_cmap().name == "RdBu_r"  # cosines, 0 in the middle
+        assert [ln.get_ydata()[0] for ln in ax.lines if ln.get_ydata()[0] == ln.get_ydata()[1]] == [2.5]
+        assert [ln.get_xdata()[0] for ln in ax.lines if ln.get_xdata()[0] == ln.get_xdata()[1]] == [2.5]
+    gap = strat.index_quality()["beta-f-block-gap"]
+    assert fig._suptitle.get_text() == (f"Client2Vec pairwise index similarity (6 clients; same - cross domain "
+                                        f"beta_f cos {gap:.2f})")
+    assert plt.imread(tmp_path / "client2vec_similarity.png").shape[:2] == (500, 1100)  # 11 x 5 in at 100 dpi
+    plt.close(fig)
+
+
+def test_artefacts_of_a_run_without_an_evaluated_round_or_domains(tmp_path, monkeypatch):
+    """Before any evaluation the best accuracy is null; with one domain there is no boundary and no gap."""
+    figures = kept_figures(monkeypatch)
+    strat = c2v(**{"num-server-rounds": 3})  # full participation: round 1 is evaluated with round 2's messages
+    drive(strat, NODES, 1)
+    strat.write_artifacts(tmp_path)
+    record = json.loads((tmp_path / "client2vec.json").read_text())
+    assert record["best-global-acc"] is None and record["index-quality"] == {}
+    (fig,) = figures
+    assert all(not ax.lines for ax in fig.axes)
+    assert fig._suptitle.get_text() == "Client2Vec pairwise index similarity (6 clients)"
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_without_an_index_there_are_no_artefacts(tmp_path):
+    c2v(**ARMS_OFF).write_artifacts(tmp_path)
+    assert list(tmp_path.iterdir()) == []
