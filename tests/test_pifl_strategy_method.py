@@ -496,3 +496,55 @@ def test_a_run_without_rounds_writes_an_empty_ledger_and_no_plot(tmp_path):
     strat.write_artifacts(tmp_path)
     assert json.loads((tmp_path / "pifl_ledger.json").read_text()) == {"micro-tokens-per-token": MICRO, "rounds": []}
     assert not (tmp_path / "pifl_ledger.png").exists()
+
+
+# ------------------------------------------------------------------------------------------ the Profiler on the server set
+def test_the_server_set_is_an_iid_sample_of_server_set_size_distinct_samples_of_the_data_set():
+    # spec §2.1: the Profiler holds a small IID server test set (server-set-size samples), the same in every round
+    from task.data import load_centralized
+
+    strat = pifl(**{"server-set-size": 40})
+    x, y = strat.server_set()
+    data = load_centralized("digits")
+    assert len(x) == len(y) == 40 and len({r.tobytes() for r in x.numpy()}) == 40
+    index = {r.tobytes(): i for i, r in enumerate(data.x)}
+    picked = [index[r.tobytes()] for r in x.numpy()]  # every row is a row of the data set, with its own label
+    assert y.tolist() == data.y[picked].tolist()
+    assert len(set(y.tolist())) >= 8  # IID: (nearly) every class, not the first rows of one class
+    assert strat.server_set()[0] is x  # built once
+    again = pifl(**{"server-set-size": 40}).server_set()[0]
+    torch.testing.assert_close(again, x)  # reproducible
+
+
+def test_each_winners_score_is_the_first_order_shapley_estimate_at_its_new_tier_model():
+    # spec §2.3 / App. A: psi_kc = -lambda_c (W_c - W_M)^T g, g the mean cross-entropy gradient of the new tier model
+    # W_M on the server set; computed for every tier of the round (each with its own gradient)
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1, "server-set-size": 60})
+    base = {k: v.copy() for k, v in strat.tiers[0].items()}
+    sizes = {0: 10, 1: 30, 2: 20, 3: 40}
+    rng = np.random.default_rng(1)
+    offset = {c: {k: rng.normal(scale=0.3, size=v.shape).astype(v.dtype) for k, v in base.items()} for c in range(4)}
+
+    def answer(rnd, node, phase, content):
+        c = NODES[node]
+        if phase == "train":
+            out = with_metrics(content, num_examples=sizes[c])
+            out["arrays"] = to_record({k: v + offset[c][k] for k, v in base.items()})
+            return [out]
+        return None
+
+    drive(strat, NODES, 1, answer)
+    x, y = strat.server_set()
+    st = strat.settings
+    model = build_model("mlp", st.in_channels, st.image_size, st.num_classes)
+    for k in (0, 1):
+        load_record(model, strat.tiers[k])
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        grad = {n: p.grad.double() for n, p in model.named_parameters()}
+        group = strat.winners[k]
+        lam = {c: sizes[c] / sum(sizes[g] for g in group) for c in group}
+        for c in group:
+            diff = sum(float(((torch.from_numpy(base[n] + offset[c][n]).double() - torch.from_numpy(strat.tiers[k][n]).double())
+                              * grad[n]).sum()) for n in grad)
+            assert strat.scores[k][c] == pytest.approx(-lam[c] * diff, rel=1e-3, abs=1e-7)
