@@ -548,3 +548,54 @@ def test_each_winners_score_is_the_first_order_shapley_estimate_at_its_new_tier_
             diff = sum(float(((torch.from_numpy(base[n] + offset[c][n]).double() - torch.from_numpy(strat.tiers[k][n]).double())
                               * grad[n]).sum()) for n in grad)
             assert strat.scores[k][c] == pytest.approx(-lam[c] * diff, rel=1e-3, abs=1e-7)
+
+
+# ------------------------------------------------------------------------------------------ what a reply may say
+@pytest.mark.parametrize("bad", [[2], [-1], [0, 1], [0.5], [1, 1]])
+def test_a_bid_for_no_tier_of_the_run_or_for_more_than_max_bids_tiers_is_refused(bad):
+    # spec §2.2: B_c holds tier ids 0..K-1, at most max-bids (1) of them; anything else is rejected, the client sits
+    # the round out and pays nothing, and the others are scheduled as usual
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+
+    def answer(rnd, node, phase, content):
+        if phase == "bid":
+            return [with_metrics(content, bid=bad if NODES[node] == 0 else [1])]
+        return None
+
+    drive(strat, NODES, 2, answer)
+    assert [(f["round"], f["phase"], f["client"]) for f in strat.failures] == [(2, "bid", 0)]
+    assert "bid" in strat.failures[0]["reason"]
+    assert 0 not in strat.tier_of and strat.ledger_log[1]["balances"][0] == 100 * MICRO
+    assert set(strat.winners[1]) <= {1, 2, 3} and len(strat.winners[1]) == 2 and strat.winners[0] == []
+
+
+def test_a_valid_bid_for_the_last_tier_or_for_none_is_accepted():
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1, "tiers": 3})
+    bids = {0: [2], 1: [], 2: [0], 3: [1]}
+    drive(strat, NODES, 2, lambda rnd, node, phase, content: [with_metrics(content, bid=bids[NODES[node]])]
+          if phase == "bid" else None)
+    assert strat.failures == []
+    assert strat.winners == {0: [2], 1: [3], 2: [0]} and strat.payers == strat.winners  # client 1 bid for none
+
+
+def test_the_source_share_is_optional_in_train_and_evaluate_replies_but_checked_when_given():
+    # source-a-share only exists on two-source partitions: a reply without it is valid; one outside [0, 1] is not
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+
+    def answer(rnd, node, phase, content):
+        c = NODES[node]
+        if phase in ("train", "evaluate"):
+            metrics = dict(content["metrics"])
+            if c == 3:
+                metrics["source-a-share"] = 1.5
+            else:
+                metrics.pop("source-a-share", None)
+            out = with_metrics(content)
+            out["metrics"] = type(content["metrics"])(metrics)
+            return [out]
+        return None
+
+    drive(strat, NODES, 1, answer)
+    assert sorted((f["phase"], f["client"]) for f in strat.failures) == [("evaluate", 3), ("train", 3)]
+    assert all("source-a-share" in f["reason"] for f in strat.failures)
+    assert strat.source_share == {} and strat.client_eval.get(3) is None and strat.client_eval.get(0) is not None
