@@ -472,6 +472,15 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
             assert t["source-a-share"] == pytest.approx(np.mean([SHARE_A[c] for c in members]))
         assert e["balances"] == balances and e["total"] == 400 * MICRO == sum(balances.values()) + sum(pools.values())
     assert strat.ledger.balances == balances and strat.ledger.pools == pools
+    # Omega_kc (spec §2.3) counts every round client c won a slot of tier k; each round's history names the tier sizes
+    for k in (0, 1):
+        tally = {}
+        for e in log:
+            for c in e["tiers"][k]["members"]:
+                tally[c] = tally.get(c, 0) + 1
+        assert strat.counts[k] == tally
+    assert [h.extra["pifl"] for h in strat.history] == [
+        {"tier-sizes": {k: len(e["tiers"][k]["members"]) for k in (0, 1)}} for e in log]
     assert log[0]["tiers"][0]["source-a-share"] == pytest.approx(np.mean([SHARE_A[c] for c in log[0]["tiers"][0]["members"]]))
 
 
