@@ -441,9 +441,23 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
     eta, gamma, price = 0.5, 0.1, 2 * MICRO
     strat = pifl(**{"slots-performance": 1, "slots-random": 1, "max-refund": eta, "full-use-gain": gamma,
                     "slot-price": 2.0})
-    drive(strat, NODES, 4, ledger_round_answer)
+    grid = drive(strat, NODES, 4, ledger_round_answer)
     log = strat.ledger_log
     assert [e["round"] for e in log] == [1, 2, 3, 4]
+    # the bid query of round r tells every client its own balance after round r - 1, and the price (spec §7)
+    bids = sent(grid, "bid")
+    assert sorted((r, c) for r, c, _ in bids) == [(r, c) for r in (2, 3, 4) for c in range(4)]
+    for r, c, content in bids:
+        assert dict(content["ledger"]) == {"balance": log[r - 2]["balances"][c], "price": price}
+    assert len({content["ledger"]["balance"] for r, c, content in bids if r == 4}) > 1  # balances differ by then
+    # a winner is sent its own tier's model: the one every client evaluated at the end of the previous round
+    evaluated = {r: record_to_numpy(content["tiers"]) for r, c, content in sent(grid, "evaluate") if c == 0}
+    for r, c, content in sent(grid, "train"):
+        if r > 1:
+            k = content["tier"]["tier"]
+            assert c in log[r - 1]["tiers"][k]["members"]
+            for key, v in record_to_numpy(content["arrays"]).items():
+                np.testing.assert_array_equal(v, evaluated[r - 1][key][k])
     best = {k: np.mean([TIER_ACC[c][k] for c in log[0]["tiers"][k]["members"]]) for k in (0, 1)}
     balances, pools = {c: 100 * MICRO for c in range(4)}, {0: 0, 1: 0}
     for e in log[1:]:
