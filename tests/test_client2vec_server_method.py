@@ -853,3 +853,48 @@ def test_artefacts_of_a_run_without_an_evaluated_round_or_domains(tmp_path, monk
 def test_without_an_index_there_are_no_artefacts(tmp_path):
     c2v(**ARMS_OFF).write_artifacts(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_similarities_and_aggregation_weights_are_computed_in_double_precision_whatever_the_input_type():
+    """Spec §2.6-§2.7: S(beta_i, C) and the Eq. 3 weights are computed in double precision from whatever numbers
+    they get (the index arrives as float32; counts may come as any number type), so that the same index gives
+    the same draws and weights.  Half-precision inputs make a lower-precision computation visible."""
+    rng = np.random.default_rng(8)
+    a = rng.normal(size=(5, 6)).astype(np.float16)
+    exact = a.astype(np.float64)
+    unit = exact / np.linalg.norm(exact, axis=1, keepdims=True)
+    got = cosine_matrix(a)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, unit @ unit.T, rtol=1e-12, atol=1e-14)
+    sim_f, sim_l = unit @ unit.T, np.eye(5)
+    n16 = np.array([3, 7, 11, 13, 17], dtype=np.float16)
+    cohort = [0, 2, 3]
+    w = n16.astype(np.float64)[cohort] / n16.astype(np.float64)[cohort].sum()
+    np.testing.assert_allclose(similarity_to_set(sim_f, sim_l, n16, cohort), 0.5 * (sim_f[:, cohort] + sim_l[:, cohort]) @ w,
+                               rtol=1e-12, atol=1e-14)
+    h16 = np.array([0.3, -0.7, 0.55], dtype=np.float16)
+    raw = n16[cohort].astype(np.float64) * np.exp(h16.astype(np.float64) / 3.0)
+    np.testing.assert_allclose(aggregation_weights(h16, n16[cohort], 3.0), raw / raw.sum(), rtol=1e-12)
+
+
+def test_the_server_state_draws_with_the_runs_default_seed_unless_told_otherwise():
+    """Reproducibility (spec §7 test 5, same seed same sequence): without a seed the state draws as with the
+    run-config default seed 0."""
+    rng = np.random.default_rng(6)
+    bf, bl, n = rng.normal(size=(8, 4)), rng.normal(size=(8, 4)), np.full(8, 10.0)
+
+    def draws(**kw):
+        s = C2VServerState(bf, bl, n, **kw)
+        out = []
+        for t in range(1, 6):
+            out.append(s.sample(t, 2, use_index=True).tolist())
+            s.observe(out[-1])
+        return out
+
+    assert draws() == draws(seed=0) != draws(seed=1)
+
+
+def test_aggregation_weights_of_an_empty_cohort_are_refused_with_the_reason():
+    s = state(4)
+    with pytest.raises(ValueError, match="positive sample counts"):
+        s.weights([], True)
