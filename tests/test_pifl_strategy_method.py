@@ -421,6 +421,12 @@ def test_a_holdout_holds_at_most_1000_samples_of_its_source_by_default():
 
 # ------------------------------------------------------------------------------------------ the round's ledger log
 SHARE_A = {0: 0.1, 1: 0.3, 2: 0.6, 3: 0.9}  # each client's share of source A (two-source partitions)
+TIER0_LEVEL = {1: 0.5, 2: 0.55, 3: 0.5, 4: 0.6}  # tier 0's accuracy by round: gains below and above gamma, a loss
+
+
+def ledger_acc(rnd, c, k):
+    """Client c's accuracy of tier k after round rnd."""
+    return TIER0_LEVEL[rnd] + 0.02 * c if k == 0 else TIER_ACC[c][k]
 
 
 def ledger_round_answer(rnd, node, phase, content):
@@ -430,7 +436,7 @@ def ledger_round_answer(rnd, node, phase, content):
     if phase == "train":
         return [with_metrics(content, source_a_share=SHARE_A[c])]
     if phase == "evaluate":
-        return [with_metrics(content, tier_acc=TIER_ACC[c])]
+        return [with_metrics(content, tier_acc=[ledger_acc(rnd, c, k) for k in (0, 1)])]
     return None
 
 
@@ -438,7 +444,7 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
     # spec §2.4 per tier and round r >= 2: payers pay tau_p into P_k; theta = eta_R (gamma - min(gamma, delta)) / gamma
     # with delta the relative gain of Acc_k (mean a_ck over the tier's winners) over its best so far; floor(theta P_k)
     # refunded in equal shares; the rest paid by reverse rank (n - pos) / beta; the log entry says all of it
-    eta, gamma, price = 0.5, 0.1, 2 * MICRO
+    eta, gamma, price = 0.5, 0.25, 2 * MICRO
     strat = pifl(**{"slots-performance": 1, "slots-random": 1, "max-refund": eta, "full-use-gain": gamma,
                     "slot-price": 2.0})
     grid = drive(strat, NODES, 4, ledger_round_answer)
@@ -458,7 +464,8 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
             assert c in log[r - 1]["tiers"][k]["members"]
             for key, v in record_to_numpy(content["arrays"]).items():
                 np.testing.assert_array_equal(v, evaluated[r - 1][key][k])
-    best = {k: np.mean([TIER_ACC[c][k] for c in log[0]["tiers"][k]["members"]]) for k in (0, 1)}
+    best = {k: np.mean([ledger_acc(1, c, k) for c in log[0]["tiers"][k]["members"]]) for k in (0, 1)}
+    ratios = []
     balances, pools = {c: 100 * MICRO for c in range(4)}, {0: 0, 1: 0}
     for e in log[1:]:
         for k in (0, 1):
@@ -466,11 +473,12 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
             members = t["members"]
             assert members == sorted(members) and t["payers"] == members and t["delivered"] == members
             assert set(members) <= ({0, 1, 2} if k == 0 else {3}) and len(members) == (2 if k == 0 else 1)
-            utility = np.mean([TIER_ACC[c][k] for c in members])
+            utility = np.mean([ledger_acc(e["round"], c, k) for c in members])
             assert t["utility"] == pytest.approx(utility)
             gain = max(0.0, (utility - best[k]) / best[k])
             ratio = eta * (gamma - min(gamma, gain)) / gamma
             assert t["refund-ratio"] == pytest.approx(ratio)
+            ratios.append(ratio)
             best[k] = max(best[k], utility)
             assert t["payments"] == {c: price for c in members}
             pool = pools[k] + price * len(members)
@@ -486,6 +494,7 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
             assert t["source-a-share"] == pytest.approx(np.mean([SHARE_A[c] for c in members]))
         assert e["balances"] == balances and e["total"] == 400 * MICRO == sum(balances.values()) + sum(pools.values())
     assert strat.ledger.balances == balances and strat.ledger.pools == pools
+    assert any(0 < r < eta for r in ratios) and eta in ratios  # a partial refund and a full one were exercised
     # Omega_kc (spec §2.3) counts every round client c won a slot of tier k; each round's history names the tier sizes
     for k in (0, 1):
         tally = {}
