@@ -198,7 +198,7 @@ def test_a_warm_up_as_long_as_the_run_is_refused_with_a_suggestion_that_is_accep
 # node ids differ from them, so an index into the lazy list, a client id and a node id cannot be confused.
 import json  # noqa: E402
 
-from flwr.app import MetricRecord  # noqa: E402
+from flwr.app import MetricRecord, RecordDict  # noqa: E402
 
 from server_app.app import build_strategy  # noqa: E402
 from task.config import parse_settings  # noqa: E402
@@ -619,3 +619,58 @@ def test_a_client_without_a_cluster_or_set_trains_theta_0(mode):
         for c, members in s.sets.items():
             assert late not in members
             assert_holds(s.personal[c], fedavg(members, 3))
+
+
+def _accepts(strategy, phase, client, content):
+    return strategy.check_reply(2, NODE[client], content, phase, set()) is not None
+
+
+def _metrics_reply(client, **metrics):
+    return RecordDict({"metrics": MetricRecord({"partition-id": client, "num-examples": 5, **metrics})})
+
+
+def test_a_lia_reply_is_a_finite_row_over_the_lazy_models_and_distinct_indices_into_them():
+    """§2.7 (issue 14 §2): the row has one bounded score per lazy model, of either sign; p2p's beneficial peers
+    are distinct indices into the lazy list (at most all of them); anything else is rejected."""
+    from strategies.replies import VALUE_LIMIT
+
+    s = Federation(**{"lia-mode": "p2p"}).strategy
+    s.lazy_clients = [3, 8, 11, 20]
+    ok_row = [-5.0, 0.5, 1e3, -1e3]
+    good = [dict(beneficial=[]), dict(beneficial=[0, 3]), dict(beneficial=[0, 1, 2, 3])]
+    for extra in good:
+        assert _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": ok_row}, **extra)), extra
+    assert _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": [-VALUE_LIMIT, VALUE_LIMIT, 0.0, 0.0]}, beneficial=[1]))
+    bad_rows = [ok_row[:3], ok_row + [1.0], [-2 * VALUE_LIMIT, 0.0, 0.0, 0.0], [2 * VALUE_LIMIT, 0.0, 0.0, 0.0],
+                [float("nan"), 0.0, 0.0, 0.0]]
+    for row in bad_rows:
+        assert not _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": row}, beneficial=[0])), row
+    assert not _accepts(s, "lia", 3, _metrics_reply(3, beneficial=[0]))
+    assert not _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": ok_row}))  # p2p: the set is required
+    for peers in ([4], [-1], [1, 1], [0, 1, 2, 3, 0], [0.5]):
+        assert not _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": ok_row}, beneficial=peers)), peers
+    s.lazy_clients = [3]  # a single lazy model: index 0 only
+    assert _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": [1.0]}, beneficial=[0]))
+    assert not _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": [1.0]}, beneficial=[1]))
+
+
+def test_a_train_reply_may_name_its_planted_cluster_a_lazy_reply_carries_the_whole_model():
+    s = Federation().strategy
+    spec = s.reply_spec("train", NODE[3])
+    base = valid_content(spec, 3, seed=5)
+
+    def with_planted(value):
+        out = RecordDict({"metrics": MetricRecord({**dict(base["metrics"]), "planted-cluster": value}),
+                          "arrays": base["arrays"]})
+        return out
+
+    plain = RecordDict({"metrics": MetricRecord({k: v for k, v in base["metrics"].items() if k != "planted-cluster"}),
+                        "arrays": base["arrays"]})
+    assert _accepts(s, "train", 3, plain) and _accepts(s, "train", 3, with_planted(0))
+    assert _accepts(s, "train", 3, with_planted(7))
+    for bad in (-1, 1.5, 2**62):
+        assert not _accepts(s, "train", 3, with_planted(bad)), bad
+    lazy = valid_content(s.reply_spec("lazy", NODE[3]), 3, seed=6)
+    assert set(lazy["arrays"].keys()) == set(s.initial_state) and _accepts(s, "lazy", 3, lazy)
+    assert not _accepts(s, "lazy", 3, _metrics_reply(3))
+    assert set(s.reply_spec("train", NODE[3]).metrics) > {"planted-cluster"}
