@@ -631,3 +631,59 @@ def test_the_source_share_is_optional_in_train_and_evaluate_replies_but_checked_
     assert sorted((f["phase"], f["client"]) for f in strat.failures) == [("evaluate", 3), ("train", 3)]
     assert all("source-a-share" in f["reason"] for f in strat.failures)
     assert strat.source_share == {} and strat.client_eval.get(3) is None and strat.client_eval.get(0) is not None
+
+
+def test_a_tier_drafted_after_round_one_is_settled_and_keeps_its_best_utility():
+    # spec §2.5: a tier nobody bid for drafts non-bidders for free; from round 2 on it is still settled (spec §2.4):
+    # its refund ratio comes from its utility gain and Acc^max_k stays the best of all rounds (here round 1's)
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1, "max-refund": 0.4})
+
+    def answer(rnd, node, phase, content):
+        c = NODES[node]
+        if phase == "bid":
+            return [with_metrics(content, bid=[0] if c < 2 else [])]
+        if phase == "evaluate":
+            return [with_metrics(content, tier_acc=[0.5, 0.8 if rnd == 1 else 0.6])]
+        return None
+
+    drive(strat, NODES, 2, answer)
+    assert sorted(strat.winners[1]) == [2, 3] and strat.payers[1] == []
+    entry = strat.ledger_log[1]["tiers"][1]
+    assert entry["utility"] == pytest.approx(0.6) and entry["refund-ratio"] == pytest.approx(0.4)  # no gain: eta_R
+    assert entry["payments"] == {} and entry["refunds"] == {} and entry["rewards"] == {2: 0, 3: 0}
+    assert strat.ledger.best_utility[1] == pytest.approx(0.8)
+
+
+def test_the_utility_is_the_mean_over_the_winners_whose_evaluation_arrived():
+    # spec §2.4 step 2: Acc_k is the mean a_ck over the tier's winners; one whose evaluate reply was lost is left out
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    lost = []
+
+    def answer(rnd, node, phase, content):
+        c = NODES[node]
+        if phase == "evaluate" and not lost and c in strat.winners[0]:
+            lost.append(c)
+            return []
+        return tier_accuracies(rnd, node, phase, content)
+
+    drive(strat, NODES, 1, answer)
+    others = [c for c in strat.winners[0] if c not in lost]
+    entry = strat.ledger_log[0]["tiers"][0]
+    assert entry["delivered"] == strat.winners[0] and len(others) == 1
+    assert entry["utility"] == pytest.approx(TIER_ACC[others[0]][0])
+
+
+def test_a_two_source_run_logs_each_rounds_tier_table_with_its_ledger_entry():
+    # spec Tables 1-2: every round, each tier model's accuracy on the source A and B holdouts
+    strat = build_strategy(two_source(**{"slots-performance": 1, "slots-random": 1, "server-set-size": 50}))
+    drive(strat, NODES, 2)
+    for e in strat.ledger_log:
+        table = e["tier-table"]
+        assert table == strat.tier_tables.by_round[e["round"]] and len(table) == 2
+        assert strat.history[e["round"] - 1].extra["tier-table"] == table
+    holdouts = strat.tier_tables._holdouts
+    model = build_model("mlp", strat.settings.in_channels, strat.settings.image_size, strat.settings.num_classes)
+    for k in (0, 1):
+        load_record(model, strat.tiers[k])
+        expected = {name: evaluate(model, x, y)[1] for name, (x, y) in holdouts.sets.items()}
+        assert strat.ledger_log[-1]["tier-table"][k] == pytest.approx(expected)
