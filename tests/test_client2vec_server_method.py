@@ -441,11 +441,24 @@ def test_global_dsa_ign_training_reports_its_losses_every_fifth_of_the_epochs_an
     assert phase[0].endswith(f"{strat.index_seconds:.1f} s")
 
 
-def test_the_index_phase_time_is_recorded_in_the_round_that_ran_it():
-    """Artefacts: the index phase's seconds go into client2vec.json and the round log of the round that ran it."""
+def test_the_index_phase_time_is_recorded_in_the_round_that_ran_it(monkeypatch):
+    """Artefacts: the index phase's seconds go into client2vec.json and the round log of the round that ran it;
+    training the DSA-IGN on the server is server time (rounds.json's server-seconds)."""
+    import time
+
+    import strategies.client2vec as module
+
+    def slow_training(*args, **kwargs):
+        time.sleep(0.3)
+        return train_dsa_ign(*args, **kwargs)
+
+    monkeypatch.setattr(module, "train_dsa_ign", slow_training)
     strat = c2v()
+    start = time.perf_counter()
     drive(strat, NODES, 2)
-    assert strat.index_seconds > 0
+    elapsed = time.perf_counter() - start
+    assert 0.3 < strat.index_seconds < elapsed
+    assert 0.3 < strat.history[0].extra["server-seconds"] < elapsed
     assert strat.history[0].extra["index-seconds"] == strat.index_seconds
     assert "index-seconds" not in strat.history[1].extra  # everyone is indexed: no index phase in round 2
 
