@@ -240,3 +240,71 @@ def test_diversity_of_a_two_sample_batch_is_their_cosine_and_cos_is_the_default_
     assert loss_div(u).item() == pytest.approx(0.6, rel=1e-6)
     z, v = torch.randn(4, 6), torch.randn(4, 6)
     assert loss_orth(z, v).item() == pytest.approx(loss_orth(z, v, "cos").item())
+
+
+# ------------------------------------------------------------------ mutation testing (issue 14): sharper contracts
+@pytest.mark.parametrize("dim, token, heads", [(4, 8, 2), (16, 8, 2), (12, 8, 4), (512, 32, 8), (10, 8, 2), (12, 9, 3),
+                                               (16, 8, 3), (18, 12, 8)])
+def test_a_shape_is_accepted_exactly_when_its_tokens_and_heads_split_evenly(dim, token, heads):
+    """Spec §2.3: I = [D, D] is cut into 2*dim/token tokens of width token, and each token's width is split over the
+    heads; a shape is valid exactly when both divisions are exact (the rule is evaluated here in integers)."""
+    valid = (2 * dim) % token == 0 and token % heads == 0
+    if valid:
+        net = build_ign(IGNConfig(dim=dim, token=token, layers=1, heads=heads, ff=8, dropout=0.0), 0).eval()
+        assert net.n_tokens == 2 * dim // token
+        z, u, d_hat = net(torch.randn(2, dim))
+        assert z.shape == u.shape == d_hat.shape == (2, dim)
+    else:
+        with pytest.raises(ValueError, match="divisible"):
+            IGNConfig(dim=dim, token=token, layers=1, heads=heads, ff=8)
+
+
+def test_each_sample_is_encoded_on_its_own_tokens():
+    """Spec §2.3: the transformer attends over the tokens of ONE embedding (batch-first: (N, tokens, width)); in eval
+    mode a sample's Z, U and D~ do not depend on the other samples of the batch."""
+    net = build_ign(SMALL, 3).eval()
+    d = torch.randn(5, 16)
+    with torch.no_grad():
+        batch = net(d)
+        for i in range(5):
+            alone = net(d[i:i + 1])
+            for got, ref in zip(batch, alone):
+                torch.testing.assert_close(got[i:i + 1], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_losses_are_made_on_the_inputs_device():
+    """DESIGN: device-agnostic code, tensors made on the inputs' device ('meta' stands in for a GPU: no GPU here)."""
+    u, z = torch.randn(4, 6, device="meta"), torch.randn(4, 6, device="meta")
+    assert loss_div(u).device.type == "meta"
+    assert loss_sim(z, u).device.type == "meta"
+    for mode in ("cos", "literal", "diag"):
+        assert loss_orth(z, u, mode).device.type == "meta"
+
+
+def test_training_default_seed_is_the_run_configs_and_the_seed_matters():
+    """The default seed of train_dsa_ign is the run config's default seed (0), and the seed decides the batches:
+    130 pairs in batches of 128 and 2, so another seed puts other pairs in the small batch."""
+    from task.config import RunOptions
+
+    seed0 = RunOptions.declared()["seed"].default
+    rng = np.random.default_rng(8)
+    D, L = rng.normal(size=(130, 16)).astype(np.float32), rng.normal(size=(130, 16)).astype(np.float32)
+    a, b, c = build_ign(SMALL, 5), build_ign(SMALL, 5), build_ign(SMALL, 5)
+    ha = train_dsa_ign(a, D, L, epochs=1, lr=0.01)
+    hb = train_dsa_ign(b, D, L, epochs=1, lr=0.01, seed=seed0, orth_mode="cos")
+    hc = train_dsa_ign(c, D, L, epochs=1, lr=0.01, seed=seed0 + 1)
+    assert ha == hb and ha != hc
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+
+
+def test_embeddings_of_any_float_precision_train_the_float32_network():
+    """Embeddings arrive as numpy arrays (a client's cache, the server's pooled uploads) in float32 or float64; the
+    network is float32 and trains on them as on float32 copies (spec §2.5)."""
+    rng = np.random.default_rng(9)
+    D, L = rng.normal(size=(6, 16)).astype(np.float32), rng.normal(size=(6, 16)).astype(np.float32)
+    ref = build_ign(SMALL, 6)
+    href = train_dsa_ign(ref, D, L, epochs=2, batch_size=3, lr=0.01, seed=1)
+    for D_, L_ in ((D.astype(np.float64), L), (D, L.astype(np.float64))):
+        net = build_ign(SMALL, 6)
+        assert train_dsa_ign(net, D_, L_, epochs=2, batch_size=3, lr=0.01, seed=1) == href
+        assert all(torch.equal(v, ref.state_dict()[k]) for k, v in net.state_dict().items())
