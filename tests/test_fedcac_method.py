@@ -556,3 +556,41 @@ def test_a_round_with_a_single_participant_has_no_pair_no_collaborator_and_u_i_i
     for k, v in sent[(1, 3)]["arrays"].items():
         np.testing.assert_array_equal(strat.custom[3][k], v)
         np.testing.assert_allclose(strat.global_state[k], v, rtol=1e-6)
+
+
+def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_is_by_client_id(tmp_path, monkeypatch):
+    """Spec §7 (the server's result is per client, whatever order the replies come in): every u_i and the
+    collaborator sets belong to the client that sent the model, and the overlap heat map is ordered by client id.
+    A round where every mask is empty (tau = 0) has overlap 0 everywhere; the colour scale stays 0..1."""
+    from strategies.base import Reply
+
+    import matplotlib.figure
+
+    figures = kept_figures(monkeypatch)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: None)  # the figure's content counts here
+    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))
+    n = sum(int(np.prod(s)) for s in strat.param_shapes.values())
+    rng = np.random.default_rng(5)
+    order = [3, 1, 2, 0]
+    params = {c: {k: rng.normal(size=s).astype(np.float32) for k, s in strat.param_shapes.items()} for c in order}
+    bits = {c: planted_bits(n, c, 1) for c in order}
+
+    def replies(empty=False):
+        return [Reply(100 + c, c, 10, {}, {"arrays": params[c],
+                                           "mask": {"bits": np.zeros_like(bits[c]) if empty else bits[c]}}) for c in order]
+
+    strat.aggregate(1, replies())
+    in_order = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))
+    in_order.aggregate(1, sorted(replies(), key=lambda r: r.client))
+    for c in order:
+        for k in strat.param_keys:
+            np.testing.assert_array_equal(strat.custom[c][k], in_order.custom[c][k])
+    assert strat.overlaps[1]["partition-ids"] == order
+    exp = naive_overlap(np.array([np.unpackbits(bits[c])[:n].astype(bool) for c in range(4)]))
+    strat.aggregate(2, replies(empty=True))
+    strat.write_artifacts(tmp_path)
+    panels = [ax for ax in figures[0].axes if ax.get_images()]
+    first, empty = (ax.get_images()[0] for ax in panels)
+    np.testing.assert_allclose(first.get_array(), exp, atol=5e-5)  # rows and columns by client id
+    np.testing.assert_array_equal(empty.get_array(), np.zeros((4, 4)))
+    assert first.get_clim() == empty.get_clim() == (0, 1)
