@@ -687,3 +687,25 @@ def test_a_two_source_run_logs_each_rounds_tier_table_with_its_ledger_entry():
         load_record(model, strat.tiers[k])
         expected = {name: evaluate(model, x, y)[1] for name, (x, y) in holdouts.sets.items()}
         assert strat.ledger_log[-1]["tier-table"][k] == pytest.approx(expected)
+
+
+def test_a_round_in_which_every_training_failed_settles_nobody_and_keeps_the_payments_in_the_pools():
+    # spec §2.4 as the strategy resolves it: winners whose training did not arrive are neither refunded nor
+    # rewarded; when no train reply arrives at all the tiers keep their models and the pools keep the payments
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+
+    def answer(rnd, node, phase, content):
+        if phase == "bid":
+            return [with_metrics(content, bid=[NODES[node] % 2])]
+        if rnd == 2 and phase == "train":
+            return []
+        return tier_accuracies(rnd, node, phase, content)
+
+    drive(strat, NODES, 2, answer)
+    entry = strat.ledger_log[1]
+    for k in (0, 1):
+        t = entry["tiers"][k]
+        assert t["payers"] == strat.winners[k] and len(t["payers"]) == 2 and t["delivered"] == []
+        assert t["refunds"] == {} and t["rewards"] == {} and t["utility"] is None
+        assert t["pool"] == strat.ledger_log[0]["tiers"][k]["pool"] + 2 * strat.price
+    assert entry["total"] == 400 * MICRO
