@@ -497,11 +497,20 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
         order = np.argsort(entry["partition-ids"])
         np.testing.assert_allclose(image.get_array(), np.array(entry["overlap"])[np.ix_(order, order)])
     assert tuple(heat.get_size_inches()) == pytest.approx((4.2 * 3, 3.8))
+    for ax in panels:  # client ids are whole numbers: no tick at client 0.5
+        for ticks in (ax.get_xticks(), ax.get_yticks()):
+            inside = [t for t in ticks if -0.5 <= t <= 3.5]
+            assert len(inside) >= 2 and all(float(t).is_integer() for t in inside)
+    bars = [ax for ax in heat.axes if not ax.get_images()]
+    for ax, bar in zip(panels, bars):  # each colour bar is a thin strip beside its panel
+        assert bar.get_position().width < 0.1 * ax.get_position().width
+        assert bar.get_position().x0 >= ax.get_position().x1
     assert plt.imread(tmp_path / "fedcac_overlap.png").shape[:2] == (380, 1260)  # 100 dpi
 
     main = next(ax for ax in lines.axes if ax.get_ylabel() == "collaborators per client")
     twin = next(ax for ax in lines.axes if ax is not main)
     assert main.get_xlabel() == "round" and twin.get_ylabel() == "overlap"
+    assert all(float(t).is_integer() for t in main.get_xticks())  # rounds are whole numbers
     xs = list(range(1, rounds + 1))
     series = {ln.get_label(): ln for ln in main.lines + twin.lines}
     for label, key in (("mean |C_i|", "collaborators-mean"), ("threshold", "threshold"), ("mean overlap", "overlap-mean")):
