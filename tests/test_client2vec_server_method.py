@@ -587,7 +587,9 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
         assert sorted(m.metadata.dst_node_id for m in train) == sorted(strat.node_of[c] for c in rows)
         for m in train:
             assert_state_close(arrays(m.content), model)  # the global model of the previous round
-            np.testing.assert_array_equal(arrays(m.content, "c2v")["B_f"], bf.astype(np.float32))
+            b_f = arrays(m.content, "c2v")["B_f"]  # float32 on the wire (spec §2.9: 120 KB for M = 60)
+            assert b_f.dtype == np.float32
+            np.testing.assert_array_equal(b_f, bf.astype(np.float32))
             assert m.content["config"]["c2v-local"] is True
         for m in sent(grid, "evaluate", t):
             assert set(m.content.keys()) == {"arrays", "config"} and m.content["config"]["c2v-local"] is False
@@ -849,19 +851,30 @@ def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similari
 
 
 def test_artefacts_of_a_run_without_an_evaluated_round_or_domains(tmp_path, monkeypatch):
-    """Before any evaluation the best accuracy is null; with one domain there is no boundary and no gap."""
+    """Before any evaluation the best accuracy is null (an accuracy of 0 is a result, not a missing one); with one
+    domain there is no boundary and no gap; client axes show whole clients only (strategies/plots.py)."""
+    import matplotlib.pyplot as plt
+
     figures = kept_figures(monkeypatch)
-    strat = c2v(**{"num-server-rounds": 3})  # full participation: round 1 is evaluated with round 2's messages
-    drive(strat, NODES, 1)
+    three = {12: 0, 4: 1, 60: 2}
+    strat = c2v(**{"num-server-rounds": 3, "min-nodes": 3})  # full participation: round 1 is evaluated in round 2
+    drive(strat, three, 1)
     strat.write_artifacts(tmp_path)
     record = json.loads((tmp_path / "client2vec.json").read_text())
     assert record["best-global-acc"] is None and record["index-quality"] == {}
     (fig,) = figures
     assert all(not ax.lines for ax in fig.axes)
-    assert fig._suptitle.get_text() == "Client2Vec pairwise index similarity (6 clients)"
-    import matplotlib.pyplot as plt
-
+    assert fig._suptitle.get_text() == "Client2Vec pairwise index similarity (3 clients)"
+    for ax in (ax for ax in fig.axes if ax.get_images()):
+        lo, hi = sorted(ax.get_ylim())
+        ticks = [t for t in list(ax.get_xticks()) + list(ax.get_yticks()) if lo <= t <= hi]
+        assert ticks and all(float(t).is_integer() for t in ticks)
     plt.close(fig)
+    strat.history[0].evaluate["global-acc"] = 0.0
+    strat.write_artifacts(tmp_path)
+    assert json.loads((tmp_path / "client2vec.json").read_text())["best-global-acc"] == 0.0
+    for fig in figures[1:]:
+        plt.close(fig)
 
 
 def test_without_an_index_there_are_no_artefacts(tmp_path):
