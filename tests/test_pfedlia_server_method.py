@@ -228,7 +228,8 @@ def influence(i, j):
 class Federation:
     """Runs the strategy over scripted clients; records every message sent (round, phase, client, content)."""
 
-    def __init__(self, method="pfedlia", rounds=3, silent=(), beneficial=None, planted=True, **cfg):
+    def __init__(self, method="pfedlia", rounds=3, silent=(), beneficial=None, planted=True, influence=influence,
+                 clients=CLIENTS, **cfg):
         self.strategy = build_strategy(parse_settings({
             "dataset": "digits", "model": "mlp", "min-nodes": 1, "num-server-rounds": rounds, "local-epochs": 1,
             "method": method, "warmup-rounds": 1, "optics-min-samples": 2, **cfg}))
@@ -236,8 +237,9 @@ class Federation:
         self.beneficial = beneficial or (lambda i, lazy_ids: [k for k, j in enumerate(lazy_ids)
                                                               if PLANTED[j] == PLANTED[i] and j != i])
         self.planted = planted
+        self.influence = influence
         self.sent = []
-        self.present = {r: list(CLIENTS) for r in range(1, rounds + 1)}
+        self.present = {r: list(clients) for r in range(1, rounds + 1)}
 
     def respond(self, msg):
         client = {n: c for c, n in NODE.items()}[msg.metadata.dst_node_id]
@@ -259,7 +261,7 @@ class Federation:
                                            for k, v in record_to_numpy(content["arrays"]).items()})
         elif phase == "lia":
             lazy_ids = list(msg.content["lazy-clients"]["client-ids"])
-            metrics["lia-row"] = [influence(client, j) for j in lazy_ids]
+            metrics["lia-row"] = [self.influence(client, j) for j in lazy_ids]
             if "beneficial" in metrics:
                 metrics["beneficial"] = list(self.beneficial(client, lazy_ids))
         content["metrics"] = MetricRecord(metrics)
@@ -674,3 +676,73 @@ def test_a_train_reply_may_name_its_planted_cluster_a_lazy_reply_carries_the_who
     assert set(lazy["arrays"].keys()) == set(s.initial_state) and _accepts(s, "lazy", 3, lazy)
     assert not _accepts(s, "lazy", 3, _metrics_reply(3))
     assert set(s.reply_spec("train", NODE[3]).metrics) > {"planted-cluster"}
+
+
+def _by_sign_only(i, j):  # who helps whom is clear; the magnitudes differ by two orders between rows
+    scale = {3: 1.0, 8: 80.0, 11: 0.5, 20: 120.0, 25: 2.0, 31: 40.0}[i]
+    return scale * (1.0 if PLANTED[i] == PLANTED[j] else -1.0)
+
+
+def _offset_rows(i, j):  # the same pattern on rows shifted by very different offsets
+    return {3: 0.0, 8: 0.0, 11: 300.0, 20: 300.0, 25: 600.0, 31: 600.0}[i] + (5.0 if PLANTED[i] == PLANTED[j] else 0.0)
+
+
+def _one_outlier(i, j):  # client 31 scores like nobody else: an OPTICS noise point
+    if i == 31:
+        return {3: 30.0, 8: -40.0, 11: 25.0, 20: 60.0, 25: -10.0, 31: 0.0}[j]
+    return 6.0 if PLANTED[i] == PLANTED[j] else -6.0
+
+
+@pytest.mark.parametrize("option, influence_of, expected", [
+    ({"lia-score": "sign"}, _by_sign_only, {c: PLANTED[c] for c in CLIENTS}),
+    ({"lia-score": "raw"}, _by_sign_only, {c: 0 for c in CLIENTS}),
+    ({"lia-row-standardize": True}, _offset_rows, {c: PLANTED[c] for c in CLIENTS}),
+    ({"lia-row-standardize": False}, _offset_rows, {3: 0, 8: 0, 11: 1, 20: 1, 25: 2, 31: 2}),
+    ({"lia-noise": "singleton"}, _one_outlier, {**{c: PLANTED[c] for c in CLIENTS}, 31: 2}),
+    ({"lia-noise": "nearest"}, _one_outlier, {**{c: PLANTED[c] for c in CLIENTS}, 31: 0}),
+    ({"optics-min-samples": 5}, influence, {c: 0 for c in CLIENTS}),
+])
+def test_the_clustering_options_reach_optics(option, influence_of, expected):
+    """docs "Options": lia-score (raw rows or their signs), lia-row-standardize, lia-noise and optics-min-samples
+    change the server's OPTICS clustering of the influence rows (§2.5)."""
+    s = Federation(rounds=2, influence=influence_of, **option).run().strategy
+    assert same_partition(s.assignment, expected) and len(set(s.assignment.values())) == len(set(expected.values()))
+
+
+def test_the_clustering_round_is_logged(caplog):
+    """The server log names the clustering round, its mode, the number of clusters, the ARI and its duration."""
+    import logging
+    import re
+
+    with caplog.at_level(logging.INFO, logger="flwr.pflower"):
+        Federation(rounds=2).run()
+
+    lines = [r.getMessage() for r in caplog.records if "clustering round" in r.getMessage()]
+    assert len(lines) == 1 and re.fullmatch(r"\[pfedlia\] clustering round 2 \(central\): 2 clusters, ARI 1\.0, \d+\.\d s",
+                                            lines[0]), lines
+
+
+def test_the_clustering_round_takes_the_time_it_is_logged_with():
+    import time
+
+    fed = Federation(rounds=2)
+    start = time.monotonic()
+    fed.run()
+    seconds = fed.strategy.clustering["seconds"]
+    assert 0 < seconds < time.monotonic() - start
+
+
+def test_a_single_client_is_its_own_cluster_and_its_bytes_are_per_client():
+    fed = Federation(rounds=2, clients=[8]).run()
+    s = fed.strategy
+    info, comm = s.clustering, s.comm[2]
+    assert s.assignment == {8: 0} and info["clusters"] == 1 and info["clients-asked"] == 1
+    assert info["bytes-down-per-client"] == comm["lazy-bytes-down"] + comm["lia-bytes-down"]
+    assert info["bytes-up-per-client"] == comm["lazy-bytes-up"] + comm["lia-bytes-up"]
+
+
+def test_oracle_without_planted_groups_says_which_partitions_have_them():
+    fed = Federation(method="oracle", planted=False)
+    with pytest.raises(ValueError, match=r"^lia-mode 'oracle' needs planted clusters \(partition 'planted-clusters\*'\); "
+                                         r"no client reported one$"):
+        fed.run()
