@@ -732,13 +732,16 @@ def test_the_clustering_round_takes_the_time_it_is_logged_with():
     assert 0 < seconds < time.monotonic() - start
 
 
-def test_a_single_client_is_its_own_cluster_and_its_bytes_are_per_client():
+def test_a_single_client_is_its_own_cluster_and_its_bytes_are_per_client(tmp_path, monkeypatch):
     fed = Federation(rounds=2, clients=[8]).run()
     s = fed.strategy
     info, comm = s.clustering, s.comm[2]
     assert s.assignment == {8: 0} and info["clusters"] == 1 and info["clients-asked"] == 1
     assert info["bytes-down-per-client"] == comm["lazy-bytes-down"] + comm["lia-bytes-down"]
     assert info["bytes-up-per-client"] == comm["lazy-bytes-up"] + comm["lia-bytes-up"]
+    _figure_of(s, tmp_path, monkeypatch)  # a 1 x 1 influence matrix is still written and drawn
+    assert json.loads((tmp_path / "pfedlia_influence.json").read_text())["matrix"] == [[influence(8, 8)]]
+    assert (tmp_path / "pfedlia_influence.png").exists()
 
 
 def test_oracle_without_planted_groups_says_which_partitions_have_them():
