@@ -143,7 +143,9 @@ class OpenClipEncoder:
         self.image_size = int(size[0] if isinstance(size, (tuple, list)) else size)
 
     def describe(self) -> str:
-        return f"open_clip-{self.model_name}-{Path(self.weights).name if self.weights else 'random'}"
+        # the normalisation is part of what the cached embeddings are (c2v-normalize must not reuse the other kind)
+        norm = "l2" if self.normalize else "raw"
+        return f"open_clip-{self.model_name}-{Path(self.weights).name if self.weights else 'random'}-{norm}"
 
     @torch.no_grad()
     def encode_images(self, x: torch.Tensor, batch_size: int = 256) -> np.ndarray:
