@@ -83,7 +83,7 @@ def test_federated_dsa_ign_round_trains_the_sent_network_with_the_ign_options(cf
     assert np.isfinite(reply["metrics"]["ign-loss"]) and reply["metrics"]["ign-loss"] > 0
     one = as_torch(client("client2vec", data, **{**cfg, "c2v-ign-local-epochs": 1}).query("c2v_ign", content)["arrays"])
     assert dist(one, moved, [k for k in sent if sent[k].is_floating_point()]) > 0
-    with pytest.raises(ValueError, match="DSA-IGN"):
+    with pytest.raises(ValueError, match=r"^the message carries no DSA-IGN weights \('ign' ArrayRecord\)$"):
         client("client2vec", data, **cfg).query("c2v_ign", RecordDict())
     partial = {k: v for k, v in numpy_state(sent).items() if k != "proj.bias"}
     with pytest.raises(ValueError, match="lacks"):
@@ -99,15 +99,18 @@ def test_client_index_is_mean_u_over_all_training_samples_and_the_mean_label_emb
         _, u, _ = net.eval()(torch.from_numpy(D_full))
     np.testing.assert_allclose(rec["beta_f"], u.numpy().mean(0), atol=1e-5)
     np.testing.assert_allclose(rec["beta_l"], L_full.mean(0), atol=1e-6)
-    with pytest.raises(ValueError, match="query"):
+    with pytest.raises(ValueError, match="'client2vec' does not answer query 'no-such-query'"):
         client("client2vec", data, **cfg).query("no-such-query", RecordDict())
 
 
 # ------------------------------------------------------------------------------------------ local training
 @pytest.fixture(scope="module")
 def start():
+    """The global model a client receives: NOT the model it would build itself (training must start from it)."""
     c = client("client2vec", client_data(HIGH))
-    return {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
+    g = torch.Generator().manual_seed(11)
+    return {k: (v.detach() + 0.1 * torch.randn(v.shape, generator=g)) if v.is_floating_point() else v.detach().clone()
+            for k, v in c.fresh_model().state_dict().items()}
 
 
 def train_content(state, beta=None, aux=None):
@@ -199,3 +202,116 @@ def test_evaluate_scores_the_main_model_and_ignores_the_projection(start, cfg):
     model.load_state_dict(start)
     loss, acc = evaluate(model, data.x_test, data.y_test)
     assert without["personal-loss"] == pytest.approx(loss) and without["personal-acc"] == pytest.approx(acc)
+
+
+# ------------------------------------------------------------------ mutation testing (issue 14): sharper contracts
+def test_index_phase_replies_report_their_work_as_method_time(cfg):
+    """Every index-phase reply reports the client's own work (CLIP encoding, DSA-IGN epochs, the index) as
+    ``time-method``, the one timed phase of these queries (base metrics: time-<phase>)."""
+    data = client_data(HIGH, n=4)
+    _, content = ign_record()
+    for name, msg in (("c2v_embed", RecordDict()), ("c2v_ign", content), ("c2v_index", content)):
+        metrics = client("client2vec", data, **{**cfg, "c2v-ign-local-epochs": 1}).query(name, msg)["metrics"]
+        assert [k for k in metrics if k.startswith("time-")] == ["time-method"] and metrics["time-method"] > 0, name
+        assert metrics["num-examples"] == len(data.y_train)
+
+
+def test_embedding_upload_is_reproducible_and_embeddings_are_cached_in_the_configured_folder(cfg, tmp_path):
+    """A run is reproducible from its run config (DESIGN): the same node uploads the same pairs; the CLIP embeddings
+    are cached on disk in ``c2v-cache-dir`` (spec §2.1)."""
+    data = client_data(HIGH, n=4)
+    first = record_to_numpy(client("client2vec", data, **cfg).query("c2v_embed", RecordDict())["arrays"])
+    assert list(tmp_path.glob("*.npz"))  # written where the option says
+    again = record_to_numpy(client("client2vec", data, **cfg).query("c2v_embed", RecordDict())["arrays"])
+    np.testing.assert_array_equal(first["D"], again["D"])
+    np.testing.assert_array_equal(first["L"], again["L"])
+
+
+def test_open_clip_index_uses_the_configured_model_weights_and_normalisation(cfg, tmp_path):
+    """Spec §2.1 / A1-A2: D is the configured open_clip model's image embedding, L2-normalised with c2v-normalize; a
+    missing checkpoint is an error naming c2v-clip-weights, never a silent fallback to random weights."""
+    from task.clip import OpenClipEncoder
+
+    data = client_data(HIGH, n=2)
+    clip = {**cfg, "c2v-encoder": "open-clip", "c2v-clip-model": "pflower-tiny", "c2v-clip-weights": "random"}
+    for normalize in (True, False):
+        D = client("client2vec", data, **{**clip, "c2v-normalize": normalize}).embeddings()[0]
+        ref = OpenClipEncoder("pflower-tiny", "random", normalize).encode_images(data.x_train)
+        np.testing.assert_allclose(D, ref, rtol=1e-5, atol=1e-6)
+        assert np.allclose(np.linalg.norm(D, axis=1), 1.0, atol=1e-5) == normalize
+    with pytest.raises(Exception, match="c2v-clip-weights"):
+        client("client2vec", data, **{**clip, "c2v-clip-weights": str(tmp_path / "none.pt")}).embeddings()
+    with pytest.raises(ValueError, match="c2v-clip-model"):
+        client("client2vec", data, **{**clip, "c2v-clip-model": "no-such-clip"}).embeddings()
+
+
+def test_federated_dsa_ign_reply_is_the_local_update_and_its_last_epochs_loss(cfg):
+    """Federated mode (spec §2.5): the sent network trains c2v-ign-local-epochs epochs of Adam at c2v-ign-lr on all
+    local pairs, and ``ign-loss`` is the mean DSA-IGN loss of the LAST epoch.  20 pairs in one
+    batch of 32: the epochs are the same batch whatever the shuffling, so an independent run reproduces them."""
+    from task.dsa_ign import train_dsa_ign
+
+    data = client_data(HIGH, n=4)
+    net, content = ign_record()
+    reply = client("client2vec", data, **{**cfg, "c2v-ign-local-epochs": 3, "c2v-ign-lr": 0.01}).query("c2v_ign", content)
+    D, L = reference_embeddings(data)
+    hist = train_dsa_ign(net, D, L, epochs=3, batch_size=32, lr=0.01)
+    assert hist[-1]["total"] != pytest.approx(hist[-2]["total"], rel=1e-4)  # the epochs differ: the test can tell
+    assert reply["metrics"]["ign-loss"] == pytest.approx(hist[-1]["total"], rel=1e-5)
+
+
+def test_trained_acc_is_the_returned_models_test_accuracy(start, cfg):
+    from task.train import evaluate
+
+    data = client_data(HIGH)
+    reply = client("client2vec", data, **cfg).train(train_content(start, BETA))
+    model = client("client2vec", data, **cfg).fresh_model()
+    model.load_state_dict({k: v for k, v in as_torch(reply["arrays"]).items() if not k.startswith("c2v.")})
+    assert reply["metrics"]["trained-acc"] == pytest.approx(evaluate(model, data.x_test, data.y_test)[1])
+
+
+def test_moon_base_is_the_moon_client_round_after_round(start, cfg):
+    """c2v-base=moon without the index matrix is MOON (spec: the base algorithm's own term alongside), including
+    the previous local model kept in the node's state (``moon-prev``) for the next round."""
+    data = client_data(HIGH)
+    run = {**cfg, "moon-mu": 5.0, "local-epochs": 2}
+    c2v_ctx, moon_ctx = context("client2vec", **{**run, "c2v-base": "moon"}), context("moon", **run)
+    for _ in range(2):
+        got = as_torch(client("client2vec", data, ctx=c2v_ctx).train(train_content(start))["arrays"])
+        ref = as_torch(client("moon", data, ctx=moon_ctx).train(train_content(start))["arrays"])
+        assert sorted(got) == sorted(ref) and dist(got, ref, [k for k in ref if ref[k].is_floating_point()]) < 1e-6
+        prev = as_torch(c2v_ctx.state["moon-prev"])
+        assert all(torch.equal(prev[k], got[k]) for k in got)
+
+
+@pytest.mark.parametrize("w, normalize, mean, dtype", [(1.0, True, False, np.float32), (2.0, False, True, np.float64)])
+def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, dtype):
+    """Spec §2.8, Eq. 4: one full-batch SGD step on CE(h(z), y) + w * (L_orth(P z, B_f) + KL(h || h_P)) over the
+    model AND P, h_P (local_regulariser, with c2v-orth-normalize / c2v-orth-mean-over-clients as set), from the
+    received global model; B_f is read as float32 whatever precision it arrives in."""
+    from client_app.client2vec_math import local_regulariser
+
+    data = client_data(HIGH)
+    n, lr = len(data.y_train), 0.1
+    run = {**cfg, "c2v-local-weight": w, "c2v-orth-normalize": normalize, "c2v-orth-mean-over-clients": mean,
+           "batch-size": n, "lr": lr, "momentum": 0.0, "local-epochs": 1}
+    c = client("client2vec", data, **run)
+    got = as_torch(c.train(train_content(start, BETA.astype(dtype)))["arrays"])
+    model = c.fresh_model()
+    model.load_state_dict(start)
+    aux = build_aux(64, 512, 10, 3)
+    z = model.features(data.x_train)
+    logits = model.head(z)
+    loss = torch.nn.functional.cross_entropy(logits, data.y_train) + w * local_regulariser(
+        z, logits, aux, torch.from_numpy(BETA), normalize=normalize, mean_over_clients=mean)
+    named = dict(model.named_parameters()) | {"c2v." + k: p for k, p in aux.named_parameters()}
+    grads = dict(zip(named, torch.autograd.grad(loss, list(named.values()))))
+    for k, p in named.items():
+        torch.testing.assert_close(got[k], (p - lr * grads[k]).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_sent_projection_modules_must_be_complete(start, cfg):
+    aux = build_aux(64, 512, 10, seed=99).state_dict()
+    del aux["head.bias"]
+    with pytest.raises(ValueError, match="lacks"):
+        client("client2vec", client_data(HIGH), **cfg).train(train_content(start, BETA, aux))
