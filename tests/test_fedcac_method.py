@@ -519,8 +519,12 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
     assert series["mean |C_i|"] in main.lines and series["threshold"] in twin.lines
     (vline,) = [ln for ln in main.lines if ln.get_label().startswith("_")]
     assert list(vline.get_xdata()) == [beta, beta]
-    assert len({series[k].get_color() for k in ("threshold", "mean overlap")} | {vline.get_color()}) == 3
-    assert series["threshold"].get_linestyle() != series["mean overlap"].get_linestyle()
+    # the three series and the beta line are told apart by colour, and by line style in black and white too;
+    # the count is marked at every round
+    names = ("mean |C_i|", "threshold", "mean overlap")
+    assert len({series[k].get_color() for k in names} | {vline.get_color()}) == 4
+    assert len({series[k].get_linestyle() for k in names}) == 3
+    assert series["mean |C_i|"].get_marker() not in (None, "None", "", " ")
     (legend,) = lines.legends
     assert sorted(t.get_text() for t in legend.get_texts()) == ["mean overlap", "mean |C_i|", "threshold"]
     assert tuple(lines.get_size_inches()) == pytest.approx((6, 3.5))
