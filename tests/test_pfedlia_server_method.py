@@ -297,7 +297,7 @@ def same_partition(labels: dict, groups: dict) -> bool:
     return all((labels[a] == labels[b]) == (groups[a] == groups[b]) for a in labels for b in labels)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test, not per module: mutmut maps the code a fixture runs to the test that first uses it
 def central():
     return Federation().run()
 
@@ -449,7 +449,7 @@ P2P_SETS = {c: sorted({c} | {j for j in CLIENTS if PLANTED[j] == PLANTED[c]}) fo
 P2P_SETS[3] = [3, 11]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test (see central)
 def p2p():
     return Federation(**{"lia-mode": "p2p"}, beneficial=_p2p_beneficial).run()
 
