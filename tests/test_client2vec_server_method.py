@@ -638,6 +638,11 @@ def test_the_cohort_is_drawn_among_the_connected_clients_only_and_sized_by_them(
     for t in (2, 3, 4):
         drive(strat, gone, [t])
         assert 1 not in strat.cohorts[t] and len(strat.cohorts[t]) == 2  # round(2.5) = 2
+    everyone = c2v(**{"min-nodes": 5})  # full participation: exactly the connected clients, every round
+    drive(everyone, NODES, [1])
+    for t in (2, 3, 4):
+        drive(everyone, gone, [t])
+        assert everyone.cohorts[t] == [0, 2, 3, 4, 5]
 
 
 ARMS_OFF = {"c2v-sampling": False, "c2v-aggregation": False, "c2v-local": False}
