@@ -315,3 +315,18 @@ def test_sent_projection_modules_must_be_complete(start, cfg):
     del aux["head.bias"]
     with pytest.raises(ValueError, match="lacks"):
         client("client2vec", client_data(HIGH), **cfg).train(train_content(start, BETA, aux))
+
+
+def test_a_nodes_file_read_with_other_data_settings_is_encoded_again(cfg, tmp_path):
+    """The embedding cache is keyed by the data settings and partition as well as by a node's own file: the same,
+    unchanged file read with another training split (here: another val-fraction) must not be served the embeddings
+    cached for the other split (spec §2.1: D are the embeddings of the client's training split)."""
+    a, b = client_data(LOW, n=4), client_data(HIGH, n=4)
+    path = tmp_path / "node.npz"
+    np.savez(path, x=a.x_train.numpy(), y=a.y_train.numpy())
+    for data in (a, b):
+        data.meta["data-path"] = str(path)
+    got_a = client("client2vec", a, ctx=context("client2vec", pid=2, **cfg)).embeddings()[0]
+    got_b = client("client2vec", b, ctx=context("client2vec", pid=2, **{**cfg, "val-fraction": 0.2})).embeddings()[0]
+    np.testing.assert_allclose(got_a, reference_embeddings(a)[0], atol=1e-6)
+    np.testing.assert_allclose(got_b, reference_embeddings(b)[0], atol=1e-6)
