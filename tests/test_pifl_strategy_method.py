@@ -631,6 +631,8 @@ def test_the_source_share_is_optional_in_train_and_evaluate_replies_but_checked_
     assert sorted((f["phase"], f["client"]) for f in strat.failures) == [("evaluate", 3), ("train", 3)]
     assert all("source-a-share" in f["reason"] for f in strat.failures)
     assert strat.source_share == {} and strat.client_eval.get(3) is None and strat.client_eval.get(0) is not None
+    # no client said its share: the membership share of source A is unknown (None, null in the JSON), not NaN
+    assert [t["source-a-share"] for t in strat.ledger_log[0]["tiers"].values()] == [None, None]
 
 
 def test_a_tier_drafted_after_round_one_is_settled_and_keeps_its_best_utility():
