@@ -216,6 +216,22 @@ def test_a_tier_whose_winners_all_failed_keeps_its_model():
     assert strat.ledger_log[0]["tiers"][1]["utility"] is None
 
 
+def test_a_tier_whose_winners_all_failed_does_not_stop_the_next_tier_from_being_aggregated():
+    # spec §2.7: per-tier FedAvg and Profiler scores for every tier that got updates, whatever happened to the others
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    before = {k: {key: v.copy() for key, v in strat.tiers[k].items()} for k in (0, 1)}
+
+    def answer(rnd, node, phase, content):
+        if phase == "train" and NODES[node] in strat.winners[0]:
+            return []
+        return None
+
+    drive(strat, NODES, 1, answer)
+    assert strat.scores[0] == {} and sorted(strat.scores[1]) == strat.winners[1]
+    assert all(np.array_equal(strat.tiers[0][key], v) for key, v in before[0].items())
+    assert not all(np.array_equal(strat.tiers[1][key], v) for key, v in before[1].items())
+
+
 def test_the_utility_counts_only_the_tiers_winners_that_delivered():
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
     failed = {}
