@@ -226,3 +226,24 @@ def test_grid_cells_cover_every_combination():
     assert [c for c, _ in cells] == [{"partition": p, "method": "m", "seed": s} for p in "ab" for s in (0, 1)]
     assert cells[-1][1] == {"lr": 0.1, "partition": "dirichlet", "method": "fedavg", "seed": 1}
     assert common.cell_name({"p": "10%", "d": "synth-10:90", "s": 0}) == "10pct__synth-10_90__0"
+
+
+def _with_clients(columns, rows):
+    r = rec({"seed": 0})
+    data_cols = [c for c in columns if c == "client" or c.endswith("examples")]
+    r["clients"] = {"columns": columns, "rows": rows}
+    r["fingerprint"] = {"data": common.digest([[row[columns.index(c)] for c in data_cols] for row in rows]),
+                        "data-columns": data_cols, "draws": "all"}
+    return r
+
+
+def test_a_record_with_an_extra_data_column_still_pairs_on_the_columns_both_have():
+    old = _with_clients(["client", "num-examples"], [[0, 50], [1, 60]])
+    new = _with_clients(["client", "num-examples", "test-examples"], [[0, 50, 20], [1, 60, 25]])
+    assert old["fingerprint"]["data"] != new["fingerprint"]["data"]
+    assert report.pairing_problem(new, old, draws=False) is None
+    other = _with_clients(["client", "num-examples", "test-examples"], [[0, 51, 20], [1, 60, 25]])
+    assert report.pairing_problem(other, old, draws=False) == "the runs' data differ (data fingerprints disagree)"
+    # the client id alone is no evidence of the same data
+    ids_only = _with_clients(["client", "test-examples"], [[0, 20], [1, 25]])
+    assert report.pairing_problem(ids_only, old, draws=False) is not None
