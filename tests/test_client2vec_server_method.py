@@ -560,8 +560,9 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
     §2.7: H <- gamma H + S(., C^t) over the round's participants and the new global model is the Eq. 3 average
     p_i = q_i exp(H_i / lambda1) / sum_j q_j exp(H_j / lambda1) with q from the registry's N_i.  Train messages
     carry every client's beta_f (B_f) and c2v-local; evaluate messages neither."""
-    tau, gamma, lam, seed, rounds = 0.7, 0.3, 2.0, 4, 4
-    strat = c2v(**{"fraction-train": 0.5, "c2v-tau": tau, "c2v-gamma": gamma, "c2v-lambda1": lam, "seed": seed})
+    tau, gamma, lam, seed, rounds = 0.2, 0.3, 2.0, 4, 4
+    # K = round(0.34 * 6) = 2 of M = 6, W = 6 // 4 = 1: four eligible clients for two places, so tau matters
+    strat = c2v(**{"fraction-train": 0.34, "c2v-tau": tau, "c2v-gamma": gamma, "c2v-lambda1": lam, "seed": seed})
     n_index = {c: 5 * (c + 1) ** 2 for c in range(6)}  # the registry's N_i, unlike the train replies' counts
     rec = Recorder(lambda r, node, phase, c: [with_metrics(c, num_examples=n_index[NODES[node]])]
                    if phase == "c2v_index" else None)
@@ -580,7 +581,7 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
     H = np.zeros(6)
     model = {k: np.array(v) for k, v in strat.initial_state.items()}
     for t in range(1, rounds + 1):
-        rows = draws.sample(t, 3, use_index=True)
+        rows = draws.sample(t, 2, use_index=True)
         draws.observe(rows)
         assert strat.cohorts[t] == rows.tolist()
         train = sent(grid, "train", t)
