@@ -16,8 +16,8 @@ def _meta(root, module, codes):
 def _row(text, module):
     line = next(l for l in text.splitlines() if l.startswith(f"| {module} |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    return dict(zip(["module", "mutants", "not run", "run", "caught", "survived", "no tests", "equivalent",
-                     "import-time", "score"], cells))
+    return dict(zip(["module", "mutants", "not run", "run", "caught", "timeout / crash", "survived", "gpu-only", "no tests",
+                     "equivalent", "import-time", "score"], cells))
 
 
 def test_scores_count_verdicts_and_leave_equivalents_out(tmp_path):
@@ -38,6 +38,7 @@ def test_scores_count_verdicts_and_leave_equivalents_out(tmp_path):
     assert (row["run"], row["not run"], row["caught"], row["survived"], row["no tests"], row["equivalent"]) == \
         ("7", "1", "4", "1", "1", "1")
     assert row["score"] == f"{100 * 4 / 6:.1f}%"
+    assert row["timeout / crash"] == "1"  # the timeout counts as caught, and is shown apart
     assert f"`{m}.x_f__mutmut_6`" in text and f"`{m}.x_f__mutmut_5` | equivalent" in text
     assert stale == [] and "`0123456789ab`" in text
 
@@ -65,7 +66,7 @@ def test_later_verdicts_replace_earlier_ones(tmp_path):
 def test_bad_equivalents_file_and_empty_folder_are_refused(tmp_path):
     bad = tmp_path / "e.csv"
     bad.write_text("mutant,kind,reason\ntask.t.x_f__mutmut_1,maybe,because\n")
-    with pytest.raises(SystemExit, match="allowed: equivalent, import-time"):
+    with pytest.raises(SystemExit, match="allowed: equivalent, import-time, gpu-only"):
         ms.equivalents(bad)
     bad.write_text("mutant,kind,reason\ntask.t.x_f__mutmut_1,equivalent, \n")
     with pytest.raises(SystemExit, match="has no reason"):
@@ -97,3 +98,14 @@ def test_a_method_meets_the_target_only_with_every_module_run_and_each_at_90_per
     d2 = ms.load(tmp_path / "r2.json")
     rows = ms.method_summary(d2, {"m/a.py": ms.Counter(run=1, caught=1)}, {"A": ("m/a.py",)})
     assert rows[-1].split("|")[3].strip() == "1" and rows[-1].split("|")[-2].strip() == "no"
+
+
+def test_a_gpu_only_mutant_is_listed_apart_and_counts_as_not_caught(tmp_path):
+    mutants, results = tmp_path / "mutants", tmp_path / "r.json"
+    _meta(mutants, "c/x.py", {"c.x.x_f__mutmut_1": 1, "c.x.x_f__mutmut_2": 0, "c.x.x_f__mutmut_3": 0})
+    ms.collect(mutants, "abc", [], path=results)
+    equiv = {"c.x.x_f__mutmut_2": ("gpu-only", "a device move"), "c.x.x_f__mutmut_3": ("equivalent", "same")}
+    text, _ = ms.table(ms.load(results), equiv)
+    row = _row(text, "c/x.py")
+    assert (row["caught"], row["gpu-only"], row["equivalent"], row["score"]) == ("1", "1", "1", "50.0%")
+    assert "kind gpu-only" in text and "`c.x.x_f__mutmut_2`" in text
