@@ -101,7 +101,8 @@ class PFedLIAStrategy(PersonalizedStrategy):
     def prepare_round(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         if not self.clustered and server_round > self.warmup:
             self.cluster(grid, server_round, nodes)
-            self.history[-1].extra["clustering"] = dict(self.clustering)
+            if self.clustered:
+                self.history[-1].extra["clustering"] = dict(self.clustering)
         elif self.clustered and self.mode != "oracle":
             new = [n for n in nodes if self.client(n) not in self.assignment and self.client(n) not in self.sets]
             if new:
@@ -163,11 +164,20 @@ class PFedLIAStrategy(PersonalizedStrategy):
             self.assignment = dict(self.planted)
         else:
             lazy = self._lazy_models(grid, server_round, nodes)
+            if not lazy:
+                log.warning("[pfedlia] round %d: no client answered the lazy-training query; the clustering round "
+                            "moves to the next round (see failures.json)", server_round)
+                return
             self.lazy_clients = sorted(lazy)
             self.lazy_stacked = stack_states([lazy[c] for c in self.lazy_clients], self.all_keys)
             lazy_nodes = [self.node_of[c] for c in self.lazy_clients]
             rows = self._rows(grid, server_round, lazy_nodes)
             scored = [c for c in self.lazy_clients if c in rows]
+            if not scored:
+                log.warning("[pfedlia] round %d: no client answered the influence query; the clustering round moves "
+                            "to the next round (see failures.json)", server_round)
+                self.lazy_clients, self.lazy_stacked = [], None
+                return
             self.matrix = np.stack([rows[c][0] for c in scored]) if scored else np.zeros((0, 0))
             self.matrix_clients = scored
             if self.mode == "central":

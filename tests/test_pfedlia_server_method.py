@@ -749,3 +749,17 @@ def test_oracle_without_planted_groups_says_which_partitions_have_them():
     with pytest.raises(ValueError, match=r"^lia-mode 'oracle' needs planted clusters \(partition 'planted-clusters\*'\); "
                                          r"no client reported one$"):
         fed.run()
+
+
+@pytest.mark.parametrize("phase", ["lazy", "lia"])
+def test_a_clustering_round_nobody_answers_moves_to_the_next_round(phase):
+    """No lazy model (or, central, no influence row) in the clustering round: the run goes on as FedAvg and
+    clusters in the next round, instead of failing on an empty stack."""
+    fed = Federation(rounds=3, silent={(2, phase, c) for c in CLIENTS}).run()
+    s = fed.strategy
+    assert s.clustered and s.clustering["round"] == 3
+    assert same_partition(s.assignment, PLANTED)
+    assert "clustering" not in s.history[1].extra and s.history[2].extra["clustering"]["round"] == 3
+    # round 2 stayed a warm-up round: the global model is the FedAvg of its train replies, and round 3 started
+    # the lazy training from it
+    assert_holds(fed.payload(3, "lazy", CLIENTS[0]), fedavg(CLIENTS, 2))
