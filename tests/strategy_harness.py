@@ -363,3 +363,22 @@ def with_metrics(content: RecordDict, **values: Any) -> RecordDict:
     metrics.update({k.replace("_", "-"): v for k, v in values.items()})
     out["metrics"] = MetricRecord(metrics)
     return out
+
+
+def kept_figures(monkeypatch, module) -> list:
+    """Replace ``module``'s pyplot (``strategies.plots.pyplot``) by pyplot itself except that closed figures are kept,
+    so a test can inspect what a strategy's ``write_artifacts`` drew; returns the list they are kept in."""
+    import matplotlib.pyplot as plt
+
+    figures: list = []
+
+    class Keep:
+        def __getattr__(self, name):
+            return getattr(plt, name)
+
+        @staticmethod
+        def close(fig):
+            figures.append(fig)
+
+    monkeypatch.setattr(module, "pyplot", lambda: Keep())
+    return figures

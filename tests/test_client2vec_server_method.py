@@ -321,6 +321,7 @@ import torch  # noqa: E402
 from strategies.base import Reply  # noqa: E402
 from task.dsa_ign import build_ign, train_dsa_ign  # noqa: E402
 from task.params import to_record  # noqa: E402
+from tests.strategy_harness import kept_figures as harness_kept_figures  # noqa: E402
 from tests.strategy_harness import drive, phase_of, with_metrics  # noqa: E402
 
 NODES = {9001: 3, 12: 0, 777: 5, 4: 1, 55: 4, 60: 2}  # Flower node id -> partition id, node ids out of client order
@@ -790,22 +791,9 @@ def test_index_quality_is_the_same_minus_cross_domain_mean_feature_cosine():
 
 def kept_figures(monkeypatch):
     """pyplot for strategies.client2vec, except that closed figures are kept for inspection."""
-    import matplotlib.pyplot as plt
-
     import strategies.client2vec as module
 
-    figures = []
-
-    class Keep:
-        def __getattr__(self, name):
-            return getattr(plt, name)
-
-        @staticmethod
-        def close(fig):
-            figures.append(fig)
-
-    monkeypatch.setattr(module, "pyplot", lambda: Keep())
-    return figures
+    return harness_kept_figures(monkeypatch, module)
 
 
 def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similarity_plot(tmp_path, monkeypatch):

@@ -190,18 +190,9 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
     from matplotlib.image import imread
 
     import strategies.fedc2i as module
+    from tests.strategy_harness import kept_figures
 
-    figures = []
-
-    class Keep:  # pyplot, but the figure is kept for inspection instead of closed
-        def __getattr__(self, name):
-            return getattr(plt, name)
-
-        @staticmethod
-        def close(fig):
-            figures.append(fig)
-
-    monkeypatch.setattr(module, "pyplot", lambda: Keep())
+    figures = kept_figures(monkeypatch, module)  # pyplot, but the figure is kept for inspection instead of closed
     strat = strategy(**{"c2i-peers": 2})
     ids = [0, 2, 5]  # client ids are not positions: the ticks must name the ids
     play_round(strat, 1, ids)
@@ -264,18 +255,9 @@ def test_the_heat_map_ticks_are_client_ids_also_for_many_clients(tmp_path, monke
     import matplotlib.pyplot as plt
 
     import strategies.fedc2i as module
+    from tests.strategy_harness import kept_figures
 
-    figures = []
-
-    class Keep:
-        def __getattr__(self, name):
-            return getattr(plt, name)
-
-        @staticmethod
-        def close(fig):
-            figures.append(fig)
-
-    monkeypatch.setattr(module, "pyplot", lambda: Keep())
+    figures = kept_figures(monkeypatch, module)
     twenty = strategy()
     play_round(twenty, 1, range(20))
     twenty.write_artifacts(tmp_path)

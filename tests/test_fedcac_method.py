@@ -265,6 +265,7 @@ def test_label_similarity_diagnostic_is_the_mean_cosine_over_collaborator_pairs_
 from server_app.app import build_strategy  # noqa: E402
 from task.config import parse_settings  # noqa: E402
 from task.params import to_record  # noqa: E402
+from tests.strategy_harness import kept_figures as harness_kept_figures  # noqa: E402
 from tests.strategy_harness import drive  # noqa: E402
 
 
@@ -434,22 +435,9 @@ def test_the_train_reply_must_carry_one_bit_per_parameter_and_with_diagnostics_a
 
 def kept_figures(monkeypatch):
     """pyplot for strategies.fedcac, except that closed figures are kept for inspection."""
-    import matplotlib.pyplot as plt
-
     import strategies.fedcac as module
 
-    figures = []
-
-    class Keep:
-        def __getattr__(self, name):
-            return getattr(plt, name)
-
-        @staticmethod
-        def close(fig):
-            figures.append(fig)
-
-    monkeypatch.setattr(module, "pyplot", lambda: Keep())
-    return figures
+    return harness_kept_figures(monkeypatch, module)
 
 
 def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_and_last_round_and_the_mask_cost(
