@@ -565,8 +565,19 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
     # K = round(0.34 * 6) = 2 of M = 6, W = 6 // 4 = 1: four eligible clients for two places, so tau matters
     strat = c2v(**{"fraction-train": 0.34, "c2v-tau": tau, "c2v-gamma": gamma, "c2v-lambda1": lam, "seed": seed})
     n_index = {c: 5 * (c + 1) ** 2 for c in range(6)}  # the registry's N_i, unlike the train replies' counts
-    rec = Recorder(lambda r, node, phase, c: [with_metrics(c, num_examples=n_index[NODES[node]])]
-                   if phase == "c2v_index" else None)
+    # two groups of three clients with nearly parallel indices (random 512-d vectors would all be near-orthogonal,
+    # S ~ 0 for everyone, and tau could not change a draw)
+    rng = np.random.default_rng(7)
+    centres = rng.normal(size=(2, 2, 512))
+    index_rows = {c: {"beta_f": centres[c % 2, 0] + 0.3 * rng.normal(size=512),
+                      "beta_l": centres[c % 2, 1] + 0.3 * rng.normal(size=512)} for c in range(6)}
+
+    def structured(c):
+        out = with_metrics(c, num_examples=n_index[int(c["metrics"]["partition-id"])])
+        out["arrays"] = to_record({k: v.astype(np.float32) for k, v in index_rows[int(c["metrics"]["partition-id"])].items()})
+        return out
+
+    rec = Recorder(lambda r, node, phase, c: [structured(c)] if phase == "c2v_index" else None)
     grid = drive(strat, NODES, rounds, rec)
 
     index = rec.by_client("c2v_index")
@@ -579,6 +590,12 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
     np.testing.assert_array_equal(strat.c2v.n, n)
 
     draws = C2VServerState(bf, bl, n, tau=tau, gamma=gamma, lambda1=lam, seed=seed)
+
+    def cohorts(t_):
+        state = C2VServerState(bf, bl, n, tau=t_, gamma=gamma, lambda1=lam, seed=seed)
+        return [state.observe(c) or c.tolist() for c in (state.sample(t, 2, use_index=True) for t in range(1, rounds + 1))]
+
+    assert cohorts(tau) != cohorts(1.0), "the setting must make tau change the cohorts"
     H = np.zeros(6)
     model = {k: np.array(v) for k, v in strat.initial_state.items()}
     for t in range(1, rounds + 1):

@@ -597,6 +597,35 @@ def test_p2p_artifacts_list_the_beneficial_sets(p2p, tmp_path, monkeypatch):
     assert clusters["beneficial-sets"] == {str(c): P2P_SETS[c] for c in CLIENTS}
 
 
+
+def test_p2p_late_joiner_is_listed_with_minus_one_after_the_sets_of_the_clustering_round(tmp_path, monkeypatch):
+    """docs "Artefacts": in p2p the assignment numbers the distinct sets of the clustering round 0, 1, ...; a late
+    joiner, whose set is formed after them, is listed with -1."""
+    late = 20
+    fed = Federation(**{"lia-mode": "p2p"}, silent={(2, "lazy", late)}).run()
+    _figure_of(fed.strategy, tmp_path, monkeypatch)
+    assignment = json.loads((tmp_path / "pfedlia_clusters.json").read_text())["assignment"]
+    assert assignment[str(late)] == -1
+    others = {assignment[str(c)] for c in CLIENTS if c != late}
+    assert others == set(range(len(others)))
+    assert json.loads((tmp_path / "pfedlia_clusters.json").read_text())["beneficial-sets"][str(late)] == \
+        fed.strategy.sets[late]
+
+
+def test_heatmap_colours_are_symmetric_around_zero_when_the_largest_magnitude_is_negative(tmp_path, monkeypatch):
+    """The influence heatmap's diverging colour scale is centred on 0: [-L, L] with L the largest |I|, also when
+    that largest value is a negative one (here every cross-group score is -9, the within-group ones 2)."""
+    fed = Federation(influence=lambda i, j: 2.0 if PLANTED[i] == PLANTED[j] else -9.0).run()
+    ax = _figure_of(fed.strategy, tmp_path, monkeypatch).axes[0]
+    assert ax.images[0].get_clim() == (-9.0, 9.0)
+
+
+def test_heatmap_of_an_all_zero_matrix_still_has_a_colour_scale(tmp_path, monkeypatch):
+    """Nobody helps or hurts anybody: the matrix is all zeros and the scale falls back to [-1, 1] (not [0, 0])."""
+    fed = Federation(influence=lambda i, j: 0.0, **{"optics-min-samples": 2}).run()
+    ax = _figure_of(fed.strategy, tmp_path, monkeypatch).axes[0]
+    assert ax.images[0].get_clim() == (-1.0, 1.0)
+
 def test_oracle_artifacts_have_no_influence_matrix(tmp_path, monkeypatch):
     fed = Federation(method="oracle").run()
     assert _figure_of(fed.strategy, tmp_path, monkeypatch) is None
