@@ -168,23 +168,32 @@ def test_a_winner_trains_its_own_tiers_model_and_every_client_evaluates_every_ti
     assert sorted(strat.server_models()) == ["tier-0", "tier-1"]
 
 
-def test_each_tier_is_the_example_weighted_average_of_its_winners_and_they_are_scored():
-    # spec §2.7: lambda = n_c / sum n, M_k = sum lambda_c W_c over zeta_k; psi_kc for every winner (they sum to 0)
-    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+SIZES = {0: 10, 1: 30, 2: 20, 3: 40}
+
+
+def train_one_round_with_offsets(strat, seed, scale):
+    """Round 1 in which client c answers its train message with the round's starting model plus its own random
+    offset and SIZES[c] examples; returns (starting model, SIZES, offsets)."""
     base = {k: v.copy() for k, v in strat.tiers[0].items()}
-    sizes = {0: 10, 1: 30, 2: 20, 3: 40}
-    rng = np.random.default_rng(0)
-    offset = {c: {k: rng.normal(scale=0.5, size=v.shape).astype(v.dtype) for k, v in base.items()} for c in range(4)}
+    rng = np.random.default_rng(seed)
+    offset = {c: {k: rng.normal(scale=scale, size=v.shape).astype(v.dtype) for k, v in base.items()} for c in range(4)}
 
     def answer(rnd, node, phase, content):
         c = NODES[node]
         if phase == "train":
-            out = with_metrics(content, num_examples=sizes[c])
+            out = with_metrics(content, num_examples=SIZES[c])
             out["arrays"] = to_record({k: v + offset[c][k] for k, v in base.items()})
             return [out]
         return None
 
     drive(strat, NODES, 1, answer)
+    return base, SIZES, offset
+
+
+def test_each_tier_is_the_example_weighted_average_of_its_winners_and_they_are_scored():
+    # spec §2.7: lambda = n_c / sum n, M_k = sum lambda_c W_c over zeta_k; psi_kc for every winner (they sum to 0)
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    base, sizes, offset = train_one_round_with_offsets(strat, seed=0, scale=0.5)
     for k in (0, 1):
         group = strat.winners[k]
         lam = np.array([sizes[c] for c in group], float) / sum(sizes[c] for c in group)
@@ -568,20 +577,7 @@ def test_each_winners_score_is_the_first_order_shapley_estimate_at_its_new_tier_
     # spec §2.3 / App. A: psi_kc = -lambda_c (W_c - W_M)^T g, g the mean cross-entropy gradient of the new tier model
     # W_M on the server set; computed for every tier of the round (each with its own gradient)
     strat = pifl(**{"slots-performance": 1, "slots-random": 1, "server-set-size": 60})
-    base = {k: v.copy() for k, v in strat.tiers[0].items()}
-    sizes = {0: 10, 1: 30, 2: 20, 3: 40}
-    rng = np.random.default_rng(1)
-    offset = {c: {k: rng.normal(scale=0.3, size=v.shape).astype(v.dtype) for k, v in base.items()} for c in range(4)}
-
-    def answer(rnd, node, phase, content):
-        c = NODES[node]
-        if phase == "train":
-            out = with_metrics(content, num_examples=sizes[c])
-            out["arrays"] = to_record({k: v + offset[c][k] for k, v in base.items()})
-            return [out]
-        return None
-
-    drive(strat, NODES, 1, answer)
+    base, sizes, offset = train_one_round_with_offsets(strat, seed=1, scale=0.3)
     x, y = strat.server_set()
     st = strat.settings
     model = build_model("mlp", st.in_channels, st.image_size, st.num_classes)
