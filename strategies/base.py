@@ -312,11 +312,12 @@ class PersonalizedStrategy(Strategy):
             return ordered
         return self.by_client(self.rng.sample(ordered, k))
 
-    def identify(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
-        """Ask nodes that never replied which client they are (a tiny ``query.identify``)."""
+    def identify(self, grid: Grid, server_round: int, nodes: list[int]) -> list[Reply]:
+        """Ask nodes that never replied which client they are (a tiny ``query.identify``); their valid replies."""
         unknown = [n for n in nodes if n not in self.client_of]
-        if unknown:
-            self.send_query(grid, server_round, IDENTIFY, {n: RecordDict() for n in unknown})
+        if not unknown:
+            return []
+        return self.send_query(grid, server_round, IDENTIFY, {n: RecordDict() for n in unknown})
 
     def available_nodes(self, grid: Grid) -> list[int]:
         return wait_for_nodes(grid, self.settings.min_nodes)

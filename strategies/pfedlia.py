@@ -23,7 +23,7 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.base import PersonalizedStrategy, Reply, log
+from strategies.base import IDENTIFY, PersonalizedStrategy, Reply, log
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import INT_LIMIT, VALUE_LIMIT, Arrays, Number, Numbers, ReplySpec
@@ -86,7 +86,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)
-        if phase == "train":
+        if phase in ("train", IDENTIFY):  # the planted group (simulation data only) comes with both
             return spec.with_metrics(**{"planted-cluster": Number(int, 0, INT_LIMIT, required=False)})
         if phase == "lazy":
             return spec.with_records(arrays=Arrays.like(self.initial_state))
@@ -103,16 +103,39 @@ class PFedLIAStrategy(PersonalizedStrategy):
             self.cluster(grid, server_round, nodes)
             if self.clustered:
                 self.history[-1].extra["clustering"] = dict(self.clustering)
-        elif self.clustered and self.mode != "oracle":
+        elif self.clustered and self.mode == "oracle":
+            self._assign_planted(grid, server_round, nodes)
+        elif self.clustered:
             new = [n for n in nodes if self.client(n) not in self.assignment and self.client(n) not in self.sets]
             if new:
                 self.join_late(grid, server_round, new)
 
+    def identify(self, grid: Grid, server_round: int, nodes: list[int]) -> list[Reply]:
+        replies = super().identify(grid, server_round, nodes)
+        self._note_planted(replies)
+        return replies
+
+    def _note_planted(self, replies: list[Reply]) -> None:
+        for r in replies:
+            if "planted-cluster" in r.metrics:
+                self.planted[r.client] = int(r.metrics["planted-cluster"])
+
+    def _assign_planted(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
+        """Oracle: every connected client is in its planted group before it trains.  Nodes whose group the server
+        has not learnt yet (from a train or identify reply) are asked for it (``query.identify``)."""
+        unknown = [n for n in nodes if self.client(n) not in self.planted]
+        if unknown:
+            self._note_planted(self.send_query(grid, server_round, IDENTIFY, {n: RecordDict() for n in unknown}))
+        for client, group in sorted(self.planted.items()):
+            if client not in self.assignment:
+                self.assignment[client] = group
+                self.cluster_models.setdefault(group, self.theta0)
+
     # ------------------------------------------------------------------ aggregation
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
+        self._note_planted(updates)
         for u in updates:
             if "planted-cluster" in u.metrics:
-                self.planted[u.client] = int(u.metrics["planted-cluster"])
                 if self.clustered and self.mode == "oracle" and u.client not in self.assignment:
                     self.assignment[u.client] = self.planted[u.client]
                     self.cluster_models.setdefault(self.planted[u.client], self.theta0)
@@ -157,11 +180,12 @@ class PFedLIAStrategy(PersonalizedStrategy):
         start = time.monotonic()
         self.theta0 = {k: np.array(v) for k, v in self.global_state.items()}
         if self.mode == "oracle":
+            self.assignment, self.cluster_models = {}, {}
+            self._assign_planted(grid, server_round, nodes)
             if not self.planted:
                 raise ValueError("lia-mode 'oracle' needs planted clusters (partition 'planted-clusters*'); "
                                  "no client reported one")
-            # clients that have not reported their group yet join it when they do (see aggregate)
-            self.assignment = dict(self.planted)
+            # a client whose group is still unknown (it did not answer) joins it when it reports it (see aggregate)
         else:
             lazy = self._lazy_models(grid, server_round, nodes)
             if not lazy:

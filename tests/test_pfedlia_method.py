@@ -241,6 +241,10 @@ def test_the_client_also_answers_identify():
     data = client_data(LOW)
     reply = client("pfedlia", data).query("identify", RecordDict())["metrics"]
     assert reply["partition-id"] == 0 and reply["num-examples"] == len(data.y_train)
+    assert "planted-cluster" not in reply
+    data.meta["planted-cluster"] = 2  # planted data: the Oracle baseline learns the group from identify
+    reply = client("pfedlia", data).query("identify", RecordDict())["metrics"]
+    assert reply["planted-cluster"] == 2 and reply["partition-id"] == 0 and reply["num-examples"] == len(data.y_train)
 
 
 def test_train_trains_the_sent_model_and_reports_the_planted_cluster(lazy_models):

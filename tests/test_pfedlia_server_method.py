@@ -229,7 +229,7 @@ class Federation:
     """Runs the strategy over scripted clients; records every message sent (round, phase, client, content)."""
 
     def __init__(self, method="pfedlia", rounds=3, silent=(), beneficial=None, planted=True, influence=influence,
-                 clients=CLIENTS, **cfg):
+                 clients=CLIENTS, identify_planted=False, **cfg):
         self.strategy = build_strategy(parse_settings({
             "dataset": "digits", "model": "mlp", "min-nodes": 1, "num-server-rounds": rounds, "local-epochs": 1,
             "method": method, "warmup-rounds": 1, "optics-min-samples": 2, **cfg}))
@@ -237,6 +237,7 @@ class Federation:
         self.beneficial = beneficial or (lambda i, lazy_ids: [k for k, j in enumerate(lazy_ids)
                                                               if PLANTED[j] == PLANTED[i] and j != i])
         self.planted = planted
+        self.identify_planted = identify_planted  # identify replies carry the planted group (as the client's do)
         self.influence = influence
         self.sent = []
         self.present = {r: list(clients) for r in range(1, rounds + 1)}
@@ -251,6 +252,8 @@ class Federation:
         metrics = dict(content["metrics"])
         metrics["num-examples"] = EXAMPLES[client]
         metrics.pop("planted-cluster", None)
+        if phase == "identify" and self.identify_planted:
+            metrics["planted-cluster"] = PLANTED[client]
         if phase == "train":
             if self.planted:
                 metrics["planted-cluster"] = PLANTED[client]
@@ -533,6 +536,30 @@ def test_oracle_clusters_by_the_planted_groups_without_any_lazy_round():
     info = s.history[1].extra["clustering"]
     assert info["mode"] == "oracle" and info["clusters"] == 2 and info["ari"] == 1.0 and "clients-asked" not in info
 
+
+
+def test_oracle_asks_a_client_that_has_not_trained_for_its_group_and_sends_it_its_clusters_model():
+    """Oracle (the upper bound of clustering): every connected client is in its planted group from the clustering
+    round on, also one that has not trained yet (with client sampling, many have not): the server asks it
+    (query.identify) and sends it its group's model, never theta_0 again."""
+    late = 31
+    fed = Federation(method="oracle", identify_planted=True, silent={(1, "train", late), (2, "train", late)}).run()
+    s = fed.strategy
+    assert [(r, c) for r, p, c, _ in fed.sent if p == "identify"] == [(2, late)]
+    assert s.assignment == PLANTED
+    members = [c for c in CLIENTS if PLANTED[c] == PLANTED[late] and c != late]
+    assert_holds(fed.payload(3, "train", late), fedavg(members, 2))
+
+
+def test_oracle_learns_every_group_from_the_identify_replies_of_a_sampled_run():
+    """With client sampling the server asks every node who it is in round 1; the Oracle takes the planted groups
+    from those replies, so clients never drawn in the warm-up are in their group at the clustering round
+    without another query."""
+    fed = Federation(method="oracle", rounds=2, identify_planted=True, **{"fraction-train": 0.34}).run()
+    s = fed.strategy
+    warmup = {c for r, p, c, _ in fed.sent if p == "train" and r == 1}
+    assert len(warmup) == 2 and {r for r, p, _, _ in fed.sent if p == "identify"} == {1}
+    assert s.assignment == PLANTED and s.planted == PLANTED
 
 def test_oracle_without_planted_groups_is_refused():
     fed = Federation(method="oracle", planted=False)
