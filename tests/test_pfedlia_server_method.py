@@ -551,6 +551,23 @@ def test_oracle_asks_a_client_that_has_not_trained_for_its_group_and_sends_it_it
     assert_holds(fed.payload(3, "train", late), fedavg(members, 2))
 
 
+
+def test_oracle_node_connecting_after_the_clustering_round_founds_its_group_if_nobody_else_is_in_it():
+    """A node that connects after the clustering round is asked for its group before it trains; when nobody is in
+    that group yet, the group's model starts from theta_0 and is then its FedAvg like every other cluster model."""
+    late, first = 31, [3, 11, 25]  # 31 is the only client of planted group 1 here
+    fed = Federation(method="oracle", clients=first + [late], identify_planted=True)
+    fed.present = {1: first, 2: first, 3: first + [late]}
+    fed.run()
+    s = fed.strategy
+    assert [(r, c) for r, p, c, _ in fed.sent if p == "identify"] == [(3, late)]
+    assert s.assignment == {c: PLANTED[c] for c in first + [late]}
+    assert_holds(fed.payload(3, "train", late), fedavg(first, 1))  # theta_0
+    models = s.server_models()
+    assert sorted(models) == ["cluster-0", "cluster-1"]
+    assert_holds(models["cluster-1"], fedavg([late], 3))
+    assert_holds(models["cluster-0"], fedavg(first, 3))
+
 def test_oracle_learns_every_group_from_the_identify_replies_of_a_sampled_run():
     """With client sampling the server asks every node who it is in round 1; the Oracle takes the planted groups
     from those replies, so clients never drawn in the warm-up are in their group at the clustering round
