@@ -548,6 +548,44 @@ def test_the_ledger_artefact_is_the_round_log_and_its_plot_an_image(tmp_path):
         assert img.format == "PNG" and img.size == (1100, 400)  # two panels, 11 x 4 inches at 100 dpi
 
 
+
+def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_per_round(tmp_path, monkeypatch):
+    """pifl_ledger.png (docs "Artefacts"): left, one line per client of the last round, its balance in tokens over
+    the rounds (a gap before a late joiner joined); right, one line per tier, its members' mean share of source A,
+    on [0, 1]; the two panels side by side."""
+    import strategies.pifl as module
+    from tests.strategy_harness import kept_figures
+
+    figures = kept_figures(monkeypatch, module)
+    strat = pifl(**{"slots-performance": 1, "slots-random": 1})
+    drive(strat, NODES, 2, ledger_round_answer)
+    late = max(NODES.values()) + 1  # a fifth client connects in round 3
+
+    def answer(rnd, node, phase, content):
+        if node in NODES:
+            return ledger_round_answer(rnd, node, phase, content)
+        return {"bid": [with_metrics(content, bid=[1])], "train": [with_metrics(content, source_a_share=0.5)],
+                "evaluate": [with_metrics(content, tier_acc=[0.5, 0.5])]}.get(phase)
+
+    drive(strat, {**NODES, 55: late}, [3], answer)
+    strat.write_artifacts(tmp_path)
+    (fig,) = figures
+    ax1, ax2 = fig.axes
+    assert ax1.get_position().y0 == pytest.approx(ax2.get_position().y0) and ax1.get_position().x1 < ax2.get_position().x0
+    log = strat.ledger_log
+    clients = sorted(log[-1]["balances"])
+    assert late in clients and len(ax1.lines) == len(clients)
+    for line, c in zip(ax1.lines, clients):
+        assert list(line.get_xdata()) == [1, 2, 3]
+        expected = [e["balances"][c] / MICRO if c in e["balances"] else np.nan for e in log]
+        np.testing.assert_allclose(line.get_ydata(), expected)
+    assert np.isnan(ax1.lines[clients.index(late)].get_ydata()[:2]).all()
+    assert ax1.get_ylabel() == "tokens" and ax1.get_xlabel() == "round"
+    assert [l.get_label() for l in ax2.lines] == ["tier 0", "tier 1"] and ax2.get_ylim() == (0, 1)
+    for k, line in enumerate(ax2.lines):
+        shares = [e["tiers"][k]["source-a-share"] for e in log]
+        np.testing.assert_allclose(line.get_ydata(), [np.nan if v is None else v for v in shares])
+
 def test_a_run_without_rounds_writes_an_empty_ledger_and_no_plot(tmp_path):
     strat = pifl()
     strat.write_artifacts(tmp_path)
