@@ -670,6 +670,27 @@ def test_heatmap_of_an_all_zero_matrix_still_has_a_colour_scale(tmp_path, monkey
     ax = _figure_of(fed.strategy, tmp_path, monkeypatch).axes[0]
     assert ax.images[0].get_clim() == (-1.0, 1.0)
 
+
+def test_heatmap_separates_a_cluster_of_one_first_row_and_says_ari_n_a_without_planted_groups(tmp_path, monkeypatch):
+    """The heatmap draws a line between every two neighbouring rows of different clusters, also after the first row
+    (here client 3, whose beneficial set is itself alone, is cluster 0 on its own); without planted groups the
+    title says the ARI is not available."""
+    def beneficial(i, lazy_ids):
+        if i == 3:
+            return []
+        return [k for k, j in enumerate(lazy_ids) if PLANTED[j] == PLANTED[i] and j not in (i, 3)]
+
+    fed = Federation(**{"lia-mode": "p2p"}, beneficial=beneficial, planted=False).run()
+    s = fed.strategy
+    assert s.assignment[3] == 0 and sorted(s.assignment.values()).count(0) == 1
+    ax = _figure_of(s, tmp_path, monkeypatch).axes[0]
+    horizontal = sorted(l.get_ydata()[0] for l in ax.lines if tuple(l.get_xdata()) == (0, 1))
+    order = sorted(CLIENTS, key=lambda c: (s.assignment[c], c))
+    labels = [s.assignment[c] for c in order]
+    assert horizontal == [k - 0.5 for k in range(1, len(labels)) if labels[k] != labels[k - 1]]
+    assert horizontal[0] == 0.5
+    assert ax.get_title().endswith("; ARI n/a")
+
 def test_oracle_artifacts_have_no_influence_matrix(tmp_path, monkeypatch):
     fed = Federation(method="oracle").run()
     assert _figure_of(fed.strategy, tmp_path, monkeypatch) is None

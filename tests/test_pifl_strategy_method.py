@@ -41,8 +41,11 @@ def test_slots_that_hold_every_connected_client_are_reported_once(caplog):
     # >= the connected clients every bidder wins every round, which the run must say (PIFLOptions.client_conflicts)
     strat = pifl(**{"slots-performance": 3, "slots-random": 1})
     with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
-        drive(strat, NODES, 3, bid_for_tier_0)
-    (warning,) = no_auction_warnings(caplog)
+        drive(strat, NODES, 2, bid_for_tier_0)
+        (warning,) = no_auction_warnings(caplog)  # at the first auction (round 2; round 1 is the free warm-up)
+        drive(strat, NODES, [3], bid_for_tier_0)
+    assert no_auction_warnings(caplog) == [warning]  # once
+    assert warning.getMessage() == "[pifl] " + strat.options.client_conflicts(4)[0]
     assert "slots-performance + slots-random = 4" in warning.getMessage() and "4 connected clients" in warning.getMessage()
     assert sorted(strat.winners[0]) == [0, 1, 2, 3]  # indeed: every bidder won
 
