@@ -1296,8 +1296,8 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
     if comp:
         m = comp[-1]["measurements"]
         parts.append(header(comp, [], d).split("\n")[0] + "\n" + machine_note(comp))
-        parts.append(md_table(["exit", "start to end of round 1 s", "s per later round", "whole demo s"],
-                              [[m["exit"], num(m.get("to-first-round-end"), 1),
+        parts.append(md_table(["images", "exit", "start to end of round 1 s", "s per later round", "whole demo s"],
+                              [[m.get("base-image", "not recorded"), m["exit"], num(m.get("to-first-round-end"), 1),
                                 ", ".join(f"{x:.1f}" for x in m.get("round-seconds") or []) or "—",
                                 f"{m['wall-seconds']:.0f}"]]))
     else:

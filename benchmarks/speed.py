@@ -15,7 +15,9 @@ table ``benchmarks/report.py`` builds from them:
              rounds.json), next to ``python -c "import torch, flwr"`` timed in the same run; 2 nodes once
              more with Flower's default task poll interval (1 s) to show what the setting buys.
 ``compose``  the docker-compose demo (``deploy/docker/run_demo.sh``): seconds from its start to the end of
-             round 1, and per round after that (from the run's progress lines).
+             round 1, and per round after that (from the run's progress lines).  Without an image registry,
+             build a local base first and name it: ``PFLOWER_BASE=pflower-base:local`` (deploy/docker/README.md);
+             the record says which images ran.
 
 Reproduce: python benchmarks/speed.py sim deploy compose       (about 30 minutes on 2 cores)
 """
@@ -185,7 +187,9 @@ def part_compose(args) -> None:
     rounds = sorted(done)
     per_round = [done[r] - done[r - 1] for r in rounds if r - 1 in done]
     m = {"exit": code, "wall-seconds": total, "to-first-round-end": done.get(1), "round-seconds": per_round,
-         "rounds": len(rounds), "error": None if code == 0 else "".join(tail)[-2000:]}
+         "rounds": len(rounds), "error": None if code == 0 else "".join(tail)[-2000:],
+         # run_demo.sh's images: Flower's published ones unless PFLOWER_BASE names a local base
+         "base-image": os.environ.get("PFLOWER_BASE") or "Flower's published images"}
     write_record(measurement_record("speed-compose", {"what": "run_demo"}, m), args.raw_dir)
     print(f"[compose] exit {code}: round 1 ends {done.get(1)} s after the start; per round {per_round}; "
           f"{total:.0f} s in all", flush=True)
