@@ -1193,6 +1193,15 @@ RESEARCH_LIBRARY_ROUND = {"fedavg": 0.46, "fedcac": 0.47}
 SIM_TARGET, DEPLOY_TARGET = 1.1, 3.0
 
 
+
+def noop_payload(sim: list[dict]) -> str:
+    """What the no-op app's messages carried, from its records (older records: one array of the cnn's floats)."""
+    kinds = sorted({(r["measurements"].get("payload-arrays", 1), r["measurements"].get("payload-floats", 38_330))
+                    for r in sim if r["cell"].get("app") == "noop"})
+    said = "; ".join(f"{a} array{'s' if a != 1 else ''} of {f:,} floats in all" for a, f in kinds)
+    return (f"the no-op app's messages carry {said} each way (pflower's FedAvg messages carry the cnn's state as "
+            "16 arrays; Flower serialises each array of a record on its own, so the count matters).")
+
 def render_speed(raw: Path, d: dict[str, Any]) -> str:
     parts = ["How close a round comes to what Flower's runtime allows: pflower against a no-op Flower app "
              "(`benchmarks/noop_app`, a ClientApp that replies at once) with the same nodes and messages, and on the "
@@ -1209,8 +1218,8 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
         shown = {k: v for k, v in cfg.items() if k not in ("method", "results-dir", "min-nodes")}
         parts.append(header(sim, [], d).split("\n")[0] + "\n"
                      + "Setting (issue 17's): " + ", ".join(f"`{k}={v}`" for k, v in shown.items())
-                     + "; `client-resources-num-cpus=1` (two clients at a time on 2 cores); the no-op app carries the "
-                     "cnn's 38,330 floats each way in every message.\n" + machine_note(sim))
+                     + "; `client-resources-num-cpus=1` (two clients at a time on 2 cores); " + noop_payload(sim)
+                     + "\n" + machine_note(sim))
         rows, claims = [], []
         for n in sorted({r["cell"]["clients"] for r in sim}):
             noop = next((r["measurements"] for r in sim if r["cell"] == {"clients": n, "app": "noop"}), None)

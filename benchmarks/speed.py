@@ -7,7 +7,8 @@ table ``benchmarks/report.py`` builds from them:
              batch 10, lr 0.005, 1 local epoch, 20 rounds, evaluation every round, 2 clients at a time:
              ``client-resources-num-cpus=1``): FedAvg and FedCAC next to a no-op Flower app
              (``benchmarks/noop_app``: a ClientApp that replies at once) sending the same messages to the same
-             number of nodes, with the model's 38,330 floats each way.  Median and mean seconds per round,
+             number of nodes, with the model's arrays each way (the cnn's state: 16 arrays, 38,428 floats, as
+             FedAvg sends; Flower serialises every array of a record on its own).  Median and mean seconds per round,
              the first round, the whole ``flwr run`` wall time, and the ratio
              round / (no-op round + the clients' own compute per round / clients at a time).
 ``deploy``   a loopback deployment (``deploy/local_cluster.py``: TLS, node authentication) of 2 and 4
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -49,7 +51,6 @@ REPO = HERE.parent
 #: the setting of issue 17 (measured there against a single-process research library)
 SETTING = {"dataset": "digits", "partition": "pathological", "classes-per-client": 2, "model": "cnn",
            "batch-size": 10, "lr": 0.005, "local-epochs": 1, "eval-every": 1, "seed": 0}
-CNN_FLOATS = 38_330
 NUM_CPUS = 1  # client-resources-num-cpus: as many clients at a time as cores
 
 
@@ -61,10 +62,21 @@ def workers(clients: int) -> int:
     return max(1, min(clients, (os.cpu_count() or 1) // NUM_CPUS))
 
 
+def model_shapes() -> list[list[int]]:
+    """The shapes of the arrays a FedAvg message of the setting carries (the cnn's state: 16 arrays): Flower
+    serialises each array of a record on its own, so the no-op app sends the same arrays, not one of the same size."""
+    from server_app.app import build_strategy
+    from task.config import parse_settings
+
+    state = build_strategy(parse_settings({**SETTING, "method": "fedavg"})).initial_state
+    return [list(v.shape) for v in state.values()]
+
+
 def noop_run(sim: LocalSimulation, clients: int, rounds: int) -> dict[str, Any]:
     """The no-op app through ``flwr run`` on the same SuperLink: per-round seconds and the wall time."""
     out_file = Path(tempfile.mkdtemp(prefix="pflower-noop-")) / "noop.json"
-    cfg = {"num-server-rounds": rounds, "min-nodes": clients, "payload-floats": CNN_FLOATS,
+    shapes = model_shapes()
+    cfg = {"num-server-rounds": rounds, "min-nodes": clients, "payload-shapes": json.dumps(shapes),
            "results-file": str(out_file)}
     cmd = [shutil.which("flwr") or "flwr", "run", str(NOOP_APP), CONNECTION, "--stream", "--federation-config",
            f"num-supernodes={clients} client-resources-num-cpus={NUM_CPUS}", "--run-config", run_config_arg(cfg)]
@@ -76,7 +88,8 @@ def noop_run(sim: LocalSimulation, clients: int, rounds: int) -> dict[str, Any]:
     data = json.loads(out_file.read_text())
     shutil.rmtree(out_file.parent, ignore_errors=True)
     secs = [r["seconds"] for r in data["rounds"]]
-    return {"wall-seconds": wall, "round-seconds": secs, "replies": [r["replies"] for r in data["rounds"]]}
+    return {"wall-seconds": wall, "round-seconds": secs, "replies": [r["replies"] for r in data["rounds"]],
+            "payload-arrays": len(shapes), "payload-floats": sum(math.prod(x) for x in shapes)}
 
 
 def pflower_run(sim: LocalSimulation, method: str, clients: int, rounds: int) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The ServerApp: every round a train message to every node (and an evaluate message in the last round, as
-pflower sends), each carrying ``payload-floats`` float32s; writes the seconds of each round to ``results-file``."""
+pflower sends), each carrying ``payload-shapes`` float32 arrays (or one of ``payload-floats``); writes the seconds of each round to ``results-file``."""
 
 import json
 import time
@@ -11,12 +11,12 @@ from flwr.serverapp import Grid, ServerApp
 app = ServerApp()
 
 
-def _phase(grid: Grid, nodes: list[int], kind: str, server_round: int, floats: int) -> int:
+def _phase(grid: Grid, nodes: list[int], kind: str, server_round: int, shapes: list[list[int]]) -> int:
     msgs = []
     for nid in nodes:
         content = RecordDict({"config": ConfigRecord({"server-round": server_round})})
-        if floats:
-            content["arrays"] = ArrayRecord([np.zeros(floats, dtype=np.float32)])
+        if shapes:
+            content["arrays"] = ArrayRecord([np.zeros(s, dtype=np.float32) for s in shapes])
         msgs.append(Message(content=content, message_type=kind, dst_node_id=nid))
     replies = list(grid.send_and_receive(msgs, timeout=600))
     return sum(1 for r in replies if not r.has_error())
@@ -26,6 +26,8 @@ def _phase(grid: Grid, nodes: list[int], kind: str, server_round: int, floats: i
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     rounds, floats = int(cfg["num-server-rounds"]), int(cfg["payload-floats"])
+    # the arrays of every message: payload-shapes (JSON list of shapes) or one array of payload-floats
+    shapes = json.loads(str(cfg["payload-shapes"])) if cfg["payload-shapes"] else ([[floats]] if floats else [])
     start = time.monotonic()
     nodes: list[int] = []
     while len(nodes) < int(cfg["min-nodes"]) and time.monotonic() - start < 300:
@@ -34,9 +36,9 @@ def main(grid: Grid, context: Context) -> None:
     out = {"nodes": len(nodes), "rounds": [], "wait-for-nodes": time.monotonic() - start}
     for r in range(1, rounds + 1):
         t0 = time.monotonic()
-        ok = _phase(grid, nodes, MessageType.TRAIN, r, floats)
+        ok = _phase(grid, nodes, MessageType.TRAIN, r, shapes)
         if r == rounds and cfg["evaluate-last"]:
-            ok += _phase(grid, nodes, MessageType.EVALUATE, r, floats)
+            ok += _phase(grid, nodes, MessageType.EVALUATE, r, shapes)
         out["rounds"].append({"round": r, "seconds": time.monotonic() - t0, "replies": ok})
     if cfg["results-file"]:
         with open(str(cfg["results-file"]), "w") as fh:
