@@ -583,11 +583,15 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
         expected = [e["balances"][c] / MICRO if c in e["balances"] else np.nan for e in log]
         np.testing.assert_allclose(line.get_ydata(), expected)
     assert np.isnan(ax1.lines[clients.index(late)].get_ydata()[:2]).all()
-    assert ax1.get_ylabel() == "tokens" and ax1.get_xlabel() == "round"
+    assert ax1.get_title() == "token balance per client" and ax1.get_ylabel() == "tokens" and ax1.get_xlabel() == "round"
+    assert all(line.get_linewidth() == 0.8 for line in ax1.lines)  # thin: one line per client
+    assert ax2.get_title() == "tier membership: mean share of source A" and ax2.get_xlabel() == "round"
     assert [l.get_label() for l in ax2.lines] == ["tier 0", "tier 1"] and ax2.get_ylim() == (0, 1)
     for k, line in enumerate(ax2.lines):
         shares = [e["tiers"][k]["source-a-share"] for e in log]
+        assert list(line.get_xdata()) == [1, 2, 3] and line.get_marker() == "o"
         np.testing.assert_allclose(line.get_ydata(), [np.nan if v is None else v for v in shares])
+    assert any(np.isfinite(line.get_ydata()).any() for line in ax2.lines)
 
 def test_a_run_without_rounds_writes_an_empty_ledger_and_no_plot(tmp_path):
     strat = pifl()
