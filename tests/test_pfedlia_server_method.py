@@ -568,6 +568,20 @@ def test_oracle_node_connecting_after_the_clustering_round_founds_its_group_if_n
     assert_holds(models["cluster-1"], fedavg([late], 3))
     assert_holds(models["cluster-0"], fedavg(first, 3))
 
+
+def test_oracle_client_that_does_not_say_its_group_when_asked_joins_it_with_its_first_train_reply():
+    """A node that connects late and does not answer the identify query with its group is sent theta_0; its train
+    reply says its group, which it joins (here founds) at once: its update is that group's model."""
+    late, first = 31, [3, 11, 25]
+    fed = Federation(method="oracle", clients=first + [late])
+    fed.present = {1: first, 2: first, 3: first + [late]}
+    fed.run()
+    s = fed.strategy
+    assert s.assignment == {c: PLANTED[c] for c in first + [late]}
+    models = s.server_models()
+    assert sorted(models) == ["cluster-0", "cluster-1"]
+    assert_holds(models["cluster-1"], fedavg([late], 3))
+
 def test_oracle_learns_every_group_from_the_identify_replies_of_a_sampled_run():
     """With client sampling the server asks every node who it is in round 1; the Oracle takes the planted groups
     from those replies, so clients never drawn in the warm-up are in their group at the clustering round
@@ -846,10 +860,17 @@ def test_oracle_without_planted_groups_says_which_partitions_have_them():
 
 
 @pytest.mark.parametrize("phase", ["lazy", "lia"])
-def test_a_clustering_round_nobody_answers_moves_to_the_next_round(phase):
+def test_a_clustering_round_nobody_answers_moves_to_the_next_round(phase, caplog):
     """No lazy model (or, central, no influence row) in the clustering round: the run goes on as FedAvg and
-    clusters in the next round, instead of failing on an empty stack."""
-    fed = Federation(rounds=3, silent={(2, phase, c) for c in CLIENTS}).run()
+    clusters in the next round, instead of failing on an empty stack; the log says so."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+        fed = Federation(rounds=3, silent={(2, phase, c) for c in CLIENTS}).run()
+    query = {"lazy": "the lazy-training query", "lia": "the influence query"}[phase]
+    assert [r.getMessage() for r in caplog.records if "moves to the next round" in r.getMessage()] == [
+        f"[pfedlia] round 2: no client answered {query}; the clustering round moves to the next round "
+        "(see failures.json)"]
     s = fed.strategy
     assert s.clustered and s.clustering["round"] == 3
     assert same_partition(s.assignment, PLANTED)
