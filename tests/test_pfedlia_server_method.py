@@ -705,6 +705,18 @@ def test_heatmap_separates_a_cluster_of_one_first_row_and_says_ari_n_a_without_p
     assert horizontal[0] == 0.5
     assert ax.get_title().endswith("; ARI n/a")
 
+
+def test_heatmap_of_two_clients_has_whole_number_ticks_and_a_colour_bar_of_its_image(tmp_path, monkeypatch):
+    """Rows and columns are clients: both axes tick at whole numbers only (matplotlib would put half-way ticks on a
+    2 x 2 heatmap); the colour bar belongs to the heatmap's image."""
+    fed = Federation(clients=[3, 8]).run()
+    fig = _figure_of(fed.strategy, tmp_path, monkeypatch)
+    ax = fig.axes[0]
+    for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, sorted(ax.get_ylim()))):
+        inside = [t for t in axis.get_ticklocs() if lo <= t <= hi]
+        assert inside and all(float(t).is_integer() for t in inside), inside
+    assert ax.images[0].colorbar is not None and ax.images[0].colorbar.ax is fig.axes[1]
+
 def test_oracle_artifacts_have_no_influence_matrix(tmp_path, monkeypatch):
     fed = Federation(method="oracle").run()
     assert _figure_of(fed.strategy, tmp_path, monkeypatch) is None
