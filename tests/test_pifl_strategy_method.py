@@ -618,6 +618,35 @@ def test_the_server_set_is_an_iid_sample_of_server_set_size_distinct_samples_of_
     torch.testing.assert_close(again, x)  # reproducible
 
 
+
+def test_the_server_set_is_drawn_from_the_runs_own_data_noise_and_local_copy_included(tmp_path):
+    """The server's set is a sample of the data the clients hold: with noise-std the same noisy pixels, with a
+    local copy of a real data set (data-dir; no hub at run time) rows of that copy."""
+    from datasets import Dataset, DatasetDict, Image
+    from PIL import Image as PILImage
+
+    from task.data import load_centralized
+
+    def rows_of(data, x):
+        index = {r.tobytes(): i for i, r in enumerate(data.x)}
+        return [index.get(r.tobytes()) for r in x.numpy()]
+
+    x, y = pifl(**{"server-set-size": 30, "noise-std": 0.7}).server_set()
+    noisy = load_centralized("digits", noise_std=0.7)
+    assert None not in rows_of(noisy, x) and None in rows_of(load_centralized("digits"), x)
+
+    rng = np.random.default_rng(0)
+
+    def split(n):
+        imgs = [PILImage.fromarray(rng.integers(0, 255, (28, 28), dtype=np.uint8), "L") for _ in range(n)]
+        return Dataset.from_dict({"image": imgs, "label": (np.arange(n) % 10).tolist()}).cast_column("image", Image())
+
+    DatasetDict({"train": split(60), "test": split(20)}).save_to_disk(tmp_path / "mnist")
+    x, y = pifl(**{"dataset": "mnist", "data-dir": str(tmp_path / "mnist"), "server-set-size": 30}).server_set()
+    local = load_centralized("mnist", str(tmp_path / "mnist"))
+    picked = rows_of(local, x)
+    assert len(x) == 30 and None not in picked and y.tolist() == local.y[picked].tolist()
+
 def test_each_winners_score_is_the_first_order_shapley_estimate_at_its_new_tier_model():
     # spec §2.3 / App. A: psi_kc = -lambda_c (W_c - W_M)^T g, g the mean cross-entropy gradient of the new tier model
     # W_M on the server set; computed for every tier of the round (each with its own gradient)
