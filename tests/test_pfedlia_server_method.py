@@ -717,6 +717,16 @@ def test_heatmap_of_two_clients_has_whole_number_ticks_and_a_colour_bar_of_its_i
         assert inside and all(float(t).is_integer() for t in inside), inside
     assert ax.images[0].colorbar is not None and ax.images[0].colorbar.ax is fig.axes[1]
 
+
+def test_a_run_that_never_clustered_writes_an_empty_clustering_and_no_matrix(tmp_path, monkeypatch):
+    """Nobody answered the lazy query in the last round, so the clustering never happened: pfedlia_clusters.json
+    says so (empty clustering and assignment, the planted groups as reported) and there is no influence matrix."""
+    fed = Federation(rounds=2, silent={(2, "lazy", c) for c in CLIENTS}).run()
+    assert _figure_of(fed.strategy, tmp_path, monkeypatch) is None
+    clusters = json.loads((tmp_path / "pfedlia_clusters.json").read_text())
+    assert clusters == {"clustering": {}, "assignment": {}, "planted": {str(c): PLANTED[c] for c in CLIENTS}}
+    assert not (tmp_path / "pfedlia_influence.json").exists() and not (tmp_path / "pfedlia_influence.png").exists()
+
 def test_oracle_artifacts_have_no_influence_matrix(tmp_path, monkeypatch):
     fed = Federation(method="oracle").run()
     assert _figure_of(fed.strategy, tmp_path, monkeypatch) is None
