@@ -4,7 +4,7 @@ encoder so every embedding can be recomputed here independently."""
 import numpy as np
 import pytest
 import torch
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from task.methods.client2vec import build_aux
 from task.clip import SyntheticEncoder, class_names, label_prompt
@@ -260,6 +260,34 @@ def test_federated_dsa_ign_reply_is_the_local_update_and_its_last_epochs_loss(cf
     assert hist[-1]["total"] != pytest.approx(hist[-2]["total"], rel=1e-4)  # the epochs differ: the test can tell
     assert reply["metrics"]["ign-loss"] == pytest.approx(hist[-1]["total"], rel=1e-5)
 
+
+
+def test_federated_dsa_ign_trains_with_the_runs_batch_orthogonality_and_a_per_round_seed(cfg):
+    """The local DSA-IGN update uses the run's c2v-ign-batch and c2v-orth-mode and shuffles with a seed of the client
+    and the round (20 pairs in batches of 4: the order matters, so an independent run must use the same seed)."""
+    from task.dsa_ign import train_dsa_ign
+
+    data = client_data(HIGH, n=4)
+    opts = {**cfg, "c2v-ign-local-epochs": 2, "c2v-ign-lr": 0.01, "c2v-ign-batch": 4, "c2v-orth-mode": "diag"}
+    net, content = ign_record()
+    content["config"] = ConfigRecord({"server-round": 5})
+    c = client("client2vec", data, **opts)
+    c.begin(content)
+    got = as_torch(c.query("c2v_ign", content)["arrays"])
+    D, L = reference_embeddings(data)
+
+    def trained(**kw):
+        fresh, _ = ign_record()
+        args = {"epochs": 2, "batch_size": 4, "lr": 0.01, "seed": c.seed + 5, "orth_mode": "diag", **kw}
+        train_dsa_ign(fresh, D, L, **args)
+        return fresh.state_dict()
+
+    expected = trained()
+    for k, v in expected.items():
+        torch.testing.assert_close(got[k], v, msg=k)
+    keys = list(expected)
+    for other in (trained(seed=c.seed), trained(batch_size=128), trained(orth_mode="cos")):  # each setting shows
+        assert dist(other, expected, keys) > 1e-4
 
 def test_trained_acc_is_the_returned_models_test_accuracy(start, cfg):
     from task.train import evaluate
