@@ -846,6 +846,8 @@ def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similari
     (fig,) = figures
     panels = [ax for ax in fig.axes if ax.get_images()]
     assert len(panels) == 2 and len(fig.axes) == 4  # two heat maps, each with its colour bar
+    left, right = (ax.get_position() for ax in panels)
+    assert left.x1 < right.x0 and left.y0 == pytest.approx(right.y0)  # side by side
     for ax, sim, half in zip(panels, (strat.c2v.sim_f, strat.c2v.sim_l), ("feature half cos(beta_f)",
                                                                            "label half cos(beta_l)")):
         assert ax.get_title() == half and ax.get_xlabel() == "client (ordered by domain)"
