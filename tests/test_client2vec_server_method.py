@@ -813,6 +813,21 @@ def kept_figures(monkeypatch):
     return harness_kept_figures(monkeypatch, module)
 
 
+
+def test_the_similarity_plot_marks_a_domain_of_one_client_first(tmp_path, monkeypatch):
+    """A domain boundary after the very first row too (here domain 0 is client 0 alone): thin black lines between
+    domains, across both heat maps."""
+    figures = kept_figures(monkeypatch)
+    strat = c2v(**{"fraction-train": 0.5, "feature-shift": 2, "min-nodes": 3, "num-server-rounds": 1})
+    drive(strat, {7: 0, 8: 1, 9: 3}, 1)  # partitions 0 (domain 0), 1 and 3 (domain 1)
+    strat.write_artifacts(tmp_path)
+    (fig,) = figures
+    panels = [ax for ax in fig.axes if ax.get_images()]
+    for ax in panels:
+        assert [ln.get_ydata()[0] for ln in ax.lines if ln.get_ydata()[0] == ln.get_ydata()[1]] == [0.5]
+        assert [ln.get_xdata()[0] for ln in ax.lines if ln.get_xdata()[0] == ln.get_xdata()[1]] == [0.5]
+        assert all(ln.get_color() == "k" and ln.get_linewidth() == 0.6 for ln in ax.lines)
+
 def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similarity_plot(tmp_path, monkeypatch):
     """docs Artefacts: client2vec_index.npz (the registry ordered by feature-shift domain, then partition id),
     client2vec.json (options, index-phase seconds, index quality, best-round global accuracy, DSA-IGN losses,
