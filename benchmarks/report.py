@@ -1193,14 +1193,14 @@ RESEARCH_LIBRARY_ROUND = {"fedavg": 0.46, "fedcac": 0.47}
 SIM_TARGET, DEPLOY_TARGET = 1.1, 3.0
 
 
-
 def noop_payload(sim: list[dict]) -> str:
     """What the no-op app's messages carried, from its records (older records: one array of the cnn's floats)."""
     kinds = sorted({(r["measurements"].get("payload-arrays", 1), r["measurements"].get("payload-floats", 38_330))
                     for r in sim if r["cell"].get("app") == "noop"})
     said = "; ".join(f"{a} array{'s' if a != 1 else ''} of {f:,} floats in all" for a, f in kinds)
-    return (f"the no-op app's messages carry {said} each way (pflower's FedAvg messages carry the cnn's state as "
-            "16 arrays; Flower serialises each array of a record on its own, so the count matters).")
+    return (f"the no-op app's messages carry {said} each way (the arrays of the cnn's state, as pflower's FedAvg "
+            "messages do; Flower serialises each array of a record on its own, so the count matters).")
+
 
 def render_speed(raw: Path, d: dict[str, Any]) -> str:
     parts = ["How close a round comes to what Flower's runtime allows: pflower against a no-op Flower app "
