@@ -126,6 +126,11 @@ class PFedLIAStrategy(PersonalizedStrategy):
         unknown = [n for n in nodes if self.client(n) not in self.planted]
         if unknown:
             self._note_planted(self.send_query(grid, server_round, IDENTIFY, {n: RecordDict() for n in unknown}))
+        self._join_planted_groups()
+
+    def _join_planted_groups(self) -> None:
+        """Oracle: every client whose planted group is known and that has no cluster joins its group (a group nobody
+        was in yet starts from theta_0)."""
         for client, group in sorted(self.planted.items()):
             if client not in self.assignment:
                 self.assignment[client] = group
@@ -134,11 +139,8 @@ class PFedLIAStrategy(PersonalizedStrategy):
     # ------------------------------------------------------------------ aggregation
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         self._note_planted(updates)
-        for u in updates:
-            if "planted-cluster" in u.metrics:
-                if self.clustered and self.mode == "oracle" and u.client not in self.assignment:
-                    self.assignment[u.client] = self.planted[u.client]
-                    self.cluster_models.setdefault(self.planted[u.client], self.theta0)
+        if self.clustered and self.mode == "oracle":  # a client that gave its group only now joins it at once
+            self._join_planted_groups()
         if not self.clustered:
             return super().aggregate(server_round, updates)
         if self.mode == "p2p":
@@ -180,7 +182,6 @@ class PFedLIAStrategy(PersonalizedStrategy):
         start = time.monotonic()
         self.theta0 = {k: np.array(v) for k, v in self.global_state.items()}
         if self.mode == "oracle":
-            self.assignment, self.cluster_models = {}, {}
             self._assign_planted(grid, server_round, nodes)
             if not self.planted:
                 raise ValueError("lia-mode 'oracle' needs planted clusters (partition 'planted-clusters*'); "
@@ -202,7 +203,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
                             "to the next round (see failures.json)", server_round)
                 self.lazy_clients, self.lazy_stacked = [], None
                 return
-            self.matrix = np.stack([rows[c][0] for c in scored]) if scored else np.zeros((0, 0))
+            self.matrix = np.stack([rows[c][0] for c in scored])
             self.matrix_clients = scored
             if self.mode == "central":
                 # OPTICS on the square part (clients that both trained a lazy model and scored)
