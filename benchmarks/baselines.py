@@ -33,10 +33,18 @@ PARTITIONS = {
     "dirichlet-0.5": {"partition": "dirichlet", "alpha": 0.5},
 }
 GRIDS = {
-    "clean": {"methods": "local,fedavg,fedprox,fedper,fedrep,fedrod,ditto", "partitions": "pathological,iid",
-              "seeds": "0", "noise_std": 0.0},
-    "noisy": {"methods": "local,fedavg,fedper,fedrep,ditto", "partitions": "pathological,iid", "seeds": "0,1,2",
-              "noise_std": 0.7},
+    "clean": {
+        "methods": "local,fedavg,fedprox,fedper,fedrep,fedrod,ditto",
+        "partitions": "pathological,iid",
+        "seeds": "0",
+        "noise_std": 0.0,
+    },
+    "noisy": {
+        "methods": "local,fedavg,fedper,fedrep,ditto",
+        "partitions": "pathological,iid",
+        "seeds": "0,1,2",
+        "noise_std": 0.7,
+    },
 }
 
 
@@ -55,8 +63,10 @@ def main() -> None:
         if getattr(args, key) is None:
             setattr(args, key, value)
     base = {"num-server-rounds": args.rounds, "noise-std": args.noise_std}
-    axes = {"partition": {p: PARTITIONS[p] for p in split(args.partitions)},
-            "method": {m: {"method": m} for m in split(args.methods)}}
+    axes = {
+        "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
+        "method": {m: {"method": m} for m in split(args.methods)},
+    }
     grid = f"baselines-{args.grid}"
     run_grid(grid, product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
     print_report(grid, args.raw_dir)

@@ -52,15 +52,35 @@ def main() -> None:
     ap.add_argument("--arms", default=",".join(ARMS))
     add_common_args(ap)
     args = ap.parse_args()
-    base = {"method": "client2vec", "dataset": "digits", "partition": "dirichlet", "model": "mlp",
-            "num-server-rounds": args.rounds, "fraction-train": 0.1, "local-epochs": 5,
-            "lr": 0.05, "momentum": 0.0, "batch-size": 32, "weight-decay": 5e-5, "c2v-encoder": "synthetic",
-            "c2v-ign-epochs": args.ign_epochs, "c2v-tau": 0.5, "c2v-gamma": 0.5, "c2v-lambda1": 1.0,
-            "c2v-local-weight": 1.0, "c2v-cache-dir": str(OUT / "c2v-cache")}
+    base = {
+        "method": "client2vec",
+        "dataset": "digits",
+        "partition": "dirichlet",
+        "model": "mlp",
+        "num-server-rounds": args.rounds,
+        "fraction-train": 0.1,
+        "local-epochs": 5,
+        "lr": 0.05,
+        "momentum": 0.0,
+        "batch-size": 32,
+        "weight-decay": 5e-5,
+        "c2v-encoder": "synthetic",
+        "c2v-ign-epochs": args.ign_epochs,
+        "c2v-tau": 0.5,
+        "c2v-gamma": 0.5,
+        "c2v-lambda1": 1.0,
+        "c2v-local-weight": 1.0,
+        "c2v-cache-dir": str(OUT / "c2v-cache"),
+    }
     # the seed loop sits outside the arms (setting, seed, arm), so the arms of a seed run back to back
-    cells = [({"setting": c["setting"], "seed": c["seed"], "arm": c["arm"]}, cfg) for c, cfg in product(
-        {"setting": {s: SETTINGS[s] for s in split(args.settings)}, "arm": {a: ARMS[a] for a in split(args.arms)}},
-        [int(s) for s in split(args.seeds)], base)]
+    cells = [
+        ({"setting": c["setting"], "seed": c["seed"], "arm": c["arm"]}, cfg)
+        for c, cfg in product(
+            {"setting": {s: SETTINGS[s] for s in split(args.settings)}, "arm": {a: ARMS[a] for a in split(args.arms)}},
+            [int(s) for s in split(args.seeds)],
+            base,
+        )
+    ]
     cells.sort(key=lambda cc: (list(SETTINGS).index(cc[0]["setting"]), cc[0]["seed"]))
     run_grid("client2vec", cells, args.clients, args.raw_dir)
     print_report("client2vec", args.raw_dir)

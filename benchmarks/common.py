@@ -74,9 +74,26 @@ def code_version() -> dict[str, Any]:
     if stamp.exists():
         return {"commit": stamp.read_text().strip(), "dirty": False}
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "strategies", "client_app", "task",
-                                "server_app", "pyproject.toml"], capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "status",
+                "--porcelain",
+                "--",
+                "strategies",
+                "client_app",
+                "task",
+                "server_app",
+                "pyproject.toml",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     except OSError:
         return {"commit": None, "dirty": None}
     return {"commit": head or None, "dirty": bool(dirty)}
@@ -132,9 +149,16 @@ def machine(load_before: float | None = None) -> dict[str, Any]:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem = None
-    return {"cores": os.cpu_count(), "memory-gib": None if mem is None else round(mem), "gpu": torch.cuda.is_available(),
-            "python": platform.python_version(), "flwr": flwr.__version__, "torch": torch.__version__.split("+")[0],
-            "load-before": load_before, "load-after": round(os.getloadavg()[0], 2)}
+    return {
+        "cores": os.cpu_count(),
+        "memory-gib": None if mem is None else round(mem),
+        "gpu": torch.cuda.is_available(),
+        "python": platform.python_version(),
+        "flwr": flwr.__version__,
+        "torch": torch.__version__.split("+")[0],
+        "load-before": load_before,
+        "load-after": round(os.getloadavg()[0], 2),
+    }
 
 
 # --------------------------------------------------------------------------- one run folder -> one record
@@ -144,15 +168,23 @@ def _rounds(folder: Path) -> list[dict[str, Any]]:
         t, e, x = r.get("train", {}), r.get("evaluate", {}), r.get("extra", {})
         comm = x.get("comm", {})
         row = {
-            "round": r["round"], "personal-acc": e.get("personal-acc"), "global-acc": e.get("global-acc"),
-            "trained-acc": t.get("trained-acc"), "personal-loss": e.get("personal-loss"),
-            "seconds": x.get("seconds"), "server-seconds": x.get("server-seconds"),
+            "round": r["round"],
+            "personal-acc": e.get("personal-acc"),
+            "global-acc": e.get("global-acc"),
+            "trained-acc": t.get("trained-acc"),
+            "personal-loss": e.get("personal-loss"),
+            "seconds": x.get("seconds"),
+            "server-seconds": x.get("server-seconds"),
             "bytes-down": sum(v for k, v in comm.items() if k.endswith("bytes-down")),
             "bytes-up": sum(v for k, v in comm.items() if k.endswith("bytes-up")),
-            "train-bytes-down": comm.get("train-bytes-down"), "train-bytes-up": comm.get("train-bytes-up"),
-            "train-clients": t.get("num-replies"), "eval-clients": e.get("num-replies"),
-            "train-seconds-per-client": t.get("time-train"), "method-seconds-per-client": t.get("time-method"),
-            "server-rss-mb": x.get("server-peak-rss-mb"), "client-rss-mb": t.get("peak-rss-mb-max"),
+            "train-bytes-down": comm.get("train-bytes-down"),
+            "train-bytes-up": comm.get("train-bytes-up"),
+            "train-clients": t.get("num-replies"),
+            "eval-clients": e.get("num-replies"),
+            "train-seconds-per-client": t.get("time-train"),
+            "method-seconds-per-client": t.get("time-method"),
+            "server-rss-mb": x.get("server-peak-rss-mb"),
+            "client-rss-mb": t.get("peak-rss-mb-max"),
             "index-seconds": x.get("index-seconds"),
             "cohort": x.get("cohort"),  # partition ids drawn this round, where the strategy logs them
         }
@@ -174,7 +206,11 @@ def _clients(folder: Path) -> dict[str, Any]:
 
 
 def _last_tier_table(folder: Path) -> list[dict] | None:
-    tables = [r["extra"]["tier-table"] for r in _read_json(folder / "rounds.json") or [] if r.get("extra", {}).get("tier-table")]
+    tables = [
+        r["extra"]["tier-table"]
+        for r in _read_json(folder / "rounds.json") or []
+        if r.get("extra", {}).get("tier-table")
+    ]
     return tables[-1] if tables else None
 
 
@@ -182,25 +218,40 @@ def _artefacts(folder: Path) -> dict[str, Any]:
     art: dict[str, Any] = {}
     clu = _read_json(folder / "pfedlia_clusters.json")
     if clu:
-        art["pfedlia"] = {"clustering": clu.get("clustering", {}), "assignment": clu.get("assignment", {}),
-                          "planted": clu.get("planted", {})}
+        art["pfedlia"] = {
+            "clustering": clu.get("clustering", {}),
+            "assignment": clu.get("assignment", {}),
+            "planted": clu.get("planted", {}),
+        }
     cfl = _read_json(folder / "cfl_clusters.json")
     if cfl:
-        art["cfl"] = {"clusters": len(set(cfl.get("assignment", {}).values())), "assignment": cfl.get("assignment", {}),
-                      "splits": len(cfl.get("splits", []))}
+        art["cfl"] = {
+            "clusters": len(set(cfl.get("assignment", {}).values())),
+            "assignment": cfl.get("assignment", {}),
+            "splits": len(cfl.get("splits", [])),
+        }
     table = _last_tier_table(folder)
     if table:
         art["tier-table"] = table
     ledger = _read_json(folder / "pifl_ledger.json")
     if ledger and ledger.get("rounds"):
         last = ledger["rounds"][-1]
-        art["pifl"] = {"rounds": len(ledger["rounds"]), "totals": sorted({e.get("total") for e in ledger["rounds"]}),
-                       "tiers": {k: {"source-a-share": t.get("source-a-share"), "members": t.get("members")}
-                                 for k, t in last.get("tiers", {}).items()}}
+        art["pifl"] = {
+            "rounds": len(ledger["rounds"]),
+            "totals": sorted({e.get("total") for e in ledger["rounds"]}),
+            "tiers": {
+                k: {"source-a-share": t.get("source-a-share"), "members": t.get("members")}
+                for k, t in last.get("tiers", {}).items()
+            },
+        }
     c2v = _read_json(folder / "client2vec.json")
     if c2v:
-        art["client2vec"] = {"index-seconds": c2v.get("index-seconds"), "index-quality": c2v.get("index-quality"),
-                             "best-global-acc": c2v.get("best-global-acc"), "cohorts": c2v.get("cohorts")}
+        art["client2vec"] = {
+            "index-seconds": c2v.get("index-seconds"),
+            "index-quality": c2v.get("index-quality"),
+            "best-global-acc": c2v.get("best-global-acc"),
+            "cohorts": c2v.get("cohorts"),
+        }
     cac = _read_json(folder / "fedcac_communication.json")
     if cac:
         art["fedcac"] = cac
@@ -225,8 +276,17 @@ def _fingerprint(clients: dict[str, Any], rounds: list[dict], artefacts: dict[st
     return {"data": data, "data-columns": [cols[i] for i in data_cols], "draws": draws}
 
 
-def record_from_run(folder: Path | None, *, grid: str, cell: dict[str, Any], command: str, num_supernodes: int,
-                    run_config: dict[str, Any], load_before: float | None = None, error: str | None = None) -> dict:
+def record_from_run(
+    folder: Path | None,
+    *,
+    grid: str,
+    cell: dict[str, Any],
+    command: str,
+    num_supernodes: int,
+    run_config: dict[str, Any],
+    load_before: float | None = None,
+    error: str | None = None,
+) -> dict:
     """The compact raw record of one run (see the module docstring)."""
     folder = Path(folder) if folder else None
     config_json = (_read_json(folder / "config.json") or {}) if folder else {}
@@ -239,27 +299,57 @@ def record_from_run(folder: Path | None, *, grid: str, cell: dict[str, Any], com
     clients = _clients(folder) if folder else {"columns": [], "rows": []}
     artefacts = _artefacts(folder) if folder else {}
     failures = (_read_json(folder / "failures.json") or []) if folder else []
-    keys = ("rounds", "clients", "failures", "seconds", "personal-acc", "global-acc", "trained-acc", "personal-loss",
-            "global-loss", "personal-perplexity", "global-perplexity")
+    keys = (
+        "rounds",
+        "clients",
+        "failures",
+        "seconds",
+        "personal-acc",
+        "global-acc",
+        "trained-acc",
+        "personal-loss",
+        "global-loss",
+        "personal-perplexity",
+        "global-perplexity",
+    )
     return {
-        "schema": SCHEMA, "grid": grid, "cell": cell, "command": command, "run": folder.name if folder else None,
-        "num-supernodes": num_supernodes, "error": error, "code": code_version(), "machine": machine(load_before),
+        "schema": SCHEMA,
+        "grid": grid,
+        "cell": cell,
+        "command": command,
+        "run": folder.name if folder else None,
+        "num-supernodes": num_supernodes,
+        "error": error,
+        "code": code_version(),
+        "machine": machine(load_before),
         "run-config": config,
         # the keys this run set away from the defaults of the code that ran (a later change of a default is not one)
         "overrides": sorted(k for k, v in config.items() if k not in defaults or defaults[k] != v),
         "resolved-model": (config_json.get("resolved") or {}).get("model"),
         "summary": {k: summary.get(k) for k in keys},
-        "rounds": rounds, "clients": clients, "artefacts": artefacts,
+        "rounds": rounds,
+        "clients": clients,
+        "artefacts": artefacts,
         "failures": {"count": len(failures), "first": [str(f.get("reason", f))[:200] for f in failures[:3]]},
         "fingerprint": _fingerprint(clients, rounds, artefacts),
     }
 
 
-def measurement_record(grid: str, cell: dict[str, Any], measurements: dict[str, Any], command: str | None = None) -> dict:
+def measurement_record(
+    grid: str, cell: dict[str, Any], measurements: dict[str, Any], command: str | None = None
+) -> dict:
     """The raw record of an in-process measurement (no federated run: a timing of the method's own code)."""
-    return {"schema": SCHEMA, "grid": grid, "cell": cell, "command": command or command_line(), "run": None,
-            "error": None, "code": code_version(), "machine": machine(round(os.getloadavg()[0], 2)),
-            "measurements": measurements}
+    return {
+        "schema": SCHEMA,
+        "grid": grid,
+        "cell": cell,
+        "command": command or command_line(),
+        "run": None,
+        "error": None,
+        "code": code_version(),
+        "machine": machine(round(os.getloadavg()[0], 2)),
+        "measurements": measurements,
+    }
 
 
 def dumps_record(record: dict) -> str:
@@ -293,8 +383,15 @@ def load_records(grid: str, raw_dir: Path = RAW) -> list[dict]:
 class Bench:
     """A private SuperLink that runs grid cells and writes one raw record per run (failed runs too)."""
 
-    def __init__(self, grid: str, *, raw_dir: Path | str = RAW, command: str | None = None, total: int | None = None,
-                 timeout: float = 3600.0) -> None:
+    def __init__(
+        self,
+        grid: str,
+        *,
+        raw_dir: Path | str = RAW,
+        command: str | None = None,
+        total: int | None = None,
+        timeout: float = 3600.0,
+    ) -> None:
         self.grid, self.raw_dir, self.total, self.timeout = grid, Path(raw_dir), total, timeout
         self.command = command or command_line()
         self.runs_dir = OUT / "runs"
@@ -318,20 +415,37 @@ class Bench:
             error = "\n".join(str(exc).splitlines()[-15:])
         except Exception as exc:  # noqa: BLE001  (subprocess timeouts and the like)
             error = f"{type(exc).__name__}: {exc}"[-2000:]
-        rec = record_from_run(folder, grid=self.grid, cell=cell, command=self.command, num_supernodes=clients,
-                              run_config=cfg, load_before=load, error=error)
+        rec = record_from_run(
+            folder,
+            grid=self.grid,
+            cell=cell,
+            command=self.command,
+            num_supernodes=clients,
+            run_config=cfg,
+            load_before=load,
+            error=error,
+        )
         write_record(rec, self.raw_dir)
         self.done += 1
         s = rec["summary"]
-        what = (f"FAILED: {failure_line(error)}" if error else " ".join(
-            f"{k} {s[k]:.4f}" for k in ("personal-acc", "global-acc", "personal-perplexity") if s.get(k) is not None))
-        print(f"[{self.done}/{self.total or '?'}] {self.grid} {' '.join(str(v) for v in cell.values())}: {what} "
-              f"({s.get('seconds') or 0:.0f} s; {time.time() - self.t0:.0f} s total)", flush=True)
+        what = (
+            f"FAILED: {failure_line(error)}"
+            if error
+            else " ".join(
+                f"{k} {s[k]:.4f}" for k in ("personal-acc", "global-acc", "personal-perplexity") if s.get(k) is not None
+            )
+        )
+        print(
+            f"[{self.done}/{self.total or '?'}] {self.grid} {' '.join(str(v) for v in cell.values())}: {what} "
+            f"({s.get('seconds') or 0:.0f} s; {time.time() - self.t0:.0f} s total)",
+            flush=True,
+        )
         return rec
 
 
-def run_grid(grid: str, cells: Iterable[tuple[dict[str, Any], dict[str, Any]]], clients: int,
-             raw_dir: Path | str = RAW) -> list[dict]:
+def run_grid(
+    grid: str, cells: Iterable[tuple[dict[str, Any], dict[str, Any]]], clients: int, raw_dir: Path | str = RAW
+) -> list[dict]:
     """Run every (cell, run config) once through ``flwr run``; ``min-nodes`` defaults to ``clients``."""
     cells = list(cells)
     with Bench(grid, raw_dir=raw_dir, total=len(cells)) as bench:
@@ -378,8 +492,15 @@ def refresh(raw_dir: Path, runs_dir: Path) -> int:
         if folder is not None and not folder.is_dir():
             continue
         asked = {k: v for k, v in old["run-config"].items()} if folder is None else {}
-        new = record_from_run(folder, grid=old["grid"], cell=old["cell"], command=old["command"],
-                              num_supernodes=old["num-supernodes"], run_config=asked, error=old["error"])
+        new = record_from_run(
+            folder,
+            grid=old["grid"],
+            cell=old["cell"],
+            command=old["command"],
+            num_supernodes=old["num-supernodes"],
+            run_config=asked,
+            error=old["error"],
+        )
         new.update(code=old["code"], machine=old["machine"])
         path.write_text(dumps_record(new))
         n += 1
@@ -395,4 +516,3 @@ if __name__ == "__main__":
     ap.add_argument("--raw-dir", default=str(RAW))
     a = ap.parse_args()
     print(f"refreshed {refresh(Path(a.raw_dir), Path(a.runs))} records from {a.runs}")
-

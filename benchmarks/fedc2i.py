@@ -39,8 +39,16 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     add_common_args(ap)
     args = ap.parse_args()
-    base = {"partition": "iid", "feature-shift": 5, "model": "c2i-small", "optimizer": "adam", "lr": 0.001,
-            "local-epochs": 2, "batch-size": 32, "num-server-rounds": args.rounds}
+    base = {
+        "partition": "iid",
+        "feature-shift": 5,
+        "model": "c2i-small",
+        "optimizer": "adam",
+        "lr": 0.001,
+        "local-epochs": 2,
+        "batch-size": 32,
+        "num-server-rounds": args.rounds,
+    }
     axes = {"method": {m: METHODS[m] for m in split(args.methods)}}
     run_grid("fedc2i", product(axes, [int(s) for s in split(args.seeds)], base), 5, args.raw_dir)
     print_report("fedc2i", args.raw_dir)

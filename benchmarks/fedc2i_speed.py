@@ -37,8 +37,9 @@ def influence_round(model, stacked, x, y, heads, bodies):
     with torch.no_grad():
         model.load_state_dict(own)
         feats = model.features(x)
-        big, _ = influence_matrix(feats, y, own["head.weight"], own["head.bias"], stacked["head.weight"],
-                                  stacked["head.bias"], 5.0)
+        big, _ = influence_matrix(
+            feats, y, own["head.weight"], own["head.bias"], stacked["head.weight"], stacked["head.bias"], 5.0
+        )
         w, b = mix_classifier(stacked["head.weight"], stacked["head.bias"], big)
     model.load_state_dict({**own, **body, "head.weight": w, "head.bias": b})
 
@@ -57,7 +58,9 @@ def main() -> None:
     x_train, y_train = torch.rand(n, 1, 8, 8, generator=gen), torch.randint(0, 10, (n,), generator=gen)
     x, y = x_train[:32], y_train[:32]
     print(f"model {args.model}; {n} training samples; one thread; median of {args.repeats}")
-    print("| M | influence phase (s) | local training, 2 epochs (s) | ratio | download all M (MB) | download k=5 (MB) |")
+    print(
+        "| M | influence phase (s) | local training, 2 epochs (s) | ratio | download all M (MB) | download k=5 (MB) |"
+    )
     print("|---|---|---|---|---|---|")
     for m in (int(c) for c in args.clients.split(",")):
         models = [build_model(args.model, 1, 8, 10, seed=s) for s in range(m)]
@@ -75,12 +78,24 @@ def main() -> None:
             local.append(time.perf_counter() - t)
         size_all = to_record({k: v.numpy() for k, v in stacked.items()}).count_bytes()
         size_k = to_record({k: v[: min(5, m)].numpy() for k, v in stacked.items()}).count_bytes()
-        row = {"M": m, "influence-s": float(np.median(infl)), "local-training-s": float(np.median(local)),
-               "download-all-bytes": size_all, "download-k5-bytes": size_k, "parameters": count_parameters(model),
-               "influence-s-repeats": infl, "local-training-s-repeats": local}
-        write_record(measurement_record("fedc2i-speed", {"model": args.model, "train-samples": n, "M": m}, row), args.raw_dir)
-        print(f"| {m} | {row['influence-s']:.3f} | {row['local-training-s']:.3f} | "
-              f"{row['influence-s'] / row['local-training-s']:.2f} | {size_all / 1e6:.2f} | {size_k / 1e6:.2f} |", flush=True)
+        row = {
+            "M": m,
+            "influence-s": float(np.median(infl)),
+            "local-training-s": float(np.median(local)),
+            "download-all-bytes": size_all,
+            "download-k5-bytes": size_k,
+            "parameters": count_parameters(model),
+            "influence-s-repeats": infl,
+            "local-training-s-repeats": local,
+        }
+        write_record(
+            measurement_record("fedc2i-speed", {"model": args.model, "train-samples": n, "M": m}, row), args.raw_dir
+        )
+        print(
+            f"| {m} | {row['influence-s']:.3f} | {row['local-training-s']:.3f} | "
+            f"{row['influence-s'] / row['local-training-s']:.2f} | {size_all / 1e6:.2f} | {size_k / 1e6:.2f} |",
+            flush=True,
+        )
     print_report("fedc2i-speed", args.raw_dir)
 
 

@@ -36,11 +36,22 @@ def main() -> None:
     ap.add_argument("--methods", default="local,fedavg,fedper,fedrep,ditto,fedcac")
     add_common_args(ap)
     args = ap.parse_args()
-    base = {"noise-std": 0.7, "test-fraction": 0.4, "val-fraction": 0.0, "lr": 0.05, "momentum": 0.9,
-            "local-epochs": 5, "batch-size": 20, "num-server-rounds": args.rounds,
-            "tau": 0.5, "beta": max(1, args.rounds // 2)}
-    axes = {"partition": {p: PARTITIONS[p] for p in split(args.partitions)},
-            "method": {m: {"method": m} for m in split(args.methods)}}
+    base = {
+        "noise-std": 0.7,
+        "test-fraction": 0.4,
+        "val-fraction": 0.0,
+        "lr": 0.05,
+        "momentum": 0.9,
+        "local-epochs": 5,
+        "batch-size": 20,
+        "num-server-rounds": args.rounds,
+        "tau": 0.5,
+        "beta": max(1, args.rounds // 2),
+    }
+    axes = {
+        "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
+        "method": {m: {"method": m} for m in split(args.methods)},
+    }
     run_grid("fedcac", product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
     print_report("fedcac", args.raw_dir)
 

@@ -31,24 +31,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_common_args, print_report, product, run_grid, split  # noqa: E402
 
 PARTITIONS = {
-    "pathological": {"partition": "planted-clusters"}, "noisy": {"partition": "planted-clusters-noisy"},
+    "pathological": {"partition": "planted-clusters"},
+    "noisy": {"partition": "planted-clusters-noisy"},
     # next-word prediction, 3 synthetic dialects, GPT-2-config causal LM
-    "dialects": {"dataset": "dialects", "partition": "planted-clusters", "num-clusters": 3, "model": "gpt2",
-                 "optimizer": "adam", "lr": 0.003, "val-fraction": 0.2, "lazy-epochs": 5, "optics-min-samples": 2},
+    "dialects": {
+        "dataset": "dialects",
+        "partition": "planted-clusters",
+        "num-clusters": 3,
+        "model": "gpt2",
+        "optimizer": "adam",
+        "lr": 0.003,
+        "val-fraction": 0.2,
+        "lazy-epochs": 5,
+        "optics-min-samples": 2,
+    },
 }
 METHODS = {
-    "local": {"method": "local"}, "fedavg": {"method": "fedavg"}, "cfl": {"method": "cfl"},
+    "local": {"method": "local"},
+    "fedavg": {"method": "fedavg"},
+    "cfl": {"method": "cfl"},
     # Sattler's eps1 0.4 / eps2 1.6 never split here (mean update norm 0.03-0.10, max 0.2-0.6 with this MLP, so
     # the max never passes 1.6); thresholds read off those logged norms give CFL its chance to split
     "cfl-tuned": {"method": "cfl", "cfl-eps1": 0.1, "cfl-eps2": 0.25},
-    "oracle": {"method": "oracle"}, "pfedlia-central": {"method": "pfedlia", "lia-mode": "central"},
+    "oracle": {"method": "oracle"},
+    "pfedlia-central": {"method": "pfedlia", "lia-mode": "central"},
     "pfedlia-p2p": {"method": "pfedlia", "lia-mode": "p2p"},
 }
 GRIDS = {
-    "planted": {"partitions": "pathological,noisy", "methods": ",".join(METHODS), "participation": "full,10%",
-                "clients": 50, "rounds": 40, "warmup": 20},
-    "dialects": {"partitions": "dialects", "methods": "fedavg,local,oracle,pfedlia-p2p", "participation": "full",
-                 "clients": 15, "rounds": 15, "warmup": 5},
+    "planted": {
+        "partitions": "pathological,noisy",
+        "methods": ",".join(METHODS),
+        "participation": "full,10%",
+        "clients": 50,
+        "rounds": 40,
+        "warmup": 20,
+    },
+    "dialects": {
+        "partitions": "dialects",
+        "methods": "fedavg,local,oracle,pfedlia-p2p",
+        "participation": "full",
+        "clients": 15,
+        "rounds": 15,
+        "warmup": 5,
+    },
 }
 
 
@@ -76,12 +101,25 @@ def main() -> None:
     for key, value in GRIDS[args.grid].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    base = {"num-clusters": 5, "model": "mlp", "lr": 0.05, "momentum": 0.0, "batch-size": 16, "local-epochs": 2,
-            "val-fraction": 0.25, "test-fraction": 0.2, "num-server-rounds": args.rounds, "warmup-rounds": args.warmup,
-            "lazy-epochs": args.lazy_epochs, "optics-min-samples": max(2, min(5, args.clients // 10))}
-    axes = {"participation": {p: participation(p, args.clients) for p in split(args.participation)},
-            "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
-            "method": {m: METHODS[m] for m in split(args.methods)}}
+    base = {
+        "num-clusters": 5,
+        "model": "mlp",
+        "lr": 0.05,
+        "momentum": 0.0,
+        "batch-size": 16,
+        "local-epochs": 2,
+        "val-fraction": 0.25,
+        "test-fraction": 0.2,
+        "num-server-rounds": args.rounds,
+        "warmup-rounds": args.warmup,
+        "lazy-epochs": args.lazy_epochs,
+        "optics-min-samples": max(2, min(5, args.clients // 10)),
+    }
+    axes = {
+        "participation": {p: participation(p, args.clients) for p in split(args.participation)},
+        "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
+        "method": {m: METHODS[m] for m in split(args.methods)},
+    }
     grid = "pfedlia" if args.grid == "planted" else f"pfedlia-{args.grid}"
     run_grid(grid, product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
     print_report(grid, args.raw_dir)

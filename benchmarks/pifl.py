@@ -26,11 +26,18 @@ from common import add_common_args, print_report, product, run_grid, split  # no
 PARTITIONS = {
     "synth-10:90": {"dataset": "synth-concept", "mixture": "10:90"},
     "synth-30:70": {"dataset": "synth-concept", "mixture": "30:70"},
-    "digits-10:90": {"mixture": "10:90"}, "digits-30:70": {"mixture": "30:70"},
-    "digits-linear": {"mixture": "linear"}, "digits-random": {"mixture": "random"},
+    "digits-10:90": {"mixture": "10:90"},
+    "digits-30:70": {"mixture": "30:70"},
+    "digits-linear": {"mixture": "linear"},
+    "digits-random": {"mixture": "random"},
 }
-METHODS = {"fedavg": {"method": "fedavg"}, "ifca": {"method": "ifca"}, "fedsoft": {"method": "fedsoft"},
-           "pifl": {"method": "pifl"}, "pifl-ni": {"method": "pifl-ni"}}
+METHODS = {
+    "fedavg": {"method": "fedavg"},
+    "ifca": {"method": "ifca"},
+    "fedsoft": {"method": "fedsoft"},
+    "pifl": {"method": "pifl"},
+    "pifl-ni": {"method": "pifl-ni"},
+}
 
 
 def main() -> None:
@@ -42,10 +49,18 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     add_common_args(ap)
     args = ap.parse_args()
-    base = {"partition": "two-source", "num-server-rounds": args.rounds, "local-epochs": 2, "val-fraction": 0.2,
-            "slots-performance": 4, "slots-random": 1}
-    axes = {"partition": {p: PARTITIONS[p] for p in split(args.partitions)},
-            "method": {m: METHODS[m] for m in split(args.methods)}}
+    base = {
+        "partition": "two-source",
+        "num-server-rounds": args.rounds,
+        "local-epochs": 2,
+        "val-fraction": 0.2,
+        "slots-performance": 4,
+        "slots-random": 1,
+    }
+    axes = {
+        "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
+        "method": {m: METHODS[m] for m in split(args.methods)},
+    }
     run_grid("pifl", product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
     print_report("pifl", args.raw_dir)
 

@@ -48,7 +48,7 @@ def defaults(pyproject: Path = PYPROJECT) -> dict[str, Any]:
 
 
 def span(vals: Iterable[float], nd: int = 1, unit: str = "") -> str:
-    """"a-b" (or "a" when they agree at this precision)."""
+    """ "a-b" (or "a" when they agree at this precision)."""
     vals = list(vals)
     lo, hi = f"{min(vals):.{nd}f}", f"{max(vals):.{nd}f}"
     return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
@@ -201,8 +201,13 @@ def pairing_problem(a: Rec, b: Rec, draws: bool) -> str | None:
     return None
 
 
-def paired(arm: list[Rec], ref: list[Rec], metric: Callable[[Rec], Any], ref_metric: Callable[[Rec], Any] | None = None,
-           draws: bool = False) -> Paired:
+def paired(
+    arm: list[Rec],
+    ref: list[Rec],
+    metric: Callable[[Rec], Any],
+    ref_metric: Callable[[Rec], Any] | None = None,
+    draws: bool = False,
+) -> Paired:
     """Seed-paired differences of ``metric(arm) - ref_metric(ref)``; refused unless every pair shares data (and draws)."""
     ref_metric = ref_metric or metric
     by_seed = {r["cell"]["seed"]: r for r in ok(ref)}
@@ -221,9 +226,14 @@ def paired(arm: list[Rec], ref: list[Rec], metric: Callable[[Rec], Any], ref_met
     return Paired(deltas, None if deltas else "no runs to pair")
 
 
-def versus_many(arms: list[tuple[str, list[Rec]]], ref_name: str, ref: list[Rec], metric: Callable[[Rec], Any],
-                ref_metric: Callable[[Rec], Any] | None = None) -> str:
-    """"A (x, +d points, better in k of n seeds) and B (...) beat REF (y); C (...) does not"."""
+def versus_many(
+    arms: list[tuple[str, list[Rec]]],
+    ref_name: str,
+    ref: list[Rec],
+    metric: Callable[[Rec], Any],
+    ref_metric: Callable[[Rec], Any] | None = None,
+) -> str:
+    """ "A (x, +d points, better in k of n seeds) and B (...) beat REF (y); C (...) does not"."""
     ref_metric = ref_metric or metric
     b = mean(ref, ref_metric)
     if b is None:
@@ -234,31 +244,51 @@ def versus_many(arms: list[tuple[str, list[Rec]]], ref_name: str, ref: list[Rec]
         if a is None:
             continue
         p = paired(arm, ref, metric, ref_metric)
-        seeds = (f", better in {p.wins} of {len(p.deltas)} seeds" if p.ok and len(p.deltas) > 1
-                 else "" if p.ok else f"; {p.text()}")
-        groups["beat" if a > b + TIE else "tie with" if abs(a - b) <= TIE else "do not beat"].append(f"{name} ({a:.3f}, {pts(a - b)}{seeds})")
+        seeds = (
+            f", better in {p.wins} of {len(p.deltas)} seeds"
+            if p.ok and len(p.deltas) > 1
+            else ""
+            if p.ok
+            else f"; {p.text()}"
+        )
+        groups["beat" if a > b + TIE else "tie with" if abs(a - b) <= TIE else "do not beat"].append(
+            f"{name} ({a:.3f}, {pts(a - b)}{seeds})"
+        )
     parts = []
     for verb, names in groups.items():
         if names:
             single = {"beat": "beats", "tie with": "ties with", "do not beat": "does not beat"}[verb]
-            parts.append(f"{' and '.join(names) if len(names) < 3 else ', '.join(names[:-1]) + ' and ' + names[-1]} "
-                         f"{single if len(names) == 1 else verb}")
+            parts.append(
+                f"{' and '.join(names) if len(names) < 3 else ', '.join(names[:-1]) + ' and ' + names[-1]} "
+                f"{single if len(names) == 1 else verb}"
+            )
     if not parts:
         return f"{ref_name}: no result"
     return "; ".join([parts[0] + f" {ref_name} ({b:.3f})"] + [p + " it" for p in parts[1:]])
 
 
-def versus(name: str, arm: list[Rec], ref_name: str, ref: list[Rec], metric: Callable[[Rec], Any],
-           ref_metric: Callable[[Rec], Any] | None = None) -> str:
-    """"A (x) beats B (y): +d points, wins k/n seeds (paired)" or "does not beat", from the records."""
+def versus(
+    name: str,
+    arm: list[Rec],
+    ref_name: str,
+    ref: list[Rec],
+    metric: Callable[[Rec], Any],
+    ref_metric: Callable[[Rec], Any] | None = None,
+) -> str:
+    """ "A (x) beats B (y): +d points, wins k/n seeds (paired)" or "does not beat", from the records."""
     ref_metric = ref_metric or metric
     a, b = mean(arm, metric), mean(ref, ref_metric)
     if a is None or b is None:
         return f"{name} vs {ref_name}: no result"
     verb = "beats" if a > b + TIE else ("ties with" if abs(a - b) <= TIE else "does not beat")
     p = paired(arm, ref, metric, ref_metric)
-    seeds = (f", better in {p.wins} of {len(p.deltas)} seeds (paired)" if p.ok and len(p.deltas) > 1
-             else "" if p.ok else f"; {p.text()}")
+    seeds = (
+        f", better in {p.wins} of {len(p.deltas)} seeds (paired)"
+        if p.ok and len(p.deltas) > 1
+        else ""
+        if p.ok
+        else f"; {p.text()}"
+    )
     return f"{name} ({a:.3f}) {verb} {ref_name} ({b:.3f}): {pts(a - b)}{seeds}"
 
 
@@ -282,9 +312,11 @@ def _where(recs: list[Rec], chosen: list[Rec]) -> str:
 def _axis_named_by(recs: list[Rec], by_value: dict[str, list[Rec]]) -> str | None:
     """The grid axis whose label is the key's value in every run that sets it, if there is one."""
     for name in [k for k in recs[0]["cell"] if k != "seed"]:
-        if by_value and all({str(r["cell"].get(name)) for r in chosen} == {value} and
-                            {id(r) for r in recs if str(r["cell"].get(name)) == value} == {id(r) for r in chosen}
-                            for value, chosen in by_value.items()):
+        if by_value and all(
+            {str(r["cell"].get(name)) for r in chosen} == {value}
+            and {id(r) for r in recs if str(r["cell"].get(name)) == value} == {id(r) for r in chosen}
+            for value, chosen in by_value.items()
+        ):
             return name
     return None
 
@@ -316,8 +348,11 @@ def settings_diff(recs: list[Rec], defaults_: dict[str, Any]) -> list[str]:
         for value, chosen in by_value.items():
             where = "" if len(chosen) == len(recs) else f" ({_where(recs, chosen)})"
             # runs that did not set the key used the default of their code: the default has changed since
-            then = ("" if key not in defaults_ or any(key in r.get("overrides", [key]) for r in chosen) else
-                    f" (the default when these ran; now {_fmt_value(defaults_[key])})")
+            then = (
+                ""
+                if key not in defaults_ or any(key in r.get("overrides", [key]) for r in chosen)
+                else f" (the default when these ran; now {_fmt_value(defaults_[key])})"
+            )
             out.append(f"{key}={value}{where}{unknown}{then}")
     return out
 
@@ -396,8 +431,14 @@ def machine_note(recs: list[Rec]) -> str:
         return ""
     first = m[0]
     loads = [x["load-before"] for x in m if x.get("load-before") is not None]
-    load = (f"; 1-minute load average when a run started: median {np.median(loads):.1f}, "
-            f"range {min(loads):.1f}-{max(loads):.1f}") if loads else ""
+    load = (
+        (
+            f"; 1-minute load average when a run started: median {np.median(loads):.1f}, "
+            f"range {min(loads):.1f}-{max(loads):.1f}"
+        )
+        if loads
+        else ""
+    )
     by_commit: dict[str, list[Rec]] = {}
     for r in recs:
         by_commit.setdefault((r.get("code") or {}).get("commit") or "unknown", []).append(r)
@@ -412,10 +453,12 @@ def machine_note(recs: list[Rec]) -> str:
         ran = plural(len(recs), "measurement")
     else:
         ran = plural(len(recs), "in-process measurement")
-    return (f"Measured on a shared machine: {first['cores']} cores, {first['memory-gib']} GiB, "
-            f"{'a GPU' if first['gpu'] else 'no GPU'}, Python {first['python']}, flwr {first['flwr']}, torch "
-            f"{first['torch']}{load}. {ran}; code {', '.join(c[:10] + where[c] for c in commits)}"
-            f"{' with uncommitted changes' if dirty else ''}.")
+    return (
+        f"Measured on a shared machine: {first['cores']} cores, {first['memory-gib']} GiB, "
+        f"{'a GPU' if first['gpu'] else 'no GPU'}, Python {first['python']}, flwr {first['flwr']}, torch "
+        f"{first['torch']}{load}. {ran}; code {', '.join(c[:10] + where[c] for c in commits)}"
+        f"{' with uncommitted changes' if dirty else ''}."
+    )
 
 
 def header(recs: list[Rec], paper: list[Paper], defaults_: dict[str, Any]) -> str:
@@ -433,7 +476,9 @@ def header(recs: list[Rec], paper: list[Paper], defaults_: dict[str, Any]) -> st
         lines = ["Commands: " + "; ".join(f"`{c}`{seeds(by_command[c])}" for c in sorted(by_command)) + "."]
     diff = settings_diff(recs, defaults_)
     if diff:
-        lines.append("Settings that differ from the defaults (pyproject.toml): " + ", ".join(f"`{d}`" for d in diff) + ".")
+        lines.append(
+            "Settings that differ from the defaults (pyproject.toml): " + ", ".join(f"`{d}`" for d in diff) + "."
+        )
     differ, same = paper_diff(recs, paper)
     if differ:
         lines.append("Differs from the paper: " + "; ".join(differ) + ".")
@@ -460,11 +505,25 @@ class Section:
 
 # --------------------------------------------------------------------------- baselines
 BASELINE_METHODS = ["local", "fedavg", "fedprox", "fedper", "fedrep", "fedrod", "ditto"]
-NAMES = {"local": "Local", "fedavg": "FedAvg", "fedprox": "FedProx", "fedper": "FedPer", "fedrep": "FedRep",
-         "fedrod": "FedRoD", "ditto": "Ditto", "fedcac": "FedCAC", "cfl": "CFL (Sattler's thresholds)",
-         "cfl-tuned": "CFL (tuned thresholds)", "oracle": "Oracle", "pfedlia-central": "pFedLIA central (OPTICS)",
-         "pfedlia-p2p": "pFedLIA peer-to-peer", "ifca": "IFCA", "fedsoft": "FedSoft", "pifl": "PI-FL",
-         "pifl-ni": "PI-FL(NI)"}
+NAMES = {
+    "local": "Local",
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "fedper": "FedPer",
+    "fedrep": "FedRep",
+    "fedrod": "FedRoD",
+    "ditto": "Ditto",
+    "fedcac": "FedCAC",
+    "cfl": "CFL (Sattler's thresholds)",
+    "cfl-tuned": "CFL (tuned thresholds)",
+    "oracle": "Oracle",
+    "pfedlia-central": "pFedLIA central (OPTICS)",
+    "pfedlia-p2p": "pFedLIA peer-to-peer",
+    "ifca": "IFCA",
+    "fedsoft": "FedSoft",
+    "pifl": "PI-FL",
+    "pifl-ni": "PI-FL(NI)",
+}
 PERSONAL, GLOBAL = summary("personal-acc"), summary("global-acc")
 
 
@@ -482,39 +541,73 @@ def _baselines_table(recs: list[Rec]) -> str:
 def _baselines_claims(recs: list[Rec]) -> list[str]:
     out = []
     fedavg = lambda part: select(recs, partition=part, method="fedavg")  # noqa: E731
-    arms = [(NAMES[m], select(recs, partition="pathological", method=m)) for m in ("local", "fedper", "fedrep", "ditto")]
+    arms = [
+        (NAMES[m], select(recs, partition="pathological", method=m)) for m in ("local", "fedper", "fedrep", "ditto")
+    ]
     if any(a for _, a in arms) and fedavg("pathological"):
-        out.append("Pathological split: " + versus_many([x for x in arms if x[1]], "FedAvg's global model",
-                                                       fedavg("pathological"), PERSONAL, GLOBAL) + ".")
+        out.append(
+            "Pathological split: "
+            + versus_many([x for x in arms if x[1]], "FedAvg's global model", fedavg("pathological"), PERSONAL, GLOBAL)
+            + "."
+        )
     local = select(recs, partition="pathological", method="local")
     pers = [(NAMES[m], select(recs, partition="pathological", method=m)) for m in ("fedper", "fedrep", "ditto")]
     if local and any(a for _, a in pers):
-        out.append("Pathological split, against training alone: " + versus_many([x for x in pers if x[1]], "Local",
-                                                                                local, PERSONAL) + ".")
+        out.append(
+            "Pathological split, against training alone: "
+            + versus_many([x for x in pers if x[1]], "Local", local, PERSONAL)
+            + "."
+        )
     if select(recs, partition="iid", method="local"):
-        out.append("IID: " + versus("FedAvg's global model", fedavg("iid"), "Local", select(recs, partition="iid", method="local"),
-                                    GLOBAL, PERSONAL) + ".")
+        out.append(
+            "IID: "
+            + versus(
+                "FedAvg's global model",
+                fedavg("iid"),
+                "Local",
+                select(recs, partition="iid", method="local"),
+                GLOBAL,
+                PERSONAL,
+            )
+            + "."
+        )
     for part in axis(recs, "partition"):
         ditto, avg = select(recs, partition=part, method="ditto"), fedavg(part)
         p = paired(ditto, avg, GLOBAL)
         if p.ok:
             gap = max(abs(d) for d in p.deltas)
-            out.append(f"{part}: Ditto's global model " + ("equals FedAvg's in every seed" if gap <= TIE else
-                       f"differs from FedAvg's by up to {gap:.4f}") + ".")
+            out.append(
+                f"{part}: Ditto's global model "
+                + ("equals FedAvg's in every seed" if gap <= TIE else f"differs from FedAvg's by up to {gap:.4f}")
+                + "."
+            )
     if select(recs, method="fedprox"):
-        out.append("FedProx vs FedAvg: " + "; ".join(
-            f"{part}: " + versus("FedProx", select(recs, partition=part, method="fedprox"), "FedAvg", fedavg(part), PERSONAL)
-            for part in axis(recs, "partition")) + ".")
+        out.append(
+            "FedProx vs FedAvg: "
+            + "; ".join(
+                f"{part}: "
+                + versus("FedProx", select(recs, partition=part, method="fedprox"), "FedAvg", fedavg(part), PERSONAL)
+                for part in axis(recs, "partition")
+            )
+            + "."
+        )
     return out
 
 
 def render_baselines(raw: Path, d: dict[str, Any]) -> str:
-    parts = ["The baselines of issue 2 on the embedded digits. Expected: on the pathological split (2 classes per "
-             "client) Local and the personalized methods beat FedAvg's global model; on IID, FedAvg's global model "
-             "beats Local. Accuracy = each client's own model on its own test split, mean over clients, last round."]
-    for grid, title, command in (("baselines-clean", "Clean digits", "python benchmarks/baselines.py --grid clean"),
-                                 ("baselines-noisy", "Noisy digits (fixed Gaussian pixel noise, as the FedCAC spec uses "
-                                  "to separate methods)", "python benchmarks/baselines.py --grid noisy")):
+    parts = [
+        "The baselines of issue 2 on the embedded digits. Expected: on the pathological split (2 classes per "
+        "client) Local and the personalized methods beat FedAvg's global model; on IID, FedAvg's global model "
+        "beats Local. Accuracy = each client's own model on its own test split, mean over clients, last round."
+    ]
+    for grid, title, command in (
+        ("baselines-clean", "Clean digits", "python benchmarks/baselines.py --grid clean"),
+        (
+            "baselines-noisy",
+            "Noisy digits (fixed Gaussian pixel noise, as the FedCAC spec uses to separate methods)",
+            "python benchmarks/baselines.py --grid noisy",
+        ),
+    ):
         recs = load_records(grid, raw)
         parts.append(f"### {title}")
         if not recs:
@@ -539,8 +632,12 @@ FEDCAC_PAPER = [
     Paper("tau", "0.5", key("tau"), "fedcac §3"),
     Paper("participation", "100 %", key("fraction-train", percent), "fedcac §3"),
     Paper("seeds", "5", n_seeds, "fedcac §3"),
-    Paper("data", "CIFAR-10 / CIFAR-100 / Tiny ImageNet, 500 train / 100 test samples per client",
-          fixed("digits (8x8) with Gaussian pixel noise, all samples split among clients"), "fedcac §4"),
+    Paper(
+        "data",
+        "CIFAR-10 / CIFAR-100 / Tiny ImageNet, 500 train / 100 test samples per client",
+        fixed("digits (8x8) with Gaussian pixel noise, all samples split among clients"),
+        "fedcac §4",
+    ),
     Paper("model", "ResNet-8 / ResNet-10", trained_model, "fedcac §4"),
     Paper("headline metric", "best round", fixed("last round"), "fedcac §3"),
 ]
@@ -549,9 +646,11 @@ FEDCAC_METHODS = ["local", "fedavg", "fedper", "fedrep", "ditto", "fedcac"]
 
 def render_fedcac(raw: Path, d: dict[str, Any]) -> str:
     recs = load_records("fedcac", raw)
-    intro = ("FedCAC against Local, FedAvg, FedPer, FedRep and Ditto on noisy digits (spec fedcac §8). Final-round "
-             "accuracy of each client's model on its own test split (FedCAC: after Eq. 11), mean over clients, "
-             "mean ± std over seeds; FedAvg: its global model. Bold: the best mean of a row.")
+    intro = (
+        "FedCAC against Local, FedAvg, FedPer, FedRep and Ditto on noisy digits (spec fedcac §8). Final-round "
+        "accuracy of each client's model on its own test split (FedCAC: after Eq. 11), mean over clients, "
+        "mean ± std over seeds; FedAvg: its global model. Bold: the best mean of a row."
+    )
     if not recs:
         return intro + "\n\n" + missing("python benchmarks/fedcac.py")
     methods = axis(recs, "method", FEDCAC_METHODS)
@@ -569,18 +668,29 @@ def render_fedcac(raw: Path, d: dict[str, Any]) -> str:
             if rival:
                 gap = means["fedcac"] - means[rival]
                 within = "within" if abs(gap) <= std else "more than"
-                line += ("; " + versus("FedCAC", select(recs, partition=part, method="fedcac"), f"the best other method, "
-                                       f"{NAMES.get(rival, rival)}", select(recs, partition=part, method=rival), PERSONAL)
-                         + f"; the gap is {within} one seed std")
+                line += (
+                    "; "
+                    + versus(
+                        "FedCAC",
+                        select(recs, partition=part, method="fedcac"),
+                        f"the best other method, {NAMES.get(rival, rival)}",
+                        select(recs, partition=part, method=rival),
+                        PERSONAL,
+                    )
+                    + f"; the gap is {within} one seed std"
+                )
             claims.append(line + ".")
     wins = sum(1 for r in rows if "**" in r[1 + methods.index("fedcac")]) if "fedcac" in methods else 0
     claims.insert(0, f"FedCAC has the best mean in {wins} of {len(rows)} partitions.")
-    ratios = {r["artefacts"]["fedcac"].get("mask-to-model-ratio") for r in ok(recs) if r.get("artefacts", {}).get("fedcac")}
+    ratios = {
+        r["artefacts"]["fedcac"].get("mask-to-model-ratio") for r in ok(recs) if r.get("artefacts", {}).get("fedcac")
+    }
     if ratios and None not in ratios:
-        claims.append(f"The packed mask a client sends costs 1/{1 / max(ratios):.0f} of the float32 model "
-                      "(`fedcac_communication.json`).")
-    return "\n\n".join([intro, header(recs, FEDCAC_PAPER, d), md_table(["partition"] + methods, rows),
-                        bullets(claims)])
+        claims.append(
+            f"The packed mask a client sends costs 1/{1 / max(ratios):.0f} of the float32 model "
+            "(`fedcac_communication.json`)."
+        )
+    return "\n\n".join([intro, header(recs, FEDCAC_PAPER, d), md_table(["partition"] + methods, rows), bullets(claims)])
 
 
 # --------------------------------------------------------------------------- pFedLIA
@@ -590,21 +700,35 @@ PFEDLIA_PAPER = [
     Paper("warm-up rounds", "20", key("warmup-rounds"), "pfedlia §3"),
     Paper("lazy epochs", "20", key("lazy-epochs"), "pfedlia §3"),
     Paper("OPTICS min_samples", "5", key("optics-min-samples"), "pfedlia §3"),
-    Paper("train / validation split", "3:1 (no test split named)",
-          lambda recs: key("val-fraction", lambda v: f"validation {percent(v)}")(recs) + ", "
-          + key("test-fraction", lambda v: f"test {percent(v)}")(recs), "pfedlia §3, §4"),
+    Paper(
+        "train / validation split",
+        "3:1 (no test split named)",
+        lambda recs: (
+            key("val-fraction", lambda v: f"validation {percent(v)}")(recs)
+            + ", "
+            + key("test-fraction", lambda v: f"test {percent(v)}")(recs)
+        ),
+        "pfedlia §3, §4",
+    ),
     Paper("seeds", "4", n_seeds, "pfedlia §3"),
     Paper("model", "ResNet18 / GPT-2, pretrained", trained_model, "pfedlia §3, §4"),
-    Paper("data", "FashionMNIST / CIFAR-10 / CIFAR-100; OSCAR Nordic text",
-          key("dataset", lambda v: "digits (8x8)" if v == "digits" else "synthetic dialects" if v == "dialects" else v),
-          "pfedlia §4"),
+    Paper(
+        "data",
+        "FashionMNIST / CIFAR-10 / CIFAR-100; OSCAR Nordic text",
+        key("dataset", lambda v: "digits (8x8)" if v == "digits" else "synthetic dialects" if v == "dialects" else v),
+        "pfedlia §4",
+    ),
     Paper("rounds", "not given (100 inferred from FL-Bench)", key("num-server-rounds"), "pfedlia §3"),
     Paper("local epochs", "not given (5 inferred)", key("local-epochs"), "pfedlia §3"),
     Paper("batch size", "not given (32 inferred)", key("batch-size"), "pfedlia §3"),
 ]
 DIALECTS_PAPER = [
-    Paper("model", "GPT-2 small (124M), pretrained", key("model", lambda v: f"{v} (a GPT-2 config, randomly initialised)"),
-          "pfedlia §3, §4"),
+    Paper(
+        "model",
+        "GPT-2 small (124M), pretrained",
+        key("model", lambda v: f"{v} (a GPT-2 config, randomly initialised)"),
+        "pfedlia §3, §4",
+    ),
     Paper("data", "OSCAR text in Norwegian, Swedish, Danish", fixed("three synthetic dialects"), "pfedlia §4"),
     Paper("warm-up rounds", "20", key("warmup-rounds"), "pfedlia §3"),
     Paper("lazy epochs", "20", key("lazy-epochs"), "pfedlia §3"),
@@ -652,7 +776,9 @@ def normal_rounds(rec: Rec) -> list[dict]:
 
 def normal_round_mb(rec: Rec) -> float | None:
     rounds = normal_rounds(rec)
-    return float(np.median([r.get("train-bytes-down", 0) / r["train-clients"] for r in rounds])) / 1e6 if rounds else None
+    return (
+        float(np.median([r.get("train-bytes-down", 0) / r["train-clients"] for r in rounds])) / 1e6 if rounds else None
+    )
 
 
 def normal_round_seconds(rec: Rec) -> float | None:
@@ -682,20 +808,33 @@ def _pfedlia_rows(recs: list[Rec], key_metric: str) -> tuple[list[list[Any]], li
                 aris = [ari(r) for r in ok(sel)]
                 a = [v for v, _ in aris if v is not None]
                 partial = any(not full for v, full in aris if v is not None)
-                ari_text = "—" if not a else (f"{np.mean(a):.4f} ± {np.std(a):.4f}" if len(a) > 1 else f"{a[0]:.4f}") + (
-                    " *" if partial else "")
+                ari_text = (
+                    "—"
+                    if not a
+                    else (f"{np.mean(a):.4f} ± {np.std(a):.4f}" if len(a) > 1 else f"{a[0]:.4f}")
+                    + (" *" if partial else "")
+                )
                 cost = "—"
                 if m != "oracle" and values(sel, clu("bytes-down-per-client")):
-                    cost = (f"{mean(sel, clu('bytes-down-per-client')) / 1e6:.2f} MB, "
-                            f"{mean(sel, clu('seconds')):.1f} s")
+                    cost = f"{mean(sel, clu('bytes-down-per-client')) / 1e6:.2f} MB, {mean(sel, clu('seconds')):.1f} s"
                 normal = "—"
                 if values(sel, clustering_round) and values(sel, normal_round_seconds):
                     normal = f"{mean(sel, normal_round_mb):.2f} MB, {mean(sel, normal_round_seconds):.1f} s"
                 metric = [mean_std(sel, PERSONAL)]
                 if key_metric == "perplexity":
                     metric.append(mean_std(sel, summary("personal-perplexity"), 2))
-                rows.append([part_, part, NAMES.get(m, m), *metric, ari_text, _range([clusters_found(r) for r in ok(sel)]),
-                             cost, normal])
+                rows.append(
+                    [
+                        part_,
+                        part,
+                        NAMES.get(m, m),
+                        *metric,
+                        ari_text,
+                        _range([clusters_found(r) for r in ok(sel)]),
+                        cost,
+                        normal,
+                    ]
+                )
                 if partial:
                     notes.append(part_)
     return rows, notes
@@ -713,8 +852,11 @@ def _pfedlia_claims(recs: list[Rec]) -> list[str]:
                 aris = [ari(r)[0] for r in ok(sel(m))]
                 aris = [v for v in aris if v is not None]
                 if aris:
-                    lines.append(f"{NAMES[m]} ARI per seed " + " / ".join(f"{v:.2f}" for v in aris)
-                                 + f" (>= 0.9 in {sum(v >= 0.9 for v in aris)} of {len(aris)})")
+                    lines.append(
+                        f"{NAMES[m]} ARI per seed "
+                        + " / ".join(f"{v:.2f}" for v in aris)
+                        + f" (>= 0.9 in {sum(v >= 0.9 for v in aris)} of {len(aris)})"
+                    )
             main = next((m for m in ("pfedlia-central", "pfedlia-p2p") if ok(sel(m))), None)
             if main:
                 for ref in ("oracle", "fedavg", "local", "cfl-tuned"):
@@ -725,23 +867,31 @@ def _pfedlia_claims(recs: list[Rec]) -> list[str]:
                 found = [clusters_found(r) for r in cfl]
                 same = paired(sel("cfl"), sel("fedavg"), PERSONAL)
                 if all(f == 1 for f in found):
-                    lines.append("CFL with Sattler's thresholds never splits (1 cluster in every seed)" + (
-                        ", so it is FedAvg exactly (same accuracy in every seed)" if same.ok and all(
-                            abs(d) <= TIE for d in same.deltas) else ""))
+                    lines.append(
+                        "CFL with Sattler's thresholds never splits (1 cluster in every seed)"
+                        + (
+                            ", so it is FedAvg exactly (same accuracy in every seed)"
+                            if same.ok and all(abs(d) <= TIE for d in same.deltas)
+                            else ""
+                        )
+                    )
                 else:
                     lines.append(f"CFL with Sattler's thresholds finds {_range(found)} clusters")
             failed = [r for m in PFEDLIA_METHODS for r in sel(m) if r.get("error")]
             for m in sorted({r["cell"]["method"] for r in failed}):
                 fails = [r for r in failed if r["cell"]["method"] == m]
-                lines.append(f"{NAMES.get(m, m)} failed in {len(fails)} of {len(sel(m))} runs: "
-                             f"{error_line(fails[0]['error'])}")
+                lines.append(
+                    f"{NAMES.get(m, m)} failed in {len(fails)} of {len(sel(m))} runs: {error_line(fails[0]['error'])}"
+                )
             if main:
                 ratio = [r for r in ok(sel(main)) if normal_round_mb(r) and clu("bytes-down-per-client")(r)]
                 if ratio:
                     down = [clu("bytes-down-per-client")(r) / 1e6 / normal_round_mb(r) for r in ratio]
                     secs = [clu("seconds")(r) / normal_round_seconds(r) for r in ratio if normal_round_seconds(r)]
-                    lines.append(f"the clustering round downloads {np.mean(down):.0f}x a normal round's bytes per client"
-                                 + (f" and takes {span(secs, 1, 'x')} its seconds" if secs else ""))
+                    lines.append(
+                        f"the clustering round downloads {np.mean(down):.0f}x a normal round's bytes per client"
+                        + (f" and takes {span(secs, 1, 'x')} its seconds" if secs else "")
+                    )
             if lines:
                 out.append(f"{where}: " + "; ".join(lines) + ".")
     return out
@@ -749,38 +899,70 @@ def _pfedlia_claims(recs: list[Rec]) -> list[str]:
 
 def render_pfedlia(raw: Path, d: dict[str, Any]) -> str:
     recs = load_records("pfedlia", raw)
-    intro = ("pFedLIA central (OPTICS on the server) and peer-to-peer against Local, FedAvg, CFL and the Oracle (the "
-             "planted groups) on planted clusters of digits (spec pfedlia §8). Planted groups: 5 clusters x 2 labels "
-             "(\"pathological\"); \"noisy\" adds, for about half of the clients, one shard of a label from another "
-             "cluster (spec §6). Two participation settings: every client trains in every round (\"full\"), and 10 % "
-             "of the clients drawn per round as in the paper (\"10%\"; the clustering round still asks every client). "
-             "Personalized accuracy = each client's assigned model on its own test split at the last round, mean ± "
-             "std over seeds. ARI = adjusted Rand index of the clustering against the planted groups. Costs are "
-             "per client, seconds measured on a shared machine; a normal round is the median of the rounds other "
-             "than round 1 and the clustering round.")
+    intro = (
+        "pFedLIA central (OPTICS on the server) and peer-to-peer against Local, FedAvg, CFL and the Oracle (the "
+        "planted groups) on planted clusters of digits (spec pfedlia §8). Planted groups: 5 clusters x 2 labels "
+        '("pathological"); "noisy" adds, for about half of the clients, one shard of a label from another '
+        'cluster (spec §6). Two participation settings: every client trains in every round ("full"), and 10 % '
+        'of the clients drawn per round as in the paper ("10%"; the clustering round still asks every client). '
+        "Personalized accuracy = each client's assigned model on its own test split at the last round, mean ± "
+        "std over seeds. ARI = adjusted Rand index of the clustering against the planted groups. Costs are "
+        "per client, seconds measured on a shared machine; a normal round is the median of the rounds other "
+        "than round 1 and the clustering round."
+    )
     if not recs:
         return intro + "\n\n" + missing("python benchmarks/pfedlia.py --grid planted")
     rows, notes = _pfedlia_rows(recs, "acc")
-    table = md_table(["participation", "partition", "method", "personalized acc", "ARI", "clusters found",
-                      "clustering round: MB down, s (shared machine)", "normal round: MB down, s (shared machine)"], rows)
-    foot = ("\n\n\\* ARI over the clients whose planted group the server knows at the end of the run: it learns a "
+    table = md_table(
+        [
+            "participation",
+            "partition",
+            "method",
+            "personalized acc",
+            "ARI",
+            "clusters found",
+            "clustering round: MB down, s (shared machine)",
+            "normal round: MB down, s (shared machine)",
+        ],
+        rows,
+    )
+    foot = (
+        (
+            "\n\n\\* ARI over the clients whose planted group the server knows at the end of the run: it learns a "
             "client's group from its training replies, and with client sampling some clients had not trained by the "
-            "clustering round.") if notes else ""
-    return "\n\n".join([intro, header(recs, PFEDLIA_PAPER, d), table + foot,
-                        bullets(_pfedlia_claims(recs))])
+            "clustering round."
+        )
+        if notes
+        else ""
+    )
+    return "\n\n".join([intro, header(recs, PFEDLIA_PAPER, d), table + foot, bullets(_pfedlia_claims(recs))])
 
 
 def render_dialects(raw: Path, d: dict[str, Any]) -> str:
     recs = load_records("pfedlia-dialects", raw)
-    intro = ("Next-word prediction on three synthetic dialects (client i speaks dialect i mod 3; the dialects share "
-             "most of their vocabulary), a causal LM from a transformers GPT-2 config (randomly initialised), a "
-             "word-level tokenizer built offline. Per-token accuracy and perplexity (lower is better) on each "
-             "client's test lines at the last round.")
+    intro = (
+        "Next-word prediction on three synthetic dialects (client i speaks dialect i mod 3; the dialects share "
+        "most of their vocabulary), a causal LM from a transformers GPT-2 config (randomly initialised), a "
+        "word-level tokenizer built offline. Per-token accuracy and perplexity (lower is better) on each "
+        "client's test lines at the last round."
+    )
     if not recs:
         return intro + "\n\n" + missing("python benchmarks/pfedlia.py --grid dialects")
     rows, _ = _pfedlia_rows(recs, "perplexity")
-    table = md_table(["participation", "partition", "method", "next-word accuracy", "perplexity", "ARI", "clusters found",
-                      "clustering round: MB down, s (shared machine)", "normal round: MB down, s (shared machine)"], rows)
+    table = md_table(
+        [
+            "participation",
+            "partition",
+            "method",
+            "next-word accuracy",
+            "perplexity",
+            "ARI",
+            "clusters found",
+            "clustering round: MB down, s (shared machine)",
+            "normal round: MB down, s (shared machine)",
+        ],
+        rows,
+    )
     claims = []
     ppl = summary("personal-perplexity")
     for m in ("pfedlia-p2p", "pfedlia-central"):
@@ -792,8 +974,9 @@ def render_dialects(raw: Path, d: dict[str, Any]) -> str:
             for ref in ("fedavg", "oracle", "local"):
                 if ok(select(recs, method=ref)):
                     a, b = mean(sel, ppl), mean(select(recs, method=ref), ppl)
-                    claims.append(f"perplexity {NAMES[m]} {a:.2f} vs {NAMES[ref]} {b:.2f} "
-                                  f"({'lower' if a < b else 'not lower'})")
+                    claims.append(
+                        f"perplexity {NAMES[m]} {a:.2f} vs {NAMES[ref]} {b:.2f} ({'lower' if a < b else 'not lower'})"
+                    )
     return "\n\n".join([intro, header(recs, DIALECTS_PAPER, d), table, bullets(claims)])
 
 
@@ -807,72 +990,135 @@ FEDC2I_PAPER = [
     Paper("rounds", "20", key("num-server-rounds"), "fedc2i §3"),
     Paper("participation", "100 %", key("fraction-train", percent), "fedc2i §3"),
     Paper("seeds", "3", n_seeds, "fedc2i §3"),
-    Paper("data", "Digit-5 (MNIST, SVHN, USPS, SynthDigits, MNIST-M), 1,000 training images per client",
-          fixed("digits (8x8), 5 hand-made feature-shift domains, about 250 training images per client"), "fedc2i §4.1"),
-    Paper("model", "CIFAR-style CNN 64-64-384-192 (\"LeNet\")", trained_model, "fedc2i §4.2"),
+    Paper(
+        "data",
+        "Digit-5 (MNIST, SVHN, USPS, SynthDigits, MNIST-M), 1,000 training images per client",
+        fixed("digits (8x8), 5 hand-made feature-shift domains, about 250 training images per client"),
+        "fedc2i §4.1",
+    ),
+    Paper("model", 'CIFAR-style CNN 64-64-384-192 ("LeNet")', trained_model, "fedc2i §4.2"),
 ]
 FEDC2I_METHODS = ["local", "fedavg", "fedprox", "fedrep", "fedrod", "fedc2i", "lambda-only", "Lambda-only"]
 
 
 def render_fedc2i(raw: Path, d: dict[str, Any]) -> str:
     recs = load_records("fedc2i", raw)
-    intro = ("FedC2I and its ablations against the baselines on feature-shift digits: IID labels, 5 clients, each with "
-             "its own domain (original, inverted, rotated, noisy, shifted). `personal-acc` is each client's own model "
-             "on its own test split; for FedAvg, FedProx and FedRoD `trained-acc` is the model right after local "
-             "training (the protocol FedC2I is evaluated with). lambda-only: client-level influence only; "
-             "Lambda-only: class-level matrix with a plain-average extractor.")
+    intro = (
+        "FedC2I and its ablations against the baselines on feature-shift digits: IID labels, 5 clients, each with "
+        "its own domain (original, inverted, rotated, noisy, shifted). `personal-acc` is each client's own model "
+        "on its own test split; for FedAvg, FedProx and FedRoD `trained-acc` is the model right after local "
+        "training (the protocol FedC2I is evaluated with). lambda-only: client-level influence only; "
+        "Lambda-only: class-level matrix with a plain-average extractor."
+    )
     if not recs:
         return intro + "\n\n" + missing("python benchmarks/fedc2i.py")
-    rows = [[m, mean_std(select(recs, method=m), PERSONAL), mean_std(select(recs, method=m), summary("trained-acc")),
-             mean_std(select(recs, method=m), GLOBAL)] for m in axis(recs, "method", FEDC2I_METHODS)]
+    rows = [
+        [
+            m,
+            mean_std(select(recs, method=m), PERSONAL),
+            mean_std(select(recs, method=m), summary("trained-acc")),
+            mean_std(select(recs, method=m), GLOBAL),
+        ]
+        for m in axis(recs, "method", FEDC2I_METHODS)
+    ]
     fed = [m for m in axis(recs, "method", FEDC2I_METHODS) if m != "local" and ok(select(recs, method=m))]
     best = max(fed, key=lambda m: mean(select(recs, method=m), PERSONAL), default=None)
     claims = []
     if best:
         claims.append(f"Best federated method by personal-acc: {best}.")
         if ok(select(recs, method="local")):  # the federated methods' best against training alone
-            claims.append(f"Best federated method against Local: " + versus(best, select(recs, method=best), "Local",
-                                                                            select(recs, method="local"), PERSONAL) + ".")
+            claims.append(
+                f"Best federated method against Local: "
+                + versus(best, select(recs, method=best), "Local", select(recs, method="local"), PERSONAL)
+                + "."
+            )
     full = select(recs, method="fedc2i")
     for ref in ("local", "fedrep", "fedavg"):
         if ok(full) and ok(select(recs, method=ref)):
             claims.append(versus("FedC2I", full, NAMES[ref], select(recs, method=ref), PERSONAL) + ".")
     if ok(full) and ok(select(recs, method="fedavg")):
-        claims.append(versus("FedC2I", full, "FedAvg after local training", select(recs, method="fedavg"), PERSONAL,
-                             summary("trained-acc")) + ".")
+        claims.append(
+            versus(
+                "FedC2I",
+                full,
+                "FedAvg after local training",
+                select(recs, method="fedavg"),
+                PERSONAL,
+                summary("trained-acc"),
+            )
+            + "."
+        )
     for v in ("lambda-only", "Lambda-only"):
         if ok(select(recs, method=v)) and ok(full):
             p = paired(select(recs, method=v), full, PERSONAL)
-            claims.append(f"{v} minus full FedC2I, paired by seed: {p.text()}" + (f", higher in {p.wins} of "
-                          f"{len(p.deltas)} seeds" if p.ok else "") + ".")
-    return "\n\n".join([intro, header(recs, FEDC2I_PAPER, d),
-                        md_table(["method", "personal-acc", "trained-acc (after local training)", "global-model acc"], rows),
-                        bullets(claims)])
+            claims.append(
+                f"{v} minus full FedC2I, paired by seed: {p.text()}"
+                + (f", higher in {p.wins} of {len(p.deltas)} seeds" if p.ok else "")
+                + "."
+            )
+    return "\n\n".join(
+        [
+            intro,
+            header(recs, FEDC2I_PAPER, d),
+            md_table(["method", "personal-acc", "trained-acc (after local training)", "global-model acc"], rows),
+            bullets(claims),
+        ]
+    )
 
 
 def render_fedc2i_speed(raw: Path, d: dict[str, Any]) -> str:
     recs = load_records("fedc2i-speed", raw)
-    intro = ("The client's influence phase of one round (leave-one-out losses from the sum, one vmapped evaluation of "
-             "the M candidates, the class-level matrix, mixing) against one round of local training (2 epochs of "
-             "Adam, batch 32), on one thread as a simulated client runs, median of the repeats; and the bytes a client "
-             "downloads per round with all M models and with `c2i-peers=5`. Not a federated run: the method's own "
-             "code timed in-process.")
+    intro = (
+        "The client's influence phase of one round (leave-one-out losses from the sum, one vmapped evaluation of "
+        "the M candidates, the class-level matrix, mixing) against one round of local training (2 epochs of "
+        "Adam, batch 32), on one thread as a simulated client runs, median of the repeats; and the bytes a client "
+        "downloads per round with all M models and with `c2i-peers=5`. Not a federated run: the method's own "
+        "code timed in-process."
+    )
     if not recs:
         return intro + "\n\n" + missing("python benchmarks/fedc2i_speed.py")
     rows, claims = [], []
     for r in sorted(recs, key=lambda r: (r["cell"]["model"], -r["cell"]["train-samples"], r["cell"]["M"])):
         m, c = r["measurements"], r["cell"]
-        rows.append([c["model"], c["train-samples"], c["M"], f"{m['influence-s']:.3f}", f"{m['local-training-s']:.3f}",
-                     f"{m['influence-s'] / m['local-training-s']:.2f}", f"{m['download-all-bytes'] / 1e6:.2f} MB",
-                     f"{m['download-k5-bytes'] / 1e6:.2f} MB"])
+        rows.append(
+            [
+                c["model"],
+                c["train-samples"],
+                c["M"],
+                f"{m['influence-s']:.3f}",
+                f"{m['local-training-s']:.3f}",
+                f"{m['influence-s'] / m['local-training-s']:.2f}",
+                f"{m['download-all-bytes'] / 1e6:.2f} MB",
+                f"{m['download-k5-bytes'] / 1e6:.2f} MB",
+            ]
+        )
     for n in sorted({r["cell"]["train-samples"] for r in recs}, reverse=True):
         sel = [r for r in recs if r["cell"]["train-samples"] == n]
         top = max(sel, key=lambda r: r["cell"]["M"])["measurements"]
-        claims.append(f"{n} training samples: at the largest M the influence phase is "
-                      f"{top['influence-s'] / top['local-training-s']:.2f}x the local training.")
-    return "\n\n".join([intro, header(recs, [], d), md_table(
-        ["model", "training samples", "M", "influence phase (s, shared machine)", "local training (s)", "ratio",
-         "download per client per round, all M", "with `c2i-peers=5`"], rows), bullets(claims)])
+        claims.append(
+            f"{n} training samples: at the largest M the influence phase is "
+            f"{top['influence-s'] / top['local-training-s']:.2f}x the local training."
+        )
+    return "\n\n".join(
+        [
+            intro,
+            header(recs, [], d),
+            md_table(
+                [
+                    "model",
+                    "training samples",
+                    "M",
+                    "influence phase (s, shared machine)",
+                    "local training (s)",
+                    "ratio",
+                    "download per client per round, all M",
+                    "with `c2i-peers=5`",
+                ],
+                rows,
+            ),
+            bullets(claims),
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- Client2Vec
@@ -890,8 +1136,12 @@ C2V_PAPER = [
     Paper("gamma (aggregation)", "0.5", key("c2v-gamma"), "client2vec §3"),
     Paper("w (local loss, Global mode)", "5.0", key("c2v-local-weight"), "client2vec §3"),
     Paper("seeds", "3", n_seeds, "client2vec §3"),
-    Paper("data", "CIFAR-10 (Dirichlet 0.1), DomainNet (6 domains), Shakespeare",
-          fixed("digits (8x8), feature-shift domains x Dirichlet label skew"), "client2vec §4"),
+    Paper(
+        "data",
+        "CIFAR-10 (Dirichlet 0.1), DomainNet (6 domains), Shakespeare",
+        fixed("digits (8x8), feature-shift domains x Dirichlet label skew"),
+        "client2vec §4",
+    ),
     Paper("model", "ResNet18 / MobileNetV2", trained_model, "client2vec §4"),
 ]
 C2V_ARMS = ["FedAvg", "+i", "+ii", "+iii", "+i+ii+iii"]
@@ -919,17 +1169,20 @@ def c2v_art(name: str) -> Callable[[Rec], Any]:
     def get(rec: Rec) -> Any:
         art = rec.get("artefacts", {}).get("client2vec") or {}
         return (art.get("index-quality") or {}).get(name) if name == "beta-f-block-gap" else art.get(name)
+
     return get
 
 
 def render_client2vec(raw: Path, d: dict[str, Any]) -> str:
     recs = load_records("client2vec", raw)
-    intro = ("FedAvg with and without each Client2Vec case study ((i) index-aware sampling, (ii) aggregation weights, "
-             "(iii) the local loss) and all three, on digits with feature-shift domains crossed with Dirichlet label "
-             "skew. Accuracy: the global model on each client's own test split, unweighted mean, best and last round. "
-             "Paired: arm minus FedAvg on the same seed; printed only when the two runs share their data, and, for "
-             "arms without (i), drew the same clients in every round. β_f gap: mean cosine of the index's feature "
-             "half within a domain minus across domains.")
+    intro = (
+        "FedAvg with and without each Client2Vec case study ((i) index-aware sampling, (ii) aggregation weights, "
+        "(iii) the local loss) and all three, on digits with feature-shift domains crossed with Dirichlet label "
+        "skew. Accuracy: the global model on each client's own test split, unweighted mean, best and last round. "
+        "Paired: arm minus FedAvg on the same seed; printed only when the two runs share their data, and, for "
+        "arms without (i), drew the same clients in every round. β_f gap: mean cosine of the index's feature "
+        "half within a domain minus across domains."
+    )
     if not recs:
         return intro + "\n\n" + missing("python benchmarks/client2vec.py")
     parts = [intro, header(recs, C2V_PAPER, d)]
@@ -942,26 +1195,61 @@ def render_client2vec(raw: Path, d: dict[str, Any]) -> str:
             draws = not any(r["run-config"].get("c2v-sampling") for r in a)
             p = paired(a, ref, c2v_best, draws=draws) if arm != "FedAvg" and ref else None
             gaps = values(a, c2v_art("beta-f-block-gap"))
-            rows.append([setting, arm, mean_std(a, c2v_best), mean_std(a, c2v_last),
-                         "—" if p is None else p.text(), "—" if p is None else p.wins_text(),
-                         num(mean(a, c2v_art("index-seconds")), 1), num(mean(a, c2v_round_seconds), 2),
-                         num(float(np.mean(gaps)) if gaps else None, 2)])
+            rows.append(
+                [
+                    setting,
+                    arm,
+                    mean_std(a, c2v_best),
+                    mean_std(a, c2v_last),
+                    "—" if p is None else p.text(),
+                    "—" if p is None else p.wins_text(),
+                    num(mean(a, c2v_art("index-seconds")), 1),
+                    num(mean(a, c2v_round_seconds), 2),
+                    num(float(np.mean(gaps)) if gaps else None, 2),
+                ]
+            )
             if p is not None:
-                claims.append(f"{arm}: " + (f"paired Δ (best round) per seed " + " / ".join(f"{x:+.4f}" for x in p.deltas)
-                                            + f"; better than FedAvg in {p.wins} of {len(p.deltas)} seeds" if p.ok
-                                            else p.text()) + ".")
+                claims.append(
+                    f"{arm}: "
+                    + (
+                        f"paired Δ (best round) per seed "
+                        + " / ".join(f"{x:+.4f}" for x in p.deltas)
+                        + f"; better than FedAvg in {p.wins} of {len(p.deltas)} seeds"
+                        if p.ok
+                        else p.text()
+                    )
+                    + "."
+                )
                 a_mean, ref_mean = mean(a, c2v_best), mean(ref, c2v_best)
                 if not p.ok and a_mean is not None and ref_mean is not None:  # the means, without a pairing claim
-                    claims[-1] = claims[-1][:-1] + (f"; unpaired, its mean best-round accuracy is {pts(a_mean - ref_mean)} "
-                                                    f"against FedAvg's ({a_mean:.3f} vs {ref_mean:.3f}).")
+                    claims[-1] = claims[-1][:-1] + (
+                        f"; unpaired, its mean best-round accuracy is {pts(a_mean - ref_mean)} "
+                        f"against FedAvg's ({a_mean:.3f} vs {ref_mean:.3f})."
+                    )
         gaps = values(sel, c2v_art("beta-f-block-gap"))
         if gaps:
-            claims.append(f"Index block gap: {_range([round(g, 2) for g in gaps])} over the index arms' runs (the spec's "
-                          f"acceptance threshold is {C2V_BLOCK_GAP_TARGET}; "
-                          f"{'met' if min(gaps) >= C2V_BLOCK_GAP_TARGET else 'not met'} in every run).")
-        parts += [md_table(["setting", "arm", "best-round acc", "last-round acc", "paired Δ best (mean ± std)", "wins",
-                            "index phase s (shared machine)", "s / round (shared machine)", "β_f gap"], rows),
-                  bullets(claims)]
+            claims.append(
+                f"Index block gap: {_range([round(g, 2) for g in gaps])} over the index arms' runs (the spec's "
+                f"acceptance threshold is {C2V_BLOCK_GAP_TARGET}; "
+                f"{'met' if min(gaps) >= C2V_BLOCK_GAP_TARGET else 'not met'} in every run)."
+            )
+        parts += [
+            md_table(
+                [
+                    "setting",
+                    "arm",
+                    "best-round acc",
+                    "last-round acc",
+                    "paired Δ best (mean ± std)",
+                    "wins",
+                    "index phase s (shared machine)",
+                    "s / round (shared machine)",
+                    "β_f gap",
+                ],
+                rows,
+            ),
+            bullets(claims),
+        ]
     return "\n\n".join(parts)
 
 
@@ -973,13 +1261,23 @@ PIFL_PAPER = [
     Paper("lr", "0.01", key("lr"), "pifl §3"),
     Paper("batch size", "128", key("batch-size"), "pifl §3"),
     Paper("local epochs", "not stated (5 in the code)", key("local-epochs"), "pifl §3"),
-    Paper("slots per tier (performance / random)", "4 / 1",
-          lambda recs: key("slots-performance")(recs) + " / " + key("slots-random")(recs), "pifl §3 (code)"),
+    Paper(
+        "slots per tier (performance / random)",
+        "4 / 1",
+        lambda recs: key("slots-performance")(recs) + " / " + key("slots-random")(recs),
+        "pifl §3 (code)",
+    ),
     Paper("server IID set", "2000 (code)", key("server-set-size"), "pifl §3"),
     Paper("seeds", "3", n_seeds, "pifl §3 (spec default)"),
-    Paper("data", "FedSoft's synthetic set, CIFAR-10, EMNIST",
-          key("dataset", lambda v: "SynthConcept (spec §4)" if v == "synth-concept" else "digits (8x8)" if v == "digits"
-              else str(v)), "pifl §4"),
+    Paper(
+        "data",
+        "FedSoft's synthetic set, CIFAR-10, EMNIST",
+        key(
+            "dataset",
+            lambda v: "SynthConcept (spec §4)" if v == "synth-concept" else "digits (8x8)" if v == "digits" else str(v),
+        ),
+        "pifl §4",
+    ),
 ]
 PIFL_METHODS = ["fedavg", "ifca", "fedsoft", "pifl", "pifl-ni"]
 
@@ -997,18 +1295,28 @@ def goal_examples(rec: Rec) -> list[float]:
 
 def render_pifl(raw: Path, d: dict[str, Any]) -> str:
     recs = load_records("pifl", raw)
-    intro = ("PI-FL against FedAvg, IFCA, FedSoft and PI-FL(NI) (random bids) on two-source data: synthetic concept "
-             "shift (spec §4: sources A and B label the same inputs differently) and digits two-source mixtures "
-             "(source A = labels 0-4, source B = labels 5-9). Personalized accuracy (`personal-acc`) = each client's "
-             "model on its goal data (PI-FL and PI-FL(NI): the one-shot mixture of tier models; IFCA: the chosen "
-             "cluster model; FedSoft: the client's centre mixture; FedAvg: the global model), mean ± std over seeds; "
-             "Δ vs FedAvg = the same client data, paired by seed. Tier source-A shares = the tier members' mean share "
-             "of source A at the last round; the last column is the paper's Tables 1-2: each tier (cluster) model's "
-             "accuracy on the source-A and source-B holdouts, tiers ordered by their A accuracy, mean over seeds.")
+    intro = (
+        "PI-FL against FedAvg, IFCA, FedSoft and PI-FL(NI) (random bids) on two-source data: synthetic concept "
+        "shift (spec §4: sources A and B label the same inputs differently) and digits two-source mixtures "
+        "(source A = labels 0-4, source B = labels 5-9). Personalized accuracy (`personal-acc`) = each client's "
+        "model on its goal data (PI-FL and PI-FL(NI): the one-shot mixture of tier models; IFCA: the chosen "
+        "cluster model; FedSoft: the client's centre mixture; FedAvg: the global model), mean ± std over seeds; "
+        "Δ vs FedAvg = the same client data, paired by seed. Tier source-A shares = the tier members' mean share "
+        "of source A at the last round; the last column is the paper's Tables 1-2: each tier (cluster) model's "
+        "accuracy on the source-A and source-B holdouts, tiers ordered by their A accuracy, mean over seeds."
+    )
     if not recs:
         return intro + "\n\n" + missing("python benchmarks/pifl.py")
-    rows, beats, empty, settings = [], [], [], axis(recs, "partition", ["synth-10:90", "synth-30:70", "digits-10:90", "digits-30:70",
-                                                               "digits-linear", "digits-random"])
+    rows, beats, empty, settings = (
+        [],
+        [],
+        [],
+        axis(
+            recs,
+            "partition",
+            ["synth-10:90", "synth-30:70", "digits-10:90", "digits-30:70", "digits-linear", "digits-random"],
+        ),
+    )
     for part in settings:
         ref = select(recs, partition=part, method="fedavg")
         for m in axis(recs, "method", PIFL_METHODS):
@@ -1024,36 +1332,63 @@ def render_pifl(raw: Path, d: dict[str, Any]) -> str:
             elif shares:  # a tier had no members at the last round in some seeds: per seed, empty tiers left out
                 share = "per seed: " + "; ".join(" / ".join(f"{v:.2f}" for v in s) for s in shares)
                 tiers = [len((r["artefacts"].get("pifl") or {}).get("tiers", {})) for r in ok(sel)]
-                empty.append(f"{part}: a {NAMES.get(m, m)} tier had no members at the last round in "
-                             f"{sum(len(s) < t for s, t in zip(shares, tiers))} of {plural(len(shares), 'seed')}.")
+                empty.append(
+                    f"{part}: a {NAMES.get(m, m)} tier had no members at the last round in "
+                    f"{sum(len(s) < t for s, t in zip(shares, tiers))} of {plural(len(shares), 'seed')}."
+                )
             else:
                 share = "—"
-            tables = [sorted(r["artefacts"]["tier-table"], key=lambda t: -t["A"]) for r in ok(sel)
-                      if r.get("artefacts", {}).get("tier-table")]
+            tables = [
+                sorted(r["artefacts"]["tier-table"], key=lambda t: -t["A"])
+                for r in ok(sel)
+                if r.get("artefacts", {}).get("tier-table")
+            ]
             table = "—"
             if tables and len({len(t) for t in tables}) == 1:
                 avg = [{k: np.mean([t[i][k] for t in tables]) for k in ("A", "B")} for i in range(len(tables[0]))]
                 table = "; ".join(f"θ{i}: {t['A']:.3f} / {t['B']:.3f}" for i, t in enumerate(avg))
             goal = [g for r in ok(sel) for g in goal_examples(r)]
-            rows.append([part, m, mean_std(sel, PERSONAL), "—" if p is None else p.text(), "—" if p is None else p.wins_text(),
-                         f"{np.median(goal):g}" if goal else "not recorded", share, table])
+            rows.append(
+                [
+                    part,
+                    m,
+                    mean_std(sel, PERSONAL),
+                    "—" if p is None else p.text(),
+                    "—" if p is None else p.wins_text(),
+                    f"{np.median(goal):g}" if goal else "not recorded",
+                    share,
+                    table,
+                ]
+            )
     claims = []
     if beats:
         won = [b for b in beats if b[2] is not None and b[3] is not None and b[2] > b[3]]
-        claims.append(f"PI-FL's mean beats FedAvg's in {len(won)} of {len(beats)} settings"
-                      + (f" ({', '.join(b[0] for b in won)})" if won else "") + ".")
+        claims.append(
+            f"PI-FL's mean beats FedAvg's in {len(won)} of {len(beats)} settings"
+            + (f" ({', '.join(b[0] for b in won)})" if won else "")
+            + "."
+        )
         for part, p, a, b in beats:
             if p.ok:
-                spread = (f"mean {pts(p.mean)}, std {p.std * 100:.1f} points; " if len(p.deltas) > 1
-                          else "one seed, no spread; ")
-                claims.append(f"{part}: PI-FL minus FedAvg per seed " + " / ".join(f"{x:+.4f}" for x in p.deltas)
-                              + f" ({spread}PI-FL better in {p.wins} of {plural(len(p.deltas), 'seed')}).")
+                spread = (
+                    f"mean {pts(p.mean)}, std {p.std * 100:.1f} points; "
+                    if len(p.deltas) > 1
+                    else "one seed, no spread; "
+                )
+                claims.append(
+                    f"{part}: PI-FL minus FedAvg per seed "
+                    + " / ".join(f"{x:+.4f}" for x in p.deltas)
+                    + f" ({spread}PI-FL better in {p.wins} of {plural(len(p.deltas), 'seed')})."
+                )
             else:
                 claims.append(f"{part}: {p.text()}.")
     for part in settings:
         ni, pi = select(recs, partition=part, method="pifl-ni"), select(recs, partition=part, method="pifl")
-        others = [(NAMES[m], select(recs, partition=part, method=m)) for m in ("ifca", "fedsoft")
-                  if ok(select(recs, partition=part, method=m))]
+        others = [
+            (NAMES[m], select(recs, partition=part, method=m))
+            for m in ("ifca", "fedsoft")
+            if ok(select(recs, partition=part, method=m))
+        ]
         if others and ok(pi):  # PI-FL against the clustered baselines, not only against FedAvg
             claims.append(f"{part}: " + versus_many(others, "PI-FL", pi, PERSONAL) + ".")
         if ok(ni) and ok(pi):
@@ -1062,21 +1397,43 @@ def render_pifl(raw: Path, d: dict[str, Any]) -> str:
             sel = select(recs, partition=part, method=m)
             failed = [r for r in sel if r.get("error")]
             if failed:
-                claims.append(f"{part}: {NAMES.get(m, m)} failed in {len(failed)} of {plural(len(sel), 'run')}: "
-                              f"{error_line(failed[0]['error'])}.")
+                claims.append(
+                    f"{part}: {NAMES.get(m, m)} failed in {len(failed)} of {plural(len(sel), 'run')}: "
+                    f"{error_line(failed[0]['error'])}."
+                )
     claims += empty
     if not any(goal_examples(r) for r in ok(recs)):
-        claims.append("The size of each client's goal set is not in the records (clients.csv has no per-client "
-                      "goal-example count), so how many samples a difference rests on cannot be checked here.")
+        claims.append(
+            "The size of each client's goal set is not in the records (clients.csv has no per-client "
+            "goal-example count), so how many samples a difference rests on cannot be checked here."
+        )
     conserved = [r for r in ok(recs) if (r.get("artefacts", {}).get("pifl") or {}).get("totals")]
     if conserved:
         const = sum(len(r["artefacts"]["pifl"]["totals"]) == 1 for r in conserved)
-        claims.append(f"Token supply constant over all rounds in {const} of {len(conserved)} PI-FL / PI-FL(NI) runs "
-                      "(conservation is also asserted in every round).")
-    return "\n\n".join([intro, header(recs, PIFL_PAPER, d), md_table(
-        ["data / mixture", "method", "personalized acc", "Δ vs FedAvg, paired (mean ± std)", "wins vs FedAvg",
-         "goal samples per client (median)", "tier source-A shares (last round)", "tier accuracy on A / B holdouts"],
-        rows), bullets(claims)])
+        claims.append(
+            f"Token supply constant over all rounds in {const} of {len(conserved)} PI-FL / PI-FL(NI) runs "
+            "(conservation is also asserted in every round)."
+        )
+    return "\n\n".join(
+        [
+            intro,
+            header(recs, PIFL_PAPER, d),
+            md_table(
+                [
+                    "data / mixture",
+                    "method",
+                    "personalized acc",
+                    "Δ vs FedAvg, paired (mean ± std)",
+                    "wins vs FedAvg",
+                    "goal samples per client (median)",
+                    "tier source-A shares (last round)",
+                    "tier accuracy on A / B holdouts",
+                ],
+                rows,
+            ),
+            bullets(claims),
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- speed and scale
@@ -1092,19 +1449,42 @@ def round_split(rec: Rec) -> dict[str, float | None]:
         floor = r.get("train-seconds-per-client", 0.0) * n / w
         method = r.get("method-seconds-per-client", 0.0) * n / w
         seconds, server = r.get("seconds") or 0.0, r.get("server-seconds", 0.0)
-        rows.append({"seconds": seconds, "local-train": floor, "method-client": method, "server": server,
-                     "rest": seconds - floor - method - server, "ratio": seconds / floor if floor > 0 else None,
-                     "kb-down": r.get("bytes-down", 0) / n / 1e3, "kb-up": r.get("bytes-up", 0) / n / 1e3,
-                     "server-mb": r.get("server-rss-mb"), "client-mb": r.get("client-rss-mb"),
-                     "train-per-client": r.get("train-seconds-per-client")})
+        rows.append(
+            {
+                "seconds": seconds,
+                "local-train": floor,
+                "method-client": method,
+                "server": server,
+                "rest": seconds - floor - method - server,
+                "ratio": seconds / floor if floor > 0 else None,
+                "kb-down": r.get("bytes-down", 0) / n / 1e3,
+                "kb-up": r.get("bytes-up", 0) / n / 1e3,
+                "server-mb": r.get("server-rss-mb"),
+                "client-mb": r.get("client-rss-mb"),
+                "train-per-client": r.get("train-seconds-per-client"),
+            }
+        )
     keys = rows[0].keys() if rows else []
-    return {k: (float(np.median([x[k] for x in rows if x[k] is not None])) if any(x[k] is not None for x in rows)
-                else None) for k in keys}
+    return {
+        k: (float(np.median([x[k] for x in rows if x[k] is not None])) if any(x[k] is not None for x in rows) else None)
+        for k in keys
+    }
 
 
-SPLIT_HEADER = ["method", "clients", "s / round", "local training (floor)", "method client work", "server",
-                "rest (Flower, dispatch)", "round / floor", "KB down / client", "KB up / client", "server peak MB",
-                "client peak MB"]
+SPLIT_HEADER = [
+    "method",
+    "clients",
+    "s / round",
+    "local training (floor)",
+    "method client work",
+    "server",
+    "rest (Flower, dispatch)",
+    "round / floor",
+    "KB down / client",
+    "KB up / client",
+    "server peak MB",
+    "client peak MB",
+]
 
 
 def _split_rows(recs: list[Rec], order: list[str]) -> list[list[Any]]:
@@ -1116,24 +1496,55 @@ def _split_rows(recs: list[Rec], order: list[str]) -> list[list[Any]]:
                     rows.append([m, n, f"failed: {error_line(r['error'])}"] + ["—"] * 9)
                     continue
                 s = round_split(r)
-                rows.append([m, n, num(s["seconds"], 2), num(s["local-train"], 2), num(s["method-client"], 2),
-                             num(s["server"], 2), num(s["rest"], 2), num(s["ratio"], 2), num(s["kb-down"], 1),
-                             num(s["kb-up"], 1), num(s["server-mb"], 0), num(s["client-mb"], 0)])
+                rows.append(
+                    [
+                        m,
+                        n,
+                        num(s["seconds"], 2),
+                        num(s["local-train"], 2),
+                        num(s["method-client"], 2),
+                        num(s["server"], 2),
+                        num(s["rest"], 2),
+                        num(s["ratio"], 2),
+                        num(s["kb-down"], 1),
+                        num(s["kb-up"], 1),
+                        num(s["server-mb"], 0),
+                        num(s["client-mb"], 0),
+                    ]
+                )
     return rows
 
 
-SCALE_METHODS = ["local", "fedavg", "fedprox", "fedper", "fedrep", "fedrod", "ditto", "fedcac", "fedc2i", "pfedlia", "cfl",
-                 "pifl", "ifca", "fedsoft", "client2vec", "moon"]
+SCALE_METHODS = [
+    "local",
+    "fedavg",
+    "fedprox",
+    "fedper",
+    "fedrep",
+    "fedrod",
+    "ditto",
+    "fedcac",
+    "fedc2i",
+    "pfedlia",
+    "cfl",
+    "pifl",
+    "ifca",
+    "fedsoft",
+    "client2vec",
+    "moon",
+]
 FLOOR_TARGET = 1.5  # issue 9: a round within 1.5x of its pure local training
 
 
 def render_scale(raw: Path, d: dict[str, Any]) -> str:
-    parts = ["Seconds per round through Flower's simulation runtime, split into the clients' local training (the "
-             "floor: the sum of the clients' training seconds over the workers, one client per core), the clients' "
-             "method-specific work, the server's strategy time and the rest (Flower messaging, Ray dispatch, "
-             "serialisation). Medians over the rounds after the first (process start-up) without an evaluation "
-             "phase. KB per client = all bytes of a round, every phase, over the clients that trained. Ratios are "
-             "measured against the floor of the same run; absolute seconds depend on the machine's load."]
+    parts = [
+        "Seconds per round through Flower's simulation runtime, split into the clients' local training (the "
+        "floor: the sum of the clients' training seconds over the workers, one client per core), the clients' "
+        "method-specific work, the server's strategy time and the rest (Flower messaging, Ray dispatch, "
+        "serialisation). Medians over the rounds after the first (process start-up) without an evaluation "
+        "phase. KB per client = all bytes of a round, every phase, over the clients that trained. Ratios are "
+        "measured against the floor of the same run; absolute seconds depend on the machine's load."
+    ]
     floor = load_records("scale-floor", raw)
     parts.append("### Flower's overhead against pure local training (the floor)")
     if floor:
@@ -1141,9 +1552,11 @@ def render_scale(raw: Path, d: dict[str, Any]) -> str:
         for r in ok(floor):
             s = round_split(r)
             if s["ratio"] is not None:
-                parts.append(f"- One client's local training takes {s['train-per-client']:.2f} s; the round is "
-                             f"{s['ratio']:.2f}x its floor ({'within' if s['ratio'] <= FLOOR_TARGET else 'above'} the "
-                             f"{FLOOR_TARGET}x target of issue 9).")
+                parts.append(
+                    f"- One client's local training takes {s['train-per-client']:.2f} s; the round is "
+                    f"{s['ratio']:.2f}x its floor ({'within' if s['ratio'] <= FLOOR_TARGET else 'above'} the "
+                    f"{FLOOR_TARGET}x target of issue 9)."
+                )
     else:
         parts.append(missing("python benchmarks/scale.py floor"))
     over = load_records("scale-overhead", raw)
@@ -1154,8 +1567,10 @@ def render_scale(raw: Path, d: dict[str, Any]) -> str:
         ratios = [x for x in ratios if x[2] is not None]
         if ratios:
             lo, hi = min(ratios, key=lambda x: x[2]), max(ratios, key=lambda x: x[2])
-            parts.append(f"- Round / floor ranges from {lo[2]:.2f} ({lo[0]}, {lo[1]} clients) to {hi[2]:.2f} "
-                         f"({hi[0]}, {hi[1]} clients) on this deliberately tiny workload.")
+            parts.append(
+                f"- Round / floor ranges from {lo[2]:.2f} ({lo[0]}, {lo[1]} clients) to {hi[2]:.2f} "
+                f"({hi[0]}, {hi[1]} clients) on this deliberately tiny workload."
+            )
     else:
         parts.append(missing("python benchmarks/scale.py overhead"))
     scale = load_records("scale-scale", raw)
@@ -1165,7 +1580,9 @@ def render_scale(raw: Path, d: dict[str, Any]) -> str:
         sizes = sorted({r["cell"]["clients"] for r in scale})
         rows = []
         for m in axis(scale, "method", ["fedavg", "fedcac", "fedc2i"]):
-            per = {n: round_split(r)["seconds"] / n * 1000 for n in sizes for r in ok(select(scale, method=m, clients=n))}
+            per = {
+                n: round_split(r)["seconds"] / n * 1000 for n in sizes for r in ok(select(scale, method=m, clients=n))
+            }
             rows.append([m] + [num(per.get(n), 1) for n in sizes])
         parts.append(md_table(["method"] + [f"ms per client per round: {n} clients" for n in sizes], rows))
     else:
@@ -1173,11 +1590,25 @@ def render_scale(raw: Path, d: dict[str, Any]) -> str:
     kernels = load_records("scale-kernels", raw)
     parts.append("### Server kernels that are quadratic in clients (in-process, one thread)")
     if kernels:
-        parts += [header(kernels, [], d), md_table(
-            ["server kernel", "clients", "seconds (best of the repeats, shared machine)"],
-            [[r["cell"]["kernel"] + (f" ({r['measurements']['parameters']:,} parameters)" if "FedCAC" in r["cell"]["kernel"]
-                                     else ""), r["cell"]["clients"], f"{r['measurements']['seconds']:.2f}"]
-             for r in kernels])]
+        parts += [
+            header(kernels, [], d),
+            md_table(
+                ["server kernel", "clients", "seconds (best of the repeats, shared machine)"],
+                [
+                    [
+                        r["cell"]["kernel"]
+                        + (
+                            f" ({r['measurements']['parameters']:,} parameters)"
+                            if "FedCAC" in r["cell"]["kernel"]
+                            else ""
+                        ),
+                        r["cell"]["clients"],
+                        f"{r['measurements']['seconds']:.2f}",
+                    ]
+                    for r in kernels
+                ],
+            ),
+        ]
     else:
         parts.append(missing("python benchmarks/scale.py kernels"))
     return "\n\n".join(parts)
@@ -1195,59 +1626,115 @@ SIM_TARGET, DEPLOY_TARGET = 1.1, 3.0
 
 def noop_payload(sim: list[dict]) -> str:
     """What the no-op app's messages carried, from its records (older records: one array of the cnn's floats)."""
-    kinds = sorted({(r["measurements"].get("payload-arrays", 1), r["measurements"].get("payload-floats", 38_330))
-                    for r in sim if r["cell"].get("app") == "noop"})
+    kinds = sorted(
+        {
+            (r["measurements"].get("payload-arrays", 1), r["measurements"].get("payload-floats", 38_330))
+            for r in sim
+            if r["cell"].get("app") == "noop"
+        }
+    )
     said = "; ".join(f"{a} array{'s' if a != 1 else ''} of {f:,} floats in all" for a, f in kinds)
-    return (f"the no-op app's messages carry {said} each way (the arrays of the cnn's state, as pflower's FedAvg "
-            "messages do; Flower serialises each array of a record on its own, so the count matters).")
+    return (
+        f"the no-op app's messages carry {said} each way (the arrays of the cnn's state, as pflower's FedAvg "
+        "messages do; Flower serialises each array of a record on its own, so the count matters)."
+    )
 
 
 def render_speed(raw: Path, d: dict[str, Any]) -> str:
-    parts = ["How close a round comes to what Flower's runtime allows: pflower against a no-op Flower app "
-             "(`benchmarks/noop_app`, a ClientApp that replies at once) with the same nodes and messages, and on the "
-             "deployment runtime against the time a fresh ClientApp process needs to import torch and flwr. "
-             "Since issue 17 a round sends one message per client: the evaluation of round r rides on round r + 1's "
-             "train message, and only the last round has an evaluate phase. Seconds per round are the server's "
-             "(rounds.json); a round's compute is the clients' handler time summed over its messages, over the "
-             "clients that run at a time."]
+    parts = [
+        "How close a round comes to what Flower's runtime allows: pflower against a no-op Flower app "
+        "(`benchmarks/noop_app`, a ClientApp that replies at once) with the same nodes and messages, and on the "
+        "deployment runtime against the time a fresh ClientApp process needs to import torch and flwr. "
+        "Since issue 17 a round sends one message per client: the evaluation of round r rides on round r + 1's "
+        "train message, and only the last round has an evaluate phase. Seconds per round are the server's "
+        "(rounds.json); a round's compute is the clients' handler time summed over its messages, over the "
+        "clients that run at a time."
+    ]
     sim = load_records("speed-sim", raw)
     parts.append("### Simulation: pflower against a no-op Flower app")
     if sim:
         m0 = next((r["measurements"] for r in sim if "run-config" in r["measurements"]), {})
         cfg = m0.get("run-config", {})
         shown = {k: v for k, v in cfg.items() if k not in ("method", "results-dir", "min-nodes")}
-        parts.append(header(sim, [], d).split("\n")[0] + "\n"
-                     + "Setting (issue 17's): " + ", ".join(f"`{k}={v}`" for k, v in shown.items())
-                     + "; `client-resources-num-cpus=1` (two clients at a time on 2 cores); " + noop_payload(sim)
-                     + "\n" + machine_note(sim))
+        parts.append(
+            header(sim, [], d).split("\n")[0]
+            + "\n"
+            + "Setting (issue 17's): "
+            + ", ".join(f"`{k}={v}`" for k, v in shown.items())
+            + "; `client-resources-num-cpus=1` (two clients at a time on 2 cores); "
+            + noop_payload(sim)
+            + "\n"
+            + machine_note(sim)
+        )
         rows, claims = [], []
         for n in sorted({r["cell"]["clients"] for r in sim}):
             noop = next((r["measurements"] for r in sim if r["cell"] == {"clients": n, "app": "noop"}), None)
             noop_med = _med(noop["round-seconds"]) if noop else None
             if noop:
-                rows.append([n, "no-op Flower app", num(noop_med, 3), num(float(np.mean(noop["round-seconds"])), 3),
-                             num(noop["round-seconds"][0], 2), "—", "—", f"{noop['wall-seconds']:.1f}", "—"])
-            for r in sorted((r for r in sim if r["cell"]["clients"] == n and r["cell"]["app"] != "noop"),
-                            key=lambda r: r["cell"]["app"]):
+                rows.append(
+                    [
+                        n,
+                        "no-op Flower app",
+                        num(noop_med, 3),
+                        num(float(np.mean(noop["round-seconds"])), 3),
+                        num(noop["round-seconds"][0], 2),
+                        "—",
+                        "—",
+                        f"{noop['wall-seconds']:.1f}",
+                        "—",
+                    ]
+                )
+            for r in sorted(
+                (r for r in sim if r["cell"]["clients"] == n and r["cell"]["app"] != "noop"),
+                key=lambda r: r["cell"]["app"],
+            ):
                 m = r["measurements"]
                 if "error" in m:
                     rows.append([n, r["cell"]["app"], "failed", "", "", "", "", "", ""])
                     continue
                 med, comp = _med(m["round-seconds"]), _med(m["compute-seconds"])
                 ratio = med / (noop_med + comp) if noop_med is not None else None
-                rows.append([n, r["cell"]["app"], num(med, 3), num(float(np.mean(m["round-seconds"])), 3),
-                             num(m["round-seconds"][0], 2), num(comp, 3), num(ratio, 2), f"{m['wall-seconds']:.1f}",
-                             num(m.get("personal-acc"), 4)])
+                rows.append(
+                    [
+                        n,
+                        r["cell"]["app"],
+                        num(med, 3),
+                        num(float(np.mean(m["round-seconds"])), 3),
+                        num(m["round-seconds"][0], 2),
+                        num(comp, 3),
+                        num(ratio, 2),
+                        f"{m['wall-seconds']:.1f}",
+                        num(m.get("personal-acc"), 4),
+                    ]
+                )
                 if ratio is not None:
-                    claims.append(f"{n} clients, {r['cell']['app']}: a round is {ratio:.2f}x the no-op round plus its "
-                                  f"compute ({'within' if ratio <= SIM_TARGET else 'above'} the {SIM_TARGET}x target)")
+                    claims.append(
+                        f"{n} clients, {r['cell']['app']}: a round is {ratio:.2f}x the no-op round plus its "
+                        f"compute ({'within' if ratio <= SIM_TARGET else 'above'} the {SIM_TARGET}x target)"
+                    )
                 ref = RESEARCH_LIBRARY_ROUND.get(r["cell"]["app"])
                 if ref and n == 20:
-                    claims.append(f"{n} clients, {r['cell']['app']}: median round {med:.2f} s = {med / ref:.2f}x the "
-                                  f"research library's {ref} s of issue 17 (target 1.5x; that figure was measured by "
-                                  f"the issue's author, not in this run)")
-        parts.append(md_table(["clients", "app", "median s/round", "mean s/round", "round 1 s", "compute s/round",
-                               "ratio", "whole run s", "personal acc"], rows))
+                    claims.append(
+                        f"{n} clients, {r['cell']['app']}: median round {med:.2f} s = {med / ref:.2f}x the "
+                        f"research library's {ref} s of issue 17 (target 1.5x; that figure was measured by "
+                        f"the issue's author, not in this run)"
+                    )
+        parts.append(
+            md_table(
+                [
+                    "clients",
+                    "app",
+                    "median s/round",
+                    "mean s/round",
+                    "round 1 s",
+                    "compute s/round",
+                    "ratio",
+                    "whole run s",
+                    "personal acc",
+                ],
+                rows,
+            )
+        )
         parts.append(bullets(claims))
     else:
         parts.append(missing("python benchmarks/speed.py sim"))
@@ -1255,15 +1742,19 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
     parts.append("### Loopback deployment: seconds per round and where a message's time goes")
     if dep:
         ref = next((r["measurements"]["seconds"] for r in dep if r["cell"].get("what") == "import-torch-flwr"), None)
-        parts.append(header(dep, [], d).split("\n")[0] + "\n" + "`python deploy/local_cluster.py --nodes N "
-                     "--rounds 4` defaults (FedAvg, digits, Dirichlet 0.5, TLS, node authentication, direct topology); "
-                     "a fresh `flwr-clientapp` process per message. Breakdown: medians over the train messages of "
-                     "rounds 2 and later (round 1 pays the FAB download); on one machine the client's and server's "
-                     "clocks agree, so the split is exact.\n" + machine_note(dep))
+        parts.append(
+            header(dep, [], d).split("\n")[0] + "\n" + "`python deploy/local_cluster.py --nodes N "
+            "--rounds 4` defaults (FedAvg, digits, Dirichlet 0.5, TLS, node authentication, direct topology); "
+            "a fresh `flwr-clientapp` process per message. Breakdown: medians over the train messages of "
+            "rounds 2 and later (round 1 pays the FAB download); on one machine the client's and server's "
+            "clocks agree, so the split is exact.\n" + machine_note(dep)
+        )
         comps = ["dispatch", "start-up", "imports", "setup", "work", "return", "total"]
         rows, claims, dispatch = [], [], {}
-        for r in sorted((r for r in dep if "nodes" in r["cell"]),
-                        key=lambda r: (r["cell"]["nodes"], -r["cell"]["task-poll-interval"])):
+        for r in sorted(
+            (r for r in dep if "nodes" in r["cell"]),
+            key=lambda r: (r["cell"]["nodes"], -r["cell"]["task-poll-interval"]),
+        ):
             m = r["measurements"]
             if not m.get("round-seconds"):
                 rows.append([r["cell"]["nodes"], r["cell"]["task-poll-interval"], "failed"] + [""] * (len(comps) + 1))
@@ -1273,30 +1764,40 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
             plain = [x for x, t in list(zip(m["round-seconds"], m["message-timing"]))[1:] if "evaluate" not in t]
             med = _med(plain or m["round-seconds"])
             dispatch[(r["cell"]["nodes"], r["cell"]["task-poll-interval"])] = _med(
-                [t["dispatch"] for t in later if "dispatch" in t])
-            rows.append([r["cell"]["nodes"], f"{r['cell']['task-poll-interval']:g}", num(med, 1),
-                         num(m["round-seconds"][0], 1)] + [num(_med([t[c] for t in later if c in t]), 2) for c in comps])
+                [t["dispatch"] for t in later if "dispatch" in t]
+            )
+            rows.append(
+                [r["cell"]["nodes"], f"{r['cell']['task-poll-interval']:g}", num(med, 1), num(m["round-seconds"][0], 1)]
+                + [num(_med([t[c] for t in later if c in t]), 2) for c in comps]
+            )
             if ref and r["cell"]["nodes"] == 2 and r["cell"]["task-poll-interval"] < 1:
                 x = med / _med(ref)
-                claims.append(f"2 nodes: a deployed round (median of the rounds after the first without an evaluate "
-                              f"phase) takes {med:.1f} s = {x:.1f}x "
-                              f"`python -c \"import torch, flwr\"` ({_med(ref):.2f} s in the same run; target "
-                              f"{DEPLOY_TARGET:g}x: {'met' if x <= DEPLOY_TARGET else 'not met'})")
+                claims.append(
+                    f"2 nodes: a deployed round (median of the rounds after the first without an evaluate "
+                    f"phase) takes {med:.1f} s = {x:.1f}x "
+                    f'`python -c "import torch, flwr"` ({_med(ref):.2f} s in the same run; target '
+                    f"{DEPLOY_TARGET:g}x: {'met' if x <= DEPLOY_TARGET else 'not met'})"
+                )
                 legs = {c: _med([t[c] for t in later if c in t]) for c in ("dispatch", "start-up", "return")}
                 if all(v is not None for v in legs.values()):
                     flower = sum(legs.values())
-                    claims.append(f"2 nodes: Flower's own legs of a message (dispatch + start-up of the fresh "
-                                  f"`flwr-clientapp` process + return) take {flower:.2f} s = "
-                                  f"{flower / _med(ref):.1f}x the import time, before any of pflower's imports or "
-                                  f"work: flwr 1.41 starts a process per message, its SuperNode sleeps a fixed 3 s "
-                                  f"after an empty pull and polls for a finished reply every 0.5 s (neither is "
-                                  f"configurable)")
+                    claims.append(
+                        f"2 nodes: Flower's own legs of a message (dispatch + start-up of the fresh "
+                        f"`flwr-clientapp` process + return) take {flower:.2f} s = "
+                        f"{flower / _med(ref):.1f}x the import time, before any of pflower's imports or "
+                        f"work: flwr 1.41 starts a process per message, its SuperNode sleeps a fixed 3 s "
+                        f"after an empty pull and polls for a finished reply every 0.5 s (neither is "
+                        f"configurable)"
+                    )
         fast, slow = dispatch.get((2, 0.1)), dispatch.get((2, 1.0))
         if fast is not None and slow is not None:
-            claims.append(f"2 nodes: a message's dispatch (push to the ClientApp process's start) takes {fast:.2f} s "
-                          f"with a 0.1 s task poll against {slow:.2f} s with Flower's default 1 s")
-        parts.append(md_table(["nodes", "task poll s", "median s/round", "round 1 s"] + [f"{c} s" for c in comps],
-                              rows))
+            claims.append(
+                f"2 nodes: a message's dispatch (push to the ClientApp process's start) takes {fast:.2f} s "
+                f"with a 0.1 s task poll against {slow:.2f} s with Flower's default 1 s"
+            )
+        parts.append(
+            md_table(["nodes", "task poll s", "median s/round", "round 1 s"] + [f"{c} s" for c in comps], rows)
+        )
         parts.append(bullets(claims))
     else:
         parts.append(missing("python benchmarks/speed.py deploy"))
@@ -1305,10 +1806,20 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
     if comp:
         m = comp[-1]["measurements"]
         parts.append(header(comp, [], d).split("\n")[0] + "\n" + machine_note(comp))
-        parts.append(md_table(["images", "exit", "start to end of round 1 s", "s per later round", "whole demo s"],
-                              [[m.get("base-image", "not recorded"), m["exit"], num(m.get("to-first-round-end"), 1),
-                                ", ".join(f"{x:.1f}" for x in m.get("round-seconds") or []) or "—",
-                                f"{m['wall-seconds']:.0f}"]]))
+        parts.append(
+            md_table(
+                ["images", "exit", "start to end of round 1 s", "s per later round", "whole demo s"],
+                [
+                    [
+                        m.get("base-image", "not recorded"),
+                        m["exit"],
+                        num(m.get("to-first-round-end"), 1),
+                        ", ".join(f"{x:.1f}" for x in m.get("round-seconds") or []) or "—",
+                        f"{m['wall-seconds']:.0f}",
+                    ]
+                ],
+            )
+        )
     else:
         parts.append(missing("python benchmarks/speed.py compose"))
     return "\n\n".join(parts)
@@ -1332,13 +1843,18 @@ SECTIONS = [
     Section("FedC2I on feature-shift digits (issue 4)", ["fedc2i"], render_fedc2i),
     Section("FedC2I: influence phase vs local training (issue 4)", ["fedc2i-speed"], render_fedc2i_speed, 3),
     Section("FedCAC on noisy digits (issue 3)", ["fedcac"], render_fedcac),
-    Section("Client2Vec case studies on feature-shift x label-skew digits (issue 7)", ["client2vec"], render_client2vec),
+    Section(
+        "Client2Vec case studies on feature-shift x label-skew digits (issue 7)", ["client2vec"], render_client2vec
+    ),
     Section("pFedLIA on planted clusters (issue 5)", ["pfedlia"], render_pfedlia),
     Section("pFedLIA: next-word prediction on three synthetic dialects", ["pfedlia-dialects"], render_dialects, 3),
-    Section("Speed and scale (issue 9)", ["scale-floor", "scale-overhead", "scale-scale", "scale-kernels"], render_scale),
+    Section(
+        "Speed and scale (issue 9)", ["scale-floor", "scale-overhead", "scale-scale", "scale-kernels"], render_scale
+    ),
     Section("PI-FL on two-source data (issue 6)", ["pifl"], render_pifl),
-    Section("Rounds as fast as the runtime allows (issue 17)", ["speed-sim", "speed-deploy", "speed-compose"],
-            render_speed),
+    Section(
+        "Rounds as fast as the runtime allows (issue 17)", ["speed-sim", "speed-deploy", "speed-compose"], render_speed
+    ),
 ]
 
 

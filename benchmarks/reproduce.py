@@ -67,10 +67,15 @@ def main() -> int:
             diffs = compare(record, summary, rounds, args.tolerance)
             code = (record.get("code") or {}).get("commit", "?")[:10]
             verdict = "reproduces" if not diffs else f"DIFFERS in {len(diffs)} numbers"
-            print(f"{name} (recorded on {code}): {verdict} ({time.monotonic() - start:.0f} s)"
-                  + (f"; old keys left out: {dropped}" if dropped else ""))
-            same = [r["round"] for r in record.get("rounds", []) if not any(d.startswith(f"round {r['round']} ")
-                                                                                for d in diffs)]
+            print(
+                f"{name} (recorded on {code}): {verdict} ({time.monotonic() - start:.0f} s)"
+                + (f"; old keys left out: {dropped}" if dropped else "")
+            )
+            same = [
+                r["round"]
+                for r in record.get("rounds", [])
+                if not any(d.startswith(f"round {r['round']} ") for d in diffs)
+            ]
             first_diff = next((r["round"] for r in record.get("rounds", []) if r["round"] not in same), None)
             if first_diff is not None:
                 # a drift that starts late and stays small is float summation order (e.g. aggregation now ordered

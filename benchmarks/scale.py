@@ -39,17 +39,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Bench, add_common_args, measurement_record, print_report, split, write_record  # noqa: E402
 
 METHODS = {
-    "local": {}, "fedavg": {}, "fedprox": {}, "fedper": {}, "fedrep": {}, "fedrod": {}, "ditto": {},
-    "fedcac": {}, "fedc2i": {"c2i-peers": 5}, "pfedlia": {"warmup-rounds": 1, "lazy-epochs": 2},
-    "cfl": {}, "pifl": {"slots-performance": 2}, "ifca": {}, "fedsoft": {"fedsoft-clients-per-cluster": 3},
+    "local": {},
+    "fedavg": {},
+    "fedprox": {},
+    "fedper": {},
+    "fedrep": {},
+    "fedrod": {},
+    "ditto": {},
+    "fedcac": {},
+    "fedc2i": {"c2i-peers": 5},
+    "pfedlia": {"warmup-rounds": 1, "lazy-epochs": 2},
+    "cfl": {},
+    "pifl": {"slots-performance": 2},
+    "ifca": {},
+    "fedsoft": {"fedsoft-clients-per-cluster": 3},
     "client2vec": {"c2v-encoder": "synthetic", "c2v-ign-epochs": 2, "fraction-train": 0.5},
     "moon": {},
 }
 
 
 def part_overhead(args) -> None:
-    base = {"dataset": "digits", "partition": "dirichlet", "num-server-rounds": 4, "eval-every": 4,
-            "local-epochs": 2, "val-fraction": 0.2, "model": "cnn"}
+    base = {
+        "dataset": "digits",
+        "partition": "dirichlet",
+        "num-server-rounds": 4,
+        "eval-every": 4,
+        "local-epochs": 2,
+        "val-fraction": 0.2,
+        "model": "cnn",
+    }
     methods = split(args.methods)
     with Bench("scale-overhead", raw_dir=args.raw_dir, total=2 * len(methods)) as bench:
         for n in (10, 50):
@@ -63,8 +81,17 @@ def part_overhead(args) -> None:
 def part_floor(args) -> None:
     """FedAvg at 10 clients where one client's training takes about a second."""
     with Bench("scale-floor", raw_dir=args.raw_dir, total=1) as bench:
-        cfg = {"method": "fedavg", "dataset": "digits", "partition": "iid", "model": "cnn", "data-copies": 4,
-               "local-epochs": args.floor_epochs, "num-server-rounds": 6, "eval-every": 6, "min-nodes": 10}
+        cfg = {
+            "method": "fedavg",
+            "dataset": "digits",
+            "partition": "iid",
+            "model": "cnn",
+            "data-copies": 4,
+            "local-epochs": args.floor_epochs,
+            "num-server-rounds": 6,
+            "eval-every": 6,
+            "min-nodes": 10,
+        }
         bench.run({"method": "fedavg", "clients": 10, "local-epochs": args.floor_epochs}, cfg, 10)
 
 
@@ -76,9 +103,21 @@ def part_scale(args) -> None:
         for m, extra in runs:
             for n in sizes:
                 copies = max(1, int(np.ceil(n * 12 / 1797)))  # ~12 samples per client
-                cfg = {"method": m, "dataset": "digits", "partition": "iid", "model": "softmax", "data-copies": copies,
-                       "local-epochs": 1, "num-server-rounds": 3, "eval-every": 3, "min-nodes": n,
-                       "test-fraction": 0.2, "val-fraction": 0.0, "round-timeout": 7200.0, **extra}
+                cfg = {
+                    "method": m,
+                    "dataset": "digits",
+                    "partition": "iid",
+                    "model": "softmax",
+                    "data-copies": copies,
+                    "local-epochs": 1,
+                    "num-server-rounds": 3,
+                    "eval-every": 3,
+                    "min-nodes": n,
+                    "test-fraction": 0.2,
+                    "val-fraction": 0.0,
+                    "round-timeout": 7200.0,
+                    **extra,
+                }
                 bench.run({"method": m, "clients": n}, cfg, n)
 
 
@@ -101,8 +140,14 @@ def part_kernels(args) -> None:
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-        write_record(measurement_record("scale-kernels", {"kernel": kernel, "clients": m},
-                                        {"seconds": min(times), "repeats": times, "parameters": n_params}), args.raw_dir)
+        write_record(
+            measurement_record(
+                "scale-kernels",
+                {"kernel": kernel, "clients": m},
+                {"seconds": min(times), "repeats": times, "parameters": n_params},
+            ),
+            args.raw_dir,
+        )
         print(f"  {kernel}: {min(times):.3f} s", flush=True)
 
     timed("FedCAC mask overlap", lambda: mask_overlap(masks))

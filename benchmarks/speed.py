@@ -49,8 +49,17 @@ from server_app.runner import CONNECTION, LocalSimulation, RunFailed, run_config
 NOOP_APP = HERE / "noop_app"
 REPO = HERE.parent
 #: the setting of issue 17 (measured there against a single-process research library)
-SETTING = {"dataset": "digits", "partition": "pathological", "classes-per-client": 2, "model": "cnn",
-           "batch-size": 10, "lr": 0.005, "local-epochs": 1, "eval-every": 1, "seed": 0}
+SETTING = {
+    "dataset": "digits",
+    "partition": "pathological",
+    "classes-per-client": 2,
+    "model": "cnn",
+    "batch-size": 10,
+    "lr": 0.005,
+    "local-epochs": 1,
+    "eval-every": 1,
+    "seed": 0,
+}
 NUM_CPUS = 1  # client-resources-num-cpus: as many clients at a time as cores
 
 
@@ -76,10 +85,23 @@ def noop_run(sim: LocalSimulation, clients: int, rounds: int) -> dict[str, Any]:
     """The no-op app through ``flwr run`` on the same SuperLink: per-round seconds and the wall time."""
     out_file = Path(tempfile.mkdtemp(prefix="pflower-noop-")) / "noop.json"
     shapes = model_shapes()
-    cfg = {"num-server-rounds": rounds, "min-nodes": clients, "payload-shapes": json.dumps(shapes),
-           "results-file": str(out_file)}
-    cmd = [shutil.which("flwr") or "flwr", "run", str(NOOP_APP), CONNECTION, "--stream", "--federation-config",
-           f"num-supernodes={clients} client-resources-num-cpus={NUM_CPUS}", "--run-config", run_config_arg(cfg)]
+    cfg = {
+        "num-server-rounds": rounds,
+        "min-nodes": clients,
+        "payload-shapes": json.dumps(shapes),
+        "results-file": str(out_file),
+    }
+    cmd = [
+        shutil.which("flwr") or "flwr",
+        "run",
+        str(NOOP_APP),
+        CONNECTION,
+        "--stream",
+        "--federation-config",
+        f"num-supernodes={clients} client-resources-num-cpus={NUM_CPUS}",
+        "--run-config",
+        run_config_arg(cfg),
+    ]
     start = time.monotonic()
     proc = subprocess.run(cmd, env=sim.env, capture_output=True, text=True, timeout=3600, cwd=NOOP_APP)
     wall = time.monotonic() - start
@@ -88,13 +110,23 @@ def noop_run(sim: LocalSimulation, clients: int, rounds: int) -> dict[str, Any]:
     data = json.loads(out_file.read_text())
     shutil.rmtree(out_file.parent, ignore_errors=True)
     secs = [r["seconds"] for r in data["rounds"]]
-    return {"wall-seconds": wall, "round-seconds": secs, "replies": [r["replies"] for r in data["rounds"]],
-            "payload-arrays": len(shapes), "payload-floats": sum(math.prod(x) for x in shapes)}
+    return {
+        "wall-seconds": wall,
+        "round-seconds": secs,
+        "replies": [r["replies"] for r in data["rounds"]],
+        "payload-arrays": len(shapes),
+        "payload-floats": sum(math.prod(x) for x in shapes),
+    }
 
 
 def pflower_run(sim: LocalSimulation, method: str, clients: int, rounds: int) -> dict[str, Any]:
-    cfg = {**SETTING, "method": method, "num-server-rounds": rounds, "min-nodes": clients,
-           "results-dir": str(Path(tempfile.gettempdir()) / "pflower-speed-runs")}
+    cfg = {
+        **SETTING,
+        "method": method,
+        "num-server-rounds": rounds,
+        "min-nodes": clients,
+        "results-dir": str(Path(tempfile.gettempdir()) / "pflower-speed-runs"),
+    }
     start = time.monotonic()
     summary = sim.run(cfg, num_supernodes=clients, num_cpus=NUM_CPUS, timeout=3600)
     wall = time.monotonic() - start
@@ -102,12 +134,21 @@ def pflower_run(sim: LocalSimulation, method: str, clients: int, rounds: int) ->
     secs = [r["extra"]["seconds"] for r in rounds_json]
     # the clients' own compute per round: handler time summed over the round's messages (train, and the
     # evaluation that rides on them or has its own phase), spread over the clients that run at a time
-    compute = [sum(t.get("handler-sum", 0.0) for t in r["extra"].get("message-timing", {}).values()) / workers(clients)
-               for r in rounds_json]
+    compute = [
+        sum(t.get("handler-sum", 0.0) for t in r["extra"].get("message-timing", {}).values()) / workers(clients)
+        for r in rounds_json
+    ]
     timing = [r["extra"].get("message-timing", {}).get("train", {}) for r in rounds_json]
-    return {"wall-seconds": wall, "round-seconds": secs, "compute-seconds": compute, "run-config": cfg,
-            "personal-acc": summary.get("personal-acc"), "global-acc": summary.get("global-acc"),
-            "failures": summary.get("failures"), "train-message-timing": timing}
+    return {
+        "wall-seconds": wall,
+        "round-seconds": secs,
+        "compute-seconds": compute,
+        "run-config": cfg,
+        "personal-acc": summary.get("personal-acc"),
+        "global-acc": summary.get("global-acc"),
+        "failures": summary.get("failures"),
+        "train-message-timing": timing,
+    }
 
 
 def part_sim(args) -> None:
@@ -115,8 +156,11 @@ def part_sim(args) -> None:
         with LocalSimulation() as sim:
             noop = noop_run(sim, n, args.rounds)
             write_record(measurement_record("speed-sim", {"clients": n, "app": "noop"}, noop), args.raw_dir)
-            print(f"[sim] {n} clients, no-op: median {median(noop['round-seconds']):.3f} s per round, "
-                  f"{noop['wall-seconds']:.1f} s in all", flush=True)
+            print(
+                f"[sim] {n} clients, no-op: median {median(noop['round-seconds']):.3f} s per round, "
+                f"{noop['wall-seconds']:.1f} s in all",
+                flush=True,
+            )
             for method in split(args.methods):
                 try:
                     m = pflower_run(sim, method, n, args.rounds)
@@ -128,9 +172,12 @@ def part_sim(args) -> None:
                     print(f"[sim] {n} clients, {method}: FAILED {m['error'][-300:]}", flush=True)
                     continue
                 ratio = median(m["round-seconds"]) / (median(noop["round-seconds"]) + median(m["compute-seconds"]))
-                print(f"[sim] {n} clients, {method}: median {median(m['round-seconds']):.3f} s per round, "
-                      f"compute {median(m['compute-seconds']):.3f} s, ratio {ratio:.2f}, "
-                      f"{m['wall-seconds']:.1f} s in all", flush=True)
+                print(
+                    f"[sim] {n} clients, {method}: median {median(m['round-seconds']):.3f} s per round, "
+                    f"compute {median(m['compute-seconds']):.3f} s, ratio {ratio:.2f}, "
+                    f"{m['wall-seconds']:.1f} s in all",
+                    flush=True,
+                )
     print_report("speed-sim", args.raw_dir)
 
 
@@ -146,15 +193,30 @@ def import_reference(repeats: int = 3) -> list[float]:
 
 def deployed_run(nodes: int, rounds: int, poll: float) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="pflower-speed-deploy-"))
-    cmd = [sys.executable, str(REPO / "deploy" / "local_cluster.py"), "--nodes", str(nodes), "--rounds", str(rounds),
-           "--workdir", str(work), "--quiet", "--task-poll-interval", f"{poll:g}"]
+    cmd = [
+        sys.executable,
+        str(REPO / "deploy" / "local_cluster.py"),
+        "--nodes",
+        str(nodes),
+        "--rounds",
+        str(rounds),
+        "--workdir",
+        str(work),
+        "--quiet",
+        "--task-poll-interval",
+        f"{poll:g}",
+    ]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     wall = time.monotonic() - start
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     report = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr[-2000:]}
-    out: dict[str, Any] = {"wall-seconds": wall, "ok": report.get("ok"), "task-poll-interval": poll,
-                           "error": report.get("error")}
+    out: dict[str, Any] = {
+        "wall-seconds": wall,
+        "ok": report.get("ok"),
+        "task-poll-interval": poll,
+        "error": report.get("error"),
+    }
     if report.get("results"):
         rj = json.loads((Path(report["results"]) / "rounds.json").read_text())
         out["round-seconds"] = [r["extra"]["seconds"] for r in rj]
@@ -173,8 +235,11 @@ def part_deploy(args) -> None:
         m = deployed_run(n, args.deploy_rounds, poll)
         write_record(measurement_record("speed-deploy", {"nodes": n, "task-poll-interval": poll}, m), args.raw_dir)
         secs = m.get("round-seconds") or []
-        print(f"[deploy] {n} nodes, task poll {poll:g} s: {'ok' if m['ok'] else 'FAILED ' + str(m['error'])[-300:]}; "
-              f"median {median(secs) or float('nan'):.1f} s per round, {m['wall-seconds']:.0f} s in all", flush=True)
+        print(
+            f"[deploy] {n} nodes, task poll {poll:g} s: {'ok' if m['ok'] else 'FAILED ' + str(m['error'])[-300:]}; "
+            f"median {median(secs) or float('nan'):.1f} s per round, {m['wall-seconds']:.0f} s in all",
+            flush=True,
+        )
     print_report("speed-deploy", args.raw_dir)
 
 
@@ -199,13 +264,22 @@ def part_compose(args) -> None:
     total = time.monotonic() - start
     rounds = sorted(done)
     per_round = [done[r] - done[r - 1] for r in rounds if r - 1 in done]
-    m = {"exit": code, "wall-seconds": total, "to-first-round-end": done.get(1), "round-seconds": per_round,
-         "rounds": len(rounds), "error": None if code == 0 else "".join(tail)[-2000:],
-         # run_demo.sh's images: Flower's published ones unless PFLOWER_BASE names a local base
-         "base-image": os.environ.get("PFLOWER_BASE") or "Flower's published images"}
+    m = {
+        "exit": code,
+        "wall-seconds": total,
+        "to-first-round-end": done.get(1),
+        "round-seconds": per_round,
+        "rounds": len(rounds),
+        "error": None if code == 0 else "".join(tail)[-2000:],
+        # run_demo.sh's images: Flower's published ones unless PFLOWER_BASE names a local base
+        "base-image": os.environ.get("PFLOWER_BASE") or "Flower's published images",
+    }
     write_record(measurement_record("speed-compose", {"what": "run_demo"}, m), args.raw_dir)
-    print(f"[compose] exit {code}: round 1 ends {done.get(1)} s after the start; per round {per_round}; "
-          f"{total:.0f} s in all", flush=True)
+    print(
+        f"[compose] exit {code}: round 1 ends {done.get(1)} s after the start; per round {per_round}; "
+        f"{total:.0f} s in all",
+        flush=True,
+    )
     print_report("speed-compose", args.raw_dir)
 
 

@@ -41,8 +41,13 @@ def stamped(content: RecordDict, handler_start: float, setup_done: float) -> Rec
     """Add the ``timing`` record: when this process started, when this module's imports began and ended,
     when the handler began, finished its set-up (settings, data, client) and ended (unix seconds).  The server
     turns them, with when it pushed the message and pulled the reply, into where a message's time went."""
-    stamps = {"app-import": _APP_IMPORT, "app-ready": _APP_READY, "handler-start": handler_start,
-              "setup-done": setup_done, "handler-end": time.time()}
+    stamps = {
+        "app-import": _APP_IMPORT,
+        "app-ready": _APP_READY,
+        "handler-start": handler_start,
+        "setup-done": setup_done,
+        "handler-end": time.time(),
+    }
     if _PROCESS_START is not None:
         stamps["process-start"] = _PROCESS_START
     content["timing"] = MetricRecord(stamps)
@@ -84,8 +89,9 @@ def train(msg: Message, context: Context) -> Message:
     content = method.train(msg.content)
     if evaluation is not None:
         content["evaluation"] = MetricRecord(evaluation)
-    content = faults.corrupt_train_reply(method.settings.fault, method.partition_id,
-                                         method.round_seed, stamped(content, start, setup))
+    content = faults.corrupt_train_reply(
+        method.settings.fault, method.partition_id, method.round_seed, stamped(content, start, setup)
+    )
     return Message(content=content, reply_to=msg)
 
 
@@ -98,8 +104,13 @@ def evaluate(msg: Message, context: Context) -> Message:
 def _query_handler(name: str):
     def handler(msg: Message, context: Context) -> Message:
         method, start, setup = started(msg, context)
-        content = faults.corrupt_query_reply(method.settings.fault, method.partition_id, method.round_seed, name,
-                                             stamped(method.query(name, msg.content), start, setup))
+        content = faults.corrupt_query_reply(
+            method.settings.fault,
+            method.partition_id,
+            method.round_seed,
+            name,
+            stamped(method.query(name, msg.content), start, setup),
+        )
         return Message(content=content, reply_to=msg)
 
     handler.__name__ = f"query_{name}"

@@ -55,7 +55,9 @@ SAME_AS_PERSONAL = object()
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_model(model: str, in_channels: int, image_size: int, num_classes: int, seed: int, device: str) -> tuple[SplitModel, dict]:
+def _cached_model(
+    model: str, in_channels: int, image_size: int, num_classes: int, seed: int, device: str
+) -> tuple[SplitModel, dict]:
     net = build_model(model, in_channels, image_size, num_classes, seed=seed).to(device)
     return net, copy.deepcopy(net.state_dict())
 
@@ -72,7 +74,7 @@ class ClientMethod:
         if "partition-id" not in node_cfg or ("num-partitions" not in node_cfg and not data_path):
             raise ValueError(
                 "node config needs 'partition-id' and either 'num-partitions' (a partition of the embedded data; "
-                "set by the simulation, or --node-config \"partition-id=0 num-partitions=3\" on a SuperNode) or "
+                'set by the simulation, or --node-config "partition-id=0 num-partitions=3" on a SuperNode) or '
                 "'data-path' (the node's own .npz file: --node-config \"partition-id=0 data-path='/data/me.npz'\")"
             )
         self.partition_id = int(node_cfg["partition-id"])
@@ -181,10 +183,17 @@ class ClientMethod:
     def _fit(self, model: nn.Module, epochs: int | None = None, **hooks: Any) -> dict[str, float]:
         s = self.settings
         return train(
-            model, self.data.x_train, self.data.y_train,
-            epochs=s.local_epochs if epochs is None else epochs, batch_size=s.batch_size, lr=s.lr,
-            momentum=s.momentum, weight_decay=s.weight_decay, seed=self.seed + 7919 * self.round_seed,
-            optimizer=s.optimizer, **hooks,
+            model,
+            self.data.x_train,
+            self.data.y_train,
+            epochs=s.local_epochs if epochs is None else epochs,
+            batch_size=s.batch_size,
+            lr=s.lr,
+            momentum=s.momentum,
+            weight_decay=s.weight_decay,
+            seed=self.seed + 7919 * self.round_seed,
+            optimizer=s.optimizer,
+            **hooks,
         )
 
     round_seed = 0
@@ -202,8 +211,11 @@ class ClientMethod:
         return metrics
 
     @staticmethod
-    def reply(metrics: Mapping[str, float | int], arrays: ArrayRecord | None = None,
-              **records: ArrayRecord | MetricRecord | ConfigRecord) -> RecordDict:
+    def reply(
+        metrics: Mapping[str, float | int],
+        arrays: ArrayRecord | None = None,
+        **records: ArrayRecord | MetricRecord | ConfigRecord,
+    ) -> RecordDict:
         """The reply's content: ``metrics`` (MetricRecord), optional ``arrays`` and any further records."""
         content = RecordDict({"metrics": MetricRecord(dict(metrics))})
         if arrays is not None:
@@ -263,9 +275,12 @@ class ClientMethod:
                     return None
             except (ValueError, json.JSONDecodeError):
                 pass  # an unreadable manifest is replaced
-        manifest = model_manifest(self.settings, client=self.partition_id,
-                                  round=int(self.config.get("evaluate-round", self.round_seed)),
-                                  **{"personal-acc": metrics["personal-acc"], "personal-loss": metrics["personal-loss"]})
+        manifest = model_manifest(
+            self.settings,
+            client=self.partition_id,
+            round=int(self.config.get("evaluate-round", self.round_seed)),
+            **{"personal-acc": metrics["personal-acc"], "personal-loss": metrics["personal-loss"]},
+        )
         return save_model(path, model.state_dict(), manifest)
 
     # ---------------------------------------------------------------- handlers

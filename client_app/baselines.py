@@ -85,8 +85,9 @@ class FedPerClient(ClientMethod):
         metrics = self.local_training(model)
         self.save_state("head", model.state_dict(), self.head_keys(model))
         _, acc = self.test(model)
-        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc},
-                          model_to_record(model, self.body_keys(model)))
+        return self.reply(
+            {**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model, self.body_keys(model))
+        )
 
     def personal_model(self, content: RecordDict) -> nn.Module:
         return self._model(content)
@@ -153,7 +154,9 @@ class FedRoDClient(ClientMethod):
             z = rod.last_features.detach()
             return nn.functional.cross_entropy(logits.detach() + rod.phead(z), y)
 
-        metrics = self.fit(rod, forward=rod.forward, loss_fn=balanced_softmax_loss(counts), extra_loss=personal_head_loss)
+        metrics = self.fit(
+            rod, forward=rod.forward, loss_fn=balanced_softmax_loss(counts), extra_loss=personal_head_loss
+        )
         self.save_state("phead", rod.phead.state_dict())
         _, acc = self.test(rod, forward=rod.personalized)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(rod.base))
@@ -257,8 +260,9 @@ class MoonClient(FedAvgClient):
             feats["z"] = model.features(x)
             return model.head(feats["z"])
 
-        term = moon_term(model, feats, self.load_state("moon-prev"), self.options.moon_mu,
-                         self.options.moon_temperature)
+        term = moon_term(
+            model, feats, self.load_state("moon-prev"), self.options.moon_mu, self.options.moon_temperature
+        )
         metrics = self.fit(model, forward=forward, extra_loss=lambda m, x, y, logits: term(x, logits))
         self.save_state("moon-prev", model.state_dict())
         _, trained_acc = self.test(model)

@@ -75,10 +75,19 @@ class Client2VecClient(ClientMethod):
             D, L = self.embeddings()
             net = self._ign(content)
             with self.timed("method"):
-                hist = train_dsa_ign(net, D, L, epochs=self.opts.ign_local_epochs, batch_size=self.opts.ign_batch,
-                                     lr=self.opts.ign_lr, seed=self.seed + self.round_seed, orth_mode=self.opts.orth_mode)
-            return self.reply({**self.base_metrics(), "ign-loss": hist[-1]["total"] if hist else 0.0},
-                              to_record(net.state_dict()))
+                hist = train_dsa_ign(
+                    net,
+                    D,
+                    L,
+                    epochs=self.opts.ign_local_epochs,
+                    batch_size=self.opts.ign_batch,
+                    lr=self.opts.ign_lr,
+                    seed=self.seed + self.round_seed,
+                    orth_mode=self.opts.orth_mode,
+                )
+            return self.reply(
+                {**self.base_metrics(), "ign-loss": hist[-1]["total"] if hist else 0.0}, to_record(net.state_dict())
+            )
         if name == "c2v_index":
             D, L = self.embeddings()
             net = self._ign(content)
@@ -92,7 +101,7 @@ class Client2VecClient(ClientMethod):
         rec = self.message_arrays(content)
         arrays = record_to_numpy(rec) if rec is not None else {}
         model = {k: v for k, v in arrays.items() if not k.startswith(AUX_PREFIX)}
-        aux = {k[len(AUX_PREFIX):]: v for k, v in arrays.items() if k.startswith(AUX_PREFIX)}
+        aux = {k[len(AUX_PREFIX) :]: v for k, v in arrays.items() if k.startswith(AUX_PREFIX)}
         return model, aux
 
     def train(self, content: RecordDict) -> RecordDict:
@@ -111,8 +120,9 @@ class Client2VecClient(ClientMethod):
             prox = proximal_term({k: p.detach().clone() for k, p in model.named_parameters()}, self.opts.proximal_mu)
             terms.append(lambda x, logits: prox(model, x, None, logits))
         elif self.opts.base == "moon":
-            terms.append(moon_term(model, feats, self.load_state("moon-prev"), self.opts.moon_mu,
-                                   self.opts.moon_temperature))
+            terms.append(
+                moon_term(model, feats, self.load_state("moon-prev"), self.opts.moon_mu, self.opts.moon_temperature)
+            )
         aux = None
         if "c2v" in content.array_records:
             beta = torch.as_tensor(content.array_records["c2v"]["B_f"].numpy(), dtype=torch.float32)
@@ -121,8 +131,19 @@ class Client2VecClient(ClientMethod):
                 load_record(aux, aux_arrays, strict_keys=True)
             params += list(aux.parameters())
             w, o = self.opts.local_weight, self.opts
-            terms.append(lambda x, logits: w * local_regulariser(
-                feats["z"], logits, aux, beta, normalize=o.orth_normalize, mean_over_clients=o.orth_mean_over_clients))
+            terms.append(
+                lambda x, logits: (
+                    w
+                    * local_regulariser(
+                        feats["z"],
+                        logits,
+                        aux,
+                        beta,
+                        normalize=o.orth_normalize,
+                        mean_over_clients=o.orth_mean_over_clients,
+                    )
+                )
+            )
 
         def extra_loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor):
             return sum(t(x, logits) for t in terms)
@@ -144,4 +165,3 @@ class Client2VecClient(ClientMethod):
 
     def global_model(self, content: RecordDict, personal: nn.Module):
         return SAME_AS_PERSONAL
-

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from task.methods.client2vec import C2VAux
 
 
-def orth_loss(z_p: torch.Tensor, beta_f: torch.Tensor, normalize: bool = True, mean_over_clients: bool = False) -> torch.Tensor:
+def orth_loss(
+    z_p: torch.Tensor, beta_f: torch.Tensor, normalize: bool = True, mean_over_clients: bool = False
+) -> torch.Tensor:
     """Mean over the batch of sum_k |z_P . beta_k| (cosines when ``normalize``); divided by M if asked."""
     if normalize:
         z_p, beta_f = F.normalize(z_p, dim=1), F.normalize(beta_f, dim=1)
@@ -31,7 +33,14 @@ def distill_loss(logits: torch.Tensor, proj_logits: torch.Tensor) -> torch.Tenso
     return F.kl_div(F.log_softmax(proj_logits, dim=1), F.softmax(logits.detach(), dim=1), reduction="batchmean")
 
 
-def local_regulariser(z: torch.Tensor, logits: torch.Tensor, aux: C2VAux, beta_f: torch.Tensor, *,
-                      normalize: bool = True, mean_over_clients: bool = False) -> torch.Tensor:
+def local_regulariser(
+    z: torch.Tensor,
+    logits: torch.Tensor,
+    aux: C2VAux,
+    beta_f: torch.Tensor,
+    *,
+    normalize: bool = True,
+    mean_over_clients: bool = False,
+) -> torch.Tensor:
     z_p = aux.proj(z)
     return orth_loss(z_p, beta_f, normalize, mean_over_clients) + distill_loss(logits, aux.head(z_p))

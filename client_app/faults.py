@@ -24,7 +24,9 @@ def parse_faults(spec: str, server_round: int | None = None) -> dict[int, str]:
         kind, _, target = item.partition("@")
         pid, _, rnd = target.partition(":")
         if kind not in KINDS or not pid.isdigit() or (rnd and not rnd.isdigit()):
-            raise ValueError(f"run-config key 'fault': bad item {item!r}; use kind@partition-id[:round] with kind in {KINDS}")
+            raise ValueError(
+                f"run-config key 'fault': bad item {item!r}; use kind@partition-id[:round] with kind in {KINDS}"
+            )
         if not rnd or server_round is None or int(rnd) == server_round:
             faults[int(pid)] = kind
     return faults
@@ -47,7 +49,9 @@ def corrupt_train_reply(spec: str, partition_id: int, server_round: int, content
     if not arrays:
         return content
     key = next(k for k, v in arrays.items() if np.issubdtype(v.dtype, np.floating))
-    arrays[key] = np.full_like(arrays[key], np.nan) if kind == "nan" else np.zeros((*arrays[key].shape, 2), arrays[key].dtype)
+    arrays[key] = (
+        np.full_like(arrays[key], np.nan) if kind == "nan" else np.zeros((*arrays[key].shape, 2), arrays[key].dtype)
+    )
     content["arrays"] = to_record(arrays)
     return content
 

@@ -50,8 +50,9 @@ class FedC2IClient(ClientMethod):
         with torch.no_grad():
             model.eval()
             feats = model.features(x)
-            big_lambda, _ = influence_matrix(feats, y, own["head.weight"], own["head.bias"],
-                                             stacked["head.weight"], stacked["head.bias"], gamma)
+            big_lambda, _ = influence_matrix(
+                feats, y, own["head.weight"], own["head.bias"], stacked["head.weight"], stacked["head.bias"], gamma
+            )
             w, b = mix_classifier(stacked["head.weight"], stacked["head.bias"], big_lambda)
         model.load_state_dict({**own, **body, "head.weight": w, "head.bias": b})
         return lam.tolist()
@@ -68,8 +69,10 @@ class FedC2IClient(ClientMethod):
                 lam = self._personalized(model, stacked, sizes)
         metrics = self.fit(model)
         _, acc = self.test(model)
-        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc, "influence": [float(v) for v in lam]},
-                          model_to_record(model))
+        return self.reply(
+            {**self.base_metrics(), **metrics, "trained-acc": acc, "influence": [float(v) for v in lam]},
+            model_to_record(model),
+        )
 
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
         """This client's own latest model (spec §6.12): ``arrays`` of an evaluate message, or the first of the

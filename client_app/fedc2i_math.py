@@ -42,8 +42,15 @@ def sharpened_weights(losses: torch.Tensor, gamma: float, dim: int = 0) -> torch
     return torch.softmax(gamma * torch.log(losses.clamp_min(1e-12)), dim=dim)
 
 
-def influence_vector(model: nn.Module, stacked: Mapping[str, torch.Tensor], own_head: Mapping[str, torch.Tensor],
-                     x: torch.Tensor, y: torch.Tensor, gamma: float, head_keys: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def influence_vector(
+    model: nn.Module,
+    stacked: Mapping[str, torch.Tensor],
+    own_head: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gamma: float,
+    head_keys: list[str],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 5: client-level influence ``lambda_m`` (length M) and the leave-one-out losses ``l_m^{-i}``.
 
     Candidate i is the leave-one-out average of the M feature extractors with the client's own classifier.
@@ -60,8 +67,15 @@ def influence_vector(model: nn.Module, stacked: Mapping[str, torch.Tensor], own_
     return sharpened_weights(losses, gamma), losses
 
 
-def influence_matrix(features: torch.Tensor, y: torch.Tensor, own_weight: torch.Tensor, own_bias: torch.Tensor,
-                     weights: torch.Tensor, biases: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+def influence_matrix(
+    features: torch.Tensor,
+    y: torch.Tensor,
+    own_weight: torch.Tensor,
+    own_bias: torch.Tensor,
+    weights: torch.Tensor,
+    biases: torch.Tensor,
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. 7-9: class-level influence ``Lambda_m`` (M x C, each column sums to 1) and its losses.
 
     ``features`` (B x d) come from the extractor theta* (the client's own, spec §6.7); ``weights`` (M x C x d)
@@ -91,7 +105,9 @@ def mix_states(stacked: Mapping[str, torch.Tensor], weights: torch.Tensor, keys:
     return out
 
 
-def mix_classifier(weights: torch.Tensor, biases: torch.Tensor, influence: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def mix_classifier(
+    weights: torch.Tensor, biases: torch.Tensor, influence: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 10 corrected (spec §6.3): row c = ``sum_i Lambda[i, c] * phi_{i,c}`` (the printed form, with the
     client's own row phi_{m,c}, is a no-op because each column of Lambda sums to 1)."""
     return torch.einsum("mc,mcd->cd", influence, weights), torch.einsum("mc,mc->c", influence, biases)

@@ -45,8 +45,9 @@ class FedCACClient(ClientMethod):
         to_t = lambda rec: {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(rec).items()}  # noqa: E731
         custom_rec = self.message_arrays(content, "custom")
         with self.timed("method"):
-            mixed = merge_customized(self._params(model), to_t(custom_rec) if custom_rec is not None else None,
-                                     to_t(global_rec), masks)
+            mixed = merge_customized(
+                self._params(model), to_t(custom_rec) if custom_rec is not None else None, to_t(global_rec), masks
+            )
         load_record(model, {k: v.cpu().numpy() for k, v in mixed.items() if k in keys})
         return model, trained
 
@@ -65,8 +66,11 @@ class FedCACClient(ClientMethod):
         extra = {}
         if self.options.diagnostics:  # simulation-only diagnostic (leaks labels)
             extra["label-histogram"] = [int(c) for c in self.data.label_histogram()]
-        return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc, **extra},
-                          model_to_record(model, keys), mask=to_record({"bits": packed}))
+        return self.reply(
+            {**self.base_metrics(), **metrics, "trained-acc": trained_acc, **extra},
+            model_to_record(model, keys),
+            mask=to_record({"bits": packed}),
+        )
 
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
         """Eq. 11: the server's global and customized models mixed with this client's critical mask."""

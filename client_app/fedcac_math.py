@@ -15,7 +15,9 @@ import numpy as np
 import torch
 
 
-def parameter_sensitivity(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def parameter_sensitivity(
+    before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """Eq. 5: ``s = |(theta_after - theta_before) * theta_after|``, element-wise, per trainable tensor.
 
     The paper's "·" is a Hadamard product; the sign of the change does not matter.
@@ -47,8 +49,10 @@ def critical_masks(sensitivity: Mapping[str, torch.Tensor], tau: float) -> dict[
 
 
 def merge_customized(
-    own: Mapping[str, torch.Tensor], customized: Mapping[str, torch.Tensor] | None,
-    global_avg: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor | np.ndarray],
+    own: Mapping[str, torch.Tensor],
+    customized: Mapping[str, torch.Tensor] | None,
+    global_avg: Mapping[str, torch.Tensor],
+    masks: Mapping[str, torch.Tensor | np.ndarray],
 ) -> dict[str, torch.Tensor]:
     """Eq. 11: ``w = u * M + w_bar * (1 - M)`` per trainable tensor.
 

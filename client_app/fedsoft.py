@@ -36,8 +36,10 @@ class FedSoftClient(ClientMethod):
 
     def _mixed(self, centres: dict[str, torch.Tensor], u: np.ndarray) -> dict[str, torch.Tensor]:
         w = torch.as_tensor(u, dtype=torch.float64)
-        return {k: (torch.tensordot(w, v.double(), dims=1).to(v.dtype) if v.is_floating_point() else v[int(u.argmax())])
-                for k, v in centres.items()}
+        return {
+            k: (torch.tensordot(w, v.double(), dims=1).to(v.dtype) if v.is_floating_point() else v[int(u.argmax())])
+            for k, v in centres.items()
+        }
 
     def query(self, name: str, content: RecordDict) -> RecordDict:
         if name != "fedsoft_u":

@@ -29,8 +29,10 @@ class LGFedAvgClient(ClientMethod):
             sent = record_to_numpy(rec)
             local = sorted(set(sent) - set(self.head_keys(model)))
             if local:
-                raise ValueError(f"LG-FedAvg keeps the local layers on the client, but the server sent {local[:3]}; "
-                                 "only the global (head) layers may come from the server")
+                raise ValueError(
+                    f"LG-FedAvg keeps the local layers on the client, but the server sent {local[:3]}; "
+                    "only the global (head) layers may come from the server"
+                )
             load_record(model, sent)
         return model
 
@@ -39,8 +41,10 @@ class LGFedAvgClient(ClientMethod):
         metrics = self.fit(model)  # local and global layers together, on this client's own loss
         self.save_state("body", model.state_dict(), self.body_keys(model))
         _, trained_acc = self.test(model)
-        return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc},
-                          model_to_record(model, self.head_keys(model)))
+        return self.reply(
+            {**self.base_metrics(), **metrics, "trained-acc": trained_acc},
+            model_to_record(model, self.head_keys(model)),
+        )
 
     def personal_model(self, content: RecordDict) -> nn.Module:
         """This client's body under the global head of the message (an evaluate message, or the train message

@@ -24,7 +24,9 @@ class PFedLIAClient(ClientMethod):
         load_shared(model, content)
         metrics = self.fit(model)
         _, acc = self.test(model)
-        return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc, **self._extra()}, model_to_record(model))
+        return self.reply(
+            {**self.base_metrics(), **metrics, "trained-acc": acc, **self._extra()}, model_to_record(model)
+        )
 
     def global_model(self, content: RecordDict, personal: torch.nn.Module):
         """During the warm-up every client has the one global model (the config says which state the evaluated
@@ -67,8 +69,9 @@ class PFedLIAClient(ClientMethod):
             if self.options.mode == "p2p":
                 positive = self.options.p2p_require_positive
                 if self_index < 0:  # a late joiner: not among the lazy models; compare against all of them
-                    peers = beneficial_peers(list(row) + [float("-inf")], len(row), seed=self.seed,
-                                             require_positive=positive)[:-1]
+                    peers = beneficial_peers(
+                        list(row) + [float("-inf")], len(row), seed=self.seed, require_positive=positive
+                    )[:-1]
                 else:
                     peers = beneficial_peers(row, self_index, seed=self.seed, require_positive=positive)
                 extra["beneficial"] = [int(p) for p in peers]

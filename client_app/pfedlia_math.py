@@ -9,8 +9,9 @@ import torch
 from sklearn.cluster import KMeans
 
 
-def lazy_influence_row(loss_warmup: torch.Tensor | float, losses_lazy: torch.Tensor, num_val: int,
-                       reduction: str = "sum") -> np.ndarray:
+def lazy_influence_row(
+    loss_warmup: torch.Tensor | float, losses_lazy: torch.Tensor, num_val: int, reduction: str = "sum"
+) -> np.ndarray:
     """Eq. 1 (with theta_j read as the lazy model): ``I(i, j) = sum_{z in val_i} L(z, theta_0) - L(z, theta_j)``.
 
     ``loss_warmup`` and ``losses_lazy`` (one per peer j) are mean validation losses; ``sum`` multiplies by

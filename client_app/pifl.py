@@ -74,8 +74,12 @@ class PIFLClient(ClientMethod):
         with self.timed("method"):
             weights = torch.from_numpy(mixture_weights(self._tier_accuracies(tiers, *self.goal_splits()[0]))).float()
             model = self.fresh_model()
-            model.load_state_dict({k: (torch.tensordot(weights.to(v.dtype), v, dims=1) if v.is_floating_point() else v[0])
-                                   for k, v in tiers.items()})
+            model.load_state_dict(
+                {
+                    k: (torch.tensordot(weights.to(v.dtype), v, dims=1) if v.is_floating_point() else v[0])
+                    for k, v in tiers.items()
+                }
+            )
         self._weights = [float(w) for w in weights]
         return model
 
@@ -83,6 +87,9 @@ class PIFLClient(ClientMethod):
         """Every tier's accuracy on the validation split (the tiers' utility, for the settlement) and on the
         held-out goal data, and the mixture's weights."""
         tiers = self._tiers(content)
-        return {"tier-acc": self._tier_accuracies(tiers, self.data.x_val, self.data.y_val),
-                "tier-goal-acc": self._tier_accuracies(tiers, *self.goal_splits()[1]),
-                "mixture-weights": self._weights, **self._extra()}
+        return {
+            "tier-acc": self._tier_accuracies(tiers, self.data.x_val, self.data.y_val),
+            "tier-goal-acc": self._tier_accuracies(tiers, *self.goal_splits()[1]),
+            "mixture-weights": self._weights,
+            **self._extra(),
+        }

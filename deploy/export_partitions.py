@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for node-<i>.npz")
     ap.add_argument("--num-partitions", type=int, required=True)
-    ap.add_argument("--run-config", default="", help="run-config overrides that decide the data (dataset, partition, ...)")
+    ap.add_argument(
+        "--run-config", default="", help="run-config overrides that decide the data (dataset, partition, ...)"
+    )
     args = ap.parse_args(argv)
     cfg = parse_config_args([args.run_config]) if args.run_config else {}
     settings = parse_settings(cfg)

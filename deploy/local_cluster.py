@@ -53,36 +53,69 @@ from pflower_deploy.proxy import nginx_binary  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=int, default=3, help="number of SuperNodes (default 3)")
     ap.add_argument("--rounds", type=int, default=3, help="num-server-rounds (default 3)")
     ap.add_argument("--method", default="fedavg")
     ap.add_argument("--run-config", default="", help="extra run-config pairs, e.g. \"local-epochs=2 model='mlp'\"")
-    ap.add_argument("--round-timeout", type=float, default=120.0,
-                    help="run-config round-timeout in s (default 120: a crashed node is declared offline by the "
-                         "SuperLink within 2 heartbeats = 60 s, and its missing reply becomes an error reply)")
+    ap.add_argument(
+        "--round-timeout",
+        type=float,
+        default=120.0,
+        help="run-config round-timeout in s (default 120: a crashed node is declared offline by the "
+        "SuperLink within 2 heartbeats = 60 s, and its missing reply becomes an error reply)",
+    )
     ap.add_argument("--kill-node", metavar="I@R", help="kill SuperNode I once round R has started")
-    ap.add_argument("--kill-signal", choices=["KILL", "TERM"], default="KILL",
-                    help="KILL = crash (default); TERM = graceful leave (the node deactivates itself)")
+    ap.add_argument(
+        "--kill-signal",
+        choices=["KILL", "TERM"],
+        default="KILL",
+        help="KILL = crash (default); TERM = graceful leave (the node deactivates itself)",
+    )
     ap.add_argument("--restart-node", action="store_true", help="start the killed SuperNode again (same key)")
-    ap.add_argument("--unregistered-check", action="store_true",
-                    help="start one extra SuperNode with an unregistered key and check it is refused")
-    ap.add_argument("--netns", action="store_true",
-                    help="each SuperNode in its own network namespace, and the operator too with the proxy (root)")
-    ap.add_argument("--proxy", action=argparse.BooleanOptionalAction, default=None,
-                    help="nginx in front of a loopback-only SuperLink: Fleet routes for the data holders, Control "
-                         "routes for the operator (default: on with --netns, off without)")
-    ap.add_argument("--holder-check", action="store_true",
-                    help="from data holder 0's namespace, try to submit a run and register a key against every "
-                         "address it can reach; passes if all are refused (needs --netns and the proxy)")
-    ap.add_argument("--data-files", metavar="DIR",
-                    help="each SuperNode reads its own DIR/node-<i>.npz (node config data-path) instead of a "
-                         "partition of the embedded data; missing files are exported from the run's data first")
-    ap.add_argument("--workdir", help="keep certificates, keys, logs, state here (default: a temp dir); each data "
-                                      "holder keeps its models, state and cached split in <workdir>/holders/node<i>/")
-    ap.add_argument("--task-poll-interval", type=float, default=0.1,
-                    help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL in s for the SuperLink and SuperNodes (default 0.1; "
-                         "Flower's default 1.0 adds up to a second to every message)")
+    ap.add_argument(
+        "--unregistered-check",
+        action="store_true",
+        help="start one extra SuperNode with an unregistered key and check it is refused",
+    )
+    ap.add_argument(
+        "--netns",
+        action="store_true",
+        help="each SuperNode in its own network namespace, and the operator too with the proxy (root)",
+    )
+    ap.add_argument(
+        "--proxy",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="nginx in front of a loopback-only SuperLink: Fleet routes for the data holders, Control "
+        "routes for the operator (default: on with --netns, off without)",
+    )
+    ap.add_argument(
+        "--holder-check",
+        action="store_true",
+        help="from data holder 0's namespace, try to submit a run and register a key against every "
+        "address it can reach; passes if all are refused (needs --netns and the proxy)",
+    )
+    ap.add_argument(
+        "--data-files",
+        metavar="DIR",
+        help="each SuperNode reads its own DIR/node-<i>.npz (node config data-path) instead of a "
+        "partition of the embedded data; missing files are exported from the run's data first",
+    )
+    ap.add_argument(
+        "--workdir",
+        help="keep certificates, keys, logs, state here (default: a temp dir); each data "
+        "holder keeps its models, state and cached split in <workdir>/holders/node<i>/",
+    )
+    ap.add_argument(
+        "--task-poll-interval",
+        type=float,
+        default=0.1,
+        help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL in s for the SuperLink and SuperNodes (default 0.1; "
+        "Flower's default 1.0 adds up to a second to every message)",
+    )
     ap.add_argument("--results-dir", help="results-dir for the run (default: <workdir>/results)")
     ap.add_argument("--startup-timeout", type=float, default=90.0)
     ap.add_argument("--run-timeout", type=float, default=1200.0)
@@ -99,8 +132,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error(f"--kill-node {args.kill_node!r}: expected I@R, e.g. 1@2 (SuperNode 1 in round 2)")
         args.kill = (int(i), int(r))
         if args.nodes < 2 or not (0 <= args.kill[0] < args.nodes) or not (1 <= args.kill[1] <= args.rounds):
-            ap.error(f"--kill-node {args.kill_node}: needs --nodes >= 2, 0 <= I < {args.nodes} and "
-                     f"1 <= R <= {args.rounds}")
+            ap.error(
+                f"--kill-node {args.kill_node}: needs --nodes >= 2, 0 <= I < {args.nodes} and 1 <= R <= {args.rounds}"
+            )
     if args.restart_node and not args.kill:
         ap.error("--restart-node needs --kill-node")
     if args.proxy is None:

@@ -23,7 +23,9 @@ log = logging.getLogger("flwr.pflower")
 
 def build_strategy(settings: Settings) -> PersonalizedStrategy:
     """The method's strategy, holding the common initial model (built from the run's seed)."""
-    model = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes, seed=settings.seed)
+    model = build_model(
+        settings.model, settings.in_channels, settings.image_size, settings.num_classes, seed=settings.seed
+    )
     state = state_to_numpy(model.state_dict())
     cls = load_object(method_spec(settings.method).strategy)
     return cls(settings, state, body_keys(model), head_keys(model))
@@ -38,18 +40,27 @@ def resume_point(settings: Settings, strategy: PersonalizedStrategy) -> tuple[Pa
         raise CheckpointError(f"resume-from {settings.resume_from!r}: no such results folder")
     done, state, meta = load_checkpoint(folder / "checkpoints")
     expected = checkpoint_meta(settings)
-    if meta.get("method") != expected["method"] or meta.get("model") != expected["model"] \
-            or meta.get("dataset") != expected["dataset"]:
-        raise CheckpointError(f"resume-from {str(folder)!r} is a {meta.get('method')} run of model {meta.get('model')} on "
-                              f"{meta.get('dataset')}; this run is {expected['method']} / {expected['model']} / "
-                              f"{expected['dataset']}")
+    if (
+        meta.get("method") != expected["method"]
+        or meta.get("model") != expected["model"]
+        or meta.get("dataset") != expected["dataset"]
+    ):
+        raise CheckpointError(
+            f"resume-from {str(folder)!r} is a {meta.get('method')} run of model {meta.get('model')} on "
+            f"{meta.get('dataset')}; this run is {expected['method']} / {expected['model']} / "
+            f"{expected['dataset']}"
+        )
     differ = sorted(k for k, v in expected["run-config"].items() if meta.get("run-config", {}).get(k, v) != v)
     if differ:
-        raise CheckpointError(f"resume-from {str(folder)!r}: run-config keys {differ} differ from the interrupted run "
-                              f"(only {sorted(RESUMABLE_CHANGES)} may change)")
+        raise CheckpointError(
+            f"resume-from {str(folder)!r}: run-config keys {differ} differ from the interrupted run "
+            f"(only {sorted(RESUMABLE_CHANGES)} may change)"
+        )
     if done >= settings.num_rounds:
-        raise CheckpointError(f"resume-from {str(folder)!r}: the run already finished its {done} rounds; raise "
-                              f"num-server-rounds above {done} to continue it")
+        raise CheckpointError(
+            f"resume-from {str(folder)!r}: the run already finished its {done} rounds; raise "
+            f"num-server-rounds above {done} to continue it"
+        )
     strategy.resume(state)
     return folder, done
 
@@ -71,8 +82,11 @@ def main(grid: Grid, context: Context) -> None:
     aborted = None
     try:
         strategy.start(
-            grid=grid, initial_arrays=to_record(strategy.global_state), num_rounds=settings.num_rounds,
-            timeout=settings.round_timeout, first_round=first,
+            grid=grid,
+            initial_arrays=to_record(strategy.global_state),
+            num_rounds=settings.num_rounds,
+            timeout=settings.round_timeout,
+            first_round=first,
         )
     except RunAborted as err:
         aborted = str(err)

@@ -54,15 +54,23 @@ class ResultsWriter:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             self.folder = resolve_results_path(settings.results_dir) / f"{stamp}-{settings.method}-{run_id}"
             self.folder.mkdir(parents=True, exist_ok=True)
-            config = {"run-config": dict(settings.raw), "resolved": {
-                k: v for k, v in asdict(settings).items() if k not in ("raw", "options")},
-                "options": asdict(settings.options)}
+            config = {
+                "run-config": dict(settings.raw),
+                "resolved": {k: v for k, v in asdict(settings).items() if k not in ("raw", "options")},
+                "options": asdict(settings.options),
+            }
             write_json(self.folder / "config.json", config)
         else:
             self.folder = folder
             resumes = json.loads((folder / "resumes.json").read_text()) if (folder / "resumes.json").is_file() else []
-            resumes.append({"run-id": run_id, "after-round": resumed_after, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                            "run-config": dict(settings.raw)})
+            resumes.append(
+                {
+                    "run-id": run_id,
+                    "after-round": resumed_after,
+                    "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "run-config": dict(settings.raw),
+                }
+            )
             write_json(folder / "resumes.json", resumes)
 
     def write(self, strategy, seconds: float, aborted: str | None = None) -> str:
@@ -74,9 +82,13 @@ class ResultsWriter:
             row.update({f"comm/{k}": v for k, v in r.extra.get("comm", {}).items()})
             row["seconds"] = r.extra.get("seconds")
             rows.append(row)
-        write_json(self.folder / "rounds.json", [
-            {"round": r.server_round, "train": r.train, "evaluate": r.evaluate, "extra": r.extra} for r in strategy.history
-        ])
+        write_json(
+            self.folder / "rounds.json",
+            [
+                {"round": r.server_round, "train": r.train, "evaluate": r.evaluate, "extra": r.extra}
+                for r in strategy.history
+            ],
+        )
         fields = sorted({k for row in rows for k in row}, key=lambda k: (k != "round", k))
         with open(self.folder / "rounds.csv", "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=fields)
@@ -95,12 +107,18 @@ class ResultsWriter:
         self.plot(strategy)
         final = strategy.history[-1].evaluate if strategy.history else {}
         summary = {
-            "method": self.settings.method, "dataset": self.settings.data.dataset,
-            "partition": self.settings.data.partition, "rounds": len(strategy.history),
-            "personal-acc": final.get("personal-acc"), "global-acc": final.get("global-acc"),
+            "method": self.settings.method,
+            "dataset": self.settings.data.dataset,
+            "partition": self.settings.data.partition,
+            "rounds": len(strategy.history),
+            "personal-acc": final.get("personal-acc"),
+            "global-acc": final.get("global-acc"),
             "trained-acc": strategy.history[-1].train.get("trained-acc") if strategy.history else None,
-            "personal-loss": final.get("personal-loss"), "global-loss": final.get("global-loss"),
-            "clients": len(clients), "failures": len(strategy.failures), "seconds": round(seconds, 2),
+            "personal-loss": final.get("personal-loss"),
+            "global-loss": final.get("global-loss"),
+            "clients": len(clients),
+            "failures": len(strategy.failures),
+            "seconds": round(seconds, 2),
             "results": str(self.folder),
         }
         if aborted:
@@ -111,18 +129,24 @@ class ResultsWriter:
                     summary[f"{key}-perplexity"] = float(np.exp(summary[f"{key}-loss"]))
         write_json(self.folder / "summary.json", summary)
         acc = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
-        return (f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "
-                f"{summary['rounds']} rounds, {summary['clients']} clients, personalized acc "
-                f"{acc(summary['personal-acc'])}, global acc {acc(summary['global-acc'])}, "
-                f"{summary['failures']} rejected replies, {seconds:.1f} s"
-                + (f", ABORTED: {aborted}" if aborted else "") + f" -> {self.folder}")
+        return (
+            f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "
+            f"{summary['rounds']} rounds, {summary['clients']} clients, personalized acc "
+            f"{acc(summary['personal-acc'])}, global acc {acc(summary['global-acc'])}, "
+            f"{summary['failures']} rejected replies, {seconds:.1f} s"
+            + (f", ABORTED: {aborted}" if aborted else "")
+            + f" -> {self.folder}"
+        )
 
     def plot(self, strategy) -> None:
         plt = pyplot()
 
         rounds = [r.server_round for r in strategy.history]
         fig, ax = plt.subplots(figsize=(6, 4))
-        for key, label in (("personal-acc", "personalized (mean over clients)"), ("global-acc", "global model"),):
+        for key, label in (
+            ("personal-acc", "personalized (mean over clients)"),
+            ("global-acc", "global model"),
+        ):
             ys = [r.evaluate.get(key) for r in strategy.history]
             if any(y is not None for y in ys):
                 ax.plot(rounds, [np.nan if y is None else y for y in ys], marker="o", label=label)

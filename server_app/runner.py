@@ -93,13 +93,27 @@ class LocalSimulation:
         )
         self.log_path = self.home / "superlink.log"
         cmd = [
-            shutil.which("flower-superlink") or "flower-superlink", "--insecure", "--simulation",
-            "--isolation", "subprocess", "--host", "127.0.0.1", "--port", str(self.port),
-            "--health-server-address", f"127.0.0.1:{self.health_port}",
-            "--disable-runtime-dependency-installation", "--database", str(self.home / "state.db"),
+            shutil.which("flower-superlink") or "flower-superlink",
+            "--insecure",
+            "--simulation",
+            "--isolation",
+            "subprocess",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--health-server-address",
+            f"127.0.0.1:{self.health_port}",
+            "--disable-runtime-dependency-installation",
+            "--database",
+            str(self.home / "state.db"),
         ]
         self.process = subprocess.Popen(
-            cmd, env=self.env, stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, cwd=self.home,
+            cmd,
+            env=self.env,
+            stdout=open(self.log_path, "w"),
+            stderr=subprocess.STDOUT,
+            cwd=self.home,
             start_new_session=True,
         )
         deadline = time.monotonic() + self.startup_timeout
@@ -137,14 +151,30 @@ class LocalSimulation:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def run(self, run_config: dict[str, Any], num_supernodes: int = 4, timeout: float = 1200.0,
-            app_dir: Path = APP_DIR, num_cpus: int = 1, log_path: Path | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        run_config: dict[str, Any],
+        num_supernodes: int = 4,
+        timeout: float = 1200.0,
+        app_dir: Path = APP_DIR,
+        num_cpus: int = 1,
+        log_path: Path | None = None,
+    ) -> dict[str, Any]:
         """Submit one run, follow it to the end, and return its ``summary.json`` (plus ``log``)."""
         if "results-dir" not in run_config:
             run_config = {**run_config, "results-dir": str(self.home / "results")}
         fed = f"num-supernodes={num_supernodes} client-resources-num-cpus={int(num_cpus)}"
-        cmd = [shutil.which("flwr") or "flwr", "run", str(app_dir), CONNECTION, "--stream",
-               "--federation-config", fed, "--run-config", run_config_arg(run_config)]
+        cmd = [
+            shutil.which("flwr") or "flwr",
+            "run",
+            str(app_dir),
+            CONNECTION,
+            "--stream",
+            "--federation-config",
+            fed,
+            "--run-config",
+            run_config_arg(run_config),
+        ]
         proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=app_dir)
         out = proc.stdout + proc.stderr
         if log_path is not None:

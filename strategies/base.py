@@ -68,8 +68,18 @@ class SimulatedCrash(RuntimeError):
 
 
 #: run-config keys that may differ between an interrupted run and its resumption
-RESUMABLE_CHANGES = {"num-server-rounds", "resume-from", "stop-after", "results-dir", "round-timeout",
-                     "checkpoint-every", "save-models", "save-every", "save-best", "min-nodes"}
+RESUMABLE_CHANGES = {
+    "num-server-rounds",
+    "resume-from",
+    "stop-after",
+    "results-dir",
+    "round-timeout",
+    "checkpoint-every",
+    "save-models",
+    "save-every",
+    "save-best",
+    "min-nodes",
+}
 
 
 def checkpoint_meta(settings: Settings) -> dict[str, Any]:
@@ -78,8 +88,7 @@ def checkpoint_meta(settings: Settings) -> dict[str, Any]:
 
     declared = {**RunOptions.declared(), **type(settings.options).declared()}
     config = {k: settings.raw.get(k, o.default) for k, o in declared.items() if k not in RESUMABLE_CHANGES}
-    return {"method": settings.method, "model": settings.model, "dataset": settings.data.dataset,
-            "run-config": config}
+    return {"method": settings.method, "model": settings.model, "dataset": settings.data.dataset, "run-config": config}
 
 
 def _gist(reason: str) -> str:
@@ -129,7 +138,9 @@ def wait_for_nodes(grid: Grid, minimum: int, poll: float = 0.5, report_every: fl
     start = last = time.monotonic()
     while len(ids := sorted(grid.get_node_ids())) < minimum:
         if time.monotonic() - last > report_every:
-            log.info("waiting for nodes: %d connected, %d required (%.0f s)", len(ids), minimum, time.monotonic() - start)
+            log.info(
+                "waiting for nodes: %d connected, %d required (%.0f s)", len(ids), minimum, time.monotonic() - start
+            )
             last = time.monotonic()
         time.sleep(poll)
     return ids
@@ -147,9 +158,30 @@ class PersonalizedStrategy(Strategy):
     evaluate_in_train = True
     #: attributes that are not the run's state (rebuilt from the settings, or per-process / per-run values):
     #: left out of checkpoints; methods add their own
-    transient = frozenset({"settings", "options", "initial_state", "all_keys", "body_keys", "head_keys", "shapes",
-                           "client_of", "node_of", "_outbox", "results_dir", "_t0", "_round_start", "name",
-                           "_fused_round", "_first_round", "_pushed_at", "_pulled_at", "_timing_rows", "_records"})
+    transient = frozenset(
+        {
+            "settings",
+            "options",
+            "initial_state",
+            "all_keys",
+            "body_keys",
+            "head_keys",
+            "shapes",
+            "client_of",
+            "node_of",
+            "_outbox",
+            "results_dir",
+            "_t0",
+            "_round_start",
+            "name",
+            "_fused_round",
+            "_first_round",
+            "_pushed_at",
+            "_pulled_at",
+            "_timing_rows",
+            "_records",
+        }
+    )
     #: the longest wait between two pulls for replies (Flower's own send_and_receive waits 3 s between pulls in
     #: deployment, 0.1 s in simulation, and a round pays on average half of it once per phase)
     reply_poll_seconds = 0.1
@@ -204,8 +236,9 @@ class PersonalizedStrategy(Strategy):
             keys = list(self.expected_reply_shapes(node_id))
             spec = TRAIN.with_records(arrays=Arrays.like(self.initial_state, keys)) if keys else TRAIN
             if self._fused_round:  # the node was asked for the evaluation of its previous round's model
-                spec = spec.with_evaluation({k: v for k, v in self.reply_spec("evaluate", node_id).metrics.items()
-                                             if k not in BASE.metrics})
+                spec = spec.with_evaluation(
+                    {k: v for k, v in self.reply_spec("evaluate", node_id).metrics.items() if k not in BASE.metrics}
+                )
             return spec
         if phase == "evaluate":
             return EVALUATE
@@ -328,7 +361,11 @@ class PersonalizedStrategy(Strategy):
         self._records = {}  # nothing changes the models while the phase's payloads are built (record_of)
         try:
             for nid in nodes:
-                payload = self.train_payload(nid, server_round) if phase == "train" else self.evaluate_payload(nid, server_round)
+                payload = (
+                    self.train_payload(nid, server_round)
+                    if phase == "train"
+                    else self.evaluate_payload(nid, server_round)
+                )
                 payload["config"] = self.round_config(server_round, phase)
                 self._count(server_round, f"{phase}-bytes-down", content_bytes(payload))
                 msgs.append(Message(content=payload, message_type=message_type, dst_node_id=nid))
@@ -341,8 +378,9 @@ class PersonalizedStrategy(Strategy):
         c = self.comm.setdefault(server_round, {})
         c[key] = c.get(key, 0) + int(n)
 
-    def send_query(self, grid: Grid, server_round: int, name: str, payloads: Mapping[int, RecordDict],
-                   timeout: float | None = None) -> list[Reply]:
+    def send_query(
+        self, grid: Grid, server_round: int, name: str, payloads: Mapping[int, RecordDict], timeout: float | None = None
+    ) -> list[Reply]:
         """Extra phase: send ``query.<name>`` with each node's own payload; return the replies that match
         ``reply_spec(name, node)``, ordered by client id (the others are recorded in failures)."""
         msgs = []
@@ -399,8 +437,10 @@ class PersonalizedStrategy(Strategy):
         self.record_silent(server_round, phase, replies, timeout)
         self._note_timing(phase)
         if replies and not valid and len({_gist(r) for r in rejected}) == 1:
-            raise RunAborted(f"round {server_round}: every {phase} reply failed for the same reason, so the run stops "
-                             f"here: {short_reason(rejected[0])}")
+            raise RunAborted(
+                f"round {server_round}: every {phase} reply failed for the same reason, so the run stops "
+                f"here: {short_reason(rejected[0])}"
+            )
         return sorted(valid, key=lambda r: r.client)
 
     def validate_reply(self, server_round: int, msg: Any, phase: str, seen: set[int]) -> Reply | None:
@@ -438,13 +478,21 @@ class PersonalizedStrategy(Strategy):
         client = int(metrics["partition-id"])
         known = self.client_of.get(nid)
         if known is not None and known != client:
-            self.record_failure(server_round, nid, phase,
-                                f"reports partition-id {client}, but reported {known} before (a node cannot change it)")
+            self.record_failure(
+                server_round,
+                nid,
+                phase,
+                f"reports partition-id {client}, but reported {known} before (a node cannot change it)",
+            )
             return None
         owner = self.node_of.get(client)
         if owner is not None and owner != nid:
-            self.record_failure(server_round, nid, phase,
-                                f"partition-id {client} is already used by node {owner} (each node needs its own)")
+            self.record_failure(
+                server_round,
+                nid,
+                phase,
+                f"partition-id {client} is already used by node {owner} (each node needs its own)",
+            )
             return None
         seen.add(nid)
         self.client_of[nid], self.node_of[client] = client, nid
@@ -488,8 +536,16 @@ class PersonalizedStrategy(Strategy):
     # ------------------------------------------------------------------ Flower Strategy API
     def summary(self) -> None:
         s = self.settings
-        log.info("%s on %s (%s), model %s, %d rounds, fraction-train %.2f, seed %d", self.name, s.data.dataset,
-                 s.data.partition, s.model, s.num_rounds, s.fraction_train, s.seed)
+        log.info(
+            "%s on %s (%s), model %s, %d rounds, fraction-train %.2f, seed %d",
+            self.name,
+            s.data.dataset,
+            s.data.partition,
+            s.model,
+            s.num_rounds,
+            s.fraction_train,
+            s.seed,
+        )
 
     def _server_time(self, seconds: float) -> None:
         if self.history:
@@ -500,20 +556,36 @@ class PersonalizedStrategy(Strategy):
         """Whether models are saved after ``server_round`` (the last round; every ``save-every``; every evaluated
         round with ``save-best``, where each client keeps only its best)."""
         s = self.settings
-        return s.save_models and (server_round == s.num_rounds or bool(s.save_every and server_round % s.save_every == 0)
-                                  or (s.save_best and self.evaluation_round(server_round)))
+        return s.save_models and (
+            server_round == s.num_rounds
+            or bool(s.save_every and server_round % s.save_every == 0)
+            or (s.save_best and self.evaluation_round(server_round))
+        )
 
     def fused_evaluation(self, server_round: int) -> bool:
         """Whether round ``server_round``'s evaluation rides on the next round's train messages: every client
         evaluates the model it starts round r + 1 from (round r's result, before local training) in the
         same message as its local update.  Only where every evaluated client trains in the next round."""
         s = self.settings
-        return (self.evaluate_in_train and server_round < s.num_rounds and self.evaluation_round(server_round)
-                and s.fraction_train >= 1.0 and s.fraction_evaluate >= 1.0)
+        return (
+            self.evaluate_in_train
+            and server_round < s.num_rounds
+            and self.evaluation_round(server_round)
+            and s.fraction_train >= 1.0
+            and s.fraction_evaluate >= 1.0
+        )
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn=None, first_round: int = 1):
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn=None,
+        first_round: int = 1,
+    ):
         """Flower's round loop (``Strategy.start``: configure, send and receive, aggregate; train then
         evaluate), from ``first_round`` on, so that a resumed run continues where its checkpoint ends."""
         log.info("[%s] rounds %d..%d", self.name, first_round, num_rounds)
@@ -529,7 +601,9 @@ class PersonalizedStrategy(Strategy):
             replies = self.exchange(grid, self.configure_evaluate(server_round, arrays, evaluate_config, grid), timeout)
             self.aggregate_evaluate(server_round, replies)
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         self._round_start = time.monotonic()
         self.history.append(RoundLog(server_round))
         nodes = self.available_nodes(grid)
@@ -544,7 +618,9 @@ class PersonalizedStrategy(Strategy):
         self._server_time(time.perf_counter() - start)
         return msgs
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         start = time.perf_counter()
         updates = self.receive(server_round, "train", list(replies), self.settings.round_timeout)
         if self._fused_round:  # the previous round's evaluation came with these replies
@@ -562,8 +638,9 @@ class PersonalizedStrategy(Strategy):
         metrics["num-replies"] = len(updates)
         self.history[-1].train = metrics
         self.history[-1].extra.update(extra)
-        result = (to_record(self.global_state) if self.global_state else ArrayRecord()), MetricRecord(
-            {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        result = (
+            (to_record(self.global_state) if self.global_state else ArrayRecord()),
+            MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))}),
         )
         self._server_time(time.perf_counter() - start)
         return result
@@ -572,7 +649,9 @@ class PersonalizedStrategy(Strategy):
         """Evaluate every ``eval-every`` rounds and always in the last one."""
         return server_round % self.settings.eval_every == 0 or server_round == self.settings.num_rounds
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         if not self.evaluation_round(server_round):
             return []
         if self.fused_evaluation(server_round):
@@ -602,8 +681,13 @@ class PersonalizedStrategy(Strategy):
         self.on_evaluated(server_round, updates)
         if server_round != self.history[-1].server_round:
             accs = ", ".join(f"{k} {metrics[k]:.4f}" for k in ("personal-acc", "global-acc") if k in metrics)
-            log.info("[%s] round %d evaluated (with round %d's train replies): %s", self.name, server_round,
-                     server_round + 1, accs or "no evaluation replies")
+            log.info(
+                "[%s] round %d evaluated (with round %d's train replies): %s",
+                self.name,
+                server_round,
+                server_round + 1,
+                accs or "no evaluation replies",
+            )
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         replies = list(replies)
@@ -619,20 +703,26 @@ class PersonalizedStrategy(Strategy):
         if self.save_round(server_round) and self.results_dir is not None:
             self.save_server_models(server_round)
         self._progress(server_round, metrics)
-        if self.settings.checkpoint_every and (server_round % self.settings.checkpoint_every == 0
-                                               or server_round == self.settings.num_rounds):
+        if self.settings.checkpoint_every and (
+            server_round % self.settings.checkpoint_every == 0 or server_round == self.settings.num_rounds
+        ):
             self.checkpoint(server_round)
         if self.settings.stop_after == server_round and server_round < self.settings.num_rounds:
-            raise SimulatedCrash(f"stop-after={server_round}: the ServerApp stops here as if it crashed (testing resume); "
-                                 f"resume with resume-from='{self.results_dir}'")
+            raise SimulatedCrash(
+                f"stop-after={server_round}: the ServerApp stops here as if it crashed (testing resume); "
+                f"resume with resume-from='{self.results_dir}'"
+            )
         return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
 
     # ------------------------------------------------------------------ models out, checkpoints, resume
     def save_server_models(self, server_round: int) -> None:
         """The server's models (global, cluster, tier) under ``<results>/models/server/`` (safetensors + manifest)."""
         for name, state in self.server_models().items():
-            save_model(self.results_dir / "models" / "server" / name, state,
-                       model_manifest(self.settings, round=server_round, **{"server-model": name}))
+            save_model(
+                self.results_dir / "models" / "server" / name,
+                state,
+                model_manifest(self.settings, round=server_round, **{"server-model": name}),
+            )
 
     def state_for_checkpoint(self) -> dict[str, Any]:
         """Everything of this strategy a resumed run needs (all attributes but the transient ones)."""
@@ -674,5 +764,12 @@ class PersonalizedStrategy(Strategy):
                 accs = "evaluated with the next round's train messages"
             else:
                 accs = "no evaluation replies" if self.evaluation_round(server_round) else "not evaluated this round"
-        log.info("[%s] round %d/%d done: %s | %.1f s/round, ETA %.0f s", self.name, server_round,
-                 self.settings.num_rounds, accs, per_round, eta)
+        log.info(
+            "[%s] round %d/%d done: %s | %.1f s/round, ETA %.0f s",
+            self.name,
+            server_round,
+            self.settings.num_rounds,
+            accs,
+            per_round,
+            eta,
+        )

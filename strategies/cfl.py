@@ -53,14 +53,22 @@ class CFLStrategy(PersonalizedStrategy):
                 new = max(self.models) + 1
                 for u in groups[1]:
                     self.cluster_of[u.client] = new
-                self.splits.append({"round": server_round, "cluster": cid, "new-cluster": new,
-                                    "sizes": [len(groups[0]), len(groups[1])]})
+                self.splits.append(
+                    {
+                        "round": server_round,
+                        "cluster": cid,
+                        "new-cluster": new,
+                        "sizes": [len(groups[0]), len(groups[1])],
+                    }
+                )
             for group in groups:
                 target = self.cluster_of[group[0].client]
                 self.models[target] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
         return {"cfl": {"clusters": len(set(self.cluster_of.values())), "norms": norms}}
 
     def write_artifacts(self, folder: Path) -> None:
-        (folder / "cfl_clusters.json").write_text(json.dumps({
-            "splits": self.splits,
-            "assignment": {str(c): k for c, k in sorted(self.cluster_of.items())}}, indent=1))
+        (folder / "cfl_clusters.json").write_text(
+            json.dumps(
+                {"splits": self.splits, "assignment": {str(c): k for c, k in sorted(self.cluster_of.items())}}, indent=1
+            )
+        )

@@ -21,8 +21,11 @@ def optimal_bipartition(similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     n = len(similarity)
     if n < 2:
         raise ValueError("a bipartition needs at least two clients")
-    labels = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete").fit(
-        1.0 - np.asarray(similarity)).labels_
+    labels = (
+        AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete")
+        .fit(1.0 - np.asarray(similarity))
+        .labels_
+    )
     return np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)
 
 

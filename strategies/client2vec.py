@@ -50,8 +50,9 @@ class Client2VecStrategy(PersonalizedStrategy):
         self.opts: Client2VecOptions = settings.options
         state = dict(initial_state)
         if self.opts.local:
-            model = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes,
-                                seed=settings.seed)
+            model = build_model(
+                settings.model, settings.in_channels, settings.image_size, settings.num_classes, seed=settings.seed
+            )
             aux = build_aux(model.feature_dim, self.opts.ign.dim, settings.num_classes, int(settings.seed))
             state.update(state_to_numpy(aux.state_with_prefix()))
         super().__init__(settings, state, body, head)
@@ -72,11 +73,16 @@ class Client2VecStrategy(PersonalizedStrategy):
         if phase == "c2v_embed":  # one batch of (image, label-prompt) embedding pairs
             rows = Dim(1, o.ign_upload)
             return spec.with_records(arrays=Arrays({"D": Tensor((rows, dim)), "L": Tensor((rows, dim))})).with_rule(
-                lambda m, r: None if len(r["arrays"]["D"]) == len(r["arrays"]["L"])
-                else f"uploaded {len(r['arrays']['D'])} image but {len(r['arrays']['L'])} label embeddings")
+                lambda m, r: (
+                    None
+                    if len(r["arrays"]["D"]) == len(r["arrays"]["L"])
+                    else f"uploaded {len(r['arrays']['D'])} image but {len(r['arrays']['L'])} label embeddings"
+                )
+            )
         if phase == "c2v_ign":
             return spec.with_records(arrays=Arrays.like(state_to_numpy(self.ign.state_dict()))).with_metrics(
-                **{"ign-loss": Number(float, -LOSS_LIMIT, LOSS_LIMIT)})
+                **{"ign-loss": Number(float, -LOSS_LIMIT, LOSS_LIMIT)}
+            )
         if phase == "c2v_index":
             return spec.with_records(arrays=Arrays({"beta_f": Tensor((dim,)), "beta_l": Tensor((dim,))}))
         return spec
@@ -89,18 +95,39 @@ class Client2VecStrategy(PersonalizedStrategy):
         # pooled in client-id order, so a seed trains the same DSA-IGN in every run
         D = np.concatenate([r.arrays["D"] for r in replies])
         L = np.concatenate([r.arrays["L"] for r in replies])
-        log.info("[client2vec] training DSA-IGN on %d pooled pairs from %d nodes for %d epochs", len(D), len(replies),
-                 o.ign_epochs)
+        log.info(
+            "[client2vec] training DSA-IGN on %d pooled pairs from %d nodes for %d epochs",
+            len(D),
+            len(replies),
+            o.ign_epochs,
+        )
         step = max(1, o.ign_epochs // 5)
 
         def progress(epoch: int, losses: dict[str, float]) -> None:
             if epoch % step == 0 or epoch == o.ign_epochs:
-                log.info("[client2vec] DSA-IGN epoch %d/%d: loss %.4f (div %.3f sim %.3f orth %.3f recon %.4f)", epoch,
-                         o.ign_epochs, losses["total"], losses["div"], losses["sim"], losses["orth"], losses["recon"])
+                log.info(
+                    "[client2vec] DSA-IGN epoch %d/%d: loss %.4f (div %.3f sim %.3f orth %.3f recon %.4f)",
+                    epoch,
+                    o.ign_epochs,
+                    losses["total"],
+                    losses["div"],
+                    losses["sim"],
+                    losses["orth"],
+                    losses["recon"],
+                )
 
         start = time.perf_counter()
-        self.ign_history = train_dsa_ign(self.ign, D, L, epochs=o.ign_epochs, batch_size=o.ign_batch, lr=o.ign_lr,
-                                         seed=int(self.settings.seed), orth_mode=o.orth_mode, progress=progress)
+        self.ign_history = train_dsa_ign(
+            self.ign,
+            D,
+            L,
+            epochs=o.ign_epochs,
+            batch_size=o.ign_batch,
+            lr=o.ign_lr,
+            seed=int(self.settings.seed),
+            orth_mode=o.orth_mode,
+            progress=progress,
+        )
         self._server_time(time.perf_counter() - start)
 
     def _train_ign_federated(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
@@ -114,8 +141,14 @@ class Client2VecStrategy(PersonalizedStrategy):
                 avg = weighted_average([u.arrays for u in replies], [u.num_examples for u in replies])
                 load_record(self.ign, avg, strict_keys=True)
                 self.ign_history.append({"total": float(np.mean([u.metrics["ign-loss"] for u in replies]))})
-            log.info("[client2vec] federated DSA-IGN round %d/%d: %d/%d replies, mean local loss %.4f", r, o.ign_epochs,
-                     len(replies), k, self.ign_history[-1]["total"] if self.ign_history else float("nan"))
+            log.info(
+                "[client2vec] federated DSA-IGN round %d/%d: %d/%d replies, mean local loss %.4f",
+                r,
+                o.ign_epochs,
+                len(replies),
+                k,
+                self.ign_history[-1]["total"] if self.ign_history else float("nan"),
+            )
 
     def _collect_index(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         weights = to_record(self.ign.state_dict())
@@ -127,8 +160,15 @@ class Client2VecStrategy(PersonalizedStrategy):
         bl = np.stack([r.arrays["beta_l"] for r in rows])
         n = np.array([r.num_examples for r in rows], dtype=float)
         if self.c2v is None:
-            self.c2v = C2VServerState(bf, bl, n, tau=self.opts.tau, gamma=self.opts.gamma, lambda1=self.opts.lambda1,
-                                      seed=int(self.settings.seed))
+            self.c2v = C2VServerState(
+                bf,
+                bl,
+                n,
+                tau=self.opts.tau,
+                gamma=self.opts.gamma,
+                lambda1=self.opts.lambda1,
+                seed=int(self.settings.seed),
+            )
         else:
             self.c2v.add(bf, bl, n)
         self.index_clients += [r.client for r in rows]
@@ -148,8 +188,12 @@ class Client2VecStrategy(PersonalizedStrategy):
         seconds = time.perf_counter() - start
         self.index_seconds += seconds
         self.history[-1].extra["index-seconds"] = self.history[-1].extra.get("index-seconds", 0.0) + seconds
-        log.info("[client2vec] index phase: %d nodes asked, %d clients indexed in %.1f s", len(missing),
-                 len(self.index_clients), seconds)
+        log.info(
+            "[client2vec] index phase: %d nodes asked, %d clients indexed in %.1f s",
+            len(missing),
+            len(self.index_clients),
+            seconds,
+        )
 
     # ------------------------------------------------------------------ rounds
     def wants_client_ids(self, server_round: int, nodes: list[int]) -> bool:
@@ -168,8 +212,9 @@ class Client2VecStrategy(PersonalizedStrategy):
         if not self.enabled:  # the same uniform draws as the index arms without (i)
             ordered = self.by_client(nodes)
             k = self.cohort_size(len(ordered), self.settings.fraction_train)
-            rows = np.sort(self._uniform.choice(len(ordered), size=k, replace=False,
-                                                p=np.full(len(ordered), 1 / len(ordered))))
+            rows = np.sort(
+                self._uniform.choice(len(ordered), size=k, replace=False, p=np.full(len(ordered), 1 / len(ordered)))
+            )
             cohort = [ordered[r] for r in rows]
             self.cohorts[server_round] = [self.client_of.get(n, -1) for n in cohort]
             return cohort
@@ -231,24 +276,42 @@ class Client2VecStrategy(PersonalizedStrategy):
     def write_artifacts(self, folder: Path) -> None:
         if self.c2v is None:
             return
-        order = sorted(range(self.c2v.size), key=lambda r: (self.domain_of(self.index_clients[r]), self.index_clients[r]))
+        order = sorted(
+            range(self.c2v.size), key=lambda r: (self.domain_of(self.index_clients[r]), self.index_clients[r])
+        )
         pids = [self.index_clients[r] for r in order]
-        np.savez(folder / "client2vec_index.npz", partition_id=np.array(pids), domain=np.array([self.domain_of(p) for p in pids]),
-                 beta_f=self.c2v.beta_f[order], beta_l=self.c2v.beta_l[order], num_examples=self.c2v.n[order])
+        np.savez(
+            folder / "client2vec_index.npz",
+            partition_id=np.array(pids),
+            domain=np.array([self.domain_of(p) for p in pids]),
+            beta_f=self.c2v.beta_f[order],
+            beta_l=self.c2v.beta_l[order],
+            num_examples=self.c2v.n[order],
+        )
         best = max((r.evaluate.get("global-acc", -1.0) for r in self.history), default=-1.0)
-        (folder / "client2vec.json").write_text(json.dumps({
-            "options": {k: (v if not hasattr(v, "__dict__") else vars(v)) for k, v in vars(self.opts).items()},
-            "index-seconds": self.index_seconds, "index-quality": self.index_quality(),
-            "best-global-acc": best if best >= 0 else None,
-            "dsa-ign-losses": self.ign_history, "cohorts": self.cohorts,
-            "aggregation-weights": self.agg_weights,
-        }, indent=1, default=str))
+        (folder / "client2vec.json").write_text(
+            json.dumps(
+                {
+                    "options": {k: (v if not hasattr(v, "__dict__") else vars(v)) for k, v in vars(self.opts).items()},
+                    "index-seconds": self.index_seconds,
+                    "index-quality": self.index_quality(),
+                    "best-global-acc": best if best >= 0 else None,
+                    "dsa-ign-losses": self.ign_history,
+                    "cohorts": self.cohorts,
+                    "aggregation-weights": self.agg_weights,
+                },
+                indent=1,
+                default=str,
+            )
+        )
         plt = pyplot()
 
         doms = [self.domain_of(p) for p in pids]
         fig, axes = plt.subplots(1, 2, figsize=(11, 5))
-        for ax, sim, title in ((axes[0], self.c2v.sim_f, "feature half cos(beta_f)"),
-                               (axes[1], self.c2v.sim_l, "label half cos(beta_l)")):
+        for ax, sim, title in (
+            (axes[0], self.c2v.sim_f, "feature half cos(beta_f)"),
+            (axes[1], self.c2v.sim_l, "label half cos(beta_l)"),
+        ):
             im = ax.imshow(sim[np.ix_(order, order)], cmap="RdBu_r", vmin=-1, vmax=1)
             for k in range(1, len(doms)):
                 if doms[k] != doms[k - 1]:

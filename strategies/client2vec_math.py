@@ -23,7 +23,9 @@ def cosine_matrix(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     return ua @ (ua if b is None else _unit(b)).T
 
 
-def similarity_to_set(sim_f: np.ndarray, sim_l: np.ndarray, n: np.ndarray, cohort: list[int] | np.ndarray) -> np.ndarray:
+def similarity_to_set(
+    sim_f: np.ndarray, sim_l: np.ndarray, n: np.ndarray, cohort: list[int] | np.ndarray
+) -> np.ndarray:
     """S(beta_i, C) for every client i: 1/(2 N_C) sum_{j in C} N_j (cos_f(i, j) + cos_l(i, j)); in [-1, 1].
 
     ``sim_f`` / ``sim_l`` are the (M, M) cosine matrices of the two index halves.
@@ -92,8 +94,17 @@ def eq2_objective(p: np.ndarray, history: np.ndarray, n: np.ndarray, lambda1: fl
 class C2VServerState:
     """Sampling and aggregation state over M indexed clients: H (history term), last round drawn, last cohort."""
 
-    def __init__(self, beta_f: np.ndarray, beta_l: np.ndarray, n: np.ndarray, *, tau: float = 1.0,
-                 gamma: float = 0.5, lambda1: float = 1.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        beta_f: np.ndarray,
+        beta_l: np.ndarray,
+        n: np.ndarray,
+        *,
+        tau: float = 1.0,
+        gamma: float = 0.5,
+        lambda1: float = 1.0,
+        seed: int = 0,
+    ) -> None:
         if not 0 <= gamma <= 1:
             raise ValueError(f"gamma must be in [0, 1] (run-config key 'c2v-gamma'), got {gamma}")
         self.tau, self.gamma, self.lambda1 = float(tau), float(gamma), float(lambda1)
@@ -142,8 +153,11 @@ class C2VServerState:
         if use_index:
             p = self.probabilities(server_round, avail)
             if (p > 0).sum() < k:  # fewer eligible than needed (dropouts shrank cohorts): lift the window
-                p = sampling_probabilities(np.zeros(self.size) if self.prev_cohort is None else
-                                           self.similarity(self.prev_cohort), self.tau, ~avail)
+                p = sampling_probabilities(
+                    np.zeros(self.size) if self.prev_cohort is None else self.similarity(self.prev_cohort),
+                    self.tau,
+                    ~avail,
+                )
         else:
             p = avail / avail.sum()
         cohort = draw_cohort(self.rng, p, min(k, int((p > 0).sum())))

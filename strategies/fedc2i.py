@@ -61,8 +61,9 @@ class FedC2IStrategy(PersonalizedStrategy):
         models = [self.own_model(node_id), *(self.store[c] for c in peers)]
         payload = RecordDict({"peers": stacked_record(models, self.all_keys)})
         if peers:  # the other clients' ids and training-set sizes, in the order of their models
-            payload["peer-clients"] = ConfigRecord({"client-ids": [int(c) for c in peers],
-                                                    "num-examples": [int(self.sizes[c]) for c in peers]})
+            payload["peer-clients"] = ConfigRecord(
+                {"client-ids": [int(c) for c in peers], "num-examples": [int(self.sizes[c]) for c in peers]}
+            )
         return payload
 
     def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
@@ -71,8 +72,9 @@ class FedC2IStrategy(PersonalizedStrategy):
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)
         if phase == "train":  # the influence vector over what this node was sent: itself first, then its peers
-            spec = spec.with_metrics(influence=Numbers(float, 0.0, 1.0, length=1 + len(self.sent_peers.get(node_id, [])),
-                                                       total=1.0))
+            spec = spec.with_metrics(
+                influence=Numbers(float, 0.0, 1.0, length=1 + len(self.sent_peers.get(node_id, [])), total=1.0)
+            )
         return spec
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
@@ -85,15 +87,25 @@ class FedC2IStrategy(PersonalizedStrategy):
             self.sizes[u.client] = u.num_examples
         self.influence[server_round] = rows
         self_weights = [row[c] for c, row in rows.items()]
-        return {"fedc2i": {"self-influence-mean": float(np.mean(self_weights)) if self_weights else None,
-                           "peers-per-client": float(np.mean([len(r) for r in rows.values()])) if rows else 0.0}}
+        return {
+            "fedc2i": {
+                "self-influence-mean": float(np.mean(self_weights)) if self_weights else None,
+                "peers-per-client": float(np.mean([len(r) for r in rows.values()])) if rows else 0.0,
+            }
+        }
 
     def write_artifacts(self, folder: Path) -> None:
         plt = pyplot()
 
-        (folder / "fedc2i_influence.json").write_text(json.dumps(
-            {str(r): {str(p): {str(q): w for q, w in row.items()} for p, row in rows.items()}
-             for r, rows in self.influence.items()}, indent=1))
+        (folder / "fedc2i_influence.json").write_text(
+            json.dumps(
+                {
+                    str(r): {str(p): {str(q): w for q, w in row.items()} for p, row in rows.items()}
+                    for r, rows in self.influence.items()
+                },
+                indent=1,
+            )
+        )
         rounds = [r for r in sorted(self.influence) if self.influence[r]]
         if not rounds:
             return

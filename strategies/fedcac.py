@@ -21,7 +21,12 @@ from flwr.app import RecordDict
 
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.fedcac_math import (
-    collaborator_label_similarity, collaborators, customized_models, global_average, mask_overlap, off_diagonal,
+    collaborator_label_similarity,
+    collaborators,
+    customized_models,
+    global_average,
+    mask_overlap,
+    off_diagonal,
     overlap_threshold,
 )
 from strategies.plots import integer_ticks, pyplot
@@ -59,7 +64,9 @@ class FedCACStrategy(PersonalizedStrategy):
             return spec
         spec = spec.with_records(mask=Arrays({"bits": Tensor((packed_length(self.param_shapes),), "uint8")}))
         if self.options.diagnostics:
-            spec = spec.with_metrics(**{"label-histogram": Numbers(int, 0, INT_LIMIT, length=self.settings.num_classes)})
+            spec = spec.with_metrics(
+                **{"label-histogram": Numbers(int, 0, INT_LIMIT, length=self.settings.num_classes)}
+            )
         return spec
 
     def fresh_custom(self, node_id: int, server_round: int) -> dict[str, np.ndarray] | None:
@@ -104,9 +111,12 @@ class FedCACStrategy(PersonalizedStrategy):
         sizes = np.array([len(c) for c in collab])
         pids = [u.client for u in kept]
         diag: dict[str, Any] = {
-            "threshold": float(threshold), "overlap-mean": float(off.mean()) if off.size else 0.0,
-            "overlap-max": float(off.max()) if off.size else 0.0, "overlap-min": float(off.min()) if off.size else 0.0,
-            "collaborators-mean": float(sizes.mean()), "collaborators-min": int(sizes.min()),
+            "threshold": float(threshold),
+            "overlap-mean": float(off.mean()) if off.size else 0.0,
+            "overlap-max": float(off.max()) if off.size else 0.0,
+            "overlap-min": float(off.min()) if off.size else 0.0,
+            "collaborators-mean": float(sizes.mean()),
+            "collaborators-min": int(sizes.min()),
             "collaborators-max": int(sizes.max()),
             "collaborators": {int(pid): [int(pids[j]) for j in c] for pid, c in zip(pids, collab)},
             "mask-fraction": float(mask_matrix.mean()),
@@ -130,15 +140,24 @@ class FedCACStrategy(PersonalizedStrategy):
     def write_artifacts(self, folder: Path) -> None:
         plt = pyplot()
 
-        per_round = [{"round": r.server_round, **r.extra.get("fedcac", {})} for r in self.history
-                     if isinstance(r.extra.get("fedcac"), dict)]
+        per_round = [
+            {"round": r.server_round, **r.extra.get("fedcac", {})}
+            for r in self.history
+            if isinstance(r.extra.get("fedcac"), dict)
+        ]
         (folder / "fedcac_rounds.json").write_text(json.dumps(per_round, indent=1))
         n_params = sum(int(np.prod(s)) for s in self.param_shapes.values())
-        (folder / "fedcac_communication.json").write_text(json.dumps({
-            "parameters": n_params, "float32-model-bytes": 4 * n_params,
-            "packed-mask-bytes": max(self.mask_bytes) if self.mask_bytes else None,
-            "mask-to-model-ratio": (max(self.mask_bytes) / (4 * n_params)) if self.mask_bytes else None,
-        }, indent=1))
+        (folder / "fedcac_communication.json").write_text(
+            json.dumps(
+                {
+                    "parameters": n_params,
+                    "float32-model-bytes": 4 * n_params,
+                    "packed-mask-bytes": max(self.mask_bytes) if self.mask_bytes else None,
+                    "mask-to-model-ratio": (max(self.mask_bytes) / (4 * n_params)) if self.mask_bytes else None,
+                },
+                indent=1,
+            )
+        )
         if not self.overlaps:
             return
         rounds = sorted(self.overlaps)

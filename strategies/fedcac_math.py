@@ -50,8 +50,14 @@ def overlap_threshold(overlap: np.ndarray, server_round: int, beta: int) -> floa
     return avg + (server_round / beta) * (top - avg)
 
 
-def collaborators(overlap: np.ndarray, threshold: float, server_round: int, beta: int,
-                  strict_beta_cutoff: bool = True, tol: float = 1e-12) -> list[np.ndarray]:
+def collaborators(
+    overlap: np.ndarray,
+    threshold: float,
+    server_round: int,
+    beta: int,
+    strict_beta_cutoff: bool = True,
+    tol: float = 1e-12,
+) -> list[np.ndarray]:
     """Eq. 8: ``C_i = {j != i : O_ij >= threshold}`` (with a tolerance so the max pair counts at t = beta).
 
     With ``strict_beta_cutoff`` (spec §2.6) every set is empty once t > beta, also in the degenerate case

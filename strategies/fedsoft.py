@@ -64,7 +64,11 @@ class FedSoftStrategy(PersonalizedStrategy):
         self.u_log[server_round] = {c: self.u[c].round(4).tolist() for c in sorted(self.u)}
 
     def prepare_round(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
-        if server_round == 1 or (server_round - 1) % self.every == 0 or any(self.client(n) not in self.u for n in nodes):
+        if (
+            server_round == 1
+            or (server_round - 1) % self.every == 0
+            or any(self.client(n) not in self.u for n in nodes)
+        ):
             self.estimate(grid, server_round, nodes)
 
     def sample(self, server_round: int, nodes: list[int]) -> list[int]:
@@ -75,7 +79,9 @@ class FedSoftStrategy(PersonalizedStrategy):
             if not known or w.sum() <= 0:
                 continue
             take = min(self.per_cluster, int((w > 0).sum()))
-            self.selected[s] = sorted(int(known[i]) for i in self.np_rng.choice(len(known), take, replace=False, p=w / w.sum()))
+            self.selected[s] = sorted(
+                int(known[i]) for i in self.np_rng.choice(len(known), take, replace=False, p=w / w.sum())
+            )
         self.selection_log[server_round] = {s: list(v) for s, v in self.selected.items()}
         return self.by_client(self.node_of[c] for c in sorted({c for v in self.selected.values() for c in v}))
 
@@ -104,8 +110,15 @@ class FedSoftStrategy(PersonalizedStrategy):
         self.tier_tables.record(self, server_round, self.models)
 
     def write_artifacts(self, folder: Path) -> None:
-        (folder / "fedsoft_clusters.json").write_text(json.dumps({
-            "importance": {str(r): v for r, v in self.u_log.items()},
-            "selected": {str(r): v for r, v in self.selection_log.items()},
-            "tier-table (accuracy of each centre on the source A / B holdouts)": {str(r): t for r, t in self.tier_tables.by_round.items()},
-        }, indent=1))
+        (folder / "fedsoft_clusters.json").write_text(
+            json.dumps(
+                {
+                    "importance": {str(r): v for r, v in self.u_log.items()},
+                    "selected": {str(r): v for r, v in self.selection_log.items()},
+                    "tier-table (accuracy of each centre on the source A / B holdouts)": {
+                        str(r): t for r, t in self.tier_tables.by_round.items()
+                    },
+                },
+                indent=1,
+            )
+        )

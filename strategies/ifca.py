@@ -53,7 +53,14 @@ class IFCAStrategy(PersonalizedStrategy):
         self.tier_tables.record(self, server_round, self.models)
 
     def write_artifacts(self, folder: Path) -> None:
-        (folder / "ifca_clusters.json").write_text(json.dumps({
-            "choices": {str(r): c for r, c in self.choices.items()},
-            "tier-table (accuracy of each cluster model on the source A / B holdouts)": {
-                str(r): t for r, t in self.tier_tables.by_round.items()}}, indent=1))
+        (folder / "ifca_clusters.json").write_text(
+            json.dumps(
+                {
+                    "choices": {str(r): c for r, c in self.choices.items()},
+                    "tier-table (accuracy of each cluster model on the source A / B holdouts)": {
+                        str(r): t for r, t in self.tier_tables.by_round.items()
+                    },
+                },
+                indent=1,
+            )
+        )

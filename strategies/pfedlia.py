@@ -148,7 +148,9 @@ class PFedLIAStrategy(PersonalizedStrategy):
             for client, members in self.sets.items():
                 present = [trained[j] for j in members if j in trained]
                 if present:
-                    self.personal[client] = weighted_average([u.arrays for u in present], [u.num_examples for u in present])
+                    self.personal[client] = weighted_average(
+                        [u.arrays for u in present], [u.num_examples for u in present]
+                    )
             return {}
         for label in sorted({self.assignment.get(u.client) for u in updates} - {None}):
             group = [u for u in updates if self.assignment.get(u.client) == label]
@@ -167,11 +169,18 @@ class PFedLIAStrategy(PersonalizedStrategy):
         payloads = {}
         for n in nodes:
             me = self.client(n)
-            payloads[n] = RecordDict({
-                "arrays": base, "lazy": lazy,
-                "lazy-clients": ConfigRecord({"client-ids": [int(c) for c in self.lazy_clients],
-                                              "self-index": self.lazy_clients.index(me) if me in self.lazy_clients else -1}),
-            })
+            payloads[n] = RecordDict(
+                {
+                    "arrays": base,
+                    "lazy": lazy,
+                    "lazy-clients": ConfigRecord(
+                        {
+                            "client-ids": [int(c) for c in self.lazy_clients],
+                            "self-index": self.lazy_clients.index(me) if me in self.lazy_clients else -1,
+                        }
+                    ),
+                }
+            )
         rows = {}
         for r in self.send_query(grid, server_round, "lia", payloads):
             beneficial = [self.lazy_clients[i] for i in r.metrics.get("beneficial", [])]
@@ -184,14 +193,18 @@ class PFedLIAStrategy(PersonalizedStrategy):
         if self.mode == "oracle":
             self._assign_planted(grid, server_round, nodes)
             if not self.planted:
-                raise ValueError("lia-mode 'oracle' needs planted clusters (partition 'planted-clusters*'); "
-                                 "no client reported one")
+                raise ValueError(
+                    "lia-mode 'oracle' needs planted clusters (partition 'planted-clusters*'); no client reported one"
+                )
             # a client whose group is still unknown (it did not answer) joins it when it reports it (see aggregate)
         else:
             lazy = self._lazy_models(grid, server_round, nodes)
             if not lazy:
-                log.warning("[pfedlia] round %d: no client answered the lazy-training query; the clustering round "
-                            "moves to the next round (see failures.json)", server_round)
+                log.warning(
+                    "[pfedlia] round %d: no client answered the lazy-training query; the clustering round "
+                    "moves to the next round (see failures.json)",
+                    server_round,
+                )
                 return
             self.lazy_clients = sorted(lazy)
             self.lazy_stacked = stack_states([lazy[c] for c in self.lazy_clients], self.all_keys)
@@ -199,8 +212,11 @@ class PFedLIAStrategy(PersonalizedStrategy):
             rows = self._rows(grid, server_round, lazy_nodes)
             scored = [c for c in self.lazy_clients if c in rows]
             if not scored:
-                log.warning("[pfedlia] round %d: no client answered the influence query; the clustering round moves "
-                            "to the next round (see failures.json)", server_round)
+                log.warning(
+                    "[pfedlia] round %d: no client answered the influence query; the clustering round moves "
+                    "to the next round (see failures.json)",
+                    server_round,
+                )
                 self.lazy_clients, self.lazy_stacked = [], None
                 return
             self.matrix = np.stack([rows[c][0] for c in scored])
@@ -209,8 +225,13 @@ class PFedLIAStrategy(PersonalizedStrategy):
                 # OPTICS on the square part (clients that both trained a lazy model and scored)
                 cols = [self.lazy_clients.index(c) for c in scored]
                 o = self.options
-                labels = cluster_influence(self.matrix[:, cols], o.optics_min_samples, noise=o.noise, score=o.score,
-                                           standardize=o.row_standardize)
+                labels = cluster_influence(
+                    self.matrix[:, cols],
+                    o.optics_min_samples,
+                    noise=o.noise,
+                    score=o.score,
+                    standardize=o.row_standardize,
+                )
                 self.assignment = {c: int(l) for c, l in zip(scored, labels)}
             else:
                 self.sets = {c: sorted(set(rows[c][1]) | {c}) for c in scored}
@@ -220,20 +241,36 @@ class PFedLIAStrategy(PersonalizedStrategy):
         self.cluster_models = {label: self.theta0 for label in set(self.assignment.values())}
         self.clustered = True
         comm = self.comm.get(server_round, {})
-        self.clustering.update({
-            "round": server_round, "mode": self.mode, "seconds": time.monotonic() - start,
-            "clusters": len(set(self.assignment.values())),
-            "bytes-down-per-client": (comm.get("lazy-bytes-down", 0) + comm.get("lia-bytes-down", 0)) / max(1, len(nodes)),
-            "bytes-up-per-client": (comm.get("lazy-bytes-up", 0) + comm.get("lia-bytes-up", 0)) / max(1, len(nodes)),
-        })
+        self.clustering.update(
+            {
+                "round": server_round,
+                "mode": self.mode,
+                "seconds": time.monotonic() - start,
+                "clusters": len(set(self.assignment.values())),
+                "bytes-down-per-client": (comm.get("lazy-bytes-down", 0) + comm.get("lia-bytes-down", 0))
+                / max(1, len(nodes)),
+                "bytes-up-per-client": (comm.get("lazy-bytes-up", 0) + comm.get("lia-bytes-up", 0))
+                / max(1, len(nodes)),
+            }
+        )
         truth = [self.planted.get(c) for c in self.assignment]
         if truth and all(t is not None for t in truth):
             self.clustering["ari"] = adjusted_rand(truth, list(self.assignment.values()))
             if self.mode == "p2p":
-                planted_sets = {c: {m for m in self.assignment if self.planted[m] == self.planted[c]} for c in self.sets}
-                self.clustering["p2p-exact-fraction"] = float(np.mean([set(self.sets[c]) == planted_sets[c] for c in self.sets]))
-        log.info("[pfedlia] clustering round %d (%s): %d clusters, ARI %s, %.1f s", server_round, self.mode,
-                 self.clustering["clusters"], self.clustering.get("ari"), self.clustering["seconds"])
+                planted_sets = {
+                    c: {m for m in self.assignment if self.planted[m] == self.planted[c]} for c in self.sets
+                }
+                self.clustering["p2p-exact-fraction"] = float(
+                    np.mean([set(self.sets[c]) == planted_sets[c] for c in self.sets])
+                )
+        log.info(
+            "[pfedlia] clustering round %d (%s): %d clusters, ARI %s, %.1f s",
+            server_round,
+            self.mode,
+            self.clustering["clusters"],
+            self.clustering.get("ari"),
+            self.clustering["seconds"],
+        )
 
     def join_late(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         """Spec §2.8: newcomers score the stored lazy models and join the best cluster (or their 2-means set)."""
@@ -254,19 +291,29 @@ class PFedLIAStrategy(PersonalizedStrategy):
     def write_artifacts(self, folder: Path) -> None:
         plt = pyplot()
 
-        out = {"clustering": self.clustering,
-               "assignment": {str(c): int(l) for c, l in sorted(self.assignment.items())},
-               "planted": {str(c): p for c, p in sorted(self.planted.items())}}
+        out = {
+            "clustering": self.clustering,
+            "assignment": {str(c): int(l) for c, l in sorted(self.assignment.items())},
+            "planted": {str(c): p for c, p in sorted(self.planted.items())},
+        }
         if self.sets:
             out["beneficial-sets"] = {str(c): list(s) for c, s in sorted(self.sets.items())}
         (folder / "pfedlia_clusters.json").write_text(json.dumps(out, indent=1))
         if self.matrix is None or self.matrix.size == 0:
             return
-        (folder / "pfedlia_influence.json").write_text(json.dumps({
-            "rows (scoring client)": list(self.matrix_clients),
-            "columns (lazy model of client)": list(self.lazy_clients), "matrix": self.matrix.tolist()}))
-        order = sorted(range(len(self.matrix_clients)),
-                       key=lambda i: (self.assignment.get(self.matrix_clients[i], -1), self.matrix_clients[i]))
+        (folder / "pfedlia_influence.json").write_text(
+            json.dumps(
+                {
+                    "rows (scoring client)": list(self.matrix_clients),
+                    "columns (lazy model of client)": list(self.lazy_clients),
+                    "matrix": self.matrix.tolist(),
+                }
+            )
+        )
+        order = sorted(
+            range(len(self.matrix_clients)),
+            key=lambda i: (self.assignment.get(self.matrix_clients[i], -1), self.matrix_clients[i]),
+        )
         cols = [self.lazy_clients.index(self.matrix_clients[i]) for i in order]
         mat = self.matrix[np.ix_(order, cols)]
         lim = np.abs(mat).max() or 1.0
@@ -277,7 +324,9 @@ class PFedLIAStrategy(PersonalizedStrategy):
             if labels[k] != labels[k - 1]:
                 ax.axhline(k - 0.5, color="k", lw=0.6)
                 ax.axvline(k - 0.5, color="k", lw=0.6)
-        ax.set_title(f"lazy influence (rows: scoring client), ordered by cluster; ARI {self.clustering.get('ari', 'n/a')}")
+        ax.set_title(
+            f"lazy influence (rows: scoring client), ordered by cluster; ARI {self.clustering.get('ari', 'n/a')}"
+        )
         ax.set_xlabel("lazy model of client")
         integer_ticks(ax, y=True)
         ax.set_ylabel("client")

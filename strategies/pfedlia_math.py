@@ -46,8 +46,14 @@ def reassign_noise(features: np.ndarray, labels: np.ndarray, mode: str = "neares
     return labels
 
 
-def cluster_influence(matrix: np.ndarray, min_samples: int = 5, xi: float = 0.05, noise: str = "nearest",
-                      score: str = "raw", standardize: bool = False) -> np.ndarray:
+def cluster_influence(
+    matrix: np.ndarray,
+    min_samples: int = 5,
+    xi: float = 0.05,
+    noise: str = "nearest",
+    score: str = "raw",
+    standardize: bool = False,
+) -> np.ndarray:
     """Central pFedLIA: OPTICS on the rows of the N x N lazy-influence matrix, noise reassigned; labels 0..K-1.
 
     ``min_samples`` must not exceed the smallest true cluster (spec §2.5) and is capped at N.

@@ -46,6 +46,7 @@ from task.params import load_record, stacked_record, to_record, weighted_average
 
 log = logging.getLogger("flwr.pflower")
 
+
 class PIFLStrategy(PersonalizedStrategy):
     name = "pifl"
     has_global_model = False
@@ -55,7 +56,12 @@ class PIFLStrategy(PersonalizedStrategy):
     def __init__(self, settings, initial_state, body, head):
         super().__init__(settings, initial_state, body, head)
         o = self.options
-        self.num_tiers, self.n_perf, self.n_rand, self.max_bids = o.tiers, o.slots_performance, o.slots_random, o.max_bids
+        self.num_tiers, self.n_perf, self.n_rand, self.max_bids = (
+            o.tiers,
+            o.slots_performance,
+            o.slots_random,
+            o.max_bids,
+        )
         self.initial_tokens = int(round(o.initial_tokens * MICRO))
         self.price = int(round(o.slot_price * MICRO))
         self.ledger_args = dict(price=self.price, max_refund=o.max_refund, full_use_gain=o.full_use_gain)
@@ -94,8 +100,9 @@ class PIFLStrategy(PersonalizedStrategy):
         else:
             self.warn_if_no_auction(len(clients))
             bids = self.collect_bids(grid, server_round, [n for n in nodes if n in self.client_of])
-            self.winners, self.payers = schedule(bids, self.num_tiers, self.scores, self.counts, self.n_perf,
-                                                 self.n_rand, self.rng)
+            self.winners, self.payers = schedule(
+                bids, self.num_tiers, self.scores, self.counts, self.n_perf, self.n_rand, self.rng
+            )
         for k in range(self.num_tiers):
             self.ledger.charge(k, self.payers[k])
             for c in self.winners[k]:
@@ -121,11 +128,16 @@ class PIFLStrategy(PersonalizedStrategy):
         if phase == "bid":  # a client that cannot pay the price must not bid
             client = self.client(node_id)
             can_pay = self.ledger is not None and client is not None and self.ledger.can_pay(client)
-            return spec.with_metrics(bid=Numbers(int, 0, self.num_tiers - 1, max_length=self.max_bids if can_pay else 0,
-                                                 distinct=True))
+            return spec.with_metrics(
+                bid=Numbers(int, 0, self.num_tiers - 1, max_length=self.max_bids if can_pay else 0, distinct=True)
+            )
         if phase == "evaluate":  # each tier model's accuracy on the client's validation split: the tiers' utility
-            return spec.with_metrics(**{"tier-acc": Numbers(float, 0.0, 1.0, length=self.num_tiers),
-                                        "source-a-share": replace(SHARE, required=False)})
+            return spec.with_metrics(
+                **{
+                    "tier-acc": Numbers(float, 0.0, 1.0, length=self.num_tiers),
+                    "source-a-share": replace(SHARE, required=False),
+                }
+            )
         if phase == "train":
             return spec.with_metrics(**{"source-a-share": replace(SHARE, required=False)})
         return spec
@@ -133,8 +145,15 @@ class PIFLStrategy(PersonalizedStrategy):
     def collect_bids(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, list[int]]:
         """Every client's bid (client id -> tiers); clients whose reply was rejected are not available."""
         stacked = self.stacked_tiers()
-        payloads = {n: RecordDict({"tiers": stacked, "ledger": ConfigRecord({
-            "balance": self.ledger.balances[self.client_of[n]], "price": self.price})}) for n in nodes}
+        payloads = {
+            n: RecordDict(
+                {
+                    "tiers": stacked,
+                    "ledger": ConfigRecord({"balance": self.ledger.balances[self.client_of[n]], "price": self.price}),
+                }
+            )
+            for n in nodes
+        }
         return {r.client: r.metrics["bid"] for r in self.send_query(grid, server_round, "bid", payloads)}
 
     def train_payload(self, node_id: int, server_round: int) -> RecordDict:
@@ -150,7 +169,9 @@ class PIFLStrategy(PersonalizedStrategy):
     # ------------------------------------------------------------------ aggregation and profiling
     def server_set(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._server_set is None:
-            data = load_centralized(self.settings.data.dataset, self.settings.data.data_dir, self.settings.data.noise_std)
+            data = load_centralized(
+                self.settings.data.dataset, self.settings.data.data_dir, self.settings.data.noise_std
+            )
             idx = np.random.default_rng(12_345).permutation(len(data.y))[: self.options.server_set_size]
             self._server_set = torch.from_numpy(data.x[idx]), torch.from_numpy(data.y[idx])
         return self._server_set
@@ -161,8 +182,12 @@ class PIFLStrategy(PersonalizedStrategy):
         self._model.zero_grad()
         x, y = self.server_set()
         torch.nn.functional.cross_entropy(self._model(x), y).backward()
-        return np.concatenate([p.grad.numpy().ravel() if p.grad is not None else np.zeros(p.numel())
-                               for _, p in self._model.named_parameters()])
+        return np.concatenate(
+            [
+                p.grad.numpy().ravel() if p.grad is not None else np.zeros(p.numel())
+                for _, p in self._model.named_parameters()
+            ]
+        )
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         params = [n for n, _ in self._model.named_parameters()]
@@ -179,7 +204,9 @@ class PIFLStrategy(PersonalizedStrategy):
             self.tiers[k] = weighted_average([u.arrays for u in group], weights)
             grad = self.mean_gradient(self.tiers[k])
             flat = lambda s: np.concatenate([np.asarray(s[p], float).ravel() for p in params])  # noqa: E731
-            psi = shapley_scores(grad, np.stack([flat(u.arrays) for u in group]), flat(self.tiers[k]), weights / weights.sum())
+            psi = shapley_scores(
+                grad, np.stack([flat(u.arrays) for u in group]), flat(self.tiers[k]), weights / weights.sum()
+            )
             for u, score in zip(group, psi):
                 self.scores[k][u.client] = float(score)
         return {"pifl": {"tier-sizes": {k: len(v) for k, v in self.winners.items()}}}
@@ -206,11 +233,15 @@ class PIFLStrategy(PersonalizedStrategy):
             shares = [self.source_share.get(c) for c in members]
             shares = [x for x in shares if x is not None]
             entry["tiers"][k] = {
-                "members": list(self.winners.get(k, [])), "payers": list(self.payers.get(k, [])),
-                "delivered": members, "utility": utility, "pool": self.ledger.pools[k],
+                "members": list(self.winners.get(k, [])),
+                "payers": list(self.payers.get(k, [])),
+                "delivered": members,
+                "utility": utility,
+                "pool": self.ledger.pools[k],
                 "refund-ratio": s.refund_ratio if s else None,
                 "payments": {c: self.price for c in self.payers.get(k, [])},
-                "refunds": dict(s.refunds) if s else {}, "rewards": dict(s.rewards) if s else {},
+                "refunds": dict(s.refunds) if s else {},
+                "rewards": dict(s.rewards) if s else {},
                 "source-a-share": float(np.mean(shares)) if shares else None,
             }
         self.ledger.check()  # conservation asserted every round
@@ -226,7 +257,9 @@ class PIFLStrategy(PersonalizedStrategy):
     def write_artifacts(self, folder: Path) -> None:
         plt = pyplot()
 
-        (folder / "pifl_ledger.json").write_text(json.dumps({"micro-tokens-per-token": MICRO, "rounds": self.ledger_log}, indent=1))
+        (folder / "pifl_ledger.json").write_text(
+            json.dumps({"micro-tokens-per-token": MICRO, "rounds": self.ledger_log}, indent=1)
+        )
         if not self.ledger_log:
             return
         rounds = [e["round"] for e in self.ledger_log]
@@ -249,4 +282,3 @@ class PIFLStrategy(PersonalizedStrategy):
         fig.tight_layout()
         fig.savefig(folder / "pifl_ledger.png", dpi=100)
         plt.close(fig)
-

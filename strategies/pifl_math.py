@@ -42,8 +42,15 @@ class TokenLedger:
     ``price`` is the flat slot price tau_p, ``max_refund`` eta_R, ``full_use_gain`` gamma (spec §3).
     """
 
-    def __init__(self, clients: Iterable[int], num_tiers: int, initial: int = 100 * MICRO, price: int = MICRO,
-                 max_refund: float = 1.0, full_use_gain: float = 0.1) -> None:
+    def __init__(
+        self,
+        clients: Iterable[int],
+        num_tiers: int,
+        initial: int = 100 * MICRO,
+        price: int = MICRO,
+        max_refund: float = 1.0,
+        full_use_gain: float = 0.1,
+    ) -> None:
         for name, value in (("initial", initial), ("price", price)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise LedgerError(f"{name} must be a non-negative integer number of micro-tokens, got {value!r}")
@@ -120,7 +127,9 @@ class TokenLedger:
             ratio = self.max_refund * (self.full_use_gain - min(self.full_use_gain, gain)) / self.full_use_gain
         out.utility_gain, out.refund_ratio = gain, ratio
         if payers:
-            refund_total = min(self.pools[tier], int(np.floor(ratio * self.pools[tier] + 1e-6)))  # float slack, never above the pool
+            refund_total = min(
+                self.pools[tier], int(np.floor(ratio * self.pools[tier] + 1e-6))
+            )  # float slack, never above the pool
             share = refund_total // len(payers)
             for c in payers:
                 self.balances[c] += share
@@ -142,8 +151,9 @@ class TokenLedger:
 
 
 # ------------------------------------------------------------------ profiler
-def shapley_scores(server_gradient: np.ndarray, updates: np.ndarray, aggregate: np.ndarray,
-                   weights: np.ndarray) -> np.ndarray:
+def shapley_scores(
+    server_gradient: np.ndarray, updates: np.ndarray, aggregate: np.ndarray, weights: np.ndarray
+) -> np.ndarray:
     """App. A normalised first-order Shapley estimate: ``psi_i = -g^T lambda_i (W_i - W_M)``.
 
     ``server_gradient`` g is the mean loss gradient at the new aggregate W_M on the IID server set;
@@ -151,7 +161,9 @@ def shapley_scores(server_gradient: np.ndarray, updates: np.ndarray, aggregate: 
     The scores of one tier sum to zero: only their ranks are used (Eq. 12).
     """
     lam = np.asarray(weights, float)
-    return -(lam[:, None] * (np.asarray(updates, float) - np.asarray(aggregate, float)[None, :])) @ np.asarray(server_gradient, float)
+    return -(lam[:, None] * (np.asarray(updates, float) - np.asarray(aggregate, float)[None, :])) @ np.asarray(
+        server_gradient, float
+    )
 
 
 def rank_clients(clients: Iterable[int], scores: Mapping[int, float], counts: Mapping[int, int]) -> list[int]:
@@ -160,8 +172,14 @@ def rank_clients(clients: Iterable[int], scores: Mapping[int, float], counts: Ma
 
 
 # ------------------------------------------------------------------ scheduler
-def schedule_tier(bidders: list[int], scores: Mapping[int, float], counts: Mapping[int, int],
-                  n_perf: int, n_rand: int, rng: random.Random) -> list[int]:
+def schedule_tier(
+    bidders: list[int],
+    scores: Mapping[int, float],
+    counts: Mapping[int, int],
+    n_perf: int,
+    n_rand: int,
+    rng: random.Random,
+) -> list[int]:
     """Spec §2.5 for one tier with bidders: the winners (who all pay).
 
     The best ``n_perf`` bidders by (psi, Omega, id) plus ``n_rand`` drawn at random from the remaining
@@ -175,9 +193,15 @@ def schedule_tier(bidders: list[int], scores: Mapping[int, float], counts: Mappi
     return sorted(top + rng.sample(rest, min(n_rand, len(rest))))
 
 
-def schedule(bids: Mapping[int, list[int]], num_tiers: int, scores: Mapping[int, Mapping[int, float]],
-             counts: Mapping[int, Mapping[int, int]], n_perf: int, n_rand: int,
-             rng: random.Random) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+def schedule(
+    bids: Mapping[int, list[int]],
+    num_tiers: int,
+    scores: Mapping[int, Mapping[int, float]],
+    counts: Mapping[int, Mapping[int, int]],
+    n_perf: int,
+    n_rand: int,
+    rng: random.Random,
+) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     """Spec §2.5 for one round (r >= 2): (winners, payers) per tier from every available client's bid.
 
     ``bids`` maps each available client to the tiers it bid for (empty: no bid).  A bidder is only ever

@@ -142,7 +142,8 @@ class Tensor:
         if arr.dtype != np.dtype(self.dtype):
             return f"has dtype {arr.dtype}, expected {self.dtype}"
         if arr.ndim != len(self.shape) or any(
-                (n not in d) if isinstance(d, Dim) else n != d for n, d in zip(arr.shape, self.shape)):
+            (n not in d) if isinstance(d, Dim) else n != d for n, d in zip(arr.shape, self.shape)
+        ):
             return f"has shape {tuple(arr.shape)}, expected {self.shape}"
         if self.finite and np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
             return "has non-finite values (NaN/inf)"
@@ -247,8 +248,9 @@ def parse_reply(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, Any], d
         keys = set(rec.keys())
         if keys != set(rule.tensors):
             extra, missing = sorted(keys - set(rule.tensors)), sorted(set(rule.tensors) - keys)
-            raise InvalidReply(f"record {name!r}: keys differ from the expected ones (unexpected {extra[:3]}, "
-                               f"missing {missing[:3]})")
+            raise InvalidReply(
+                f"record {name!r}: keys differ from the expected ones (unexpected {extra[:3]}, missing {missing[:3]})"
+            )
         arrays = {}
         for key, tensor in rule.tensors.items():
             try:
@@ -275,15 +277,32 @@ LOSS = Number(float, 0.0, LOSS_LIMIT)
 SECONDS = Number(float, 0.0, SECONDS_LIMIT, required=False)
 
 #: every reply: who the client is and how many training examples it has
-BASE = ReplySpec(metrics={"num-examples": COUNT, "partition-id": IDENTIFIER,
-                          "time-train": SECONDS, "time-method": SECONDS,
-                          "peak-rss-mb": Number(float, 0.0, MEMORY_LIMIT_MB, required=False)})
+BASE = ReplySpec(
+    metrics={
+        "num-examples": COUNT,
+        "partition-id": IDENTIFIER,
+        "time-train": SECONDS,
+        "time-method": SECONDS,
+        "peak-rss-mb": Number(float, 0.0, MEMORY_LIMIT_MB, required=False),
+    }
+)
 #: a train reply's training statistics (optional: Local and a few methods report fewer)
-TRAIN = BASE.with_metrics(**{
-    "train-loss": replace(LOSS, required=False), "train-acc": replace(ACCURACY, required=False),
-    "trained-acc": replace(ACCURACY, required=False), "steps": Number(int, 0, INT_LIMIT, required=False)})
+TRAIN = BASE.with_metrics(
+    **{
+        "train-loss": replace(LOSS, required=False),
+        "train-acc": replace(ACCURACY, required=False),
+        "trained-acc": replace(ACCURACY, required=False),
+        "steps": Number(int, 0, INT_LIMIT, required=False),
+    }
+)
 #: an evaluate reply: the personalized model's accuracy, and the global model's where the method has one
-EVALUATE = BASE.with_metrics(**{
-    "personal-acc": ACCURACY, "personal-loss": LOSS, "test-examples": replace(COUNT, required=False),
-    "global-acc": replace(ACCURACY, required=False), "global-loss": replace(LOSS, required=False),
-    "before-agg-acc": replace(ACCURACY, required=False)})
+EVALUATE = BASE.with_metrics(
+    **{
+        "personal-acc": ACCURACY,
+        "personal-loss": LOSS,
+        "test-examples": replace(COUNT, required=False),
+        "global-acc": replace(ACCURACY, required=False),
+        "global-loss": replace(LOSS, required=False),
+        "before-agg-acc": replace(ACCURACY, required=False),
+    }
+)

@@ -71,8 +71,9 @@ class TierTables:
         # has no such attribute until its first use
         if getattr(self, "_holdouts", None) is None:
             known = strategy.client_of.values()
-            self._holdouts = SourceHoldouts(strategy.settings, max(len(known), max(known, default=-1) + 1,
-                                                                   strategy.settings.min_nodes))
+            self._holdouts = SourceHoldouts(
+                strategy.settings, max(len(known), max(known, default=-1) + 1, strategy.settings.min_nodes)
+            )
         table = self._holdouts.table(models)
         if table:
             self.by_round[server_round] = table
@@ -83,5 +84,12 @@ class TierTables:
 def distinct_starting_models(state: dict[str, np.ndarray], k: int, seed: int) -> list[dict[str, np.ndarray]]:
     """k copies of ``state``; copy j > 0 gets seeded noise (std 0.01) so cluster models can diverge (IFCA, FedSoft)."""
     rng = np.random.default_rng(seed + 1)
-    return [{key: (v + (0.0 if j == 0 else 0.01) * rng.standard_normal(v.shape)).astype(v.dtype)
-             if np.issubdtype(v.dtype, np.floating) else v for key, v in state.items()} for j in range(k)]
+    return [
+        {
+            key: (v + (0.0 if j == 0 else 0.01) * rng.standard_normal(v.shape)).astype(v.dtype)
+            if np.issubdtype(v.dtype, np.floating)
+            else v
+            for key, v in state.items()
+        }
+        for j in range(k)
+    ]

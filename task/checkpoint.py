@@ -81,8 +81,11 @@ class _Encoder:
         path = f"{cls.__module__}:{cls.__qualname__}"
         if not path.startswith(ALLOWED_PACKAGES):
             raise TypeError(f"cannot checkpoint a {path} (only the project's own classes)")
-        fields = ({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj)
-                  else vars(obj))
+        fields = (
+            {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+            if dataclasses.is_dataclass(obj)
+            else vars(obj)
+        )
         return {"$object": path, "fields": {k: self(v) for k, v in fields.items() if k not in self.skip}}
 
 
@@ -178,8 +181,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def save_checkpoint(folder: str | Path, server_round: int, tree: Any, arrays: dict[str, np.ndarray],
-                    meta: dict[str, Any], keep: int = 2) -> Path:
+def save_checkpoint(
+    folder: str | Path, server_round: int, tree: Any, arrays: dict[str, np.ndarray], meta: dict[str, Any], keep: int = 2
+) -> Path:
     """Write round ``server_round``'s checkpoint under ``folder`` atomically and keep the newest ``keep``."""
     from safetensors.numpy import save_file
 
@@ -190,8 +194,13 @@ def save_checkpoint(folder: str | Path, server_round: int, tree: Any, arrays: di
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp / "arrays.safetensors"))
-    doc = {"format-version": FORMAT_VERSION, "round": server_round, "meta": meta, "state": tree,
-           "arrays-sha256": _sha256(tmp / "arrays.safetensors")}
+    doc = {
+        "format-version": FORMAT_VERSION,
+        "round": server_round,
+        "meta": meta,
+        "state": tree,
+        "arrays-sha256": _sha256(tmp / "arrays.safetensors"),
+    }
     (tmp / "state.json").write_text(json.dumps(doc))
     final = folder / name
     shutil.rmtree(final, ignore_errors=True)
@@ -224,8 +233,10 @@ def load_checkpoint(folder: str | Path) -> tuple[int, Any, dict[str, Any]]:
         raise CheckpointError(f"checkpoint {doc_path} is not valid JSON (truncated?): {err}") from err
     version = doc.get("format-version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {current} has format version {version!r}; this pflower reads versions up "
-                              f"to {FORMAT_VERSION} (a newer pflower wrote it)")
+        raise CheckpointError(
+            f"checkpoint {current} has format version {version!r}; this pflower reads versions up "
+            f"to {FORMAT_VERSION} (a newer pflower wrote it)"
+        )
     if _sha256(arr_path) != doc.get("arrays-sha256"):
         raise CheckpointError(f"checkpoint {arr_path} does not match its recorded SHA-256 (truncated or replaced)")
     try:

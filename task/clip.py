@@ -47,9 +47,22 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 DIGIT_NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 CLASS_NAMES: dict[str, list[str]] = {
-    "digits": DIGIT_NAMES, "mnist": DIGIT_NAMES, "usps": DIGIT_NAMES, "svhn": DIGIT_NAMES,
-    "fashion-mnist": ["t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
-                      "ankle boot"],
+    "digits": DIGIT_NAMES,
+    "mnist": DIGIT_NAMES,
+    "usps": DIGIT_NAMES,
+    "svhn": DIGIT_NAMES,
+    "fashion-mnist": [
+        "t-shirt",
+        "trouser",
+        "pullover",
+        "dress",
+        "coat",
+        "sandal",
+        "shirt",
+        "sneaker",
+        "bag",
+        "ankle boot",
+    ],
     "cifar10": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"],
 }
 ENCODERS = ("open-clip", "synthetic")
@@ -91,7 +104,9 @@ class SyntheticEncoder:
         return F.normalize(flat @ proj, dim=1).float().numpy()
 
     def encode_texts(self, texts: list[str]) -> np.ndarray:
-        out = np.stack([np.random.default_rng(_seed_of(f"text:{self.seed}:{t}")).standard_normal(self.dim) for t in texts])
+        out = np.stack(
+            [np.random.default_rng(_seed_of(f"text:{self.seed}:{t}")).standard_normal(self.dim) for t in texts]
+        )
         return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
 
     def describe(self) -> str:
@@ -110,8 +125,10 @@ class OpenClipEncoder:
         if model_name == TINY_MODEL:
             _register_tiny(open_clip)
         if model_name not in open_clip.list_models():
-            raise ValueError(f"unknown open_clip model {model_name!r} (run-config key 'c2v-clip-model'); "
-                             f"allowed: {TINY_MODEL!r} or one of open_clip.list_models(), e.g. 'ViT-B-32'")
+            raise ValueError(
+                f"unknown open_clip model {model_name!r} (run-config key 'c2v-clip-model'); "
+                f"allowed: {TINY_MODEL!r} or one of open_clip.list_models(), e.g. 'ViT-B-32'"
+            )
         self.model_name, self.weights, self.normalize = model_name, weights, normalize
         pretrained: str | None
         if weights in ("", "random"):
@@ -121,7 +138,8 @@ class OpenClipEncoder:
                 raise MissingWeights(
                     f"CLIP weights file {weights!r} (run-config key 'c2v-clip-weights') does not exist; give the "
                     f"path of a local open_clip checkpoint for {model_name!r}, a pretrained tag already in the "
-                    "local open_clip/Hugging Face cache, or 'random' for random initialisation")
+                    "local open_clip/Hugging Face cache, or 'random' for random initialisation"
+                )
             pretrained = str(Path(weights).expanduser())
         else:
             pretrained = weights
@@ -134,7 +152,8 @@ class OpenClipEncoder:
                 f"CLIP weights {weights!r} for {model_name!r} (run-config key 'c2v-clip-weights') are not available "
                 f"offline ({exc}). Download them once on a machine with internet (open_clip caches them under "
                 "~/.cache/huggingface) or pass the path of a checkpoint file; 'random' builds a randomly initialised "
-                "model") from exc
+                "model"
+            ) from exc
         finally:
             hf_constants.HF_HUB_OFFLINE = offline
         self.model = model.eval()
@@ -154,7 +173,7 @@ class OpenClipEncoder:
         mean = torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)
         std = torch.tensor(CLIP_STD).view(1, 3, 1, 1)
         for start in range(0, len(x), batch_size):
-            xb = x[start:start + batch_size].float()
+            xb = x[start : start + batch_size].float()
             if xb.shape[1] == 1:
                 xb = xb.expand(-1, 3, -1, -1)
             xb = F.interpolate(xb, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False)
@@ -190,8 +209,9 @@ def default_cache_dir() -> Path:
     return Path(base or Path.home() / ".cache" / "pflower").expanduser() / "clip-embeddings"
 
 
-def cached_embeddings(encoder, key: str, x: torch.Tensor, y: torch.Tensor, names: list[str],
-                      cache_dir: str | Path | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
+def cached_embeddings(
+    encoder, key: str, x: torch.Tensor, y: torch.Tensor, names: list[str], cache_dir: str | Path | None = None
+) -> tuple[np.ndarray, np.ndarray, bool]:
     """(D, L, from_cache) for one client's training split: D = image embeddings, L = T[y] (label prompts).
 
     ``key`` identifies the data (settings and partition); the encoder's description is added to it.  Files

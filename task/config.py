@@ -28,23 +28,29 @@ class RunOptions(OptionSet):
     dataset: str = option("dataset", "digits", "the data set", choices=tuple(DATASETS))
     partition: str = option("partition", "dirichlet", "how the data is split over clients", choices=PARTITIONS)
     alpha: float = option("alpha", 0.5, "Dirichlet concentration (partition 'dirichlet')", minimum=1e-9)
-    classes_per_client: int = option("classes-per-client", 2, "labels per client (partition 'pathological')",
-                                     minimum=1)
-    num_clusters: int = option("num-clusters", 5, "planted groups (partition 'planted-clusters*'; dialects)",
-                               minimum=1)
+    classes_per_client: int = option("classes-per-client", 2, "labels per client (partition 'pathological')", minimum=1)
+    num_clusters: int = option("num-clusters", 5, "planted groups (partition 'planted-clusters*'; dialects)", minimum=1)
     mixture: str = option("mixture", "10:90", "two-source mixture (partition 'two-source')", choices=MIXTURES)
-    dialect_mix: float = option("dialect-mix", 0.5, "dialects: share of dialect-specific transitions", minimum=0.0,
-                                maximum=1.0)
+    dialect_mix: float = option(
+        "dialect-mix", 0.5, "dialects: share of dialect-specific transitions", minimum=0.0, maximum=1.0
+    )
     dialect_sequences: int = option("dialect-sequences", 120, "dialects: lines per client", minimum=4)
     lm_pretrained: str = option("lm-pretrained", "", "dialects: a local GPT-2 folder (save_pretrained layout)")
-    feature_shift: int = option("feature-shift", 0, "feature-shift domains, one transform per client (0 = none)",
-                                minimum=0, maximum=len(DOMAINS))
+    feature_shift: int = option(
+        "feature-shift",
+        0,
+        "feature-shift domains, one transform per client (0 = none)",
+        minimum=0,
+        maximum=len(DOMAINS),
+    )
     model: str = option("model", "auto", "the network ('auto': cnn for images, gpt2 for dialects, softmax else)")
     num_rounds: int = option("num-server-rounds", 10, "rounds", minimum=1)
-    fraction_train: float = option("fraction-train", 1.0, "share of connected nodes trained per round", minimum=1e-9,
-                                   maximum=1.0)
-    fraction_evaluate: float = option("fraction-evaluate", 1.0, "share of connected nodes evaluated", minimum=1e-9,
-                                      maximum=1.0)
+    fraction_train: float = option(
+        "fraction-train", 1.0, "share of connected nodes trained per round", minimum=1e-9, maximum=1.0
+    )
+    fraction_evaluate: float = option(
+        "fraction-evaluate", 1.0, "share of connected nodes evaluated", minimum=1e-9, maximum=1.0
+    )
     eval_every: int = option("eval-every", 1, "evaluate every k rounds (and always in the last)", minimum=1)
     min_nodes: int = option("min-nodes", 2, "nodes to wait for before a round starts", minimum=1)
     local_epochs: int = option("local-epochs", 1, "local epochs per round", minimum=0)
@@ -64,15 +70,21 @@ class RunOptions(OptionSet):
     data_dir: str = option("data-dir", "", "local copy of a real data set (empty: the Hugging Face hub)")
     client_threads: int = option("client-threads", 1, "torch threads per client (0: torch's default)", minimum=0)
     fault: str = option("fault", "", "fault injection for tests, e.g. nan@1,shape@2,crash@3 (empty: off)")
-    save_models: bool = option("save-models", True, "save each client's personalized model (on its node) and the "
-                               "server's models at the end")
+    save_models: bool = option(
+        "save-models", True, "save each client's personalized model (on its node) and the server's models at the end"
+    )
     save_every: int = option("save-every", 0, "also save the models every k rounds (0: only at the end)", minimum=0)
-    save_best: bool = option("save-best", False, "a client keeps only its best personalized model (by its test "
-                             "accuracy: optimistic)")
+    save_best: bool = option(
+        "save-best", False, "a client keeps only its best personalized model (by its test accuracy: optimistic)"
+    )
     checkpoint_every: int = option("checkpoint-every", 1, "checkpoint the server every k rounds (0: never)", minimum=0)
     resume_from: str = option("resume-from", "", "results folder of an interrupted run to continue (empty: a new run)")
-    stop_after: int = option("stop-after", 0, "testing resume: the ServerApp stops as if it crashed after this round's "
-                             "checkpoint (0: off)", minimum=0)
+    stop_after: int = option(
+        "stop-after",
+        0,
+        "testing resume: the ServerApp stops as if it crashed after this round's checkpoint (0: off)",
+        minimum=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -134,8 +146,10 @@ def _model_name(run: RunOptions) -> str:
     if model not in MODELS and not model.startswith("gpt2:"):
         raise ValueError(f"unknown model {model!r} (run-config key 'model'); allowed: {sorted(MODELS)} or 'auto'")
     if dataset_info(run.dataset).image_size == 0 and model in IMAGE_ONLY:
-        raise ValueError(f"model {model!r} needs image inputs but dataset {run.dataset!r} gives vectors; use 'softmax' "
-                         "or 'mlp' (run-config key 'model')")
+        raise ValueError(
+            f"model {model!r} needs image inputs but dataset {run.dataset!r} gives vectors; use 'softmax' "
+            "or 'mlp' (run-config key 'model')"
+        )
     return model
 
 
@@ -144,14 +158,24 @@ def data_conflicts(run: RunOptions) -> list[str]:
     info = dataset_info(run.dataset)
     out = []
     if run.partition == "pathological" and run.classes_per_client > info.num_classes:
-        out.append(f"classes-per-client={run.classes_per_client} exceeds the {info.num_classes} classes of dataset "
-                   f"{run.dataset!r} (partition 'pathological'); use at most {info.num_classes}")
-    if run.partition.startswith("planted-clusters") and run.dataset != "dialects" and run.num_clusters > info.num_classes:
-        out.append(f"num-clusters={run.num_clusters} exceeds the {info.num_classes} labels of dataset {run.dataset!r}: "
-                   f"every planted group needs its own labels (partition {run.partition!r})")
+        out.append(
+            f"classes-per-client={run.classes_per_client} exceeds the {info.num_classes} classes of dataset "
+            f"{run.dataset!r} (partition 'pathological'); use at most {info.num_classes}"
+        )
+    if (
+        run.partition.startswith("planted-clusters")
+        and run.dataset != "dialects"
+        and run.num_clusters > info.num_classes
+    ):
+        out.append(
+            f"num-clusters={run.num_clusters} exceeds the {info.num_classes} labels of dataset {run.dataset!r}: "
+            f"every planted group needs its own labels (partition {run.partition!r})"
+        )
     if run.feature_shift and info.image_size == 0:
-        out.append(f"feature-shift={run.feature_shift} transforms images, but dataset {run.dataset!r} has vectors; "
-                   "use feature-shift=0")
+        out.append(
+            f"feature-shift={run.feature_shift} transforms images, but dataset {run.dataset!r} has vectors; "
+            "use feature-shift=0"
+        )
     return out
 
 
@@ -162,14 +186,28 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
     options = spec.options.parse(cfg, spec.fixed)
     model = _model_name(run)
     data = DataSettings(
-        dataset=run.dataset, partition=run.partition, alpha=run.alpha, classes_per_client=run.classes_per_client,
-        num_clusters=run.num_clusters, mixture=run.mixture, feature_shift=run.feature_shift,
-        test_fraction=run.test_fraction, val_fraction=run.val_fraction, noise_std=run.noise_std,
-        data_copies=run.data_copies, data_dir=run.data_dir, seed=run.seed, dialect_mix=run.dialect_mix,
-        dialect_sequences=run.dialect_sequences, lm_pretrained=run.lm_pretrained,
+        dataset=run.dataset,
+        partition=run.partition,
+        alpha=run.alpha,
+        classes_per_client=run.classes_per_client,
+        num_clusters=run.num_clusters,
+        mixture=run.mixture,
+        feature_shift=run.feature_shift,
+        test_fraction=run.test_fraction,
+        val_fraction=run.val_fraction,
+        noise_std=run.noise_std,
+        data_copies=run.data_copies,
+        data_dir=run.data_dir,
+        seed=run.seed,
+        dialect_mix=run.dialect_mix,
+        dialect_sequences=run.dialect_sequences,
+        lm_pretrained=run.lm_pretrained,
     )
-    common = {f.name: getattr(run, f.name) for f in dataclasses.fields(Settings)
-              if f.name not in ("method", "data", "model", "options", "raw") and hasattr(run, f.name)}
+    common = {
+        f.name: getattr(run, f.name)
+        for f in dataclasses.fields(Settings)
+        if f.name not in ("method", "data", "model", "options", "raw") and hasattr(run, f.name)
+    }
     settings = Settings(method=run.method, data=data, model=model, options=options, raw=dict(cfg), **common)
     problems = data_conflicts(run) + options.conflicts(settings)
     if problems:

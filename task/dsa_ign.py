@@ -41,8 +41,10 @@ class IGNConfig:
 
     def __post_init__(self) -> None:
         if (2 * self.dim) % self.token or self.token % self.heads:
-            raise ValueError(f"DSA-IGN needs 2*dim divisible by the token width and token width by heads; "
-                             f"got dim {self.dim}, token {self.token}, heads {self.heads}")
+            raise ValueError(
+                f"DSA-IGN needs 2*dim divisible by the token width and token width by heads; "
+                f"got dim {self.dim}, token {self.token}, heads {self.heads}"
+            )
 
 
 class DSAIGN(nn.Module):
@@ -64,7 +66,7 @@ class DSAIGN(nn.Module):
         if self.pos is not None:
             tokens = tokens + self.pos
         out = self.encoder(tokens).reshape(n, 2 * self.cfg.dim)
-        return out[:, : self.cfg.dim], out[:, self.cfg.dim:], self.proj(out)
+        return out[:, : self.cfg.dim], out[:, self.cfg.dim :], self.proj(out)
 
 
 # ---------------------------------------------------------------------------------------------- losses
@@ -92,24 +94,41 @@ def loss_orth(z: torch.Tensor, u: torch.Tensor, mode: str = "cos") -> torch.Tens
         return (z @ u.T).abs().sum()
     if mode == "diag":
         return F.cosine_similarity(z, u, dim=1).abs().mean()
-    raise ValueError(f"unknown orthogonality mode {mode!r} (run-config key 'c2v-orth-mode'); allowed: {list(ORTH_MODES)}")
+    raise ValueError(
+        f"unknown orthogonality mode {mode!r} (run-config key 'c2v-orth-mode'); allowed: {list(ORTH_MODES)}"
+    )
 
 
 def loss_recon(d_hat: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(d_hat, d)
 
 
-def total_loss(net: DSAIGN, d: torch.Tensor, label_emb: torch.Tensor, orth_mode: str = "cos") -> tuple[torch.Tensor, dict[str, float]]:
+def total_loss(
+    net: DSAIGN, d: torch.Tensor, label_emb: torch.Tensor, orth_mode: str = "cos"
+) -> tuple[torch.Tensor, dict[str, float]]:
     z, u, d_hat = net(d)
-    parts = {"div": loss_div(u), "sim": loss_sim(z, label_emb), "orth": loss_orth(z, u, orth_mode),
-             "recon": loss_recon(d_hat, d)}
+    parts = {
+        "div": loss_div(u),
+        "sim": loss_sim(z, label_emb),
+        "orth": loss_orth(z, u, orth_mode),
+        "recon": loss_recon(d_hat, d),
+    }
     total = parts["div"] + parts["sim"] + parts["orth"] + parts["recon"]
     return total, {k: float(v.detach()) for k, v in parts.items()}
 
 
-def train_dsa_ign(net: DSAIGN, D: np.ndarray, L: np.ndarray, *, epochs: int, batch_size: int = 128,
-                  lr: float = 1e-3, seed: int = 0, orth_mode: str = "cos",
-                  progress: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+def train_dsa_ign(
+    net: DSAIGN,
+    D: np.ndarray,
+    L: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    seed: int = 0,
+    orth_mode: str = "cos",
+    progress: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
     """Adam on the summed DSA-IGN loss for ``epochs`` passes over (D, L); returns the per-epoch mean losses."""
     if len(D) != len(L) or len(D) == 0:
         raise ValueError(f"DSA-IGN needs as many label embeddings as image embeddings (>0), got {len(D)} and {len(L)}")
@@ -149,7 +168,7 @@ def client_index(net: DSAIGN, D: np.ndarray, L: np.ndarray, batch_size: int = 10
     d = torch.as_tensor(D, dtype=torch.float32)
     total = torch.zeros(net.cfg.dim, dtype=torch.float64)
     for start in range(0, len(d), batch_size):
-        _, u, _ = net(d[start:start + batch_size])
+        _, u, _ = net(d[start : start + batch_size])
         total += u.double().sum(0)
     beta_f = (total / len(d)).float().numpy()
     beta_l = np.asarray(L, dtype=np.float64).mean(0).astype(np.float32)

@@ -40,10 +40,11 @@ def save_model(path: str | Path, state: Mapping[str, Any], manifest: Mapping[str
     from safetensors.numpy import save_file
 
     base = Path(path)
-    arrays = {k: np.ascontiguousarray(v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
-              for k, v in state.items()}
-    doc = {"manifest-version": MANIFEST_VERSION, **manifest,
-           "shapes": {k: list(a.shape) for k, a in arrays.items()}}
+    arrays = {
+        k: np.ascontiguousarray(v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+        for k, v in state.items()
+    }
+    doc = {"manifest-version": MANIFEST_VERSION, **manifest, "shapes": {k: list(a.shape) for k, a in arrays.items()}}
     _atomic_write(base.with_suffix(".safetensors"), lambda tmp: save_file(arrays, tmp))
     _atomic_write(base.with_suffix(".json"), lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1)))
     return base.with_suffix(".safetensors")
@@ -79,10 +80,18 @@ def load_model(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
 
 def model_manifest(settings, **extra: Any) -> dict[str, Any]:
     """The manifest fields every saved model of a run shares (method, architecture, data set, run config)."""
-    return {"method": settings.method, "dataset": settings.data.dataset,
-            "model": {"name": settings.model, "in-channels": settings.in_channels, "image-size": settings.image_size,
-                      "num-classes": settings.num_classes},
-            "run-config": {k: v for k, v in dict(settings.raw).items()}, **extra}
+    return {
+        "method": settings.method,
+        "dataset": settings.data.dataset,
+        "model": {
+            "name": settings.model,
+            "in-channels": settings.in_channels,
+            "image-size": settings.image_size,
+            "num-classes": settings.num_classes,
+        },
+        "run-config": {k: v for k, v in dict(settings.raw).items()},
+        **extra,
+    }
 
 
 @torch.no_grad()
@@ -91,7 +100,7 @@ def predict(model: torch.nn.Module, x: np.ndarray, batch_size: int = 512) -> np.
     device = next(model.parameters()).device
     out = []
     for start in range(0, len(x), batch_size):
-        logits = model(torch.as_tensor(x[start:start + batch_size], dtype=torch.float32, device=device))
+        logits = model(torch.as_tensor(x[start : start + batch_size], dtype=torch.float32, device=device))
         out.append(logits.argmax(1).cpu().numpy())
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
@@ -104,7 +113,9 @@ def predict_file(model_path: str | Path, data_path: str | Path) -> dict[str, Any
     model, doc = load_model(model_path)
     m = doc["model"]
     x, y = read_node_file(data_path, doc["dataset"], labels_required=False)
-    if tuple(x.shape[1:]) != ((m["in-channels"], m["image-size"], m["image-size"]) if m["image-size"] else (m["in-channels"],)):
+    if tuple(x.shape[1:]) != (
+        (m["in-channels"], m["image-size"], m["image-size"]) if m["image-size"] else (m["in-channels"],)
+    ):
         raise ValueError(f"{data_path}: inputs of shape {x.shape[1:]} do not fit the model's {m}")
     labels = predict(model, x)
     out: dict[str, Any] = {"model": str(model_path), "samples": int(len(x)), "predictions": labels}

@@ -124,8 +124,12 @@ class C2ISmall(SplitModel):
         super().__init__()
         pad = 0 if image_size >= 16 else 2
         self.conv = nn.Sequential(
-            nn.Conv2d(in_channels, 16, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, 16, 5, padding=pad),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=pad),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         flat = _flat_dim(self.conv, in_channels, image_size)
         self.fc1 = nn.Linear(flat, 120)
@@ -231,8 +235,9 @@ class CausalLM(SplitModel):
     ``logits.argmax(1) == next_tokens`` work in the shared training loop unchanged.
     """
 
-    def __init__(self, vocab: int, seq_len: int, width: int = 64, layers: int = 2, heads: int = 2,
-                 pretrained: str = "") -> None:
+    def __init__(
+        self, vocab: int, seq_len: int, width: int = 64, layers: int = 2, heads: int = 2, pretrained: str = ""
+    ) -> None:
         super().__init__()
         from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
 
@@ -244,8 +249,18 @@ class CausalLM(SplitModel):
                 self.head.weight.copy_(full.lm_head.weight)
                 self.head.bias.zero_()
         else:
-            cfg = GPT2Config(vocab_size=vocab, n_positions=max(seq_len, 8), n_embd=width, n_layer=layers, n_head=heads,
-                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+            cfg = GPT2Config(
+                vocab_size=vocab,
+                n_positions=max(seq_len, 8),
+                n_embd=width,
+                n_layer=layers,
+                n_head=heads,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                bos_token_id=0,
+                eos_token_id=0,
+            )
             cfg._attn_implementation = "eager"
             self.body = GPT2Model(cfg)
             self.head = nn.Linear(width, vocab)
@@ -279,6 +294,8 @@ MODELS: dict[str, Callable[[int, int, int], SplitModel]] = {
 
 def _causal_lm(vocab: int, seq_len: int, pretrained: str = "") -> SplitModel:
     return CausalLM(vocab, seq_len, pretrained=pretrained)
+
+
 IMAGE_ONLY = {"cnn", "c2i-cnn", "c2i-small", "lenet", "pifl-cnn", "resnet8", "resnet10", "resnet18"}
 
 
@@ -295,9 +312,7 @@ def build_model(name: str, in_channels: int, image_size: int, num_classes: int, 
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r} (run-config key 'model'); allowed: {sorted(MODELS)} or 'auto'")
     if image_size == 0 and name in IMAGE_ONLY:
-        raise ValueError(
-            f"model {name!r} needs image inputs but the data set gives vectors; use 'softmax' or 'mlp'"
-        )
+        raise ValueError(f"model {name!r} needs image inputs but the data set gives vectors; use 'softmax' or 'mlp'")
     if seed is not None:
         torch.manual_seed(seed)
     return MODELS[name](in_channels, image_size, num_classes)

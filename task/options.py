@@ -72,8 +72,15 @@ class Option:
         return value
 
 
-def option(key: str, default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
-           choices: tuple[str, ...] | None = None) -> Any:
+def option(
+    key: str,
+    default: Any,
+    help: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
     """A dataclass field bound to run-config ``key``."""
     opt = Option(key, default, help, minimum, maximum, choices)
     opt.convert(default)  # a declaration whose default breaks its own rule is a bug
@@ -94,7 +101,9 @@ class OptionSet:
     @classmethod
     def declared(cls) -> dict[str, Option]:
         """key -> Option, in declaration order."""
-        return {f.metadata["option"].key: f.metadata["option"] for f in dataclasses.fields(cls) if "option" in f.metadata}
+        return {
+            f.metadata["option"].key: f.metadata["option"] for f in dataclasses.fields(cls) if "option" in f.metadata
+        }
 
     @classmethod
     def parse(cls: type[T], cfg: Mapping[str, Any], fixed: Mapping[str, Any] | None = None) -> T:
@@ -109,8 +118,9 @@ class OptionSet:
                 # Flower passes every key of pyproject.toml, so the declared default stands for "not set"
                 given = opt.convert(cfg[opt.key]) if opt.key in cfg else opt.default
                 if given not in (value, opt.default):
-                    raise ConfigConflict(f"run-config key {opt.key!r} is {cfg[opt.key]!r}, but this method fixes it to "
-                                         f"{value!r}")
+                    raise ConfigConflict(
+                        f"run-config key {opt.key!r} is {cfg[opt.key]!r}, but this method fixes it to {value!r}"
+                    )
             else:
                 value = opt.convert(cfg.get(opt.key, opt.default))
             values[f.name] = value

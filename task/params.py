@@ -96,7 +96,9 @@ def weighted_average(states: list[Mapping[str, np.ndarray]], weights: Iterable[f
 
 
 # ---------------------------------------------------------------------------------------------- several models
-def stack_states(states: Sequence[Mapping[str, np.ndarray]], keys: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+def stack_states(
+    states: Sequence[Mapping[str, np.ndarray]], keys: Iterable[str] | None = None
+) -> dict[str, np.ndarray]:
     """Several models with the same keys as one state: each array gains a leading model dimension."""
     names = list(states[0]) if keys is None else list(keys)
     return {k: np.stack([np.asarray(s[k]) for s in states]) for k in names}
@@ -109,8 +111,10 @@ def stacked_record(states: Sequence[Mapping[str, np.ndarray]], keys: Iterable[st
 
 def stacked_tensors(record: ArrayRecord, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
     """Inverse of :func:`stacked_record` on the receiving side: name -> tensor with a leading model dimension."""
-    return {k: torch.from_numpy(v).to(device) if device is not None else torch.from_numpy(v)
-            for k, v in record_to_numpy(record).items()}
+    return {
+        k: torch.from_numpy(v).to(device) if device is not None else torch.from_numpy(v)
+        for k, v in record_to_numpy(record).items()
+    }
 
 
 def model_at(stacked: Mapping[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:

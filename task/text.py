@@ -78,8 +78,10 @@ def tokenizer(pretrained: str = ""):
         from transformers import AutoTokenizer
 
         if not Path(pretrained).expanduser().is_dir():
-            raise ValueError(f"lm-pretrained {pretrained!r} is not a folder; give a local GPT-2 folder "
-                             "(config.json, weights and tokenizer files, as save_pretrained writes them) or ''")
+            raise ValueError(
+                f"lm-pretrained {pretrained!r} is not a folder; give a local GPT-2 folder "
+                "(config.json, weights and tokenizer files, as save_pretrained writes them) or ''"
+            )
         return AutoTokenizer.from_pretrained(str(Path(pretrained).expanduser()), local_files_only=True)
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
@@ -107,8 +109,15 @@ def encode(lines: list[str], pretrained: str = "") -> np.ndarray:
     return np.asarray(rows, dtype=np.int64)
 
 
-def client_tokens(partition_id: int, num_dialects: int, num_sequences: int, mix: float, seed: int,
-                  pretrained: str = "", iid: bool = False) -> tuple[np.ndarray, int]:
+def client_tokens(
+    partition_id: int,
+    num_dialects: int,
+    num_sequences: int,
+    mix: float,
+    seed: int,
+    pretrained: str = "",
+    iid: bool = False,
+) -> tuple[np.ndarray, int]:
     """(token ids, dialect) of one client; ``iid`` mixes all dialects line by line."""
     if iid:
         rng = np.random.default_rng([seed, partition_id, 5])

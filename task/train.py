@@ -25,7 +25,9 @@ def resolve_device(device: str) -> torch.device:
     try:
         return torch.device(device)
     except RuntimeError as err:
-        raise ValueError(f"invalid device {device!r} (run-config / node-config key 'device'); use auto, cpu, cuda, cuda:N") from err
+        raise ValueError(
+            f"invalid device {device!r} (run-config / node-config key 'device'); use auto, cpu, cuda, cuda:N"
+        ) from err
 
 
 def batches(n: int, batch_size: int, generator: torch.Generator | None, shuffle: bool = True) -> Iterable[torch.Tensor]:
@@ -121,7 +123,9 @@ def evaluate(
     return total / y.numel(), correct / y.numel()  # per target: tokens for next-word prediction
 
 
-def batched_losses(model: nn.Module, stacked_state: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def batched_losses(
+    model: nn.Module, stacked_state: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
     """Mean cross-entropy on ``(x, y)`` of each of the M states in ``stacked_state`` (leading dim M).
 
     States hold every parameter and buffer of ``model`` (eval mode: BatchNorm uses each candidate's own

@@ -22,7 +22,7 @@ BASE_CFG = {"model": "mlp", "partition": "iid", "momentum": 0.0, "batch-size": 1
 def digits_of(classes, n_per_class=20, offset=0):
     """(x, y) tensors: ``n_per_class`` digits of each class in ``classes``, starting at the ``offset``-th."""
     d = load_centralized("digits")
-    idx = np.concatenate([np.flatnonzero(d.y == c)[offset:offset + n_per_class] for c in classes])
+    idx = np.concatenate([np.flatnonzero(d.y == c)[offset : offset + n_per_class] for c in classes])
     return torch.from_numpy(d.x[idx]), torch.from_numpy(d.y[idx])
 
 
@@ -35,8 +35,13 @@ def client_data(train_classes, val_classes=None, test_classes=None, n=20) -> Cli
 
 
 def context(method, pid=0, n=4, **cfg) -> Context:
-    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": n},
-                   state=RecordDict(), run_config={**BASE_CFG, "method": method, **cfg})
+    return Context(
+        run_id=1,
+        node_id=100 + pid,
+        node_config={"partition-id": pid, "num-partitions": n},
+        state=RecordDict(),
+        run_config={**BASE_CFG, "method": method, **cfg},
+    )
 
 
 def client(method, data: ClientData | None = None, ctx: Context | None = None, **cfg):
@@ -44,8 +49,13 @@ def client(method, data: ClientData | None = None, ctx: Context | None = None, *
     if ctx is None:
         ctx = context(method, **cfg)
     elif cfg:
-        ctx = Context(run_id=ctx.run_id, node_id=ctx.node_id, node_config=ctx.node_config, state=ctx.state,
-                      run_config={**ctx.run_config, **cfg})
+        ctx = Context(
+            run_id=ctx.run_id,
+            node_id=ctx.node_id,
+            node_config=ctx.node_config,
+            state=ctx.state,
+            run_config={**ctx.run_config, **cfg},
+        )
     c = load_object(METHODS[method].client)(ctx, parse_settings(ctx.run_config))
     if data is not None:
         c.data = data

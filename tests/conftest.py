@@ -20,7 +20,6 @@ if ROOT.name == "mutants":
     settings.load_profile("mutmut")
 
 
-
 @pytest.fixture(scope="session")
 def simulation():
     """A private SuperLink in simulation mode for end-to-end runs, stopped by pid at the end."""

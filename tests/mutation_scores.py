@@ -38,9 +38,22 @@ DOC = HERE / "MUTATION.md"
 BEGIN, END = "<!-- mutation-scores:begin -->", "<!-- mutation-scores:end -->"
 
 #: mutmut 3.8's exit codes (mutmut.stats.status_by_exit_code), folded into what the score needs
-STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
-          36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
-          37: "type check", -11: "segfault", -9: "segfault"}
+STATUS = {
+    1: "killed",
+    3: "killed",
+    0: "survived",
+    5: "no tests",
+    33: "no tests",
+    34: "skipped",
+    36: "timeout",
+    -24: "timeout",
+    24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    37: "type check",
+    -11: "segfault",
+    -9: "segfault",
+}
 CAUGHT = ("killed", "timeout", "type check", "segfault")
 #: kinds of reviewed mutants (tests/mutation/equivalent.csv): ``equivalent`` and ``import-time`` are left out of the
 #: score; ``gpu-only`` (a device move that only a GPU run can tell from the original) stays in it as not caught
@@ -50,14 +63,35 @@ TARGET = 0.90
 #: the modules of each method (and the code every method runs); the target applies to each of them
 METHOD_MODULES = {
     "FedC2I": ("client_app/fedc2i.py", "client_app/fedc2i_math.py", "strategies/fedc2i.py", "task/methods/fedc2i.py"),
-    "FedCAC": ("client_app/fedcac.py", "client_app/fedcac_math.py", "strategies/fedcac.py", "strategies/fedcac_math.py",
-               "task/methods/fedcac.py"),
-    "pFedLIA": ("client_app/pfedlia.py", "client_app/pfedlia_math.py", "strategies/pfedlia.py",
-                "strategies/pfedlia_math.py", "task/methods/pfedlia.py"),
-    "PI-FL": ("client_app/pifl.py", "strategies/pifl.py", "strategies/pifl_math.py", "strategies/tier_tables.py",
-              "task/methods/pifl.py"),
-    "Client2Vec": ("client_app/client2vec.py", "client_app/client2vec_math.py", "strategies/client2vec.py",
-                   "strategies/client2vec_math.py", "task/dsa_ign.py", "task/methods/client2vec.py"),
+    "FedCAC": (
+        "client_app/fedcac.py",
+        "client_app/fedcac_math.py",
+        "strategies/fedcac.py",
+        "strategies/fedcac_math.py",
+        "task/methods/fedcac.py",
+    ),
+    "pFedLIA": (
+        "client_app/pfedlia.py",
+        "client_app/pfedlia_math.py",
+        "strategies/pfedlia.py",
+        "strategies/pfedlia_math.py",
+        "task/methods/pfedlia.py",
+    ),
+    "PI-FL": (
+        "client_app/pifl.py",
+        "strategies/pifl.py",
+        "strategies/pifl_math.py",
+        "strategies/tier_tables.py",
+        "task/methods/pifl.py",
+    ),
+    "Client2Vec": (
+        "client_app/client2vec.py",
+        "client_app/client2vec_math.py",
+        "strategies/client2vec.py",
+        "strategies/client2vec_math.py",
+        "task/dsa_ign.py",
+        "task/methods/client2vec.py",
+    ),
     "every method": ("task/train.py", "task/methods/__init__.py"),
 }
 
@@ -139,8 +173,11 @@ def table(data: dict, equiv: dict[str, tuple[str, str]]) -> tuple[str, list[str]
             surviving.append(name)
         else:
             c[status] += 1
-    lines = ["| module | mutants | not run | run | caught | of which timeout / crash | survived | gpu-only | no tests | "
-             "equivalent | import-time | score |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| module | mutants | not run | run | caught | of which timeout / crash | survived | gpu-only | no tests | "
+        "equivalent | import-time | score |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     totals = Counter()
     for module in sorted(per):
         c = per[module]
@@ -149,17 +186,21 @@ def table(data: dict, equiv: dict[str, tuple[str, str]]) -> tuple[str, list[str]
             continue
         scored = c["run"] - c["equivalent"] - c["import-time"]
         score = f"{100 * c['caught'] / scored:.1f}%" if scored else "-"
-        lines.append(f"| {module} | {total} | {total - c['run']} | {c['run']} | {c['caught']} | {c['not killed outright']} | "
-                     f"{c['survived']} | "
-                     f"{c['gpu-only']} | {c['no tests'] + c['skipped'] + c['suspicious']} | {c['equivalent']} | "
-                     f"{c['import-time']} | {score} |")
+        lines.append(
+            f"| {module} | {total} | {total - c['run']} | {c['run']} | {c['caught']} | {c['not killed outright']} | "
+            f"{c['survived']} | "
+            f"{c['gpu-only']} | {c['no tests'] + c['skipped'] + c['suspicious']} | {c['equivalent']} | "
+            f"{c['import-time']} | {score} |"
+        )
         totals.update(c)
         totals["total"] += total
     scored = totals["run"] - totals["equivalent"] - totals["import-time"]
-    lines.append(f"| **all of the above** | {totals['total']} | {totals['total'] - totals['run']} | {totals['run']} | "
-                 f"{totals['caught']} | {totals['not killed outright']} | {totals['survived']} | {totals['gpu-only']} | "
-                 f"{totals['no tests'] + totals['skipped'] + totals['suspicious']} | {totals['equivalent']} | "
-                 f"{totals['import-time']} | {100 * totals['caught'] / max(scored, 1):.1f}% |")
+    lines.append(
+        f"| **all of the above** | {totals['total']} | {totals['total'] - totals['run']} | {totals['run']} | "
+        f"{totals['caught']} | {totals['not killed outright']} | {totals['survived']} | {totals['gpu-only']} | "
+        f"{totals['no tests'] + totals['skipped'] + totals['suspicious']} | {totals['equivalent']} | "
+        f"{totals['import-time']} | {100 * totals['caught'] / max(scored, 1):.1f}% |"
+    )
     lines += ["", *method_summary(data, per)]
     commits = sorted({rec["commit"] for rec in data["mutants"].values()})
     not_run = sorted(m for m in data["modules"] if not per.get(m, Counter())["run"])
@@ -169,20 +210,28 @@ def table(data: dict, equiv: dict[str, tuple[str, str]]) -> tuple[str, list[str]
     if surviving:
         text += "\n\nSurviving (not equivalent, no test kills them yet):\n\n" + "\n".join(f"- `{s}`" for s in surviving)
     if gpu_only:
-        text += ("\n\nNot caught, kind gpu-only (a device move: the same values on a CPU, so only a run with a GPU, "
-                 "which these machines lack, could tell it; counted against the score):\n\n"
-                 + "\n".join(f"- `{s}`" for s in sorted(gpu_only)))
+        text += (
+            "\n\nNot caught, kind gpu-only (a device move: the same values on a CPU, so only a run with a GPU, "
+            "which these machines lack, could tell it; counted against the score):\n\n"
+            + "\n".join(f"- `{s}`" for s in sorted(gpu_only))
+        )
     eq_lines = ["| mutant | kind | why no test can tell it from the original |", "|---|---|---|"]
     eq_lines += [f"| `{m}` | {k} | {r} |" for m, (k, r) in sorted(equiv.items()) if m in data["mutants"]]
-    text += "\n\n### Equivalent, import-time and gpu-only mutants (tests/mutation/equivalent.csv)\n\n" + "\n".join(eq_lines)
+    text += "\n\n### Equivalent, import-time and gpu-only mutants (tests/mutation/equivalent.csv)\n\n" + "\n".join(
+        eq_lines
+    )
     return text, stale
 
 
 def method_summary(data: dict, per: dict[str, Counter], methods: dict = METHOD_MODULES) -> list[str]:
     """One row per method: is every module of it run completely, and is each at or above the target?"""
-    out = [f"Target (issue 14 §3): at least {TARGET:.0%} of the non-equivalent mutants caught in every module of every "
-           "method, with every mutant run.", "",
-           "| method | modules | mutants not run | lowest module score | target met |", "|---|---|---|---|---|"]
+    out = [
+        f"Target (issue 14 §3): at least {TARGET:.0%} of the non-equivalent mutants caught in every module of every "
+        "method, with every mutant run.",
+        "",
+        "| method | modules | mutants not run | lowest module score | target met |",
+        "|---|---|---|---|---|",
+    ]
     for method, modules in methods.items():
         not_run, scores, unknown = 0, [], []
         for module in modules:

@@ -49,8 +49,12 @@ def outgoing_messages():
 
 def reply_message(src: int, content: RecordDict | None = None, error: str | None = None) -> Any:
     """A reply as the strategy sees it: metadata (source node), content, or an error."""
-    return SimpleNamespace(metadata=SimpleNamespace(src_node_id=src, reply_to_message_id=""), content=content,
-                           has_error=lambda: error is not None, error=SimpleNamespace(reason=error))
+    return SimpleNamespace(
+        metadata=SimpleNamespace(src_node_id=src, reply_to_message_id=""),
+        content=content,
+        has_error=lambda: error is not None,
+        error=SimpleNamespace(reason=error),
+    )
 
 
 class ReplayGrid:
@@ -124,8 +128,9 @@ def _value(rule: Number | Numbers, rng: random.Random) -> Any:
 
 
 def _array(tensor: Tensor, dims: dict[int, int], rng: np.random.Generator) -> np.ndarray:
-    shape = tuple(dims.setdefault(id(d), int(rng.integers(d.low, d.high + 1))) if isinstance(d, Dim) else d
-                  for d in tensor.shape)
+    shape = tuple(
+        dims.setdefault(id(d), int(rng.integers(d.low, d.high + 1))) if isinstance(d, Dim) else d for d in tensor.shape
+    )
     dtype = np.dtype(tensor.dtype)
     if np.issubdtype(dtype, np.floating):
         return rng.standard_normal(shape).astype(dtype)
@@ -165,6 +170,7 @@ def _with_metric(key: str, value: Any, record: str = "metrics") -> Callable[[Rec
             metrics[key] = value
         out[record] = MetricRecord(metrics)
         return out
+
     return apply
 
 
@@ -179,6 +185,7 @@ def _with_array(record: str, key: str, change: Callable[[np.ndarray | None], np.
             arrays[key] = new
         out[record] = to_record(arrays)
         return out
+
     return apply
 
 
@@ -187,6 +194,7 @@ def _without_record(record: str) -> Callable[[RecordDict], RecordDict]:
         out = copy.deepcopy(content)
         del out[record]
         return out
+
     return apply
 
 
@@ -194,10 +202,15 @@ _MISSING = object()
 
 
 def _bad_numbers(rule: Number) -> list[tuple[str, Any]]:
-    bad: list[tuple[str, Any]] = [("NaN", float("nan")), ("inf", float("inf")), ("-inf", float("-inf")),
-                                  ("a list", [1.0, 2.0]), ("huge", 1e308 if rule.kind is float else 2**62),
-                                  ("above the maximum", rule.maximum + (1 if rule.kind is int else 0.5)),
-                                  ("below the minimum", rule.minimum - 1)]
+    bad: list[tuple[str, Any]] = [
+        ("NaN", float("nan")),
+        ("inf", float("inf")),
+        ("-inf", float("-inf")),
+        ("a list", [1.0, 2.0]),
+        ("huge", 1e308 if rule.kind is float else 2**62),
+        ("above the maximum", rule.maximum + (1 if rule.kind is int else 0.5)),
+        ("below the minimum", rule.minimum - 1),
+    ]
     if rule.minimum >= 0:
         bad.append(("negative", -1e6 if rule.kind is float else -1))
     if rule.kind is int:
@@ -223,7 +236,9 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
                 out.append(Corruption(f"{key}: {what}", _with_metric(key, value, record)))
             continue
         current = metrics.get(key)
-        out.append(Corruption(f"{key}: a scalar for a list", _with_metric(key, 0.5 if rule.kind is float else 1, record)))
+        out.append(
+            Corruption(f"{key}: a scalar for a list", _with_metric(key, 0.5 if rule.kind is float else 1, record))
+        )
         sample = current if isinstance(current, list) and current else [rule.minimum]
         element = Number(rule.kind, rule.minimum, rule.maximum)
         for what, value in _bad_numbers(element):
@@ -232,33 +247,60 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
             rest = [float(v) for v in sample[1:]] if isinstance(value, float) else list(sample[1:])  # one type per list
             out.append(Corruption(f"{key}: an element {what}", _with_metric(key, [value] + rest, record)))
         if rule.length is not None:
-            out.append(Corruption(f"{key}: one element too many", _with_metric(key, list(sample) + [sample[0]] * (
-                rule.length + 1 - len(sample)), record)))
+            out.append(
+                Corruption(
+                    f"{key}: one element too many",
+                    _with_metric(key, list(sample) + [sample[0]] * (rule.length + 1 - len(sample)), record),
+                )
+            )
             if rule.length > 0:
-                out.append(Corruption(f"{key}: one element short", _with_metric(key, list(sample)[: rule.length - 1], record)))
+                out.append(
+                    Corruption(f"{key}: one element short", _with_metric(key, list(sample)[: rule.length - 1], record))
+                )
         if rule.max_length is not None:
-            out.append(Corruption(f"{key}: too many elements",
-                                  _with_metric(key, [sample[0]] * (rule.max_length + 1), record)))
+            out.append(
+                Corruption(f"{key}: too many elements", _with_metric(key, [sample[0]] * (rule.max_length + 1), record))
+            )
         if rule.distinct and isinstance(current, list) and current:
-            out.append(Corruption(f"{key}: a repeated element", _with_metric(key, [current[0]] * max(2, len(current)), record)))
+            out.append(
+                Corruption(f"{key}: a repeated element", _with_metric(key, [current[0]] * max(2, len(current)), record))
+            )
         if rule.total is not None and isinstance(current, list) and current:
-            out.append(Corruption(f"{key}: does not sum to {rule.total}", _with_metric(key, [v * 0.5 for v in current], record)))
+            out.append(
+                Corruption(
+                    f"{key}: does not sum to {rule.total}", _with_metric(key, [v * 0.5 for v in current], record)
+                )
+            )
     for name, rec in spec.records.items():
         if rec.required:
             out.append(Corruption(f"record {name}: missing", _without_record(name)))
-        out.append(Corruption(f"record {name}: an extra array", _with_array(name, "unexpected", lambda _: np.zeros(1, np.float32))))
+        out.append(
+            Corruption(
+                f"record {name}: an extra array", _with_array(name, "unexpected", lambda _: np.zeros(1, np.float32))
+            )
+        )
         for key, tensor in rec.tensors.items():
             out.append(Corruption(f"{name}/{key}: missing", _with_array(name, key, lambda _: None)))
-            out.append(Corruption(f"{name}/{key}: wrong shape", _with_array(name, key, lambda a: np.zeros((*a.shape, 2), a.dtype))))
-            out.append(Corruption(f"{name}/{key}: wrong dtype", _with_array(
-                name, key, lambda a: a.astype(np.float64 if a.dtype != np.float64 else np.float32))))
+            out.append(
+                Corruption(
+                    f"{name}/{key}: wrong shape", _with_array(name, key, lambda a: np.zeros((*a.shape, 2), a.dtype))
+                )
+            )
+            out.append(
+                Corruption(
+                    f"{name}/{key}: wrong dtype",
+                    _with_array(name, key, lambda a: a.astype(np.float64 if a.dtype != np.float64 else np.float32)),
+                )
+            )
             if np.issubdtype(np.dtype(tensor.dtype), np.floating) and tensor.finite:
                 for what, bad in (("NaN", np.nan), ("inf", np.inf)):
+
                     def put(a, bad=bad):
                         a = a.copy()
                         if a.size:
                             a.flat[a.size // 2] = bad
                         return a
+
                     out.append(Corruption(f"{name}/{key}: {what}", _with_array(name, key, put)))
     return out
 
@@ -297,10 +339,15 @@ def snapshot(obj: Any, _depth: int = 0) -> Any:
     if isinstance(obj, float) and np.isnan(obj):
         return ("nan",)
     if is_dataclass(obj) and not isinstance(obj, type):
-        return (type(obj).__name__, {f.name: snapshot(getattr(obj, f.name), _depth + 1) for f in fields(obj)
-                                     if not _volatile(f.name)})
-    if hasattr(obj, "__dict__") and not isinstance(obj, type) and type(obj).__module__.split(".")[0] in (
-            "strategies", "task", "tests"):
+        return (
+            type(obj).__name__,
+            {f.name: snapshot(getattr(obj, f.name), _depth + 1) for f in fields(obj) if not _volatile(f.name)},
+        )
+    if (
+        hasattr(obj, "__dict__")
+        and not isinstance(obj, type)
+        and type(obj).__module__.split(".")[0] in ("strategies", "task", "tests")
+    ):
         return (type(obj).__name__, {k: snapshot(v, _depth + 1) for k, v in vars(obj).items() if not _volatile(k)})
     return obj
 
@@ -311,8 +358,10 @@ def assert_same_state(a: Any, b: Any, path: str = "strategy") -> None:
         raise AssertionError(f"{path}: {type(a).__name__} != {type(b).__name__}")
     if isinstance(a, dict):
         if set(a) != set(b):
-            raise AssertionError(f"{path}: keys differ: only left {sorted(map(str, set(a) - set(b)))[:5]}, "
-                                 f"only right {sorted(map(str, set(b) - set(a)))[:5]}")
+            raise AssertionError(
+                f"{path}: keys differ: only left {sorted(map(str, set(a) - set(b)))[:5]}, "
+                f"only right {sorted(map(str, set(b) - set(a)))[:5]}"
+            )
         for k in a:
             assert_same_state(a[k], b[k], f"{path}[{k!r}]")
     elif isinstance(a, (list, tuple)):
@@ -324,14 +373,32 @@ def assert_same_state(a: Any, b: Any, path: str = "strategy") -> None:
         raise AssertionError(f"{path}: {str(a)[:120]} != {str(b)[:120]}")
 
 
-__all__ = ["ReplayGrid", "OutgoingMessage", "outgoing_messages", "reply_message", "phase_of", "run_round", "valid_content", "corruptions", "Corruption",
-           "snapshot", "assert_same_state", "SUPERLINK_NODE_ID", "replace", "Arrays"]
+__all__ = [
+    "ReplayGrid",
+    "OutgoingMessage",
+    "outgoing_messages",
+    "reply_message",
+    "phase_of",
+    "run_round",
+    "valid_content",
+    "corruptions",
+    "Corruption",
+    "snapshot",
+    "assert_same_state",
+    "SUPERLINK_NODE_ID",
+    "replace",
+    "Arrays",
+]
 
 
 # ---------------------------------------------------------------------------------------------- scripted runs
-def drive(strategy, clients_of_nodes: dict[int, int], rounds: int | Iterable[int],
-          answer: Callable[[int, int, str, RecordDict], list[RecordDict] | None] | None = None,
-          seed: int = 0) -> ReplayGrid:
+def drive(
+    strategy,
+    clients_of_nodes: dict[int, int],
+    rounds: int | Iterable[int],
+    answer: Callable[[int, int, str, RecordDict], list[RecordDict] | None] | None = None,
+    seed: int = 0,
+) -> ReplayGrid:
     """Run ``rounds`` of ``strategy`` with nodes ``clients_of_nodes`` (node id -> partition id).
 
     Every reply is made from the strategy's own reply spec; ``answer(server_round, node, phase, content)``
@@ -351,7 +418,7 @@ def drive(strategy, clients_of_nodes: dict[int, int], rounds: int | Iterable[int
 
     grid = ReplayGrid(clients_of_nodes, respond)
     with outgoing_messages():
-        for r in (range(1, rounds + 1) if isinstance(rounds, int) else rounds):
+        for r in range(1, rounds + 1) if isinstance(rounds, int) else rounds:
             run_round(strategy, grid, r)
     return grid
 

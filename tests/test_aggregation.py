@@ -64,10 +64,12 @@ def test_global_model_methods_share_the_whole_model(method):
 
 
 def content_with(arrays, n=10, pid=0):
-    return RecordDict({
-        "arrays": to_record(arrays),
-        "metrics": MetricRecord({"num-examples": n, "partition-id": pid}),
-    })
+    return RecordDict(
+        {
+            "arrays": to_record(arrays),
+            "metrics": MetricRecord({"num-examples": n, "partition-id": pid}),
+        }
+    )
 
 
 def good_arrays(s):
@@ -107,11 +109,21 @@ def test_a_rejected_reply_does_not_touch_the_global_model():
     s = strategy("fedavg")
     before = {k: v.copy() for k, v in s.global_state.items()}
     seen = set()
-    bad = {k: np.full(shape, np.nan, s.initial_state[k].dtype) if s.initial_state[k].dtype.kind == "f"
-           else np.zeros(shape, s.initial_state[k].dtype) for k, shape in s.expected_reply_shapes(0).items()}
+    bad = {
+        k: np.full(shape, np.nan, s.initial_state[k].dtype)
+        if s.initial_state[k].dtype.kind == "f"
+        else np.zeros(shape, s.initial_state[k].dtype)
+        for k, shape in s.expected_reply_shapes(0).items()
+    }
     good = {k: np.ones(shape, s.initial_state[k].dtype) for k, shape in s.expected_reply_shapes(0).items()}
-    ups = [u for u in (s.check_reply(1, 1, content_with(bad, pid=1), "train", seen),
-                       s.check_reply(1, 2, content_with(good, pid=2), "train", seen)) if u]
+    ups = [
+        u
+        for u in (
+            s.check_reply(1, 1, content_with(bad, pid=1), "train", seen),
+            s.check_reply(1, 2, content_with(good, pid=2), "train", seen),
+        )
+        if u
+    ]
     assert len(ups) == 1
     s.aggregate(1, ups)
     assert all(np.isfinite(v).all() for v in s.global_state.values())
@@ -124,8 +136,11 @@ def _sent(node, message_id):  # the metadata of a sent message, as the grid leav
 
 
 def _error_reply(src, reply_to, reason="Error: Node Unavailable"):
-    return SimpleNamespace(metadata=SimpleNamespace(src_node_id=src, reply_to_message_id=reply_to),
-                           has_error=lambda: True, error=SimpleNamespace(reason=reason))
+    return SimpleNamespace(
+        metadata=SimpleNamespace(src_node_id=src, reply_to_message_id=reply_to),
+        has_error=lambda: True,
+        error=SimpleNamespace(reason=reason),
+    )
 
 
 def test_lost_and_silent_nodes_are_recorded_under_their_own_ids():

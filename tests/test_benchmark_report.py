@@ -23,8 +23,10 @@ import report  # noqa: E402
 def test_results_md_is_generated_from_the_raw_records():
     expected = report.build(common.RAW)
     actual = (BENCH / "RESULTS.md").read_text()
-    assert actual == expected, ("benchmarks/RESULTS.md differs from what benchmarks/raw/ gives: do not edit it by hand; "
-                                "run `python benchmarks/report.py` and commit the result")
+    assert actual == expected, (
+        "benchmarks/RESULTS.md differs from what benchmarks/raw/ gives: do not edit it by hand; "
+        "run `python benchmarks/report.py` and commit the result"
+    )
 
 
 def test_every_raw_record_is_small_and_complete():
@@ -41,17 +43,40 @@ def test_every_raw_record_is_small_and_complete():
 
 # --------------------------------------------------------------------------- helpers
 def rec(cell, personal=0.5, glob=None, data="d1", draws="all", config=None, grid="g", error=None, **extra):
-    cfg = {"method": cell.get("method", "fedavg"), "seed": cell.get("seed", 0), "lr": 0.05, "results-dir": "/x",
-           **(config or {})}
-    return {"schema": common.SCHEMA, "grid": grid, "cell": cell, "command": "python benchmarks/x.py", "run": "r",
-            "num-supernodes": 10, "error": error, "code": {"commit": "abc", "dirty": False},
-            "machine": {"cores": 2, "memory-gib": 24, "gpu": False, "python": "3.11", "flwr": "1.41.0", "torch": "2.14.1",
-                        "load-before": 1.0, "load-after": 1.0},
-            "run-config": cfg, "summary": {"personal-acc": personal, "global-acc": glob, "seconds": 1.0},
-            "rounds": [{"round": 1, "personal-acc": personal, "global-acc": glob, "train-clients": 10}],
-            "clients": {"columns": ["client", "num-examples", "personal-acc"], "rows": [[0, 10, personal]]},
-            "artefacts": extra.get("artefacts", {}), "failures": {"count": 0, "first": []},
-            "fingerprint": {"data": data, "data-columns": ["client", "num-examples"], "draws": draws}}
+    cfg = {
+        "method": cell.get("method", "fedavg"),
+        "seed": cell.get("seed", 0),
+        "lr": 0.05,
+        "results-dir": "/x",
+        **(config or {}),
+    }
+    return {
+        "schema": common.SCHEMA,
+        "grid": grid,
+        "cell": cell,
+        "command": "python benchmarks/x.py",
+        "run": "r",
+        "num-supernodes": 10,
+        "error": error,
+        "code": {"commit": "abc", "dirty": False},
+        "machine": {
+            "cores": 2,
+            "memory-gib": 24,
+            "gpu": False,
+            "python": "3.11",
+            "flwr": "1.41.0",
+            "torch": "2.14.1",
+            "load-before": 1.0,
+            "load-after": 1.0,
+        },
+        "run-config": cfg,
+        "summary": {"personal-acc": personal, "global-acc": glob, "seconds": 1.0},
+        "rounds": [{"round": 1, "personal-acc": personal, "global-acc": glob, "train-clients": 10}],
+        "clients": {"columns": ["client", "num-examples", "personal-acc"], "rows": [[0, 10, personal]]},
+        "artefacts": extra.get("artefacts", {}),
+        "failures": {"count": 0, "first": []},
+        "fingerprint": {"data": data, "data-columns": ["client", "num-examples"], "draws": draws},
+    }
 
 
 # --------------------------------------------------------------------------- pairing
@@ -93,8 +118,10 @@ def test_a_rendered_table_refuses_the_paired_column_when_fingerprints_disagree(t
     for seed in (0, 1):
         for method, acc in (("fedavg", 0.5), ("pifl", 0.6)):
             data = "x" if (method, seed) == ("pifl", 1) else f"d{seed}"
-            common.write_record(rec({"partition": "synth-10:90", "method": method, "seed": seed}, personal=acc,
-                                    data=data, grid="pifl"), tmp_path)
+            common.write_record(
+                rec({"partition": "synth-10:90", "method": method, "seed": seed}, personal=acc, data=data, grid="pifl"),
+                tmp_path,
+            )
     text = report.render_pifl(tmp_path, {"lr": 0.05})
     row = next(line for line in text.splitlines() if line.startswith("| synth-10:90 | pifl |"))
     assert "no paired Δ (seed 1: the runs' data differ" in row
@@ -104,18 +131,30 @@ def test_a_rendered_table_refuses_the_paired_column_when_fingerprints_disagree(t
 def test_versus_names_winner_and_seeds():
     a = [rec({"method": "a", "seed": s}, personal=0.8) for s in (0, 1)]
     b = [rec({"method": "b", "seed": s}, personal=0.7) for s in (0, 1)]
-    assert report.versus("A", a, "B", b, report.PERSONAL) == \
-        "A (0.800) beats B (0.700): +10.0 points, better in 2 of 2 seeds (paired)"
+    assert (
+        report.versus("A", a, "B", b, report.PERSONAL)
+        == "A (0.800) beats B (0.700): +10.0 points, better in 2 of 2 seeds (paired)"
+    )
     assert report.versus("B", b, "A", a, report.PERSONAL).startswith("B (0.700) does not beat A (0.800): -10.0 points")
 
 
 # --------------------------------------------------------------------------- settings lines
 def test_settings_diff_lists_non_defaults_and_the_rows_that_use_them():
     d = {"lr": 0.05, "fraction-train": 1.0, "min-nodes": 2, "results-dir": "results", "method": "fedavg", "seed": 0}
-    recs = [rec({"participation": p, "method": m, "seed": s},
-                config={"fraction-train": 1.0 if p == "full" else 0.1, "min-nodes": 50 if p == "full" else 5,
-                        "lr": 0.1, "cfl-eps1": 0.1 if m == "cfl-tuned" else 0.4})
-            for p in ("full", "10%") for m in ("fedavg", "cfl-tuned") for s in (0, 1)]
+    recs = [
+        rec(
+            {"participation": p, "method": m, "seed": s},
+            config={
+                "fraction-train": 1.0 if p == "full" else 0.1,
+                "min-nodes": 50 if p == "full" else 5,
+                "lr": 0.1,
+                "cfl-eps1": 0.1 if m == "cfl-tuned" else 0.4,
+            },
+        )
+        for p in ("full", "10%")
+        for m in ("fedavg", "cfl-tuned")
+        for s in (0, 1)
+    ]
     diff = report.settings_diff(recs, {**d, "cfl-eps1": 0.4})
     assert "clients (num-supernodes)=10" in diff
     assert "lr=0.1" in diff  # the same in every run: no row attribution
@@ -129,7 +168,9 @@ def test_settings_diff_lists_non_defaults_and_the_rows_that_use_them():
 def test_settings_diff_says_once_when_a_key_is_the_rows_label():
     recs = [rec({"partition": p, "seed": 0}, config={"partition": p}) for p in ("iid", "pathological")]
     assert report.settings_diff(recs, {"partition": "dirichlet", "lr": 0.05}) == [
-        "clients (num-supernodes)=10", "partition: as in the partition column"]
+        "clients (num-supernodes)=10",
+        "partition: as in the partition column",
+    ]
 
 
 def test_settings_diff_flags_a_default_that_changed_after_the_runs():
@@ -137,7 +178,10 @@ def test_settings_diff_flags_a_default_that_changed_after_the_runs():
     for r in recs:
         r["overrides"] = ["lr", "method", "results-dir", "seed"]  # warm-up 20 was the default of the code that ran
     assert report.settings_diff(recs, {"warmup-rounds": 5, "lr": 0.05}) == [
-        "clients (num-supernodes)=10", "lr=0.1", "warmup-rounds=20 (the default when these ran; now 5)"]
+        "clients (num-supernodes)=10",
+        "lr=0.1",
+        "warmup-rounds=20 (the default when these ran; now 5)",
+    ]
 
 
 def test_settings_diff_flags_keys_no_longer_in_the_defaults():
@@ -147,9 +191,11 @@ def test_settings_diff_flags_keys_no_longer_in_the_defaults():
 
 def test_paper_diff_separates_differences_from_matches():
     recs = [rec({"seed": s}, config={"fraction-train": 1.0, "warmup-rounds": 20}) for s in (0, 1)]
-    paper = [report.Paper("participation", "10 %", report.key("fraction-train", report.percent), "spec §3"),
-             report.Paper("warm-up rounds", "20", report.key("warmup-rounds"), "spec §3"),
-             report.Paper("seeds", "4", report.n_seeds, "spec §3")]
+    paper = [
+        report.Paper("participation", "10 %", report.key("fraction-train", report.percent), "spec §3"),
+        report.Paper("warm-up rounds", "20", report.key("warmup-rounds"), "spec §3"),
+        report.Paper("seeds", "4", report.n_seeds, "spec §3"),
+    ]
     differ, same = report.paper_diff(recs, paper)
     assert differ == ["participation: paper 10 %, here 100 % (spec §3)", "seeds: paper 4, here 2 (spec §3)"]
     assert same == ["warm-up rounds"]
@@ -165,28 +211,56 @@ def test_a_section_without_records_names_the_command_instead_of_numbers(tmp_path
 def _fake_run(folder: Path, examples=(10, 12), goal=None) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"run-config": {"method": "pfedlia", "lr": 0.05}}))
-    (folder / "summary.json").write_text(json.dumps({"personal-acc": 0.9, "global-acc": None, "seconds": 3.0,
-                                                     "rounds": 2, "clients": 2, "failures": 0}))
-    (folder / "rounds.json").write_text(json.dumps([
-        {"round": r, "train": {"trained-acc": 0.8, "num-replies": 2, "time-train": 0.1},
-         "evaluate": {"personal-acc": 0.9, "num-replies": 2},
-         "extra": {"seconds": 1.5, "comm": {"train-bytes-down": 100, "train-bytes-up": 90, "lia-bytes-down": 10}}}
-        for r in (1, 2)]))
+    (folder / "summary.json").write_text(
+        json.dumps({"personal-acc": 0.9, "global-acc": None, "seconds": 3.0, "rounds": 2, "clients": 2, "failures": 0})
+    )
+    (folder / "rounds.json").write_text(
+        json.dumps(
+            [
+                {
+                    "round": r,
+                    "train": {"trained-acc": 0.8, "num-replies": 2, "time-train": 0.1},
+                    "evaluate": {"personal-acc": 0.9, "num-replies": 2},
+                    "extra": {
+                        "seconds": 1.5,
+                        "comm": {"train-bytes-down": 100, "train-bytes-up": 90, "lia-bytes-down": 10},
+                    },
+                }
+                for r in (1, 2)
+            ]
+        )
+    )
     with open(folder / "clients.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["client", "num-examples", "partition-id", "peak-rss-mb", "personal-acc"] + (["goal-examples"] if goal else []))
+        w.writerow(
+            ["client", "num-examples", "partition-id", "peak-rss-mb", "personal-acc"]
+            + (["goal-examples"] if goal else [])
+        )
         for i, n in enumerate(examples):
             w.writerow([i, float(n), float(i), 1000.0, 0.9] + ([goal[i]] if goal else []))
     (folder / "failures.json").write_text("[]")
-    (folder / "pfedlia_clusters.json").write_text(json.dumps(
-        {"clustering": {"round": 2, "clusters": 1, "ari": 1.0}, "assignment": {"0": 0, "1": 0}, "planted": {"0": 0, "1": 0}}))
+    (folder / "pfedlia_clusters.json").write_text(
+        json.dumps(
+            {
+                "clustering": {"round": 2, "clusters": 1, "ari": 1.0},
+                "assignment": {"0": 0, "1": 0},
+                "planted": {"0": 0, "1": 0},
+            }
+        )
+    )
     return folder
 
 
 def test_record_from_run_keeps_the_essentials(tmp_path):
     folder = _fake_run(tmp_path / "run-a")
-    r = common.record_from_run(folder, grid="g", cell={"method": "pfedlia", "seed": 0}, command="python benchmarks/x.py",
-                               num_supernodes=2, run_config={})
+    r = common.record_from_run(
+        folder,
+        grid="g",
+        cell={"method": "pfedlia", "seed": 0},
+        command="python benchmarks/x.py",
+        num_supernodes=2,
+        run_config={},
+    )
     assert r["run"] == "run-a" and r["run-config"] == {"method": "pfedlia", "lr": 0.05}
     assert r["summary"]["personal-acc"] == 0.9 and r["summary"]["seconds"] == 3.0
     assert r["rounds"][0]["bytes-down"] == 110 and r["rounds"][0]["train-bytes-down"] == 100
@@ -200,8 +274,9 @@ def test_record_from_run_keeps_the_essentials(tmp_path):
 
 def test_data_fingerprint_follows_the_clients_data(tmp_path):
     def fp(name, **kw):
-        return common.record_from_run(_fake_run(tmp_path / name, **kw), grid="g", cell={}, command="c",
-                                      num_supernodes=2, run_config={})["fingerprint"]
+        return common.record_from_run(
+            _fake_run(tmp_path / name, **kw), grid="g", cell={}, command="c", num_supernodes=2, run_config={}
+        )["fingerprint"]
 
     assert fp("a")["data"] == fp("b")["data"]
     assert fp("c", examples=(10, 13))["data"] != fp("a2")["data"]
@@ -211,8 +286,15 @@ def test_data_fingerprint_follows_the_clients_data(tmp_path):
 
 
 def test_failed_run_is_recorded_with_its_reason():
-    r = common.record_from_run(None, grid="g", cell={"method": "oracle", "seed": 0}, command="c", num_supernodes=2,
-                               run_config={"method": "oracle"}, error="Traceback\nValueError: needs planted clusters\nINFO x")
+    r = common.record_from_run(
+        None,
+        grid="g",
+        cell={"method": "oracle", "seed": 0},
+        command="c",
+        num_supernodes=2,
+        run_config={"method": "oracle"},
+        error="Traceback\nValueError: needs planted clusters\nINFO x",
+    )
     assert r["error"] and r["rounds"] == []
     # what was asked, on top of the defaults of the code that ran
     assert r["run-config"] == {**common.app_defaults(), "method": "oracle"} and r["overrides"] == ["method"]
@@ -221,8 +303,14 @@ def test_failed_run_is_recorded_with_its_reason():
 
 
 def test_grid_cells_cover_every_combination():
-    cells = common.product({"partition": {"a": {"partition": "iid"}, "b": {"partition": "dirichlet"}},
-                            "method": {"m": {"method": "fedavg"}}}, [0, 1], {"lr": 0.1})
+    cells = common.product(
+        {
+            "partition": {"a": {"partition": "iid"}, "b": {"partition": "dirichlet"}},
+            "method": {"m": {"method": "fedavg"}},
+        },
+        [0, 1],
+        {"lr": 0.1},
+    )
     assert [c for c, _ in cells] == [{"partition": p, "method": "m", "seed": s} for p in "ab" for s in (0, 1)]
     assert cells[-1][1] == {"lr": 0.1, "partition": "dirichlet", "method": "fedavg", "seed": 1}
     assert common.cell_name({"p": "10%", "d": "synth-10:90", "s": 0}) == "10pct__synth-10_90__0"
@@ -232,8 +320,11 @@ def _with_clients(columns, rows):
     r = rec({"seed": 0})
     data_cols = [c for c in columns if c == "client" or c.endswith("examples")]
     r["clients"] = {"columns": columns, "rows": rows}
-    r["fingerprint"] = {"data": common.digest([[row[columns.index(c)] for c in data_cols] for row in rows]),
-                        "data-columns": data_cols, "draws": "all"}
+    r["fingerprint"] = {
+        "data": common.digest([[row[columns.index(c)] for c in data_cols] for row in rows]),
+        "data-columns": data_cols,
+        "draws": "all",
+    }
     return r
 
 

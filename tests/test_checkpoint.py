@@ -11,7 +11,13 @@ import torch
 from strategies.base import RoundLog
 from strategies.pifl_math import TokenLedger
 from task.checkpoint import (
-    FORMAT_VERSION, CheckpointError, from_tree, load_checkpoint, restore_into, save_checkpoint, to_tree,
+    FORMAT_VERSION,
+    CheckpointError,
+    from_tree,
+    load_checkpoint,
+    restore_into,
+    save_checkpoint,
+    to_tree,
 )
 
 
@@ -21,11 +27,20 @@ def sample_state():
     ledger = TokenLedger([0, 1, 2], 2, initial=100, price=7)
     ledger.charge(1, [0, 2])
     return {
-        "ints": {3: [1, 2], 10: (4, 5.5)}, "set": {7, 8}, "frozen": frozenset({"a"}), "nan": float("nan"),
-        "array": np.arange(6, dtype=np.float32).reshape(2, 3), "labels": np.array([1, 2], np.int64),
-        "scalar": np.float64(2.5), "rng": rng, "gen": gen, "ledger": ledger,
+        "ints": {3: [1, 2], 10: (4, 5.5)},
+        "set": {7, 8},
+        "frozen": frozenset({"a"}),
+        "nan": float("nan"),
+        "array": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "labels": np.array([1, 2], np.int64),
+        "scalar": np.float64(2.5),
+        "rng": rng,
+        "gen": gen,
+        "ledger": ledger,
         "log": [RoundLog(1, {"personal-acc": 0.5}, {}, {"comm": {"train-bytes-up": 10}})],
-        "module": torch.nn.Linear(3, 2), "none": None, "flag": True,
+        "module": torch.nn.Linear(3, 2),
+        "none": None,
+        "flag": True,
     }
 
 

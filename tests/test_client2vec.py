@@ -9,12 +9,25 @@ from client_app.baselines import moon_loss
 from client_app.client2vec_math import distill_loss, local_regulariser, orth_loss
 from task.methods.client2vec import Client2VecOptions, build_aux
 from strategies.client2vec_math import (
-    C2VServerState, aggregation_weights, cosine_matrix, eq2_objective, exclusion_window, sampling_probabilities,
+    C2VServerState,
+    aggregation_weights,
+    cosine_matrix,
+    eq2_objective,
+    exclusion_window,
+    sampling_probabilities,
     similarity_to_set,
 )
 from task.clip import MissingWeights, OpenClipEncoder, SyntheticEncoder, cached_embeddings, label_prompt
 from task.dsa_ign import (
-    IGNConfig, build_ign, client_index, loss_div, loss_orth, loss_recon, loss_sim, total_loss, train_dsa_ign,
+    IGNConfig,
+    build_ign,
+    client_index,
+    loss_div,
+    loss_orth,
+    loss_recon,
+    loss_sim,
+    total_loss,
+    train_dsa_ign,
 )
 
 torch.set_num_threads(1)
@@ -90,7 +103,9 @@ def test_client_index_is_order_free_and_label_half_is_histogram_map():
 # ------------------------------------------------------------------------------------------ sampler
 def _state(m=20, seed=0, **kw):
     rng = np.random.default_rng(seed)
-    return C2VServerState(rng.standard_normal((m, 16)), rng.standard_normal((m, 16)), rng.integers(5, 50, m), seed=seed, **kw)
+    return C2VServerState(
+        rng.standard_normal((m, 16)), rng.standard_normal((m, 16)), rng.integers(5, 50, m), seed=seed, **kw
+    )
 
 
 def test_similarity_is_one_to_oneself_and_bounded():
@@ -110,7 +125,7 @@ def test_sampler_probabilities_window_and_determinism():
         if t > 1:
             p = s.probabilities(t)
             assert p.sum() == pytest.approx(1.0) and (p >= 0).all()
-            recent = set().union(*history[-exclusion_window(m, k):])
+            recent = set().union(*history[-exclusion_window(m, k) :])
             assert all(p[i] == 0 for i in recent) and (p > 0).sum() == m - len(recent)
         cohort = s.sample(t, k, use_index=True)
         assert len(set(cohort.tolist())) == k
@@ -312,12 +327,24 @@ def test_strategy_rejects_bad_index_replies_with_a_reason():
     from task.params import to_record
 
     strat = _strategy()
-    bad_shape = RecordDict({"metrics": MetricRecord({"num-examples": 10, "partition-id": 0}),
-                            "arrays": to_record({"beta_f": np.zeros(7, np.float32), "beta_l": np.zeros(512, np.float32)})})
-    nan = RecordDict({"metrics": MetricRecord({"num-examples": 10, "partition-id": 1}),
-                      "arrays": to_record({"beta_f": np.full(512, np.nan, np.float32), "beta_l": np.zeros(512, np.float32)})})
-    no_n = RecordDict({"metrics": MetricRecord({"partition-id": 2}),
-                       "arrays": to_record({"beta_f": np.zeros(512, np.float32), "beta_l": np.zeros(512, np.float32)})})
+    bad_shape = RecordDict(
+        {
+            "metrics": MetricRecord({"num-examples": 10, "partition-id": 0}),
+            "arrays": to_record({"beta_f": np.zeros(7, np.float32), "beta_l": np.zeros(512, np.float32)}),
+        }
+    )
+    nan = RecordDict(
+        {
+            "metrics": MetricRecord({"num-examples": 10, "partition-id": 1}),
+            "arrays": to_record({"beta_f": np.full(512, np.nan, np.float32), "beta_l": np.zeros(512, np.float32)}),
+        }
+    )
+    no_n = RecordDict(
+        {
+            "metrics": MetricRecord({"partition-id": 2}),
+            "arrays": to_record({"beta_f": np.zeros(512, np.float32), "beta_l": np.zeros(512, np.float32)}),
+        }
+    )
     for nid, content in ((1, bad_shape), (2, nan), (3, no_n)):
         assert strat.check_reply(1, nid, content, "c2v_index", set()) is None
     reasons = [f["reason"] for f in strat.failures]
@@ -332,8 +359,18 @@ def _cohorts_and_index(arm, nodes, rounds=4):
     from tests.strategy_harness import drive
 
     sampling, aggregation, local = ARMS[arm]
-    strat = _strategy(**{"min-nodes": len(nodes), "fraction-train": 0.5, "c2v-ign-epochs": 1, "c2v-ign-upload": 4,
-                         "c2v-sampling": sampling, "c2v-aggregation": aggregation, "c2v-local": local, "seed": 5})
+    strat = _strategy(
+        **{
+            "min-nodes": len(nodes),
+            "fraction-train": 0.5,
+            "c2v-ign-epochs": 1,
+            "c2v-ign-upload": 4,
+            "c2v-sampling": sampling,
+            "c2v-aggregation": aggregation,
+            "c2v-local": local,
+            "seed": 5,
+        }
+    )
     drive(strat, nodes, rounds)
     index = None if strat.c2v is None else (list(strat.index_clients), strat.c2v.beta_f.tobytes(), strat.ign_history)
     return strat.cohorts, index

@@ -17,8 +17,14 @@ LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
 
 @pytest.fixture
 def cfg(tmp_path):
-    return {"c2v-encoder": "synthetic", "c2v-cache-dir": str(tmp_path), "c2v-ign-ff": 16, "c2v-ign-upload": 12,
-            "c2v-ign-batch": 32, "seed": 3}
+    return {
+        "c2v-encoder": "synthetic",
+        "c2v-cache-dir": str(tmp_path),
+        "c2v-ign-ff": 16,
+        "c2v-ign-upload": 12,
+        "c2v-ign-batch": 32,
+        "seed": 3,
+    }
 
 
 def reference_embeddings(data, seed=3):
@@ -75,7 +81,11 @@ def test_federated_dsa_ign_round_trains_the_sent_network_with_the_ign_options(cf
     data = client_data(HIGH, n=4)
     net, content = ign_record()
     sent = {k: v.clone() for k, v in net.state_dict().items()}
-    still = as_torch(client("client2vec", data, **{**cfg, "c2v-ign-lr": 0.0, "c2v-ign-local-epochs": 1}).query("c2v_ign", content)["arrays"])
+    still = as_torch(
+        client("client2vec", data, **{**cfg, "c2v-ign-lr": 0.0, "c2v-ign-local-epochs": 1}).query("c2v_ign", content)[
+            "arrays"
+        ]
+    )
     assert all(torch.equal(still[k], sent[k]) for k in sent)  # lr 0: the sent weights come back
     reply = client("client2vec", data, **{**cfg, "c2v-ign-local-epochs": 2}).query("c2v_ign", content)
     moved = as_torch(reply["arrays"])
@@ -109,8 +119,10 @@ def start():
     """The global model a client receives: NOT the model it would build itself (training must start from it)."""
     c = client("client2vec", client_data(HIGH))
     g = torch.Generator().manual_seed(11)
-    return {k: (v.detach() + 0.1 * torch.randn(v.shape, generator=g)) if v.is_floating_point() else v.detach().clone()
-            for k, v in c.fresh_model().state_dict().items()}
+    return {
+        k: (v.detach() + 0.1 * torch.randn(v.shape, generator=g)) if v.is_floating_point() else v.detach().clone()
+        for k, v in c.fresh_model().state_dict().items()
+    }
 
 
 def train_content(state, beta=None, aux=None):
@@ -145,7 +157,9 @@ def test_case_study_iii_trains_p_and_h_p_with_the_model_and_changes_the_local_up
     assert dist(got, aux0, list(aux0)) > 0  # P and h_P were trained
     plain = as_torch(client("fedavg", data, **cfg).train(train_content(start))["arrays"])
     assert dist(got, plain, keys) > 1e-4  # the regulariser changed the model's update
-    off = as_torch(client("client2vec", data, **{**cfg, "c2v-local-weight": 0.0}).train(train_content(start, BETA))["arrays"])
+    off = as_torch(
+        client("client2vec", data, **{**cfg, "c2v-local-weight": 0.0}).train(train_content(start, BETA))["arrays"]
+    )
     assert dist(off, plain, keys) < 1e-5  # weight 0: the model trains as without it
 
 
@@ -159,9 +173,16 @@ def test_sent_projection_modules_are_where_training_continues(start, cfg):
 def test_fedprox_base_pulls_towards_the_global_model(start, cfg):
     data = client_data(HIGH)
     keys = [k for k in start if start[k].is_floating_point()]
-    far = as_torch(client("client2vec", data, **{**cfg, "c2v-base": "fedavg", "local-epochs": 3}).train(train_content(start))["arrays"])
-    near = as_torch(client("client2vec", data, **{**cfg, "c2v-base": "fedprox", "proximal-mu": 5.0, "local-epochs": 3}).train(
-        train_content(start))["arrays"])
+    far = as_torch(
+        client("client2vec", data, **{**cfg, "c2v-base": "fedavg", "local-epochs": 3}).train(train_content(start))[
+            "arrays"
+        ]
+    )
+    near = as_torch(
+        client("client2vec", data, **{**cfg, "c2v-base": "fedprox", "proximal-mu": 5.0, "local-epochs": 3}).train(
+            train_content(start)
+        )["arrays"]
+    )
     assert dist(near, start, keys) < 0.8 * dist(far, start, keys)
     with pytest.raises(ValueError, match="proximal-mu"):
         client("client2vec", data, **{**cfg, "c2v-base": "fedprox", "proximal-mu": -1.0}).train(train_content(start))
@@ -176,7 +197,12 @@ def test_moon_keeps_the_last_local_model_and_its_contrastive_term_changes_the_up
     assert all(torch.equal(prev[k], got[k]) for k in got)  # the previous local model for the next round
     plain = as_torch(client("fedavg", data, **cfg).train(train_content(start))["arrays"])
     keys = [k for k in start if start[k].is_floating_point()]
-    assert dist(as_torch(client("moon", data, **{**cfg, "moon-mu": 0.0}).train(train_content(start))["arrays"]), plain, keys) < 1e-5
+    assert (
+        dist(
+            as_torch(client("moon", data, **{**cfg, "moon-mu": 0.0}).train(train_content(start))["arrays"]), plain, keys
+        )
+        < 1e-5
+    )
     # second round with a stored previous model: the negative pair is no longer the global model itself
     second = as_torch(client("moon", data, ctx=ctx).train(train_content(start))["arrays"])
     first_again = as_torch(client("moon", data, **{**cfg, "moon-mu": 5.0}).train(train_content(start))["arrays"])
@@ -254,12 +280,13 @@ def test_federated_dsa_ign_reply_is_the_local_update_and_its_last_epochs_loss(cf
 
     data = client_data(HIGH, n=4)
     net, content = ign_record()
-    reply = client("client2vec", data, **{**cfg, "c2v-ign-local-epochs": 3, "c2v-ign-lr": 0.01}).query("c2v_ign", content)
+    reply = client("client2vec", data, **{**cfg, "c2v-ign-local-epochs": 3, "c2v-ign-lr": 0.01}).query(
+        "c2v_ign", content
+    )
     D, L = reference_embeddings(data)
     hist = train_dsa_ign(net, D, L, epochs=3, batch_size=32, lr=0.01)
     assert hist[-1]["total"] != pytest.approx(hist[-2]["total"], rel=1e-4)  # the epochs differ: the test can tell
     assert reply["metrics"]["ign-loss"] == pytest.approx(hist[-1]["total"], rel=1e-5)
-
 
 
 def test_federated_dsa_ign_trains_with_the_runs_batch_orthogonality_and_a_per_round_seed(cfg):
@@ -288,6 +315,7 @@ def test_federated_dsa_ign_trains_with_the_runs_batch_orthogonality_and_a_per_ro
     keys = list(expected)
     for other in (trained(seed=c.seed), trained(batch_size=128), trained(orth_mode="cos")):  # each setting shows
         assert dist(other, expected, keys) > 1e-4
+
 
 def test_trained_acc_is_the_returned_models_test_accuracy(start, cfg):
     from task.train import evaluate
@@ -322,8 +350,16 @@ def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, dtype):
 
     data = client_data(HIGH)
     n, lr = len(data.y_train), 0.1
-    run = {**cfg, "c2v-local-weight": w, "c2v-orth-normalize": normalize, "c2v-orth-mean-over-clients": mean,
-           "batch-size": n, "lr": lr, "momentum": 0.0, "local-epochs": 1}
+    run = {
+        **cfg,
+        "c2v-local-weight": w,
+        "c2v-orth-normalize": normalize,
+        "c2v-orth-mean-over-clients": mean,
+        "batch-size": n,
+        "lr": lr,
+        "momentum": 0.0,
+        "local-epochs": 1,
+    }
     c = client("client2vec", data, **run)
     got = as_torch(c.train(train_content(start, BETA.astype(dtype)))["arrays"])
     model = c.fresh_model()
@@ -332,7 +368,8 @@ def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, dtype):
     z = model.features(data.x_train)
     logits = model.head(z)
     loss = torch.nn.functional.cross_entropy(logits, data.y_train) + w * local_regulariser(
-        z, logits, aux, torch.from_numpy(BETA), normalize=normalize, mean_over_clients=mean)
+        z, logits, aux, torch.from_numpy(BETA), normalize=normalize, mean_over_clients=mean
+    )
     named = dict(model.named_parameters()) | {"c2v." + k: p for k, p in aux.named_parameters()}
     grads = dict(zip(named, torch.autograd.grad(loss, list(named.values()))))
     for k, p in named.items():

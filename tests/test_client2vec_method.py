@@ -23,7 +23,10 @@ def test_projection_modules_are_a_bias_free_projection_and_a_classifier_under_th
     aux = build_aux(6, 9, 4, seed=0)
     state = aux.state_with_prefix()
     assert {k: tuple(v.shape) for k, v in state.items()} == {
-        "c2v.proj.weight": (9, 6), "c2v.head.weight": (4, 9), "c2v.head.bias": (4,)}
+        "c2v.proj.weight": (9, 6),
+        "c2v.head.weight": (4, 9),
+        "c2v.head.bias": (4,),
+    }
     assert torch.equal(aux.proj(torch.zeros(2, 6)), torch.zeros(2, 9))  # P z is linear in z: no offset
     again = build_aux(6, 9, 4, seed=0).state_with_prefix()  # server and clients build the same P and h_P
     assert all(torch.equal(state[k], again[k]) for k in state)
@@ -48,7 +51,10 @@ def test_distillation_is_kl_from_the_detached_main_head_to_the_projection_head()
     g = torch.Generator().manual_seed(1)
     teacher = torch.randn(4, 3, generator=g, requires_grad=True)
     student = torch.randn(4, 3, generator=g, requires_grad=True)
-    p, q = softmax_np(teacher.detach().numpy().astype(np.float64)), softmax_np(student.detach().numpy().astype(np.float64))
+    p, q = (
+        softmax_np(teacher.detach().numpy().astype(np.float64)),
+        softmax_np(student.detach().numpy().astype(np.float64)),
+    )
     expected = (p * (np.log(p) - np.log(q))).sum(1).mean()
     loss = distill_loss(teacher, student)
     assert loss.item() == pytest.approx(expected, rel=1e-5)

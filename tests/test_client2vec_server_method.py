@@ -10,8 +10,15 @@ import pytest
 import torch._dynamo  # noqa: F401  # the DSA-IGN's first Adam imports it (seconds): once at collection, not per test
 
 from strategies.client2vec_math import (
-    C2VServerState, aggregation_weights, blocked_clients, cosine_matrix, draw_cohort, eq2_objective, exclusion_window,
-    sampling_probabilities, similarity_to_set,
+    C2VServerState,
+    aggregation_weights,
+    blocked_clients,
+    cosine_matrix,
+    draw_cohort,
+    eq2_objective,
+    exclusion_window,
+    sampling_probabilities,
+    similarity_to_set,
 )
 
 
@@ -121,8 +128,9 @@ def test_eq2_objective_is_reward_minus_lambda1_kl_and_zero_weights_cost_nothing(
 # ------------------------------------------------------------------------------------------ server state
 def state(m=8, seed=0, **kw):
     rng = np.random.default_rng(seed)
-    return C2VServerState(rng.normal(size=(m, 6)), rng.normal(size=(m, 6)), rng.integers(5, 50, m).astype(float),
-                          seed=seed, **kw)
+    return C2VServerState(
+        rng.normal(size=(m, 6)), rng.normal(size=(m, 6)), rng.integers(5, 50, m).astype(float), seed=seed, **kw
+    )
 
 
 def test_gamma_must_lie_in_the_unit_interval():
@@ -331,8 +339,14 @@ def c2v(**cfg):
     from server_app.app import build_strategy
     from task.config import parse_settings
 
-    base = {"method": "client2vec", "model": "mlp", "min-nodes": len(NODES), "c2v-ign-ff": 8, "c2v-ign-upload": 4,
-            "c2v-ign-epochs": 2}
+    base = {
+        "method": "client2vec",
+        "model": "mlp",
+        "min-nodes": len(NODES),
+        "c2v-ign-ff": 8,
+        "c2v-ign-upload": 4,
+        "c2v-ign-epochs": 2,
+    }
     return build_strategy(parse_settings({**base, **cfg}))
 
 
@@ -357,8 +371,11 @@ class Recorder:
 
 
 def sent(grid, phase, server_round=None):
-    return [m for m in grid.sent if phase_of(m) == phase
-            and (server_round is None or int(m.content["config"]["server-round"]) == server_round)]
+    return [
+        m
+        for m in grid.sent
+        if phase_of(m) == phase and (server_round is None or int(m.content["config"]["server-round"]) == server_round)
+    ]
 
 
 def arrays(content, record="arrays"):
@@ -434,8 +451,12 @@ def test_global_dsa_ign_training_reports_its_losses_every_fifth_of_the_epochs_an
         drive(strat, NODES, 1, rec)
     pairs = sum(len(arrays(u)["D"]) for u in rec.by_client("c2v_embed"))
     assert f"[client2vec] training DSA-IGN on {pairs} pooled pairs from 6 nodes for {epochs} epochs" in lines
-    expected = [f"[client2vec] DSA-IGN epoch {e}/{epochs}: loss {h['total']:.4f} (div {h['div']:.3f} sim {h['sim']:.3f} "
-                f"orth {h['orth']:.3f} recon {h['recon']:.4f})" for e, h in enumerate(strat.ign_history, 1) if e in logged]
+    expected = [
+        f"[client2vec] DSA-IGN epoch {e}/{epochs}: loss {h['total']:.4f} (div {h['div']:.3f} sim {h['sim']:.3f} "
+        f"orth {h['orth']:.3f} recon {h['recon']:.4f})"
+        for e, h in enumerate(strat.ign_history, 1)
+        if e in logged
+    ]
     assert [line for line in lines if "DSA-IGN epoch" in line] == expected
     phase = [line for line in lines if "index phase" in line]
     assert len(phase) == 1 and phase[0].startswith("[client2vec] index phase: 6 nodes asked, 6 clients indexed in ")
@@ -518,16 +539,18 @@ def test_federated_dsa_ign_is_fedavg_over_a_fraction_of_the_nodes_for_each_of_it
     current = ign_state(build_ign(strat.opts.ign, 1))
     losses = []
     for r in range(rounds):
-        batch = messages[3 * r: 3 * r + 3]
+        batch = messages[3 * r : 3 * r + 3]
         assert len({m.metadata.dst_node_id for m in batch}) == 3
         for m in batch:  # this round's network: the initial one, then the average of the last answered round
             assert_state_close(arrays(m.content, "ign"), current)
         if r == 0:
             continue
-        got = replies[3 * (r - 1): 3 * r]
+        got = replies[3 * (r - 1) : 3 * r]
         n = np.array([int(c["metrics"]["num-examples"]) for c in got], dtype=float)
-        current = {k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), got)).astype(np.float32)
-                   for k in current}
+        current = {
+            k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), got)).astype(np.float32)
+            for k in current
+        }
         losses.append(float(np.mean([c["metrics"]["ign-loss"] for c in got])))
     final = ign_state(strat.ign)
     assert_state_close(final, current)
@@ -536,8 +559,10 @@ def test_federated_dsa_ign_is_fedavg_over_a_fraction_of_the_nodes_for_each_of_it
         assert_state_equal(arrays(m.content, "ign"), final)
     progress = [line for line in lines if "federated DSA-IGN round" in line]
     assert progress[0] == f"[client2vec] federated DSA-IGN round 1/{rounds}: 0/3 replies, mean local loss nan"
-    assert progress[1:] == [f"[client2vec] federated DSA-IGN round {r}/{rounds}: 3/3 replies, mean local loss {x:.4f}"
-                            for r, x in zip(range(2, rounds + 1), losses)]
+    assert progress[1:] == [
+        f"[client2vec] federated DSA-IGN round {r}/{rounds}: 3/3 replies, mean local loss {x:.4f}"
+        for r, x in zip(range(2, rounds + 1), losses)
+    ]
 
 
 def test_only_federated_dsa_ign_needs_the_client_ids_before_a_full_participation_round():
@@ -569,12 +594,19 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
     # S ~ 0 for everyone, and tau could not change a draw)
     rng = np.random.default_rng(7)
     centres = rng.normal(size=(2, 2, 512))
-    index_rows = {c: {"beta_f": centres[c % 2, 0] + 0.3 * rng.normal(size=512),
-                      "beta_l": centres[c % 2, 1] + 0.3 * rng.normal(size=512)} for c in range(6)}
+    index_rows = {
+        c: {
+            "beta_f": centres[c % 2, 0] + 0.3 * rng.normal(size=512),
+            "beta_l": centres[c % 2, 1] + 0.3 * rng.normal(size=512),
+        }
+        for c in range(6)
+    }
 
     def structured(c):
         out = with_metrics(c, num_examples=n_index[int(c["metrics"]["partition-id"])])
-        out["arrays"] = to_record({k: v.astype(np.float32) for k, v in index_rows[int(c["metrics"]["partition-id"])].items()})
+        out["arrays"] = to_record(
+            {k: v.astype(np.float32) for k, v in index_rows[int(c["metrics"]["partition-id"])].items()}
+        )
         return out
 
     rec = Recorder(lambda r, node, phase, c: [structured(c)] if phase == "c2v_index" else None)
@@ -593,7 +625,9 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
 
     def cohorts(t_):
         state = C2VServerState(bf, bl, n, tau=t_, gamma=gamma, lambda1=lam, seed=seed)
-        return [state.observe(c) or c.tolist() for c in (state.sample(t, 2, use_index=True) for t in range(1, rounds + 1))]
+        return [
+            state.observe(c) or c.tolist() for c in (state.sample(t, 2, use_index=True) for t in range(1, rounds + 1))
+        ]
 
     assert cohorts(tau) != cohorts(1.0), "the setting must make tau change the cohorts"
     H = np.zeros(6)
@@ -612,8 +646,12 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
             assert m.content["config"]["c2v-local"] is True
         for m in sent(grid, "evaluate", t):
             assert set(m.content.keys()) == {"arrays", "config"} and m.content["config"]["c2v-local"] is False
-        S = np.array([sum(n[j] * (cos_loop(bf[i], bf[j]) + cos_loop(bl[i], bl[j])) for j in rows) / (2 * n[rows].sum())
-                      for i in range(6)])
+        S = np.array(
+            [
+                sum(n[j] * (cos_loop(bf[i], bf[j]) + cos_loop(bl[i], bl[j])) for j in rows) / (2 * n[rows].sum())
+                for i in range(6)
+            ]
+        )
         H = gamma * H + S
         p = n[rows] / n[rows].sum() * np.exp(H[rows] / lam)
         p /= p.sum()
@@ -671,8 +709,11 @@ def test_arms_without_index_sampling_draw_the_same_uniform_cohorts_and_the_plain
     """Spec §8 (paired arms): every arm without (i) draws the same clients per seed as the base algorithm alone;
     with every case study off there is no index phase, no B_f, and aggregation is FedAvg (weights N_i)."""
     cohorts = {}
-    for name, cfg in {"plain": ARMS_OFF, "+ii": {"c2v-sampling": False, "c2v-local": False},
-                      "+iii": {"c2v-sampling": False, "c2v-aggregation": False}}.items():
+    for name, cfg in {
+        "plain": ARMS_OFF,
+        "+ii": {"c2v-sampling": False, "c2v-local": False},
+        "+iii": {"c2v-sampling": False, "c2v-aggregation": False},
+    }.items():
         strat = c2v(**{"fraction-train": 0.5, "seed": 7, **cfg})
         rec = Recorder()
         grid = drive(strat, NODES, 4, rec)
@@ -681,13 +722,17 @@ def test_arms_without_index_sampling_draw_the_same_uniform_cohorts_and_the_plain
             assert len(c) == 3 and len(set(c)) == 3
             assert sorted(m.metadata.dst_node_id for m in sent(grid, "train", t)) == sorted(strat.node_of[x] for x in c)
         if name != "+iii":  # without (iii) no B_f goes out and clients add no local loss
-            assert all("c2v" not in m.content and m.content["config"]["c2v-local"] is False for m in sent(grid, "train"))
+            assert all(
+                "c2v" not in m.content and m.content["config"]["c2v-local"] is False for m in sent(grid, "train")
+            )
         if name == "plain":
             assert not [m for m in grid.sent if phase_of(m).startswith("c2v")] and strat.c2v is None
             updates = rec.by_client("train", 4)
             n = np.array([int(c["metrics"]["num-examples"]) for c in updates], dtype=float)
-            expected = {k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), updates))
-                        for k in strat.global_state}
+            expected = {
+                k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), updates))
+                for k in strat.global_state
+            }
             assert_state_close(strat.global_state, expected)
             assert strat.agg_weights == {} and "c2v-weights" not in strat.history[-1].extra
     assert cohorts["plain"] == cohorts["+ii"] == cohorts["+iii"]
@@ -711,8 +756,13 @@ def test_aggregation_ignores_updates_of_clients_without_an_index():
     rng = np.random.default_rng(0)
 
     def update(node, client, n):
-        return Reply(node, client, n, {}, {"arrays": {k: rng.standard_normal(v.shape).astype(v.dtype)
-                                                      for k, v in before.items()}})
+        return Reply(
+            node,
+            client,
+            n,
+            {},
+            {"arrays": {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in before.items()}},
+        )
 
     assert strat.aggregate(2, [update(31, 17, 40)]) == {}
     np.testing.assert_array_equal(strat.c2v.H, H)
@@ -726,9 +776,12 @@ def test_aggregation_ignores_updates_of_clients_without_an_index():
 def upload(rows_d, rows_l, pid, width=512):
     from flwr.app import MetricRecord, RecordDict
 
-    return RecordDict({"metrics": MetricRecord({"num-examples": 10, "partition-id": pid}),
-                       "arrays": to_record({"D": np.ones((rows_d, width), np.float32),
-                                            "L": np.ones((rows_l, width), np.float32)})})
+    return RecordDict(
+        {
+            "metrics": MetricRecord({"num-examples": 10, "partition-id": pid}),
+            "arrays": to_record({"D": np.ones((rows_d, width), np.float32), "L": np.ones((rows_l, width), np.float32)}),
+        }
+    )
 
 
 def test_an_embedding_upload_holds_one_to_c2v_ign_upload_pairs_with_as_many_labels_as_images():
@@ -737,7 +790,10 @@ def test_an_embedding_upload_holds_one_to_c2v_ign_upload_pairs_with_as_many_labe
     strat = c2v(**{"c2v-ign-upload": 4})
     for nid, rows in ((1, 1), (2, 4)):
         reply = strat.check_reply(1, nid, upload(rows, rows, nid), "c2v_embed", set())
-        assert reply is not None and reply.records["arrays"]["D"].shape == reply.records["arrays"]["L"].shape == (rows, 512)
+        assert reply is not None and reply.records["arrays"]["D"].shape == reply.records["arrays"]["L"].shape == (
+            rows,
+            512,
+        )
     for nid, content in ((3, upload(5, 5, 3)), (4, upload(0, 0, 4)), (5, upload(2, 2, 5, width=511))):
         assert strat.check_reply(1, nid, content, "c2v_embed", set()) is None
     assert strat.check_reply(1, 6, upload(3, 2, 6), "c2v_embed", set()) is None
@@ -766,8 +822,12 @@ def test_a_federated_dsa_ign_reply_is_the_whole_network_and_its_local_loss():
     assert good is not None and good.metrics["ign-loss"] == -LOSS_LIMIT
     assert_state_equal(good.arrays, state)
     assert strat.check_reply(1, 2, reply(2, LOSS_LIMIT), "c2v_ign", set()) is not None
-    for nid, content in ((3, reply(3, None)), (4, reply(4, 2 * LOSS_LIMIT)), (5, reply(5, -2 * LOSS_LIMIT)),
-                         (6, reply(6, 1.0, {k: v for k, v in list(state.items())[1:]}))):
+    for nid, content in (
+        (3, reply(3, None)),
+        (4, reply(4, 2 * LOSS_LIMIT)),
+        (5, reply(5, -2 * LOSS_LIMIT)),
+        (6, reply(6, 1.0, {k: v for k, v in list(state.items())[1:]})),
+    ):
         assert strat.check_reply(1, nid, content, "c2v_ign", set()) is None
     assert "ign-loss" in strat.failures[0]["reason"]
 
@@ -790,8 +850,13 @@ def test_index_quality_is_the_same_minus_cross_domain_mean_feature_cosine():
     same = [cos_loop(bf[i], bf[j]) for i in range(7) for j in range(7) if i != j and pids[i] % 3 == pids[j] % 3]
     cross = [cos_loop(bf[i], bf[j]) for i in range(7) for j in range(7) if pids[i] % 3 != pids[j] % 3]
     q = strat.index_quality()
-    assert q == pytest.approx({"beta-f-same-domain": np.mean(same), "beta-f-cross-domain": np.mean(cross),
-                               "beta-f-block-gap": np.mean(same) - np.mean(cross)})
+    assert q == pytest.approx(
+        {
+            "beta-f-same-domain": np.mean(same),
+            "beta-f-cross-domain": np.mean(cross),
+            "beta-f-block-gap": np.mean(same) - np.mean(cross),
+        }
+    )
     one_domain = c2v()
     one_domain.c2v, one_domain.index_clients = C2VServerState(bf, bl, np.full(7, 5.0)), pids
     assert one_domain.index_quality() == {}  # no cross-domain pair
@@ -813,7 +878,6 @@ def kept_figures(monkeypatch):
     return harness_kept_figures(monkeypatch, module)
 
 
-
 def test_the_similarity_plot_marks_a_domain_of_one_client_first(tmp_path, monkeypatch):
     """A domain boundary after the very first row too (here domain 0 is client 0 alone): thin black lines between
     domains, across both heat maps."""
@@ -827,6 +891,7 @@ def test_the_similarity_plot_marks_a_domain_of_one_client_first(tmp_path, monkey
         assert [ln.get_ydata()[0] for ln in ax.lines if ln.get_ydata()[0] == ln.get_ydata()[1]] == [0.5]
         assert [ln.get_xdata()[0] for ln in ax.lines if ln.get_xdata()[0] == ln.get_xdata()[1]] == [0.5]
         assert all(ln.get_color() == "k" and ln.get_linewidth() == 0.6 for ln in ax.lines)
+
 
 def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similarity_plot(tmp_path, monkeypatch):
     """docs Artefacts: client2vec_index.npz (the registry ordered by feature-shift domain, then partition id),
@@ -856,15 +921,17 @@ def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similari
     assert len(accs) == 3 and record["best-global-acc"] == max(accs)
     assert record["dsa-ign-losses"] == strat.ign_history and len(record["dsa-ign-losses"]) == 2
     assert record["cohorts"] == {str(t): c for t, c in strat.cohorts.items()} and len(record["cohorts"]) == 3
-    assert record["aggregation-weights"] == {str(t): {str(c): w for c, w in ws.items()}
-                                             for t, ws in strat.agg_weights.items()}
+    assert record["aggregation-weights"] == {
+        str(t): {str(c): w for c, w in ws.items()} for t, ws in strat.agg_weights.items()
+    }
     (fig,) = figures
     panels = [ax for ax in fig.axes if ax.get_images()]
     assert len(panels) == 2 and len(fig.axes) == 4  # two heat maps, each with its colour bar
     left, right = (ax.get_position() for ax in panels)
     assert left.x1 < right.x0 and left.y0 == pytest.approx(right.y0)  # side by side
-    for ax, sim, half in zip(panels, (strat.c2v.sim_f, strat.c2v.sim_l), ("feature half cos(beta_f)",
-                                                                           "label half cos(beta_l)")):
+    for ax, sim, half in zip(
+        panels, (strat.c2v.sim_f, strat.c2v.sim_l), ("feature half cos(beta_f)", "label half cos(beta_l)")
+    ):
         assert ax.get_title() == half and ax.get_xlabel() == "client (ordered by domain)"
         (image,) = ax.get_images()
         np.testing.assert_allclose(image.get_array(), sim[np.ix_(order, order)])
@@ -872,8 +939,9 @@ def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similari
         assert [ln.get_ydata()[0] for ln in ax.lines if ln.get_ydata()[0] == ln.get_ydata()[1]] == [2.5]
         assert [ln.get_xdata()[0] for ln in ax.lines if ln.get_xdata()[0] == ln.get_xdata()[1]] == [2.5]
     gap = strat.index_quality()["beta-f-block-gap"]
-    assert fig._suptitle.get_text() == (f"Client2Vec pairwise index similarity (6 clients; same - cross domain "
-                                        f"beta_f cos {gap:.2f})")
+    assert fig._suptitle.get_text() == (
+        f"Client2Vec pairwise index similarity (6 clients; same - cross domain beta_f cos {gap:.2f})"
+    )
     assert plt.imread(tmp_path / "client2vec_similarity.png").shape[:2] == (500, 1100)  # 11 x 5 in at 100 dpi
     plt.close(fig)
 
@@ -925,8 +993,12 @@ def test_similarities_and_aggregation_weights_are_computed_in_double_precision_w
     n16 = np.array([3, 7, 11, 13, 17], dtype=np.float16)
     cohort = [0, 2, 3]
     w = n16.astype(np.float64)[cohort] / n16.astype(np.float64)[cohort].sum()
-    np.testing.assert_allclose(similarity_to_set(sim_f, sim_l, n16, cohort), 0.5 * (sim_f[:, cohort] + sim_l[:, cohort]) @ w,
-                               rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        similarity_to_set(sim_f, sim_l, n16, cohort),
+        0.5 * (sim_f[:, cohort] + sim_l[:, cohort]) @ w,
+        rtol=1e-12,
+        atol=1e-14,
+    )
     h16 = np.array([0.3, -0.7, 0.55], dtype=np.float16)
     raw = n16[cohort].astype(np.float64) * np.exp(h16.astype(np.float64) / 3.0)
     np.testing.assert_allclose(aggregation_weights(h16, n16[cohort], 3.0), raw / raw.sum(), rtol=1e-12)

@@ -15,8 +15,13 @@ CFG = {"num-server-rounds": 2, "local-epochs": 1, "partition": "pathological", "
 
 def context(method, pid=0, n=5, **extra):
     cfg = {**CFG, "method": method, **extra}
-    return Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": n},
-                   state=RecordDict(), run_config=cfg)
+    return Context(
+        run_id=1,
+        node_id=100 + pid,
+        node_config={"partition-id": pid, "num-partitions": n},
+        state=RecordDict(),
+        run_config=cfg,
+    )
 
 
 def client(ctx):
@@ -98,8 +103,9 @@ def test_missing_partition_in_node_config_is_a_clear_error():
 
 def test_ifca_client_picks_the_cluster_with_the_lowest_loss():
     cfg = {"method": "ifca", "tiers": 3, "partition": "iid"}
-    ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(),
-                  run_config=cfg)
+    ctx = Context(
+        run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(), run_config=cfg
+    )
     settings = parse_settings(cfg)
     strat = build_strategy(settings)
     strat.models[2] = {k: v.copy() for k, v in strat.models[2].items()}
@@ -118,28 +124,40 @@ def test_ifca_client_picks_the_cluster_with_the_lowest_loss():
 def test_node_trains_on_its_own_data_file(tmp_path):
     # a deployed node without the embedded partitions: its own .npz (here: partition 3 exported), no num-partitions
     from task.data import export_client_file, load_client_data
+
     settings = parse_settings({**CFG, "method": "fedavg"})
     path = export_client_file(settings.data, 3, 5, tmp_path / "node3.npz")
-    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 3, "data-path": str(path)},
-                  state=RecordDict(), run_config={**CFG, "method": "fedavg"})
+    ctx = Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 3, "data-path": str(path)},
+        state=RecordDict(),
+        run_config={**CFG, "method": "fedavg"},
+    )
     c = client(ctx)
     ref = load_client_data(settings.data, 3, 5)
-    assert len(c.data.y_test) == len(ref.y_test) and c.data.num_train + len(c.data.y_val) == ref.num_train + len(ref.y_val)
+    assert len(c.data.y_test) == len(ref.y_test) and c.data.num_train + len(c.data.y_val) == ref.num_train + len(
+        ref.y_val
+    )
     assert set(c.data.y_train.tolist()) == set(ref.y_train.tolist())  # the same two classes
     strat = build_strategy(settings)
     reply = c.train(payload(strat, 1))
     assert strat.check_reply(1, 7, reply, "train", set()) is not None, strat.failures
 
 
-@pytest.mark.parametrize("arrays, message", [
-    ({"x": np.zeros((4, 3), np.float32), "y": np.zeros(4, np.int64)}, "needs (N, 1, 8, 8)"),
-    ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.full(4, 10)}, "must be in [0, 10)"),
-    ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.zeros(4, np.float32)}, "must be integers"),
-    ({"x": np.zeros((4, 1, 8, 8), np.float32)}, "needs 'x' and 'y'"),
-    ({"x": np.full((4, 1, 8, 8), np.nan, np.float32), "y": np.zeros(4, np.int64)}, "NaN"),
-])
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        ({"x": np.zeros((4, 3), np.float32), "y": np.zeros(4, np.int64)}, "needs (N, 1, 8, 8)"),
+        ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.full(4, 10)}, "must be in [0, 10)"),
+        ({"x": np.zeros((4, 1, 8, 8), np.float32), "y": np.zeros(4, np.float32)}, "must be integers"),
+        ({"x": np.zeros((4, 1, 8, 8), np.float32)}, "needs 'x' and 'y'"),
+        ({"x": np.full((4, 1, 8, 8), np.nan, np.float32), "y": np.zeros(4, np.int64)}, "NaN"),
+    ],
+)
 def test_bad_node_data_file_says_what_is_wrong(tmp_path, arrays, message):
     from task.data import DataSettings, load_local_file
+
     path = tmp_path / "bad.npz"
     np.savez(path, **arrays)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
@@ -149,7 +167,8 @@ def test_bad_node_data_file_says_what_is_wrong(tmp_path, arrays, message):
 
 
 def test_node_config_without_data_source_is_refused():
-    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(),
-                  run_config={**CFG, "method": "fedavg"})
+    ctx = Context(
+        run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(), run_config={**CFG, "method": "fedavg"}
+    )
     with pytest.raises(ValueError, match="data-path"):
         client(ctx)

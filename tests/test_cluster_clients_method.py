@@ -88,7 +88,9 @@ def test_fedsoft_client_reports_the_share_of_its_points_each_centre_fits_best(ce
         model = c.fresh_model()
         model.load_state_dict(s)
         with torch.no_grad():
-            per_point.append(torch.nn.functional.cross_entropy(model(data.x_train), data.y_train, reduction="none").numpy())
+            per_point.append(
+                torch.nn.functional.cross_entropy(model(data.x_train), data.y_train, reduction="none").numpy()
+            )
     best = np.argmin(np.stack(per_point), axis=0)
     share = np.maximum(np.bincount(best, minlength=2) / len(best), SIGMA)
     np.testing.assert_allclose(u, share / share.sum(), rtol=1e-6)

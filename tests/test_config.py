@@ -11,32 +11,38 @@ def test_defaults_parse():
     assert s.method == "fedavg" and s.model == "cnn" and s.data.dataset == "digits"
 
 
-@pytest.mark.parametrize("cfg,pattern", [
-    ({"method": "fedfoo"}, r"run-config key 'method' must be one of \[.*'fedavg'.*\], got 'fedfoo'"),
-    ({"dataset": "imagenet"}, r"run-config key 'dataset' must be one of \[.*'digits'.*\], got 'imagenet'"),
-    ({"partition": "zipf"}, r"run-config key 'partition' must be one of \[.*'dirichlet'.*\], got 'zipf'"),
-    ({"model": "vgg"}, r"unknown model 'vgg' \(run-config key 'model'\); allowed"),
-    ({"alpha": 0.0}, r"'alpha' must be a number >= 1e-09, got 0.0"),
-    ({"alpha": -1.0}, r"'alpha' must be a number >= 1e-09"),
-    ({"partition": "two-source", "mixture": "1:2"}, r"'mixture' must be one of \['10:90'"),
-    ({"fraction-train": 0.0}, r"'fraction-train' must be a number in \[1e-09, 1\]"),
-    ({"num-server-rounds": 0}, r"'num-server-rounds' must be an integer >= 1"),
-    ({"local-epochs": 1.5}, r"'local-epochs' must be an integer"),
-    ({"lr": "fast"}, r"'lr' must be a number"),
-    ({"fraction-evaluate": 1.5}, r"'fraction-evaluate' must be a number in \[1e-09, 1\]"),
-    ({"eval-every": 0}, r"'eval-every' must be an integer >= 1"),
-    ({"data-copies": 0}, r"'data-copies' must be an integer >= 1"),
-    ({"method": "fedcac", "tau": 1.5}, r"'tau' must be a number in \[0, 1\], got 1.5 \(share of each tensor"),
-    ({"method": "fedc2i", "c2i-peers": 1}, r"c2i-peers=1 sends a client only its own model"),
-    ({"method": "pfedlia", "warmup-rounds": 20}, r"warmup-rounds=20 is not shorter than num-server-rounds=10"),
-    ({"method": "oracle", "warmup-rounds": 10}, r"warmup-rounds=10 is not shorter than num-server-rounds=10"),
-    ({"method": "cfl", "cfl-min-rounds": 11}, r"cfl-min-rounds=11 is after the last round"),
-    ({"method": "pifl", "tiers": 3}, r"tiers=3 is more than min-nodes=2"),
-    ({"partition": "pathological", "classes-per-client": 11}, r"classes-per-client=11 exceeds the 10 classes"),
-    ({"partition": "planted-clusters", "num-clusters": 12}, r"num-clusters=12 exceeds the 10 labels"),
-    ({"dataset": "synth-concept", "feature-shift": 2}, r"feature-shift=2 transforms images"),
-    ({"test-fraction": 0.5, "val-fraction": 0.4}, r"test-fraction \+ val-fraction must leave at least 10% for training"),
-])
+@pytest.mark.parametrize(
+    "cfg,pattern",
+    [
+        ({"method": "fedfoo"}, r"run-config key 'method' must be one of \[.*'fedavg'.*\], got 'fedfoo'"),
+        ({"dataset": "imagenet"}, r"run-config key 'dataset' must be one of \[.*'digits'.*\], got 'imagenet'"),
+        ({"partition": "zipf"}, r"run-config key 'partition' must be one of \[.*'dirichlet'.*\], got 'zipf'"),
+        ({"model": "vgg"}, r"unknown model 'vgg' \(run-config key 'model'\); allowed"),
+        ({"alpha": 0.0}, r"'alpha' must be a number >= 1e-09, got 0.0"),
+        ({"alpha": -1.0}, r"'alpha' must be a number >= 1e-09"),
+        ({"partition": "two-source", "mixture": "1:2"}, r"'mixture' must be one of \['10:90'"),
+        ({"fraction-train": 0.0}, r"'fraction-train' must be a number in \[1e-09, 1\]"),
+        ({"num-server-rounds": 0}, r"'num-server-rounds' must be an integer >= 1"),
+        ({"local-epochs": 1.5}, r"'local-epochs' must be an integer"),
+        ({"lr": "fast"}, r"'lr' must be a number"),
+        ({"fraction-evaluate": 1.5}, r"'fraction-evaluate' must be a number in \[1e-09, 1\]"),
+        ({"eval-every": 0}, r"'eval-every' must be an integer >= 1"),
+        ({"data-copies": 0}, r"'data-copies' must be an integer >= 1"),
+        ({"method": "fedcac", "tau": 1.5}, r"'tau' must be a number in \[0, 1\], got 1.5 \(share of each tensor"),
+        ({"method": "fedc2i", "c2i-peers": 1}, r"c2i-peers=1 sends a client only its own model"),
+        ({"method": "pfedlia", "warmup-rounds": 20}, r"warmup-rounds=20 is not shorter than num-server-rounds=10"),
+        ({"method": "oracle", "warmup-rounds": 10}, r"warmup-rounds=10 is not shorter than num-server-rounds=10"),
+        ({"method": "cfl", "cfl-min-rounds": 11}, r"cfl-min-rounds=11 is after the last round"),
+        ({"method": "pifl", "tiers": 3}, r"tiers=3 is more than min-nodes=2"),
+        ({"partition": "pathological", "classes-per-client": 11}, r"classes-per-client=11 exceeds the 10 classes"),
+        ({"partition": "planted-clusters", "num-clusters": 12}, r"num-clusters=12 exceeds the 10 labels"),
+        ({"dataset": "synth-concept", "feature-shift": 2}, r"feature-shift=2 transforms images"),
+        (
+            {"test-fraction": 0.5, "val-fraction": 0.4},
+            r"test-fraction \+ val-fraction must leave at least 10% for training",
+        ),
+    ],
+)
 def test_bad_run_config(cfg, pattern):
     with pytest.raises(ValueError, match=pattern):
         parse_settings(cfg)
@@ -65,6 +71,7 @@ def test_pifl_ni_runs_with_the_defaults_flower_passes():
 
     defaults = {k: o.default for k, o in RunOptions.declared().items()}
     defaults.update({k: o.default for k, o in method_spec("pifl-ni").options.declared().items()})
-    settings = parse_settings({**defaults, "method": "pifl-ni", "slots-performance": 1, "slots-random": 0,
-                               "min-nodes": 4})
+    settings = parse_settings(
+        {**defaults, "method": "pifl-ni", "slots-performance": 1, "slots-random": 0, "min-nodes": 4}
+    )
     assert settings.options.incentive is False

@@ -30,19 +30,27 @@ from pflower_deploy.netns import unavailable_reason  # noqa: E402
 from pflower_deploy.proxy import nginx_binary  # noqa: E402
 
 NO_PROXY_TOPOLOGY = unavailable_reason() or (
-    None if nginx_binary() else "nginx is missing (Debian: apt-get install nginx-light)")
+    None if nginx_binary() else "nginx is missing (Debian: apt-get install nginx-light)"
+)
 needs_proxy_topology = pytest.mark.skipif(
-    NO_PROXY_TOPOLOGY is not None, reason=f"proxy topology with namespaces not available: {NO_PROXY_TOPOLOGY}")
+    NO_PROXY_TOPOLOGY is not None, reason=f"proxy topology with namespaces not available: {NO_PROXY_TOPOLOGY}"
+)
 
 
 def run_cluster(workdir: Path, *args: str, timeout: float = 900) -> dict:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quiet", "--workdir", str(workdir), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quiet", "--workdir", str(workdir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     assert lines, f"no JSON report (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     report = json.loads(lines[-1])
     assert proc.returncode == 0 and report["ok"], (
-        f"exit {proc.returncode}: {report.get('error')}\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
+        f"exit {proc.returncode}: {report.get('error')}\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    )
     return report
 
 
@@ -51,6 +59,7 @@ def node_files(tmp_path_factory):
     # each SuperNode reads its own data file (node config data-path); node 1's file holds only 150 samples
     import numpy as np
     from task.data import DataSettings, export_client_file
+
     folder = tmp_path_factory.mktemp("node-data")
     for i in range(2):
         export_client_file(DataSettings(), i, 2, folder / f"node-{i}.npz")
@@ -63,8 +72,17 @@ def node_files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, node_files):
     # two SuperNodes, two rounds (evaluation in the last one only), plus one SuperNode with an unregistered key
-    args = ["--nodes", "2", "--rounds", "2", "--unregistered-check", "--data-files", str(node_files),
-            "--run-config", "eval-every=2"]
+    args = [
+        "--nodes",
+        "2",
+        "--rounds",
+        "2",
+        "--unregistered-check",
+        "--data-files",
+        str(node_files),
+        "--run-config",
+        "eval-every=2",
+    ]
     if NO_PROXY_TOPOLOGY is None:
         args += ["--netns", "--holder-check"]  # the proxy topology is the default with --netns
     return run_cluster(tmp_path_factory.mktemp("deploy-cluster"), *args)
@@ -85,6 +103,7 @@ def test_tls_auth_run_completes(cluster):
 def test_supernodes_trained_on_their_own_data_files(cluster, node_files):
     import csv
     from task.data import DataSettings, load_local_file
+
     rows = {int(float(r["partition-id"])): r for r in csv.DictReader(open(Path(cluster["results"]) / "clients.csv"))}
     for pid in (0, 1):
         expected = load_local_file(str(node_files / f"node-{pid}.npz"), DataSettings(), pid).num_train
@@ -119,8 +138,11 @@ def test_data_holder_cannot_submit_runs_or_register_keys(cluster):
     assert check["refused"] and check["from"] == "pfl-node0"
     attempts = check["attempts"]
     assert set(attempts) == {"fleet-listener", "control-listener", "superlink-port"}
-    for target, expected in (("fleet-listener", "404 Not Found"), ("control-listener", "403 Forbidden"),
-                             ("superlink-port", "unavailable")):
+    for target, expected in (
+        ("fleet-listener", "404 Not Found"),
+        ("control-listener", "403 Forbidden"),
+        ("superlink-port", "unavailable"),
+    ):
         for command in ("run", "register"):  # flwr run / flwr supernode register
             assert attempts[target][command]["exit"] != 0
             assert expected in attempts[target][command]["error"], (target, command, attempts[target][command])
@@ -162,8 +184,19 @@ def test_tls_is_required_on_every_hop_between_namespaces(cluster):
 def test_killed_supernode_run_finishes_with_failures_recorded(tmp_path):
     # SIGKILL SuperNode 1 when round 2 starts; the SuperLink turns its missing reply into an error reply once the
     # node misses its heartbeats (<= 60 s), the strategy records it and finishes the round with the other node
-    r = run_cluster(tmp_path, "--nodes", "2", "--rounds", "2", "--kill-node", "1@2", "--round-timeout", "120",
-                    "--run-config", "eval-every=2")
+    r = run_cluster(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--rounds",
+        "2",
+        "--kill-node",
+        "1@2",
+        "--round-timeout",
+        "120",
+        "--run-config",
+        "eval-every=2",
+    )
     assert r["killed"]["done"] and r["killed"]["round"] == 2
     assert r["rounds"] == 2  # the run went on to the end
     assert r["replies-per-round"][0]["train"] == 2

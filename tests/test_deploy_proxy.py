@@ -28,12 +28,14 @@ from pflower_deploy.proxy import Nginx, ProxyPlan, nginx_binary  # noqa: E402
 from server_app.runner import free_port  # noqa: E402
 
 if nginx_binary() is None or shutil.which("openssl") is None:
-    pytest.skip("the proxy tests need nginx (Debian: apt-get install nginx-light) and openssl",
-                allow_module_level=True)
+    pytest.skip("the proxy tests need nginx (Debian: apt-get install nginx-light) and openssl", allow_module_level=True)
 
 OPERATOR = "127.0.0.2"  # the operator's source address (all of 127.0.0.0/8 is loopback on Linux)
-AUTH_HEADERS = {"flwr-public-key": "cHVibGljLWtleQ==", "flwr-signature": "c2lnbmF0dXJl",
-                "flwr-timestamp": "2026-11-23T12:00:00.000000+00:00"}
+AUTH_HEADERS = {
+    "flwr-public-key": "cHVibGljLWtleQ==",
+    "flwr-signature": "c2lnbmF0dXJl",
+    "flwr-timestamp": "2026-11-23T12:00:00.000000+00:00",
+}
 
 
 class StandIn(BaseHTTPRequestHandler):
@@ -59,16 +61,25 @@ class StandIn(BaseHTTPRequestHandler):
 def proxy(tmp_path_factory):
     work = tmp_path_factory.mktemp("proxy")
     certs = work / "certs"
-    subprocess.run(["bash", str(ROOT / "deploy" / "make_certs.sh"), str(certs), "localhost,127.0.0.1"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["bash", str(ROOT / "deploy" / "make_certs.sh"), str(certs), "localhost,127.0.0.1"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     upstream = ThreadingHTTPServer(("127.0.0.1", free_port()), StandIn)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(certs / "server.pem", certs / "server.key")
     upstream.socket = ctx.wrap_socket(upstream.socket, server_side=True)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    plan = ProxyPlan(superlink=f"127.0.0.1:{upstream.server_address[1]}", fleet=[f"127.0.0.1:{free_port()}"],
-                     control=[f"127.0.0.1:{free_port()}"], operators=[OPERATOR], cert=certs / "server.pem",
-                     key=certs / "server.key", ca=certs / "ca.crt")
+    plan = ProxyPlan(
+        superlink=f"127.0.0.1:{upstream.server_address[1]}",
+        fleet=[f"127.0.0.1:{free_port()}"],
+        control=[f"127.0.0.1:{free_port()}"],
+        operators=[OPERATOR],
+        cert=certs / "server.pem",
+        key=certs / "server.key",
+        ca=certs / "ca.crt",
+    )
     (work / "logs").mkdir()
     nginx = Nginx(plan, work / "nginx", work / "logs")
     proc = nginx.start({})
@@ -80,8 +91,16 @@ def proxy(tmp_path_factory):
         upstream.shutdown()
 
 
-def request(plan_address: str, certs: Path, method: str, path: str, headers: dict | None = None,
-            body: bytes = b"", source: str | None = None, tls: bool = True) -> int:
+def request(
+    plan_address: str,
+    certs: Path,
+    method: str,
+    path: str,
+    headers: dict | None = None,
+    body: bytes = b"",
+    source: str | None = None,
+    tls: bool = True,
+) -> int:
     """One raw request (the path is sent as written, unnormalised); returns the status."""
     host, port = plan_address.rsplit(":", 1)
     src = (source, 0) if source else None
@@ -101,8 +120,14 @@ def test_fleet_route_passes_with_auth_headers_and_body_unchanged(proxy):
     plan, certs = proxy
     StandIn.seen.clear()
     body = bytes(range(256)) * 40  # binary protobuf-like payload
-    status = request(plan.fleet[0], certs, "POST", "/v1/fleet/activate-node",
-                     {**AUTH_HEADERS, "content-type": "application/protobuf"}, body)
+    status = request(
+        plan.fleet[0],
+        certs,
+        "POST",
+        "/v1/fleet/activate-node",
+        {**AUTH_HEADERS, "content-type": "application/protobuf"},
+        body,
+    )
     assert status == 200
     [(method, path, headers, got)] = StandIn.seen
     assert (method, path, got) == ("POST", "/v1/fleet/activate-node", body)
@@ -110,17 +135,20 @@ def test_fleet_route_passes_with_auth_headers_and_body_unchanged(proxy):
     assert headers["x-forwarded-for"] == "127.0.0.1"  # the SuperLink's access log names the real client
 
 
-@pytest.mark.parametrize("method,path,expected", [
-    ("POST", "/v1/control/start-run", 404),
-    ("POST", "/v1/control/register-node", 404),
-    ("POST", "/v1/runtime/acquire-task", 404),
-    ("GET", "/docs", 404),
-    ("POST", "/v1/fleet/../control/start-run", 404),
-    ("POST", "/v1/fleet/%2e%2e/control/start-run", 404),
-    ("POST", "/v1/fleet/..%2fcontrol/start-run", 404),
-    ("POST", "//v1/control/start-run", 404),
-    ("GET", "/v1/fleet/pull-messages", 403),  # Fleet routes are POST only
-])
+@pytest.mark.parametrize(
+    "method,path,expected",
+    [
+        ("POST", "/v1/control/start-run", 404),
+        ("POST", "/v1/control/register-node", 404),
+        ("POST", "/v1/runtime/acquire-task", 404),
+        ("GET", "/docs", 404),
+        ("POST", "/v1/fleet/../control/start-run", 404),
+        ("POST", "/v1/fleet/%2e%2e/control/start-run", 404),
+        ("POST", "/v1/fleet/..%2fcontrol/start-run", 404),
+        ("POST", "//v1/control/start-run", 404),
+        ("GET", "/v1/fleet/pull-messages", 403),  # Fleet routes are POST only
+    ],
+)
 def test_fleet_listener_refuses_everything_else(proxy, method, path, expected):
     plan, certs = proxy
     StandIn.seen.clear()
@@ -145,33 +173,81 @@ def test_plain_http_is_refused_on_both_listeners(proxy):
     assert request(plan.control[0], certs, "POST", "/v1/control/start-run", source=OPERATOR, tls=False) == 400
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--fleet", "10.0.0.5", "--control", "10.0.0.5:9094", "--operator", "10.0.0.20"], "is not HOST:PORT"),
-    (["--fleet", "10.0.0.5:9093", "--control", "10.0.0.5:9093", "--operator", "10.0.0.20"], "on one socket"),
-    (["--fleet", "10.0.0.5:9093", "--control", "10.0.0.5:9094", "--operator", "10.0.0.300"],
-     "is not an IP address or network"),
-    (["--fleet", "10.0.0.5:9093", "--control", "10.0.0.5:9094"], "needs the operator's addresses"),
-    (["--operator", "10.0.0.20"], "need a fleet listener"),
-    (["--fleet", "10.0.0.5:9093", "--control", "10.0.0.5:9094", "--operator", "10.0.0.20", "--superlink",
-      "10.0.0.5:9093"], "cannot also be a proxy listener"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--fleet", "10.0.0.5", "--control", "10.0.0.5:9094", "--operator", "10.0.0.20"], "is not HOST:PORT"),
+        (["--fleet", "10.0.0.5:9093", "--control", "10.0.0.5:9093", "--operator", "10.0.0.20"], "on one socket"),
+        (
+            ["--fleet", "10.0.0.5:9093", "--control", "10.0.0.5:9094", "--operator", "10.0.0.300"],
+            "is not an IP address or network",
+        ),
+        (["--fleet", "10.0.0.5:9093", "--control", "10.0.0.5:9094"], "needs the operator's addresses"),
+        (["--operator", "10.0.0.20"], "need a fleet listener"),
+        (
+            [
+                "--fleet",
+                "10.0.0.5:9093",
+                "--control",
+                "10.0.0.5:9094",
+                "--operator",
+                "10.0.0.20",
+                "--superlink",
+                "10.0.0.5:9093",
+            ],
+            "cannot also be a proxy listener",
+        ),
+    ],
+)
 def test_make_proxy_conf_names_what_is_wrong(tmp_path, args, message):
-    r = subprocess.run([sys.executable, str(ROOT / "deploy" / "make_proxy_conf.py"), "--certs", str(tmp_path), *args],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "make_proxy_conf.py"), "--certs", str(tmp_path), *args],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
 def test_make_proxy_conf_checks_the_certificates_exist(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "deploy" / "make_proxy_conf.py"), "--certs", str(tmp_path),
-                        "--fleet", "0.0.0.0:9093", "--control", "10.0.0.5:9094", "--operator", "10.0.0.20"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "deploy" / "make_proxy_conf.py"),
+            "--certs",
+            str(tmp_path),
+            "--fleet",
+            "0.0.0.0:9093",
+            "--control",
+            "10.0.0.5:9094",
+            "--operator",
+            "10.0.0.20",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "server.pem is missing" in r.stderr, r.stderr
 
 
 def make_site(certs: Path, fleet: str, control: str) -> str:
-    r = subprocess.run([sys.executable, str(ROOT / "deploy" / "make_proxy_conf.py"), "--superlink", "127.0.0.1:9091",
-                        "--fleet", fleet, "--control", control, "--operator", "10.0.0.20", "--certs", str(certs)],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "deploy" / "make_proxy_conf.py"),
+            "--superlink",
+            "127.0.0.1:9091",
+            "--fleet",
+            fleet,
+            "--control",
+            control,
+            "--operator",
+            "10.0.0.20",
+            "--certs",
+            str(certs),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return r.stdout
 
 
@@ -188,8 +264,19 @@ def test_guide_site_serves_fleet_and_control_apart(proxy):
 
 def test_a_proxy_with_one_listener_kind_has_no_route_of_the_other(proxy):
     # the compose demo's two proxies: the data holders' has no Control server at all
-    r = subprocess.run([sys.executable, str(ROOT / "deploy" / "make_proxy_conf.py"), "--fleet", "0.0.0.0:9093",
-                        "--certs", str(proxy[1])], capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "deploy" / "make_proxy_conf.py"),
+            "--fleet",
+            "0.0.0.0:9093",
+            "--certs",
+            str(proxy[1]),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "location /v1/fleet/" in r.stdout and "location /v1/control/" not in r.stdout
     assert r.stdout.count("server {") == 1
 
@@ -198,8 +285,10 @@ def test_rendered_site_is_accepted_by_nginx(proxy, tmp_path):
     # nginx -t binds the listeners: loopback addresses only
     (tmp_path / "site.conf").write_text(make_site(proxy[1], f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"))
     main = tmp_path / "nginx.conf"
-    main.write_text(f"pid {tmp_path}/nginx.pid; error_log stderr; events {{}} http {{ "
-                    f"client_body_temp_path {tmp_path}/b; proxy_temp_path {tmp_path}/p; fastcgi_temp_path {tmp_path}/f; "
-                    f"uwsgi_temp_path {tmp_path}/u; scgi_temp_path {tmp_path}/s; include {tmp_path}/site.conf; }}")
+    main.write_text(
+        f"pid {tmp_path}/nginx.pid; error_log stderr; events {{}} http {{ "
+        f"client_body_temp_path {tmp_path}/b; proxy_temp_path {tmp_path}/p; fastcgi_temp_path {tmp_path}/f; "
+        f"uwsgi_temp_path {tmp_path}/u; scgi_temp_path {tmp_path}/s; include {tmp_path}/site.conf; }}"
+    )
     t = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(main)], capture_output=True, text=True)
     assert t.returncode == 0, t.stderr

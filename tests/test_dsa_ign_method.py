@@ -13,7 +13,15 @@ import torch
 
 from task.methods.client2vec import Client2VecOptions
 from task.dsa_ign import (
-    DSAIGN, IGNConfig, build_ign, client_index, loss_div, loss_orth, loss_recon, loss_sim, total_loss,
+    DSAIGN,
+    IGNConfig,
+    build_ign,
+    client_index,
+    loss_div,
+    loss_orth,
+    loss_recon,
+    loss_sim,
+    total_loss,
     train_dsa_ign,
 )
 
@@ -32,16 +40,27 @@ def test_code_defaults_equal_the_declared_run_config_defaults():
 
 # key -> (a value other than the default, the option field it sets, the value that field then holds)
 CHANGES = {
-    "c2v-base": ("moon", "base", "moon"), "c2v-sampling": (False, "sampling", False),
-    "c2v-aggregation": (False, "aggregation", False), "c2v-local": (False, "local", False),
-    "c2v-encoder": ("synthetic", "encoder", "synthetic"), "c2v-clip-model": ("ViT-B-32", "clip_model", "ViT-B-32"),
-    "c2v-clip-weights": ("/w.pt", "clip_weights", "/w.pt"), "c2v-normalize": (False, "normalize", False),
-    "c2v-cache-dir": ("/c", "cache_dir", "/c"), "c2v-ign-mode": ("federated", "ign_mode", "federated"),
-    "c2v-ign-epochs": (3, "ign_epochs", 3), "c2v-ign-local-epochs": (4, "ign_local_epochs", 4),
-    "c2v-ign-fraction": (0.5, "ign_fraction", 0.5), "c2v-ign-upload": (64, "ign_upload", 64),
-    "c2v-ign-batch": (32, "ign_batch", 32), "c2v-ign-lr": (0.01, "ign_lr", 0.01),
-    "c2v-orth-mode": ("diag", "orth_mode", "diag"), "c2v-tau": (2.0, "tau", 2.0), "c2v-gamma": (0.9, "gamma", 0.9),
-    "c2v-lambda1": (3.0, "lambda1", 3.0), "c2v-local-weight": (5.0, "local_weight", 5.0),
+    "c2v-base": ("moon", "base", "moon"),
+    "c2v-sampling": (False, "sampling", False),
+    "c2v-aggregation": (False, "aggregation", False),
+    "c2v-local": (False, "local", False),
+    "c2v-encoder": ("synthetic", "encoder", "synthetic"),
+    "c2v-clip-model": ("ViT-B-32", "clip_model", "ViT-B-32"),
+    "c2v-clip-weights": ("/w.pt", "clip_weights", "/w.pt"),
+    "c2v-normalize": (False, "normalize", False),
+    "c2v-cache-dir": ("/c", "cache_dir", "/c"),
+    "c2v-ign-mode": ("federated", "ign_mode", "federated"),
+    "c2v-ign-epochs": (3, "ign_epochs", 3),
+    "c2v-ign-local-epochs": (4, "ign_local_epochs", 4),
+    "c2v-ign-fraction": (0.5, "ign_fraction", 0.5),
+    "c2v-ign-upload": (64, "ign_upload", 64),
+    "c2v-ign-batch": (32, "ign_batch", 32),
+    "c2v-ign-lr": (0.01, "ign_lr", 0.01),
+    "c2v-orth-mode": ("diag", "orth_mode", "diag"),
+    "c2v-tau": (2.0, "tau", 2.0),
+    "c2v-gamma": (0.9, "gamma", 0.9),
+    "c2v-lambda1": (3.0, "lambda1", 3.0),
+    "c2v-local-weight": (5.0, "local_weight", 5.0),
     "c2v-orth-normalize": (False, "orth_normalize", False),
     "c2v-orth-mean-over-clients": (True, "orth_mean_over_clients", True),
 }
@@ -55,18 +74,35 @@ def test_each_key_sets_its_own_option(key):
     assert {f: v for f, v in vars(changed).items() if f != field} == {f: v for f, v in vars(base).items() if f != field}
 
 
-@pytest.mark.parametrize("key, value, field", [("c2v-ign-ff", 64, "ff"), ("c2v-ign-dropout", 0.3, "dropout"),
-                                               ("c2v-pos-emb", False, "pos_emb")])
+@pytest.mark.parametrize(
+    "key, value, field",
+    [("c2v-ign-ff", 64, "ff"), ("c2v-ign-dropout", 0.3, "dropout"), ("c2v-pos-emb", False, "pos_emb")],
+)
 def test_network_keys_set_the_dsa_ign_shape(key, value, field):
-    assert getattr(Client2VecOptions.parse({key: value}).ign, field) == value != getattr(Client2VecOptions.parse({}).ign, field)
+    assert (
+        getattr(Client2VecOptions.parse({key: value}).ign, field)
+        == value
+        != getattr(Client2VecOptions.parse({}).ign, field)
+    )
 
 
-@pytest.mark.parametrize("key, ok, bad", [
-    ("c2v-ign-epochs", [0], [-1]), ("c2v-ign-local-epochs", [1], [0]), ("c2v-ign-fraction", [0.0, 1.0], [-0.01, 1.01]),
-    ("c2v-ign-upload", [2], [1]), ("c2v-ign-batch", [2], [1]), ("c2v-ign-lr", [0.0], [-1e-6]),
-    ("c2v-ign-ff", [1], [0]), ("c2v-ign-dropout", [0.0, 1.0], [-0.1, 1.1]), ("c2v-tau", [1e-9], [0.0]),
-    ("c2v-gamma", [0.0, 1.0], [-0.1, 1.1]), ("c2v-lambda1", [1e-9], [0.0]), ("c2v-local-weight", [0.0], [-0.5]),
-])
+@pytest.mark.parametrize(
+    "key, ok, bad",
+    [
+        ("c2v-ign-epochs", [0], [-1]),
+        ("c2v-ign-local-epochs", [1], [0]),
+        ("c2v-ign-fraction", [0.0, 1.0], [-0.01, 1.01]),
+        ("c2v-ign-upload", [2], [1]),
+        ("c2v-ign-batch", [2], [1]),
+        ("c2v-ign-lr", [0.0], [-1e-6]),
+        ("c2v-ign-ff", [1], [0]),
+        ("c2v-ign-dropout", [0.0, 1.0], [-0.1, 1.1]),
+        ("c2v-tau", [1e-9], [0.0]),
+        ("c2v-gamma", [0.0, 1.0], [-0.1, 1.1]),
+        ("c2v-lambda1", [1e-9], [0.0]),
+        ("c2v-local-weight", [0.0], [-0.5]),
+    ],
+)
 def test_ranges_accept_their_bounds_and_refuse_beyond_naming_the_key(key, ok, bad):
     for v in ok:
         Client2VecOptions.parse({key: v})
@@ -148,7 +184,9 @@ def test_training_history_progress_and_mode():
     hist = train_dsa_ign(net, D, L, epochs=3, batch_size=2, lr=0.01, progress=lambda e, h: seen.append((e, h)))
     assert len(hist) == 3 and [e for e, _ in seen] == [1, 2, 3] and seen[-1][1] == hist[-1]
     assert set(hist[0]) == {"div", "sim", "orth", "recon", "total"}
-    assert hist[0]["total"] == pytest.approx(hist[0]["div"] + hist[0]["sim"] + hist[0]["orth"] + hist[0]["recon"], rel=1e-5)
+    assert hist[0]["total"] == pytest.approx(
+        hist[0]["div"] + hist[0]["sim"] + hist[0]["orth"] + hist[0]["recon"], rel=1e-5
+    )
     assert not net.training  # ready for the index
     frozen = build_ign(SMALL, 2)
     before = {k: v.clone() for k, v in frozen.state_dict().items()}
@@ -186,7 +224,15 @@ def test_client_index_averages_u_over_all_samples_in_eval_mode():
 
 def test_dsaign_default_config_is_the_papers():
     cfg = IGNConfig()
-    assert (cfg.dim, cfg.token, cfg.layers, cfg.heads, cfg.ff, cfg.dropout, cfg.pos_emb) == (512, 32, 3, 8, 2048, 0.1, True)
+    assert (cfg.dim, cfg.token, cfg.layers, cfg.heads, cfg.ff, cfg.dropout, cfg.pos_emb) == (
+        512,
+        32,
+        3,
+        8,
+        2048,
+        0.1,
+        True,
+    )
     assert isinstance(build_ign(SMALL, 0), DSAIGN)
 
 
@@ -243,8 +289,10 @@ def test_diversity_of_a_two_sample_batch_is_their_cosine_and_cos_is_the_default_
 
 
 # ------------------------------------------------------------------ mutation testing (issue 14): sharper contracts
-@pytest.mark.parametrize("dim, token, heads", [(4, 8, 2), (16, 8, 2), (12, 8, 4), (512, 32, 8), (10, 8, 2), (12, 9, 3),
-                                               (16, 8, 3), (18, 12, 8)])
+@pytest.mark.parametrize(
+    "dim, token, heads",
+    [(4, 8, 2), (16, 8, 2), (12, 8, 4), (512, 32, 8), (10, 8, 2), (12, 9, 3), (16, 8, 3), (18, 12, 8)],
+)
 def test_a_shape_is_accepted_exactly_when_its_tokens_and_heads_split_evenly(dim, token, heads):
     """Spec §2.3: I = [D, D] is cut into 2*dim/token tokens of width token, and each token's width is split over the
     heads; a shape is valid exactly when both divisions are exact (the rule is evaluated here in integers)."""
@@ -267,9 +315,9 @@ def test_each_sample_is_encoded_on_its_own_tokens():
     with torch.no_grad():
         batch = net(d)
         for i in range(5):
-            alone = net(d[i:i + 1])
+            alone = net(d[i : i + 1])
             for got, ref in zip(batch, alone):
-                torch.testing.assert_close(got[i:i + 1], ref, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(got[i : i + 1], ref, rtol=1e-5, atol=1e-6)
 
 
 def test_losses_are_made_on_the_inputs_device():

@@ -11,8 +11,16 @@ pytestmark = pytest.mark.slow
 # pinned by tests/test_baselines_method.py); their two-round Flower runs (about 18 s each on 2 cores) run with
 # `-m extended` to keep the default command inside CI's 20 minutes
 _EXTENDED = pytest.mark.extended
-BASELINES = ["local", "fedavg", pytest.param("fedprox", marks=_EXTENDED), pytest.param("fedper", marks=_EXTENDED),
-             pytest.param("fedrep", marks=_EXTENDED), pytest.param("fedrod", marks=_EXTENDED), "ditto", "cfl"]
+BASELINES = [
+    "local",
+    "fedavg",
+    pytest.param("fedprox", marks=_EXTENDED),
+    pytest.param("fedper", marks=_EXTENDED),
+    pytest.param("fedrep", marks=_EXTENDED),
+    pytest.param("fedrod", marks=_EXTENDED),
+    "ditto",
+    "cfl",
+]
 
 #: the baselines with one model shared by every client (FedRoD: its generic head; Ditto: the global model it
 #: regularises towards)
@@ -45,8 +53,9 @@ def test_two_rounds(simulation, method):
 
 
 def test_bad_replies_are_rejected_and_the_run_goes_on(simulation):
-    summary = simulation.run({"method": "fedavg", "num-server-rounds": 2, "min-nodes": 4,
-                              "fault": "nan@1,shape@2,crash@3"}, num_supernodes=4)
+    summary = simulation.run(
+        {"method": "fedavg", "num-server-rounds": 2, "min-nodes": 4, "fault": "nan@1,shape@2,crash@3"}, num_supernodes=4
+    )
     failures = json.loads((Path(summary["results"]) / "failures.json").read_text())
     reasons = {(f["round"], f["phase"]): [] for f in failures}
     for f in failures:
@@ -73,8 +82,18 @@ def test_a_run_whose_every_reply_fails_the_same_way_stops_with_that_reason(simul
     from server_app.runner import RunFailed
 
     with pytest.raises(RunFailed) as err:
-        simulation.run({"method": "fedavg", "dataset": "mnist", "partition": "iid", "num-server-rounds": 10,
-                        "min-nodes": 2, "data-dir": str(tmp_path / "no-such-mnist")}, num_supernodes=2, timeout=600)
+        simulation.run(
+            {
+                "method": "fedavg",
+                "dataset": "mnist",
+                "partition": "iid",
+                "num-server-rounds": 10,
+                "min-nodes": 2,
+                "data-dir": str(tmp_path / "no-such-mnist"),
+            },
+            num_supernodes=2,
+            timeout=600,
+        )
     text = err.value.output
     assert "round 1: every train reply failed for the same reason" in text and "does not exist" in text
     from server_app.runner import results_folder_from_output

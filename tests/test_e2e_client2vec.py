@@ -25,11 +25,22 @@ def _artefacts(summary):
 
 def test_client2vec_global_mode_with_open_clip_and_moon(simulation, tmp_path):
     m = 6
-    summary = simulation.run({
-        "method": "client2vec", "num-server-rounds": 2, "min-nodes": m, "partition": "dirichlet", "alpha": 0.3,
-        "feature-shift": 3, "fraction-train": 0.34, "model": "mlp", "c2v-base": "moon", "c2v-ign-epochs": 2,
-        "c2v-cache-dir": str(tmp_path / "cache"),
-    }, num_supernodes=m)
+    summary = simulation.run(
+        {
+            "method": "client2vec",
+            "num-server-rounds": 2,
+            "min-nodes": m,
+            "partition": "dirichlet",
+            "alpha": 0.3,
+            "feature-shift": 3,
+            "fraction-train": 0.34,
+            "model": "mlp",
+            "c2v-base": "moon",
+            "c2v-ign-epochs": 2,
+            "c2v-cache-dir": str(tmp_path / "cache"),
+        },
+        num_supernodes=m,
+    )
     assert summary["rounds"] == 2 and summary["failures"] == 0
     folder, index, info, rounds = _artefacts(summary)
     assert sorted(index["partition_id"].tolist()) == list(range(m))  # every node is indexed, once
@@ -54,12 +65,27 @@ def test_client2vec_global_mode_with_open_clip_and_moon(simulation, tmp_path):
 @pytest.mark.extended  # ~1-3 minutes (python -m pytest -m extended); Global mode runs by default
 def test_client2vec_federated_mode_fedprox_without_local_loss(simulation, tmp_path):
     m = 4
-    summary = simulation.run({
-        "method": "client2vec", "num-server-rounds": 2, "min-nodes": m, "partition": "dirichlet", "alpha": 0.5,
-        "feature-shift": 2, "fraction-train": 0.5, "model": "mlp", "c2v-base": "fedprox", "c2v-local": False,
-        "c2v-ign-mode": "federated", "c2v-ign-epochs": 2, "c2v-ign-local-epochs": 1, "c2v-ign-fraction": 0.5,
-        "c2v-encoder": "synthetic", "c2v-cache-dir": str(tmp_path / "cache"),
-    }, num_supernodes=m)
+    summary = simulation.run(
+        {
+            "method": "client2vec",
+            "num-server-rounds": 2,
+            "min-nodes": m,
+            "partition": "dirichlet",
+            "alpha": 0.5,
+            "feature-shift": 2,
+            "fraction-train": 0.5,
+            "model": "mlp",
+            "c2v-base": "fedprox",
+            "c2v-local": False,
+            "c2v-ign-mode": "federated",
+            "c2v-ign-epochs": 2,
+            "c2v-ign-local-epochs": 1,
+            "c2v-ign-fraction": 0.5,
+            "c2v-encoder": "synthetic",
+            "c2v-cache-dir": str(tmp_path / "cache"),
+        },
+        num_supernodes=m,
+    )
     assert summary["rounds"] == 2 and summary["failures"] == 0
     folder, index, info, rounds = _artefacts(summary)
     assert sorted(index["partition_id"].tolist()) == list(range(m))
@@ -75,9 +101,22 @@ def test_client2vec_federated_mode_fedprox_without_local_loss(simulation, tmp_pa
 def test_two_runs_with_one_seed_index_and_draw_the_same_clients(simulation, tmp_path):
     # Flower gives the simulated nodes new random ids in every run: what a seed decides (the DSA-IGN pool,
     # the index rows, the cohorts) must not depend on them, or "paired" seeds would not pair
-    cfg = {"method": "client2vec", "num-server-rounds": 3, "min-nodes": 6, "partition": "dirichlet", "alpha": 0.5,
-           "feature-shift": 2, "fraction-train": 0.34, "model": "mlp", "c2v-sampling": False, "c2v-local": False,
-           "c2v-encoder": "synthetic", "c2v-ign-epochs": 1, "seed": 4, "c2v-cache-dir": str(tmp_path / "cache")}
+    cfg = {
+        "method": "client2vec",
+        "num-server-rounds": 3,
+        "min-nodes": 6,
+        "partition": "dirichlet",
+        "alpha": 0.5,
+        "feature-shift": 2,
+        "fraction-train": 0.34,
+        "model": "mlp",
+        "c2v-sampling": False,
+        "c2v-local": False,
+        "c2v-encoder": "synthetic",
+        "c2v-ign-epochs": 1,
+        "seed": 4,
+        "c2v-cache-dir": str(tmp_path / "cache"),
+    }
     runs = [_artefacts(simulation.run(cfg, num_supernodes=6)) for _ in range(2)]
     (_, index_a, info_a, _), (_, index_b, info_b, _) = runs
     for key in ("partition_id", "beta_f", "beta_l", "num_examples"):

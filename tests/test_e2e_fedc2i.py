@@ -9,8 +9,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_fedc2i_run_writes_influence(simulation):
-    summary = simulation.run({"method": "fedc2i", "num-server-rounds": 3, "min-nodes": 4, "partition": "iid",
-                              "feature-shift": 4}, num_supernodes=4)
+    summary = simulation.run(
+        {"method": "fedc2i", "num-server-rounds": 3, "min-nodes": 4, "partition": "iid", "feature-shift": 4},
+        num_supernodes=4,
+    )
     assert summary["rounds"] == 3 and summary["failures"] == 0 and 0.3 < summary["personal-acc"] <= 1.0
     folder = Path(summary["results"])
     influence = json.loads((folder / "fedc2i_influence.json").read_text())

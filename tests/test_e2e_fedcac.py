@@ -10,8 +10,17 @@ pytestmark = pytest.mark.slow
 
 
 def test_fedcac_run_with_a_dropout_in_round_2(simulation):
-    summary = simulation.run({"method": "fedcac", "num-server-rounds": 3, "min-nodes": 4, "beta": 2,
-                              "partition": "pathological", "fault": "crash@2:2"}, num_supernodes=4)
+    summary = simulation.run(
+        {
+            "method": "fedcac",
+            "num-server-rounds": 3,
+            "min-nodes": 4,
+            "beta": 2,
+            "partition": "pathological",
+            "fault": "crash@2:2",
+        },
+        num_supernodes=4,
+    )
     assert summary["rounds"] == 3 and 0.3 < summary["personal-acc"] <= 1.0
     folder = Path(summary["results"])
     rounds = json.loads((folder / "fedcac_rounds.json").read_text())

@@ -7,9 +7,21 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SMALL = {"num-server-rounds": 7, "warmup-rounds": 5, "lazy-epochs": 10, "partition": "planted-clusters",
-         "num-clusters": 5, "min-nodes": 10, "model": "mlp", "momentum": 0.0, "batch-size": 16,
-         "local-epochs": 2, "val-fraction": 0.25, "optics-min-samples": 2, "seed": 0}
+SMALL = {
+    "num-server-rounds": 7,
+    "warmup-rounds": 5,
+    "lazy-epochs": 10,
+    "partition": "planted-clusters",
+    "num-clusters": 5,
+    "min-nodes": 10,
+    "model": "mlp",
+    "momentum": 0.0,
+    "batch-size": 16,
+    "local-epochs": 2,
+    "val-fraction": 0.25,
+    "optics-min-samples": 2,
+    "seed": 0,
+}
 
 
 @pytest.mark.parametrize("mode", ["p2p", "central"])
@@ -28,9 +40,22 @@ def test_pfedlia_recovers_the_planted_groups(simulation, mode):
     assert summary["personal-acc"] > 0.6
 
 
-LM = {"dataset": "dialects", "partition": "planted-clusters", "num-clusters": 3, "num-server-rounds": 6,
-      "min-nodes": 6, "warmup-rounds": 2, "lazy-epochs": 5, "local-epochs": 2, "optimizer": "adam", "lr": 0.003,
-      "batch-size": 16, "val-fraction": 0.2, "dialect-sequences": 80, "seed": 0}
+LM = {
+    "dataset": "dialects",
+    "partition": "planted-clusters",
+    "num-clusters": 3,
+    "num-server-rounds": 6,
+    "min-nodes": 6,
+    "warmup-rounds": 2,
+    "lazy-epochs": 5,
+    "local-epochs": 2,
+    "optimizer": "adam",
+    "lr": 0.003,
+    "batch-size": 16,
+    "val-fraction": 0.2,
+    "dialect-sequences": 80,
+    "seed": 0,
+}
 
 
 def test_pfedlia_p2p_groups_dialects_and_beats_fedavg_perplexity(simulation):

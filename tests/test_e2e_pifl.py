@@ -10,9 +10,19 @@ pytestmark = pytest.mark.slow
 
 
 def test_pifl_tiers_specialise_and_tokens_are_conserved(simulation):
-    summary = simulation.run({"method": "pifl", "num-server-rounds": 4, "partition": "two-source", "mixture": "10:90",
-                              "min-nodes": 6, "slots-performance": 2, "slots-random": 1, "fault": "badbid@1"},
-                             num_supernodes=6)
+    summary = simulation.run(
+        {
+            "method": "pifl",
+            "num-server-rounds": 4,
+            "partition": "two-source",
+            "mixture": "10:90",
+            "min-nodes": 6,
+            "slots-performance": 2,
+            "slots-random": 1,
+            "fault": "badbid@1",
+        },
+        num_supernodes=6,
+    )
     folder = Path(summary["results"])
     ledger = json.loads((folder / "pifl_ledger.json").read_text())
     supply = 6 * 100 * ledger["micro-tokens-per-token"]
@@ -39,8 +49,17 @@ def test_pifl_tiers_specialise_and_tokens_are_conserved(simulation):
 
 
 def test_fedsoft_soft_clusters_and_tier_table(simulation):
-    summary = simulation.run({"method": "fedsoft", "num-server-rounds": 3, "partition": "two-source", "mixture": "10:90",
-                              "min-nodes": 6, "fedsoft-clients-per-cluster": 3}, num_supernodes=6)
+    summary = simulation.run(
+        {
+            "method": "fedsoft",
+            "num-server-rounds": 3,
+            "partition": "two-source",
+            "mixture": "10:90",
+            "min-nodes": 6,
+            "fedsoft-clients-per-cluster": 3,
+        },
+        num_supernodes=6,
+    )
     assert summary["failures"] == 0 and summary["personal-acc"] is not None  # goal = inverted mix: low by design
     info = json.loads((Path(summary["results"]) / "fedsoft_clusters.json").read_text())
     assert set(info["importance"]) == {"1", "3"}  # re-estimated every 2 rounds

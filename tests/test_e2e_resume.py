@@ -27,8 +27,14 @@ SMALL = {"num-server-rounds": 3, "min-nodes": CLIENTS, "model": "mlp", "local-ep
 
 
 def rounds(folder: Path) -> list[dict]:
-    return [{"round": r["round"], "train": {k: v for k, v in r["train"].items() if "time" not in k and "rss" not in k},
-             "evaluate": r["evaluate"]} for r in json.loads((folder / "rounds.json").read_text())]
+    return [
+        {
+            "round": r["round"],
+            "train": {k: v for k, v in r["train"].items() if "time" not in k and "rss" not in k},
+            "evaluate": r["evaluate"],
+        }
+        for r in json.loads((folder / "rounds.json").read_text())
+    ]
 
 
 def clients(folder: Path) -> list[dict]:
@@ -40,8 +46,9 @@ def without_measured(tree):
     """Without what two equal runs cannot share: seconds, and byte counts (each message's config names the run's
     results folder, whose name ends in Flower's run id, whose number of digits varies between runs)."""
     if isinstance(tree, dict):
-        return {k: without_measured(v) for k, v in tree.items()
-                if not any(w in k for w in ("bytes", "seconds", "time"))}
+        return {
+            k: without_measured(v) for k, v in tree.items() if not any(w in k for w in ("bytes", "seconds", "time"))
+        }
     if isinstance(tree, list):
         return [without_measured(v) for v in tree]
     return tree
@@ -65,12 +72,19 @@ def _folder_of_crashed(output: str) -> Path:
     return Path(found[-1])
 
 
-@pytest.mark.parametrize("method,extra,stop_after", [
-    ("fedavg", {}, 1),
-    ("fedcac", {"beta": 2, "partition": "pathological"}, 2),
-    ("pfedlia", {"warmup-rounds": 1, "partition": "planted-clusters", "num-clusters": 3, "optics-min-samples": 2}, 2),
-    ("pifl", {"partition": "two-source", "slots-performance": 1, "slots-random": 1, "server-set-size": 100}, 2),
-])
+@pytest.mark.parametrize(
+    "method,extra,stop_after",
+    [
+        ("fedavg", {}, 1),
+        ("fedcac", {"beta": 2, "partition": "pathological"}, 2),
+        (
+            "pfedlia",
+            {"warmup-rounds": 1, "partition": "planted-clusters", "num-clusters": 3, "optics-min-samples": 2},
+            2,
+        ),
+        ("pifl", {"partition": "two-source", "slots-performance": 1, "slots-random": 1, "server-set-size": 100}, 2),
+    ],
+)
 def test_a_stopped_and_resumed_run_ends_like_the_uninterrupted_one(simulation, method, extra, stop_after):
     cfg = {**SMALL, "method": method, **extra}
     reference = simulation.run(cfg, num_supernodes=CLIENTS)
@@ -84,8 +98,9 @@ def test_a_stopped_and_resumed_run_ends_like_the_uninterrupted_one(simulation, m
     assert [r["after-round"] for r in resumes] == [stop_after]
     if method == "pfedlia":  # the clustering of round 2 is restored, not recomputed
         assert "clustering round" not in log
-        assert without_measured(json.loads((folder / "pfedlia_clusters.json").read_text())) == \
-            without_measured(json.loads((ref_folder / "pfedlia_clusters.json").read_text()))
+        assert without_measured(json.loads((folder / "pfedlia_clusters.json").read_text())) == without_measured(
+            json.loads((ref_folder / "pfedlia_clusters.json").read_text())
+        )
     if method == "pifl":  # tokens are conserved across the resume, round by round as without it
         ledger = json.loads((folder / "pifl_ledger.json").read_text())
         supply = CLIENTS * 100 * ledger["micro-tokens-per-token"]
@@ -103,16 +118,20 @@ def test_a_stopped_and_resumed_run_ends_like_the_uninterrupted_one(simulation, m
         np.savez(folder / f"test-{client}.npz", x=data.x_test.numpy(), y=data.y_test.numpy())
         assert predict_file(model_file, folder / f"test-{client}.npz")["accuracy"] == pytest.approx(reported[client])
     server_models = sorted(p.name for p in (folder / "models" / "server").glob("*.safetensors"))
-    expected = {"fedavg": ["global.safetensors"], "fedcac": ["global.safetensors"],
-                "pfedlia": [f"cluster-{k}.safetensors" for k in range(len(server_models))],
-                "pifl": ["tier-0.safetensors", "tier-1.safetensors"]}[method]
+    expected = {
+        "fedavg": ["global.safetensors"],
+        "fedcac": ["global.safetensors"],
+        "pfedlia": [f"cluster-{k}.safetensors" for k in range(len(server_models))],
+        "pifl": ["tier-0.safetensors", "tier-1.safetensors"],
+    }[method]
     assert server_models == expected and server_models
     if method == "fedavg":
         # a folder that does not fit is refused through Flower at once, and the finished run's folder is left as
         # it was (every kind of misfit: tests/test_resume_point.py); the reference run serves as that folder
         before = sorted((p.name, p.stat().st_size) for p in ref_folder.rglob("*"))
         with pytest.raises(RunFailed) as err:
-            simulation.run({**cfg, "method": "fedprox", "resume-from": str(ref_folder)}, num_supernodes=CLIENTS,
-                           timeout=300)
+            simulation.run(
+                {**cfg, "method": "fedprox", "resume-from": str(ref_folder)}, num_supernodes=CLIENTS, timeout=300
+            )
         assert "is a fedavg run" in err.value.output.replace("\n", " ")
         assert sorted((p.name, p.stat().st_size) for p in ref_folder.rglob("*")) == before

@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_saved_model_loads_back_and_predicts_a_node_file(tmp_path):
     settings = parse_settings({"model": "mlp"})
     net = build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes, seed=3)
-    save_model(tmp_path / "client-2", net.state_dict(), model_manifest(settings, round=4, client=2,
-                                                                       **{"personal-acc": 0.5}))
+    save_model(
+        tmp_path / "client-2", net.state_dict(), model_manifest(settings, round=4, client=2, **{"personal-acc": 0.5})
+    )
     loaded, manifest = load_model(tmp_path / "client-2.safetensors")
     assert manifest["round"] == 4 and manifest["client"] == 2 and manifest["model"]["name"] == "mlp"
     assert manifest["shapes"]["head.weight"] == list(net.head.weight.shape)
@@ -31,9 +32,20 @@ def test_a_saved_model_loads_back_and_predicts_a_node_file(tmp_path):
     y = predict(net, x)
     np.savez(tmp_path / "data.npz", x=x, y=y)
     assert predict_file(tmp_path / "client-2", tmp_path / "data.npz")["accuracy"] == 1.0
-    out = subprocess.run([sys.executable, "-m", "task.predict", str(tmp_path / "client-2.safetensors"),
-                          str(tmp_path / "data.npz"), "--out", str(tmp_path / "p.npy")],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "task.predict",
+            str(tmp_path / "client-2.safetensors"),
+            str(tmp_path / "data.npz"),
+            "--out",
+            str(tmp_path / "p.npy"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["accuracy"] == 1.0 and np.load(tmp_path / "p.npy").tolist() == y.tolist()
 

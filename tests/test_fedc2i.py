@@ -7,7 +7,13 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from torch import nn
 
 from client_app.fedc2i_math import (
-    batched_losses, influence_matrix, influence_vector, leave_one_out, mix_classifier, mix_states, sharpened_weights,
+    batched_losses,
+    influence_matrix,
+    influence_vector,
+    leave_one_out,
+    mix_classifier,
+    mix_states,
+    sharpened_weights,
 )
 from server_app.app import build_strategy
 from task.methods import METHODS, load_object
@@ -87,7 +93,9 @@ def test_a_much_worse_peer_gets_less_weight():
             p.mul_(5.0)
     models = [good, *peers, bad]
     heads = head_keys(good)
-    lam, losses = influence_vector(good, stacked_models(models), {h: good.state_dict()[h] for h in heads}, x, y, 5.0, heads)
+    lam, losses = influence_vector(
+        good, stacked_models(models), {h: good.state_dict()[h] for h in heads}, x, y, 5.0, heads
+    )
     # leaving the bad peer out gives the LOWEST loss, so it gets the least weight
     assert lam[-1] < lam[:-1].min()
 
@@ -122,8 +130,16 @@ def test_uniform_weights_mix_to_the_average():
 def run(cfg, rounds=2, n=4):
     settings = parse_settings(cfg)
     strat = build_strategy(settings)
-    ctxs = [Context(run_id=1, node_id=10 + i, node_config={"partition-id": i, "num-partitions": n},
-                    state=RecordDict(), run_config=cfg) for i in range(n)]
+    ctxs = [
+        Context(
+            run_id=1,
+            node_id=10 + i,
+            node_config={"partition-id": i, "num-partitions": n},
+            state=RecordDict(),
+            run_config=cfg,
+        )
+        for i in range(n)
+    ]
     cls = load_object(METHODS["fedc2i"].client)
     replies = {}
     for rnd in range(1, rounds + 1):
@@ -172,8 +188,9 @@ def test_the_lambda_g_ablation_scores_classes_with_the_global_extractor(variant,
     # extractor must then give the same personalized model; in the full method (own theta*) they must not.
     cfg = {"method": "fedc2i", "model": "mlp", "partition": "iid", "c2i-variant": variant}
     settings = parse_settings(cfg)
-    ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(),
-                  run_config=cfg)
+    ctx = Context(
+        run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(), run_config=cfg
+    )
     client = load_object(METHODS["fedc2i"].client)(ctx, settings)
     torch.manual_seed(0)
     models = [build_model("mlp", 1, 8, 10, seed=s) for s in range(3)]

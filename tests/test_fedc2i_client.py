@@ -24,8 +24,9 @@ PEER_SIZES = [37, 311]  # the peers' training-set sizes the server reports (uneq
 
 def make_client(**cfg):
     cfg = {"method": "fedc2i", "partition": "iid", "local-epochs": 0, "influence-batch-size": 100_000, **cfg}
-    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(),
-                  run_config=cfg)
+    ctx = Context(
+        run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(), run_config=cfg
+    )
     return load_object(METHODS["fedc2i"].client)(ctx, parse_settings(cfg))
 
 
@@ -49,8 +50,12 @@ def received_models(client, k=3, seed=0):
 
 
 def payload(states, sizes=None, server_round=2):
-    content = RecordDict({"peers": stacked_record([{k: v.numpy() for k, v in s.items()} for s in states]),
-                          "config": ConfigRecord({"server-round": server_round})})
+    content = RecordDict(
+        {
+            "peers": stacked_record([{k: v.numpy() for k, v in s.items()} for s in states]),
+            "config": ConfigRecord({"server-round": server_round}),
+        }
+    )
     if len(states) > 1:
         sizes = sizes or PEER_SIZES[: len(states) - 1]
         content["peer-clients"] = ConfigRecord({"client-ids": list(range(1, len(states))), "num-examples": sizes})
@@ -88,8 +93,10 @@ def naive_lambda(client, states, gamma):
     losses = []
     for i in range(k):
         others = [j for j in range(k) if j != i]
-        state = {n: (own[n] if n.startswith("head.") or not v.is_floating_point() else mean_of(states, others, n))
-                 for n, v in own.items()}
+        state = {
+            n: (own[n] if n.startswith("head.") or not v.is_floating_point() else mean_of(states, others, n))
+            for n, v in own.items()
+        }
         losses.append(ce(client, state, x, y))
     return power_ratio(losses, gamma)
 
@@ -238,5 +245,8 @@ def test_the_personal_model_is_the_clients_own_stored_model():
     assert_states_close(own, states[0], atol=0)
     ev = RecordDict({"arrays": to_record(states[1])})
     assert_states_close(client.personal_model(ev).state_dict(), states[1], atol=0)
-    assert_states_close(client.personal_model(RecordDict({"config": ConfigRecord({})})).state_dict(),
-                        client.fresh_model().state_dict(), atol=0)
+    assert_states_close(
+        client.personal_model(RecordDict({"config": ConfigRecord({})})).state_dict(),
+        client.fresh_model().state_dict(),
+        atol=0,
+    )

@@ -10,7 +10,13 @@ import torch
 from torch import nn
 
 from client_app.fedc2i_math import (
-    batched_losses, influence_matrix, influence_vector, leave_one_out, mix_classifier, mix_states, sharpened_weights,
+    batched_losses,
+    influence_matrix,
+    influence_vector,
+    leave_one_out,
+    mix_classifier,
+    mix_states,
+    sharpened_weights,
 )
 from task.models import SplitModel, head_keys
 

@@ -24,13 +24,19 @@ def strategy(**cfg):
 
 def model_of(strat, client, version):
     """A recognisable model: every float entry of client ``client``'s model is ``client + version / 10``."""
-    return {k: (np.full_like(v, client + version / 10) if np.issubdtype(v.dtype, np.floating) else v.copy())
-            for k, v in strat.initial_state.items()}
+    return {
+        k: (np.full_like(v, client + version / 10) if np.issubdtype(v.dtype, np.floating) else v.copy())
+        for k, v in strat.initial_state.items()
+    }
 
 
 def reply(strat, client, version, influence, size):
-    return RecordDict({"metrics": MetricRecord({"partition-id": client, "num-examples": size, "influence": influence}),
-                       "arrays": to_record(model_of(strat, client, version))})
+    return RecordDict(
+        {
+            "metrics": MetricRecord({"partition-id": client, "num-examples": size, "influence": influence}),
+            "arrays": to_record(model_of(strat, client, version)),
+        }
+    )
 
 
 def play_round(strat, rnd, clients, version=None, influence=None):
@@ -40,8 +46,9 @@ def play_round(strat, rnd, clients, version=None, influence=None):
         payloads[c] = strat.train_payload(NODE + c, rnd)
         k = payloads[c]["peers"]["head.bias"].numpy().shape[0]
         infl = influence(c, k) if influence else [1.0 / k] * k
-        u = strat.check_reply(rnd, NODE + c, reply(strat, c, rnd if version is None else version, infl, 10 * (c + 1)),
-                              "train", set())
+        u = strat.check_reply(
+            rnd, NODE + c, reply(strat, c, rnd if version is None else version, infl, 10 * (c + 1)), "train", set()
+        )
         assert u is not None, strat.failures
         ups.append(u)
     metrics = strat.aggregate(rnd, ups)
@@ -91,8 +98,9 @@ def test_a_client_known_but_never_trained_gets_the_initial_model():
     evaluation) before any of its train replies was stored; its own model is then the common initial model."""
     strat = strategy()
     play_round(strat, 1, [0, 1])
-    evaluated = RecordDict({"metrics": MetricRecord({"partition-id": 4, "num-examples": 10, "personal-acc": 0.5,
-                                                     "personal-loss": 1.0})})
+    evaluated = RecordDict(
+        {"metrics": MetricRecord({"partition-id": 4, "num-examples": 10, "personal-acc": 0.5, "personal-loss": 1.0})}
+    )
     assert strat.check_reply(1, NODE + 4, evaluated, "evaluate", set()) is not None
     init = float(strat.initial_state["head.bias"][0])
     np.testing.assert_allclose(stack_values(strat.train_payload(NODE + 4, 2)), [init, 0.1, 1.1])
@@ -119,12 +127,12 @@ def test_c2i_peers_sends_itself_and_k_minus_1_peers_drawn_afresh_each_round(k):
     assert len({tuple(drawn[5, c]) for c in range(n)}) > 1  # and per client
     again = strategy(**{"c2i-peers": k})
     play_round(again, 1, range(n))
-    assert all(list(again.train_payload(NODE + c, r)["peer-clients"]["client-ids"]) == drawn[r, c]
-               for (r, c) in drawn)
+    assert all(list(again.train_payload(NODE + c, r)["peer-clients"]["client-ids"]) == drawn[r, c] for (r, c) in drawn)
     other_seed = strategy(**{"c2i-peers": k, "seed": 1})
     play_round(other_seed, 1, range(n))
-    assert any(list(other_seed.train_payload(NODE + c, r)["peer-clients"]["client-ids"]) != drawn[r, c]
-               for (r, c) in drawn)
+    assert any(
+        list(other_seed.train_payload(NODE + c, r)["peer-clients"]["client-ids"]) != drawn[r, c] for (r, c) in drawn
+    )
 
 
 def test_each_client_draws_its_own_peers():
@@ -174,8 +182,11 @@ def test_influence_rows_are_logged_per_round_client_and_peer():
     play_round(strat, 1, [0, 1, 2])
     rows = {0: [0.7, 0.2, 0.1], 1: [0.1, 0.6, 0.3], 2: [0.05, 0.15, 0.8]}
     _, metrics = play_round(strat, 2, [0, 1, 2], influence=lambda c, k: rows[c])
-    assert strat.influence[2] == {0: {0: 0.7, 1: 0.2, 2: 0.1}, 1: {1: 0.1, 0: 0.6, 2: 0.3},
-                                  2: {2: 0.05, 0: 0.15, 1: 0.8}}
+    assert strat.influence[2] == {
+        0: {0: 0.7, 1: 0.2, 2: 0.1},
+        1: {1: 0.1, 0: 0.6, 2: 0.3},
+        2: {2: 0.05, 0: 0.15, 1: 0.8},
+    }
     assert metrics["fedc2i"]["self-influence-mean"] == pytest.approx((0.7 + 0.1 + 0.05) / 3)
     assert metrics["fedc2i"]["peers-per-client"] == 3.0
     assert strat.influence[1] == {c: {c: 1.0} for c in (0, 1, 2)}
@@ -197,12 +208,18 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
     ids = [0, 2, 5]  # client ids are not positions: the ticks must name the ids
     play_round(strat, 1, ids)
     for rnd in range(2, 7):  # client 5 misses the last round: its row is blank there
-        play_round(strat, rnd, ids if rnd < 6 else ids[:2],
-                   influence=lambda c, k: [0.1 * c + 0.05 * rnd, 1 - 0.1 * c - 0.05 * rnd])
+        play_round(
+            strat,
+            rnd,
+            ids if rnd < 6 else ids[:2],
+            influence=lambda c, k: [0.1 * c + 0.05 * rnd, 1 - 0.1 * c - 0.05 * rnd],
+        )
     strat.write_artifacts(tmp_path)
     logged = json.loads((tmp_path / "fedc2i_influence.json").read_text())
-    assert logged == {str(r): {str(c): {str(p): w for p, w in row.items()} for c, row in rows.items()}
-                      for r, rows in strat.influence.items()}
+    assert logged == {
+        str(r): {str(c): {str(p): w for p, w in row.items()} for c, row in rows.items()}
+        for r, rows in strat.influence.items()
+    }
     assert logged["1"] == {"0": {"0": 1.0}, "2": {"2": 1.0}, "5": {"5": 1.0}}
     assert (tmp_path / "fedc2i_influence.png").stat().st_size > 0
     (fig,) = figures
@@ -287,8 +304,10 @@ def test_c2i_peers_of_one_is_refused_with_the_values_that_work():
     says why and which values to use instead."""
     with pytest.raises(ValueError) as err:
         strategy(**{"c2i-peers": 1})
-    assert ("c2i-peers=1 sends a client only its own model, so there is nothing to mix: "
-            "use 0 (every client) or a number >= 2") in str(err.value)
+    assert (
+        "c2i-peers=1 sends a client only its own model, so there is nothing to mix: "
+        "use 0 (every client) or a number >= 2"
+    ) in str(err.value)
     for ok in (0, 2, 5):
         strategy(**{"c2i-peers": ok})
 
@@ -303,4 +322,3 @@ def test_no_influence_weight_may_exceed_one():
     assert strat.check_reply(2, NODE + 0, reply(strat, 0, 2, [1.0, 0.0], 10), "train", set()) is not None
     assert strat.check_reply(2, NODE + 1, reply(strat, 1, 2, [1.0 + 5e-5, 0.0], 10), "train", set()) is None
     assert "influence" in strat.failures[-1]["reason"]
-

@@ -10,8 +10,13 @@ from client_app.fedcac_math import critical_masks, merge_customized, parameter_s
 from task.methods.fedcac import pack_masks, unpack_masks
 from server_app.app import build_strategy
 from strategies.fedcac_math import (
-    collaboration_matrix, collaborator_label_similarity, collaborators, customized_models, global_average,
-    mask_overlap, overlap_threshold,
+    collaboration_matrix,
+    collaborator_label_similarity,
+    collaborators,
+    customized_models,
+    global_average,
+    mask_overlap,
+    overlap_threshold,
 )
 from task.methods import METHODS, load_object
 from task.config import parse_settings
@@ -95,7 +100,9 @@ def test_collaborators_invariant_under_affine_maps_and_flipped_by_the_literal_fo
     o = mask_overlap(masks)
     ours = collaborators(o, overlap_threshold(o, 1, 10), 1, 10)
     affine = 3.0 * o + 0.7
-    assert all(np.array_equal(a, b) for a, b in zip(ours, collaborators(affine, overlap_threshold(affine, 1, 10), 1, 10)))
+    assert all(
+        np.array_equal(a, b) for a, b in zip(ours, collaborators(affine, overlap_threshold(affine, 1, 10), 1, 10))
+    )
     for i, c in enumerate(ours):
         assert set(c) and all((j < 3) == (i < 3) for j in c)  # corrected: own group
     lit = literal_paper_overlap(masks)
@@ -141,7 +148,9 @@ def test_aggregation_rules():
     np.testing.assert_allclose(customized_models(same, collab), same)  # invariant 10
     perm = [2, 0, 1]
     o = mask_overlap(random_masks(np.random.default_rng(3), 3, 300, 0.5))
-    np.testing.assert_allclose(mask_overlap(random_masks(np.random.default_rng(3), 3, 300, 0.5)[perm]), o[np.ix_(perm, perm)])
+    np.testing.assert_allclose(
+        mask_overlap(random_masks(np.random.default_rng(3), 3, 300, 0.5)[perm]), o[np.ix_(perm, perm)]
+    )
 
 
 def test_mixing_eq11_is_idempotent_and_respects_the_mask():
@@ -187,8 +196,16 @@ def test_label_similarity_diagnostic():
 def run_rounds(cfg, rounds, n=4):
     settings_ = parse_settings(cfg)
     strat = build_strategy(settings_)
-    ctxs = [Context(run_id=1, node_id=10 + i, node_config={"partition-id": i, "num-partitions": n},
-                    state=RecordDict(), run_config=cfg) for i in range(n)]
+    ctxs = [
+        Context(
+            run_id=1,
+            node_id=10 + i,
+            node_config={"partition-id": i, "num-partitions": n},
+            state=RecordDict(),
+            run_config=cfg,
+        )
+        for i in range(n)
+    ]
     cls = load_object(METHODS["fedcac"].client)
     diags = []
     for rnd in range(1, rounds + 1):
@@ -254,8 +271,16 @@ def test_bad_fedcac_config():
 
 
 def test_collaborators_on_planted_label_groups_share_labels_more_than_random_pairs():
-    cfg = {"method": "fedcac", "tau": 0.5, "beta": 10, "partition": "planted-clusters", "num-clusters": 4,
-           "local-epochs": 2, "fedcac-diagnostics": True, "seed": 3}
+    cfg = {
+        "method": "fedcac",
+        "tau": 0.5,
+        "beta": 10,
+        "partition": "planted-clusters",
+        "num-clusters": 4,
+        "local-epochs": 2,
+        "fedcac-diagnostics": True,
+        "seed": 3,
+    }
     _, _, diags = run_rounds(cfg, 4, n=8)
     collab = [d["collaborator-label-similarity"] for d in diags if np.isfinite(d["collaborator-label-similarity"])]
     everyone = diags[0]["all-pairs-label-similarity"]
@@ -267,8 +292,9 @@ def test_a_client_that_missed_a_round_gets_no_stale_customized_model():
     from tests.strategy_harness import drive
 
     nodes = {71: 0, 5: 1, 909: 2, 44: 3}
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 10,
-                                           "num-server-rounds": 4}))
+    strat = build_strategy(
+        parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 10, "num-server-rounds": 4})
+    )
     sent = {}
 
     def answer(rnd, node, phase, content):
@@ -278,7 +304,9 @@ def test_a_client_that_missed_a_round_gets_no_stale_customized_model():
 
     grid = drive(strat, nodes, 4, answer)
     for m in grid.sent:
-        sent[(int(m.content["config"]["server-round"]), m.metadata.message_type, nodes[m.metadata.dst_node_id])] = m.content
+        sent[(int(m.content["config"]["server-round"]), m.metadata.message_type, nodes[m.metadata.dst_node_id])] = (
+            m.content
+        )
     assert "custom" in sent[(2, "train", 2)]  # it took part in round 1: u_i of round 1
     assert "custom" not in sent[(3, "train", 2)]  # absent in round 2: nothing fresh, it keeps its own critical values
     assert all("custom" in sent[(3, "train", c)] for c in (0, 1, 3))

@@ -26,8 +26,16 @@ def first_round(cfg=CFG, n=3):
     """Round 1 of n clients through the strategy's own payloads and aggregation (no Flower runtime)."""
     settings = parse_settings(cfg)
     strat = build_strategy(settings)
-    ctxs = [Context(run_id=1, node_id=10 + i, node_config={"partition-id": i, "num-partitions": n},
-                    state=RecordDict(), run_config=cfg) for i in range(n)]
+    ctxs = [
+        Context(
+            run_id=1,
+            node_id=10 + i,
+            node_config={"partition-id": i, "num-partitions": n},
+            state=RecordDict(),
+            run_config=cfg,
+        )
+        for i in range(n)
+    ]
     cls = load_object(METHODS["fedcac"].client)
     ups = []
     for i, ctx in enumerate(ctxs):
@@ -72,7 +80,11 @@ def test_evaluate_scores_eq11_w_bar_and_the_trained_model_and_keeps_the_state(af
         assert any("running" in k for k in own) and set(wbar) == set(strat.param_keys)
         personal = {**own, **{k: np.where(mask[k], u[k], wbar[k]) for k in strat.param_keys}}  # Eq. 11
         glob = {**own, **wbar}  # w_bar with this client's own BatchNorm statistics
-        expected = {"personal": scores(client, personal), "global": scores(client, glob), "trained": scores(client, own)}
+        expected = {
+            "personal": scores(client, personal),
+            "global": scores(client, glob),
+            "trained": scores(client, own),
+        }
         losses = [expected[k][0] for k in expected]
         assert len(set(losses)) == 3  # the three models really are different models here
         trained_differs.append(expected["trained"][1] != expected["personal"][1])
@@ -121,8 +133,9 @@ def test_first_contact_evaluates_the_common_model_with_w_bar_and_has_no_trained_
     """A node that never trained (no stored model) evaluates the common initial model with the server's
     current w_bar: personalized and global model are the same, and there is no "before aggregation" model."""
     settings, strat, _, cls, _ = first_round(n=2)
-    ctx = Context(run_id=1, node_id=99, node_config={"partition-id": 2, "num-partitions": 3}, state=RecordDict(),
-                  run_config=CFG)
+    ctx = Context(
+        run_id=1, node_id=99, node_config={"partition-id": 2, "num-partitions": 3}, state=RecordDict(), run_config=CFG
+    )
     client = cls(ctx, settings)
     init = client.fresh_model().state_dict()
     expected = {**{k: v.numpy() for k, v in init.items()}, **strat.global_state}
@@ -186,6 +199,8 @@ def test_the_global_model_is_w_bar_with_own_bn_statistics_and_leaves_the_persona
     for k, v in glob.state_dict().items():
         expected = strat.global_state[k] if k in strat.global_state else own[k]
         np.testing.assert_array_equal(v.numpy(), expected)
-    assert any(not torch.equal(before[k], torch.from_numpy(np.asarray(strat.global_state[k]))) for k in strat.param_keys)
+    assert any(
+        not torch.equal(before[k], torch.from_numpy(np.asarray(strat.global_state[k]))) for k in strat.param_keys
+    )
     for k, v in personal.state_dict().items():
         torch.testing.assert_close(v, before[k], rtol=0, atol=0)

@@ -60,8 +60,11 @@ def test_masks_are_made_on_the_scores_device():
 
 
 def test_pack_accepts_any_binary_dtype_and_round_trips():
-    masks = {"a": np.array([1.0, 0.0, 1.0]), "b": torch.tensor([[0, 1], [1, 1]], dtype=torch.uint8),
-             "c": torch.tensor([True, False])}
+    masks = {
+        "a": np.array([1.0, 0.0, 1.0]),
+        "b": torch.tensor([[0, 1], [1, 1]], dtype=torch.uint8),
+        "c": torch.tensor([True, False]),
+    }
     shapes = {"a": (3,), "b": (2, 2), "c": (2,)}
     back = unpack_masks(pack_masks(masks, list(shapes)), shapes)
     assert back["a"].tolist() == [True, False, True]
@@ -82,13 +85,20 @@ def test_unpack_refuses_a_payload_of_the_wrong_type_or_length_and_says_the_right
     expected_len = -(-total // 8)  # ceil
     assert len(good) == expected_len
     assert unpack_masks(good, shapes)["w"].all()
-    for bad in (good.astype(np.int64), good.astype(np.float32), good.reshape(1, -1), np.zeros(expected_len + 1, np.uint8)):
+    for bad in (
+        good.astype(np.int64),
+        good.astype(np.float32),
+        good.reshape(1, -1),
+        np.zeros(expected_len + 1, np.uint8),
+    ):
         with pytest.raises(ValueError, match=f"length {expected_len} for {total} parameters"):
             unpack_masks(bad, shapes)
 
 
-@pytest.mark.parametrize("shapes", [{"w": (1,)}, {"w": (8,)}, {"w": (2, 4), "b": (8,)}, {"w": (3, 3), "b": (7,)},
-                                    {"w": (4, 4)}, {"w": (17,)}, {}])
+@pytest.mark.parametrize(
+    "shapes",
+    [{"w": (1,)}, {"w": (8,)}, {"w": (2, 4), "b": (8,)}, {"w": (3, 3), "b": (7,)}, {"w": (4, 4)}, {"w": (17,)}, {}],
+)
 def test_the_server_expects_exactly_the_bytes_a_client_sends(shapes):
     """Spec §2.4 / §2.8: the uplink mask is one bit per parameter, ceil(n / 8) bytes.  The server sizes the
     expected payload from the parameter shapes alone (packed_length); it must equal what pack_masks makes,
@@ -114,14 +124,20 @@ def test_eq11_takes_critical_positions_from_u_and_the_rest_from_w_bar():
     u, wbar, own = (rng.normal(size=shape).astype(np.float32) for _ in range(3))
     mask = rng.random(shape) < 0.4
     for m in (mask, torch.from_numpy(mask)):
-        out = merge_customized({"w": torch.from_numpy(own)}, {"w": torch.from_numpy(u)}, {"w": torch.from_numpy(wbar)},
-                               {"w": m})["w"].numpy()
+        out = merge_customized(
+            {"w": torch.from_numpy(own)}, {"w": torch.from_numpy(u)}, {"w": torch.from_numpy(wbar)}, {"w": m}
+        )["w"].numpy()
         np.testing.assert_array_equal(out, mask * u + (~mask) * wbar)
 
 
 # ------------------------------------------------------------------------------------------ server side
 from strategies.fedcac_math import (  # noqa: E402
-    collaboration_matrix, collaborator_label_similarity, collaborators, customized_models, global_average, mask_overlap,
+    collaboration_matrix,
+    collaborator_label_similarity,
+    collaborators,
+    customized_models,
+    global_average,
+    mask_overlap,
     overlap_threshold,
 )
 
@@ -223,8 +239,12 @@ def test_w_bar_weights_are_exact_shares_of_the_counts_whatever_their_number_type
     plain = params.sum(0) / 3
     for counts in (np.array([7, 7, 7], np.float32), np.array([7, 7, 7]), [7.0, 7.0, 7.0]):
         np.testing.assert_allclose(global_average(params, counts), plain, rtol=1e-14, atol=0)
-    np.testing.assert_allclose(global_average(params, np.array([3, 1, 1], np.float32)),
-                               (3 * params[0] + params[1] + params[2]) / 5, rtol=1e-14, atol=0)
+    np.testing.assert_allclose(
+        global_average(params, np.array([3, 1, 1], np.float32)),
+        (3 * params[0] + params[1] + params[2]) / 5,
+        rtol=1e-14,
+        atol=0,
+    )
 
 
 def test_label_similarity_is_exact_for_float32_histograms():
@@ -318,6 +338,7 @@ def planted_bits(n, client, server_round):
 
 def play(strat, nodes, rounds, sent):
     """Drive ``rounds`` of ``strat``; ``sent[(round, client)]`` keeps what each client's train reply carried."""
+
     def answer(rnd, node, phase, content):
         if phase == "train":
             cid = nodes[node]
@@ -325,8 +346,11 @@ def play(strat, nodes, rounds, sent):
             bits = planted_bits(n, cid, rnd)
             content["mask"] = to_record({"bits": bits})
             content["metrics"]["num-examples"] = 5 + cid
-            sent[(rnd, cid)] = {"arrays": {k: np.array(v.numpy()) for k, v in content["arrays"].items()},
-                                "bits": bits, "hist": list(content["metrics"].get("label-histogram", []))}
+            sent[(rnd, cid)] = {
+                "arrays": {k: np.array(v.numpy()) for k, v in content["arrays"].items()},
+                "bits": bits,
+                "hist": list(content["metrics"].get("label-histogram", [])),
+            }
         return None
 
     drive(strat, nodes, rounds, answer)
@@ -344,14 +368,29 @@ def expected_round(strat, sent, rnd, beta, clients):
     o = naive_overlap(masks)
     off = offdiag(o)
     thr = off.mean() + rnd / beta * (off.max() - off.mean())
-    collab = {c: [] if rnd > beta else [d for j, d in enumerate(clients) if j != i and o[i, j] >= thr - 1e-12]
-              for i, c in enumerate(clients)}
+    collab = {
+        c: [] if rnd > beta else [d for j, d in enumerate(clients) if j != i and o[i, j] >= thr - 1e-12]
+        for i, c in enumerate(clients)
+    }
     wbar = params.mean(0)
     u = {c: params[[clients.index(d) for d in [c, *collab[c]]]].mean(0) for c in clients}
-    split = lambda flat: {k: v.reshape(strat.param_shapes[k]) for k, v in  # noqa: E731
-                          zip(keys, np.split(flat, np.cumsum([int(np.prod(strat.param_shapes[k])) for k in keys])[:-1]))}
-    return {"overlap": o, "threshold": thr, "collab": collab, "wbar": split(wbar), "u": {c: split(u[c]) for c in clients},
-            "mask-fraction": masks.mean(), "n": n}
+    split = (
+        lambda flat: {
+            k: v.reshape(strat.param_shapes[k])
+            for k, v in zip(  # noqa: E731
+                keys, np.split(flat, np.cumsum([int(np.prod(strat.param_shapes[k])) for k in keys])[:-1])
+            )
+        }
+    )
+    return {
+        "overlap": o,
+        "threshold": thr,
+        "collab": collab,
+        "wbar": split(wbar),
+        "u": {c: split(u[c]) for c in clients},
+        "mask-fraction": masks.mean(),
+        "n": n,
+    }
 
 
 NODES = {21: 2, 22: 0, 23: 3, 24: 1}  # node id -> client id; neither order is the other's
@@ -363,8 +402,18 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
     w_bar (Eq. 9) and each client's u_i (Eq. 10); the next train message carries w_bar and u_i, and the round's
     diagnostics report exactly these numbers."""
     beta = 2
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": beta,
-                                           "fedcac-diagnostics": True, "num-server-rounds": 3}))
+    strat = build_strategy(
+        parse_settings(
+            {
+                "method": "fedcac",
+                "model": "mlp",
+                "min-nodes": 4,
+                "beta": beta,
+                "fedcac-diagnostics": True,
+                "num-server-rounds": 3,
+            }
+        )
+    )
     sent, clients = {}, sorted(NODES.values())
     assert strat.param_keys == list(strat.param_shapes) and strat.shared_keys() == strat.param_keys
     assert strat.expected_reply_shapes(21) == strat.param_shapes
@@ -376,11 +425,13 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
         assert diag["threshold"] == pytest.approx(exp["threshold"], rel=1e-9)
         off = offdiag(exp["overlap"])
         assert (diag["overlap-mean"], diag["overlap-min"], diag["overlap-max"]) == pytest.approx(
-            (off.mean(), off.min(), off.max()), rel=1e-9)
+            (off.mean(), off.min(), off.max()), rel=1e-9
+        )
         assert {int(c): sorted(v) for c, v in diag["collaborators"].items()} == exp["collab"]
         sizes = [len(v) for v in exp["collab"].values()]
         assert (diag["collaborators-mean"], diag["collaborators-min"], diag["collaborators-max"]) == pytest.approx(
-            (np.mean(sizes), min(sizes), max(sizes)))
+            (np.mean(sizes), min(sizes), max(sizes))
+        )
         assert diag["mask-fraction"] == pytest.approx(exp["mask-fraction"], rel=1e-12)
         if rnd == 1:
             assert 0 < min(sizes) and max(sizes) < 3  # the planted groups: collaborators, but not everyone
@@ -405,7 +456,9 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
                     np.testing.assert_allclose(v.numpy(), exp["wbar"][k], rtol=1e-5, atol=1e-6)
                     np.testing.assert_allclose(payload["custom"][k].numpy(), exp["u"][c][k], rtol=1e-5, atol=1e-6)
                 assert set(payload["global"]) == set(payload["custom"]) == set(strat.param_keys)
-            assert "custom" not in strat.train_payload(node, rnd + 2) and "custom" not in strat.evaluate_payload(node, rnd + 1)
+            assert "custom" not in strat.train_payload(node, rnd + 2) and "custom" not in strat.evaluate_payload(
+                node, rnd + 1
+            )
             assert "custom" not in strat.train_payload(node, rnd)  # u_i of round rnd is for round rnd + 1 only
         assert strat.custom_round == rnd and set(strat.custom) == set(clients)
     assert strat.fresh_custom(999, 3) is None  # a node the server has never heard from gets no u_i
@@ -441,7 +494,8 @@ def kept_figures(monkeypatch):
 
 
 def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_and_last_round_and_the_mask_cost(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """docs Artefacts: ``fedcac_rounds.json`` is every round's diagnostics; ``fedcac_overlap.json`` / ``.png`` the
     overlap matrix at the first round, round beta and the last (ordered by client id); the collaborators plot
     shows mean |C_i|, the threshold and the mean overlap per round with a line at beta;
@@ -452,8 +506,9 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
 
     figures = kept_figures(monkeypatch)
     beta, rounds = 2, 4
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": beta,
-                                           "num-server-rounds": rounds}))
+    strat = build_strategy(
+        parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": beta, "num-server-rounds": rounds})
+    )
     sent = {}
     play(strat, NODES, rounds, sent)
     strat.write_artifacts(tmp_path)
@@ -465,8 +520,11 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
 
     n = sum(int(np.prod(s)) for s in strat.param_shapes.values())
     assert json.loads((tmp_path / "fedcac_communication.json").read_text()) == {
-        "parameters": n, "float32-model-bytes": 4 * n, "packed-mask-bytes": -(-n // 8),
-        "mask-to-model-ratio": pytest.approx(-(-n // 8) / (4 * n))}
+        "parameters": n,
+        "float32-model-bytes": 4 * n,
+        "packed-mask-bytes": -(-n // 8),
+        "mask-to-model-ratio": pytest.approx(-(-n // 8) / (4 * n)),
+    }
 
     overlaps = json.loads((tmp_path / "fedcac_overlap.json").read_text())
     assert list(overlaps) == ["1", str(beta), str(rounds)]
@@ -501,7 +559,11 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
     assert all(float(t).is_integer() for t in main.get_xticks())  # rounds are whole numbers
     xs = list(range(1, rounds + 1))
     series = {ln.get_label(): ln for ln in main.lines + twin.lines}
-    for label, key in (("mean |C_i|", "collaborators-mean"), ("threshold", "threshold"), ("mean overlap", "overlap-mean")):
+    for label, key in (
+        ("mean |C_i|", "collaborators-mean"),
+        ("threshold", "threshold"),
+        ("mean overlap", "overlap-mean"),
+    ):
         assert list(series[label].get_xdata()) == xs
         np.testing.assert_allclose(series[label].get_ydata(), [d[key] for d in diags])
     assert series["mean |C_i|"] in main.lines and series["threshold"] in twin.lines
@@ -522,7 +584,8 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
 
 
 def test_a_run_shorter_than_beta_shows_its_first_and_last_round_and_one_without_rounds_only_the_cost(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """docs Artefacts: with fewer rounds than beta, round beta never came, so the overlap record and plot hold the
     first and the last round; before any aggregation there is nothing to plot and no mask was sent."""
     import json
@@ -577,8 +640,16 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
     bits = {c: planted_bits(n, c, 1) for c in order}
 
     def replies(empty=False):
-        return [Reply(100 + c, c, 10, {}, {"arrays": params[c],
-                                           "mask": {"bits": np.zeros_like(bits[c]) if empty else bits[c]}}) for c in order]
+        return [
+            Reply(
+                100 + c,
+                c,
+                10,
+                {},
+                {"arrays": params[c], "mask": {"bits": np.zeros_like(bits[c]) if empty else bits[c]}},
+            )
+            for c in order
+        ]
 
     strat.aggregate(1, replies())
     in_order = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))

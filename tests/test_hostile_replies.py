@@ -23,7 +23,14 @@ from server_app.app import build_strategy
 from task.methods import METHODS
 from task.config import parse_settings
 from tests.strategy_harness import (
-    ReplayGrid, assert_same_state, corruptions, outgoing_messages, phase_of, reply_message, run_round, snapshot,
+    ReplayGrid,
+    assert_same_state,
+    corruptions,
+    outgoing_messages,
+    phase_of,
+    reply_message,
+    run_round,
+    snapshot,
     valid_content,
 )
 
@@ -54,8 +61,11 @@ SCENARIOS = {
     "ifca": ("ifca", {}, 2),
     "fedsoft": ("fedsoft", {"fedsoft-clients-per-cluster": 2, "fedsoft-estimate-every": 1}, 2),
     "client2vec": ("client2vec", {"fraction-train": 0.5, "c2v-ign-epochs": 1, "c2v-ign-upload": 4}, 2),
-    "client2vec-federated": ("client2vec", {"c2v-ign-mode": "federated", "c2v-ign-fraction": 0.5,
-                                            "c2v-ign-epochs": 2, "c2v-local": False}, 2),
+    "client2vec-federated": (
+        "client2vec",
+        {"c2v-ign-mode": "federated", "c2v-ign-fraction": 0.5, "c2v-ign-epochs": 2, "c2v-local": False},
+        2,
+    ),
 }
 
 
@@ -111,12 +121,14 @@ def _hostile_cases(log):
             cases.append((i, f"{phase} from node {node}: {c.what}", c.apply, None))
         cases.append((i, f"{phase} from node {node}: sent twice", "duplicate", "once"))
         for other in [n for n in heard if n != node][:1]:  # a partition id the server already knows as another's
+
             def clash(content, other=other):
                 out = copy.deepcopy(content)
                 m = dict(out["metrics"])
                 m["partition-id"] = CLIENT_OF[other]
                 out["metrics"] = MetricRecord(m)
                 return out
+
             cases.append((i, f"{phase} from node {node}: claims node {other}'s partition id", clash, None))
         heard.append(node)
     return cases

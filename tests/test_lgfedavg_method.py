@@ -39,8 +39,9 @@ def body_of(state):
 
 
 def message(state, rnd=1, **config):
-    return RecordDict({"arrays": to_record(numpy_state(state)),
-                       "config": ConfigRecord({"server-round": rnd, **config})})
+    return RecordDict(
+        {"arrays": to_record(numpy_state(state)), "config": ConfigRecord({"server-round": rnd, **config})}
+    )
 
 
 def as_torch(rec):
@@ -65,9 +66,16 @@ def test_the_server_shares_and_sends_only_the_head_the_mirror_of_fedper():
 
 def test_the_server_averages_the_heads_by_training_examples():
     s = strategy()
-    replies = [Reply(n, n, examples, {"num-examples": examples, "partition-id": n},
-                     {"arrays": {k: np.full(s.shapes[k], value, np.float32) for k in s.head_keys}})
-               for n, value, examples in ((1, 1.0, 10), (2, 4.0, 30))]
+    replies = [
+        Reply(
+            n,
+            n,
+            examples,
+            {"num-examples": examples, "partition-id": n},
+            {"arrays": {k: np.full(s.shapes[k], value, np.float32) for k in s.head_keys}},
+        )
+        for n, value, examples in ((1, 1.0, 10), (2, 4.0, 30))
+    ]
     s.aggregate(1, replies)
     assert sorted(s.global_state) == ["head.bias", "head.weight"]
     np.testing.assert_allclose(s.global_state["head.weight"], 3.25)  # (10 * 1 + 30 * 4) / 40
@@ -79,8 +87,10 @@ def test_a_reply_that_sends_the_body_is_rejected_and_a_head_only_reply_accepted(
     head = {k: np.zeros(s.shapes[k], np.float32) for k in s.head_keys}
     body = {k: np.zeros(s.shapes[k], np.float32) for k in s.body_keys}
     metrics = MetricRecord({"num-examples": 5, "partition-id": 0})
-    assert s.check_reply(1, 7, RecordDict({"arrays": to_record({**head, **body}), "metrics": metrics}), "train",
-                         set()) is None
+    assert (
+        s.check_reply(1, 7, RecordDict({"arrays": to_record({**head, **body}), "metrics": metrics}), "train", set())
+        is None
+    )
     assert "unexpected ['fc1.bias'" in s.failures[-1]["reason"]
     assert s.check_reply(1, 7, RecordDict({"arrays": to_record(head), "metrics": metrics}), "train", set()) is not None
 
@@ -133,7 +143,8 @@ def test_the_personalized_model_is_the_own_body_under_the_sent_head(states):
     # a client that never trained: the common initial body under the sent head
     fresh = client("lgfedavg", data)
     assert fresh.evaluate(message(head_of(high)))["metrics"]["personal-acc"] == pytest.approx(
-        accuracy(fresh, {**body_of(init), **head_of(high)})[1])
+        accuracy(fresh, {**body_of(init), **head_of(high)})[1]
+    )
 
 
 def test_bodies_stay_personal_while_the_heads_meet(states):
@@ -143,7 +154,8 @@ def test_bodies_stay_personal_while_the_heads_meet(states):
     replies = []
     for i, (name, classes) in enumerate((("low", LOW), ("high", HIGH))):
         r = client("lgfedavg", client_data(classes), ctx=ctxs[name], **{"local-epochs": 2}).train(
-            message(head_of(init)))
+            message(head_of(init))
+        )
         replies.append(s.check_reply(1, 10 + i, r, "train", set()))
     assert all(r is not None for r in replies), s.failures  # real client replies pass the strategy's reply spec
     s.aggregate(1, replies)
@@ -168,6 +180,7 @@ def test_batchnorm_statistics_stay_local_with_the_cnn():
     assert bn and not set(bn) & set(s.shared_keys())
     ctx = context("lgfedavg", model="cnn")
     reply = client("lgfedavg", ctx=ctx).train(
-        RecordDict({"arrays": s.train_payload(1, 1)["arrays"], "config": ConfigRecord({"server-round": 1})}))
+        RecordDict({"arrays": s.train_payload(1, 1)["arrays"], "config": ConfigRecord({"server-round": 1})})
+    )
     assert sorted(reply["arrays"].keys()) == sorted(s.head_keys)
     assert set(bn) <= set(ctx.state["body"].keys())

@@ -10,14 +10,28 @@ from flwr.app import MetricRecord, RecordDict
 from strategies.message_timing import breakdown, summarize
 from strategies.replies import BASE, InvalidReply, parse_reply
 
-STAMPS = {"process-start": 100.0, "app-import": 100.5, "app-ready": 103.0, "handler-start": 103.25,
-          "setup-done": 103.5, "handler-end": 105.0}
+STAMPS = {
+    "process-start": 100.0,
+    "app-import": 100.5,
+    "app-ready": 103.0,
+    "handler-start": 103.25,
+    "setup-done": 103.5,
+    "handler-end": 105.0,
+}
 
 
 def test_a_fresh_process_splits_the_message_into_every_component_that_adds_up_to_the_total():
     row = breakdown(pushed=97.0, stamps=STAMPS, pulled=106.0)
-    assert row == {"dispatch": 3.0, "start-up": 0.5, "imports": 2.5, "handoff": 0.25, "setup": 0.25, "work": 1.5,
-                   "return": 1.0, "total": 9.0}
+    assert row == {
+        "dispatch": 3.0,
+        "start-up": 0.5,
+        "imports": 2.5,
+        "handoff": 0.25,
+        "setup": 0.25,
+        "work": 1.5,
+        "return": 1.0,
+        "total": 9.0,
+    }
     assert math.isclose(sum(v for k, v in row.items() if k != "total"), row["total"])
 
 
@@ -43,8 +57,12 @@ def test_summary_is_the_median_per_component_and_counts_fresh_processes():
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 1e12, "soon", [1.0]])
 def test_a_malformed_timing_record_is_rejected_like_any_other_field(bad):
-    content = RecordDict({"metrics": MetricRecord({"num-examples": 3, "partition-id": 0}),
-                          "timing": MetricRecord({**STAMPS, "handler-end": 1.0})})
+    content = RecordDict(
+        {
+            "metrics": MetricRecord({"num-examples": 3, "partition-id": 0}),
+            "timing": MetricRecord({**STAMPS, "handler-end": 1.0}),
+        }
+    )
     metrics, _ = parse_reply(content, BASE)
     assert metrics["timing"]["handler-end"] == 1.0
     content = RecordDict({"metrics": MetricRecord({"num-examples": 3, "partition-id": 0})})
@@ -129,7 +147,9 @@ def test_exchange_sleeps_the_growing_wait_between_pulls(monkeypatch):
     grid = Grid(delay=0.5)
     msgs = [SimpleNamespace(metadata=SimpleNamespace(message_id="m0"))]
     assert len(s.exchange(grid, msgs, timeout=30)) == 1
-    assert slept == pytest.approx([s.poll_wait(sum(slept[:i])) for i in range(len(slept))])  # each wait from the time waited so far
+    assert slept == pytest.approx(
+        [s.poll_wait(sum(slept[:i])) for i in range(len(slept))]
+    )  # each wait from the time waited so far
     assert sum(slept) - grid.delay <= s.poll_wait(grid.delay) + 1e-9  # the reply is pulled one wait after it came
 
 
@@ -146,8 +166,11 @@ def test_the_client_stamps_its_reply_in_the_order_things_happened():
     from client_app import app as client_app
 
     before = time.time()
-    content = client_app.stamped(RecordDict({"metrics": MetricRecord({"num-examples": 3, "partition-id": 0})}),
-                                 handler_start=before - 0.002, setup_done=before - 0.001)
+    content = client_app.stamped(
+        RecordDict({"metrics": MetricRecord({"num-examples": 3, "partition-id": 0})}),
+        handler_start=before - 0.002,
+        setup_done=before - 0.001,
+    )
     stamps = dict(content["timing"])
     assert stamps["handler-start"] == before - 0.002 and stamps["setup-done"] == before - 0.001
     assert before <= stamps["handler-end"] <= time.time()  # stamped when the reply is made

@@ -6,8 +6,16 @@ import torch
 from task.models import MODELS, body_keys, build_model, count_parameters, head_keys
 
 CASES = {
-    "cnn": (1, 8), "c2i-cnn": (3, 64), "c2i-small": (1, 8), "lenet": (1, 8), "pifl-cnn": (3, 32), "resnet8": (3, 32),
-    "resnet10": (3, 32), "resnet18": (3, 32), "softmax": (10, 0), "mlp": (10, 0),
+    "cnn": (1, 8),
+    "c2i-cnn": (3, 64),
+    "c2i-small": (1, 8),
+    "lenet": (1, 8),
+    "pifl-cnn": (3, 32),
+    "resnet8": (3, 32),
+    "resnet10": (3, 32),
+    "resnet18": (3, 32),
+    "softmax": (10, 0),
+    "mlp": (10, 0),
 }
 
 

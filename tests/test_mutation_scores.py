@@ -16,15 +16,35 @@ def _meta(root, module, codes):
 def _row(text, module):
     line = next(l for l in text.splitlines() if l.startswith(f"| {module} |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    return dict(zip(["module", "mutants", "not run", "run", "caught", "timeout / crash", "survived", "gpu-only", "no tests",
-                     "equivalent", "import-time", "score"], cells))
+    return dict(
+        zip(
+            [
+                "module",
+                "mutants",
+                "not run",
+                "run",
+                "caught",
+                "timeout / crash",
+                "survived",
+                "gpu-only",
+                "no tests",
+                "equivalent",
+                "import-time",
+                "score",
+            ],
+            cells,
+        )
+    )
 
 
 def test_scores_count_verdicts_and_leave_equivalents_out(tmp_path):
     mutants = tmp_path / "mutants"
     m = "strategies.x_math"
-    _meta(mutants, "strategies/x_math.py", {f"{m}.x_f__mutmut_{i}": c for i, c in
-                                            enumerate([1, 1, 1, -24, 0, 0, 33, None], start=1)})
+    _meta(
+        mutants,
+        "strategies/x_math.py",
+        {f"{m}.x_f__mutmut_{i}": c for i, c in enumerate([1, 1, 1, -24, 0, 0, 33, None], start=1)},
+    )
     _meta(mutants, "strategies/other.py", {"strategies.other.x_g__mutmut_1": None})
     results = tmp_path / "results.json"
     added, _ = ms.collect(mutants, "0123456789abcdef", [f"{m}.*"], path=results)
@@ -35,8 +55,14 @@ def test_scores_count_verdicts_and_leave_equivalents_out(tmp_path):
     text, stale = ms.table(data, equiv)
     row = _row(text, "strategies/x_math.py")
     # 4 caught (3 killed + 1 timeout) of 7 run, minus 1 equivalent: 4 / 6
-    assert (row["run"], row["not run"], row["caught"], row["survived"], row["no tests"], row["equivalent"]) == \
-        ("7", "1", "4", "1", "1", "1")
+    assert (row["run"], row["not run"], row["caught"], row["survived"], row["no tests"], row["equivalent"]) == (
+        "7",
+        "1",
+        "4",
+        "1",
+        "1",
+        "1",
+    )
     assert row["score"] == f"{100 * 4 / 6:.1f}%"
     assert row["timeout / crash"] == "1"  # the timeout counts as caught, and is shown apart
     assert f"`{m}.x_f__mutmut_6`" in text and f"`{m}.x_f__mutmut_5` | equivalent" in text
@@ -59,8 +85,11 @@ def test_later_verdicts_replace_earlier_ones(tmp_path):
     ms.collect(mutants, "old", [], path=results)
     _meta(mutants, "task/t.py", {"task.t.x_f__mutmut_1": 1})
     ms.collect(mutants, "new", [], path=results)
-    assert ms.load(results)["mutants"]["task.t.x_f__mutmut_1"] == {"module": "task/t.py", "status": "killed",
-                                                                   "commit": "new"}
+    assert ms.load(results)["mutants"]["task.t.x_f__mutmut_1"] == {
+        "module": "task/t.py",
+        "status": "killed",
+        "commit": "new",
+    }
 
 
 def test_bad_equivalents_file_and_empty_folder_are_refused(tmp_path):

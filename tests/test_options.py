@@ -51,13 +51,20 @@ class Example(OptionSet):
     mode: str = option("mode", "a", "the mode", choices=("a", "b", "c"))
 
 
-@pytest.mark.parametrize("cfg,message", [
-    ({"count": 0}, r"'count' must be an integer in \[1, 9\], got 0 \(how many\)"),
-    ({"count": 2.5}, r"'count' must be an integer"), ({"count": True}, r"'count' must be an integer"),
-    ({"count": "3"}, r"'count' must be an integer"), ({"share": float("nan")}, r"'share' must be a number in"),
-    ({"share": 1.5}, r"'share' must be a number in \[0, 1\]"), ({"flag": 1}, r"'flag' must be true or false"),
-    ({"flag": "yes"}, r"'flag' must be true or false"), ({"mode": "d"}, r"'mode' must be one of \['a', 'b', 'c'\]"),
-])
+@pytest.mark.parametrize(
+    "cfg,message",
+    [
+        ({"count": 0}, r"'count' must be an integer in \[1, 9\], got 0 \(how many\)"),
+        ({"count": 2.5}, r"'count' must be an integer"),
+        ({"count": True}, r"'count' must be an integer"),
+        ({"count": "3"}, r"'count' must be an integer"),
+        ({"share": float("nan")}, r"'share' must be a number in"),
+        ({"share": 1.5}, r"'share' must be a number in \[0, 1\]"),
+        ({"flag": 1}, r"'flag' must be true or false"),
+        ({"flag": "yes"}, r"'flag' must be true or false"),
+        ({"mode": "d"}, r"'mode' must be one of \['a', 'b', 'c'\]"),
+    ],
+)
 def test_a_bad_value_names_its_key_what_it_got_and_what_is_allowed(cfg, message):
     with pytest.raises(ValueError, match=message):
         Example.parse(cfg)

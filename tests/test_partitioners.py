@@ -5,8 +5,15 @@ import pytest
 from datasets import Dataset
 
 from task.data import (
-    DataSettings, PlantedClusterPartitioner, TwoSourcePartitioner, build_partitioner, index_table,
-    load_centralized, load_client_data, source_shares, stratified_split,
+    DataSettings,
+    PlantedClusterPartitioner,
+    TwoSourcePartitioner,
+    build_partitioner,
+    index_table,
+    load_centralized,
+    load_client_data,
+    source_shares,
+    stratified_split,
 )
 
 
@@ -161,7 +168,7 @@ def test_data_copies_add_jittered_samples(digits):
     assert big.x.shape[0] == 3 * len(digits.y)
     np.testing.assert_array_equal(big.y[: len(digits.y)], digits.y)
     np.testing.assert_array_equal(big.x[: len(digits.y)], digits.x)
-    assert not np.allclose(big.x[len(digits.y):2 * len(digits.y)], digits.x)
+    assert not np.allclose(big.x[len(digits.y) : 2 * len(digits.y)], digits.x)
     parts = all_parts(make("iid", 1000, big.y), 1000)
     assert min(map(len, parts)) >= 5
 

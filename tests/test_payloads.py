@@ -21,8 +21,18 @@ def _arrays(record) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("method,key", [("fedavg", "arrays"), ("fedcac", "global")])
 def test_every_message_carries_the_global_model_of_its_round(method, key):
-    strategy = build_strategy(parse_settings({"method": method, "dataset": "digits", "model": "mlp", "min-nodes": 3,
-                                              "num-server-rounds": 3, "local-epochs": 1}))
+    strategy = build_strategy(
+        parse_settings(
+            {
+                "method": method,
+                "dataset": "digits",
+                "model": "mlp",
+                "min-nodes": 3,
+                "num-server-rounds": 3,
+                "local-epochs": 1,
+            }
+        )
+    )
 
     def respond(msg):
         node, phase = msg.metadata.dst_node_id, phase_of(msg)
@@ -45,5 +55,7 @@ def test_every_message_carries_the_global_model_of_its_round(method, key):
             strategy.aggregate_train(server_round, train)
             changed = any(not np.array_equal(strategy.global_state[k], expected[k]) for k in expected)
             assert changed, "the replies differ from the model sent, so aggregation must move it"
-            evaluate = grid.send_and_receive(strategy.configure_evaluate(server_round, ArrayRecord(), ConfigRecord(), grid))
+            evaluate = grid.send_and_receive(
+                strategy.configure_evaluate(server_round, ArrayRecord(), ConfigRecord(), grid)
+            )
             strategy.aggregate_evaluate(server_round, evaluate)

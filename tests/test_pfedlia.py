@@ -6,19 +6,39 @@ from flwr.app import ConfigRecord, Context, RecordDict
 
 from client_app.pfedlia_math import beneficial_peers, lazy_influence_row
 from server_app.app import build_strategy
-from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets, reassign_noise
+from strategies.pfedlia_math import (
+    adjusted_rand,
+    assign_late_joiner,
+    cluster_influence,
+    groups_from_sets,
+    reassign_noise,
+)
 from task.methods import METHODS, load_object
 from task.config import parse_settings
 from task.params import record_to_numpy, to_record
 
-CFG = {"method": "pfedlia", "partition": "planted-clusters", "num-clusters": 2, "model": "mlp", "momentum": 0.0,
-       "batch-size": 16, "val-fraction": 0.25, "lazy-epochs": 10, "lia-mode": "p2p"}
+CFG = {
+    "method": "pfedlia",
+    "partition": "planted-clusters",
+    "num-clusters": 2,
+    "model": "mlp",
+    "momentum": 0.0,
+    "batch-size": 16,
+    "val-fraction": 0.25,
+    "lazy-epochs": 10,
+    "lia-mode": "p2p",
+}
 
 
 def client(pid, n=4, **extra):
     cfg = {**CFG, **extra}
-    ctx = Context(run_id=1, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": n},
-                  state=RecordDict(), run_config=cfg)
+    ctx = Context(
+        run_id=1,
+        node_id=100 + pid,
+        node_config={"partition-id": pid, "num-partitions": n},
+        state=RecordDict(),
+        run_config=cfg,
+    )
     return load_object(METHODS["pfedlia"].client)(ctx, parse_settings(cfg))
 
 
@@ -30,8 +50,13 @@ def test_influence_row_sign_same_labels_positive_disjoint_labels_negative():
         reply = client(pid).query("lazy", RecordDict({"arrays": to_record(theta0)}))
         lazy[pid] = record_to_numpy(reply["arrays"])
     stacked = {k: np.stack([lazy[p][k] for p in range(4)]) for k in theta0}
-    content = RecordDict({"arrays": to_record(theta0), "lazy": to_record(stacked),
-                          "lazy-nodes": ConfigRecord({"node-ids": [100, 101, 102, 103], "self-index": 0})})
+    content = RecordDict(
+        {
+            "arrays": to_record(theta0),
+            "lazy": to_record(stacked),
+            "lazy-nodes": ConfigRecord({"node-ids": [100, 101, 102, 103], "self-index": 0}),
+        }
+    )
     reply = client(0).query("lia", content)
     row = np.array(reply["metrics"]["lia-row"])
     assert row[2] > 0 and row[0] > 0  # a peer trained on my labels (and I myself) help
@@ -91,7 +116,9 @@ def test_cfl_bipartition_and_split_criterion():
 
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=50), rng.normal(size=50)
-    updates = np.stack([a + 0.1 * rng.normal(size=50) for _ in range(3)] + [b + 0.1 * rng.normal(size=50) for _ in range(3)])
+    updates = np.stack(
+        [a + 0.1 * rng.normal(size=50) for _ in range(3)] + [b + 0.1 * rng.normal(size=50) for _ in range(3)]
+    )
     left, right = optimal_bipartition(cosine_similarity_matrix(updates))
     assert {tuple(sorted(left)), tuple(sorted(right))} == {(0, 1, 2), (3, 4, 5)}
     opposed = np.concatenate([updates[:3], -updates[:3]])

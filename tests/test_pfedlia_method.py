@@ -21,7 +21,9 @@ LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
 def test_influence_row_is_the_summed_loss_drop_and_mean_is_per_sample():
     warm, lazy = 0.9, np.array([0.4, 1.3, 0.9])
     np.testing.assert_allclose(lazy_influence_row(warm, torch.tensor(lazy), 7, "sum"), 7 * (warm - lazy), atol=1e-5)
-    np.testing.assert_allclose(lazy_influence_row(torch.tensor(warm), torch.tensor(lazy), 7, "mean"), warm - lazy, atol=1e-6)
+    np.testing.assert_allclose(
+        lazy_influence_row(torch.tensor(warm), torch.tensor(lazy), 7, "mean"), warm - lazy, atol=1e-6
+    )
     with pytest.raises(ValueError, match="lia-reduction"):
         lazy_influence_row(warm, torch.tensor(lazy), 7, "median")
 
@@ -65,20 +67,63 @@ def optimal_upper_group(values):
     order = np.argsort(values)
     s = np.asarray(values, float)[order]
     sse = [((s[:k] - s[:k].mean()) ** 2).sum() + ((s[k:] - s[k:].mean()) ** 2).sum() for k in range(1, len(s))]
-    return sorted(order[int(np.argmin(sse)) + 1:].tolist())
+    return sorted(order[int(np.argmin(sse)) + 1 :].tolist())
 
 
 # rows on which a single k-means start (or another seed) lands in a worse local optimum than the 2-means split
 HARD_ROWS = [
     [-1.0, 3.0, -1.8, 0.9, 1.3, 4.4, -1.5, 5.2, 0.5, -0.6, -2.0, 1.8, 0.1, -3.3, -3.4, -1.7],
     [-3.0, -1.2, 0.3, -7.7, 1.1, 4.2],
-    [-2.4, -3.1, 3.3, 3.5, -0.4, 4.0, -1.4, -1.0, -3.9, 6.3, 0.5, 2.3, -4.6, 1.7, -5.2, -1.8, 2.2, 4.5, 5.0, 0.1,
-     -3.7, 1.4],
+    [
+        -2.4,
+        -3.1,
+        3.3,
+        3.5,
+        -0.4,
+        4.0,
+        -1.4,
+        -1.0,
+        -3.9,
+        6.3,
+        0.5,
+        2.3,
+        -4.6,
+        1.7,
+        -5.2,
+        -1.8,
+        2.2,
+        4.5,
+        5.0,
+        0.1,
+        -3.7,
+        1.4,
+    ],
     [2.6, -0.1, 1.0, 0.3, 5.3, 0.8, 3.7, -0.4, -2.4, -4.6, -3.2, 1.4, -2.9, 3.4, -1.1, -5.6, 0.6, -1.5, 5.7],
     [1.1, 3.5, -3.0, -6.8, 2.3, -3.6, -1.0, -3.5, 3.2, 2.6, -2.2, 2.7, 0.4, -0.4, 0.2, -0.6, 1.8, 0.9],
     [3.0, -2.9, 2.3, -0.3, 3.4, 1.4, -3.3, 0.4],
-    [-0.8, -2.1, 2.6, -2.7, -8.2, -3.2, 0.3, -9.2, -1.1, -1.0, -4.3, -4.4, -1.4, -1.6, 3.8, 1.1, -4.7, -2.6, 2.1,
-     5.7, 1.2],
+    [
+        -0.8,
+        -2.1,
+        2.6,
+        -2.7,
+        -8.2,
+        -3.2,
+        0.3,
+        -9.2,
+        -1.1,
+        -1.0,
+        -4.3,
+        -4.4,
+        -1.4,
+        -1.6,
+        3.8,
+        1.1,
+        -4.7,
+        -2.6,
+        2.1,
+        5.7,
+        1.2,
+    ],
 ]
 
 
@@ -142,7 +187,9 @@ def test_influence_row_is_scored_on_the_validation_split(lazy_models):
     row = np.array(c.query("lia", lia_content(theta0, [low, high], self_index=0))["metrics"]["lia-row"])
     assert row[1] > 0 > row[0]  # the 5-9 model helps this client's validation split; the 0-4 model does not
     n = len(data.y_val)
-    expected = [n * (loss_of(c, theta0, data.x_val, data.y_val) - loss_of(c, s, data.x_val, data.y_val)) for s in (low, high)]
+    expected = [
+        n * (loss_of(c, theta0, data.x_val, data.y_val) - loss_of(c, s, data.x_val, data.y_val)) for s in (low, high)
+    ]
     np.testing.assert_allclose(row, expected, rtol=1e-4)
     mean = client("pfedlia", data, **{"lia-reduction": "mean"}).query("lia", lia_content(theta0, [low, high], 0))
     np.testing.assert_allclose(mean["metrics"]["lia-row"], np.array(expected) / n, rtol=1e-4)
@@ -195,7 +242,8 @@ def test_p2p_require_positive_is_read_from_the_run_config(lazy_models):
     row = plain["metrics"]["lia-row"]
     assert row[2] < row[0] < 0  # the case this test needs
     strict = client("pfedlia", high_val, **{"lia-mode": "p2p", "p2p-require-positive": True}).query(
-        "lia", lia_content(theta0, lazies, 3))
+        "lia", lia_content(theta0, lazies, 3)
+    )
     assert list(plain["metrics"]["beneficial"]) == [0, 1, 3]
     assert list(strict["metrics"]["beneficial"]) == [3]
 
@@ -219,18 +267,26 @@ def test_a_late_joiner_keeps_only_positive_peers_under_require_positive(lazy_mod
     assert max(plain["lia-row"]) < 0  # the case this test needs
     assert list(plain["beneficial"]) == [1, 3]
     strict = client("pfedlia", high_val, **{"lia-mode": "p2p", "p2p-require-positive": True}).query(
-        "lia", lia_content(theta0, lazies))["metrics"]
+        "lia", lia_content(theta0, lazies)
+    )["metrics"]
     assert list(strict["beneficial"]) == []
 
 
 def test_lazy_training_starts_from_the_sent_model_and_runs_lazy_epochs_on_the_training_split(lazy_models):
     theta0, low, high = lazy_models
     data = client_data(HIGH)
-    none = client("pfedlia", data, **{"lazy-epochs": 1, "lr": 0.0}).query("lazy", RecordDict({"arrays": to_record(numpy_state(low))}))
+    none = client("pfedlia", data, **{"lazy-epochs": 1, "lr": 0.0}).query(
+        "lazy", RecordDict({"arrays": to_record(numpy_state(low))})
+    )
     for k, v in record_to_numpy(none["arrays"]).items():
         np.testing.assert_array_equal(v, low[k].numpy())  # a step size of 0: the sent model itself
     c = client("pfedlia", data, **{"lazy-epochs": 4, "local-epochs": 0})
-    lazy = {k: torch.from_numpy(v) for k, v in record_to_numpy(c.query("lazy", RecordDict({"arrays": to_record(numpy_state(theta0))}))["arrays"]).items()}
+    lazy = {
+        k: torch.from_numpy(v)
+        for k, v in record_to_numpy(
+            c.query("lazy", RecordDict({"arrays": to_record(numpy_state(theta0))}))["arrays"]
+        ).items()
+    }
     assert loss_of(c, lazy, data.x_train, data.y_train) < 0.7 * loss_of(c, theta0, data.x_train, data.y_train)
     with pytest.raises(ValueError, match="no-such-query"):
         c.query("no-such-query", RecordDict())
@@ -260,8 +316,12 @@ def test_train_trains_the_sent_model_and_reports_the_planted_cluster(lazy_models
     model = c.fresh_model()
     model.load_state_dict(trained)
     assert metrics["trained-acc"] == pytest.approx(evaluate(model, data.x_test, data.y_test)[1])
-    assert "planted-cluster" not in client("pfedlia", client_data(HIGH)).train(
-        RecordDict({"arrays": to_record(numpy_state(theta0))}))["metrics"]
+    assert (
+        "planted-cluster"
+        not in client("pfedlia", client_data(HIGH)).train(RecordDict({"arrays": to_record(numpy_state(theta0))}))[
+            "metrics"
+        ]
+    )
 
 
 def test_evaluate_scores_the_sent_model_and_calls_it_global_only_during_warm_up(lazy_models):
@@ -273,14 +333,17 @@ def test_evaluate_scores_the_sent_model_and_calls_it_global_only_during_warm_up(
     loss, acc = evaluate(model, data.x_test, data.y_test)
     warm = c.evaluate(RecordDict({"arrays": to_record(numpy_state(low)), "config": ConfigRecord({"clustered": False})}))
     assert warm["metrics"]["personal-acc"] == pytest.approx(acc) and warm["metrics"]["global-acc"] == pytest.approx(acc)
-    assert warm["metrics"]["personal-loss"] == pytest.approx(loss) and warm["metrics"]["global-loss"] == pytest.approx(loss)
-    clustered = c.evaluate(RecordDict({"arrays": to_record(numpy_state(low)), "config": ConfigRecord({"clustered": True})}))
+    assert warm["metrics"]["personal-loss"] == pytest.approx(loss) and warm["metrics"]["global-loss"] == pytest.approx(
+        loss
+    )
+    clustered = c.evaluate(
+        RecordDict({"arrays": to_record(numpy_state(low)), "config": ConfigRecord({"clustered": True})})
+    )
     assert clustered["metrics"]["personal-acc"] == pytest.approx(acc) and "global-acc" not in clustered["metrics"]
     assert "global-acc" not in c.evaluate(RecordDict({"arrays": to_record(numpy_state(low))}))["metrics"]
 
 
-def test_a_train_message_evaluates_the_previous_round_and_calls_it_global_only_if_it_was_before_clustering(
-        lazy_models):
+def test_a_train_message_evaluates_the_previous_round_and_calls_it_global_only_if_it_was_before_clustering(lazy_models):
     """docs/methods/pfedlia.md "Evaluation": a round evaluated inside the next round's train message is the model
     the client starts that round from; `evaluated-clustered` (not `clustered`, which describes the round being
     trained) says whether that model is from before the clustering, i.e. the one global model."""
@@ -291,9 +354,20 @@ def test_a_train_message_evaluates_the_previous_round_and_calls_it_global_only_i
     model.load_state_dict(low)
     loss, acc = evaluate(model, data.x_test, data.y_test)
     for before in (True, False):  # the round W + 1 message (clustered) carrying round W's evaluation, and later
-        msg = RecordDict({"arrays": to_record(numpy_state(low)), "config": ConfigRecord(
-            {"server-round": 6, "clustered": True, "evaluate": True, "evaluate-round": 5,
-             "evaluated-clustered": not before})})
+        msg = RecordDict(
+            {
+                "arrays": to_record(numpy_state(low)),
+                "config": ConfigRecord(
+                    {
+                        "server-round": 6,
+                        "clustered": True,
+                        "evaluate": True,
+                        "evaluate-round": 5,
+                        "evaluated-clustered": not before,
+                    }
+                ),
+            }
+        )
         c.begin(msg)
         ev = c.evaluation(msg)
         assert ev["personal-acc"] == pytest.approx(acc) and ev["personal-loss"] == pytest.approx(loss)
@@ -320,7 +394,9 @@ def test_an_empty_validation_split_error_names_the_cause_and_the_fix(lazy_models
     theta0, low, high = lazy_models
     data = client_data(LOW)
     data.x_val, data.y_val = data.x_val[:0], data.y_val[:0]
-    with pytest.raises(ValueError, match=r"^pFedLIA scores on the validation split: set run-config 'val-fraction' > 0$"):
+    with pytest.raises(
+        ValueError, match=r"^pFedLIA scores on the validation split: set run-config 'val-fraction' > 0$"
+    ):
         client("pfedlia", data).query("lia", lia_content(theta0, [low, high], 0))
 
 

@@ -8,7 +8,12 @@ import pytest
 
 from strategies.cfl_math import cosine_similarity_matrix, optimal_bipartition, should_split
 from strategies.pfedlia_math import (
-    adjusted_rand, assign_late_joiner, cluster_features, cluster_influence, groups_from_sets, reassign_noise,
+    adjusted_rand,
+    assign_late_joiner,
+    cluster_features,
+    cluster_influence,
+    groups_from_sets,
+    reassign_noise,
 )
 
 
@@ -44,7 +49,9 @@ def test_the_noise_mode_reaches_the_clustering():
     rng = np.random.default_rng(0)
     rows = np.vstack([rng.normal(0, 0.1, (4, 2)), rng.normal(0, 0.1, (4, 2)) + [50, 0], [[25, 40]]])  # + an outlier
     np.testing.assert_array_equal(cluster_influence(rows, min_samples=3), [0, 0, 0, 0, 1, 1, 1, 1, 0])
-    np.testing.assert_array_equal(cluster_influence(rows, min_samples=3, noise="singleton"), [0, 0, 0, 0, 1, 1, 1, 1, 2])
+    np.testing.assert_array_equal(
+        cluster_influence(rows, min_samples=3, noise="singleton"), [0, 0, 0, 0, 1, 1, 1, 1, 2]
+    )
 
 
 def test_optics_finds_clusters_of_two_when_min_samples_allows_it_and_caps_min_samples_at_n():
@@ -106,8 +113,9 @@ def test_cosine_similarity_of_updates_including_a_zero_update():
 
 def test_cosine_similarity_of_small_updates_and_rounding_kept_inside_minus_one_one():
     small = np.array([[0.03, 0.04], [0.04, 0.03], [0.0, 0.001]])  # norms below 1: still cosines, not dot products
-    np.testing.assert_allclose(cosine_similarity_matrix(small),
-                                [[1, 0.96, 0.8], [0.96, 1, 0.6], [0.8, 0.6, 1]], atol=1e-12)
+    np.testing.assert_allclose(
+        cosine_similarity_matrix(small), [[1, 0.96, 0.8], [0.96, 1, 0.6], [0.8, 0.6, 1]], atol=1e-12
+    )
     # this direction's normalised self-product rounds to 1 + 2e-16 (and -1 - 2e-16 against its opposite):
     # a cosine stays in [-1, 1], so 1 - similarity is a valid distance
     d = np.array([[0.008142180518343508, -0.2756029052993704, 1.2940638143982073, 1.0067243153057943]])
@@ -118,7 +126,9 @@ def test_cosine_similarity_of_small_updates_and_rounding_kept_inside_minus_one_o
 def test_bipartition_separates_opposed_groups_and_needs_two_clients():
     rng = np.random.default_rng(3)
     d = rng.normal(size=20)
-    u = np.stack([d + 0.05 * rng.normal(size=20) for _ in range(2)] + [-d + 0.05 * rng.normal(size=20) for _ in range(3)])
+    u = np.stack(
+        [d + 0.05 * rng.normal(size=20) for _ in range(2)] + [-d + 0.05 * rng.normal(size=20) for _ in range(3)]
+    )
     left, right = optimal_bipartition(cosine_similarity_matrix(u))
     assert {tuple(left.tolist()), tuple(right.tolist())} == {(0, 1), (2, 3, 4)}
     with pytest.raises(ValueError, match="^a bipartition needs at least two clients$"):
@@ -228,14 +238,37 @@ def influence(i, j):
 class Federation:
     """Runs the strategy over scripted clients; records every message sent (round, phase, client, content)."""
 
-    def __init__(self, method="pfedlia", rounds=3, silent=(), beneficial=None, planted=True, influence=influence,
-                 clients=CLIENTS, identify_planted=False, **cfg):
-        self.strategy = build_strategy(parse_settings({
-            "dataset": "digits", "model": "mlp", "min-nodes": 1, "num-server-rounds": rounds, "local-epochs": 1,
-            "method": method, "warmup-rounds": 1, "optics-min-samples": 2, **cfg}))
+    def __init__(
+        self,
+        method="pfedlia",
+        rounds=3,
+        silent=(),
+        beneficial=None,
+        planted=True,
+        influence=influence,
+        clients=CLIENTS,
+        identify_planted=False,
+        **cfg,
+    ):
+        self.strategy = build_strategy(
+            parse_settings(
+                {
+                    "dataset": "digits",
+                    "model": "mlp",
+                    "min-nodes": 1,
+                    "num-server-rounds": rounds,
+                    "local-epochs": 1,
+                    "method": method,
+                    "warmup-rounds": 1,
+                    "optics-min-samples": 2,
+                    **cfg,
+                }
+            )
+        )
         self.silent = set(silent)  # (round, phase, client) that send nothing
-        self.beneficial = beneficial or (lambda i, lazy_ids: [k for k, j in enumerate(lazy_ids)
-                                                              if PLANTED[j] == PLANTED[i] and j != i])
+        self.beneficial = beneficial or (
+            lambda i, lazy_ids: [k for k, j in enumerate(lazy_ids) if PLANTED[j] == PLANTED[i] and j != i]
+        )
         self.planted = planted
         self.identify_planted = identify_planted  # identify replies carry the planted group (as the client's do)
         self.influence = influence
@@ -248,7 +281,9 @@ class Federation:
         self.sent.append((rnd, phase, client, msg.content))
         if (rnd, phase, client) in self.silent:
             return []
-        content = valid_content(self.strategy.reply_spec(phase, msg.metadata.dst_node_id), client, seed=rnd * 100 + client)
+        content = valid_content(
+            self.strategy.reply_spec(phase, msg.metadata.dst_node_id), client, seed=rnd * 100 + client
+        )
         metrics = dict(content["metrics"])
         metrics["num-examples"] = EXAMPLES[client]
         metrics.pop("planted-cluster", None)
@@ -257,11 +292,13 @@ class Federation:
         if phase == "train":
             if self.planted:
                 metrics["planted-cluster"] = PLANTED[client]
-            content["arrays"] = to_record({k: np.full_like(v, trained_value(rnd, client))
-                                           for k, v in record_to_numpy(content["arrays"]).items()})
+            content["arrays"] = to_record(
+                {k: np.full_like(v, trained_value(rnd, client)) for k, v in record_to_numpy(content["arrays"]).items()}
+            )
         elif phase == "lazy":
-            content["arrays"] = to_record({k: np.full_like(v, lazy_value(client))
-                                           for k, v in record_to_numpy(content["arrays"]).items()})
+            content["arrays"] = to_record(
+                {k: np.full_like(v, lazy_value(client)) for k, v in record_to_numpy(content["arrays"]).items()}
+            )
         elif phase == "lia":
             lazy_ids = list(msg.content["lazy-clients"]["client-ids"])
             metrics["lia-row"] = [self.influence(client, j) for j in lazy_ids]
@@ -328,7 +365,9 @@ def test_every_client_scores_all_lazy_models_in_client_order_against_theta_0(cen
         assert_holds(central.payload(2, "lia", c), theta0)
         for k, v in central.payload(2, "lia", c, "lazy").items():
             assert v.shape == (len(CLIENTS), *central.strategy.shapes[k])
-            np.testing.assert_array_equal(v, np.stack([np.full(v.shape[1:], lazy_value(j), np.float32) for j in CLIENTS]))
+            np.testing.assert_array_equal(
+                v, np.stack([np.full(v.shape[1:], lazy_value(j), np.float32) for j in CLIENTS])
+            )
         ids = central.messages(2, "lia")[c]["lazy-clients"]
         assert list(ids["client-ids"]) == CLIENTS and ids["self-index"] == CLIENTS.index(c)
 
@@ -498,8 +537,9 @@ def test_p2p_lia_replies_may_carry_only_indices_of_lazy_models():
 
 def test_p2p_personal_model_of_a_client_whose_set_did_not_train_stays():
     """§2.6: a client with S_i cap P_t empty keeps its personal model."""
-    fed = Federation(**{"lia-mode": "p2p"}, beneficial=_p2p_beneficial,
-                     silent={(3, "train", 3), (3, "train", 11)}).run()
+    fed = Federation(
+        **{"lia-mode": "p2p"}, beneficial=_p2p_beneficial, silent={(3, "train", 3), (3, "train", 11)}
+    ).run()
     s = fed.strategy
     assert_holds(s.personal[3], fedavg([3, 11], 2))
     assert_holds(s.personal[25], fedavg([25], 3))  # its set {3, 11, 25}: only 25 trained
@@ -537,7 +577,6 @@ def test_oracle_clusters_by_the_planted_groups_without_any_lazy_round():
     assert info["mode"] == "oracle" and info["clusters"] == 2 and info["ari"] == 1.0 and "clients-asked" not in info
 
 
-
 def test_oracle_asks_a_client_that_has_not_trained_for_its_group_and_sends_it_its_clusters_model():
     """Oracle (the upper bound of clustering): every connected client is in its planted group from the clustering
     round on, also one that has not trained yet (with client sampling, many have not): the server asks it
@@ -549,7 +588,6 @@ def test_oracle_asks_a_client_that_has_not_trained_for_its_group_and_sends_it_it
     assert s.assignment == PLANTED
     members = [c for c in CLIENTS if PLANTED[c] == PLANTED[late] and c != late]
     assert_holds(fed.payload(3, "train", late), fedavg(members, 2))
-
 
 
 def test_oracle_node_connecting_after_the_clustering_round_founds_its_group_if_nobody_else_is_in_it():
@@ -582,6 +620,7 @@ def test_oracle_client_that_does_not_say_its_group_when_asked_joins_it_with_its_
     assert sorted(models) == ["cluster-0", "cluster-1"]
     assert_holds(models["cluster-1"], fedavg([late], 3))
 
+
 def test_oracle_learns_every_group_from_the_identify_replies_of_a_sampled_run():
     """With client sampling the server asks every node who it is in round 1; the Oracle takes the planted groups
     from those replies, so clients never drawn in the warm-up are in their group at the clustering round
@@ -591,6 +630,7 @@ def test_oracle_learns_every_group_from_the_identify_replies_of_a_sampled_run():
     warmup = {c for r, p, c, _ in fed.sent if p == "train" and r == 1}
     assert len(warmup) == 2 and {r for r, p, _, _ in fed.sent if p == "identify"} == {1}
     assert s.assignment == PLANTED and s.planted == PLANTED
+
 
 def test_oracle_without_planted_groups_is_refused():
     fed = Federation(method="oracle", planted=False)
@@ -655,7 +695,6 @@ def test_p2p_artifacts_list_the_beneficial_sets(p2p, tmp_path, monkeypatch):
     assert clusters["beneficial-sets"] == {str(c): P2P_SETS[c] for c in CLIENTS}
 
 
-
 def test_p2p_late_joiner_is_listed_with_minus_one_after_the_sets_of_the_clustering_round(tmp_path, monkeypatch):
     """docs "Artefacts": in p2p the assignment numbers the distinct sets of the clustering round 0, 1, ...; a late
     joiner, whose set is formed after them, is listed with -1."""
@@ -666,8 +705,10 @@ def test_p2p_late_joiner_is_listed_with_minus_one_after_the_sets_of_the_clusteri
     assert assignment[str(late)] == -1
     others = {assignment[str(c)] for c in CLIENTS if c != late}
     assert others == set(range(len(others)))
-    assert json.loads((tmp_path / "pfedlia_clusters.json").read_text())["beneficial-sets"][str(late)] == \
-        fed.strategy.sets[late]
+    assert (
+        json.loads((tmp_path / "pfedlia_clusters.json").read_text())["beneficial-sets"][str(late)]
+        == fed.strategy.sets[late]
+    )
 
 
 def test_heatmap_colours_are_symmetric_around_zero_when_the_largest_magnitude_is_negative(tmp_path, monkeypatch):
@@ -689,6 +730,7 @@ def test_heatmap_separates_a_cluster_of_one_first_row_and_says_ari_n_a_without_p
     """The heatmap draws a line between every two neighbouring rows of different clusters, also after the first row
     (here client 3, whose beneficial set is itself alone, is cluster 0 on its own); without planted groups the
     title says the ARI is not available."""
+
     def beneficial(i, lazy_ids):
         if i == 3:
             return []
@@ -726,6 +768,7 @@ def test_a_run_that_never_clustered_writes_an_empty_clustering_and_no_matrix(tmp
     clusters = json.loads((tmp_path / "pfedlia_clusters.json").read_text())
     assert clusters == {"clustering": {}, "assignment": {}, "planted": {str(c): PLANTED[c] for c in CLIENTS}}
     assert not (tmp_path / "pfedlia_influence.json").exists() and not (tmp_path / "pfedlia_influence.png").exists()
+
 
 def test_oracle_artifacts_have_no_influence_matrix(tmp_path, monkeypatch):
     fed = Federation(method="oracle").run()
@@ -772,9 +815,16 @@ def test_a_lia_reply_is_a_finite_row_over_the_lazy_models_and_distinct_indices_i
     good = [dict(beneficial=[]), dict(beneficial=[0, 3]), dict(beneficial=[0, 1, 2, 3])]
     for extra in good:
         assert _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": ok_row}, **extra)), extra
-    assert _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": [-VALUE_LIMIT, VALUE_LIMIT, 0.0, 0.0]}, beneficial=[1]))
-    bad_rows = [ok_row[:3], ok_row + [1.0], [-2 * VALUE_LIMIT, 0.0, 0.0, 0.0], [2 * VALUE_LIMIT, 0.0, 0.0, 0.0],
-                [float("nan"), 0.0, 0.0, 0.0]]
+    assert _accepts(
+        s, "lia", 3, _metrics_reply(3, **{"lia-row": [-VALUE_LIMIT, VALUE_LIMIT, 0.0, 0.0]}, beneficial=[1])
+    )
+    bad_rows = [
+        ok_row[:3],
+        ok_row + [1.0],
+        [-2 * VALUE_LIMIT, 0.0, 0.0, 0.0],
+        [2 * VALUE_LIMIT, 0.0, 0.0, 0.0],
+        [float("nan"), 0.0, 0.0, 0.0],
+    ]
     for row in bad_rows:
         assert not _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": row}, beneficial=[0])), row
     assert not _accepts(s, "lia", 3, _metrics_reply(3, beneficial=[0]))
@@ -792,12 +842,17 @@ def test_a_train_reply_may_name_its_planted_cluster_a_lazy_reply_carries_the_who
     base = valid_content(spec, 3, seed=5)
 
     def with_planted(value):
-        out = RecordDict({"metrics": MetricRecord({**dict(base["metrics"]), "planted-cluster": value}),
-                          "arrays": base["arrays"]})
+        out = RecordDict(
+            {"metrics": MetricRecord({**dict(base["metrics"]), "planted-cluster": value}), "arrays": base["arrays"]}
+        )
         return out
 
-    plain = RecordDict({"metrics": MetricRecord({k: v for k, v in base["metrics"].items() if k != "planted-cluster"}),
-                        "arrays": base["arrays"]})
+    plain = RecordDict(
+        {
+            "metrics": MetricRecord({k: v for k, v in base["metrics"].items() if k != "planted-cluster"}),
+            "arrays": base["arrays"],
+        }
+    )
     assert _accepts(s, "train", 3, plain) and _accepts(s, "train", 3, with_planted(0))
     assert _accepts(s, "train", 3, with_planted(7))
     for bad in (-1, 1.5, 2**62):
@@ -823,15 +878,18 @@ def _one_outlier(i, j):  # client 31 scores like nobody else: an OPTICS noise po
     return 6.0 if PLANTED[i] == PLANTED[j] else -6.0
 
 
-@pytest.mark.parametrize("option, influence_of, expected", [
-    ({"lia-score": "sign"}, _by_sign_only, {c: PLANTED[c] for c in CLIENTS}),
-    ({"lia-score": "raw"}, _by_sign_only, {c: 0 for c in CLIENTS}),
-    ({"lia-row-standardize": True}, _offset_rows, {c: PLANTED[c] for c in CLIENTS}),
-    ({"lia-row-standardize": False}, _offset_rows, {3: 0, 8: 0, 11: 1, 20: 1, 25: 2, 31: 2}),
-    ({"lia-noise": "singleton"}, _one_outlier, {**{c: PLANTED[c] for c in CLIENTS}, 31: 2}),
-    ({"lia-noise": "nearest"}, _one_outlier, {**{c: PLANTED[c] for c in CLIENTS}, 31: 0}),
-    ({"optics-min-samples": 5}, influence, {c: 0 for c in CLIENTS}),
-])
+@pytest.mark.parametrize(
+    "option, influence_of, expected",
+    [
+        ({"lia-score": "sign"}, _by_sign_only, {c: PLANTED[c] for c in CLIENTS}),
+        ({"lia-score": "raw"}, _by_sign_only, {c: 0 for c in CLIENTS}),
+        ({"lia-row-standardize": True}, _offset_rows, {c: PLANTED[c] for c in CLIENTS}),
+        ({"lia-row-standardize": False}, _offset_rows, {3: 0, 8: 0, 11: 1, 20: 1, 25: 2, 31: 2}),
+        ({"lia-noise": "singleton"}, _one_outlier, {**{c: PLANTED[c] for c in CLIENTS}, 31: 2}),
+        ({"lia-noise": "nearest"}, _one_outlier, {**{c: PLANTED[c] for c in CLIENTS}, 31: 0}),
+        ({"optics-min-samples": 5}, influence, {c: 0 for c in CLIENTS}),
+    ],
+)
 def test_the_clustering_options_reach_optics(option, influence_of, expected):
     """docs "Options": lia-score (raw rows or their signs), lia-row-standardize, lia-noise and optics-min-samples
     change the server's OPTICS clustering of the influence rows (§2.5)."""
@@ -848,8 +906,9 @@ def test_the_clustering_round_is_logged(caplog):
         Federation(rounds=2).run()
 
     lines = [r.getMessage() for r in caplog.records if "clustering round" in r.getMessage()]
-    assert len(lines) == 1 and re.fullmatch(r"\[pfedlia\] clustering round 2 \(central\): 2 clusters, ARI 1\.0, \d+\.\d s",
-                                            lines[0]), lines
+    assert len(lines) == 1 and re.fullmatch(
+        r"\[pfedlia\] clustering round 2 \(central\): 2 clusters, ARI 1\.0, \d+\.\d s", lines[0]
+    ), lines
 
 
 def test_the_clustering_round_takes_the_time_it_is_logged_with():
@@ -876,8 +935,11 @@ def test_a_single_client_is_its_own_cluster_and_its_bytes_are_per_client(tmp_pat
 
 def test_oracle_without_planted_groups_says_which_partitions_have_them():
     fed = Federation(method="oracle", planted=False)
-    with pytest.raises(ValueError, match=r"^lia-mode 'oracle' needs planted clusters \(partition 'planted-clusters\*'\); "
-                                         r"no client reported one$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^lia-mode 'oracle' needs planted clusters \(partition 'planted-clusters\*'\); "
+        r"no client reported one$",
+    ):
         fed.run()
 
 
@@ -892,7 +954,8 @@ def test_a_clustering_round_nobody_answers_moves_to_the_next_round(phase, caplog
     query = {"lazy": "the lazy-training query", "lia": "the influence query"}[phase]
     assert [r.getMessage() for r in caplog.records if "moves to the next round" in r.getMessage()] == [
         f"[pfedlia] round 2: no client answered {query}; the clustering round moves to the next round "
-        "(see failures.json)"]
+        "(see failures.json)"
+    ]
     s = fed.strategy
     assert s.clustered and s.clustering["round"] == 3
     assert same_partition(s.assignment, PLANTED)

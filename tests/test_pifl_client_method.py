@@ -124,8 +124,13 @@ def test_a_winner_trains_the_tier_model_it_was_sent(tier_models):
     # spec §2.2 step 4: local training of the tier model it was selected for, returning the weights and n_c
     init, low, high = tier_models
     c = client("pifl", client_data(LOW))
-    content = RecordDict({"arrays": to_record(numpy_state(low)), "tier": ConfigRecord({"tier": 0}),
-                          "config": ConfigRecord({"server-round": 3})})
+    content = RecordDict(
+        {
+            "arrays": to_record(numpy_state(low)),
+            "tier": ConfigRecord({"tier": 0}),
+            "config": ConfigRecord({"server-round": 3}),
+        }
+    )
     c.begin(content)
     reply = c.train(content)
     out = {k: torch.from_numpy(v) for k, v in record_to_numpy(reply.array_records["arrays"]).items()}
@@ -142,7 +147,9 @@ def test_a_winner_trains_the_tier_model_it_was_sent(tier_models):
 def test_a_two_source_client_reports_its_share_of_source_a(tier_models):
     c = client("pifl", client_data(LOW))
     c.data.meta["source-a-share"] = 0.9
-    content = RecordDict({"arrays": to_record(numpy_state(tier_models[1])), "config": ConfigRecord({"server-round": 2})})
+    content = RecordDict(
+        {"arrays": to_record(numpy_state(tier_models[1])), "config": ConfigRecord({"server-round": 2})}
+    )
     c.begin(content)
     assert c.train(content).metric_records["metrics"]["source-a-share"] == pytest.approx(0.9)
 
@@ -172,7 +179,9 @@ def test_the_mixture_weights_come_from_the_calibration_half_of_the_goal_data(tie
     assert m["mixture-weights"][1] > 0.8
     # the other metrics: each tier on the validation split (the tiers' utility) and on the held-out goal half
     assert list(m["tier-acc"]) == pytest.approx([accuracy(c, s, c.data.x_val, c.data.y_val) for s in (high, low)])
-    assert list(m["tier-goal-acc"]) == pytest.approx([accuracy(c, s, c.data.x_test, c.data.y_test) for s in (high, low)])
+    assert list(m["tier-goal-acc"]) == pytest.approx(
+        [accuracy(c, s, c.data.x_test, c.data.y_test) for s in (high, low)]
+    )
     assert m["tier-acc"][0] > 0.8 and m["tier-goal-acc"][0] > 0.8  # HIGH validation and held-out data
     model = c.personal_model(RecordDict({"tiers": stacked(high, low)}))
     w = c._weights
@@ -254,8 +263,12 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
     tiers = []
     for seed in (0, 1):
         torch.manual_seed(seed)
-        tiers.append({k: (v + 0.1 * torch.randn_like(v) if v.is_floating_point() else torch.full_like(v, 7))
-                      for k, v in base.items()})
+        tiers.append(
+            {
+                k: (v + 0.1 * torch.randn_like(v) if v.is_floating_point() else torch.full_like(v, 7))
+                for k, v in base.items()
+            }
+        )
     # goal labels each tier gets half right (its own predictions), so the mixture weights are strictly between 0 and 1
     preds = []
     for state in tiers:
@@ -274,8 +287,9 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
         assert v.dtype == base[k].dtype and int(v) == 7
     for k, v in out.items():
         if v.is_floating_point():
-            torch.testing.assert_close(v.double(), w[0] * tiers[0][k].double() + w[1] * tiers[1][k].double(),
-                                       rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(
+                v.double(), w[0] * tiers[0][k].double() + w[1] * tiers[1][k].double(), rtol=1e-5, atol=1e-6
+            )
     # K = 1: the personalized model is the tier model itself, counters included (spec §7 client-logic tests)
     out = c.personal_model(RecordDict({"tiers": stacked(tiers[1])})).state_dict()
     assert c._weights == [1.0]

@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from strategies.pifl_math import (
-    LedgerError, TokenLedger, random_tiering, rank_clients, schedule, schedule_tier, shapley_scores,
+    LedgerError,
+    TokenLedger,
+    random_tiering,
+    rank_clients,
+    schedule,
+    schedule_tier,
+    shapley_scores,
 )
 from task.methods.pifl import MICRO, bid_policy, mixture_weights
 
@@ -16,8 +22,9 @@ def play_round(ledger, bids, utilities, scores, counts, rng, n_perf, n_rand, dro
     """One scheduler + settlement round over the ledger with the strategy's scheduler (:func:`schedule`)."""
     tiers = len(ledger.pools)
     available = {c: [t for t in bids.get(c, []) if ledger.can_pay(c)] for c in ledger.balances if c not in dropouts}
-    winners, payers = schedule(available, tiers, {k: scores for k in range(tiers)}, {k: counts for k in range(tiers)},
-                               n_perf, n_rand, rng)
+    winners, payers = schedule(
+        available, tiers, {k: scores for k in range(tiers)}, {k: counts for k in range(tiers)}, n_perf, n_rand, rng
+    )
     charged = {}
     for k in range(tiers):
         before = dict(ledger.balances)
@@ -33,12 +40,18 @@ def play_round(ledger, bids, utilities, scores, counts, rng, n_perf, n_rand, dro
 
 @settings(max_examples=150, deadline=None)
 @given(
-    n_clients=st.integers(1, 12), n_tiers=st.integers(1, 4), initial=st.integers(0, 5 * MICRO),
-    price=st.integers(1, 2 * MICRO), max_refund=st.floats(0, 1), full_gain=st.floats(0.01, 1),
-    rounds=st.integers(1, 6), seed=st.integers(0, 10**6),
+    n_clients=st.integers(1, 12),
+    n_tiers=st.integers(1, 4),
+    initial=st.integers(0, 5 * MICRO),
+    price=st.integers(1, 2 * MICRO),
+    max_refund=st.floats(0, 1),
+    full_gain=st.floats(0.01, 1),
+    rounds=st.integers(1, 6),
+    seed=st.integers(0, 10**6),
 )
-def test_random_play_conserves_tokens_and_never_charges_a_non_bidder(n_clients, n_tiers, initial, price, max_refund,
-                                                                     full_gain, rounds, seed):
+def test_random_play_conserves_tokens_and_never_charges_a_non_bidder(
+    n_clients, n_tiers, initial, price, max_refund, full_gain, rounds, seed
+):
     rng = random.Random(seed)
     ledger = TokenLedger(range(n_clients), n_tiers, initial, price, max_refund, full_gain)
     scores, counts = {}, {}
@@ -186,8 +199,20 @@ NODES = {901: 0, 17: 1, 4242: 2, 333: 3}  # node id -> partition id
 
 
 def pifl(**cfg):
-    return build_strategy(parse_settings({"method": "pifl", "dataset": "digits", "model": "mlp", "min-nodes": 4,
-                                          "slots-performance": 1, "slots-random": 1, "server-set-size": 50, **cfg}))
+    return build_strategy(
+        parse_settings(
+            {
+                "method": "pifl",
+                "dataset": "digits",
+                "model": "mlp",
+                "min-nodes": 4,
+                "slots-performance": 1,
+                "slots-random": 1,
+                "server-set-size": 50,
+                **cfg,
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -222,7 +247,9 @@ def test_a_reply_with_a_broken_tier_accuracy_is_rejected_and_sets_no_best_utilit
 
 def test_a_round_without_evaluation_refunds_nothing():
     strat = pifl(**{"eval-every": 2, "bid-threshold": 0.0})
-    drive(strat, NODES, 3, lambda rnd, node, phase, content: [with_metrics(content, bid=[0])] if phase == "bid" else None)
+    drive(
+        strat, NODES, 3, lambda rnd, node, phase, content: [with_metrics(content, bid=[0])] if phase == "bid" else None
+    )
     by_round = {e["round"]: e for e in strat.ledger_log}
     tier = by_round[3]["tiers"][0]  # round 3 is not evaluated (eval-every 2, 4 rounds would evaluate in 4)
     assert tier["payers"] and tier["utility"] is None and tier["refund-ratio"] == 0.0
@@ -277,21 +304,41 @@ def test_a_ledger_starts_every_client_at_b0_with_empty_pools_and_no_best_utility
     assert not zero.can_pay(0)
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(initial=True), dict(initial=1.5), dict(initial=-1), dict(price=False), dict(price=-MICRO), dict(price=0),
-    dict(price=2.0), dict(max_refund=-0.01), dict(max_refund=1.01), dict(full_use_gain=0.0), dict(full_use_gain=-0.1),
-    dict(full_use_gain=1.01),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(initial=True),
+        dict(initial=1.5),
+        dict(initial=-1),
+        dict(price=False),
+        dict(price=-MICRO),
+        dict(price=0),
+        dict(price=2.0),
+        dict(max_refund=-0.01),
+        dict(max_refund=1.01),
+        dict(full_use_gain=0.0),
+        dict(full_use_gain=-0.1),
+        dict(full_use_gain=1.01),
+    ],
+)
 def test_ledger_parameters_outside_their_ranges_are_refused(kwargs):
     # spec §3: integer micro-token amounts, tau_p > 0, eta_R in [0, 1], gamma in (0, 1]
     with pytest.raises(LedgerError):
         TokenLedger(range(2), 1, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(initial=0), dict(initial=np.int64(3 * MICRO), price=np.int32(MICRO)), dict(price=1), dict(max_refund=0.0),
-    dict(max_refund=1.0), dict(full_use_gain=1.0), dict(full_use_gain=1e-6),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(initial=0),
+        dict(initial=np.int64(3 * MICRO), price=np.int32(MICRO)),
+        dict(price=1),
+        dict(max_refund=0.0),
+        dict(max_refund=1.0),
+        dict(full_use_gain=1.0),
+        dict(full_use_gain=1e-6),
+    ],
+)
 def test_ledger_parameters_at_the_edges_of_their_ranges_are_accepted(kwargs):
     ledger = TokenLedger(range(2), 1, **kwargs)
     ledger.check()
@@ -314,8 +361,12 @@ def test_check_catches_tokens_created_destroyed_or_negative(tamper):
     else:
         ledger.pools[1] -= 3 * MICRO
         ledger.balances[1] += 3 * MICRO
-    message = {"created": r"tokens not conserved: 6000001 != 6000000", "destroyed": r"tokens not conserved: 5999999 != 6000000",
-               "negative balance": r"negative balance", "negative pool": r"negative pool"}[tamper]
+    message = {
+        "created": r"tokens not conserved: 6000001 != 6000000",
+        "destroyed": r"tokens not conserved: 5999999 != 6000000",
+        "negative balance": r"negative balance",
+        "negative pool": r"negative pool",
+    }[tamper]
     with pytest.raises(AssertionError, match=f"^{message}$"):  # the round's log says which invariant broke
         ledger.check()
 
@@ -373,8 +424,9 @@ def test_a_numpy_integer_tier_id_is_a_tier():
 
 def settled(best, utility, max_refund=1.0, full_use_gain=0.1, n=2):
     """One settlement of a tier whose earlier best utility is ``best``: the refund ratio and the gain."""
-    ledger = TokenLedger(range(n), 1, initial=10 * MICRO, price=MICRO, max_refund=max_refund,
-                         full_use_gain=full_use_gain)
+    ledger = TokenLedger(
+        range(n), 1, initial=10 * MICRO, price=MICRO, max_refund=max_refund, full_use_gain=full_use_gain
+    )
     ledger.best_utility[0] = best
     ledger.charge(0, range(n))
     s = ledger.settle(0, list(range(n)), list(range(n)), utility)
@@ -583,7 +635,9 @@ def test_round_one_samples_at_most_the_slots_from_each_group_and_is_random_and_o
                 where[c].add(k)
     assert all(v == {0, 1} for v in where.values())  # any client may land in any tier
     # the same seed gives the same tiering whatever order the nodes were listed in
-    assert random_tiering([5, 3, 9, 1, 7], 2, 2, random.Random(4)) == random_tiering([1, 3, 5, 7, 9], 2, 2, random.Random(4))
+    assert random_tiering([5, 3, 9, 1, 7], 2, 2, random.Random(4)) == random_tiering(
+        [1, 3, 5, 7, 9], 2, 2, random.Random(4)
+    )
 
 
 # ---------------------------------------------------------------- start-up conflicts (docs/methods/pifl.md "Options")
@@ -591,8 +645,9 @@ def test_round_one_samples_at_most_the_slots_from_each_group_and_is_random_and_o
 def test_one_slot_per_tier_and_as_many_tiers_as_nodes_are_allowed(perf, rand, tiers, min_nodes):
     from task.config import parse_settings
 
-    s = parse_settings({"method": "pifl", "slots-performance": perf, "slots-random": rand, "tiers": tiers,
-                        "min-nodes": min_nodes})
+    s = parse_settings(
+        {"method": "pifl", "slots-performance": perf, "slots-random": rand, "tiers": tiers, "min-nodes": min_nodes}
+    )
     assert (s.options.slots_performance, s.options.slots_random, s.options.tiers) == (perf, rand, tiers)
 
 
@@ -624,11 +679,18 @@ def test_every_rejected_ledger_operation_says_exactly_why():
             call()
         assert str(err.value) == message
 
-    refused(lambda: TokenLedger(range(2), 1, initial=-1),
-            "initial must be a non-negative integer number of micro-tokens, got -1")
-    refused(lambda: TokenLedger(range(2), 1, price=0.5), "price must be a non-negative integer number of micro-tokens, got 0.5")
+    refused(
+        lambda: TokenLedger(range(2), 1, initial=-1),
+        "initial must be a non-negative integer number of micro-tokens, got -1",
+    )
+    refused(
+        lambda: TokenLedger(range(2), 1, price=0.5),
+        "price must be a non-negative integer number of micro-tokens, got 0.5",
+    )
     refused(lambda: TokenLedger(range(2), 1, price=0), "price must be > 0")
-    refused(lambda: TokenLedger(range(2), 1, max_refund=2.0), "max-refund must be in [0, 1] and full-use-gain in (0, 1]")
+    refused(
+        lambda: TokenLedger(range(2), 1, max_refund=2.0), "max-refund must be in [0, 1] and full-use-gain in (0, 1]"
+    )
     ledger = TokenLedger(range(3), 2, initial=MICRO, price=MICRO)
     ledger.balances[2] = MICRO - 1
     ledger.pools[0] = 1

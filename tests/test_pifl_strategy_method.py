@@ -24,8 +24,11 @@ NO_AUCTION = "the auction would decide nothing"
 
 
 def pifl(**cfg):
-    return build_strategy(parse_settings({"method": "pifl", "dataset": "digits", "model": "mlp", "min-nodes": 4,
-                                          "server-set-size": 50, **cfg}))
+    return build_strategy(
+        parse_settings(
+            {"method": "pifl", "dataset": "digits", "model": "mlp", "min-nodes": 4, "server-set-size": 50, **cfg}
+        )
+    )
 
 
 def bid_for_tier_0(rnd, node, phase, content):
@@ -46,7 +49,9 @@ def test_slots_that_hold_every_connected_client_are_reported_once(caplog):
         drive(strat, NODES, [3], bid_for_tier_0)
     assert no_auction_warnings(caplog) == [warning]  # once
     assert warning.getMessage() == "[pifl] " + strat.options.client_conflicts(4)[0]
-    assert "slots-performance + slots-random = 4" in warning.getMessage() and "4 connected clients" in warning.getMessage()
+    assert (
+        "slots-performance + slots-random = 4" in warning.getMessage() and "4 connected clients" in warning.getMessage()
+    )
     assert sorted(strat.winners[0]) == [0, 1, 2, 3]  # indeed: every bidder won
 
 
@@ -145,7 +150,12 @@ def test_a_client_that_cannot_pay_has_its_bid_refused_and_is_not_charged():
     drive(strat, NODES, 1)
     strat.ledger.balances[0] -= 100 * MICRO - (MICRO - 1)  # client 0 keeps one micro-token less than the price
     strat.ledger.pools[1] += 100 * MICRO - (MICRO - 1)
-    drive(strat, NODES, [2], lambda rnd, node, phase, content: [with_metrics(content, bid=[0])] if phase == "bid" else None)
+    drive(
+        strat,
+        NODES,
+        [2],
+        lambda rnd, node, phase, content: [with_metrics(content, bid=[0])] if phase == "bid" else None,
+    )
     assert [(f["phase"], f.get("client")) for f in strat.failures] == [("bid", 0)]
     assert 0 not in strat.winners[0] and 0 not in strat.payers[0] and strat.ledger.balances[0] >= MICRO - 1
     assert sorted(strat.winners[0]) == sorted(strat.payers[0]) and set(strat.winners[0]) <= {1, 2, 3}
@@ -154,8 +164,12 @@ def test_a_client_that_cannot_pay_has_its_bid_refused_and_is_not_charged():
 
 def test_a_winner_trains_its_own_tiers_model_and_every_client_evaluates_every_tier():
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
-    grid = drive(strat, NODES, 2, lambda rnd, node, phase, content: [with_metrics(content, bid=[NODES[node] % 2])]
-                 if phase == "bid" else None)
+    grid = drive(
+        strat,
+        NODES,
+        2,
+        lambda rnd, node, phase, content: [with_metrics(content, bid=[NODES[node] % 2])] if phase == "bid" else None,
+    )
     train = [(r, c, content) for r, c, content in sent(grid, "train") if r == 2]
     assert sorted(c for _, c, _ in train) == [0, 1, 2, 3]
     for _, c, content in train:
@@ -285,8 +299,17 @@ def test_the_ledger_artefact_holds_every_round(tmp_path):
 
 
 def two_source(**cfg):
-    return parse_settings({"method": "pifl", "dataset": "digits", "model": "mlp", "partition": "two-source",
-                           "mixture": "10:90", "min-nodes": 4, **cfg})
+    return parse_settings(
+        {
+            "method": "pifl",
+            "dataset": "digits",
+            "model": "mlp",
+            "partition": "two-source",
+            "mixture": "10:90",
+            "min-nodes": 4,
+            **cfg,
+        }
+    )
 
 
 def unused_rows(settings, num_partitions):
@@ -357,8 +380,9 @@ def test_the_table_gives_every_models_accuracy_on_each_source_holdout():
 
 
 def fake_strategy(settings, client_ids):
-    return SimpleNamespace(settings=settings, client_of={100 + c: c for c in client_ids},
-                           history=[SimpleNamespace(extra={})])
+    return SimpleNamespace(
+        settings=settings, client_of={100 + c: c for c in client_ids}, history=[SimpleNamespace(extra={})]
+    )
 
 
 @pytest.mark.parametrize("client_ids,min_nodes,n", [([0, 1, 8], 4, 9), ([0, 1, 2], 5, 5), ([4, 0], 2, 5)])
@@ -367,8 +391,12 @@ def test_the_holdouts_leave_out_the_data_of_every_client_of_the_run(client_ids, 
     settings = two_source(**{"min-nodes": min_nodes})
     strategy = fake_strategy(settings, client_ids)
     tables = TierTables()
-    state = {k: v.detach().numpy().copy() for k, v in build_model(
-        "mlp", settings.in_channels, settings.image_size, settings.num_classes).state_dict().items()}
+    state = {
+        k: v.detach().numpy().copy()
+        for k, v in build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes)
+        .state_dict()
+        .items()
+    }
     table = tables.record(strategy, 3, [state])
     expected = unused_rows(settings, n)
     assert {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()} == expected
@@ -384,16 +412,23 @@ def test_a_run_without_sources_records_no_table_and_a_restored_one_rebuilds_its_
     restored = TierTables.__new__(TierTables)  # as a checkpoint restores it: no holdouts attribute
     restored.by_round = {}
     settings = two_source()
-    state = {k: v.detach().numpy().copy() for k, v in build_model(
-        "mlp", settings.in_channels, settings.image_size, settings.num_classes).state_dict().items()}
+    state = {
+        k: v.detach().numpy().copy()
+        for k, v in build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes)
+        .state_dict()
+        .items()
+    }
     assert len(restored.record(fake_strategy(settings, [0, 1, 2, 3]), 2, [state, state])) == 2
 
 
 # ------------------------------------------------------------------------------------------ IFCA / FedSoft starts
 def test_cluster_models_start_as_the_common_model_plus_small_seeded_noise_except_the_first():
     rng = np.random.default_rng(0)
-    state = {"w": rng.normal(size=(200, 50)).astype(np.float32), "b": np.zeros(50, np.float64),
-             "steps": np.array([7, 8], np.int64)}
+    state = {
+        "w": rng.normal(size=(200, 50)).astype(np.float32),
+        "b": np.zeros(50, np.float64),
+        "steps": np.array([7, 8], np.int64),
+    }
     models = distinct_starting_models(state, 3, seed=4)
     assert len(models) == 3
     for key in state:
@@ -418,8 +453,12 @@ def test_every_rounds_table_uses_the_same_holdouts_even_when_more_clients_show_u
     # holdouts are fixed when first built; a later client with a higher id does not re-draw them
     settings = two_source()
     tables = TierTables()
-    state = {k: v.detach().numpy().copy() for k, v in build_model(
-        "mlp", settings.in_channels, settings.image_size, settings.num_classes).state_dict().items()}
+    state = {
+        k: v.detach().numpy().copy()
+        for k, v in build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes)
+        .state_dict()
+        .items()
+    }
     first = tables.record(fake_strategy(settings, [0, 1, 2, 3, 4]), 1, [state])
     sets = {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()}
     assert sets == unused_rows(settings, 5)
@@ -431,8 +470,12 @@ def test_every_rounds_table_uses_the_same_holdouts_even_when_more_clients_show_u
 def test_a_round_in_which_no_client_was_heard_from_still_gets_a_table_over_min_nodes_clients(min_nodes):
     settings = two_source(**{"min-nodes": min_nodes, "tiers": 1})
     tables = TierTables()
-    state = {k: v.detach().numpy().copy() for k, v in build_model(
-        "mlp", settings.in_channels, settings.image_size, settings.num_classes).state_dict().items()}
+    state = {
+        k: v.detach().numpy().copy()
+        for k, v in build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes)
+        .state_dict()
+        .items()
+    }
     assert len(tables.record(fake_strategy(settings, []), 1, [state])) == 1
     assert {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()} == unused_rows(settings, min_nodes)
 
@@ -443,7 +486,11 @@ def test_a_holdout_holds_at_most_1000_samples_of_its_source_by_default():
     settings = two_source(dataset="synth-concept", **{"min-nodes": 1, "tiers": 1})
     holdouts = SourceHoldouts(settings, 1)
     expected = unused_rows(settings, 1)
-    assert len(expected["A"]) > 1000 and len(holdouts.sets["A"][0]) == 1000 and rows(holdouts.sets["A"][0]) <= expected["A"]
+    assert (
+        len(expected["A"]) > 1000
+        and len(holdouts.sets["A"][0]) == 1000
+        and rows(holdouts.sets["A"][0]) <= expected["A"]
+    )
     assert rows(holdouts.sets["B"][0]) == expected["B"]
 
 
@@ -473,8 +520,9 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
     # with delta the relative gain of Acc_k (mean a_ck over the tier's winners) over its best so far; floor(theta P_k)
     # refunded in equal shares; the rest paid by reverse rank (n - pos) / beta; the log entry says all of it
     eta, gamma, price = 0.5, 0.25, 2 * MICRO
-    strat = pifl(**{"slots-performance": 1, "slots-random": 1, "max-refund": eta, "full-use-gain": gamma,
-                    "slot-price": 2.0})
+    strat = pifl(
+        **{"slots-performance": 1, "slots-random": 1, "max-refund": eta, "full-use-gain": gamma, "slot-price": 2.0}
+    )
     grid = drive(strat, NODES, 4, ledger_round_answer)
     log = strat.ledger_log
     assert [e["round"] for e in log] == [1, 2, 3, 4]
@@ -514,7 +562,9 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
             assert t["refunds"] == {c: share for c in members}
             rest = pool - share * len(members)
             n = len(members)
-            assert sorted(t["rewards"].values(), reverse=True) == [(n - p) * rest // (n * (n + 1) // 2) for p in range(n)]
+            assert sorted(t["rewards"].values(), reverse=True) == [
+                (n - p) * rest // (n * (n + 1) // 2) for p in range(n)
+            ]
             pools[k] = rest - sum(t["rewards"].values())
             assert t["pool"] == pools[k] and 0 <= t["pool"] < n  # only rounding dust stays
             for c in members:
@@ -531,8 +581,11 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
                 tally[c] = tally.get(c, 0) + 1
         assert strat.counts[k] == tally
     assert [h.extra["pifl"] for h in strat.history] == [
-        {"tier-sizes": {k: len(e["tiers"][k]["members"]) for k in (0, 1)}} for e in log]
-    assert log[0]["tiers"][0]["source-a-share"] == pytest.approx(np.mean([SHARE_A[c] for c in log[0]["tiers"][0]["members"]]))
+        {"tier-sizes": {k: len(e["tiers"][k]["members"]) for k in (0, 1)}} for e in log
+    ]
+    assert log[0]["tiers"][0]["source-a-share"] == pytest.approx(
+        np.mean([SHARE_A[c] for c in log[0]["tiers"][0]["members"]])
+    )
 
 
 def test_the_ledger_artefact_is_the_round_log_and_its_plot_an_image(tmp_path):
@@ -551,7 +604,6 @@ def test_the_ledger_artefact_is_the_round_log_and_its_plot_an_image(tmp_path):
         assert img.format == "PNG" and img.size == (1100, 400)  # two panels, 11 x 4 inches at 100 dpi
 
 
-
 def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_per_round(tmp_path, monkeypatch):
     """pifl_ledger.png (docs "Artefacts"): left, one line per client of the last round, its balance in tokens over
     the rounds (a gap before a late joiner joined); right, one line per tier, its members' mean share of source A,
@@ -567,14 +619,19 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
     def answer(rnd, node, phase, content):
         if node in NODES:
             return ledger_round_answer(rnd, node, phase, content)
-        return {"bid": [with_metrics(content, bid=[1])], "train": [with_metrics(content, source_a_share=0.5)],
-                "evaluate": [with_metrics(content, tier_acc=[0.5, 0.5])]}.get(phase)
+        return {
+            "bid": [with_metrics(content, bid=[1])],
+            "train": [with_metrics(content, source_a_share=0.5)],
+            "evaluate": [with_metrics(content, tier_acc=[0.5, 0.5])],
+        }.get(phase)
 
     drive(strat, {**NODES, 55: late}, [3], answer)
     strat.write_artifacts(tmp_path)
     (fig,) = figures
     ax1, ax2 = fig.axes
-    assert ax1.get_position().y0 == pytest.approx(ax2.get_position().y0) and ax1.get_position().x1 < ax2.get_position().x0
+    assert (
+        ax1.get_position().y0 == pytest.approx(ax2.get_position().y0) and ax1.get_position().x1 < ax2.get_position().x0
+    )
     log = strat.ledger_log
     clients = sorted(log[-1]["balances"])
     assert late in clients and len(ax1.lines) == len(clients)
@@ -583,7 +640,9 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
         expected = [e["balances"][c] / MICRO if c in e["balances"] else np.nan for e in log]
         np.testing.assert_allclose(line.get_ydata(), expected)
     assert np.isnan(ax1.lines[clients.index(late)].get_ydata()[:2]).all()
-    assert ax1.get_title() == "token balance per client" and ax1.get_ylabel() == "tokens" and ax1.get_xlabel() == "round"
+    assert (
+        ax1.get_title() == "token balance per client" and ax1.get_ylabel() == "tokens" and ax1.get_xlabel() == "round"
+    )
     assert all(line.get_linewidth() == 0.8 for line in ax1.lines)  # thin: one line per client
     assert ax2.get_title() == "tier membership: mean share of source A" and ax2.get_xlabel() == "round"
     assert [l.get_label() for l in ax2.lines] == ["tier 0", "tier 1"] and ax2.get_ylim() == (0, 1)
@@ -592,6 +651,7 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
         assert list(line.get_xdata()) == [1, 2, 3] and line.get_marker() == "o"
         np.testing.assert_allclose(line.get_ydata(), [np.nan if v is None else v for v in shares])
     assert any(np.isfinite(line.get_ydata()).any() for line in ax2.lines)
+
 
 def test_a_run_without_rounds_writes_an_empty_ledger_and_no_plot(tmp_path):
     strat = pifl()
@@ -616,7 +676,6 @@ def test_the_server_set_is_an_iid_sample_of_server_set_size_distinct_samples_of_
     assert strat.server_set()[0] is x  # built once
     again = pifl(**{"server-set-size": 40}).server_set()[0]
     torch.testing.assert_close(again, x)  # reproducible
-
 
 
 def test_the_server_set_is_drawn_from_the_runs_own_data_noise_and_local_copy_included(tmp_path):
@@ -647,6 +706,7 @@ def test_the_server_set_is_drawn_from_the_runs_own_data_noise_and_local_copy_inc
     picked = rows_of(local, x)
     assert len(x) == 30 and None not in picked and y.tolist() == local.y[picked].tolist()
 
+
 def test_each_winners_score_is_the_first_order_shapley_estimate_at_its_new_tier_model():
     # spec §2.3 / App. A: psi_kc = -lambda_c (W_c - W_M)^T g, g the mean cross-entropy gradient of the new tier model
     # W_M on the server set; computed for every tier of the round (each with its own gradient)
@@ -663,8 +723,18 @@ def test_each_winners_score_is_the_first_order_shapley_estimate_at_its_new_tier_
         group = strat.winners[k]
         lam = {c: sizes[c] / sum(sizes[g] for g in group) for c in group}
         for c in group:
-            diff = sum(float(((torch.from_numpy(base[n] + offset[c][n]).double() - torch.from_numpy(strat.tiers[k][n]).double())
-                              * grad[n]).sum()) for n in grad)
+            diff = sum(
+                float(
+                    (
+                        (
+                            torch.from_numpy(base[n] + offset[c][n]).double()
+                            - torch.from_numpy(strat.tiers[k][n]).double()
+                        )
+                        * grad[n]
+                    ).sum()
+                )
+                for n in grad
+            )
             assert strat.scores[k][c] == pytest.approx(-lam[c] * diff, rel=1e-3, abs=1e-7)
 
 
@@ -690,8 +760,12 @@ def test_a_bid_for_no_tier_of_the_run_or_for_more_than_max_bids_tiers_is_refused
 def test_a_valid_bid_for_the_last_tier_or_for_none_is_accepted():
     strat = pifl(**{"slots-performance": 1, "slots-random": 1, "tiers": 3})
     bids = {0: [2], 1: [], 2: [0], 3: [1]}
-    drive(strat, NODES, 2, lambda rnd, node, phase, content: [with_metrics(content, bid=bids[NODES[node]])]
-          if phase == "bid" else None)
+    drive(
+        strat,
+        NODES,
+        2,
+        lambda rnd, node, phase, content: [with_metrics(content, bid=bids[NODES[node]])] if phase == "bid" else None,
+    )
     assert strat.failures == []
     assert strat.winners == {0: [2], 1: [3], 2: [0]} and strat.payers == strat.winners  # client 1 bid for none
 

@@ -33,9 +33,22 @@ def test_existing_ray_cluster_via_ray_address(tmp_path):
         port = s.getsockname()[1]
     env = dict(os.environ, RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0")
     ray_dir = tempfile.mkdtemp(prefix="pfr")  # short: Ray's socket paths live under it (107-char limit)
-    start = subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                            "--disable-usage-stats", f"--temp-dir={ray_dir}"],
-                           env=env, capture_output=True, text=True, timeout=180)
+    start = subprocess.run(
+        [
+            ray,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={ray_dir}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert start.returncode == 0, start.stdout + start.stderr
     old = os.environ.get("RAY_ADDRESS")
     os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"

@@ -45,14 +45,17 @@ def test_a_fitting_folder_resumes_after_its_last_round(tmp_path):
     assert attempt(folder, **{"num-server-rounds": 9, "round-timeout": 30.0, "save-every": 2}) == (folder, 2)
 
 
-@pytest.mark.parametrize("over,reason", [
-    ({"method": "fedprox"}, "is a fedavg run of model mlp on digits; this run is fedprox / mlp / digits"),
-    ({"model": "cnn"}, "this run is fedavg / cnn / digits"),
-    ({"dataset": "synth-concept"}, "/ synth-concept"),
-    ({"lr": 0.01}, "run-config keys ['lr'] differ from the interrupted run"),
-    ({"seed": 1, "partition": "iid"}, "run-config keys ['partition', 'seed'] differ"),
-    ({"num-server-rounds": 2}, "the run already finished its 2 rounds; raise num-server-rounds above 2"),
-])
+@pytest.mark.parametrize(
+    "over,reason",
+    [
+        ({"method": "fedprox"}, "is a fedavg run of model mlp on digits; this run is fedprox / mlp / digits"),
+        ({"model": "cnn"}, "this run is fedavg / cnn / digits"),
+        ({"dataset": "synth-concept"}, "/ synth-concept"),
+        ({"lr": 0.01}, "run-config keys ['lr'] differ from the interrupted run"),
+        ({"seed": 1, "partition": "iid"}, "run-config keys ['partition', 'seed'] differ"),
+        ({"num-server-rounds": 2}, "the run already finished its 2 rounds; raise num-server-rounds above 2"),
+    ],
+)
 def test_a_folder_of_another_run_is_refused_with_the_reason(tmp_path, over, reason):
     folder = checkpointed(tmp_path)
     before = files(folder)

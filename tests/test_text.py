@@ -49,14 +49,20 @@ def test_pretrained_folder_is_used_offline(tmp_path):
 
     tok = PreTrainedTokenizerFast(tokenizer_object=tokenizer(), unk_token="[UNK]")
     tok.save_pretrained(tmp_path)
-    cfg = GPT2Config(vocab_size=len(tok), n_positions=32, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+    cfg = GPT2Config(
+        vocab_size=len(tok), n_positions=32, n_embd=32, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
-    s = parse_settings({"dataset": "dialects", "partition": "planted-clusters", "num-clusters": 2,
-                        "lm-pretrained": str(tmp_path)})
+    s = parse_settings(
+        {"dataset": "dialects", "partition": "planted-clusters", "num-clusters": 2, "lm-pretrained": str(tmp_path)}
+    )
     assert s.model == f"gpt2:{tmp_path}" and s.num_classes == len(tok)
     model = build_model(s.model, s.in_channels, s.image_size, s.num_classes)
     d = load_client_data(s.data, 0, 2)
     assert model(d.x_train[:2]).shape == (2, len(tok), SEQ_LEN)
     with pytest.raises(ValueError, match="lm-pretrained"):
-        load_client_data(parse_settings({"dataset": "dialects", "partition": "iid",
-                                         "lm-pretrained": str(tmp_path / "nope")}).data, 0, 2)
+        load_client_data(
+            parse_settings({"dataset": "dialects", "partition": "iid", "lm-pretrained": str(tmp_path / "nope")}).data,
+            0,
+            2,
+        )

@@ -129,12 +129,11 @@ def test_the_extra_loss_sees_each_batch_with_its_labels_and_logits():
 
 def test_the_extra_loss_is_added_to_the_objective():
     x, y = data()
-    extra = lambda m: 2.0 * (m.head.weight ** 2).sum()  # noqa: E731
+    extra = lambda m: 2.0 * (m.head.weight**2).sum()  # noqa: E731
     net, ref = model(), model()
     g = grads(ref, x, y, extra)
     w0 = params(ref)
-    train(net, x, y, epochs=1, batch_size=len(y), lr=0.1, momentum=0.0,
-          extra_loss=lambda m, xb, yb, logits: extra(m))
+    train(net, x, y, epochs=1, batch_size=len(y), lr=0.1, momentum=0.0, extra_loss=lambda m, xb, yb, logits: extra(m))
     for n, p in net.named_parameters():
         torch.testing.assert_close(p.detach(), w0[n] - 0.1 * g[n])
 
@@ -155,8 +154,9 @@ def test_custom_loss_and_forward_are_the_ones_optimised_and_reported():
     out = train(net, x, y, epochs=1, batch_size=4, lr=0.5, loss_fn=lambda logits, t: (logits * 0.0).sum())
     assert out["train-loss"] == 0.0 and all(torch.equal(p.detach(), w0[n]) for n, p in net.named_parameters())
     c = 3
-    out = train(net, x, y, epochs=1, batch_size=4, lr=0.5,
-                forward=lambda xb: torch.zeros(len(xb), c, requires_grad=True))
+    out = train(
+        net, x, y, epochs=1, batch_size=4, lr=0.5, forward=lambda xb: torch.zeros(len(xb), c, requires_grad=True)
+    )
     assert out["train-loss"] == pytest.approx(math.log(c), rel=1e-6)  # uniform logits
     assert all(torch.equal(p.detach(), w0[n]) for n, p in net.named_parameters())
 
@@ -193,9 +193,11 @@ def test_batchnorm_models_train_on_a_last_batch_of_two_and_other_models_on_batch
     still = model()  # and reports that sample's loss and accuracy (per-sample means over one sample)
     with torch.no_grad():
         right = int(torch.nonzero(still(x).argmax(1) == y)[0, 0])  # a sample the model already predicts
-        logits = still(x[right:right + 1])
-    out = train(still, x[right:right + 1], y[right:right + 1], epochs=1, batch_size=4, lr=0.0, momentum=0.0)
-    assert out["train-loss"] == pytest.approx(float(nn.functional.cross_entropy(logits, y[right:right + 1])), rel=1e-5)
+        logits = still(x[right : right + 1])
+    out = train(still, x[right : right + 1], y[right : right + 1], epochs=1, batch_size=4, lr=0.0, momentum=0.0)
+    assert out["train-loss"] == pytest.approx(
+        float(nn.functional.cross_entropy(logits, y[right : right + 1])), rel=1e-5
+    )
     assert out["train-acc"] == 1.0
 
 
@@ -303,8 +305,18 @@ def test_defaults_are_the_run_configs_declared_defaults():
     x, y = data(n=45)
     implicit, explicit = model(), model()
     out_implicit = train(implicit, x, y)
-    out_explicit = train(explicit, x, y, epochs=d["local-epochs"], batch_size=d["batch-size"], lr=d["lr"],
-                         momentum=d["momentum"], weight_decay=d["weight-decay"], seed=d["seed"], optimizer="sgd")
+    out_explicit = train(
+        explicit,
+        x,
+        y,
+        epochs=d["local-epochs"],
+        batch_size=d["batch-size"],
+        lr=d["lr"],
+        momentum=d["momentum"],
+        weight_decay=d["weight-decay"],
+        seed=d["seed"],
+        optimizer="sgd",
+    )
     assert out_implicit == out_explicit
     assert all(torch.equal(p, q) for p, q in zip(implicit.parameters(), explicit.parameters()))
     assert out_implicit["steps"] == d["local-epochs"] * math.ceil(45 / d["batch-size"])

@@ -45,15 +45,22 @@ def unregistered_check(c: Cluster) -> None:
     link_refused = "No SuperNode found with the given public key" in sl_log
     result = {
         "exit-code": exited,
-        "supernode-log": " ".join(l.strip() for l in ANSI_RE.sub("", log).splitlines()
-                                  if "Exit Code" in l or "Failed to" in l or "code: " in l),
-        "superlink-log": " | ".join(f"{m.group(1)} ... {m.group(2)}" for m in re.finditer(
-            r"(\[/v1/fleet/activate-node\]\[ApiError:\d+\]).*?(exception: [^\n]*)", sl_log)),
-        "listed-nodes": len(listed_ids), "online-nodes": len(online),
+        "supernode-log": " ".join(
+            l.strip()
+            for l in ANSI_RE.sub("", log).splitlines()
+            if "Exit Code" in l or "Failed to" in l or "code: " in l
+        ),
+        "superlink-log": " | ".join(
+            f"{m.group(1)} ... {m.group(2)}"
+            for m in re.finditer(r"(\[/v1/fleet/activate-node\]\[ApiError:\d+\]).*?(exception: [^\n]*)", sl_log)
+        ),
+        "listed-nodes": len(listed_ids),
+        "online-nodes": len(online),
         "unknown-ids-listed": sorted(listed_ids - set(c.node_ids.values())),
     }
-    result["refused"] = bool(exited not in (None, 0) and node_refused and link_refused
-                             and listed_ids == set(c.node_ids.values()))
+    result["refused"] = bool(
+        exited not in (None, 0) and node_refused and link_refused and listed_ids == set(c.node_ids.values())
+    )
     proc.stop()
     c.unregistered = None
     c.report["unregistered-check"] = result
@@ -71,8 +78,12 @@ def cli_error(output: str) -> str:
 
 def probe(c: Cluster, link: Any, *specs: str) -> dict[str, dict]:
     """Run probes.py in ``link``'s namespace (this host's for None); results by probe spec."""
-    r = subprocess.run(in_ns(link, [sys.executable, str(PROBES), "--ca", str(c.certs / "ca.crt"), *specs]),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        in_ns(link, [sys.executable, str(PROBES), "--ca", str(c.certs / "ca.crt"), *specs]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if r.returncode != 0:
         raise ClusterError(f"probes failed: {r.stderr[-1000:]}")
     return {x.pop("probe"): x for x in json.loads(r.stdout)}
@@ -87,8 +98,11 @@ def holder_check(c: Cluster) -> None:
     if not (c.args.netns and c.proxied):
         raise ClusterError("--holder-check needs --netns and the proxy topology")
     holder = holder_link(0)
-    targets = {"fleet-listener": c.fleet_address(0), "control-listener": c.control_address(),
-               "superlink-port": f"{holder.host_ip}:{c.superlink_port}"}
+    targets = {
+        "fleet-listener": c.fleet_address(0),
+        "control-listener": c.control_address(),
+        "superlink-port": f"{holder.host_ip}:{c.superlink_port}",
+    }
     home = c.work / "holder-flwr"
     write_connections(home, targets, c.certs / "ca.crt")
     key = make_key(c.keys, "holder-own-key")
@@ -96,37 +110,64 @@ def holder_check(c: Cluster) -> None:
     for name in targets:
         run = c.flwr("run", str(REPO), name, "--run-config", "num-server-rounds=1", link=holder, home=home)
         reg = c.flwr("supernode", "register", f"{key}.pub", name, link=holder, home=home)
-        attempts[name] = {"run": {"exit": run.returncode, "error": cli_error(run.stdout + run.stderr)},
-                          "register": {"exit": reg.returncode, "error": cli_error(reg.stdout + reg.stderr)}}
+        attempts[name] = {
+            "run": {"exit": run.returncode, "error": cli_error(run.stdout + run.stderr)},
+            "register": {"exit": reg.returncode, "error": cli_error(reg.stdout + reg.stderr)},
+        }
     fleet, ctl = f"https://{c.fleet_address(0)}", f"https://{c.control_address()}"
-    probes = probe(c, holder,
-                   f"https:POST:{fleet}/v1/control/start-run", f"https:POST:{fleet}/v1/control/register-node",
-                   f"https:POST:{fleet}/v1/runtime/acquire-task", f"https:POST:{ctl}/v1/control/start-run",
-                   f"http:POST:http://{c.fleet_address(0)}/v1/fleet/activate-node",
-                   f"tcp:{holder.host_ip}:{c.superlink_port}")
+    probes = probe(
+        c,
+        holder,
+        f"https:POST:{fleet}/v1/control/start-run",
+        f"https:POST:{fleet}/v1/control/register-node",
+        f"https:POST:{fleet}/v1/runtime/acquire-task",
+        f"https:POST:{ctl}/v1/control/start-run",
+        f"http:POST:http://{c.fleet_address(0)}/v1/fleet/activate-node",
+        f"tcp:{holder.host_ip}:{c.superlink_port}",
+    )
     operator_plain = probe(c, c.operator, f"http:POST:http://{c.control_address()}/v1/control/list-runs")
     superlink_plain = probe(c, None, f"http:GET:http://127.0.0.1:{c.superlink_port}/health")
     listed = {int(n["node-id"]) for n in c.list_nodes()}
     runs = c.list_runs()
     sl_log = ANSI_RE.sub("", c.superlink.log.read_text(errors="replace"))
-    holder_control_calls = [l.strip()[-120:] for l in sl_log.splitlines()
-                            if "/v1/control/" in l and f"{holder.ns_ip}:" in l]
+    holder_control_calls = [
+        l.strip()[-120:] for l in sl_log.splitlines() if "/v1/control/" in l and f"{holder.ns_ip}:" in l
+    ]
     proxy_log = c.nginx.access_log.read_text(errors="replace") if c.nginx.access_log.exists() else ""
-    statuses = sorted({f"{m.group(1)} {m.group(2)}" for m in re.finditer(
-        rf"^{re.escape(holder.ns_ip)} .*?\"POST (/v1/(?:control|runtime)/[\w-]+) [^\"]*\" (\d+)", proxy_log, re.M)})
+    statuses = sorted(
+        {
+            f"{m.group(1)} {m.group(2)}"
+            for m in re.finditer(
+                rf"^{re.escape(holder.ns_ip)} .*?\"POST (/v1/(?:control|runtime)/[\w-]+) [^\"]*\" (\d+)",
+                proxy_log,
+                re.M,
+            )
+        }
+    )
     result = {
-        "from": holder.ns, "targets": targets, "attempts": attempts, "probes": probes,
-        "proxy-statuses-for-holder": statuses, "superlink-control-calls-from-holder": holder_control_calls,
-        "registered-nodes": len(listed), "unknown-ids-listed": sorted(listed - set(c.node_ids.values())),
+        "from": holder.ns,
+        "targets": targets,
+        "attempts": attempts,
+        "probes": probes,
+        "proxy-statuses-for-holder": statuses,
+        "superlink-control-calls-from-holder": holder_control_calls,
+        "registered-nodes": len(listed),
+        "unknown-ids-listed": sorted(listed - set(c.node_ids.values())),
         "runs-before-operator-run": len(runs),
-        "tls": {"holder-plain-http": probes[f"http:POST:http://{c.fleet_address(0)}/v1/fleet/activate-node"],
-                "operator-plain-http": next(iter(operator_plain.values())),
-                "superlink-plain-http": next(iter(superlink_plain.values())),
-                "proxy-to-superlink": "https, verified against the CA (proxy_ssl_verify on), 127.0.0.1 only"},
+        "tls": {
+            "holder-plain-http": probes[f"http:POST:http://{c.fleet_address(0)}/v1/fleet/activate-node"],
+            "operator-plain-http": next(iter(operator_plain.values())),
+            "superlink-plain-http": next(iter(superlink_plain.values())),
+            "proxy-to-superlink": "https, verified against the CA (proxy_ssl_verify on), 127.0.0.1 only",
+        },
     }
     denied = {"404", "403", "unavailable"}
-    failed = [f"{t} {what}" for t, a in attempts.items() for what, x in a.items()
-              if x["exit"] == 0 or not any(d in x["error"].lower() for d in denied)]
+    failed = [
+        f"{t} {what}"
+        for t, a in attempts.items()
+        for what, x in a.items()
+        if x["exit"] == 0 or not any(d in x["error"].lower() for d in denied)
+    ]
     problems = failed and [f"these succeeded or failed for another reason: {failed}"] or []
     wrong = {s: p for s, p in probes.items() if not _refused(s, p)}
     if wrong:
@@ -138,9 +179,11 @@ def holder_check(c: Cluster) -> None:
         problems.append("something was registered or started, or reached the SuperLink's Control API")
     result["refused"] = not problems
     c.report["holder-check"] = result
-    c.event("data holder " + ("refused" if not problems else "NOT refused"),
-            attempts={t: {w: f"exit {x['exit']}: {x['error'][:90]}" for w, x in a.items()}
-                      for t, a in attempts.items()}, proxy_statuses=statuses)
+    c.event(
+        "data holder " + ("refused" if not problems else "NOT refused"),
+        attempts={t: {w: f"exit {x['exit']}: {x['error'][:90]}" for w, x in a.items()} for t, a in attempts.items()},
+        proxy_statuses=statuses,
+    )
     if problems:
         raise ClusterError("holder check: " + "; ".join(problems))
 
@@ -161,16 +204,29 @@ def check_results(c: Cluster, folder: Path) -> None:
     summary = json.loads(summary_path.read_text())
     read = lambda name: json.loads((folder / name).read_text()) if (folder / name).exists() else []  # noqa: E731
     failures, rounds = read("failures.json"), read("rounds.json")
-    replies = [{"round": r["round"], "train": r.get("train", {}).get("num-replies"),
-                "evaluate": r.get("evaluate", {}).get("num-replies")} for r in rounds]
-    c.report.update({
-        "results": str(folder), "method": summary.get("method"), "rounds": summary.get("rounds"),
-        "clients": summary.get("clients"), "accuracy": summary.get("personal-acc"),
-        "global-accuracy": summary.get("global-acc"), "failures": len(failures),
-        "failure-reasons": sorted({f"round {f['round']} {f['phase']} node {f['node-id']}: {f['reason'][:90]}"
-                                   for f in failures}),
-        "replies-per-round": replies,
-    })
+    replies = [
+        {
+            "round": r["round"],
+            "train": r.get("train", {}).get("num-replies"),
+            "evaluate": r.get("evaluate", {}).get("num-replies"),
+        }
+        for r in rounds
+    ]
+    c.report.update(
+        {
+            "results": str(folder),
+            "method": summary.get("method"),
+            "rounds": summary.get("rounds"),
+            "clients": summary.get("clients"),
+            "accuracy": summary.get("personal-acc"),
+            "global-accuracy": summary.get("global-acc"),
+            "failures": len(failures),
+            "failure-reasons": sorted(
+                {f"round {f['round']} {f['phase']} node {f['node-id']}: {f['reason'][:90]}" for f in failures}
+            ),
+            "replies-per-round": replies,
+        }
+    )
     problems = []
     if summary.get("rounds") != c.args.rounds:
         problems.append(f"summary rounds {summary.get('rounds')} != {c.args.rounds}")

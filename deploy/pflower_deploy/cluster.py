@@ -67,8 +67,13 @@ class Cluster:
         self.run_proc: Proc | None = None
         self.unregistered: Proc | None = None
         self.events: list[dict[str, Any]] = []
-        self.report: dict[str, Any] = {"ok": False, "nodes": args.nodes, "netns": bool(args.netns),
-                                       "topology": "proxy" if self.proxied else "direct", "workdir": str(self.work)}
+        self.report: dict[str, Any] = {
+            "ok": False,
+            "nodes": args.nodes,
+            "netns": bool(args.netns),
+            "topology": "proxy" if self.proxied else "direct",
+            "workdir": str(self.work),
+        }
 
     # ------------------------------------------------------------------ helpers
     def event(self, what: str, **info: Any) -> None:
@@ -77,8 +82,12 @@ class Cluster:
 
     def env(self, home: Path) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(FLWR_HOME=str(home), FLWR_DISABLE_UPDATE_CHECK="1", PYTHONUNBUFFERED="1",
-                   FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+        env.update(
+            FLWR_HOME=str(home),
+            FLWR_DISABLE_UPDATE_CHECK="1",
+            PYTHONUNBUFFERED="1",
+            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        )
         # how often the SuperExec (SuperLink: ServerApp; SuperNode: ClientApp) asks for a new task; Flower's
         # default 1 s is paid by every message (issue 17)
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = f"{self.args.task_poll_interval:g}"
@@ -97,12 +106,18 @@ class Cluster:
         """Where the operator's ``flwr`` connects."""
         return f"{self.operator.host_ip if self.operator else '127.0.0.1'}:{self.control_port}"
 
-    def flwr(self, *argv: str, timeout: float = 120.0, link: Link | None = None, home: Path | None = None,
-             ) -> subprocess.CompletedProcess:
+    def flwr(
+        self,
+        *argv: str,
+        timeout: float = 120.0,
+        link: Link | None = None,
+        home: Path | None = None,
+    ) -> subprocess.CompletedProcess:
         """A ``flwr`` command as the operator (in its namespace, if it has one), or from ``link``'s namespace."""
         cmd = in_ns(link or self.operator, [shutil.which("flwr") or "flwr", *argv])
-        return subprocess.run(cmd, env=self.env(home or self.home), cwd=self.work, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            cmd, env=self.env(home or self.home), cwd=self.work, capture_output=True, text=True, timeout=timeout
+        )
 
     def extra_node(self) -> int:
         """Index of the SuperNode with the unregistered key (after the N registered ones)."""
@@ -133,45 +148,93 @@ class Cluster:
         for old in self.work.glob("superlink.db*"):
             old.unlink()
         shutil.rmtree(self.work / "nodes", ignore_errors=True)
-        cmd = [shutil.which("flower-superlink") or "flower-superlink",
-               "--ssl-ca-certfile", str(self.certs / "ca.crt"), "--ssl-certfile", str(self.certs / "server.pem"),
-               "--ssl-keyfile", str(self.certs / "server.key"), "--enable-supernode-auth",
-               "--host", host, "--port", str(self.superlink_port), "--database", str(self.work / "superlink.db"),
-               "--disable-runtime-dependency-installation"]
+        cmd = [
+            shutil.which("flower-superlink") or "flower-superlink",
+            "--ssl-ca-certfile",
+            str(self.certs / "ca.crt"),
+            "--ssl-certfile",
+            str(self.certs / "server.pem"),
+            "--ssl-keyfile",
+            str(self.certs / "server.key"),
+            "--enable-supernode-auth",
+            "--host",
+            host,
+            "--port",
+            str(self.superlink_port),
+            "--database",
+            str(self.work / "superlink.db"),
+            "--disable-runtime-dependency-installation",
+        ]
         self.superlink = Proc("flower-superlink", cmd, self.env(self.home), self.logs / "superlink.log", self.work)
-        wait_healthy(self.superlink, f"https://127.0.0.1:{self.superlink_port}/health", self.certs / "ca.crt",
-                     self.args.startup_timeout)
-        self.event("superlink up", pid=self.superlink.pid, address=f"{host}:{self.superlink_port}", tls=True,
-                   supernode_auth=True)
+        wait_healthy(
+            self.superlink,
+            f"https://127.0.0.1:{self.superlink_port}/health",
+            self.certs / "ca.crt",
+            self.args.startup_timeout,
+        )
+        self.event(
+            "superlink up",
+            pid=self.superlink.pid,
+            address=f"{host}:{self.superlink_port}",
+            tls=True,
+            supernode_auth=True,
+        )
 
     def start_proxy(self) -> None:
         holders = range(self.args.nodes + (1 if self.args.unregistered_check else 0))
-        plan = ProxyPlan(superlink=f"127.0.0.1:{self.superlink_port}",
-                         fleet=sorted({self.fleet_address(k) for k in holders}),
-                         control=[self.control_address()],
-                         operators=[self.operator.ns_ip if self.operator else "127.0.0.1"],
-                         cert=self.certs / "server.pem", key=self.certs / "server.key", ca=self.certs / "ca.crt")
+        plan = ProxyPlan(
+            superlink=f"127.0.0.1:{self.superlink_port}",
+            fleet=sorted({self.fleet_address(k) for k in holders}),
+            control=[self.control_address()],
+            operators=[self.operator.ns_ip if self.operator else "127.0.0.1"],
+            cert=self.certs / "server.pem",
+            key=self.certs / "server.key",
+            ca=self.certs / "ca.crt",
+        )
         self.nginx = Nginx(plan, self.work / "proxy", self.logs)
         proc = self.nginx.start(self.env(self.home))
         wait_healthy(proc, f"https://{plan.fleet[0]}/health", self.certs / "ca.crt", self.args.startup_timeout)
-        self.event("proxy up", pid=proc.pid, fleet=plan.fleet, control=plan.control, operators=plan.operators,
-                   superlink=plan.superlink, config=str(self.nginx.folder / "pflower.conf"))
-        self.report["addresses"] = {"superlink": plan.superlink, "fleet": plan.fleet, "control": plan.control,
-                                    "operators": plan.operators}
+        self.event(
+            "proxy up",
+            pid=proc.pid,
+            fleet=plan.fleet,
+            control=plan.control,
+            operators=plan.operators,
+            superlink=plan.superlink,
+            config=str(self.nginx.folder / "pflower.conf"),
+        )
+        self.report["addresses"] = {
+            "superlink": plan.superlink,
+            "fleet": plan.fleet,
+            "control": plan.control,
+            "operators": plan.operators,
+        }
 
     def register(self) -> None:
         write_connections(self.home, {CONNECTION: self.control_address()}, self.certs / "ca.crt")
         for k in range(self.args.nodes):
-            r = self.flwr("supernode", "register", str(self.keys / f"node{k}.pub"), CONNECTION, "--name",
-                          f"node{k}", "--format", "json")
+            r = self.flwr(
+                "supernode",
+                "register",
+                str(self.keys / f"node{k}.pub"),
+                CONNECTION,
+                "--name",
+                f"node{k}",
+                "--format",
+                "json",
+            )
             if r.returncode != 0:
                 raise ClusterError(f"flwr supernode register node{k} failed:\n{r.stdout}\n{r.stderr}")
             out = parse_json_out(r.stdout)
             if "node-id" not in out:
                 raise ClusterError(f"flwr supernode register node{k} gave no node id:\n{r.stdout}\n{r.stderr}")
             self.node_ids[k] = int(out["node-id"])
-        self.event("registered", node_ids={f"node{k}": str(v) for k, v in self.node_ids.items()},
-                   via=self.control_address(), operator_netns=self.operator.ns if self.operator else None)
+        self.event(
+            "registered",
+            node_ids={f"node{k}": str(v) for k, v in self.node_ids.items()},
+            via=self.control_address(),
+            operator_netns=self.operator.ns if self.operator else None,
+        )
 
     def node_dir(self, part: int) -> Path:
         """What data holder ``part`` keeps on its own disk: its personalized models, the state its method keeps
@@ -184,8 +247,9 @@ class Cluster:
         own = self.node_dir(part)
         dirs = f"model-dir='{own / 'models'}' state-dir='{own / 'state'}' cache-dir='{own / 'cache'}'"
         if self.args.data_files:
-            return (f"partition-id={part} data-path='{Path(self.args.data_files).resolve() / f'node-{part}.npz'}' "
-                    + dirs)
+            return (
+                f"partition-id={part} data-path='{Path(self.args.data_files).resolve() / f'node-{part}.npz'}' " + dirs
+            )
         return f"partition-id={part} num-partitions={self.args.nodes} {dirs}"
 
     def export_data_files(self) -> None:
@@ -193,28 +257,55 @@ class Cluster:
         folder = Path(self.args.data_files)
         if all((folder / f"node-{k}.npz").is_file() for k in range(self.args.nodes)):
             return
-        cmd = [sys.executable, str(DEPLOY / "export_partitions.py"), "--out", str(folder),
-               "--num-partitions", str(self.args.nodes), "--run-config", self.args.run_config]
+        cmd = [
+            sys.executable,
+            str(DEPLOY / "export_partitions.py"),
+            "--out",
+            str(folder),
+            "--num-partitions",
+            str(self.args.nodes),
+            "--run-config",
+            self.args.run_config,
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise ClusterError(f"exporting node data files failed:\n{r.stdout}\n{r.stderr}")
         self.event("data files", folder=str(folder.resolve()), nodes=self.args.nodes)
 
-    def start_node(self, k: int, key: str | None = None, partition: int | None = None,
-                   extra: list[str] | None = None) -> Proc:
+    def start_node(
+        self, k: int, key: str | None = None, partition: int | None = None, extra: list[str] | None = None
+    ) -> Proc:
         name = key or f"node{k}"
         home = self.work / "nodes" / name
         home.mkdir(parents=True, exist_ok=True)
         part = k if partition is None else partition
-        cmd = in_ns(self.holder(k), [
-            shutil.which("flower-supernode") or "flower-supernode",
-            "--root-certificates", str(self.certs / "ca.crt"), "--superlink", self.fleet_address(k),
-            "--auth-supernode-private-key", str(self.keys / name), "--node-config", self.node_config(part),
-            "--port", str(free_port())] + (extra or []))
+        cmd = in_ns(
+            self.holder(k),
+            [
+                shutil.which("flower-supernode") or "flower-supernode",
+                "--root-certificates",
+                str(self.certs / "ca.crt"),
+                "--superlink",
+                self.fleet_address(k),
+                "--auth-supernode-private-key",
+                str(self.keys / name),
+                "--node-config",
+                self.node_config(part),
+                "--port",
+                str(free_port()),
+            ]
+            + (extra or []),
+        )
         proc = Proc(name, cmd, self.env(home), self.logs / f"{name}.log", home)
         link = self.holder(k)
-        self.event("supernode started", name=name, pid=proc.pid, partition_id=part,
-                   superlink=self.fleet_address(k), netns=link.ns if link else None)
+        self.event(
+            "supernode started",
+            name=name,
+            pid=proc.pid,
+            partition_id=part,
+            superlink=self.fleet_address(k),
+            netns=link.ns if link else None,
+        )
         return proc
 
     def activated_id(self, proc: Proc, after: int = 0) -> int | None:
@@ -257,8 +348,9 @@ class Cluster:
 
     def start_unregistered(self) -> None:
         """A SuperNode with a key that was never registered (checked by checks.unregistered_check)."""
-        self.unregistered = self.start_node(self.extra_node(), key="unregistered", partition=0,
-                                            extra=["--max-retries", "2", "--max-wait-time", "30"])
+        self.unregistered = self.start_node(
+            self.extra_node(), key="unregistered", partition=0, extra=["--max-retries", "2", "--max-wait-time", "30"]
+        )
 
     # ------------------------------------------------------------------ the run
     def run_config(self) -> str:
@@ -282,10 +374,16 @@ class Cluster:
         restart once the loss is recorded); the facts about the run come from its results folder."""
         a = self.args
         run_config = self.run_config()
-        cmd = in_ns(self.operator, [shutil.which("flwr") or "flwr", "run", str(REPO), CONNECTION, "--stream",
-                                    "--run-config", run_config])
-        self.event("flwr run", command=f'flwr run {REPO} {CONNECTION} --stream --run-config "{run_config}"',
-                   via=self.control_address(), operator_netns=self.operator.ns if self.operator else None)
+        cmd = in_ns(
+            self.operator,
+            [shutil.which("flwr") or "flwr", "run", str(REPO), CONNECTION, "--stream", "--run-config", run_config],
+        )
+        self.event(
+            "flwr run",
+            command=f'flwr run {REPO} {CONNECTION} --stream --run-config "{run_config}"',
+            via=self.control_address(),
+            operator_netns=self.operator.ns if self.operator else None,
+        )
         log_path = self.logs / "run.log"
         self.run_proc = Proc("flwr-run", cmd, self.env(self.home), log_path, REPO, pipe=True)
         proc = self.run_proc.popen
@@ -326,16 +424,25 @@ class Cluster:
                     self.nodes[k].signal_group(signal.SIGKILL if a.kill_signal == "KILL" else signal.SIGTERM)
                     self.nodes[k].popen.wait(timeout=30)
                     killed_at = time.monotonic()
-                    self.event("killed supernode", node=f"node{k}", node_id=str(self.node_ids[k]), round=kill_round,
-                               signal=a.kill_signal, pid=self.nodes[k].pid)
+                    self.event(
+                        "killed supernode",
+                        node=f"node{k}",
+                        node_id=str(self.node_ids[k]),
+                        round=kill_round,
+                        signal=a.kill_signal,
+                        pid=self.nodes[k].pid,
+                    )
                     continue
                 if a.restart_node and killed_at is not None and not restarted:
                     rej = REJECT_RE.search(line)
                     next_round = m is not None and int(m.group(1)) > kill_round
                     # the missing reply comes back as an error reply created by the SuperLink ("Node
                     # Unavailable", src node 1 = the SuperLink) once the node missed its heartbeats
-                    gone = rej is not None and int(rej.group(1)) == kill_round and (
-                        int(rej.group(3)) == self.node_ids[k] or "Unavailable" in rej.group(4))
+                    gone = (
+                        rej is not None
+                        and int(rej.group(1)) == kill_round
+                        and (int(rej.group(3)) == self.node_ids[k] or "Unavailable" in rej.group(4))
+                    )
                     if next_round or gone:
                         log_offset = len(self.nodes[k].log.read_bytes())
                         self.nodes[k] = self.start_node(k)
@@ -346,13 +453,20 @@ class Cluster:
         self.report["flwr-run-exit"] = proc.returncode
         if a.kill:
             k, kill_round = a.kill
-            self.report["killed"] = {"node": k, "node-id": str(self.node_ids[k]), "round": kill_round,
-                                     "signal": a.kill_signal, "done": killed_at is not None}
+            self.report["killed"] = {
+                "node": k,
+                "node-id": str(self.node_ids[k]),
+                "round": kill_round,
+                "signal": a.kill_signal,
+                "done": killed_at is not None,
+            }
             if a.restart_node:
                 nid = self.activated_id(self.nodes[k], log_offset) if restarted else None
                 later = self.nodes[k].log.read_bytes()[log_offset:].decode(errors="replace") if restarted else ""
                 self.report["restarted"] = {
-                    "node": k, "restarted": restarted, "rejoined-as": str(nid) if nid else None,
+                    "node": k,
+                    "restarted": restarted,
+                    "rejoined-as": str(nid) if nid else None,
                     "same-node-id": nid == self.node_ids[k],
                     "messages-after-restart": len(re.findall(r"Receiving: \w+ message", later)),
                 }
@@ -360,11 +474,14 @@ class Cluster:
         stopped = re.findall(r"resume with resume-from='([^']+)'", text)
         if stopped:  # stop-after: the ServerApp stopped as a crash would, after its checkpoint
             self.report["resume-from"] = stopped[-1]
-            raise ClusterError(f"the run stopped early (stop-after); continue it with the same --workdir and "
-                               f"--run-config \"resume-from='{stopped[-1]}'\"")
+            raise ClusterError(
+                f"the run stopped early (stop-after); continue it with the same --workdir and "
+                f"--run-config \"resume-from='{stopped[-1]}'\""
+            )
         if proc.returncode != 0 or folder is None:
-            raise ClusterError(f"flwr run failed (exit {proc.returncode}); no 'pflower ... -> <folder>' line:\n"
-                               + "".join(out[-40:]))
+            raise ClusterError(
+                f"flwr run failed (exit {proc.returncode}); no 'pflower ... -> <folder>' line:\n" + "".join(out[-40:])
+            )
         self.report["summary-line"] = summary_line(text)
         return folder
 
@@ -384,8 +501,7 @@ class Cluster:
         if self.args.unregistered_check:
             self.start_unregistered()
         self.wait_activated(list(range(self.args.nodes)))
-        self.event("all SuperNodes activated",
-                   nodes=[f"{n['node-id']}:{n['status']}" for n in self.list_nodes()])
+        self.event("all SuperNodes activated", nodes=[f"{n['node-id']}:{n['status']}" for n in self.list_nodes()])
         if self.args.unregistered_check:
             checks.unregistered_check(self)
         if self.args.holder_check:
@@ -398,8 +514,13 @@ class Cluster:
         self.report["ok"] = True
 
     def stop(self) -> None:
-        procs = [self.run_proc, self.unregistered, *self.nodes.values(), self.superlink,
-                 self.nginx.proc if self.nginx else None]
+        procs = [
+            self.run_proc,
+            self.unregistered,
+            *self.nodes.values(),
+            self.superlink,
+            self.nginx.proc if self.nginx else None,
+        ]
         for p in procs:
             if p is not None:
                 p.stop()

@@ -13,22 +13,26 @@ from . import DEPLOY
 
 def make_certs(folder: Path, names: list[str]) -> None:
     """A CA and one server certificate whose subjectAltName lists ``names`` (host names and IPs)."""
-    subprocess.run(["bash", str(DEPLOY / "make_certs.sh"), str(folder), ",".join(names)], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["bash", str(DEPLOY / "make_certs.sh"), str(folder), ",".join(names)], check=True, stdout=subprocess.DEVNULL
+    )
 
 
 def make_node_keys(folder: Path, count: int) -> None:
     """``folder/node0`` ... ``node<count-1>`` (+ ``.pub``): ECDSA P-384 in OpenSSH format."""
-    subprocess.run(["bash", str(DEPLOY / "make_node_keys.sh"), str(folder), str(count)], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["bash", str(DEPLOY / "make_node_keys.sh"), str(folder), str(count)], check=True, stdout=subprocess.DEVNULL
+    )
 
 
 def make_key(folder: Path, name: str) -> Path:
     """One more key pair ``folder/name`` (e.g. a key nobody registers); returns the private key's path."""
     path = folder / name
     if not path.exists():
-        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-C", f"pflower-{name}",
-                        "-f", str(path)], check=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-C", f"pflower-{name}", "-f", str(path)],
+            check=True,
+        )
     return path
 
 

@@ -34,13 +34,18 @@ def http_probe(method: str, url: str, ca: str | None, timeout: float = 5.0) -> d
     parts = urlsplit(url)
     if parts.scheme == "https":
         ctx = ssl.create_default_context(cafile=ca)
-        conn: http.client.HTTPConnection = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
-                                                                       context=ctx)
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=timeout, context=ctx
+        )
     else:
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
-        conn.request(method, parts.path or "/", body=b"" if method == "POST" else None,
-                     headers={"content-type": "application/protobuf"})
+        conn.request(
+            method,
+            parts.path or "/",
+            body=b"" if method == "POST" else None,
+            headers={"content-type": "application/protobuf"},
+        )
         resp = conn.getresponse()
         body = resp.read(300).decode(errors="replace")
         title = re.search(r"<title>(.*?)</title>", body)  # nginx's error pages

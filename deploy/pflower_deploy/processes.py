@@ -29,14 +29,23 @@ def tail(path: Path, n: int = 25) -> str:
 class Proc:
     """A child process in its own session/process group, with its output in a log file."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path, cwd: Path,
-                 pipe: bool = False) -> None:
+    def __init__(
+        self, name: str, cmd: list[str], env: dict[str, str], log: Path, cwd: Path, pipe: bool = False
+    ) -> None:
         """``pipe``: stdout is a text pipe the caller reads (and copies to ``log`` itself)."""
         self.name, self.cmd, self.log = name, cmd, log
         out = subprocess.PIPE if pipe else open(log, "ab")
-        self.popen = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                      text=pipe or None, errors="replace" if pipe else None)
+        self.popen = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            text=pipe or None,
+            errors="replace" if pipe else None,
+        )
         if not pipe:
             out.close()
         self.pid = self.popen.pid

@@ -30,8 +30,10 @@ def check_address(value: str, what: str) -> str:
     """``HOST:PORT`` (IPv4, [IPv6] or a host name; port 1-65535), else a ValueError naming ``what``."""
     m = _LISTEN.match(value.strip())
     if not m or not 1 <= int(m.group(2)) <= 65535:
-        raise ValueError(f"{what}: {value!r} is not HOST:PORT (e.g. 10.0.0.5:9093, 127.0.0.1:9091, "
-                         f"[::1]:9094, superlink:9091; port 1-65535)")
+        raise ValueError(
+            f"{what}: {value!r} is not HOST:PORT (e.g. 10.0.0.5:9093, 127.0.0.1:9091, "
+            f"[::1]:9094, superlink:9091; port 1-65535)"
+        )
     return value.strip()
 
 
@@ -42,9 +44,11 @@ def check_operator(value: str) -> str:
     try:
         return str(ipaddress.ip_network(value.strip(), strict=False))
     except ValueError:
-        raise ValueError(f"operator address {value!r} is not an IP address or network (e.g. 10.0.0.20, "
-                         f"10.0.0.0/24, ::1) nor 'all' (only where the control listener's network is the "
-                         f"operator's alone)") from None
+        raise ValueError(
+            f"operator address {value!r} is not an IP address or network (e.g. 10.0.0.20, "
+            f"10.0.0.0/24, ::1) nor 'all' (only where the control listener's network is the "
+            f"operator's alone)"
+        ) from None
 
 
 @dataclass
@@ -72,15 +76,19 @@ class ProxyPlan:
             raise ValueError("a control listener needs the operator's addresses (or 'all', see --operator)")
         both = sorted(set(self.fleet) & set(self.control))
         if both:
-            raise ValueError(f"{both} would serve Fleet and Control routes on one socket: give the control "
-                             f"listener its own address or port")
+            raise ValueError(
+                f"{both} would serve Fleet and Control routes on one socket: give the control "
+                f"listener its own address or port"
+            )
         if self.superlink in self.fleet + self.control:
             raise ValueError(f"the SuperLink's own address {self.superlink} cannot also be a proxy listener")
         if self.check_files:
             for path in (self.cert, self.key, self.ca):
                 if not Path(path).is_file():
-                    raise ValueError(f"{path} is missing (need the CA certificate ca.crt and the server "
-                                     f"certificate server.pem / server.key from deploy/make_certs.sh)")
+                    raise ValueError(
+                        f"{path} is missing (need the CA certificate ca.crt and the server "
+                        f"certificate server.pem / server.key from deploy/make_certs.sh)"
+                    )
 
 
 def _render(template: str, values: dict[str, str]) -> str:
@@ -99,17 +107,22 @@ FLEET_SECTION, CONTROL_SECTION = "# == Fleet listener", "# == Control listener"
 def render_site(plan: ProxyPlan) -> str:
     """The upstream and a ``server`` block per listener kind that has addresses (both on a SuperLink host:
     what goes into ``/etc/nginx/conf.d/``; one each for the compose demo's two proxies)."""
-    text = _render("pflower.conf.in", {
-        "superlink": plan.superlink, "superlink_name": plan.superlink_name,
-        "cert": str(plan.cert), "key": str(plan.key), "ca": str(plan.ca),
-        "fleet_listen": "\n".join(f"    listen {a} ssl;" for a in plan.fleet),
-        "control_listen": "\n".join(f"    listen {a} ssl;" for a in plan.control),
-        "operator_allow": "\n".join(f"    allow {a};" for a in plan.operators),
-    })
+    text = _render(
+        "pflower.conf.in",
+        {
+            "superlink": plan.superlink,
+            "superlink_name": plan.superlink_name,
+            "cert": str(plan.cert),
+            "key": str(plan.key),
+            "ca": str(plan.ca),
+            "fleet_listen": "\n".join(f"    listen {a} ssl;" for a in plan.fleet),
+            "control_listen": "\n".join(f"    listen {a} ssl;" for a in plan.control),
+            "operator_allow": "\n".join(f"    allow {a};" for a in plan.operators),
+        },
+    )
     head, rest = text.split(FLEET_SECTION, 1)
     fleet, control = rest.split(CONTROL_SECTION, 1)
-    return (head + (FLEET_SECTION + fleet if plan.fleet else "")
-            + (CONTROL_SECTION + control if plan.control else ""))
+    return head + (FLEET_SECTION + fleet if plan.fleet else "") + (CONTROL_SECTION + control if plan.control else "")
 
 
 def worker_user() -> str:
@@ -123,19 +136,34 @@ def worker_user() -> str:
     return "nobody"
 
 
-def write_standalone(plan: ProxyPlan, folder: Path, *, pid: str, error_log: str, access_log: str, temp: str,
-                     site_path: str | None = None, root: bool | None = None) -> Path:
+def write_standalone(
+    plan: ProxyPlan,
+    folder: Path,
+    *,
+    pid: str,
+    error_log: str,
+    access_log: str,
+    temp: str,
+    site_path: str | None = None,
+    root: bool | None = None,
+) -> Path:
     """``folder/pflower.conf`` (the site) and ``folder/nginx.conf`` (a main configuration that includes it);
     the paths may be the ones inside a container (``site_path``: where the site will be seen there)."""
     folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pflower.conf").write_text(render_site(plan))
     root = os.geteuid() == 0 if root is None else root
-    main = _render("standalone.conf.in", {
-        "user": f"user {worker_user()};" if root else "# not root: the workers run as this user",
-        "pid": pid, "error_log": error_log, "access_log": access_log, "temp": temp,
-        "site": site_path or str(folder / "pflower.conf"),
-    })
+    main = _render(
+        "standalone.conf.in",
+        {
+            "user": f"user {worker_user()};" if root else "# not root: the workers run as this user",
+            "pid": pid,
+            "error_log": error_log,
+            "access_log": access_log,
+            "temp": temp,
+            "site": site_path or str(folder / "pflower.conf"),
+        },
+    )
     (folder / "nginx.conf").write_text(main)
     return folder / "nginx.conf"
 
@@ -154,8 +182,14 @@ class Nginx:
     def __init__(self, plan: ProxyPlan, folder: Path, logs: Path) -> None:
         self.plan, self.folder, self.log = plan, folder, logs / "proxy.log"
         self.error_log, self.access_log = logs / "proxy-error.log", logs / "proxy-access.log"
-        self.conf = write_standalone(plan, folder, pid=str(folder / "nginx.pid"), error_log=str(self.error_log),
-                                     access_log=str(self.access_log), temp=str(folder))
+        self.conf = write_standalone(
+            plan,
+            folder,
+            pid=str(folder / "nginx.pid"),
+            error_log=str(self.error_log),
+            access_log=str(self.access_log),
+            temp=str(folder),
+        )
         self.proc: Proc | None = None
 
     def command(self) -> list[str]:

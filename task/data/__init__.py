@@ -28,9 +28,17 @@ from task.data.domains import apply_domain, domain_of
 from task.data.files import export_client_file, load_local_file
 from task.data.sources import Centralized, load_centralized
 
-_LAZY = {name: "task.data.partitioners" for name in (
-    "PlantedClusterPartitioner", "TwoSourcePartitioner", "build_partitioner", "index_table", "partitioner_for",
-    "source_shares")}
+_LAZY = {
+    name: "task.data.partitioners"
+    for name in (
+        "PlantedClusterPartitioner",
+        "TwoSourcePartitioner",
+        "build_partitioner",
+        "index_table",
+        "partitioner_for",
+        "source_shares",
+    )
+}
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: the partitioners (and datasets / flwr-datasets) on first use
@@ -39,6 +47,24 @@ def __getattr__(name: str) -> Any:  # PEP 562: the partitioners (and datasets / 
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DATASETS", "DOMAINS", "MIXTURES", "PARTITIONS", "Centralized", "ClientData", "DataSettings", "DatasetInfo",
-           "apply_domain", "dataset_info", "domain_of", "export_client_file", "load_centralized", "load_client_data",
-           "load_local_file", "partition_indices", "stratified_split", "synth_concept", *_LAZY]
+__all__ = [
+    "DATASETS",
+    "DOMAINS",
+    "MIXTURES",
+    "PARTITIONS",
+    "Centralized",
+    "ClientData",
+    "DataSettings",
+    "DatasetInfo",
+    "apply_domain",
+    "dataset_info",
+    "domain_of",
+    "export_client_file",
+    "load_centralized",
+    "load_client_data",
+    "load_local_file",
+    "partition_indices",
+    "stratified_split",
+    "synth_concept",
+    *_LAZY,
+]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+
 @dataclass(frozen=True)
 class DatasetInfo:
     name: str
@@ -29,7 +30,13 @@ DATASETS: dict[str, DatasetInfo] = {
     ),
     "cifar10": DatasetInfo("cifar10", 3, 32, 10, "uoft-cs/cifar10", image_column="img", torchvision_name="CIFAR10"),
     "cifar100": DatasetInfo(
-        "cifar100", 3, 32, 100, "uoft-cs/cifar100", image_column="img", label_column="fine_label",
+        "cifar100",
+        3,
+        32,
+        100,
+        "uoft-cs/cifar100",
+        image_column="img",
+        label_column="fine_label",
         torchvision_name="CIFAR100",
     ),
     "emnist": DatasetInfo(
@@ -45,8 +52,9 @@ DATASETS: dict[str, DatasetInfo] = {
 SYNTH_CONCEPT_SIZE = 6000
 
 
-def synth_concept(num_samples: int = SYNTH_CONCEPT_SIZE, dim: int = 10, classes: int = 2, sources: int = 2,
-                  seed: int = 4_242) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def synth_concept(
+    num_samples: int = SYNTH_CONCEPT_SIZE, dim: int = 10, classes: int = 2, sources: int = 2, seed: int = 4_242
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PI-FL spec §4 "SynthConcept": x ~ N(0, I) in R^dim, source s labels it ``argmax(x W_s + eps)`` with
     W_s entries N(0, 10) and eps ~ N(0, 1): the sources share the input distribution but conflict on
     labels.  Returns (x, y, source); every sample's source is fixed (half A, half B)."""
@@ -56,6 +64,7 @@ def synth_concept(num_samples: int = SYNTH_CONCEPT_SIZE, dim: int = 10, classes:
     source = np.arange(num_samples) % sources
     logits = np.einsum("nd,ndc->nc", x, weights[source]) + rng.normal(size=(num_samples, classes))
     return x, logits.argmax(1).astype(np.int64), source.astype(np.int64)
+
 
 PARTITIONS = ("iid", "dirichlet", "pathological", "planted-clusters", "planted-clusters-noisy", "two-source")
 MIXTURES = ("10:90", "30:70", "linear", "random")

@@ -48,8 +48,10 @@ class DataSettings:
     def __post_init__(self) -> None:
         dataset_info(self.dataset)
         if self.dataset == "dialects" and self.partition not in ("planted-clusters", "iid"):
-            raise ValueError(f"dataset 'dialects' takes partition 'planted-clusters' (client i speaks dialect "
-                             f"i % num-clusters) or 'iid' (every client mixes all dialects), got {self.partition!r}")
+            raise ValueError(
+                f"dataset 'dialects' takes partition 'planted-clusters' (client i speaks dialect "
+                f"i % num-clusters) or 'iid' (every client mixes all dialects), got {self.partition!r}"
+            )
         if self.partition not in PARTITIONS:
             raise ValueError(
                 f"unknown partition {self.partition!r} (run-config key 'partition'); allowed: {list(PARTITIONS)}"
@@ -115,7 +117,6 @@ def stratified_split(
     return cat(train), cat(val), cat(test)
 
 
-
 def partition_indices(settings: DataSettings, partition_id: int, num_partitions: int) -> np.ndarray:
     """Indices (into the centralised data set) of client ``partition_id``'s data."""
     from task.data.partitioners import partitioner_for
@@ -169,14 +170,26 @@ def _load(path: Path) -> ClientData | None:
             t = {k: torch.from_numpy(z[k]) if k in z.files else None for k in _SPLITS}
     except Exception:  # a damaged cache file is rebuilt, never trusted
         return None
-    return ClientData(t["x_train"], t["y_train"], t["x_val"], t["y_val"], t["x_test"], t["y_test"],
-                      info["num_classes"], info["domain"], info["meta"], t["x_calib"], t["y_calib"])
+    return ClientData(
+        t["x_train"],
+        t["y_train"],
+        t["x_val"],
+        t["y_val"],
+        t["x_test"],
+        t["y_test"],
+        info["num_classes"],
+        info["domain"],
+        info["meta"],
+        t["x_calib"],
+        t["y_calib"],
+    )
 
 
 # ---------------------------------------------------------------------------------------------- a client's splits
 @functools.lru_cache(maxsize=64)
-def load_client_data(settings: DataSettings, partition_id: int, num_partitions: int,
-                     cache_dir: str | None = None) -> ClientData:
+def load_client_data(
+    settings: DataSettings, partition_id: int, num_partitions: int, cache_dir: str | None = None
+) -> ClientData:
     """Client ``partition_id``'s train / validation / test splits (cached per process, and on disk under
     ``cache_dir`` when given).
 
@@ -207,8 +220,7 @@ def _build_client_data(settings: DataSettings, partition_id: int, num_partitions
     idx = np.asarray(part.load_partition(partition_id)["idx"], dtype=np.int64)
     if len(idx) < 2:
         raise ValueError(
-            f"partition {partition_id} of {num_partitions} got {len(idx)} samples; use fewer clients or a "
-            "larger alpha"
+            f"partition {partition_id} of {num_partitions} got {len(idx)} samples; use fewer clients or a larger alpha"
         )
     rng = np.random.default_rng([settings.seed, partition_id])
     labels = data.y[idx]
@@ -247,19 +259,26 @@ def _dialect_client(settings: DataSettings, partition_id: int, num_partitions: i
     from task.text import MAX_DIALECTS, client_tokens, vocab_size
 
     if not 1 <= settings.num_clusters <= MAX_DIALECTS:
-        raise ValueError(f"num-clusters (the number of dialects) must be in 1..{MAX_DIALECTS}, got {settings.num_clusters}")
-    tokens, dialect = client_tokens(partition_id, settings.num_clusters, settings.dialect_sequences,
-                                    settings.dialect_mix, settings.seed, settings.lm_pretrained,
-                                    iid=settings.partition == "iid")
+        raise ValueError(
+            f"num-clusters (the number of dialects) must be in 1..{MAX_DIALECTS}, got {settings.num_clusters}"
+        )
+    tokens, dialect = client_tokens(
+        partition_id,
+        settings.num_clusters,
+        settings.dialect_sequences,
+        settings.dialect_mix,
+        settings.seed,
+        settings.lm_pretrained,
+        iid=settings.partition == "iid",
+    )
     rng = np.random.default_rng([settings.seed, partition_id])
     order = rng.permutation(len(tokens))
     n_test = int(round(settings.test_fraction * len(tokens)))
     n_val = int(round(settings.val_fraction * len(tokens)))
-    parts = order[n_test + n_val:], order[n_test:n_test + n_val], order[:n_test]
+    parts = order[n_test + n_val :], order[n_test : n_test + n_val], order[:n_test]
     t = torch.from_numpy(tokens)
     (x_tr, y_tr), (x_va, y_va), (x_te, y_te) = ((t[np.sort(p), :-1], t[np.sort(p), 1:]) for p in parts)
     meta = {"num-partitions": num_partitions, "partition-id": partition_id, "dialect": dialect}
     if dialect >= 0:
         meta["planted-cluster"] = dialect
     return ClientData(x_tr, y_tr, x_va, y_va, x_te, y_te, vocab_size(settings.lm_pretrained), "original", meta)
-

@@ -34,4 +34,3 @@ def domain_of(partition_id: int, num_domains: int) -> str:
     if not 1 <= num_domains <= len(DOMAINS):
         raise ValueError(f"feature-shift must be between 1 and {len(DOMAINS)} domains, got {num_domains}")
     return DOMAINS[partition_id % num_domains]
-

@@ -23,21 +23,26 @@ def _read_npz(file: Path, where: str) -> dict[str, np.ndarray]:
         raise ValueError(f"{where}: not a readable .npz file ({exc}); expected arrays 'x' and 'y'") from exc
 
 
-def checked_arrays(x: np.ndarray, y: np.ndarray | None, name: str, dataset: str, where: str) -> tuple[np.ndarray, np.ndarray | None]:
+def checked_arrays(
+    x: np.ndarray, y: np.ndarray | None, name: str, dataset: str, where: str
+) -> tuple[np.ndarray, np.ndarray | None]:
     """``x`` (float32 in the data set's sample shape; uint8 scaled to [0, 1]) and ``y`` (int64 labels in range),
     or ValueError saying what is wrong and what is allowed."""
     info = dataset_info(dataset)
     shape = (info.in_channels, info.image_size, info.image_size) if info.image_size > 0 else (info.in_channels,)
     if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != shape:
-        raise ValueError(f"{where}: '{name}' has shape {x.shape}; dataset {dataset!r} needs (N, "
-                         f"{', '.join(map(str, shape))})")
+        raise ValueError(
+            f"{where}: '{name}' has shape {x.shape}; dataset {dataset!r} needs (N, {', '.join(map(str, shape))})"
+        )
     if y is not None:
         if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer):
-            raise ValueError(f"{where}: labels for '{name}' must be integers of shape ({len(x)},), got "
-                             f"{y.dtype} {y.shape}")
+            raise ValueError(
+                f"{where}: labels for '{name}' must be integers of shape ({len(x)},), got {y.dtype} {y.shape}"
+            )
         if len(y) and (y.min() < 0 or y.max() >= info.num_classes):
-            raise ValueError(f"{where}: labels of '{name}' must be in [0, {info.num_classes}), got "
-                             f"[{y.min()}, {y.max()}]")
+            raise ValueError(
+                f"{where}: labels of '{name}' must be in [0, {info.num_classes}), got [{y.min()}, {y.max()}]"
+            )
         y = y.astype(np.int64)
     if x.dtype == np.uint8:
         x = x.astype(np.float32) / 255.0
@@ -48,7 +53,9 @@ def checked_arrays(x: np.ndarray, y: np.ndarray | None, name: str, dataset: str,
     return np.ascontiguousarray(x, dtype=np.float32), y
 
 
-def read_node_file(path: str | Path, dataset: str, labels_required: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+def read_node_file(
+    path: str | Path, dataset: str, labels_required: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
     """(x, y) of a data file in the deployed-node format (``y`` None when absent and not required)."""
     if dataset == "dialects":
         raise ValueError(f"{path}: the 'dialects' text task has no file format; use a vision or vector dataset")
@@ -76,8 +83,9 @@ def load_local_file(path: str, settings: DataSettings, partition_id: int) -> Cli
     arrays = _read_npz(file, where)
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing or (("x_test" in arrays) != ("y_test" in arrays)):
-        raise ValueError(f"{where}: has arrays {sorted(arrays)}; needs 'x' and 'y' (and optionally both "
-                         "'x_test' and 'y_test')")
+        raise ValueError(
+            f"{where}: has arrays {sorted(arrays)}; needs 'x' and 'y' (and optionally both 'x_test' and 'y_test')"
+        )
 
     def checked(x: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
         return checked_arrays(x, y, name, settings.dataset, where)
@@ -102,7 +110,11 @@ def export_client_file(settings: DataSettings, partition_id: int, num_partitions
     d = load_client_data(settings, partition_id, num_partitions)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(out, x=torch.cat([d.x_train, d.x_val]).numpy(), y=torch.cat([d.y_train, d.y_val]).numpy(),
-             x_test=d.x_test.numpy(), y_test=d.y_test.numpy())
+    np.savez(
+        out,
+        x=torch.cat([d.x_train, d.x_val]).numpy(),
+        y=torch.cat([d.y_train, d.y_val]).numpy(),
+        x_test=d.x_test.numpy(),
+        y_test=d.y_test.numpy(),
+    )
     return out
-

@@ -65,9 +65,7 @@ class PlantedClusterPartitioner(_IndexPartitioner):
     def __init__(self, num_partitions: int, num_clusters: int = 5, noisy: bool = False, seed: int = 0) -> None:
         super().__init__(num_partitions, seed)
         if num_clusters < 1 or num_clusters > num_partitions:
-            raise ValueError(
-                f"num-clusters must be in [1, num-partitions={num_partitions}], got {num_clusters}"
-            )
+            raise ValueError(f"num-clusters must be in [1, num-partitions={num_partitions}], got {num_clusters}")
         self.num_clusters = num_clusters
         self.noisy = noisy
         self.extra_labels: dict[int, int] = {}
@@ -146,8 +144,13 @@ class TwoSourcePartitioner(_IndexPartitioner):
     """
 
     def __init__(
-        self, num_partitions: int, mixture: str = "10:90", goal: str = "inverted", goal_fraction: float = 0.25,
-        seed: int = 0, goal_size: int = 200,
+        self,
+        num_partitions: int,
+        mixture: str = "10:90",
+        goal: str = "inverted",
+        goal_fraction: float = 0.25,
+        seed: int = 0,
+        goal_size: int = 200,
     ) -> None:
         super().__init__(num_partitions, seed)
         if goal not in ("inverted", "same"):
@@ -173,9 +176,7 @@ class TwoSourcePartitioner(_IndexPartitioner):
         demand_a, demand_b = shares_a.sum(), (1.0 - shares_a).sum()
         per_client = int(min(len(pools[0]) / max(demand_a, 1e-9), len(pools[1]) / max(demand_b, 1e-9)))
         if per_client < 2:
-            raise ValueError(
-                f"too many clients ({len(shares_a)}) for the data set: fewer than 2 samples each"
-            )
+            raise ValueError(f"too many clients ({len(shares_a)}) for the data set: fewer than 2 samples each")
         out, pos = [], [0, 0]
         for p in shares_a:
             n_a = int(round(p * per_client))
@@ -214,8 +215,13 @@ class TwoSourcePartitioner(_IndexPartitioner):
         for i, share in enumerate(q):
             rng = np.random.default_rng([self._seed, i, 7_919])
             n_a = int(round(share * size))
-            out.append(np.sort(np.concatenate([rng.choice(pools[0], n_a, replace=False),
-                                               rng.choice(pools[1], size - n_a, replace=False)])))
+            out.append(
+                np.sort(
+                    np.concatenate(
+                        [rng.choice(pools[0], n_a, replace=False), rng.choice(pools[1], size - n_a, replace=False)]
+                    )
+                )
+            )
         return out
 
     def load_goal_partition(self, partition_id: int) -> Dataset:
@@ -226,8 +232,15 @@ class TwoSourcePartitioner(_IndexPartitioner):
 
 
 def build_partitioner(
-    partition: str, num_partitions: int, *, alpha: float = 0.5, classes_per_client: int = 2,
-    num_clusters: int = 5, mixture: str = "10:90", seed: int = 0, goal: str = "inverted",
+    partition: str,
+    num_partitions: int,
+    *,
+    alpha: float = 0.5,
+    classes_per_client: int = 2,
+    num_clusters: int = 5,
+    mixture: str = "10:90",
+    seed: int = 0,
+    goal: str = "inverted",
 ) -> Partitioner:
     """The partitioner named by run-config ``partition`` with its parameters (validated)."""
     if num_partitions < 1:
@@ -242,13 +255,14 @@ def build_partitioner(
         if classes_per_client < 1:
             raise ValueError(f"classes-per-client must be >= 1, got {classes_per_client}")
         return PathologicalPartitioner(
-            num_partitions, partition_by="label", num_classes_per_partition=classes_per_client,
-            class_assignment_mode="first-deterministic", seed=seed,
+            num_partitions,
+            partition_by="label",
+            num_classes_per_partition=classes_per_client,
+            class_assignment_mode="first-deterministic",
+            seed=seed,
         )
     if partition in ("planted-clusters", "planted-clusters-noisy"):
-        return PlantedClusterPartitioner(
-            num_partitions, num_clusters, noisy=partition.endswith("noisy"), seed=seed
-        )
+        return PlantedClusterPartitioner(num_partitions, num_clusters, noisy=partition.endswith("noisy"), seed=seed)
     if partition == "two-source":
         return TwoSourcePartitioner(num_partitions, mixture, goal=goal, seed=seed)
     raise ValueError(f"unknown partition {partition!r} (run-config key 'partition'); allowed: {list(PARTITIONS)}")
@@ -260,8 +274,13 @@ class _SeededDirichlet(DirichletPartitioner):
     def __init__(self, num_partitions: int, alpha: float, seed: int) -> None:
         self._min_size_wanted = 10
         super().__init__(
-            num_partitions, partition_by="label", alpha=alpha, min_partition_size=0, self_balancing=False,
-            shuffle=True, seed=seed,
+            num_partitions,
+            partition_by="label",
+            alpha=alpha,
+            min_partition_size=0,
+            self_balancing=False,
+            shuffle=True,
+            seed=seed,
         )
 
     @Partitioner.dataset.setter  # type: ignore[attr-defined]
@@ -295,12 +314,16 @@ def partitioner_for(settings, num_partitions: int) -> tuple[Partitioner, Central
             f"samples: every client needs at least 2 (use at most {len(data.y) // 2} clients)"
         )
     part = build_partitioner(
-        settings.partition, num_partitions, alpha=settings.alpha, classes_per_client=settings.classes_per_client,
-        num_clusters=settings.num_clusters, mixture=settings.mixture, seed=settings.seed,
+        settings.partition,
+        num_partitions,
+        alpha=settings.alpha,
+        classes_per_client=settings.classes_per_client,
+        num_clusters=settings.num_clusters,
+        mixture=settings.mixture,
+        seed=settings.seed,
         goal="same" if data.source is not None else "inverted",  # spec pifl §4: synthetic goal = training mix
     )
     if isinstance(part, TwoSourcePartitioner) and data.source is not None:
         part.sources = data.source
     part.dataset = index_table(data.y)
     return part, data
-

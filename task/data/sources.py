@@ -68,7 +68,9 @@ def _load_torchvision(info: DatasetInfo, root: str) -> tuple[np.ndarray, np.ndar
     cls = getattr(torchvision.datasets, info.torchvision_name)
     xs, ys = [], []
     kwargs = dict(info.torchvision_kwargs)
-    for split in ({"split": "train"}, {"split": "test"}) if info.name == "svhn" else ({"train": True}, {"train": False}):
+    for split in (
+        ({"split": "train"}, {"split": "test"}) if info.name == "svhn" else ({"train": True}, {"train": False})
+    ):
         ds = cls(root=root, download=False, **kwargs, **split)
         xs.append(_images_to_array([ds[i][0] for i in range(len(ds))], info.in_channels))
         ys.append(np.asarray([int(ds[i][1]) for i in range(len(ds))], dtype=np.int64))
@@ -100,9 +102,11 @@ def load_centralized(name: str, data_dir: str = "", noise_std: float = 0.0, copi
         y = d.target.astype(np.int64)
     elif data_dir and not Path(data_dir).exists():
         raise ValueError(f"data-dir {data_dir!r} does not exist (dataset {name!r})")
-    elif data_dir and not (Path(data_dir) / "dataset_dict.json").exists() and not (
-        Path(data_dir) / "dataset_info.json"
-    ).exists():
+    elif (
+        data_dir
+        and not (Path(data_dir) / "dataset_dict.json").exists()
+        and not (Path(data_dir) / "dataset_info.json").exists()
+    ):
         if info.torchvision_name is None:
             raise ValueError(f"data-dir {data_dir!r} is not a Hugging Face save_to_disk folder")
         x, y = _load_torchvision(info, data_dir)
@@ -120,4 +124,3 @@ def load_centralized(name: str, data_dir: str = "", noise_std: float = 0.0, copi
         rng = np.random.default_rng(NOISE_SEED)
         x = (x + rng.normal(0.0, noise_std, size=x.shape)).astype(np.float32)
     return Centralized(np.ascontiguousarray(x, dtype=np.float32), y, info)
-

@@ -24,19 +24,28 @@ class Client2VecOptions(FedProxOptions, MoonOptions):
     sampling: bool = option("c2v-sampling", True, "(i) index-aware client sampling (Eq. 1)")
     aggregation: bool = option("c2v-aggregation", True, "(ii) index-aware aggregation weights (Eq. 3)")
     local: bool = option("c2v-local", True, "(iii) the local orthogonality + distillation loss")
-    encoder: str = option("c2v-encoder", "open-clip", "image/text encoder of the index", choices=("open-clip", "synthetic"))
+    encoder: str = option(
+        "c2v-encoder", "open-clip", "image/text encoder of the index", choices=("open-clip", "synthetic")
+    )
     clip_model: str = option("c2v-clip-model", "pflower-tiny", "open_clip architecture name")
-    clip_weights: str = option("c2v-clip-weights", "random", "random, a checkpoint file, or a pretrained tag in the "
-                               "local cache")
+    clip_weights: str = option(
+        "c2v-clip-weights", "random", "random, a checkpoint file, or a pretrained tag in the local cache"
+    )
     normalize: bool = option("c2v-normalize", True, "L2-normalise the CLIP embeddings")
     cache_dir: str = option("c2v-cache-dir", "", "embedding cache folder (empty: ~/.cache/pflower/clip-embeddings)")
-    ign_mode: str = option("c2v-ign-mode", "global", "DSA-IGN trained on the server (global) or by FedAvg "
-                           "(federated)", choices=("global", "federated"))
-    ign_epochs: int = option("c2v-ign-epochs", 10, "DSA-IGN epochs (global) or rounds (federated); paper 500",
-                             minimum=0)
+    ign_mode: str = option(
+        "c2v-ign-mode",
+        "global",
+        "DSA-IGN trained on the server (global) or by FedAvg (federated)",
+        choices=("global", "federated"),
+    )
+    ign_epochs: int = option(
+        "c2v-ign-epochs", 10, "DSA-IGN epochs (global) or rounds (federated); paper 500", minimum=0
+    )
     ign_local_epochs: int = option("c2v-ign-local-epochs", 10, "federated DSA-IGN: local epochs per round", minimum=1)
-    ign_fraction: float = option("c2v-ign-fraction", 0.1, "federated DSA-IGN: share of nodes per round", minimum=0.0,
-                                 maximum=1.0)
+    ign_fraction: float = option(
+        "c2v-ign-fraction", 0.1, "federated DSA-IGN: share of nodes per round", minimum=0.0, maximum=1.0
+    )
     ign_upload: int = option("c2v-ign-upload", 128, "global DSA-IGN: embedding pairs each client uploads", minimum=2)
     ign_batch: int = option("c2v-ign-batch", 128, "DSA-IGN batch size", minimum=2)
     ign_lr: float = option("c2v-ign-lr", 0.001, "DSA-IGN Adam learning rate", minimum=0.0)

@@ -11,14 +11,26 @@ VARIANTS = ("full", "lambda-only", "Lambda-only", "Lambda-local")
 
 @dataclass(frozen=True)
 class FedC2IOptions(OptionSet):
-    gamma: float = option("gamma", 5.0, "sharpening exponent of the leave-one-out losses (Eqs. 5, 9); 0 = uniform",
-                          minimum=0.0)
-    peers: int = option("c2i-peers", 0, "models a client receives per round, itself included: 0 = every client, "
-                        "k >= 2 = itself and k - 1 drawn peers", minimum=0)
+    gamma: float = option(
+        "gamma", 5.0, "sharpening exponent of the leave-one-out losses (Eqs. 5, 9); 0 = uniform", minimum=0.0
+    )
+    peers: int = option(
+        "c2i-peers",
+        0,
+        "models a client receives per round, itself included: 0 = every client, k >= 2 = itself and k - 1 drawn peers",
+        minimum=0,
+    )
     variant: str = option("c2i-variant", "full", "the method or one of the paper's ablations", choices=VARIANTS)
-    influence_batch_size: int = option("influence-batch-size", 32, "samples of the one influence batch per round",
-                                       minimum=1)
+    influence_batch_size: int = option(
+        "influence-batch-size", 32, "samples of the one influence batch per round", minimum=1
+    )
 
     def conflicts(self, settings) -> list[str]:
-        return ["c2i-peers=1 sends a client only its own model, so there is nothing to mix: use 0 (every client) "
-                "or a number >= 2"] if self.peers == 1 else []
+        return (
+            [
+                "c2i-peers=1 sends a client only its own model, so there is nothing to mix: use 0 (every client) "
+                "or a number >= 2"
+            ]
+            if self.peers == 1
+            else []
+        )

@@ -13,21 +13,34 @@ from task.options import OptionSet, option
 
 @dataclass(frozen=True)
 class FedCACOptions(OptionSet):
-    tau: float = option("tau", 0.5, "share of each tensor's parameters that are critical (Eq. 6)", minimum=0.0,
-                        maximum=1.0)
-    beta: int = option("beta", 15, "round at which the collaboration threshold reaches the largest overlap (Eq. 7)",
-                       minimum=1)
-    strict_beta_cutoff: bool = option("strict-beta-cutoff", True, "no collaborators at all after round beta "
-                                      "(also when every overlap is equal)")
-    weighting: str = option("fedcac-weighting", "uniform", "weights of the global average w_bar (Eq. 9)",
-                            choices=("uniform", "num-examples"))
-    diagnostics: bool = option("fedcac-diagnostics", False, "clients send label histograms for the collaborator "
-                               "label-similarity diagnostic (leaks labels: simulation only)")
+    tau: float = option(
+        "tau", 0.5, "share of each tensor's parameters that are critical (Eq. 6)", minimum=0.0, maximum=1.0
+    )
+    beta: int = option(
+        "beta", 15, "round at which the collaboration threshold reaches the largest overlap (Eq. 7)", minimum=1
+    )
+    strict_beta_cutoff: bool = option(
+        "strict-beta-cutoff", True, "no collaborators at all after round beta (also when every overlap is equal)"
+    )
+    weighting: str = option(
+        "fedcac-weighting",
+        "uniform",
+        "weights of the global average w_bar (Eq. 9)",
+        choices=("uniform", "num-examples"),
+    )
+    diagnostics: bool = option(
+        "fedcac-diagnostics",
+        False,
+        "clients send label histograms for the collaborator "
+        "label-similarity diagnostic (leaks labels: simulation only)",
+    )
 
 
 def pack_masks(masks: Mapping[str, torch.Tensor | np.ndarray], keys: list[str]) -> np.ndarray:
     """Concatenate the masks in ``keys`` order and pack them 8 per byte (``np.packbits``): n/8 bytes."""
-    flat = [np.asarray(masks[k].cpu() if isinstance(masks[k], torch.Tensor) else masks[k], dtype=bool).ravel() for k in keys]
+    flat = [
+        np.asarray(masks[k].cpu() if isinstance(masks[k], torch.Tensor) else masks[k], dtype=bool).ravel() for k in keys
+    ]
     return np.packbits(np.concatenate(flat) if flat else np.zeros(0, bool))
 
 
@@ -42,8 +55,10 @@ def unpack_masks(packed: np.ndarray, shapes: Mapping[str, tuple[int, ...]]) -> d
     total = sum(sizes)
     packed = np.asarray(packed)
     if packed.dtype != np.uint8 or packed.ndim != 1 or len(packed) != (total + 7) // 8:
-        raise ValueError(f"packed mask must be uint8 of length {(total + 7) // 8} for {total} parameters, "
-                         f"got {packed.dtype} of shape {packed.shape}")
+        raise ValueError(
+            f"packed mask must be uint8 of length {(total + 7) // 8} for {total} parameters, "
+            f"got {packed.dtype} of shape {packed.shape}"
+        )
     bits = np.unpackbits(packed, count=total).astype(bool)
     out, pos = {}, 0
     for (name, shape), size in zip(shapes.items(), sizes):

@@ -20,53 +20,71 @@ class TierOptions(OptionSet):
 
 @dataclass(frozen=True)
 class PIFLOptions(TierOptions):
-    slots_performance: int = option("slots-performance", 4, "slots per tier for the best bidders by Shapley score",
-                                    minimum=0)
+    slots_performance: int = option(
+        "slots-performance", 4, "slots per tier for the best bidders by Shapley score", minimum=0
+    )
     slots_random: int = option("slots-random", 1, "slots per tier drawn at random from the other bidders", minimum=0)
-    max_bids: int = option("max-bids", 1, "tiers a client may bid for per round (this version: 1)", minimum=1,
-                           maximum=1)
-    bid_threshold: float = option("bid-threshold", 0.9, "a client bids for every tier at least this accurate on its "
-                                  "validation split (and always for its best)", minimum=0.0, maximum=1.0)
+    max_bids: int = option(
+        "max-bids", 1, "tiers a client may bid for per round (this version: 1)", minimum=1, maximum=1
+    )
+    bid_threshold: float = option(
+        "bid-threshold",
+        0.9,
+        "a client bids for every tier at least this accurate on its validation split (and always for its best)",
+        minimum=0.0,
+        maximum=1.0,
+    )
     initial_tokens: float = option("initial-tokens", 100.0, "tokens every client starts with", minimum=0.0)
     slot_price: float = option("slot-price", 1.0, "tokens a winning bidder pays for a slot", minimum=1e-6)
-    max_refund: float = option("max-refund", 1.0, "largest share of a tier's pool refunded when it did not improve",
-                               minimum=0.0, maximum=1.0)
-    full_use_gain: float = option("full-use-gain", 0.1, "relative accuracy gain at which nothing is refunded",
-                                  minimum=1e-6, maximum=1.0)
-    incentive: bool = option("pifl-incentive", True, "bids follow the clients' tier accuracies (false: random bids, "
-                             "PI-FL(NI))")
-    server_set_size: int = option("server-set-size", 500, "samples of the server's IID set for Shapley scores",
-                                  minimum=1)
+    max_refund: float = option(
+        "max-refund", 1.0, "largest share of a tier's pool refunded when it did not improve", minimum=0.0, maximum=1.0
+    )
+    full_use_gain: float = option(
+        "full-use-gain", 0.1, "relative accuracy gain at which nothing is refunded", minimum=1e-6, maximum=1.0
+    )
+    incentive: bool = option(
+        "pifl-incentive", True, "bids follow the clients' tier accuracies (false: random bids, PI-FL(NI))"
+    )
+    server_set_size: int = option(
+        "server-set-size", 500, "samples of the server's IID set for Shapley scores", minimum=1
+    )
 
     def conflicts(self, settings) -> list[str]:
         if self.slots_performance + self.slots_random < 1:
             return ["slots-performance + slots-random must be >= 1: a tier with no slot never trains"]
         if self.tiers > settings.min_nodes:
-            return [f"tiers={self.tiers} is more than min-nodes={settings.min_nodes}: the first round's random tiering "
-                    f"could leave a tier without a client; use tiers <= min-nodes"]
+            return [
+                f"tiers={self.tiers} is more than min-nodes={settings.min_nodes}: the first round's random tiering "
+                f"could leave a tier without a client; use tiers <= min-nodes"
+            ]
         return []
 
     def client_conflicts(self, clients: int) -> list[str]:
         """With every available client fitting in one tier's slots, every bidder always wins: no auction."""
         slots = self.slots_performance + self.slots_random
         if slots >= clients:
-            return [f"slots-performance + slots-random = {slots} is not less than the {clients} connected clients: every "
-                    f"bidder would win every round and the auction would decide nothing; use fewer slots or more "
-                    f"clients"]
+            return [
+                f"slots-performance + slots-random = {slots} is not less than the {clients} connected clients: every "
+                f"bidder would win every round and the auction would decide nothing; use fewer slots or more "
+                f"clients"
+            ]
         return []
 
 
 @dataclass(frozen=True)
 class FedSoftOptions(TierOptions):
-    clients_per_cluster: int = option("fedsoft-clients-per-cluster", 5, "FedSoft: clients drawn per centre and round",
-                                      minimum=1)
-    estimate_every: int = option("fedsoft-estimate-every", 2, "FedSoft: rounds between importance-weight estimates",
-                                 minimum=1)
-    lam: float = option("fedsoft-lambda", 0.1, "FedSoft: weight of the proximal term towards the centres",
-                        minimum=0.0)
+    clients_per_cluster: int = option(
+        "fedsoft-clients-per-cluster", 5, "FedSoft: clients drawn per centre and round", minimum=1
+    )
+    estimate_every: int = option(
+        "fedsoft-estimate-every", 2, "FedSoft: rounds between importance-weight estimates", minimum=1
+    )
+    lam: float = option("fedsoft-lambda", 0.1, "FedSoft: weight of the proximal term towards the centres", minimum=0.0)
 
 
-def bid_policy(accuracies: list[float], balance: int, price: int, threshold: float = 0.9, max_bids: int = 1) -> list[int]:
+def bid_policy(
+    accuracies: list[float], balance: int, price: int, threshold: float = 0.9, max_bids: int = 1
+) -> list[int]:
     """Alg. 1 lines 5-6 as the spec resolves them: {k : a_k >= T_h} ∪ {argmax a}, the best ``max_bids``;
     no bid when the balance cannot pay the price."""
     if balance < price or not accuracies:

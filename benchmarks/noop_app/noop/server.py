@@ -43,5 +43,7 @@ def main(grid: Grid, context: Context) -> None:
     if cfg["results-file"]:
         with open(str(cfg["results-file"]), "w") as fh:
             json.dump(out, fh)
-    print(f"noop: {rounds} rounds, {len(nodes)} nodes, median "
-          f"{sorted(x['seconds'] for x in out['rounds'])[rounds // 2]:.3f} s per round")
+    print(
+        f"noop: {rounds} rounds, {len(nodes)} nodes, median "
+        f"{sorted(x['seconds'] for x in out['rounds'])[rounds // 2]:.3f} s per round"
+    )
