@@ -25,7 +25,7 @@ Record schema (``SCHEMA``; every key is always present, ``None`` where it does n
 - ``failures``: number of rejected replies and the first reasons
 - ``fingerprint``: ``data`` (hash of the sorted per-client example counts and data digests) and ``draws``
   (hash of the clients drawn per round, ``"all"`` when every client trained every round, None when unknown):
-  the report pairs two runs only when these agree (``report.pairing``).
+  the report pairs two runs only when these agree (``reporting/pairing.py``).
 """
 
 from __future__ import annotations

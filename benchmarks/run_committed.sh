@@ -3,10 +3,10 @@
 #
 # `flwr run .` packages the app folder as it is, so a benchmark started in a working tree that others edit
 # runs whatever half-made change is there when each run starts.  This exports the app code of a commit
-# (default HEAD) to a folder of its own, lays the working tree's benchmarks/*.py over it (the benchmark
-# plumbing, not the app), stamps the commit into `.pflower-commit` (each raw record names it), and runs each
-# argument as one benchmark command there, one after another, raw records going to this checkout's
-# benchmarks/raw/.  Run folders stay in the export's benchmarks/out/runs.
+# (default HEAD) to a folder of its own, lays the working tree's benchmarks/*.py and benchmarks/reporting/
+# over it (the benchmark plumbing, not the app), stamps the commit into `.pflower-commit` (each raw record
+# names it), and runs each argument as one benchmark command there, one after another, raw records going to
+# this checkout's benchmarks/raw/.  Run folders stay in the export's benchmarks/out/runs.
 #
 #   benchmarks/run_committed.sh [--commit REV] "baselines.py --grid clean" "fedcac.py" ...
 set -euo pipefail
@@ -21,6 +21,10 @@ if [[ ! -f "$tree/.pflower-commit" ]]; then
   echo "$commit" > "$tree/.pflower-commit"
 fi
 cp "$repo"/benchmarks/*.py "$tree/benchmarks/"
+# the report package (benchmarks/reporting/: the scripts print their tables with it), replaced as a whole
+rm -rf "$tree/benchmarks/reporting"
+mkdir -p "$tree/benchmarks/reporting"
+cp "$repo"/benchmarks/reporting/*.py "$tree/benchmarks/reporting/"
 cd "$tree"
 for cmd in "$@"; do
   echo "=== $(date '+%F %T') python benchmarks/$cmd (code $commit)"

@@ -16,8 +16,10 @@ import pytest
 BENCH = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists()) / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-import common  # noqa: E402
-import report  # noqa: E402
+import common
+import report
+from reporting import pairing, pifl, settings, text
+from reporting.records import PERSONAL
 
 
 def test_results_md_is_generated_from_the_raw_records():
@@ -83,7 +85,7 @@ def rec(cell, personal=0.5, glob=None, data="d1", draws="all", config=None, grid
 def test_paired_differences_per_seed_mean_std_and_wins():
     arm = [rec({"method": "a", "seed": s}, personal=p) for s, p in enumerate([0.6, 0.7, 0.5])]
     ref = [rec({"method": "b", "seed": s}, personal=p) for s, p in enumerate([0.5, 0.5, 0.6])]
-    p = report.paired(arm, ref, report.PERSONAL)
+    p = pairing.paired(arm, ref, PERSONAL)
     assert p.ok and p.deltas == pytest.approx([0.1, 0.2, -0.1])
     assert p.mean == pytest.approx(0.2 / 3) and p.wins == 2 and p.wins_text() == "2/3"
     assert p.text().startswith("+0.0667 ± ")
@@ -92,7 +94,7 @@ def test_paired_differences_per_seed_mean_std_and_wins():
 def test_mismatched_data_fingerprints_give_no_paired_delta():
     arm = [rec({"method": "a", "seed": 0}, personal=0.9, data="d1"), rec({"method": "a", "seed": 1}, data="d2")]
     ref = [rec({"method": "b", "seed": 0}, personal=0.1, data="d1"), rec({"method": "b", "seed": 1}, data="OTHER")]
-    p = report.paired(arm, ref, report.PERSONAL)
+    p = pairing.paired(arm, ref, PERSONAL)
     assert not p.ok and p.deltas == []
     assert p.text() == "no paired Δ (seed 1: the runs' data differ (data fingerprints disagree))"
     assert p.wins_text() == "—"
@@ -100,17 +102,17 @@ def test_mismatched_data_fingerprints_give_no_paired_delta():
 
 def test_draws_must_match_where_the_pairing_claims_them():
     a = [rec({"method": "a", "seed": 0}, draws="h1")]
-    assert report.paired(a, [rec({"method": "b", "seed": 0}, draws="h1")], report.PERSONAL, draws=True).ok
-    other = report.paired(a, [rec({"method": "b", "seed": 0}, draws="h2")], report.PERSONAL, draws=True)
+    assert pairing.paired(a, [rec({"method": "b", "seed": 0}, draws="h1")], PERSONAL, draws=True).ok
+    other = pairing.paired(a, [rec({"method": "b", "seed": 0}, draws="h2")], PERSONAL, draws=True)
     assert "drew different clients" in other.reason
-    unknown = report.paired(a, [rec({"method": "b", "seed": 0}, draws=None)], report.PERSONAL, draws=True)
+    unknown = pairing.paired(a, [rec({"method": "b", "seed": 0}, draws=None)], PERSONAL, draws=True)
     assert "not recorded" in unknown.reason
     # without the draws claim, the same data is enough
-    assert report.paired(a, [rec({"method": "b", "seed": 0}, draws="h2")], report.PERSONAL).ok
+    assert pairing.paired(a, [rec({"method": "b", "seed": 0}, draws="h2")], PERSONAL).ok
 
 
 def test_missing_reference_seed_is_not_paired():
-    p = report.paired([rec({"method": "a", "seed": 3})], [rec({"method": "b", "seed": 0})], report.PERSONAL)
+    p = pairing.paired([rec({"method": "a", "seed": 3})], [rec({"method": "b", "seed": 0})], PERSONAL)
     assert not p.ok and "no reference run for seed 3" in p.reason
 
 
@@ -122,7 +124,7 @@ def test_a_rendered_table_refuses_the_paired_column_when_fingerprints_disagree(t
                 rec({"partition": "synth-10:90", "method": method, "seed": seed}, personal=acc, data=data, grid="pifl"),
                 tmp_path,
             )
-    text = report.render_pifl(tmp_path, {"lr": 0.05})
+    text = pifl.render_pifl(tmp_path, {"lr": 0.05})
     row = next(line for line in text.splitlines() if line.startswith("| synth-10:90 | pifl |"))
     assert "no paired Δ (seed 1: the runs' data differ" in row
     assert "+0.1000" not in text
@@ -132,10 +134,10 @@ def test_versus_names_winner_and_seeds():
     a = [rec({"method": "a", "seed": s}, personal=0.8) for s in (0, 1)]
     b = [rec({"method": "b", "seed": s}, personal=0.7) for s in (0, 1)]
     assert (
-        report.versus("A", a, "B", b, report.PERSONAL)
+        pairing.versus("A", a, "B", b, PERSONAL)
         == "A (0.800) beats B (0.700): +10.0 points, better in 2 of 2 seeds (paired)"
     )
-    assert report.versus("B", b, "A", a, report.PERSONAL).startswith("B (0.700) does not beat A (0.800): -10.0 points")
+    assert pairing.versus("B", b, "A", a, PERSONAL).startswith("B (0.700) does not beat A (0.800): -10.0 points")
 
 
 # --------------------------------------------------------------------------- settings lines
@@ -155,7 +157,7 @@ def test_settings_diff_lists_non_defaults_and_the_rows_that_use_them():
         for m in ("fedavg", "cfl-tuned")
         for s in (0, 1)
     ]
-    diff = report.settings_diff(recs, {**d, "cfl-eps1": 0.4})
+    diff = settings.settings_diff(recs, {**d, "cfl-eps1": 0.4})
     assert "clients (num-supernodes)=10" in diff
     assert "lr=0.1" in diff  # the same in every run: no row attribution
     assert "fraction-train=0.1 (participation 10%)" in diff
@@ -167,7 +169,7 @@ def test_settings_diff_lists_non_defaults_and_the_rows_that_use_them():
 
 def test_settings_diff_says_once_when_a_key_is_the_rows_label():
     recs = [rec({"partition": p, "seed": 0}, config={"partition": p}) for p in ("iid", "pathological")]
-    assert report.settings_diff(recs, {"partition": "dirichlet", "lr": 0.05}) == [
+    assert settings.settings_diff(recs, {"partition": "dirichlet", "lr": 0.05}) == [
         "clients (num-supernodes)=10",
         "partition: as in the partition column",
     ]
@@ -177,7 +179,7 @@ def test_settings_diff_flags_a_default_that_changed_after_the_runs():
     recs = [rec({"seed": s}, config={"warmup-rounds": 20, "lr": 0.1}) for s in (0, 1)]
     for r in recs:
         r["overrides"] = ["lr", "method", "results-dir", "seed"]  # warm-up 20 was the default of the code that ran
-    assert report.settings_diff(recs, {"warmup-rounds": 5, "lr": 0.05}) == [
+    assert settings.settings_diff(recs, {"warmup-rounds": 5, "lr": 0.05}) == [
         "clients (num-supernodes)=10",
         "lr=0.1",
         "warmup-rounds=20 (the default when these ran; now 5)",
@@ -185,24 +187,24 @@ def test_settings_diff_flags_a_default_that_changed_after_the_runs():
 
 
 def test_settings_diff_flags_keys_no_longer_in_the_defaults():
-    diff = report.settings_diff([rec({"seed": 0}, config={"old-key": 3})], {"lr": 0.05})
+    diff = settings.settings_diff([rec({"seed": 0}, config={"old-key": 3})], {"lr": 0.05})
     assert "old-key=3 (not a run-config key any more)" in diff
 
 
 def test_paper_diff_separates_differences_from_matches():
     recs = [rec({"seed": s}, config={"fraction-train": 1.0, "warmup-rounds": 20}) for s in (0, 1)]
     paper = [
-        report.Paper("participation", "10 %", report.key("fraction-train", report.percent), "spec §3"),
-        report.Paper("warm-up rounds", "20", report.key("warmup-rounds"), "spec §3"),
-        report.Paper("seeds", "4", report.n_seeds, "spec §3"),
+        settings.Paper("participation", "10 %", settings.key("fraction-train", settings.percent), "spec §3"),
+        settings.Paper("warm-up rounds", "20", settings.key("warmup-rounds"), "spec §3"),
+        settings.Paper("seeds", "4", settings.n_seeds, "spec §3"),
     ]
-    differ, same = report.paper_diff(recs, paper)
+    differ, same = settings.paper_diff(recs, paper)
     assert differ == ["participation: paper 10 %, here 100 % (spec §3)", "seeds: paper 4, here 2 (spec §3)"]
     assert same == ["warm-up rounds"]
 
 
 def test_a_section_without_records_names_the_command_instead_of_numbers(tmp_path):
-    text = report.render_pifl(tmp_path, {})
+    text = pifl.render_pifl(tmp_path, {})
     assert "Not yet re-run with raw outputs: run `python benchmarks/pifl.py`" in text
     assert "|" not in text
 
@@ -299,7 +301,7 @@ def test_failed_run_is_recorded_with_its_reason():
     # what was asked, on top of the defaults of the code that ran
     assert r["run-config"] == {**common.app_defaults(), "method": "oracle"} and r["overrides"] == ["method"]
     assert common.failure_line(r["error"]) == "ValueError: needs planted clusters"
-    assert report.mean_std([r], report.PERSONAL) == "failed: ValueError: needs planted clusters"
+    assert text.mean_std([r], PERSONAL) == "failed: ValueError: needs planted clusters"
 
 
 def test_grid_cells_cover_every_combination():
@@ -332,9 +334,9 @@ def test_a_record_with_an_extra_data_column_still_pairs_on_the_columns_both_have
     old = _with_clients(["client", "num-examples"], [[0, 50], [1, 60]])
     new = _with_clients(["client", "num-examples", "test-examples"], [[0, 50, 20], [1, 60, 25]])
     assert old["fingerprint"]["data"] != new["fingerprint"]["data"]
-    assert report.pairing_problem(new, old, draws=False) is None
+    assert pairing.pairing_problem(new, old, draws=False) is None
     other = _with_clients(["client", "num-examples", "test-examples"], [[0, 51, 20], [1, 60, 25]])
-    assert report.pairing_problem(other, old, draws=False) == "the runs' data differ (data fingerprints disagree)"
+    assert pairing.pairing_problem(other, old, draws=False) == "the runs' data differ (data fingerprints disagree)"
     # the client id alone is no evidence of the same data
     ids_only = _with_clients(["client", "test-examples"], [[0, 20], [1, 25]])
-    assert report.pairing_problem(ids_only, old, draws=False) is not None
+    assert pairing.pairing_problem(ids_only, old, draws=False) is not None

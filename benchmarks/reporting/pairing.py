@@ -1,0 +1,171 @@
+"""Paired differences: arm minus reference on the same seed, only when the two runs share their data.
+
+Two runs pair when their records' data fingerprints agree (the same clients with the same examples; see
+``benchmarks/common.py``'s ``fingerprint``) and, where a comparison claims it, their client draws agree too.
+Otherwise the table says why there is no paired difference instead of printing one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from common import digest
+
+from .records import TIE, Rec, mean, ok
+from .text import pts
+
+
+@dataclass
+class Paired:
+    """Per-seed differences ``arm - ref``, or why the runs could not be paired."""
+
+    deltas: list[float]
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None and bool(self.deltas)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.deltas))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.deltas))
+
+    @property
+    def wins(self) -> int:
+        return int(sum(d > TIE for d in self.deltas))
+
+    def text(self, nd: int = 4) -> str:
+        if not self.ok:
+            return f"no paired Δ ({self.reason})"
+        return f"{self.mean:+.{nd}f}" + (f" ± {self.std:.{nd}f}" if len(self.deltas) > 1 else " (one seed)")
+
+    def wins_text(self) -> str:
+        return f"{self.wins}/{len(self.deltas)}" if self.ok else "—"
+
+
+def same_data_on_shared_columns(a: Rec, b: Rec) -> bool:
+    """Records written by code that reports more per-client data columns (e.g. ``test-examples``) fingerprint
+    more columns: two such runs hold the same data when their rows agree on the data columns both record."""
+    ca, cb = a["fingerprint"].get("data-columns") or [], b["fingerprint"].get("data-columns") or []
+    shared = [c for c in ca if c in cb]
+    if ca == cb or len(shared) < 2:  # the client id alone says nothing about the data
+        return False
+
+    def rows(rec: Rec) -> list[list[Any]]:
+        cols = rec["clients"]["columns"]
+        return [[row[cols.index(c)] for c in shared] for row in rec["clients"]["rows"]]
+
+    return digest(rows(a)) == digest(rows(b))
+
+
+def pairing_problem(a: Rec, b: Rec, draws: bool) -> str | None:
+    """Why runs ``a`` and ``b`` are not a pair (None when they are): same data, and same draws if ``draws``."""
+    fa, fb = a.get("fingerprint", {}), b.get("fingerprint", {})
+    if not fa.get("data") or not fb.get("data"):
+        return "a run has no data fingerprint"
+    if fa["data"] != fb["data"] and not same_data_on_shared_columns(a, b):
+        return "the runs' data differ (data fingerprints disagree)"
+    if draws:
+        if fa.get("draws") is None or fb.get("draws") is None:
+            return "the clients drawn per round are not recorded"
+        if fa["draws"] != fb["draws"]:
+            return "the runs drew different clients (draw fingerprints disagree)"
+    return None
+
+
+def paired(
+    arm: list[Rec],
+    ref: list[Rec],
+    metric: Callable[[Rec], Any],
+    ref_metric: Callable[[Rec], Any] | None = None,
+    draws: bool = False,
+) -> Paired:
+    """Seed-paired differences of ``metric(arm) - ref_metric(ref)``; refused unless every pair shares data (and draws)."""
+    ref_metric = ref_metric or metric
+    by_seed = {r["cell"]["seed"]: r for r in ok(ref)}
+    deltas = []
+    for a in sorted(ok(arm), key=lambda r: r["cell"]["seed"]):
+        b = by_seed.get(a["cell"]["seed"])
+        if b is None:
+            return Paired([], f"no reference run for seed {a['cell']['seed']}")
+        problem = pairing_problem(a, b, draws)
+        if problem:
+            return Paired([], f"seed {a['cell']['seed']}: {problem}")
+        va, vb = metric(a), ref_metric(b)
+        if va is None or vb is None:
+            return Paired([], f"seed {a['cell']['seed']}: a value is missing")
+        deltas.append(float(va) - float(vb))
+    return Paired(deltas, None if deltas else "no runs to pair")
+
+
+def versus_many(
+    arms: list[tuple[str, list[Rec]]],
+    ref_name: str,
+    ref: list[Rec],
+    metric: Callable[[Rec], Any],
+    ref_metric: Callable[[Rec], Any] | None = None,
+) -> str:
+    """ "A (x, +d points, better in k of n seeds) and B (...) beat REF (y); C (...) does not"."""
+    ref_metric = ref_metric or metric
+    b = mean(ref, ref_metric)
+    if b is None:
+        return f"{ref_name}: no result"
+    groups: dict[str, list[str]] = {"beat": [], "tie with": [], "do not beat": []}
+    for name, arm in arms:
+        a = mean(arm, metric)
+        if a is None:
+            continue
+        p = paired(arm, ref, metric, ref_metric)
+        seeds = (
+            f", better in {p.wins} of {len(p.deltas)} seeds"
+            if p.ok and len(p.deltas) > 1
+            else ""
+            if p.ok
+            else f"; {p.text()}"
+        )
+        groups["beat" if a > b + TIE else "tie with" if abs(a - b) <= TIE else "do not beat"].append(
+            f"{name} ({a:.3f}, {pts(a - b)}{seeds})"
+        )
+    parts = []
+    for verb, names in groups.items():
+        if names:
+            single = {"beat": "beats", "tie with": "ties with", "do not beat": "does not beat"}[verb]
+            parts.append(
+                f"{' and '.join(names) if len(names) < 3 else ', '.join(names[:-1]) + ' and ' + names[-1]} "
+                f"{single if len(names) == 1 else verb}"
+            )
+    if not parts:
+        return f"{ref_name}: no result"
+    return "; ".join([parts[0] + f" {ref_name} ({b:.3f})"] + [p + " it" for p in parts[1:]])
+
+
+def versus(
+    name: str,
+    arm: list[Rec],
+    ref_name: str,
+    ref: list[Rec],
+    metric: Callable[[Rec], Any],
+    ref_metric: Callable[[Rec], Any] | None = None,
+) -> str:
+    """ "A (x) beats B (y): +d points, wins k/n seeds (paired)" or "does not beat", from the records."""
+    ref_metric = ref_metric or metric
+    a, b = mean(arm, metric), mean(ref, ref_metric)
+    if a is None or b is None:
+        return f"{name} vs {ref_name}: no result"
+    verb = "beats" if a > b + TIE else ("ties with" if abs(a - b) <= TIE else "does not beat")
+    p = paired(arm, ref, metric, ref_metric)
+    seeds = (
+        f", better in {p.wins} of {len(p.deltas)} seeds (paired)"
+        if p.ok and len(p.deltas) > 1
+        else ""
+        if p.ok
+        else f"; {p.text()}"
+    )
+    return f"{name} ({a:.3f}) {verb} {ref_name} ({b:.3f}): {pts(a - b)}{seeds}"
