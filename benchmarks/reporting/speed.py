@@ -16,22 +16,31 @@ def _med(xs: list[float] | None) -> float | None:
     return float(np.median(xs)) if xs else None
 
 
-#: issue 17's reference: a single-process research library's median FedAvg / FedCAC round on the same setting,
-#: measured on this machine by the issue's author (not reproducible here: the library is not installed)
-RESEARCH_LIBRARY_ROUND = {"fedavg": 0.46, "fedcac": 0.47}
+#: issue 17 also compared rounds with a single-process research library's, from figures quoted in the issue;
+#: no record says which library, version or command produced them, so the report does not make that comparison
+NO_LIBRARY_COMPARISON = (
+    "Issue 17 also set a target against the median round of a single-process research library on this setting, "
+    "with figures its author measured outside pflower; which library, which version and which command produced "
+    "them is recorded nowhere in the repository, so that comparison cannot be reproduced or checked from a raw "
+    "record and is not made here."
+)
 SIM_TARGET, DEPLOY_TARGET = 1.1, 3.0
 
 
 def noop_payload(sim: list[dict]) -> str:
-    """What the no-op app's messages carried, from its records (older records: one array of the cnn's floats)."""
+    """What the no-op app's messages carried, from its records."""
     kinds = sorted(
         {
-            (r["measurements"].get("payload-arrays", 1), r["measurements"].get("payload-floats", 38_330))
+            (r["measurements"].get("payload-arrays"), r["measurements"].get("payload-floats"))
             for r in sim
             if r["cell"].get("app") == "noop"
-        }
+        },
+        key=str,
     )
-    said = "; ".join(f"{a} array{'s' if a != 1 else ''} of {f:,} floats in all" for a, f in kinds)
+    said = "; ".join(
+        f"{a} array{'s' if a != 1 else ''} of {f:,} floats in all" if a and f else "a payload its record does not state"
+        for a, f in kinds
+    )
     return (
         f"the no-op app's messages carry {said} each way (the arrays of the cnn's state, as pflower's FedAvg "
         "messages do; Flower serialises each array of a record on its own, so the count matters)."
@@ -111,13 +120,6 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
                         f"{n} clients, {r['cell']['app']}: a round is {ratio:.2f}x the no-op round plus its "
                         f"compute ({'within' if ratio <= SIM_TARGET else 'above'} the {SIM_TARGET}x target)"
                     )
-                ref = RESEARCH_LIBRARY_ROUND.get(r["cell"]["app"])
-                if ref and n == 20:
-                    claims.append(
-                        f"{n} clients, {r['cell']['app']}: median round {med:.2f} s = {med / ref:.2f}x the "
-                        f"research library's {ref} s of issue 17 (target 1.5x; that figure was measured by "
-                        f"the issue's author, not in this run)"
-                    )
         parts.append(
             md_table(
                 [
@@ -134,7 +136,7 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
                 rows,
             )
         )
-        parts.append(bullets(claims))
+        parts.append(bullets([*claims, NO_LIBRARY_COMPARISON]))
     else:
         parts.append(missing("python benchmarks/speed.py sim"))
     dep = load_records("speed-deploy", raw)
