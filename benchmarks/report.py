@@ -1,7 +1,7 @@
 """Rebuild ``benchmarks/RESULTS.md`` (and the figures beside it) from the committed raw records.
 
-    python benchmarks/report.py            # rewrite benchmarks/RESULTS.md
-    python benchmarks/report.py --check    # exit 1 if RESULTS.md differs from what the records give
+    python benchmarks/report.py            # rewrite benchmarks/RESULTS.md and its figures (benchmarks/*.png)
+    python benchmarks/report.py --check    # exit 1 if RESULTS.md or a figure differs from what the records give
 
 The tables are rendered by the package ``benchmarks/reporting/``: the table of ``benchmarks/X.py`` by
 ``benchmarks/reporting/X.py``; how to add one is in ``reporting/__init__.py``.  Benchmark scripts
@@ -18,26 +18,37 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from common import RAW
-from reporting import build, render_grid
+from reporting import build, build_figures, render_grid
+from reporting.figures import draw, stored_digest
 
 RESULTS = HERE / "RESULTS.md"
-__all__ = ["RESULTS", "build", "main", "render_grid"]
+__all__ = ["RESULTS", "build", "build_figures", "main", "render_grid", "stale_figures"]
+
+
+def stale_figures(raw: Path, folder: Path) -> list[str]:
+    """The figures of RESULTS.md (in ``folder``) that are missing or were drawn from other data than ``raw`` gives."""
+    return [f.file for f in build_figures(raw) if stored_digest(folder / f.file) != f.digest()]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw-dir", default=str(RAW))
     ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from what the records give")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a file differs from what the records give")
     args = ap.parse_args()
-    text = build(Path(args.raw_dir))
+    raw = Path(args.raw_dir)
+    text = build(raw)
     out = Path(args.out)
     if args.check:
         same = out.exists() and out.read_text() == text
         print(f"{out}: {'up to date' if same else 'differs from the raw records; run python benchmarks/report.py'}")
-        sys.exit(0 if same else 1)
+        stale = stale_figures(raw, out.parent)
+        for name in stale:
+            print(f"{out.parent / name}: missing or drawn from other data; run python benchmarks/report.py")
+        sys.exit(0 if same and not stale else 1)
     out.write_text(text)
-    print(f"wrote {out} from {args.raw_dir}")
+    drawn = [draw(fig, out.parent) for fig in build_figures(raw)]
+    print(f"wrote {out}{''.join(f', {p.name}' for p in drawn)} from {args.raw_dir}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ sys.path.insert(0, str(BENCH))
 
 import common
 import report
-from reporting import pairing, pifl, settings, text
+from reporting import defaults, figures, pairing, pifl, settings, text
 from reporting.records import PERSONAL
 
 
@@ -27,6 +27,13 @@ def test_results_md_is_generated_from_the_raw_records():
     actual = (BENCH / "RESULTS.md").read_text()
     assert actual == expected, (
         "benchmarks/RESULTS.md differs from what benchmarks/raw/ gives: do not edit it by hand; "
+        "run `python benchmarks/report.py` and commit the result"
+    )
+
+
+def test_the_committed_figures_are_drawn_from_the_raw_records():
+    assert report.stale_figures(common.RAW, BENCH) == [], (
+        "a figure beside RESULTS.md is missing or was drawn from other data than benchmarks/raw/ gives: "
         "run `python benchmarks/report.py` and commit the result"
     )
 
@@ -340,3 +347,162 @@ def test_a_record_with_an_extra_data_column_still_pairs_on_the_columns_both_have
     # the client id alone is no evidence of the same data
     ids_only = _with_clients(["client", "test-examples"], [[0, 20], [1, 25]])
     assert pairing.pairing_problem(ids_only, old, draws=False) is not None
+
+
+# --------------------------------------------------------------------------- every method at its defaults
+def _defaults_grid(tmp_path, accs, rounds=None, data=None, errors=(), artefacts=None):
+    """Write a defaults grid: ``accs[method]`` = final personalized accuracy per seed; ``rounds[method]`` = per seed,
+    the personalized accuracy of each round; ``data[(method, seed)]`` overrides the data fingerprint."""
+    for method, per_seed in accs.items():
+        for seed, acc in enumerate(per_seed):
+            r = rec(
+                {"method": method, "seed": seed},
+                personal=acc,
+                glob=acc if method == "fedavg" else None,
+                data=(data or {}).get((method, seed), f"d{seed}"),
+                grid="defaults",
+                error="Traceback\ntask.options.ConfigConflict: oracle needs planted clusters"
+                if method in errors
+                else None,
+                artefacts=(artefacts or {}).get(method, {}),
+            )
+            r["summary"]["seconds"] = 10.0 + seed
+            if rounds and method in rounds:
+                r["rounds"] = [
+                    {"round": i + 1, "personal-acc": a, "global-acc": a if method == "fedavg" else None}
+                    for i, a in enumerate(rounds[method][seed])
+                ]
+            if method in errors:
+                r["summary"], r["rounds"] = {k: None for k in r["summary"]}, []
+            common.write_record(r, tmp_path)
+
+
+def _row(text_, method):
+    return next(line for line in text_.splitlines() if line.startswith(f"| {method} |")).split(" | ")
+
+
+def test_defaults_table_pairs_by_seed_and_flags_methods_that_are_not_useful(tmp_path):
+    _defaults_grid(
+        tmp_path,
+        {
+            "local": [0.90, 0.92, 0.94],
+            "fedavg": [0.91, 0.93, 0.95],
+            "good": [0.95, 0.92, 0.97],  # +2.8 points over Local on average, better in 2 of 3 seeds
+            "gap": [0.89, 0.90, 0.91],  # 3 below FedAvg (the better one), 2 below Local: a gap, not a collapse
+            "bad": [0.80, 0.85, 0.90],  # 7 below Local
+            "oracle": [0.5, 0.5, 0.5],
+        },
+        errors=("oracle",),
+    )
+    text_ = defaults.render_defaults(tmp_path, {"min-nodes": 2, "lr": 0.05})
+    good, gap, bad = _row(text_, "`good`"), _row(text_, "`gap`"), _row(text_, "`bad`")
+    assert good[1] == "0.9467 (0.9200-0.9700)"  # mean (min-max over seeds)
+    assert good[3] == "+2.7 (+0.0 to +5.0)" and good[4] == "2/3"  # paired with Local on the same seed
+    assert good[5] == "+1.7 (-1.0 to +4.0)" and good[6] == "2/3"
+    assert good[-1].startswith("yes")
+    assert "**gap**: -3.0 points vs FedAvg" in gap[-1]
+    assert "**no**: -7.0 points vs Local" in bad[-1]
+    assert _row(text_, "`local`")[3] == "—" and _row(text_, "`fedavg`")[5] == "—"  # no difference to itself
+    oracle = _row(text_, "`oracle`")
+    assert "failed: task.options.ConfigConflict: oracle needs planted clusters" in oracle[1]
+    assert oracle[-1].startswith("failed")
+    assert "`oracle` failed in 3 of 3 runs: task.options.ConfigConflict: oracle needs planted clusters." in text_
+    assert oracle[3] == "—" and oracle[5] == "—"
+    assert "Useful by issue 25's criterion: 3 of 6 methods (flagged: `bad`, `gap`)." in text_
+    # the rows come best first after the two references
+    order = [line.split(" | ")[0][2:] for line in text_.splitlines() if line.startswith("| ")][1:]
+    assert order == ["`local`", "`fedavg`", "`good`", "`gap`", "`bad`", "`oracle`"]
+
+
+def test_defaults_table_refuses_a_paired_difference_when_the_partitions_differ(tmp_path):
+    _defaults_grid(
+        tmp_path,
+        {"local": [0.9, 0.9], "fedavg": [0.9, 0.9], "m": [0.95, 0.95]},
+        data={("m", 1): "another-partition"},
+    )
+    row = _row(defaults.render_defaults(tmp_path, {}), "`m`")
+    assert row[3].startswith("no paired Δ (seed 1: the runs' data differ") and row[4] == "—"
+
+
+def test_defaults_row_counts_a_failed_seed_and_keeps_an_error_inside_its_cell(tmp_path):
+    _defaults_grid(tmp_path, {"local": [0.9, 0.9], "fedavg": [0.9, 0.9], "flaky": [0.8, 0.7], "broken": [0, 0]})
+    for cell in (("flaky", 1), ("broken", 0), ("broken", 1)):
+        path = tmp_path / "defaults" / f"{cell[0]}__{cell[1]}.json"
+        r = json.loads(path.read_text())
+        r["error"], r["rounds"] = "Traceback\nValueError: a | b", []
+        r["summary"] = {k: None for k in r["summary"]}
+        path.write_text(json.dumps(r))
+    text_ = defaults.render_defaults(tmp_path, {})
+    assert _row(text_, "`flaky`")[1] == "0.8000 (1 of 2 runs failed)"
+    broken = next(line for line in text_.splitlines() if line.startswith("| `broken` |"))
+    assert "failed: ValueError: a \\| b" in broken and broken.count(" | ") == 8  # nine cells, none split
+
+
+def test_defaults_claims_say_when_a_method_is_fedavg_or_ends_with_one_cluster(tmp_path):
+    one = {"pfedlia": {"clustering": {"clusters": 1}, "assignment": {}, "planted": {}}}
+    _defaults_grid(
+        tmp_path,
+        {"local": [0.9, 0.8], "fedavg": [0.85, 0.86], "pfedlia": [0.85, 0.86]},
+        artefacts={"pfedlia": one},
+    )
+    text_ = defaults.render_defaults(tmp_path, {})
+    assert "`pfedlia` has FedAvg's accuracy in every seed (paired difference 0)." in text_
+    assert "`pfedlia` ended with 1 cluster (one cluster, i.e. a single model, in 2 of 2 seeds)." in text_
+
+
+def test_defaults_without_records_names_the_command(tmp_path):
+    text_ = defaults.render_defaults(tmp_path, {})
+    assert "run `python benchmarks/defaults.py`" in text_ and "|" not in text_
+    assert defaults.figures_defaults(tmp_path) == []
+
+
+def test_learning_curves_are_the_per_round_mean_and_spread_over_seeds(tmp_path):
+    _defaults_grid(
+        tmp_path,
+        {"local": [0.6, 0.8], "fedavg": [0.7, 0.7], "oracle": [0, 0]},
+        rounds={"local": [[0.2, 0.6], [0.4, 0.8]], "fedavg": [[0.5, 0.7], [0.5, 0.7]]},
+        errors=("oracle",),
+    )
+    (fig,) = defaults.figures_defaults(tmp_path)
+    assert [p.title for p in fig.panels] == ["local", "fedavg"]  # the failed method has no curve
+    local = fig.panels[0].lines[0]
+    assert local.x == [1, 2] and local.y == pytest.approx([0.3, 0.7])
+    assert local.lo == pytest.approx([0.2, 0.6]) and local.hi == pytest.approx([0.4, 0.8])
+    fedavg_panel = {line.label: line for line in fig.panels[1].lines}
+    assert fedavg_panel["personalized"].y == pytest.approx([0.5, 0.7])
+    assert "global model" not in fedavg_panel  # FedAvg's global model is its personalized model: drawn once
+    assert fedavg_panel["local (reference)"].reference and fedavg_panel["local (reference)"].y == pytest.approx(
+        [0.3, 0.7]
+    )
+    assert "fedavg (reference)" not in fedavg_panel
+    text_ = defaults.render_defaults(tmp_path, {})
+    assert f"]({fig.file})" in text_  # RESULTS.md shows the figure
+
+
+def test_a_drawn_figure_carries_its_data_and_a_changed_record_makes_it_stale(tmp_path):
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    out.mkdir()
+    _defaults_grid(raw, {"local": [0.6], "fedavg": [0.7]}, rounds={"local": [[0.2, 0.6]], "fedavg": [[0.5, 0.7]]})
+    assert report.stale_figures(raw, out) == [defaults.CURVES]  # not drawn yet
+    for fig in report.build_figures(raw):
+        path = figures.draw(fig, out)
+        assert path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.stale_figures(raw, out) == []
+    _defaults_grid(raw, {"local": [0.6], "fedavg": [0.7]}, rounds={"local": [[0.2, 0.65]], "fedavg": [[0.5, 0.7]]})
+    assert report.stale_figures(raw, out) == [defaults.CURVES]
+
+
+def test_the_defaults_grid_runs_every_registered_method_with_nothing_but_method_and_seed():
+    import defaults as script  # benchmarks/defaults.py
+
+    from task.methods import METHODS
+
+    grid = script.cells(None, [0, 1, 2], None)
+    assert [c["method"] for c, _ in grid] == list(METHODS) * 3  # every method of the registry, seed-major
+    assert [c["seed"] for c, _ in grid] == [s for s in (0, 1, 2) for _ in METHODS]
+    assert all(cfg == {"method": c["method"], "seed": c["seed"]} for c, cfg in grid)
+    assert script.cells(["local"], [0], 3) == [
+        ({"method": "local", "seed": 0}, {"num-server-rounds": 3, "method": "local", "seed": 0})
+    ]
+    with pytest.raises(SystemExit, match="unknown method.s. fedavgg; the registry has: local, fedavg"):
+        script.cells(["fedavgg"], [0], None)

@@ -23,7 +23,10 @@ To add the table of a new grid: write ``benchmarks/reporting/<script>.py`` (name
 ``benchmarks/<script>.py``) with a ``render_<name>(raw: Path, d: dict) -> str`` that loads its records with
 ``common.load_records("<grid>", raw)``, returns ``missing("python benchmarks/<script>.py")`` when there are none,
 and otherwise joins an intro, ``header(recs, PAPER, d)``, an ``md_table`` and ``bullets`` of claims; then add one
-``Section(title, [grid, ...], module.render_<name>)`` to ``SECTIONS`` below, where RESULTS.md should show it.
+``Section(title, [grid, ...], module.render_<name>)`` to ``SECTIONS`` below, where RESULTS.md should show it.  A
+figure (``figures.py``: lines with a seed band, drawn to ``benchmarks/<file>.png``) comes from a second function
+``figures_<name>(raw: Path) -> list[Figure]``, given as ``Section(..., figures=module.figures_<name>)``, and is
+referenced from the text as ``![...](<file>.png)``; ``reporting/defaults.py`` does both.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from typing import Any
 
 from common import RAW
 
-from . import baselines, client2vec, fedc2i, fedc2i_speed, fedcac, pfedlia, pifl, scale, speed
-from .settings import PYPROJECT, defaults
+from . import baselines, client2vec, defaults, fedc2i, fedc2i_speed, fedcac, pfedlia, pifl, scale, speed
+from .figures import Figure
+from .settings import PYPROJECT, run_config_defaults
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Section:
     grids: list[str]
     render: Callable[[Path, dict[str, Any]], str]
     level: int = 2  # markdown heading level
+    figures: Callable[[Path], list[Figure]] | None = None  # figures the text references, drawn beside RESULTS.md
 
 
 PREAMBLE = """# Benchmark results
@@ -63,6 +68,12 @@ same seed) is printed only when the two runs share their data (and, where claime
 
 #: the sections of RESULTS.md, in order
 SECTIONS = [
+    Section(
+        "Every method at its defaults (issue 25)",
+        ["defaults"],
+        defaults.render_defaults,
+        figures=defaults.figures_defaults,
+    ),
     Section("Baselines on digits (issue 2)", ["baselines-clean", "baselines-noisy"], baselines.render_baselines),
     Section("FedC2I on feature-shift digits (issue 4)", ["fedc2i"], fedc2i.render_fedc2i),
     Section(
@@ -94,7 +105,7 @@ SECTIONS = [
 
 def build(raw: Path = RAW, pyproject: Path = PYPROJECT) -> str:
     """The text of RESULTS.md from the records under ``raw``."""
-    d = defaults(pyproject)
+    d = run_config_defaults(pyproject)
     parts = [PREAMBLE]
     for s in SECTIONS:
         parts.append("#" * s.level + " " + s.title)
@@ -104,5 +115,10 @@ def build(raw: Path = RAW, pyproject: Path = PYPROJECT) -> str:
 
 def render_grid(grid: str, raw: Path = RAW) -> str:
     """The section(s) of RESULTS.md that show ``grid`` (what a benchmark script prints after its runs)."""
-    d = defaults()
+    d = run_config_defaults()
     return "\n\n".join(f"{'#' * s.level} {s.title}\n\n{s.render(Path(raw), d)}" for s in SECTIONS if grid in s.grids)
+
+
+def build_figures(raw: Path = RAW) -> list[Figure]:
+    """The figures RESULTS.md references, computed from the records under ``raw`` (drawn by ``figures.draw``)."""
+    return [f for s in SECTIONS if s.figures for f in s.figures(Path(raw))]

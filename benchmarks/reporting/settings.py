@@ -19,7 +19,8 @@ PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 NOT_SETTINGS = {"results-dir", "c2v-cache-dir", "seed", "method"}
 
 
-def defaults(pyproject: Path = PYPROJECT) -> dict[str, Any]:
+def run_config_defaults(pyproject: Path = PYPROJECT) -> dict[str, Any]:
+    """The app's default run config: `[tool.flwr.app.config]` of pyproject.toml."""
     return tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
 
 

@@ -1,0 +1,160 @@
+"""Figures beside RESULTS.md: line plots with a seed spread, drawn from data computed from the raw records.
+
+A renderer computes a :class:`Figure` (panels of :class:`Line` s: x, the mean over seeds, and its min-max band)
+from its records; ``python benchmarks/report.py`` draws it to ``benchmarks/<file>`` with matplotlib (Agg) and
+stores a digest of the plotted data in the PNG's text chunk ``pflower-data``.  A check compares that digest with
+the data the records give now, so a stale or hand-made figure is caught without comparing pixels (which differ
+between matplotlib versions).  The same data types serve any "accuracy against X, one line per method" plot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import digest
+
+from .records import Rec, ok
+
+DIGEST_KEY = "pflower-data"
+
+
+@dataclass
+class Line:
+    """One line: mean ``y`` at each ``x`` with its band ``lo``-``hi`` (min and max over seeds)."""
+
+    label: str
+    x: list[float]
+    y: list[float]
+    lo: list[float]
+    hi: list[float]
+    style: str = "-"  # matplotlib line style ("-", "--", ":")
+    reference: bool = False  # drawn thin and grey (a baseline repeated in every panel)
+
+
+@dataclass
+class Panel:
+    title: str
+    lines: list[Line]
+    xlabel: str = ""
+    ylabel: str = ""
+
+
+@dataclass
+class Figure:
+    """A figure saved as ``file`` beside RESULTS.md (referenced from it as ``![...](file)``)."""
+
+    file: str
+    title: str
+    panels: list[Panel] = field(default_factory=list)
+    columns: int = 4
+
+    def digest(self) -> str:
+        """Digest of everything the figure shows (values rounded to 6 decimals, as the records are)."""
+        return digest(_rounded(asdict(self)))
+
+
+def _rounded(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return round(obj, 6)
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rounded(v) for v in obj]
+    return obj
+
+
+def seed_line(
+    label: str, recs: Iterable[Rec], points: Callable[[Rec], dict[float, float]], style: str = "-", **kw: Any
+) -> Line | None:
+    """The mean and min-max over the runs ``recs`` (failed runs left out) of ``points(rec)`` (x -> y), at every x
+    some run has; None when no run has a point."""
+    per_x: dict[float, list[float]] = {}
+    for r in ok(recs):
+        for x, y in points(r).items():
+            if y is not None:
+                per_x.setdefault(x, []).append(float(y))
+    if not per_x:
+        return None
+    xs = sorted(per_x)
+    return Line(
+        label,
+        xs,
+        [float(np.mean(per_x[x])) for x in xs],
+        [min(per_x[x]) for x in xs],
+        [max(per_x[x]) for x in xs],
+        style,
+        **kw,
+    )
+
+
+def per_round(key: str) -> Callable[[Rec], dict[float, float]]:
+    """Points of a record's per-round metric ``key`` (rounds without it left out)."""
+    return lambda r: {x["round"]: x[key] for x in r.get("rounds", []) if x.get(key) is not None}
+
+
+def draw(fig: Figure, folder: Path) -> Path:
+    """Draw ``fig`` to ``folder / fig.file`` (PNG, with the data digest in its text chunk)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    cols = min(fig.columns, max(1, len(fig.panels)))
+    rows = max(1, math.ceil(len(fig.panels) / cols))
+    canvas, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), sharey=True, squeeze=False)
+    for ax, panel in zip(axes.flat, fig.panels):
+        for line in panel.lines:
+            if line.reference:
+                ax.plot(line.x, line.y, line.style, color="0.55", linewidth=1.0, label=line.label)
+                continue
+            (drawn,) = ax.plot(line.x, line.y, line.style, linewidth=1.6, label=line.label)
+            if line.lo != line.hi:
+                ax.fill_between(line.x, line.lo, line.hi, color=drawn.get_color(), alpha=0.2, linewidth=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(panel.title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=7)
+    for ax in axes.flat[len(fig.panels) :]:
+        ax.set_visible(False)
+    for col in range(cols):  # the lowest panel of each column names the x axis
+        shown = [ax for ax in axes[:, col] if ax.get_visible()]
+        if shown and fig.panels:
+            shown[-1].set_xlabel(fig.panels[0].xlabel, fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(fig.panels[0].ylabel if fig.panels else "", fontsize=8)
+    legend: dict[str, Any] = {}  # one legend for the figure: the same label has the same style in every panel
+    for ax in axes.flat:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    inch = 1 / canvas.get_figheight()  # figure coordinates of one inch from the top: title, legend, then panels
+    canvas.suptitle(fig.title, fontsize=10, y=1 - 0.08 * inch, va="top")
+    canvas.legend(
+        list(legend.values()),
+        list(legend),
+        loc="upper center",
+        ncol=len(legend),
+        fontsize=8,
+        frameon=False,
+        bbox_to_anchor=(0.5, 1 - 0.3 * inch),
+    )
+    canvas.tight_layout(rect=(0, 0, 1, 1 - 0.5 * inch))
+    path = Path(folder) / fig.file
+    canvas.savefig(path, dpi=90, metadata={DIGEST_KEY: fig.digest(), "Software": None})
+    plt.close(canvas)
+    return path
+
+
+def stored_digest(path: Path) -> str | None:
+    """The data digest a PNG drawn by :func:`draw` carries (None if the file or the chunk is missing)."""
+    if not Path(path).exists():
+        return None
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return img.text.get(DIGEST_KEY)
