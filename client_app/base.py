@@ -46,9 +46,8 @@ from task.data import ClientData, load_client_data, load_local_file
 from task.data.clients import default_cache_dir
 from task.export import model_manifest, read_manifest, save_model
 from task.models import SplitModel, body_keys, build_model, head_keys
-from task.params import load_record, record_to_numpy, to_record
+from task.params import contiguous, load_record, record_to_numpy, to_record
 from task.train import evaluate, resolve_device, train
-
 
 #: what :meth:`ClientMethod.global_model` returns when the personalized model is the global model
 SAME_AS_PERSONAL = object()
@@ -141,7 +140,7 @@ class ClientMethod:
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
             os.close(fd)
             try:
-                save_file({k: np.ascontiguousarray(v) for k, v in record_to_numpy(record).items()}, tmp)
+                save_file({k: contiguous(v) for k, v in record_to_numpy(record).items()}, tmp)
                 os.replace(tmp, folder / f"{name}.safetensors")  # atomic: a crash leaves the previous round's file
             finally:
                 if os.path.exists(tmp):
