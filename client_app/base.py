@@ -46,9 +46,8 @@ from task.data import ClientData, load_client_data, load_local_file
 from task.data.clients import default_cache_dir
 from task.export import model_manifest, read_manifest, save_model
 from task.models import SplitModel, body_keys, build_model, head_keys
-from task.params import load_record, record_to_numpy, to_record
+from task.params import contiguous, load_record, record_to_numpy, to_record
 from task.train import evaluate, resolve_device, train
-
 
 #: what :meth:`ClientMethod.global_model` returns when the personalized model is the global model
 SAME_AS_PERSONAL = object()
@@ -116,21 +115,41 @@ class ClientMethod:
         key = str(config.get("run-key", ""))
         return Path(base).expanduser() / key / f"client-{self.partition_id}" if base and key else None
 
+    def _state_files(self, folder: Path, name: str) -> dict[int, Path]:
+        """``round -> file`` of the state saved under ``name`` in ``folder`` (``<name>.round-<r>.safetensors``)."""
+        files = {}
+        for path in folder.glob(f"{name}.round-*.safetensors"):
+            tag = path.name[len(name) + len(".round-") : -len(".safetensors")]
+            if tag.isdigit():
+                files[int(tag)] = path
+        return files
+
     def load_state(self, name: str) -> dict[str, np.ndarray] | None:
-        """Arrays this node saved under ``name`` (``context.state``, else the node's state folder), or None."""
+        """Arrays this node saved under ``name`` (``context.state``, else the node's state folder), or None.
+
+        On disk, state is kept per round, and a message of round r reads the newest state saved before round r:
+        after a crash in the middle of round r (clients already trained and saved round r's state) the run
+        resumes from the server's checkpoint of an earlier round, and its clients must continue from the state
+        that matches that checkpoint, not from the round that was lost."""
         if name in self.context.state.array_records:
             return record_to_numpy(self.context.state.array_records[name])
         folder = self._state_dir()
-        if folder is None or not (folder / f"{name}.safetensors").is_file():
+        if folder is None or not folder.is_dir():
+            return None
+        current = int(self.config.get("server-round", 0))
+        earlier = {r: p for r, p in self._state_files(folder, name).items() if not current or r < current}
+        if not earlier:
             return None
         from safetensors.numpy import load_file
 
-        arrays = load_file(str(folder / f"{name}.safetensors"))
+        arrays = load_file(str(earlier[max(earlier)]))
         self.context.state[name] = to_record(arrays)
         return arrays
 
     def save_state(self, name: str, state: Mapping[str, Any], keys: Iterable[str] | None = None) -> None:
-        """Keep ``state`` (restricted to ``keys``) for the next rounds, in ``context.state`` and on disk."""
+        """Keep ``state`` (restricted to ``keys``) for the next rounds, in ``context.state`` and on disk (one file
+        per round, written atomically).  The newest ``checkpoint-every + 1`` rounds are kept: the server resumes from
+        its last checkpoint, at most ``checkpoint-every`` rounds back."""
         record = to_record(state, keys)
         self.context.state[name] = record
         folder = self._state_dir()
@@ -138,14 +157,18 @@ class ClientMethod:
             from safetensors.numpy import save_file
 
             folder.mkdir(parents=True, exist_ok=True)
+            current = int(self.config.get("server-round", 0))
             fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
             os.close(fd)
             try:
-                save_file({k: np.ascontiguousarray(v) for k, v in record_to_numpy(record).items()}, tmp)
-                os.replace(tmp, folder / f"{name}.safetensors")  # atomic: a crash leaves the previous round's file
+                save_file({k: contiguous(v) for k, v in record_to_numpy(record).items()}, tmp)
+                os.replace(tmp, folder / f"{name}.round-{current:05d}.safetensors")  # a crash leaves earlier rounds
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
+            files = self._state_files(folder, name)
+            for r in sorted(files)[: -(max(self.settings.checkpoint_every, 1) + 1)]:
+                files[r].unlink(missing_ok=True)
 
     @staticmethod
     def message_arrays(content: RecordDict, key: str = "arrays") -> ArrayRecord | None:

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from task.params import contiguous
+
 FORMAT_VERSION = 1
 ALLOWED_PACKAGES = ("strategies.", "task.", "server_app.")
 
@@ -43,7 +45,7 @@ class _Encoder:
 
     def array(self, a: np.ndarray) -> dict:
         key = f"a{len(self.arrays)}"
-        self.arrays[key] = np.ascontiguousarray(a)
+        self.arrays[key] = contiguous(a)
         return {"$array": key}
 
     def __call__(self, obj: Any) -> Any:  # noqa: C901 - one case per kind of value
@@ -193,7 +195,7 @@ def save_checkpoint(
     tmp = folder / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp / "arrays.safetensors"))
+    save_file({k: contiguous(v) for k, v in arrays.items()}, str(tmp / "arrays.safetensors"))
     doc = {
         "format-version": FORMAT_VERSION,
         "round": server_round,

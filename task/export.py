@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from task.params import contiguous
+
 MANIFEST_VERSION = 1
 
 
@@ -41,7 +43,7 @@ def save_model(path: str | Path, state: Mapping[str, Any], manifest: Mapping[str
 
     base = Path(path)
     arrays = {
-        k: np.ascontiguousarray(v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+        k: contiguous(v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
         for k, v in state.items()
     }
     doc = {"manifest-version": MANIFEST_VERSION, **manifest, "shapes": {k: list(a.shape) for k, a in arrays.items()}}

@@ -15,6 +15,13 @@ def state_to_numpy(state: Mapping[str, torch.Tensor], keys: Iterable[str] | None
     return {k: state[k].detach().cpu().numpy() for k in names}
 
 
+def contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous array of the same shape.  ``np.ascontiguousarray`` alone returns at least one
+    dimension, so a 0-d array (BatchNorm's ``num_batches_tracked``) would come back with shape (1,) from every
+    file written through it and no longer load into the model."""
+    return np.ascontiguousarray(a).reshape(np.shape(a))
+
+
 def to_record(state: Mapping[str, torch.Tensor | np.ndarray], keys: Iterable[str] | None = None) -> ArrayRecord:
     """ArrayRecord of ``state`` (torch or numpy values), restricted to ``keys`` in that order."""
     names = list(state) if keys is None else list(keys)
@@ -22,7 +29,7 @@ def to_record(state: Mapping[str, torch.Tensor | np.ndarray], keys: Iterable[str
     for k in names:
         v = state[k]
         arr = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
-        out[k] = Array(np.ascontiguousarray(arr).reshape(arr.shape))  # keep 0-d arrays 0-d
+        out[k] = Array(contiguous(arr))
     return ArrayRecord(out)
 
 

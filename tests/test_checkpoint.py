@@ -94,3 +94,21 @@ def test_files_are_atomic_and_broken_ones_are_refused(tmp_path):
         load_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match="no checkpoint"):
         load_checkpoint(tmp_path / "nothing-here")
+
+
+def test_zero_dimensional_arrays_keep_their_shape_through_the_files(tmp_path):
+    """BatchNorm's num_batches_tracked is a 0-d tensor: a checkpoint of a model with BatchNorm (the default cnn)
+    must load back into that model."""
+    bn = torch.nn.BatchNorm1d(3)
+    bn(torch.randn(4, 3))  # num_batches_tracked = 1
+    state = {"bn": bn, "count": np.array(7, np.int64), "stored": {k: v.numpy() for k, v in bn.state_dict().items()}}
+    tree, arrays = to_tree(state)
+    save_checkpoint(tmp_path, 1, tree, arrays, {})
+    _, back, _ = load_checkpoint(tmp_path)
+    assert back["count"].shape == () and back["count"] == 7
+    assert {k: v.shape for k, v in back["stored"].items()} == {k: tuple(v.shape) for k, v in bn.state_dict().items()}
+    fresh = torch.nn.BatchNorm1d(3)
+    holder = type("Holder", (), {})()
+    holder.bn = fresh
+    restore_into(holder, {"bn": back["bn"]})
+    assert int(fresh.num_batches_tracked) == 1 and torch.equal(fresh.running_mean, bn.running_mean)

@@ -17,14 +17,16 @@ from task.models import build_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_saved_model_loads_back_and_predicts_a_node_file(tmp_path):
-    settings = parse_settings({"model": "mlp"})
-    net = build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes, seed=3)
+@pytest.mark.parametrize("model", ["mlp", "cnn"])  # cnn, the default, has BatchNorm's 0-d num_batches_tracked
+def test_a_saved_model_loads_back_and_predicts_a_node_file(tmp_path, model):
+    settings = parse_settings({"model": model})
+    net = build_model(model, settings.in_channels, settings.image_size, settings.num_classes, seed=3)
     save_model(
         tmp_path / "client-2", net.state_dict(), model_manifest(settings, round=4, client=2, **{"personal-acc": 0.5})
     )
     loaded, manifest = load_model(tmp_path / "client-2.safetensors")
-    assert manifest["round"] == 4 and manifest["client"] == 2 and manifest["model"]["name"] == "mlp"
+    assert manifest["round"] == 4 and manifest["client"] == 2 and manifest["model"]["name"] == model
+    assert manifest["shapes"] == {k: list(v.shape) for k, v in net.state_dict().items()}
     assert manifest["shapes"]["head.weight"] == list(net.head.weight.shape)
     x = np.random.default_rng(0).random((20, 1, 8, 8)).astype(np.float32)
     with torch.no_grad():

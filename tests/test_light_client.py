@@ -67,3 +67,22 @@ def test_the_partition_cache_gives_the_same_splits_and_rebuilds_a_damaged_file(t
     assert torch.equal(again.x_train, fresh.x_train) and np.load(path)["x_train"].shape == tuple(fresh.x_train.shape)
     other = cache_file(DataSettings(partition="two-source", mixture="30:70", val_fraction=0.2), 3, 10, tmp_path)
     assert other != path  # any setting that decides the data is in the key
+
+
+def test_training_on_cached_splits_gives_the_same_model_as_on_freshly_built_ones(tmp_path):
+    """A run is reproducible from its run config whether or not its clients' splits were cached: PyTorch picks its
+    convolution and BatchNorm kernels by memory layout, so the cached and the built tensors must be laid out alike
+    (they differed on the size-1 channel dimension, and the first run on a machine ended with other weights)."""
+    from task.models import build_model
+    from task.train import train
+
+    settings = DataSettings()
+    fresh = load_client_data.__wrapped__(settings, 1, 3, str(tmp_path))
+    cached = load_client_data.__wrapped__(settings, 1, 3, str(tmp_path))
+    states = []
+    for data in (fresh, cached):
+        model = build_model("cnn", 1, 8, 10, seed=0)  # the default model: convolutions and BatchNorm
+        train(model, data.x_train, data.y_train, epochs=2, batch_size=20, lr=0.05, momentum=0.9, seed=5)
+        states.append(model.state_dict())
+    for k, v in states[0].items():
+        assert torch.equal(v, states[1][k]), k

@@ -86,12 +86,30 @@ class ClientData:
     x_calib: torch.Tensor | None = None
     y_calib: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        # One memory layout, whatever the source: a tensor built from a numpy array can carry any stride on a
+        # dimension of size 1 (digits' single channel: (64, 1, 8, 1)), the same tensor loaded from the disk cache
+        # has (64, 64, 8, 1), and PyTorch picks its convolution and BatchNorm kernels by layout, so a run whose
+        # clients built their splits ended with other weights than the same run on cached splits.
+        for name in _SPLITS:
+            t = getattr(self, name)
+            if t is not None and t.stride() != _row_major_strides(t.shape):
+                setattr(self, name, t.clone(memory_format=torch.contiguous_format))
+
     @property
     def num_train(self) -> int:
         return len(self.y_train)
 
     def label_histogram(self) -> np.ndarray:
         return np.bincount(self.y_train.numpy(), minlength=self.num_classes)
+
+
+def _row_major_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def stratified_split(

@@ -1,0 +1,63 @@
+"""State a client keeps between rounds (client_app/base.py: save_state / load_state) comes back from its files,
+in a new process, with every array's shape and values: a resumed run or a restarted SuperNode continues with the
+default model (BatchNorm's 0-d num_batches_tracked included)."""
+
+import numpy as np
+import torch
+from flwr.app import Context, RecordDict
+
+from client_app.base import ClientMethod
+from task.config import parse_settings
+from task.models import build_model
+from task.params import state_to_numpy
+
+
+def node(tmp_path, run_config):
+    ctx = Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 0, "num-partitions": 4, "state-dir": str(tmp_path)},
+        state=RecordDict(),
+        run_config=run_config,
+    )
+    client = ClientMethod(ctx, parse_settings(run_config))
+    client.config = {"run-key": "run-1"}
+    return client
+
+
+def test_state_of_the_default_model_comes_back_from_disk_in_a_fresh_node(tmp_path):
+    settings = parse_settings({})  # the defaults a user gets: the cnn, with BatchNorm
+    net = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes, seed=1)
+    net.train()(torch.randn(4, settings.in_channels, settings.image_size, settings.image_size))
+    saved = state_to_numpy(net.state_dict())
+    assert any(v.shape == () for v in saved.values())  # the case this pins
+    node(tmp_path, {}).save_state("model", saved)
+    back = node(tmp_path, {}).load_state("model")  # a new Context: only the files remain
+    assert back is not None and {k: v.shape for k, v in back.items()} == {k: v.shape for k, v in saved.items()}
+    for k in saved:
+        np.testing.assert_array_equal(back[k], saved[k])
+    fresh = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes, seed=2)
+    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()})  # loads without error
+
+
+def test_a_message_reads_the_state_saved_before_its_round_and_old_rounds_are_pruned(tmp_path):
+    """After a crash in the middle of round r, clients have saved round r's state but the server resumes from its
+    checkpoint of round r - 1: round r, run again, must start from the state saved before it."""
+
+    def in_round(r, **run_config):
+        client = node(tmp_path, run_config)
+        client.config = {"run-key": "run-1", "server-round": r}
+        return client
+
+    for r in (1, 2, 3):
+        in_round(r).save_state("head", {"w": np.full(2, float(r))})
+    assert in_round(3).load_state("head")["w"].tolist() == [2.0, 2.0]  # round 3 again: round 2's state
+    assert in_round(4).load_state("head")["w"].tolist() == [3.0, 3.0]
+    assert in_round(9).load_state("head")["w"].tolist() == [3.0, 3.0]  # rounds without training in between
+    assert in_round(1).load_state("head") is None  # nothing was saved before round 1
+    folder = tmp_path / "run-1" / "client-0"
+    assert sorted(p.name for p in folder.iterdir()) == ["head.round-00002.safetensors", "head.round-00003.safetensors"]
+    for r in (4, 5, 6, 7):  # checkpoint-every 3: the server may resume up to 3 rounds back
+        in_round(r, **{"checkpoint-every": 3}).save_state("head", {"w": np.full(2, float(r))})
+    assert len(list(folder.iterdir())) == 4
+    assert in_round(5, **{"checkpoint-every": 3}).load_state("head")["w"].tolist() == [4.0, 4.0]
