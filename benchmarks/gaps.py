@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import OUT, RAW, Bench, add_common_args, load_records, write_record  # noqa: E402
+from common import OUT, RAW, Bench, add_common_args, load_records, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = "defaults-gaps"
@@ -239,10 +239,11 @@ def rewrite_docs(raw: Path, check: bool) -> bool:
     same = True
     for name, path in DOCS.items():
         text = path.read_text()
-        pattern = re.compile(rf"(<!-- gaps:{name} -->\n).*?(\n<!-- /gaps:{name} -->)", re.S)
+        pattern = re.compile(rf"(<!-- gaps:{name} -->\n).*?(\n<!-- /gaps:{name} -->)", re.DOTALL)
         if not pattern.search(text):
             raise SystemExit(f"{path} has no <!-- gaps:{name} --> ... <!-- /gaps:{name} --> block")
-        new = pattern.sub(lambda m: m.group(1) + render(name, raw) + m.group(2), text)
+        table = render(name, raw)
+        new = pattern.sub(lambda m, table=table: m.group(1) + table + m.group(2), text)
         same &= new == text
         if not check:
             path.write_text(new)
