@@ -909,6 +909,7 @@ def test_a_fedsoft_centre_is_the_plain_mean_of_the_clients_drawn_for_it():
     for rnd in (1, 2, 3):
         drive(strat, NODES, [rnd], fedsoft_answers)
         assert {s: len(m) for s, m in strat.selected.items()} == {0: 2, 1: 2}
+        assert strat.history[-1].extra["fedsoft"] == {"selected": {0: 2, 1: 2}}  # the round's log: drawn per centre
         for s, members in strat.selected.items():
             expected = np.mean([c + 1 for c in members])
             for key, value in strat.models[s].items():
