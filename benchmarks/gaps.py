@@ -7,6 +7,7 @@ on this data:
 
 - ``fedc2i gamma=0``: uniform mixing instead of the sharpened leave-one-out influence (Eqs. 5, 9);
 - ``fedc2i momentum=0`` and ``fedavg momentum=0``: local training without momentum;
+- ``fedc2i local-epochs=2`` and ``fedavg local-epochs=2``: two local epochs per round (the paper's E);
 - ``pifl slots-performance=9``: 10 slots per tier, so every bidder trains every round;
 - ``fedsoft fedsoft-clients-per-cluster=10``: every client is drawn for every centre, so every client trains
   every round.
@@ -19,7 +20,7 @@ These go into the run's raw record (``analysis``), in ``benchmarks/raw/defaults-
 The tables of docs/methods/fedc2i.md and docs/methods/pifl.md ("At the defaults on digits") are generated from
 those records between ``<!-- gaps:<name> -->`` markers.
 
-Reproduce: python benchmarks/gaps.py             (30 runs, about an hour on 2 busy cores)
+Reproduce: python benchmarks/gaps.py             (36 runs, about an hour on 2 busy cores)
            python benchmarks/gaps.py --cells fedc2i,fedavg --seeds 0 --raw-dir /tmp/raw   (reduced)
            python benchmarks/gaps.py --report    (rewrite the docs' tables from the records; --check: compare only)
 """
@@ -52,6 +53,8 @@ CELLS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedc2i gamma=0": ("fedc2i", {"gamma": 0.0}),
     "fedc2i momentum=0": ("fedc2i", {"momentum": 0.0}),
     "fedavg momentum=0": ("fedavg", {"momentum": 0.0}),
+    "fedc2i local-epochs=2": ("fedc2i", {"local-epochs": 2}),
+    "fedavg local-epochs=2": ("fedavg", {"local-epochs": 2}),
     "pifl slots-performance=9": ("pifl", {"slots-performance": 9}),
     "fedsoft fedsoft-clients-per-cluster=10": ("fedsoft", {"fedsoft-clients-per-cluster": 10}),
 }
@@ -66,11 +69,17 @@ def _fedc2i(folder: Path) -> dict[str, Any]:
             continue
         self_w[rnd] = float(np.mean([r[c] for c, r in clients.items()]))
         top_peer[rnd] = float(np.mean([max(w for p, w in r.items() if p != c) for c, r in clients.items()]))
-    return {"self-influence": self_w, "top-peer-influence": top_peer}
+    return {
+        "self-influence": self_w,
+        "top-peer-influence": top_peer,
+        "clients": _saved_model_accuracies(folder),
+    }
 
 
 def _saved_model_accuracies(folder: Path) -> dict[str, Any]:
-    """Every client's saved personalized model and every saved tier model on the client's splits."""
+    """Every client's saved personalized model on its test split, as saved and with its BatchNorm statistics
+    recomputed on the client's training split (one forward pass, no training: does the mixed BatchNorm state
+    cost accuracy?); and every saved tier model (PI-FL) on the client's validation and test splits."""
     import torch
     from safetensors.torch import load_file
 
@@ -88,6 +97,19 @@ def _saved_model_accuracies(folder: Path) -> dict[str, Any]:
         net.load_state_dict(state)
         return evaluate(net, x, y)[1]
 
+    def with_batchnorm_recomputed(state, x) -> dict:
+        net.load_state_dict(state)
+        norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the one pass
+        net.train()
+        with torch.no_grad():
+            net(x)
+        for m in norms:
+            m.momentum = 0.1
+        return {k: v.clone() for k, v in net.state_dict().items()}
+
     out = {}
     for pid in range(CLIENTS):
         d = load_client_data(s.data, pid, CLIENTS)
@@ -96,11 +118,11 @@ def _saved_model_accuracies(folder: Path) -> dict[str, Any]:
         own = load_file(str(folder / "models" / "clients" / f"client-{pid}.safetensors"))
         out[str(pid)] = {
             "personal": acc(own, d.x_test, d.y_test),
-            "tiers-val": val,
-            "tiers-test": test,
-            "best-tier-by-val": test[int(np.argmax(val))],
+            "personal-batchnorm-recomputed": acc(with_batchnorm_recomputed(own, d.x_train), d.x_test, d.y_test),
             "test-examples": len(d.y_test),
         }
+        if tiers:
+            out[str(pid)].update({"tiers-val": val, "tiers-test": test, "best-tier-by-val": test[int(np.argmax(val))]})
     return out
 
 
@@ -157,17 +179,21 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+COUNTS = {"clients trained per round", "fewest rounds a client trained"}  # counts: one decimal
+
+
 def _rows(cells: dict, columns: list[tuple[str, Any]]) -> list[list[str]]:
     """One row per seed present in every column's cell, then the mean row."""
     seeds = sorted(set.intersection(*(set(cells.get(cell, {})) for _, (cell, _) in columns)))
     values = [[fn(cells[cell][s]) for _, (cell, fn) in columns] for s in seeds]
-    rows = [[str(s), *(_fmt(v) for v in vals)] for s, vals in zip(seeds, values)]
+    digits = [1 if header in COUNTS else 3 for header, _ in columns]
+    rows = [[str(s), *(_fmt(v, nd) for v, nd in zip(vals, digits))] for s, vals in zip(seeds, values)]
     if len(seeds) > 1:
         means = [
             np.mean([v[i] for v in values]) if all(v[i] is not None for v in values) else None
             for i in range(len(columns))
         ]
-        rows.append(["mean", *(f"**{_fmt(m)}**" for m in means)])
+        rows.append(["mean", *(f"**{_fmt(m, nd)}**" for m, nd in zip(means, digits))])
     return rows
 
 
@@ -180,6 +206,15 @@ def _trained_acc_last(rec: dict) -> float | None:
     return accs[-1] if accs else None
 
 
+def _clients_mean(key: str):
+    return lambda r: float(np.mean([v[key] for v in r["analysis"]["clients"].values()]))
+
+
+def _tier_spread(rec: dict) -> float:
+    """How far the tiers have drifted apart: per client, its best minus its worst tier on its test split."""
+    return float(np.mean([max(v["tiers-test"]) - min(v["tiers-test"]) for v in rec["analysis"]["clients"].values()]))
+
+
 def render(name: str, raw: Path = RAW) -> str:
     c = _by_cell(raw)
     base = [("FedAvg", ("fedavg", _acc)), ("Local", ("local", _acc))]
@@ -189,21 +224,26 @@ def render(name: str, raw: Path = RAW) -> str:
             *base,
             ("FedAvg after its local epoch", ("fedavg", _trained_acc_last)),
             ("FedC2I gamma=0", ("fedc2i gamma=0", _acc)),
-            ("FedC2I momentum=0", ("fedc2i momentum=0", _acc)),
-            ("FedAvg momentum=0", ("fedavg momentum=0", _acc)),
+            ("FedC2I, BatchNorm statistics recomputed", ("fedc2i", _clients_mean("personal-batchnorm-recomputed"))),
             ("self-influence, last round", ("fedc2i", lambda r: _last(r["analysis"]["self-influence"]))),
             ("largest peer weight", ("fedc2i", lambda r: _last(r["analysis"]["top-peer-influence"]))),
         ]
+    elif name == "fedc2i-training":
+        cols = [
+            ("FedC2I momentum=0", ("fedc2i momentum=0", _acc)),
+            ("FedAvg momentum=0", ("fedavg momentum=0", _acc)),
+            ("FedAvg momentum=0 after its local epoch", ("fedavg momentum=0", _trained_acc_last)),
+            ("FedC2I local-epochs=2", ("fedc2i local-epochs=2", _acc)),
+            ("FedAvg local-epochs=2", ("fedavg local-epochs=2", _acc)),
+            ("FedAvg local-epochs=2 after its local epochs", ("fedavg local-epochs=2", _trained_acc_last)),
+        ]
     elif name == "pifl":
-
-        def mean_over(key):
-            return lambda r: float(np.mean([v[key] for v in r["analysis"]["clients"].values()]))
-
         cols = [
             ("PI-FL", ("pifl", _acc)),
             *base,
-            ("mixture (Eq. 4), saved models", ("pifl", mean_over("personal"))),
-            ("best single tier by validation", ("pifl", mean_over("best-tier-by-val"))),
+            ("mixture, BatchNorm statistics recomputed", ("pifl", _clients_mean("personal-batchnorm-recomputed"))),
+            ("best single tier by validation", ("pifl", _clients_mean("best-tier-by-val"))),
+            ("tiers apart (best minus worst tier, mean over clients)", ("pifl", _tier_spread)),
             ("clients trained per round", ("pifl", lambda r: float(np.mean(r["analysis"]["trained-per-round"])))),
             ("PI-FL, every bidder trains", ("pifl slots-performance=9", _acc)),
         ]
@@ -228,6 +268,7 @@ def render(name: str, raw: Path = RAW) -> str:
 
 DOCS = {
     "fedc2i": ROOT / "docs/methods/fedc2i.md",
+    "fedc2i-training": ROOT / "docs/methods/fedc2i.md",
     "pifl": ROOT / "docs/methods/pifl.md",
     "fedsoft": ROOT / "docs/methods/pifl.md",
 }
@@ -239,11 +280,11 @@ def rewrite_docs(raw: Path, check: bool) -> bool:
     same = True
     for name, path in DOCS.items():
         text = path.read_text()
-        pattern = re.compile(rf"(<!-- gaps:{name} -->\n).*?(\n<!-- /gaps:{name} -->)", re.DOTALL)
+        pattern = re.compile(rf"(<!-- gaps:{name} -->\n)(?:.*?\n)?(<!-- /gaps:{name} -->)", re.DOTALL)
         if not pattern.search(text):
             raise SystemExit(f"{path} has no <!-- gaps:{name} --> ... <!-- /gaps:{name} --> block")
         table = render(name, raw)
-        new = pattern.sub(lambda m, table=table: m.group(1) + table + m.group(2), text)
+        new = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
         same &= new == text
         if not check:
             path.write_text(new)
@@ -256,9 +297,18 @@ def main() -> None:
     ap.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated, from: {', '.join(CELLS)}")
     ap.add_argument("--report", action="store_true", help="only rewrite the docs' tables from the records")
     ap.add_argument("--check", action="store_true", help="only check that the docs' tables match the records")
+    ap.add_argument(
+        "--reanalyse", action="store_true", help="only redo the measurements on the saved runs (benchmarks/out/runs)"
+    )
     add_common_args(ap)
     args = ap.parse_args()
     raw = Path(args.raw_dir)
+    if args.reanalyse:
+        for path in sorted((raw / GRID).glob("*.json")):
+            rec = json.loads(path.read_text())
+            if rec.get("run") and (OUT / "runs" / rec["run"]).is_dir():
+                write_record(analyse(rec), raw)
+        return
     if args.report or args.check:
         same = rewrite_docs(raw, check=args.check)
         print("docs tables " + ("up to date" if same else ("differ from the records" if args.check else "rewritten")))
@@ -275,7 +325,7 @@ def main() -> None:
             cfg = {"method": method, "seed": seed, "min-nodes": CLIENTS, **over}
             rec = bench.run({"cell": name, "seed": seed}, cfg, CLIENTS)
             write_record(analyse(rec), raw)
-    for name in ("fedc2i", "pifl", "fedsoft"):
+    for name in DOCS:
         print(f"\n{name}\n{render(name, raw)}")
 
 
