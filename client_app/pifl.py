@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import torch
 from flwr.app import RecordDict
 
@@ -56,20 +55,30 @@ class PIFLClient(ClientMethod):
         return self.reply({**self.base_metrics(), **metrics, **self._extra()}, model_to_record(model))
 
     def goal_splits(self) -> tuple[tuple, tuple]:
-        """(calibration, held-out) goal data: the partition's calibration half and its test split, which every
-        method is scored on; a node's own data file has no calibration split, so its test split is halved."""
+        """(calibration, held-out) goal data (spec §2.2 step 3).  The held-out part is the test split every method
+        is scored on, except on a node's own data file:
+
+        - two-source partitions: the goal set's calibration half and its held-out half (the test split);
+        - a node's own data file (node config ``data-path``): its test data may follow another distribution than
+          its training data, so it is halved, the first half calibrates;
+        - every other partition of the embedded data: the test split follows the client's own distribution, so the
+          validation split is goal data too; it calibrates, and the whole test split is scored, as for every
+          other method (halving it would score PI-FL on half the data the others are scored on).
+        """
         d = self.data
         if d.x_calib is not None:
             return (d.x_calib, d.y_calib), (d.x_test, d.y_test)
-        half = len(d.y_test) // 2
-        return (d.x_test[:half], d.y_test[:half]), (d.x_test[half:], d.y_test[half:])
+        if "data-path" in d.meta:
+            half = len(d.y_test) // 2
+            return (d.x_test[:half], d.y_test[:half]), (d.x_test[half:], d.y_test[half:])
+        return (d.x_val, d.y_val), (d.x_test, d.y_test)
 
     def test_split(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.goal_splits()[1]
 
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
         """The one-shot personalized model (Eq. 4): the tier models weighted by their accuracy on the
-        calibration half of this client's goal data; it never leaves the client."""
+        calibration part of this client's goal data (goal_splits); it never leaves the client."""
         tiers = self._tiers(content)
         with self.timed("method"):
             weights = torch.from_numpy(mixture_weights(self._tier_accuracies(tiers, *self.goal_splits()[0]))).float()

@@ -4,8 +4,8 @@ Every ``fedsoft-estimate-every`` rounds each client estimates its importance wei
 training points for which centre s has the lowest loss, smoothed by sigma = 1e-4 (``query.fedsoft_u``).
 For every centre s the server draws ``fedsoft-clients-per-cluster`` clients with probability proportional
 to u_ks * n_k.  A drawn client solves min f_k(w) + lambda/2 sum_s u_ks ||w - c_s||^2 (``fedsoft-lambda``)
-from its own model, and centre s becomes the u_ks n_k-weighted average of the models of the clients drawn
-for it.  A client's personalized model is its own model (the u-weighted mix of centres before it first
+from its own model, and centre s becomes the plain mean of the models of the clients drawn for it (the draw
+already weights them by u_ks n_k).  A client's personalized model is its own model (the u-weighted mix of centres before it first
 trains).
 
 See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here.
@@ -98,12 +98,13 @@ class FedSoftStrategy(PersonalizedStrategy):
         return self._payload(node_id)
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
+        """Centre s becomes the plain mean of the models of the clients drawn for it (FedSoft's Algorithm 1, 1/K
+        each): the draw is already proportional to u_ks n_k, so weighting by u_ks n_k again would count it twice."""
         by_client = {u.client: u for u in updates}
         for s, members in self.selected.items():
             group = [by_client[c] for c in members if c in by_client]
-            weights = [self.u[u.client][s] * u.num_examples for u in group]
-            if group and sum(weights) > 0:
-                self.models[s] = weighted_average([u.arrays for u in group], weights)
+            if group:
+                self.models[s] = weighted_average([u.arrays for u in group], [1.0] * len(group))
         return {"fedsoft": {"selected": {s: len(v) for s, v in self.selected.items()}}}
 
     def on_round_end(self, server_round: int) -> None:

@@ -1,6 +1,6 @@
 """What the PI-FL client must do (spec pifl §2.2, Algorithm 1): score every tier model on its validation split,
 bid for the best one it can pay for (PI-FL(NI): a random one), train the tier it won, and mix the tier models
-into its one-shot personalized model (Eq. 4) with weights from the calibration half of its goal data.
+into its one-shot personalized model (Eq. 4) with weights from the calibration part of its goal data.
 
 The tier models are fitted to known digits (LOW = 0-4, HIGH = 5-9), so the right choices are known in advance."""
 
@@ -202,11 +202,13 @@ def test_one_tier_model_or_one_hot_weights_give_that_tier_model(tier_models):
     assert c._weights == [1.0]
 
 
-def test_without_a_calibration_split_the_test_split_is_halved_calibration_first(tier_models):
+def test_on_a_node_data_file_the_test_split_is_halved_calibration_first(tier_models):
     # spec §2.2 step 3: split the goal data into a calibration half (for upsilon) and a held-out half (reported);
-    # a node's own data file has only a test split: its first half calibrates, the second half is scored
-    init, low, high = tier_models
-    d = client_data(LOW, val_classes=LOW)
+    # a node's own data file has only a test split, which may follow another distribution than its training data:
+    # its first half calibrates, the second half is scored
+    _, low, high = tier_models
+    d = client_data(LOW, val_classes=HIGH)
+    d.meta["data-path"] = "/data/me.npz"
     xl, yl = digits_of(LOW, 10, 120)
     xh, yh = digits_of(HIGH, 11, 120)
     d.x_test, d.y_test = torch.cat([xl, xh]), torch.cat([yl, yh])  # 50 LOW then 55 HIGH: halves at 52
@@ -219,6 +221,28 @@ def test_without_a_calibration_split_the_test_split_is_halved_calibration_first(
     m = evaluate_reply(c, stacked(high, low))
     assert m["mixture-weights"][1] > 0.8  # calibrated on the (mostly LOW) first half
     assert list(m["tier-goal-acc"]) == pytest.approx([accuracy(c, s, xe, ye) for s in (high, low)])
+
+
+def test_on_a_partition_of_the_embedded_data_the_validation_split_calibrates_and_the_whole_test_split_is_scored(
+    tier_models,
+):
+    # the goal data of a partition without a goal set of its own follows the client's own distribution, so the
+    # validation split calibrates the mixture, and the personalized model is scored on the whole test split: the
+    # same data every other method is scored on (a halved test split made PI-FL's accuracy incomparable)
+    _, low, high = tier_models
+    c = client("pifl", client_data(LOW, val_classes=HIGH, test_classes=LOW))
+    (_, yc), (_, ye) = c.goal_splits()
+    assert yc is c.data.y_val and ye is c.data.y_test
+    x, y = c.test_split()
+    assert y is c.data.y_test and x is c.data.x_test  # what the base (every other method) scores on
+    m = evaluate_reply(c, stacked(high, low))
+    assert m["test-examples"] == len(c.data.y_test)
+    a = [accuracy(c, s, c.data.x_val, c.data.y_val) for s in (high, low)]
+    assert list(m["mixture-weights"]) == pytest.approx([a[0] / sum(a), a[1] / sum(a)], abs=1e-6)
+    assert m["mixture-weights"][0] > 0.8  # calibrated on the (HIGH) validation split, not on the (LOW) test split
+    assert list(m["tier-goal-acc"]) == pytest.approx(
+        [accuracy(c, s, c.data.x_test, c.data.y_test) for s in (high, low)]
+    )
 
 
 def test_a_calibration_split_is_used_as_is_and_the_test_split_is_the_held_out_half(tier_models):

@@ -871,3 +871,47 @@ def test_a_round_in_which_every_training_failed_settles_nobody_and_keeps_the_pay
         assert t["refunds"] == {} and t["rewards"] == {} and t["utility"] is None
         assert t["pool"] == strat.ledger_log[0]["tiers"][k]["pool"] + 2 * strat.price
     assert entry["total"] == 400 * MICRO
+
+
+# ------------------------------------------------------------------------------------------ FedSoft's centres
+SOFT_U = {0: [0.9, 0.1], 1: [0.5, 0.5], 2: [0.2, 0.8], 3: [0.7, 0.3]}  # client -> importance weights u_ks
+SOFT_N = {0: 10, 1: 100, 2: 30, 3: 60}  # client -> training examples n_k: u_ks n_k differs between any two clients
+
+
+def fedsoft_answers(rnd, node, phase, content):
+    c = NODES[node]
+    if phase == "fedsoft_u":
+        return [with_metrics(content, fedsoft_u=SOFT_U[c], num_examples=SOFT_N[c])]
+    if phase == "train":  # every array of client c's model holds c + 1
+        out = with_metrics(content, num_examples=SOFT_N[c])
+        out["arrays"] = to_record({k: np.full_like(v.numpy(), c + 1) for k, v in content["arrays"].items()})
+        return [out]
+    return None
+
+
+def test_a_fedsoft_centre_is_the_plain_mean_of_the_clients_drawn_for_it():
+    # FedSoft (Ruan & Joe-Wong, Algorithm 1; spec pifl §5): the server draws the clients of centre s with probability
+    # proportional to u_ks n_k and sets c_s to the plain 1/K mean of their models; weighting them by u_ks n_k once more
+    # would count the importance twice (here it would pull every centre towards client 1, the largest)
+    strat = build_strategy(
+        parse_settings(
+            {
+                "method": "fedsoft",
+                "dataset": "digits",
+                "model": "mlp",
+                "min-nodes": 4,
+                "tiers": 2,
+                "fedsoft-clients-per-cluster": 2,
+                "fedsoft-estimate-every": 1,
+            }
+        )
+    )
+    for rnd in (1, 2, 3):
+        drive(strat, NODES, [rnd], fedsoft_answers)
+        assert {s: len(m) for s, m in strat.selected.items()} == {0: 2, 1: 2}
+        assert strat.history[-1].extra["fedsoft"] == {"selected": {0: 2, 1: 2}}  # the round's log: drawn per centre
+        for s, members in strat.selected.items():
+            expected = np.mean([c + 1 for c in members])
+            for key, value in strat.models[s].items():
+                if np.issubdtype(value.dtype, np.floating):
+                    np.testing.assert_allclose(value, expected, rtol=1e-6, err_msg=f"round {rnd} centre {s} {key}")

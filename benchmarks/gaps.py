@@ -1,0 +1,333 @@
+"""Why FedC2I, PI-FL and FedSoft trail FedAvg or Local at the defaults a new user gets (issue 25).
+
+Every run is ``flwr run . --run-config "method='X' seed=S"`` on 10 simulated nodes (``min-nodes=10``) and nothing
+else: digits, Dirichlet alpha 0.5, the ``cnn`` (BatchNorm), SGD lr 0.05 momentum 0.9, batch 20, one local epoch,
+10 rounds.  Next to the five methods at their defaults (3 seeds), one-key ablations isolate what each design costs
+on this data:
+
+- ``fedc2i gamma=0``: uniform mixing instead of the sharpened leave-one-out influence (Eqs. 5, 9);
+- ``fedc2i momentum=0`` and ``fedavg momentum=0``: local training without momentum;
+- ``fedc2i local-epochs=2`` and ``fedavg local-epochs=2``: two local epochs per round (the paper's E);
+- ``pifl slots-performance=9``: 10 slots per tier, so every bidder trains every round;
+- ``fedsoft fedsoft-clients-per-cluster=10``: every client is drawn for every centre, so every client trains
+  every round.
+
+After each run the script measures, from the run's saved models and artefacts (no further training):
+FedC2I's mean self-influence and largest peer weight per round; for PI-FL each client's mixture (Eq. 4), its best
+single tier by validation accuracy and every tier on its test split; for FedSoft how often each client trained.
+These go into the run's raw record (``analysis``), in ``benchmarks/raw/defaults-gaps/``.
+
+The tables of docs/methods/fedc2i.md and docs/methods/pifl.md ("At the defaults on digits") are generated from
+those records between ``<!-- gaps:<name> -->`` markers.
+
+Reproduce: python benchmarks/gaps.py             (36 runs, about an hour on 2 busy cores)
+           python benchmarks/gaps.py --cells fedc2i,fedavg --seeds 0 --raw-dir /tmp/raw   (reduced)
+           python benchmarks/gaps.py --report    (rewrite the docs' tables from the records; --check: compare only)
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import OUT, RAW, Bench, add_common_args, load_records, write_record
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = "defaults-gaps"
+CLIENTS = 10
+CELLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "local": ("local", {}),
+    "fedavg": ("fedavg", {}),
+    "fedc2i": ("fedc2i", {}),
+    "pifl": ("pifl", {}),
+    "fedsoft": ("fedsoft", {}),
+    "fedc2i gamma=0": ("fedc2i", {"gamma": 0.0}),
+    "fedc2i momentum=0": ("fedc2i", {"momentum": 0.0}),
+    "fedavg momentum=0": ("fedavg", {"momentum": 0.0}),
+    "fedc2i local-epochs=2": ("fedc2i", {"local-epochs": 2}),
+    "fedavg local-epochs=2": ("fedavg", {"local-epochs": 2}),
+    "pifl slots-performance=9": ("pifl", {"slots-performance": 9}),
+    "fedsoft fedsoft-clients-per-cluster=10": ("fedsoft", {"fedsoft-clients-per-cluster": 10}),
+}
+
+
+# --------------------------------------------------------------------------- what the saved run shows
+def _fedc2i(folder: Path) -> dict[str, Any]:
+    rows = json.loads((folder / "fedc2i_influence.json").read_text())
+    self_w, top_peer = {}, {}
+    for rnd, clients in rows.items():
+        if not clients or all(len(r) < 2 for r in clients.values()):
+            continue
+        self_w[rnd] = float(np.mean([r[c] for c, r in clients.items()]))
+        top_peer[rnd] = float(np.mean([max(w for p, w in r.items() if p != c) for c, r in clients.items()]))
+    return {
+        "self-influence": self_w,
+        "top-peer-influence": top_peer,
+        "clients": _saved_model_accuracies(folder),
+    }
+
+
+def _saved_model_accuracies(folder: Path) -> dict[str, Any]:
+    """Every client's saved personalized model on its test split, as saved and with its BatchNorm statistics
+    recomputed on the client's training split (one forward pass, no training: does the mixed BatchNorm state
+    cost accuracy?); and every saved tier model (PI-FL) on the client's validation and test splits."""
+    import torch
+    from safetensors.torch import load_file
+
+    from task.config import parse_settings
+    from task.data import load_client_data
+    from task.models import build_model
+    from task.train import evaluate
+
+    torch.set_num_threads(1)
+    s = parse_settings(json.loads((folder / "config.json").read_text())["run-config"])
+    tiers = [load_file(p) for p in sorted(glob.glob(str(folder / "models" / "server" / "*.safetensors")))]
+    net = build_model(s.model, s.in_channels, s.image_size, s.num_classes, seed=s.seed)
+
+    def acc(state, x, y) -> float:
+        net.load_state_dict(state)
+        return evaluate(net, x, y)[1]
+
+    def with_batchnorm_recomputed(state, x) -> dict:
+        net.load_state_dict(state)
+        norms = [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over the one pass
+        net.train()
+        with torch.no_grad():
+            net(x)
+        for m in norms:
+            m.momentum = 0.1
+        return {k: v.clone() for k, v in net.state_dict().items()}
+
+    out = {}
+    for pid in range(CLIENTS):
+        d = load_client_data(s.data, pid, CLIENTS)
+        val = [acc(t, d.x_val, d.y_val) for t in tiers]
+        test = [acc(t, d.x_test, d.y_test) for t in tiers]
+        own = load_file(str(folder / "models" / "clients" / f"client-{pid}.safetensors"))
+        out[str(pid)] = {
+            "personal": acc(own, d.x_test, d.y_test),
+            "personal-batchnorm-recomputed": acc(with_batchnorm_recomputed(own, d.x_train), d.x_test, d.y_test),
+            "test-examples": len(d.y_test),
+        }
+        if tiers:
+            out[str(pid)].update({"tiers-val": val, "tiers-test": test, "best-tier-by-val": test[int(np.argmax(val))]})
+    return out
+
+
+def _pifl(folder: Path) -> dict[str, Any]:
+    rounds = json.loads((folder / "rounds.json").read_text())
+    sizes = [sum((r.get("extra", {}).get("pifl", {}).get("tier-sizes") or {}).values()) for r in rounds]
+    return {"trained-per-round": sizes, "clients": _saved_model_accuracies(folder)}
+
+
+def _fedsoft(folder: Path) -> dict[str, Any]:
+    selected = json.loads((folder / "fedsoft_clusters.json").read_text())["selected"]
+    trained = {str(c): 0 for c in range(CLIENTS)}
+    per_round = []
+    for _, centres in sorted(selected.items(), key=lambda kv: int(kv[0])):
+        members = {c for m in centres.values() for c in m}
+        per_round.append(len(members))
+        for c in members:
+            trained[str(c)] += 1
+    return {"trained-per-round": per_round, "times-trained": trained}
+
+
+ANALYSES = {"fedc2i": _fedc2i, "pifl": _pifl, "fedsoft": _fedsoft}
+
+
+def analyse(rec: dict) -> dict:
+    method = rec["run-config"]["method"]
+    if rec.get("error") or not rec.get("run") or method not in ANALYSES:
+        return rec
+    folder = OUT / "runs" / rec["run"]
+    rec["analysis"] = ANALYSES[method](folder)
+    return rec
+
+
+# --------------------------------------------------------------------------- tables for the docs
+def _by_cell(raw: Path) -> dict[str, dict[int, dict]]:
+    out: dict[str, dict[int, dict]] = {}
+    for r in load_records(GRID, raw):
+        if not r.get("error"):
+            out.setdefault(r["cell"]["cell"], {})[int(r["cell"]["seed"])] = r
+    return out
+
+
+def _acc(rec: dict | None) -> float | None:
+    return None if rec is None else rec["summary"]["personal-acc"]
+
+
+def _fmt(v: float | None, nd: int = 3) -> str:
+    return "—" if v is None else f"{v:.{nd}f}"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+COUNTS = {"clients trained per round", "fewest rounds a client trained"}  # counts: one decimal
+
+
+def _rows(cells: dict, columns: list[tuple[str, Any]]) -> list[list[str]]:
+    """One row per seed present in every column's cell, then the mean row."""
+    seeds = sorted(set.intersection(*(set(cells.get(cell, {})) for _, (cell, _) in columns)))
+    values = [[fn(cells[cell][s]) for _, (cell, fn) in columns] for s in seeds]
+    digits = [1 if header in COUNTS else 3 for header, _ in columns]
+    rows = [[str(s), *(_fmt(v, nd) for v, nd in zip(vals, digits))] for s, vals in zip(seeds, values)]
+    if len(seeds) > 1:
+        means = [
+            np.mean([v[i] for v in values]) if all(v[i] is not None for v in values) else None
+            for i in range(len(columns))
+        ]
+        rows.append(["mean", *(f"**{_fmt(m, nd)}**" for m, nd in zip(means, digits))])
+    return rows
+
+
+def _last(series: dict[str, float]) -> float | None:
+    return series[max(series, key=int)] if series else None
+
+
+def _trained_acc_last(rec: dict) -> float | None:
+    accs = [r.get("trained-acc") for r in rec["rounds"] if r.get("trained-acc") is not None]
+    return accs[-1] if accs else None
+
+
+def _clients_mean(key: str):
+    return lambda r: float(np.mean([v[key] for v in r["analysis"]["clients"].values()]))
+
+
+def _tier_spread(rec: dict) -> float:
+    """How far the tiers have drifted apart: per client, its best minus its worst tier on its test split."""
+    return float(np.mean([max(v["tiers-test"]) - min(v["tiers-test"]) for v in rec["analysis"]["clients"].values()]))
+
+
+def render(name: str, raw: Path = RAW) -> str:
+    c = _by_cell(raw)
+    base = [("FedAvg", ("fedavg", _acc)), ("Local", ("local", _acc))]
+    if name == "fedc2i":
+        cols = [
+            ("FedC2I", ("fedc2i", _acc)),
+            *base,
+            ("FedAvg after its local epoch", ("fedavg", _trained_acc_last)),
+            ("FedC2I gamma=0", ("fedc2i gamma=0", _acc)),
+            ("FedC2I, BatchNorm statistics recomputed", ("fedc2i", _clients_mean("personal-batchnorm-recomputed"))),
+            ("self-influence, last round", ("fedc2i", lambda r: _last(r["analysis"]["self-influence"]))),
+            ("largest peer weight", ("fedc2i", lambda r: _last(r["analysis"]["top-peer-influence"]))),
+        ]
+    elif name == "fedc2i-training":
+        cols = [
+            ("FedC2I momentum=0", ("fedc2i momentum=0", _acc)),
+            ("FedAvg momentum=0", ("fedavg momentum=0", _acc)),
+            ("FedAvg momentum=0 after its local epoch", ("fedavg momentum=0", _trained_acc_last)),
+            ("FedC2I local-epochs=2", ("fedc2i local-epochs=2", _acc)),
+            ("FedAvg local-epochs=2", ("fedavg local-epochs=2", _acc)),
+            ("FedAvg local-epochs=2 after its local epochs", ("fedavg local-epochs=2", _trained_acc_last)),
+        ]
+    elif name == "pifl":
+        cols = [
+            ("PI-FL", ("pifl", _acc)),
+            *base,
+            ("mixture, BatchNorm statistics recomputed", ("pifl", _clients_mean("personal-batchnorm-recomputed"))),
+            ("best single tier by validation", ("pifl", _clients_mean("best-tier-by-val"))),
+            ("tiers apart (best minus worst tier, mean over clients)", ("pifl", _tier_spread)),
+            ("clients trained per round", ("pifl", lambda r: float(np.mean(r["analysis"]["trained-per-round"])))),
+            ("PI-FL, every bidder trains", ("pifl slots-performance=9", _acc)),
+        ]
+    elif name == "fedsoft":
+        cols = [
+            ("FedSoft", ("fedsoft", _acc)),
+            *base,
+            ("clients trained per round", ("fedsoft", lambda r: float(np.mean(r["analysis"]["trained-per-round"])))),
+            (
+                "fewest rounds a client trained",
+                ("fedsoft", lambda r: float(min(r["analysis"]["times-trained"].values()))),
+            ),
+            ("FedSoft, every client trains", ("fedsoft fedsoft-clients-per-cluster=10", _acc)),
+        ]
+    else:
+        raise ValueError(f"unknown table {name!r}")
+    if any(cell not in c for _, (cell, _) in cols):
+        missing = sorted({cell for _, (cell, _) in cols if cell not in c})
+        return f"(no records yet for {', '.join(missing)}: run python benchmarks/gaps.py)"
+    return _table(["seed", *(h for h, _ in cols)], _rows(c, cols))
+
+
+DOCS = {
+    "fedc2i": ROOT / "docs/methods/fedc2i.md",
+    "fedc2i-training": ROOT / "docs/methods/fedc2i.md",
+    "pifl": ROOT / "docs/methods/pifl.md",
+    "fedsoft": ROOT / "docs/methods/pifl.md",
+}
+
+
+def rewrite_docs(raw: Path, check: bool) -> bool:
+    """Put each table between its ``<!-- gaps:<name> -->`` and ``<!-- /gaps:<name> -->`` markers; True if the
+    docs already held exactly these tables."""
+    same = True
+    for name, path in DOCS.items():
+        text = path.read_text()
+        pattern = re.compile(rf"(<!-- gaps:{name} -->\n)(?:.*?\n)?(<!-- /gaps:{name} -->)", re.DOTALL)
+        if not pattern.search(text):
+            raise SystemExit(f"{path} has no <!-- gaps:{name} --> ... <!-- /gaps:{name} --> block")
+        table = render(name, raw)
+        new = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
+        same &= new == text
+        if not check:
+            path.write_text(new)
+    return same
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated, from: {', '.join(CELLS)}")
+    ap.add_argument("--report", action="store_true", help="only rewrite the docs' tables from the records")
+    ap.add_argument("--check", action="store_true", help="only check that the docs' tables match the records")
+    ap.add_argument(
+        "--reanalyse", action="store_true", help="only redo the measurements on the saved runs (benchmarks/out/runs)"
+    )
+    add_common_args(ap)
+    args = ap.parse_args()
+    raw = Path(args.raw_dir)
+    if args.reanalyse:
+        for path in sorted((raw / GRID).glob("*.json")):
+            rec = json.loads(path.read_text())
+            if rec.get("run") and (OUT / "runs" / rec["run"]).is_dir():
+                write_record(analyse(rec), raw)
+        return
+    if args.report or args.check:
+        same = rewrite_docs(raw, check=args.check)
+        print("docs tables " + ("up to date" if same else ("differ from the records" if args.check else "rewritten")))
+        sys.exit(1 if args.check and not same else 0)
+    names = [n for n in args.cells.split(",") if n]
+    unknown = [n for n in names if n not in CELLS]
+    if unknown:
+        raise SystemExit(f"unknown cells {unknown}; allowed: {list(CELLS)}")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    cells = [(name, seed) for seed in seeds for name in names]
+    with Bench(GRID, raw_dir=raw, total=len(cells)) as bench:
+        for name, seed in cells:
+            method, over = CELLS[name]
+            cfg = {"method": method, "seed": seed, "min-nodes": CLIENTS, **over}
+            rec = bench.run({"cell": name, "seed": seed}, cfg, CLIENTS)
+            write_record(analyse(rec), raw)
+    for name in DOCS:
+        print(f"\n{name}\n{render(name, raw)}")
+
+
+if __name__ == "__main__":
+    main()
