@@ -120,6 +120,8 @@ def test_group_layer_and_instance_norms_count_and_a_norm_without_arrays_adds_not
     ]
     assert norm_keys(nn.LayerNorm(3)) == ["weight", "bias"]  # a normalisation layer as the whole model
     assert norm_keys(nn.RMSNorm(3)) == ["weight"]
+    shared = nn.BatchNorm1d(3)  # one layer under two names: both names' arrays are its arrays
+    assert norm_keys(nn.Sequential(shared, nn.ReLU(), shared))[::5] == ["0.weight", "2.weight"]
 
 
 def test_the_causal_lms_layer_norms_are_its_normalisation_layers_also_for_a_pretrained_folder(tmp_path):
@@ -129,7 +131,8 @@ def test_the_causal_lms_layer_norms_are_its_normalisation_layers_also_for_a_pret
     keys = norm_keys(model)
     assert keys and all(".ln_" in k for k in keys) and len(keys) == 2 * (2 * 2 + 1)  # ln_1, ln_2 per layer; ln_f
     assert model_norm_keys("gpt2", 12, 0, 50) == tuple(keys)
-    GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=3, n_head=2)).save_pretrained(tmp_path)
-    pretrained = build_model(f"gpt2:{tmp_path}", 12, 0, 40)
-    assert model_norm_keys(f"gpt2:{tmp_path}", 12, 0, 40) == tuple(norm_keys(pretrained))
+    folder = tmp_path / "gpt2:tiny"  # a folder whose name has a colon, too
+    GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=3, n_head=2)).save_pretrained(folder)
+    pretrained = build_model(f"gpt2:{folder}", 12, 0, 40)
+    assert model_norm_keys(f"gpt2:{folder}", 12, 0, 40) == tuple(norm_keys(pretrained))
     assert len(norm_keys(pretrained)) == 2 * (2 * 3 + 1)

@@ -3,6 +3,8 @@ those (BatchNorm weight, bias, running statistics and ``num_batches_tracked``) a
 and use the layers it is sent with its own normalisation layers as its personalized model - from an evaluate
 message and from the next round's train message alike.  The default model (``cnn``) has two BatchNorm layers."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -73,6 +75,32 @@ def test_the_client_sends_every_other_layer_and_keeps_its_normalisation_layers(s
     # no training: the reply is what it was sent, and the normalisation layers it keeps are the initial ones
     assert same(as_torch(reply["arrays"]), shared_of(fitted))
     assert same(bn_of(init), as_torch(ctx.state["norm"]))
+
+
+def test_a_message_without_arrays_gives_the_initial_shared_layers_with_the_own_normalisation_layers(states):
+    init, _ = states
+    ctx = context("fedbn", **CNN)
+    data = inverted(client_data(ALL))
+    client("fedbn", data, ctx=ctx, **{"local-epochs": 1}).train(message(shared_of(init)))
+    own = as_torch(ctx.state["norm"])
+    c = client("fedbn", data, ctx=ctx)
+    model = c.personal_model(RecordDict({"config": ConfigRecord({"server-round": 2})}))
+    state = model.state_dict()
+    assert same(own, {k: state[k] for k in BN}) and same(shared_of(init), shared_of(state))
+
+
+def test_the_reply_reports_the_training_and_the_trained_model_with_its_own_normalisation_layers(states):
+    init, _ = states
+    ctx = context("fedbn", **CNN)
+    c = client("fedbn", client_data(ALL), ctx=ctx, **{"local-epochs": 1})
+    reply = c.train(message(shared_of(init)))
+    metrics = reply["metrics"]
+    assert {"train-loss", "train-acc", "num-examples", "partition-id"} <= set(metrics.keys())
+    trained = {
+        **as_torch(reply["arrays"]),
+        **{k: v.reshape(init[k].shape) for k, v in as_torch(ctx.state["norm"]).items()},
+    }
+    assert metrics["trained-acc"] == pytest.approx(accuracy(c, trained)[1])
 
 
 def test_local_training_updates_the_normalisation_layers_and_the_next_round_starts_from_them(states):
@@ -150,7 +178,11 @@ def test_each_client_keeps_its_own_statistics_while_the_rest_is_averaged_by_exam
 def test_a_message_that_carries_a_normalisation_layer_is_refused_with_the_reason(states):
     init, _ = states
     ctx = context("fedbn", **CNN)
-    with pytest.raises(ValueError, match=r"FedBN keeps the normalisation layers on the client.*'conv\.1\.bias'"):
+    why = (
+        "FedBN keeps the normalisation layers on the client, but the server sent ['conv.1.bias', "
+        "'conv.1.num_batches_tracked', 'conv.1.running_mean']; only the other layers may come from the server"
+    )
+    with pytest.raises(ValueError, match=re.escape(why) + "$"):
         client("fedbn", client_data(ALL), ctx=ctx).train(message(init))
     assert "norm" not in ctx.state.array_records
 

@@ -79,14 +79,27 @@ def test_a_reply_carrying_a_normalisation_layer_or_lacking_a_shared_one_is_rejec
 def test_a_model_without_normalisation_layers_is_refused_naming_the_key_and_the_models_that_have_some(model):
     with pytest.raises(ConfigConflict) as err:
         parse_settings({"method": "fedbn", "model": model})
-    text = str(err.value)
-    assert f"model {model!r} (run-config key 'model') has none" in text
-    assert "use one that has: ['cnn', 'resnet8', 'resnet10', 'resnet18']" in text
+    assert str(err.value) == (
+        f"method 'fedbn' keeps the normalisation layers (BatchNorm, GroupNorm, LayerNorm) on the clients, but model "
+        f"{model!r} (run-config key 'model') has none, so FedBN would be plain FedAvg; use one that has: "
+        "['cnn', 'resnet8', 'resnet10', 'resnet18']"
+    )
 
 
 def test_vector_data_without_any_model_with_normalisation_layers_is_refused_saying_so():
-    with pytest.raises(ConfigConflict, match="no model here for dataset 'synth-concept' has one"):
+    with pytest.raises(ConfigConflict, match="has none, so FedBN would be plain FedAvg; no model here for dataset "):
         parse_settings({"method": "fedbn", "dataset": "synth-concept"})
+
+
+def test_the_next_word_task_is_pointed_at_the_causal_lm_whose_layer_norms_stay_local():
+    text = {"method": "fedbn", "dataset": "dialects", "partition": "planted-clusters", "num-clusters": 3}
+    with pytest.raises(
+        ConfigConflict, match=r"model 'mlp' \(run-config key 'model'\) has none.*use one that has: \['gpt2'\]$"
+    ):
+        parse_settings({**text, "model": "mlp"})
+    s = build_strategy(parse_settings(text))  # model auto: gpt2
+    assert s.norm_keys and all(".ln_" in k for k in s.norm_keys)
+    assert not any(".ln_" in k for k in s.shared_keys()) and "head.weight" in s.shared_keys()
 
 
 def test_a_checkpoint_restores_the_average_and_leaves_out_what_follows_from_the_settings():
