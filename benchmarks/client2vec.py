@@ -5,16 +5,20 @@ with Dirichlet label skew over 40 clients, 4 clients per round (10 %), 5 local e
 32, weight decay 5e-5, MLP (64-d features); the synthetic CLIP encoder (spec §8: random CLIP text towers
 blur the label half), DSA-IGN in Global mode (FF 256, dropout 0, Adam 1e-3, ``--ign-epochs``);
 tau 0.5, gamma 0.5, lambda1 1, w 1.  Arms: FedAvg, +i (sampling), +ii (aggregation), +iii (local loss),
-+i+ii+iii.  Every arm of a seed should share data, split, initial model and (for the index arms) the index;
-arms without (i) should also draw the same clients in every round.
++i+ii+iii; and FedBN (local normalisation layers, docs/methods/fedbn.md), which needs a model with normalisation
+layers: FedBN-cnn and its reference FedAvg-cnn run the ``cnn`` instead of the MLP.  Every arm of a seed should
+share data, split, initial model and (for the index arms) the index; arms without (i) should also draw the same
+clients in every round.
 
-Accuracy: the global model on each client's own test split, unweighted mean over clients, best round and
-last round.  ``benchmarks/report.py`` prints the paired delta (arm minus FedAvg on the same seed: per seed,
-mean and std, wins) only when the records' fingerprints show the pairing holds, and the index phase's
-seconds next to one training round, and the index's domain block gap.  One raw record per run goes to
+Accuracy: the global model on each client's own test split (FedBN, which has none: each client's personalized
+model), unweighted mean over clients, best round and last round.  ``benchmarks/report.py`` prints the paired
+delta (arm minus FedAvg on the same seed, FedBN-cnn minus FedAvg-cnn: per seed, mean and std, wins) only when
+the records' fingerprints show the pairing holds, and the index phase's seconds next to one training round, and
+the index's domain block gap.  One raw record per run goes to
 ``benchmarks/raw/client2vec/``.
 
-Reproduce: python benchmarks/client2vec.py                         (default grid: 25 runs)
+Reproduce: python benchmarks/client2vec.py                         (default grid: 35 runs)
+           python benchmarks/client2vec.py --arms FedAvg-cnn,FedBN-cnn   (only the FedBN arms: 10 runs)
            python benchmarks/client2vec.py --seeds 0 --rounds 10 --raw-dir /tmp/raw   (quick look)
 """
 
@@ -34,7 +38,25 @@ ARMS = {
     "+ii": {"c2v-sampling": False, "c2v-aggregation": True, "c2v-local": False},
     "+iii": {"c2v-sampling": False, "c2v-aggregation": False, "c2v-local": True},
     "+i+ii+iii": {"c2v-sampling": True, "c2v-aggregation": True, "c2v-local": True},
+    # FedBN, the feature-shift baseline: it needs normalisation layers, which the MLP lacks, so it runs on the cnn
+    # next to plain FedAvg on the same cnn (its reference); neither builds the index
+    "FedAvg-cnn": {
+        "method": "fedavg",
+        "model": "cnn",
+        "c2v-sampling": False,
+        "c2v-aggregation": False,
+        "c2v-local": False,
+    },
+    "FedBN-cnn": {
+        "method": "fedbn",
+        "model": "cnn",
+        "c2v-sampling": False,
+        "c2v-aggregation": False,
+        "c2v-local": False,
+    },
 }
+#: the arm each arm is paired with (the same model); every other arm is paired with FedAvg
+REFERENCE = {"FedBN-cnn": "FedAvg-cnn"}
 SETTINGS = {
     "4dom-a0.1": {"feature-shift": 4, "alpha": 0.1},
     "4dom-a100": {"feature-shift": 4, "alpha": 100.0},

@@ -1,13 +1,16 @@
 """FedC2I on feature-shift digits (5 domains, one client each; spec fedc2i §8 "Digit-5-lite" stand-in).
 
 Domains: original, inverted, rotated, noisy, shifted (task.data.DOMAINS), IID labels, the c2i-small CNN,
-Adam lr 1e-3, 2 local epochs, batch 32, 20 rounds.  Same protocol for every method (spec §6.12/§8):
+Adam lr 1e-3, 2 local epochs, batch 32, 20 rounds.  FedBN needs normalisation layers, which c2i-small lacks: it
+runs on the ``cnn`` (BatchNorm after each convolution) next to FedAvg on the same ``cnn`` (``fedavg-cnn``).
+Same protocol for every method (spec §6.12/§8):
 ``personal-acc`` is each client's own model on its own test split; for FedAvg/FedProx that is the global
 model, so ``trained-acc`` (the model right after local training, "FedAvg + fine-tuning") is reported too —
 about half of a personalized method's edge over FedAvg comes from that protocol difference alone.
 One raw record per run goes to ``benchmarks/raw/fedc2i/``; the table is ``benchmarks/report.py``'s.
 
-Reproduce: python benchmarks/fedc2i.py              (24 runs, about 15-30 minutes on 2 cores)
+Reproduce: python benchmarks/fedc2i.py              (30 runs, about 20-40 minutes on 2 cores)
+           python benchmarks/fedc2i.py --methods fedbn,fedavg-cnn   (only the FedBN rows: 6 runs)
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ METHODS = {
     "fedc2i": {"method": "fedc2i", "gamma": 5.0},
     "lambda-only": {"method": "fedc2i", "gamma": 5.0, "c2i-variant": "lambda-only"},
     "Lambda-only": {"method": "fedc2i", "gamma": 5.0, "c2i-variant": "Lambda-only"},
+    # FedBN keeps the normalisation layers local, and c2i-small has none (FedBN refuses it): FedBN runs on the cnn
+    # (BatchNorm after each convolution), next to FedAvg on the same cnn as its reference
+    "fedbn": {"method": "fedbn", "model": "cnn"},
+    "fedavg-cnn": {"method": "fedavg", "model": "cnn"},
 }
 
 

@@ -3,11 +3,13 @@
 Convention shared by every model here: the last linear layer is the attribute ``head`` and
 ``model.features(x)`` returns the flattened vector that ``head`` consumes.  Parameter (and buffer) names
 starting with ``"head."`` are the classifier; everything else is the body.  Personalized methods split
-states with :func:`head_keys` / :func:`body_keys` instead of hard-coding layer names.
+states with :func:`head_keys` / :func:`body_keys` instead of hard-coding layer names, and find the
+normalisation layers with :func:`norm_keys` (a model) or :func:`model_norm_keys` (a registry name).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -328,6 +330,38 @@ def body_keys(model_or_state: nn.Module | dict) -> list[str]:
     """Names (state_dict order) of the feature extractor's parameters and buffers (incl. BN statistics)."""
     state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state
     return [k for k in state if not k.startswith(HEAD_PREFIX)]
+
+
+#: the layers :func:`norm_keys` counts as normalisation layers: BatchNorm and InstanceNorm (torch's ``_NormBase``:
+#: affine weight and bias, running mean and variance, ``num_batches_tracked``), GroupNorm, LayerNorm and RMSNorm
+#: (affine weight and bias only).  All of them rescale features per channel; FedBN keeps them on the client.
+NORM_LAYERS: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
+
+
+def norm_keys(model: nn.Module) -> list[str]:
+    """Names (state_dict order) of the parameters and buffers of ``model``'s normalisation layers
+    (:data:`NORM_LAYERS`), e.g. ``conv.1.weight``, ``conv.1.running_mean``, ``conv.1.num_batches_tracked``."""
+    owned = set()
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, NORM_LAYERS):
+            owned |= {f"{name}.{k}" if name else k for k in module.state_dict()}
+    return [k for k in model.state_dict() if k in owned]
+
+
+@functools.lru_cache(maxsize=32)
+def model_norm_keys(name: str, in_channels: int, image_size: int, num_classes: int) -> tuple[str, ...]:
+    """:func:`norm_keys` of model ``name`` as :func:`build_model` builds it for these inputs, learnt without
+    making its weights: the architecture is instantiated on torch's ``meta`` device (no memory, no random draws,
+    no pretrained weights read)."""
+    with torch.device("meta"):
+        if name.startswith("gpt2:"):  # the pretrained model's architecture, from its folder's config
+            from transformers import GPT2Config
+
+            cfg = GPT2Config.from_pretrained(str(Path(name.split(":", 1)[1]).expanduser()), local_files_only=True)
+            model: nn.Module = CausalLM(cfg.vocab_size, in_channels, cfg.n_embd, cfg.n_layer, cfg.n_head)
+        else:
+            model = build_model(name, in_channels, image_size, num_classes)
+    return tuple(norm_keys(model))
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -92,6 +92,7 @@ METHOD_MODULES = {
         "task/dsa_ign.py",
         "task/methods/client2vec.py",
     ),
+    "FedBN": ("client_app/fedbn.py", "strategies/fedbn.py", "task/methods/fedbn.py"),
     "every method": ("task/train.py", "task/methods/__init__.py"),
 }
 

@@ -18,7 +18,9 @@ sys.path.insert(0, str(BENCH))
 
 import common
 import report
+from reporting import client2vec as reporting_client2vec
 from reporting import defaults, figures, pairing, pifl, settings, text
+from reporting import fedc2i as reporting_fedc2i
 from reporting.records import PERSONAL
 
 
@@ -135,6 +137,37 @@ def test_a_rendered_table_refuses_the_paired_column_when_fingerprints_disagree(t
     row = next(line for line in text.splitlines() if line.startswith("| synth-10:90 | pifl |"))
     assert "no paired Δ (seed 1: the runs' data differ" in row
     assert "+0.1000" not in text
+
+
+def test_fedbn_on_the_cnn_is_compared_with_fedavg_on_the_cnn_only_in_the_fedc2i_table(tmp_path):
+    accs = {"fedavg": 0.70, "fedc2i": 0.80, "fedavg-cnn": 0.85, "fedbn": 0.90}
+    for seed in (0, 1):
+        for method, acc in accs.items():
+            model = "cnn" if method in ("fedavg-cnn", "fedbn") else "c2i-small"
+            config = {"model": model, "method": method.removesuffix("-cnn"), "fraction-train": 1.0}
+            common.write_record(
+                rec({"method": method, "seed": seed}, personal=acc, config=config, grid="fedc2i"), tmp_path
+            )
+    text = reporting_fedc2i.render_fedc2i(tmp_path, {"lr": 0.05})
+    assert "fedbn and its reference fedavg-cnn (FedAvg) run the `cnn`" in text
+    assert "Best federated method by personal-acc: fedc2i." in text  # not a row on another model
+    assert "FedBN (0.900) beats FedAvg on the same cnn (0.850): +5.0 points" in text
+    assert "| fedbn | 0.9000" in text
+
+
+def test_fedbn_in_the_client2vec_table_is_paired_with_fedavg_on_the_cnn_by_its_personalized_accuracy(tmp_path):
+    # (personalized, global) accuracy; FedBN has no global model: its personalized accuracy (+ seed / 100) counts
+    arms = {"FedAvg": (0.60, 0.60), "+ii": (0.65, 0.65), "FedAvg-cnn": (0.70, 0.70), "FedBN-cnn": (0.74, None)}
+    for seed in (0, 1):
+        for arm, (personal, glob) in arms.items():
+            cell = {"setting": "4dom-a0.1", "seed": seed, "arm": arm}
+            r = rec(cell, personal=personal + seed / 100, glob=glob, config={"fraction-train": 0.1}, grid="client2vec")
+            common.write_record(r, tmp_path)
+    text = reporting_client2vec.render_client2vec(tmp_path, {"lr": 0.05})
+    assert "FedBN-cnn is paired with FedAvg-cnn" in text
+    assert "FedBN-cnn: paired Δ (best round) per seed +0.0400 / +0.0500; better than FedAvg-cnn in 2 of 2 seeds" in text
+    assert "+ii: paired Δ (best round) per seed +0.0500 / +0.0500; better than FedAvg in 2 of 2 seeds" in text
+    assert "FedAvg-cnn: paired" not in text
 
 
 def test_versus_names_winner_and_seeds():

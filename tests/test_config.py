@@ -34,6 +34,10 @@ def test_defaults_parse():
         ({"method": "oracle", "warmup-rounds": 10}, r"warmup-rounds=10 is not shorter than num-server-rounds=10"),
         ({"method": "cfl", "cfl-min-rounds": 11}, r"cfl-min-rounds=11 is after the last round"),
         ({"method": "pifl", "tiers": 3}, r"tiers=3 is more than min-nodes=2"),
+        (
+            {"method": "fedbn", "model": "mlp"},
+            r"model 'mlp' \(run-config key 'model'\) has none.*use one that has: \['cnn', 'resnet8', 'resnet10', 'resnet18'\]",
+        ),
         ({"partition": "pathological", "classes-per-client": 11}, r"classes-per-client=11 exceeds the 10 classes"),
         ({"partition": "planted-clusters", "num-clusters": 12}, r"num-clusters=12 exceeds the 10 labels"),
         ({"dataset": "synth-concept", "feature-shift": 2}, r"feature-shift=2 transforms images"),

@@ -3,7 +3,9 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +22,7 @@ BASELINES = [
     pytest.param("fedrod", marks=_EXTENDED),
     "ditto",
     "cfl",
+    "fedbn",  # the default model (cnn) has two BatchNorm layers, which stay on the clients
 ]
 
 #: the baselines with one model shared by every client (FedRoD: its generic head; Ditto: the global model it
@@ -48,8 +51,16 @@ def test_two_rounds(simulation, method):
     assert timing["messages"] == 4 and timing["total"] >= timing["work"] > 0
     if method != "local":
         assert comm["train-bytes-down"] > 4 * 4 * 30_000  # four clients, >= 30k float32 parameters each
-    # a shared global model is scored too, where the method has one (Local, FedPer, FedRep and CFL have none)
+    # a shared global model is scored too, where the method has one (Local, FedPer, FedRep, CFL, FedBN have none)
     assert ("global-acc" in rounds[-1]["evaluate"]) == (method in GLOBAL_MODEL)
+    if method == "fedbn":  # each client's saved personalized model: the same averaged layers, its own BatchNorm
+        saved = [load_file(str(p)) for p in sorted((folder / "models" / "clients").glob("client-*.safetensors"))]
+        assert len(saved) == 4 and not (folder / "models" / "server").exists()
+        bn = [k for k in saved[0] if k.startswith(("conv.1.", "conv.4."))]
+        assert len(bn) == 10 and len(saved[0]) == 16
+        for other in saved[1:]:
+            assert all(np.array_equal(saved[0][k], other[k]) for k in saved[0] if k not in bn)
+            assert not np.allclose(saved[0]["conv.1.running_mean"], other["conv.1.running_mean"])
 
 
 def test_bad_replies_are_rejected_and_the_run_goes_on(simulation):

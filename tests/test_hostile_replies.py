@@ -46,6 +46,7 @@ SCENARIOS = {
     "fedper": ("fedper", {}, 2),
     "fedrep": ("fedrep", {}, 1),
     "lgfedavg": ("lgfedavg", {}, 2),
+    "fedbn": ("fedbn", {"model": "cnn"}, 2),  # the mlp has no normalisation layer
     "fedrod": ("fedrod", {}, 1),
     "ditto": ("ditto", {}, 1),
     "moon": ("moon", {}, 1),

@@ -1,9 +1,19 @@
-"""Every model: output shape, the body/head split by parameter names, and seeded construction."""
+"""Every model: output shape, the body/head split by parameter names, its normalisation layers, and seeded
+construction."""
 
 import pytest
 import torch
+from torch import nn
 
-from task.models import MODELS, body_keys, build_model, count_parameters, head_keys
+from task.models import (
+    MODELS,
+    body_keys,
+    build_model,
+    count_parameters,
+    head_keys,
+    model_norm_keys,
+    norm_keys,
+)
 
 CASES = {
     "cnn": (1, 8),
@@ -66,3 +76,63 @@ def test_bad_model_names():
         build_model("vgg", 1, 8, 10)
     with pytest.raises(ValueError, match="needs image inputs"):
         build_model("cnn", 10, 0, 2)
+
+
+#: the models with normalisation layers, and the kind of layer
+NORMALISED = {"cnn": nn.BatchNorm2d, "resnet8": nn.BatchNorm2d, "resnet10": nn.BatchNorm2d, "resnet18": nn.BatchNorm2d}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_normalisation_keys_are_every_array_of_the_normalisation_layers_learnt_without_building_weights(name):
+    channels, size = CASES[name]
+    model = build_model(name, channels, size, 7, seed=0)
+    kind = NORMALISED.get(name)
+    expected = [
+        f"{m}.{k}" for m, layer in model.named_modules() if kind and isinstance(layer, kind) for k in layer.state_dict()
+    ]
+    assert sorted(norm_keys(model)) == sorted(expected) and bool(expected) == (name in NORMALISED)
+    assert norm_keys(model) == [k for k in model.state_dict() if k in set(expected)]  # state_dict order
+    rng = torch.random.get_rng_state()
+    assert model_norm_keys(name, channels, size, 7) == tuple(norm_keys(model))
+    assert torch.equal(rng, torch.random.get_rng_state())  # no weights were drawn to learn the names
+
+
+def test_group_layer_and_instance_norms_count_and_a_norm_without_arrays_adds_nothing():
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3),
+        nn.GroupNorm(2, 4),
+        nn.InstanceNorm2d(4, affine=True, track_running_stats=True),
+        nn.InstanceNorm2d(4),  # no affine, no statistics: no arrays
+        nn.Flatten(),
+        nn.LayerNorm(4 * 6 * 6),
+        nn.Linear(4 * 6 * 6, 3),
+    )
+    assert norm_keys(model) == [
+        "1.weight",
+        "1.bias",
+        "2.weight",
+        "2.bias",
+        "2.running_mean",
+        "2.running_var",
+        "2.num_batches_tracked",
+        "5.weight",
+        "5.bias",
+    ]
+    assert norm_keys(nn.LayerNorm(3)) == ["weight", "bias"]  # a normalisation layer as the whole model
+    assert norm_keys(nn.RMSNorm(3)) == ["weight"]
+    shared = nn.BatchNorm1d(3)  # one layer under two names: both names' arrays are its arrays
+    assert norm_keys(nn.Sequential(shared, nn.ReLU(), shared))[::5] == ["0.weight", "2.weight"]
+
+
+def test_the_causal_lms_layer_norms_are_its_normalisation_layers_also_for_a_pretrained_folder(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = build_model("gpt2", 12, 0, 50, seed=0)
+    keys = norm_keys(model)
+    assert keys and all(".ln_" in k for k in keys) and len(keys) == 2 * (2 * 2 + 1)  # ln_1, ln_2 per layer; ln_f
+    assert model_norm_keys("gpt2", 12, 0, 50) == tuple(keys)
+    folder = tmp_path / "gpt2:tiny"  # a folder whose name has a colon, too
+    GPT2LMHeadModel(GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=3, n_head=2)).save_pretrained(folder)
+    pretrained = build_model(f"gpt2:{folder}", 12, 0, 40)
+    assert model_norm_keys(f"gpt2:{folder}", 12, 0, 40) == tuple(norm_keys(pretrained))
+    assert len(norm_keys(pretrained)) == 2 * (2 * 3 + 1)

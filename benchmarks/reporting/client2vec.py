@@ -36,12 +36,16 @@ C2V_PAPER = [
     ),
     Paper("model", "ResNet18 / MobileNetV2", trained_model, "client2vec §4"),
 ]
-C2V_ARMS = ["FedAvg", "+i", "+ii", "+iii", "+i+ii+iii"]
+C2V_ARMS = ["FedAvg", "+i", "+ii", "+iii", "+i+ii+iii", "FedAvg-cnn", "FedBN-cnn"]
+#: the arm each arm is paired with (FedBN runs on the cnn: its reference is FedAvg on the cnn); others: FedAvg
+C2V_REFERENCE = {"FedAvg-cnn": "FedAvg-cnn", "FedBN-cnn": "FedAvg-cnn"}
 C2V_BLOCK_GAP_TARGET = 0.5  # spec client2vec §8: acceptance threshold of the index's domain block gap
 
 
 def c2v_accs(rec: Rec) -> list[float]:
-    return [r["global-acc"] for r in rec["rounds"] if r.get("global-acc") is not None]
+    """The global model's accuracy per round; for a method without one (FedBN), the personalized models'."""
+    key = "global-acc" if any(r.get("global-acc") is not None for r in rec["rounds"]) else "personal-acc"
+    return [r[key] for r in rec["rounds"] if r.get(key) is not None]
 
 
 def c2v_best(rec: Rec) -> float | None:
@@ -77,15 +81,22 @@ def render_client2vec(raw: Path, d: dict[str, Any]) -> str:
     )
     if not recs:
         return intro + "\n\n" + missing("python benchmarks/client2vec.py")
+    if any(select(recs, arm=a) for a in set(C2V_REFERENCE.values()) | set(C2V_REFERENCE)):
+        intro += (
+            " FedBN (local normalisation layers) needs a model with normalisation layers, which the MLP lacks: "
+            "FedBN-cnn and its reference FedAvg-cnn (plain FedAvg, no index) run the `cnn` instead, FedBN-cnn is "
+            "paired with FedAvg-cnn, and FedBN's accuracy is its personalized models' (it has no global model)."
+        )
     parts = [intro, header(recs, C2V_PAPER, d)]
     for setting in axis(recs, "setting", ["4dom-a0.1", "4dom-a100", "1dom-a0.1"]):
         sel = select(recs, setting=setting)
-        ref = select(sel, arm="FedAvg")
         rows, claims = [], []
         for arm in axis(sel, "arm", C2V_ARMS):
             a = select(sel, arm=arm)
+            ref_arm = C2V_REFERENCE.get(arm, "FedAvg")
+            ref = select(sel, arm=ref_arm)
             draws = not any(r["run-config"].get("c2v-sampling") for r in a)
-            p = paired(a, ref, c2v_best, draws=draws) if arm != "FedAvg" and ref else None
+            p = paired(a, ref, c2v_best, draws=draws) if arm != ref_arm and ref else None
             gaps = values(a, c2v_art("beta-f-block-gap"))
             rows.append(
                 [
@@ -106,7 +117,7 @@ def render_client2vec(raw: Path, d: dict[str, Any]) -> str:
                     + (
                         "paired Δ (best round) per seed "
                         + " / ".join(f"{x:+.4f}" for x in p.deltas)
-                        + f"; better than FedAvg in {p.wins} of {len(p.deltas)} seeds"
+                        + f"; better than {ref_arm} in {p.wins} of {len(p.deltas)} seeds"
                         if p.ok
                         else p.text()
                     )
@@ -116,7 +127,7 @@ def render_client2vec(raw: Path, d: dict[str, Any]) -> str:
                 if not p.ok and a_mean is not None and ref_mean is not None:  # the means, without a pairing claim
                     claims[-1] = claims[-1][:-1] + (
                         f"; unpaired, its mean best-round accuracy is {pts(a_mean - ref_mean)} "
-                        f"against FedAvg's ({a_mean:.3f} vs {ref_mean:.3f})."
+                        f"against {ref_arm}'s ({a_mean:.3f} vs {ref_mean:.3f})."
                     )
         gaps = values(sel, c2v_art("beta-f-block-gap"))
         if gaps:

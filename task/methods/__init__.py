@@ -18,6 +18,7 @@ from typing import Any
 
 from task.methods.baselines import DittoOptions, FedProxOptions, FedRepOptions, MoonOptions, NoOptions
 from task.methods.client2vec import Client2VecOptions
+from task.methods.fedbn import FedBNOptions
 from task.methods.fedc2i import FedC2IOptions
 from task.methods.fedcac import FedCACOptions
 from task.methods.pfedlia import CFLOptions, PFedLIAOptions
@@ -65,6 +66,14 @@ METHODS: dict[str, MethodSpec] = {
         "lgfedavg",
         "LGFedAvgClient",
         description="LG-FedAvg: local body (representation), shared head (FedPer's mirror)",
+    ),
+    "fedbn": _m(
+        "fedbn",
+        "FedBNStrategy",
+        "fedbn",
+        "FedBNClient",
+        options=FedBNOptions,
+        description="FedBN: local normalisation layers (BatchNorm and statistics), FedAvg of everything else",
     ),
     "fedrod": _m(
         "baselines",
