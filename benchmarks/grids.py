@@ -205,7 +205,7 @@ def smoke_design() -> dict[str, Family]:
             clients=4,
             base={**fam.base, "num-server-rounds": 2},
             samples={25: {}, n: fam.samples[n]},
-            heterogeneity={h: fam.heterogeneity[h], other: fam.heterogeneity[other]},
+            heterogeneity={k: v for k, v in fam.heterogeneity.items() if k in (h, other)},
             rows=rows,
         )
     return out

@@ -181,10 +181,17 @@ def procedure(fr: FamilyRecords) -> str:
     n_settings = sorted({len(row.settings(fam.lrs)) for row in fam.rows})
     clients = sorted({r.get("num-supernodes") for r in sel_recs + grid_recs} - {None})
     no_key = [row.name for row in fam.rows if row.key == "local-epochs"]
+    n_values = sorted({len(row.values) for row in fam.rows})
+    one = len(no_key) == 1
     lines = [
         f"Every method is tuned alike: {' or '.join(map(str, n_settings))} settings each, the learning rate "
-        f"({', '.join(map(str, fam.lrs))}) times two values of one key of its own"
-        + (f"; {', '.join(no_key)} have none and tune `local-epochs` (FedAvg's E)" if no_key else "")
+        f"({', '.join(map(str, fam.lrs))}) times {' or '.join(map(str, n_values))} value(s) of one key of its own"
+        + (
+            f"; {', '.join(no_key)} {'has' if one else 'have'} none and {'tunes' if one else 'tune'} "
+            "`local-epochs` (FedAvg's E) instead"
+            if no_key
+            else ""
+        )
         + ".",
         (
             f"Selection: every setting at the middle cell ({n_mid} training samples per client, {h_mid}), scored "
@@ -371,7 +378,8 @@ def plots(
                     means,
                     yerr=spreads,
                     label=row.name,
-                    color=colors(i % 20),
+                    color=colors((2 * i) % 20 + (2 * i) // 20),  # dark shades first, then the light ones
+                    linestyle="-" if i < 10 else "--",
                     marker="osD^v<>ph*"[i % 10],
                     capsize=3,
                     linewidth=1.3,
