@@ -155,7 +155,10 @@ FAMILIES: dict[str, Family] = {
             _row("fedrod"),
             _row("fedcac", "beta", (7, 15)),  # spec fedcac §3: beta about T/3 to T/2 for short runs; default 15
             _row("pfedlia", "optics-min-samples", (2, 5)),  # must not exceed the smallest true group
-            _row("cfl", "cfl-eps2", (0.8, 1.6)),  # a cluster splits when some member's update norm exceeds eps2
+            # a cluster splits once its mean update norm is below eps1 (0.4) and some member's is above eps2; at the
+            # middle cell the largest norm fell below 0.5 before the mean fell below 0.4, so the default 1.6 never
+            # splits (CFL = FedAvg) and 0.3 lets clusters split
+            _row("cfl", "cfl-eps2", (0.3, 1.6)),
             _row("ifca", "tiers", (2, 4)),
             _row("pifl", "tiers", (2, 4)),
             _row("fedsoft", "fedsoft-lambda", (0.1, 1.0)),
@@ -353,6 +356,20 @@ def run_all(runs: list[Run], bench: Bench, raw_dir: Path, progress: Progress) ->
         print(progress.line(rec["wall-seconds"]), flush=True)
 
 
+def check_configs(runs: Iterable[Run]) -> None:
+    """Every planned run config parses as the app will parse it (a conflict fails here, not hours later)."""
+    from task.config import parse_settings
+
+    problems = {}
+    for run in runs:
+        try:
+            parse_settings(run.config)
+        except ValueError as err:
+            problems.setdefault(f"{run.family.name} / {run.row.name}", str(err))
+    if problems:
+        raise SystemExit("bad run configs:\n" + "\n".join(f"  {k}: {v}" for k, v in problems.items()))
+
+
 def check_methods(design: dict[str, Family]) -> None:
     """Every row's method exists in the code that runs (e.g. FedBN is a later addition)."""
     from task.methods import METHODS
@@ -437,6 +454,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         return
     check_methods(design)
+    check_configs(planned_select + planned_grid)
 
     progress = Progress(n_sel + n_grid)
     with Bench("grids", raw_dir=raw_dir, total=n_sel + n_grid) as bench:

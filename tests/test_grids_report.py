@@ -69,6 +69,22 @@ def write_grid(raw, fam, row, setting, samples, het, accs, **kw):
 
 
 # =========================================================================== the plan (grids.py)
+def test_every_planned_run_config_is_one_the_app_accepts():
+    from task.methods import METHODS
+
+    design = {
+        name: replace(f, rows=tuple(r for r in f.rows if r.config["method"] in METHODS))
+        for name, f in grids.FAMILIES.items()
+    }
+    for fam in design.values():
+        chosen = {r.name: grids.setting_label(s) for r in fam.rows for s in r.settings(fam.lrs)[-1:]}
+        grids.check_configs(grids.selection_runs(fam, [0]) + grids.grid_runs(fam, chosen, [0], True))
+        grids.check_configs(grids.grid_runs(fam, chosen, [0], False))
+    bad = replace(design["label-skew"], rows=(grids.Row("pifl", {"method": "pifl"}, "tiers", (2, 11)),))
+    with pytest.raises(SystemExit, match="label-skew / pifl: .*tiers=11"):
+        grids.check_configs(grids.selection_runs(bad, [0]))
+
+
 def test_every_method_of_a_family_gets_the_same_number_of_settings_and_selection_never_scores_on_test():
     for fam in grids.FAMILIES.values():
         sizes = {len(r.settings(fam.lrs)) for r in fam.rows}
