@@ -346,7 +346,12 @@ def _hms(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}"
 
 
+#: consecutive failed runs after which the script stops (a dead SuperLink would otherwise fail every later run)
+MAX_FAILURES_IN_A_ROW = 5
+
+
 def run_all(runs: list[Run], bench: Bench, raw_dir: Path, progress: Progress) -> None:
+    failures = 0
     for run in runs:
         bench.grid = run.grid  # one SuperLink for every grid of the script
         start = time.time()
@@ -354,6 +359,12 @@ def run_all(runs: list[Run], bench: Bench, raw_dir: Path, progress: Progress) ->
         rec["wall-seconds"] = round(time.time() - start, 2)  # flwr run end to end, Ray start-up included
         write_record(rec, raw_dir)
         print(progress.line(rec["wall-seconds"]), flush=True)
+        failures = failures + 1 if rec.get("error") else 0
+        if failures >= MAX_FAILURES_IN_A_ROW:
+            raise SystemExit(
+                f"{failures} runs in a row failed (the last: {run.path(raw_dir)}); stopped. Fix the cause, then run "
+                "the same command with --retry-failed"
+            )
 
 
 def check_configs(runs: Iterable[Run]) -> None:

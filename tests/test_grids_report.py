@@ -258,3 +258,38 @@ def test_the_pictures_draw_one_line_per_method_with_records(tmp_path, monkeypatc
     assert [len(y) for y, _ in by_label["fedavg"]] == [1, 1]  # FedAvg: the middle cell only, in both pictures
     het_y, _ = by_label["local"][1]
     assert het_y == pytest.approx([np.mean(truth[("local", n, x)]) for x in fam.heterogeneity])
+
+
+class FakeBench:
+    """Stands in for common.Bench: records what it was asked to run and answers with a record (failed if told)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.grid, self.fail, self.ran = "grids", fail, []
+
+    def run(self, cell, cfg, clients):
+        self.ran.append(cell)
+        return record(self.grid, cell, 0.5, error="RuntimeError: the SuperLink is gone" if self.fail else None)
+
+
+def test_runs_with_a_record_are_skipped_and_failed_ones_rerun_only_when_asked(tmp_path, capsys):
+    fam = tiny()["label-skew"]
+    runs = grids.selection_runs(fam, [0])
+    grids.run_all(runs[:3], FakeBench(fail=True), tmp_path, grids.Progress(3))
+    grids.run_all(runs[3:5], FakeBench(), tmp_path, grids.Progress(2))
+    assert [grids._done(r, tmp_path, retry_failed=False) for r in runs[:6]] == [True] * 5 + [False]
+    assert [grids._done(r, tmp_path, retry_failed=True) for r in runs[:6]] == [False] * 3 + [True] * 2 + [False]
+    assert "progress 2/2 runs" in capsys.readouterr().out
+
+
+def test_the_script_stops_when_runs_keep_failing(tmp_path):
+    fam = tiny()["label-skew"]
+    runs = grids.selection_runs(fam, [0])
+    bench = FakeBench(fail=True)
+    with pytest.raises(SystemExit, match="5 runs in a row failed"):
+        grids.run_all(runs, bench, tmp_path, grids.Progress(len(runs)))
+    assert len(bench.ran) == grids.MAX_FAILURES_IN_A_ROW < len(runs)
+
+
+def test_smoke_records_never_go_to_the_committed_raw_folder():
+    with pytest.raises(SystemExit, match="scratch --raw-dir"):
+        grids.main(["--smoke", "--dry-run"])
