@@ -39,6 +39,27 @@ def test_the_subsample_keeps_each_label_within_one_of_its_share_and_a_smaller_on
         assert np.all(np.abs(got - share) <= bound + 1e-9), (n, got, share)
 
 
+def test_every_prefix_of_an_uneven_client_stays_within_tijdemans_bound():
+    counts = [20, 20, 2, 28, 17]  # a label far below the others: the bound is tight here
+    labels = np.random.default_rng(0).permutation(np.repeat(np.arange(5), counts))
+    bound = 1.0 - 1.0 / (2 * (len(counts) - 1))
+    for n in range(1, len(labels)):
+        got = np.bincount(labels[training_subsample(labels, n, np.random.default_rng(0))], minlength=5)
+        assert np.all(np.abs(got - n * np.asarray(counts) / len(labels)) <= bound + 1e-9), n
+
+
+def test_a_capped_client_is_the_same_in_every_process_and_another_seed_draws_another_subsample():
+    s = DataSettings(partition="iid", seed=4, train_samples=20)
+    a = load_client_data(s, 1, 5)
+    load_client_data.cache_clear()
+    b = load_client_data(s, 1, 5)
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_train, b.y_train)
+    from dataclasses import replace
+
+    other = load_client_data(replace(s, seed=5), 1, 5)
+    assert not torch.equal(a.x_train, other.x_train)
+
+
 def test_no_cap_or_a_cap_above_the_split_keeps_every_sample():
     labels = np.array([0, 1, 1, 2, 2, 2])
     for n in (0, 6, 50):
