@@ -31,6 +31,10 @@ from report import Paired, error_line, machine_note, md_table, pairing_problem
 
 Rec = dict[str, Any]
 REFERENCES = ("local", "fedavg")
+#: methods whose clients use their validation split themselves (client_app/): pFedLIA scores peers' lazy models on
+#: it, IFCA picks its cluster by the loss on it, PI-FL bids by the tiers' accuracy on it
+USES_VALIDATION = ("pfedlia", "ifca", "pifl")
+USES_VALIDATION_WHY = "pFedLIA's lazy influence, IFCA's cluster choice, PI-FL's bids"
 #: keys that are grid coordinates or the tuned setting, not shared settings of a family
 _COORDINATES = {"seed", "method", "lr", "train-samples", "data-copies", "evaluate-split", "results-dir", "min-nodes"}
 
@@ -210,6 +214,13 @@ def procedure(fr: FamilyRecords) -> str:
         )
         + ".",
     ]
+    inner = [row.name for row in fam.rows if row.config["method"] in USES_VALIDATION]
+    if inner:
+        lines.append(
+            f"{', '.join(inner)} also use the validation split inside the method ({USES_VALIDATION_WHY}): their "
+            "validation scores are measured on data the method itself used (optimistic as numbers; they only rank "
+            "the method's own settings); their test splits stay unseen."
+        )
     shared = _shared_settings(sel_recs + grid_recs, fam)
     if shared:
         lines.append(f"Every run also sets {shared}; everything else is the app's default.")
