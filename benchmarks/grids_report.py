@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 
 import grids
 from common import RAW, load_records
-from report import Paired, error_line, machine_note, md_table, pairing_problem
+from report import Paired, error_line, machine_note, md_table, pairing_problem, plural
 
 Rec = dict[str, Any]
 REFERENCES = ("local", "fedavg")
@@ -233,7 +233,8 @@ def procedure(fr: FamilyRecords) -> str:
     sel_h, grid_h = _hours(sel_recs), _hours(grid_recs)
     failed = sum(1 for r in sel_recs + grid_recs if r.get("error"))
     lines.append(
-        f"Compute: {len(sel_recs)} selection runs ({sel_h:.1f} h) and {len(grid_recs)} grid runs ({grid_h:.1f} h) of "
+        f"Compute: {plural(len(sel_recs), 'selection run')} ({sel_h:.1f} h) and {plural(len(grid_recs), 'grid run')} "
+        f"({grid_h:.1f} h) of "
         f"wall time, Flower's start-up included; {failed} failed. " + machine_note(sel_recs + grid_recs)
     )
     return "\n\n".join(lines)
@@ -328,8 +329,8 @@ def render_family(fr: FamilyRecords, level: int = 3, plots_prefix: str = "") -> 
     stale = fr.stale()
     if stale:
         parts.append(
-            f"{len(stale)} grid record(s) ran a setting that is not the chosen one (an earlier selection) and are "
-            "not shown."
+            f"{len(stale)} grid record(s) ran a setting that is not the method's chosen one (an earlier selection, "
+            "or none is chosen yet) and are not shown."
         )
     n, h = fam.middle
     parts += [

@@ -222,7 +222,7 @@ def test_records_of_an_earlier_selection_are_counted_and_left_out(tmp_path):
     )
     write_grid(tmp_path, fam, "local", other, n, h, [0.99, 0.99])
     text = grids_report.render(tmp_path, design)
-    assert "2 grid record(s) ran a setting that is not the chosen one" in text
+    assert "2 grid record(s) ran a setting that is not the method's chosen one" in text
     assert "0.990" not in text
 
 
