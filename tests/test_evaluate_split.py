@@ -126,7 +126,11 @@ def test_a_selection_run_reports_the_accuracy_on_the_validation_split(poisoned_t
 
 
 def test_selection_needs_a_validation_split():
-    with pytest.raises(ValueError, match=r"evaluate-split='validation'.*val-fraction=0"):
+    message = (
+        r"^evaluate-split='validation' scores on the validation split, but val-fraction=0 leaves it empty; use "
+        r"val-fraction > 0 \(e\.g\. 0\.2\)$"
+    )
+    with pytest.raises(ValueError, match=message):
         parse_settings({"evaluate-split": "validation", "val-fraction": 0.0})
     with pytest.raises(ValueError, match=r"'evaluate-split' must be one of \['test', 'validation'\], got 'train'"):
         parse_settings({"evaluate-split": "train"})
