@@ -24,7 +24,9 @@ same train / validation / test split).
 One raw record per run goes to ``<raw-dir>/grids-<family>-select/`` and ``<raw-dir>/grids-<family>/``; a run
 whose record exists is skipped (the script resumes where it stopped; ``--retry-failed`` reruns failed ones).
 Order: selection (seed by seed), then the middle cell of every method, then the axes (seed by seed), so that a
-partial run is as useful as it can be.  ``benchmarks/grids_report.py`` renders the records (tables and plots).
+partial run is as useful as it can be.  ``benchmarks/reporting/grids.py`` renders the records: the script prints
+its section of RESULTS.md after its runs, ``python benchmarks/report.py`` puts it in RESULTS.md and draws its
+figures (``--smoke`` prints the rehearsal's section and draws its figures into ``--raw-dir``).
 
     python benchmarks/grids.py --dry-run            # the plan: runs per phase and the estimated hours
     benchmarks/run_committed.sh "grids.py"          # the full compute, on a committed tree (resumable)
@@ -46,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RAW, Bench, add_common_args, cell_name, load_records, split, write_record
+from common import RAW, Bench, add_common_args, cell_name, load_records, print_report, split, write_record
 
 #: the learning rates every method is tuned over (SGD with the default momentum 0.9; the app's default is 0.05)
 LR = (0.01, 0.05)
@@ -484,7 +486,21 @@ def main(argv: list[str] | None = None) -> None:
                         chosen[name] = sel.chosen
                     runs += grid_runs(fam, chosen, seeds, middle)
                 run_all([r for r in runs if not _done(r, raw_dir, args.retry_failed)], bench, raw_dir, progress)
-    print(f"\nraw records in {raw_dir}/grids-*; render with: python benchmarks/grids_report.py --raw-dir {raw_dir}")
+    if args.smoke:
+        print_smoke(design, raw_dir)
+    else:
+        print_report(next(iter(design.values())).grid, raw_dir)  # the section shows every family
+
+
+def print_smoke(design: dict[str, Family], raw_dir: Path) -> None:
+    """The rehearsal's section as RESULTS.md would show it (for its smaller design), its figures drawn in ``raw_dir``."""
+    from reporting.figures import draw
+    from reporting.grids import figures_grids, render_grids
+    from reporting.settings import run_config_defaults
+
+    print("\n" + render_grids(raw_dir, run_config_defaults(), design))
+    for fig in figures_grids(raw_dir, design):
+        print(f"drew {draw(fig, raw_dir)}")
 
 
 def _grid_done(design: dict[str, Family], raw_dir: Path, planned: set[tuple[str, str]]) -> int:

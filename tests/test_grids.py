@@ -1,6 +1,7 @@
-"""The equal-tuning grids (benchmarks/grids.py) and their report (benchmarks/grids_report.py) on synthetic records:
-selection on validation scores only, every method with the same budget, the chosen setting held across the grid,
-paired differences only between runs on the same data, and partial grids shown as such."""
+"""The equal-tuning grids (benchmarks/grids.py) and their section of RESULTS.md (benchmarks/reporting/grids.py) on
+synthetic records: selection on validation scores only, every method with the same budget, the chosen setting held
+across the grid, paired differences only between runs on the same data, partial grids shown as such, the compute
+stated, and the figures checked by ``report.py --check``."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import grids
-import grids_report
+import report
 from common import _fingerprint, write_record
+from reporting import figures
+from reporting import grids as report_grids
 
 
 def tiny() -> dict[str, grids.Family]:
@@ -25,7 +28,10 @@ def tiny() -> dict[str, grids.Family]:
     return {"label-skew": replace(fam, rows=rows, samples={25: {}, 50: {}}, heterogeneity=dict(fam.heterogeneity))}
 
 
-def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=(9, 9, 9), error=None, config=None):
+MACHINE = {"cores": 2, "memory-gib": 24, "gpu": False, "python": "3.11", "flwr": "1.41.0", "torch": "2"}
+
+
+def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=(9, 9, 9), error=None, config=None, wall=30.0):
     clients = {
         "columns": ["client", "num-examples", "personal-acc", "test-examples"],
         "rows": [[i, n, acc, t] for i, (n, t) in enumerate(zip(num_examples, test_examples))],
@@ -39,7 +45,7 @@ def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=(9, 9, 9
         "num-supernodes": len(num_examples),
         "error": error,
         "code": {"commit": "0123456789abcdef", "dirty": False},
-        "machine": {"cores": 2, "memory-gib": 24, "gpu": False, "python": "3.11", "flwr": "1.41.0", "torch": "2"},
+        "machine": {**MACHINE, "load-before": wall / 10},  # the load is told apart by the run's wall time
         "run-config": {"val-fraction": 0.2, **(config or {})},
         "overrides": ["val-fraction", *(config or {})],
         "summary": {"personal-acc": None if error else acc},
@@ -47,7 +53,7 @@ def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=(9, 9, 9
         "clients": clients if not error else {"columns": [], "rows": []},
         "artefacts": {},
         "fingerprint": _fingerprint(clients, [], {}),
-        "wall-seconds": 30.0,
+        "wall-seconds": wall,
     }
 
 
@@ -150,7 +156,7 @@ def test_a_failed_setting_cannot_be_chosen_and_a_missing_run_leaves_the_method_u
     sel = grids.selections(fam, tmp_path)
     assert sel["local"].chosen == grids.setting_label(fam.row("local").settings(fam.lrs)[2])
     assert sel["pifl"].chosen is None and "incomplete" in sel["pifl"].reason
-    text = grids_report.render(tmp_path, tiny())
+    text = report_grids.render_grids(tmp_path, {}, tiny())
     assert "failed" in text and "selection incomplete (7 of 8 runs)" in text
 
 
@@ -181,35 +187,44 @@ def _row(text: str, title: str, method: str) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")]
 
 
+def _points(deltas) -> str:
+    d = np.asarray(deltas) * 100
+    return f"{d.mean():+.1f} ({d.min():+.1f} to {d.max():+.1f})"
+
+
 def test_each_cell_shows_mean_spread_setting_and_paired_differences_with_wins(tmp_path):
     design, fam, sel, truth = _filled(tmp_path)
-    text = grids_report.render(tmp_path, design)
+    text = report_grids.render_grids(tmp_path, {}, design)
     n, h = fam.middle
     title = f"{n} training samples per client, {h} (middle cell: selection ran here)"
     cac = _row(text, title, "fedcac")
     a, ref = np.array(truth[("fedcac", n, h)]), np.array(truth[("local", n, h)])
     assert cac[1] == f"`{sel['fedcac'].chosen}`"
-    assert cac[2] == f"{a.mean():.3f} ± {a.std():.3f} (n=3)"
-    d = a - ref
-    assert cac[3] == f"{d.mean() * 100:+.1f} ± {d.std() * 100:.1f} pts, wins {(d > 0).sum()}/3"
-    d2 = a - np.array(truth[("fedavg", n, h)])
-    assert cac[4] == f"{d2.mean() * 100:+.1f} ± {d2.std() * 100:.1f} pts, wins {(d2 > 0).sum()}/3"
+    assert cac[2] == f"{a.mean():.4f} ({a.min():.4f}-{a.max():.4f})"
+    assert cac[3] == _points(a - ref) and cac[4] == f"{(a > ref).sum()}/3"
+    avg = np.array(truth[("fedavg", n, h)])
+    assert cac[5] == _points(a - avg) and cac[6] == f"{(a > avg).sum()}/3"
+    assert _row(text, title, "local")[3:5] == ["", ""]  # no difference to itself
     # PI-FL is scored on another part of the test split (same training data): shown, marked
-    assert _row(text, title, "pifl")[3].endswith("†")
+    pifl = _row(text, title, "pifl")
+    assert pifl[3] == _points(np.array(truth[("pifl", n, h)]) - ref) + " †"
+    assert not cac[3].endswith("†")
     # away from the middle, FedAvg was not run
     other = next(c for c in fam.cells() if c != fam.middle)
-    row = _row(text, f"{other[0]} training samples per client, {other[1]}", "fedavg")
-    assert row[2] == "not run"
-    assert _row(text, f"{other[0]} training samples per client, {other[1]}", "fedcac")[4] == "fedavg not run"
+    assert _row(text, f"{other[0]} training samples per client, {other[1]}", "fedavg")[2] == "not run"
+    assert _row(text, f"{other[0]} training samples per client, {other[1]}", "fedcac")[5] == "fedavg not run"
 
 
 def test_runs_on_different_data_are_not_paired(tmp_path):
     design, fam, sel, truth = _filled(tmp_path)
     n, h = fam.middle
     write_grid(tmp_path, fam, "fedcac", sel["fedcac"].chosen, n, h, truth[("fedcac", n, h)], num_examples=(31, 40, 50))
-    text = grids_report.render(tmp_path, design)
-    row = _row(text, f"{n} training samples per client, {h} (middle cell: selection ran here)", "fedcac")
-    assert row[3].startswith("no paired Δ") and "data" in row[3]
+    write_grid(tmp_path, fam, "pifl", sel["pifl"].chosen, n, h, truth[("pifl", n, h)], num_examples=(31, 40, 50))
+    text = report_grids.render_grids(tmp_path, {}, design)
+    title = f"{n} training samples per client, {h} (middle cell: selection ran here)"
+    cac, pifl = _row(text, title, "fedcac"), _row(text, title, "pifl")
+    assert cac[3] == "no paired Δ (seed 0: the runs' data differ (data fingerprints disagree))" and cac[4] == "—"
+    assert pifl[3].startswith("no paired Δ") and "data differ" in pifl[3]  # another test split is no excuse then
 
 
 def test_records_of_an_earlier_selection_are_counted_and_left_out(tmp_path):
@@ -221,43 +236,81 @@ def test_records_of_an_earlier_selection_are_counted_and_left_out(tmp_path):
         if grids.setting_label(s) != sel["local"].chosen
     )
     write_grid(tmp_path, fam, "local", other, n, h, [0.99, 0.99])
-    text = grids_report.render(tmp_path, design)
-    assert "2 grid record(s) ran a setting that is not the method's chosen one" in text
-    assert "0.990" not in text
+    text = report_grids.render_grids(tmp_path, {}, design)
+    assert "2 grid records ran a setting that is not the method's chosen one" in text
+    assert "0.99" not in text
 
 
-def test_an_empty_raw_folder_renders_every_cell_as_not_run_and_still_draws(tmp_path):
-    text = grids_report.render(tmp_path, tiny())
-    assert "not run: selection incomplete" in text and "| local |" in text
-    paths = grids_report.plots(tmp_path, tmp_path / "png", tiny())
-    assert sorted(p.name for p in paths) == ["grids-label-skew-heterogeneity.png", "grids-label-skew-samples.png"]
-    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+def test_the_compute_the_grid_took_and_the_machine_load_are_stated(tmp_path):
+    design, fam, sel, truth = _filled(tmp_path)
+    h = fam.middle[1]
+    write_grid(tmp_path, fam, "fedcac", sel["fedcac"].chosen, 25, h, truth[("fedcac", 25, h)], wall=4000.0)
+    text = report_grids.render_grids(tmp_path, {}, design)
+    selection = grids.load_records(fam.select_grid, tmp_path)
+    runs = grids.load_records(fam.grid, tmp_path)
+    wall = sum(r["wall-seconds"] for r in selection + runs)
+    assert (
+        f"Compute: {len(selection)} selection runs ({len(selection) * 30 / 60:.0f} min) and {len(runs)} grid runs"
+        in text
+    )
+    assert f"{wall / 3600:.1f} h of wall time in all" in text
+    loads = [r["wall-seconds"] / 10 for r in selection + runs]
+    assert f"1-minute load average when a run started: median {np.median(loads):.1f}" in text
 
 
-def test_the_pictures_draw_one_line_per_method_with_records(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
+def test_without_records_the_section_says_the_grids_have_not_run_and_gives_the_command(tmp_path):
+    text = report_grids.render_grids(tmp_path, {})
+    assert 'The grids have not been run yet: run `benchmarks/run_committed.sh "grids.py"`' in text
+    assert "|" not in text and report_grids.figures_grids(tmp_path) == []
+    # one family run, the other not: the other names its own command
+    write_selection(
+        tmp_path,
+        tiny()["label-skew"],
+        {"local": [0.5] * 4, "fedavg": [0.5] * 4, "fedcac": [0.5] * 4, "pifl": [0.5] * 4},
+    )
+    text = report_grids.render_grids(tmp_path, {})
+    assert 'Not run yet: run `benchmarks/run_committed.sh "grids.py --families feature-shift"`' in text
+    assert "| fedper | — | not run: selection incomplete (0 of 8 runs)" in text  # a method of the full design
 
+
+def test_the_figure_draws_one_line_per_method_through_the_mean_and_spread_over_seeds(tmp_path):
     design, fam, _, truth = _filled(tmp_path)
-    drawn = []
-    real = plt.Axes.errorbar
-
-    def spy(self, x, y, *a, **kw):
-        drawn.append((kw.get("label"), list(y), list(kw.get("yerr"))))
-        return real(self, x, y, *a, **kw)
-
-    monkeypatch.setattr(plt.Axes, "errorbar", spy)
-    grids_report.plots(tmp_path, tmp_path / "png", design)
+    (fig,) = report_grids.figures_grids(tmp_path, design)
+    samples, het = fig.panels
     n, h = fam.middle
-    by_label = {}  # label -> [(samples picture), (heterogeneity picture)]
-    for label, y, err in drawn:
-        by_label.setdefault(label, []).append((y, err))
-    assert set(by_label) == {"local", "fedavg", "fedcac", "pifl"}
-    y, err = by_label["fedcac"][0]  # the samples picture: one point per samples value
-    expected = [np.mean(truth[("fedcac", s, h)]) for s in fam.samples]
-    assert y == pytest.approx(expected) and err == pytest.approx([np.std(truth[("fedcac", s, h)]) for s in fam.samples])
-    assert [len(y) for y, _ in by_label["fedavg"]] == [1, 1]  # FedAvg: the middle cell only, in both pictures
-    het_y, _ = by_label["local"][1]
-    assert het_y == pytest.approx([np.mean(truth[("local", n, x)]) for x in fam.heterogeneity])
+    assert samples.xticks == [str(s) for s in fam.samples] and het.xticks == list(fam.heterogeneity)
+    for panel in (samples, het):
+        assert [line.label for line in panel.lines] == ["local", "fedavg", "fedcac", "pifl"]
+    cac = samples.lines[2]
+    accs = [truth[("fedcac", s, h)] for s in fam.samples]
+    assert cac.x == [0, 1] and cac.y == pytest.approx([np.mean(a) for a in accs])
+    assert cac.lo == pytest.approx([min(a) for a in accs]) and cac.hi == pytest.approx([max(a) for a in accs])
+    middle = list(fam.heterogeneity).index(h)
+    assert het.lines[1].x == [middle]  # FedAvg: the middle cell only
+    assert het.lines[0].y == pytest.approx([np.mean(truth[("local", n, x)]) for x in fam.heterogeneity])
+    assert f"]({fig.file})" in report_grids.render_grids(tmp_path, {}, design)  # the section shows it
+
+
+def test_report_check_draws_the_grids_figure_and_finds_it_stale_when_a_record_changes(tmp_path):
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    out.mkdir()
+    _, fam, sel, _ = _filled(raw)
+    assert "grids-label-skew.png" in report.stale_figures(raw, out)  # not drawn yet
+    for fig in report.build_figures(raw):
+        figures.draw(fig, out)
+    assert report.stale_figures(raw, out) == []
+    n, h = fam.middle
+    write_grid(raw, fam, "fedcac", sel["fedcac"].chosen, n, h, [0.1, 0.2, 0.3])
+    assert report.stale_figures(raw, out) == ["grids-label-skew.png"]
+    assert "## When each method pays off" in report.build(raw)  # a section of RESULTS.md
+
+
+def test_the_smoke_rehearsal_prints_its_section_and_draws_its_figure(tmp_path, capsys):
+    design, *_ = _filled(tmp_path)
+    grids.print_smoke(design, tmp_path)
+    printed = capsys.readouterr().out
+    assert "### Label skew" in printed and "#### Selection" in printed
+    assert (tmp_path / "grids-label-skew.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 class FakeBench:
