@@ -62,7 +62,9 @@ CHANGES = {
     "c2v-lambda1": (3.0, "lambda1", 3.0),
     "c2v-local-weight": (5.0, "local_weight", 5.0),
     "c2v-orth-normalize": (False, "orth_normalize", False),
-    "c2v-orth-mean-over-clients": (True, "orth_mean_over_clients", True),
+    "c2v-orth-mean-over-clients": (False, "orth_mean_over_clients", False),
+    "c2v-dist-detach": (False, "dist_detach", False),
+    "c2v-ign-threads": (2, "ign_threads", 2),
 }
 
 
