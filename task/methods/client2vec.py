@@ -40,7 +40,7 @@ class Client2VecOptions(FedProxOptions, MoonOptions):
         choices=("global", "federated"),
     )
     ign_epochs: int = option(
-        "c2v-ign-epochs", 10, "DSA-IGN epochs (global) or rounds (federated); paper 500", minimum=0
+        "c2v-ign-epochs", 5, "DSA-IGN epochs (global) or rounds (federated); paper 500", minimum=0
     )
     ign_local_epochs: int = option("c2v-ign-local-epochs", 10, "federated DSA-IGN: local epochs per round", minimum=1)
     ign_fraction: float = option(
