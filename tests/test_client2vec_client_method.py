@@ -441,3 +441,23 @@ def test_case_study_iii_at_the_users_defaults_trains_like_the_base_algorithm(cfg
     dead, acc = _dead_features_and_train_acc(client("client2vec", data, **run), train_content(init, beta), data.x_train)
     assert dead <= dead_plain + 0.15
     assert acc >= acc_plain - 0.1
+
+
+def test_a_client_whose_embeddings_are_cached_never_builds_the_encoder(cfg, monkeypatch):
+    """The cache spares the CLIP model: a node that has its embeddings answers the index-phase queries without
+    importing open_clip or loading weights (3 s per process idle, 13 s loaded; docs/methods/client2vec.md)."""
+    import task.clip
+
+    data = client_data(HIGH, n=4)
+    clip = {**cfg, "c2v-encoder": "open-clip"}
+    first = client("client2vec", data, **clip).embeddings()  # a cache miss builds the encoder and writes the cache
+
+    def no_encoder(*args):
+        raise AssertionError(f"encoder built on a cache hit: {args}")
+
+    monkeypatch.setattr(task.clip, "build_encoder", no_encoder)
+    again = client("client2vec", data, **clip).embeddings()
+    np.testing.assert_array_equal(first[0], again[0])
+    np.testing.assert_array_equal(first[1], again[1])
+    with pytest.raises(AssertionError, match="encoder built"):  # another encoder's embeddings are not that cache
+        client("client2vec", data, **{**clip, "c2v-normalize": False}).embeddings()
