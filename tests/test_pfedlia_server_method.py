@@ -261,6 +261,7 @@ class Federation:
                     "method": method,
                     "warmup-rounds": 1,
                     "optics-min-samples": 2,
+                    **({"partition": "planted-clusters"} if method == "oracle" else {}),
                     **cfg,
                 }
             )

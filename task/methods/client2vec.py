@@ -60,6 +60,27 @@ class Client2VecOptions(FedProxOptions, MoonOptions):
     orth_normalize: bool = option("c2v-orth-normalize", True, "(iii) cosines instead of raw dot products")
     orth_mean_over_clients: bool = option("c2v-orth-mean-over-clients", False, "(iii) mean, not sum, over clients")
 
+    def conflicts(self, settings) -> list[str]:
+        """The client index needs image samples with one class label each (CLIP embeddings, label prompts)."""
+        if not self.enabled:
+            return []  # every case study off: the plain base algorithm, no index
+        if settings.data.dataset == "dialects":
+            return [
+                (
+                    "Client2Vec's client index pairs every training sample with the prompt of its one class label, "
+                    "and dataset 'dialects' labels every token (next-word prediction); use an image data set, or "
+                    "c2v-sampling=false c2v-aggregation=false c2v-local=false for the plain base algorithm"
+                )
+            ]
+        if settings.image_size == 0 and self.encoder == "open-clip":
+            return [
+                (
+                    f"c2v-encoder='open-clip' encodes images, but dataset {settings.data.dataset!r} has vectors; use "
+                    f"c2v-encoder='synthetic' (a fixed random projection) or an image data set"
+                )
+            ]
+        return []
+
     @property
     def ign(self) -> IGNConfig:
         return IGNConfig(ff=self.ign_ff, dropout=self.ign_dropout, pos_emb=self.pos_emb)
