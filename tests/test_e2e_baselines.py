@@ -50,6 +50,13 @@ def test_two_rounds(simulation, method):
         assert comm["train-bytes-down"] > 4 * 4 * 30_000  # four clients, >= 30k float32 parameters each
     # a shared global model is scored too, where the method has one (Local, FedPer, FedRep and CFL have none)
     assert ("global-acc" in rounds[-1]["evaluate"]) == (method in GLOBAL_MODEL)
+    if method == "cfl":  # the summary names the clusters CFL ended with (one: the run was FedAvg)
+        assignment = json.loads((folder / "cfl_clusters.json").read_text())["assignment"]
+        clusters = len(set(assignment.values()))
+        assert summary["clusters"] == clusters and (clusters == 1) == summary["clustering"].startswith("1 cluster:")
+        assert f", 4 clients, {summary['clustering']}, personalized acc" in summary["log"]
+    else:
+        assert "clusters" not in summary
 
 
 def test_bad_replies_are_rejected_and_the_run_goes_on(simulation):
