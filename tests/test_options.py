@@ -119,3 +119,20 @@ def test_an_unknown_method_is_refused_naming_the_key_the_value_and_every_method(
     message = str(err.value)
     assert "'fedavgg'" in message and "'method'" in message
     assert all(repr(m) in message for m in METHODS)
+
+
+def test_python_m_task_config_lists_every_key_flower_accepts_as_the_readme_says():
+    """Flower refuses a key pyproject.toml does not declare with a bare "Invalid run configuration"; the README
+    says so next to the run command and points to ``python -m task.config``, which lists every valid key."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "task.config"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    listed = {line.split("`")[1] for line in out.splitlines() if line.startswith("| `")}
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert listed == set(config)
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Running a method") : readme.index("| key | default |")]
+    assert "flwr run" in section and "Invalid run configuration" in section and "python -m task.config" in section
