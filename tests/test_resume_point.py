@@ -43,6 +43,8 @@ def test_a_fitting_folder_resumes_after_its_last_round(tmp_path):
     assert attempt(folder) == (folder, 2)
     # what may change: more rounds, the time limit, saving
     assert attempt(folder, **{"num-server-rounds": 9, "round-timeout": 30.0, "save-every": 2}) == (folder, 2)
+    # and how long to wait for the nodes, and for how many: the resumed run may have other nodes
+    assert attempt(folder, **{"min-nodes": 5, "node-wait-timeout": 0.0}) == (folder, 2)
 
 
 @pytest.mark.parametrize(
