@@ -87,6 +87,7 @@ def test_bad_run_config(cfg, pattern):
         {"method": "oracle", "dataset": "dialects", "partition": "planted-clusters", "num-clusters": 3},
         {"method": "pifl", "dataset": "synth-concept", "partition": "two-source"},
         {"method": "pifl", "partition": "dirichlet"},  # PI-FL needs no two-source data: it only reports the shares
+        {"method": "pifl", "slots-performance": 1, "slots-random": 1},
         {"method": "client2vec", "dataset": "synth-concept", "c2v-encoder": "synthetic"},
         {
             "method": "client2vec",
@@ -130,3 +131,59 @@ def test_pifl_ni_runs_with_the_defaults_flower_passes():
         {**defaults, "method": "pifl-ni", "slots-performance": 1, "slots-random": 0, "min-nodes": 4}
     )
     assert settings.options.incentive is False
+
+
+ORACLE_NEEDS = (
+    "method 'oracle' clusters the clients by their planted groups, which only partition 'planted-clusters' or "
+    "'planted-clusters-noisy' has (got partition={got!r}); set --run-config \"method='oracle' "
+    "partition='planted-clusters'\" (num-clusters sets the groups), or use method 'pfedlia' to find clusters in any "
+    "data"
+)
+
+
+@pytest.mark.parametrize(
+    "cfg,message",
+    [
+        ({"method": "oracle"}, ORACLE_NEEDS.format(got="dirichlet")),
+        ({"method": "oracle", "partition": "iid"}, ORACLE_NEEDS.format(got="iid")),
+        (
+            {"method": "pifl", "dataset": "dialects", "partition": "planted-clusters"},
+            (
+                "PI-FL's profiler scores every update on a server-side sample of the data set, and dataset 'dialects' "
+                "has none (each client generates its own text); use an image data set or 'synth-concept'"
+            ),
+        ),
+        (
+            {"method": "pifl", "slots-performance": 0, "slots-random": 0},
+            "slots-performance + slots-random must be >= 1: a tier with no slot never trains",
+        ),
+        (
+            {"method": "client2vec", "dataset": "dialects", "partition": "planted-clusters"},
+            (
+                "Client2Vec's client index pairs every training sample with the prompt of its one class label, and "
+                "dataset 'dialects' labels every token (next-word prediction); use an image data set, or "
+                "c2v-sampling=false c2v-aggregation=false c2v-local=false for the plain base algorithm"
+            ),
+        ),
+        (
+            {"method": "client2vec", "dataset": "synth-concept"},
+            (
+                "c2v-encoder='open-clip' encodes images, but dataset 'synth-concept' has vectors; use "
+                "c2v-encoder='synthetic' (a fixed random projection) or an image data set"
+            ),
+        ),
+    ],
+)
+def test_a_method_on_data_it_cannot_use_says_exactly_what_it_needs(cfg, message):
+    with pytest.raises(ValueError) as err:
+        parse_settings(cfg)
+    assert str(err.value) == message
+
+
+def test_every_impossible_setting_of_a_run_is_named_at_once():
+    cfg = {"method": "pifl", "dataset": "dialects", "partition": "planted-clusters", "tiers": 3}
+    with pytest.raises(ValueError) as err:
+        parse_settings({**cfg, "slots-random": 0, "slots-performance": 0})
+    said = str(err.value)
+    assert said.startswith("slots-performance + slots-random must be >= 1")
+    assert "; tiers=3 is more than min-nodes=2" in said and "; PI-FL's profiler scores every update" in said

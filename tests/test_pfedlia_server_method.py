@@ -984,6 +984,15 @@ def test_the_summary_names_the_clusters_found(method, mode, tmp_path):
     assert summary["clusters"] == 2 and summary["clustering"] == "2 clusters"
 
 
+def test_the_oracle_on_one_planted_group_says_the_run_was_fedavg(tmp_path, monkeypatch):
+    monkeypatch.setitem(globals(), "PLANTED", dict.fromkeys(CLIENTS, 0))
+    fed = Federation(method="oracle", **{"results-dir": str(tmp_path)}).run()
+    _, summary = _summary(fed)
+    assert summary["clusters"] == 1 and summary["clustering"] == "1 cluster: the run was FedAvg (one planted group)"
+    for c in CLIENTS:
+        assert_holds(fed.payload(3, "train", c), fedavg(CLIENTS, 2))
+
+
 def test_central_mode_that_finds_one_cluster_says_the_run_was_fedavg(tmp_path):
     fed = Federation(influence=lambda i, j: 1.0, **{"results-dir": str(tmp_path)}).run()  # no structure at all
     line, summary = _summary(fed)
