@@ -17,7 +17,7 @@ class FakeClock:
     """``clock()`` and ``sleep(s)`` of a wait that takes no real time."""
 
     def __init__(self) -> None:
-        self.now = 0.0
+        self.now = 1000.0  # a monotonic clock starts anywhere
 
     def __call__(self) -> float:
         return self.now
@@ -30,10 +30,10 @@ class ArrivingNodes:
     """A grid whose ``get_node_ids`` lists the nodes that have connected by the clock's time."""
 
     def __init__(self, clock: FakeClock, arrivals: dict[int, float]) -> None:
-        self.clock, self.arrivals = clock, arrivals
+        self.clock, self.arrivals, self.start = clock, arrivals, clock.now
 
     def get_node_ids(self) -> list[int]:
-        return [n for n, t in self.arrivals.items() if t <= self.clock.now]
+        return [n for n, t in self.arrivals.items() if t <= self.clock.now - self.start]
 
 
 def waits(caplog) -> list[str]:
@@ -49,7 +49,7 @@ def test_returns_the_nodes_once_min_nodes_are_connected_without_a_word_before_th
     grid = ArrivingNodes(clock, {7: 0.0, 3: 2.0, 9: 4.0, 1: 30.0})
     with caplog.at_level(logging.INFO, logger="flwr.pflower"):
         assert wait(grid, clock, 3, timeout=600.0) == [3, 7, 9]
-    assert clock.now == 4.0 and waits(caplog) == []  # it looks every half second
+    assert clock.now == 1004.0 and waits(caplog) == []  # it looks every half second
 
 
 def test_the_wait_warns_at_intervals_who_is_connected_and_gives_up_after_the_timeout(caplog):
@@ -57,25 +57,25 @@ def test_the_wait_warns_at_intervals_who_is_connected_and_gives_up_after_the_tim
     grid = ArrivingNodes(clock, {11: 0.0, 12: 0.0})
     with caplog.at_level(logging.WARNING, logger="flwr.pflower"), pytest.raises(NodeWaitTimeout) as err:
         wait(grid, clock, 5, timeout=60.0)  # reports every 10 s by default
-    assert 60.0 <= clock.now < 61.0  # not before the stated time, and not long after it
-    lines = waits(caplog)
-    assert len(lines) == 5  # at 10, 20, 30, 40 and 50 s
-    for k, line in enumerate(lines, start=1):
-        assert line.startswith("waiting for nodes: 2 connected, min-nodes=5 required")
-        assert f"({10 * k} s waited, giving up after 60 s (node-wait-timeout))" in line
+    assert clock.now == 1060.0  # at the stated time, not later
+    assert waits(caplog) == [  # every 10 s
+        f"waiting for nodes: 2 connected, min-nodes=5 required ({t} s waited, giving up after 60 s (node-wait-timeout))"
+        for t in (10, 20, 30, 40, 50)
+    ]
     assert all(r.levelno == logging.WARNING for r in caplog.records if r.getMessage().startswith("waiting"))
-    message = str(err.value)
-    assert message.startswith("gave up waiting for nodes after 60 s (node-wait-timeout): 2 connected, min-nodes=5")
-    assert '"num-supernodes=N" with N >= 5' in message and "lower min-nodes" in message
-    assert "raise node-wait-timeout (0: wait without limit)" in message
+    assert str(err.value) == (
+        "gave up waiting for nodes after 60 s (node-wait-timeout): 2 connected, min-nodes=5 required. Start more "
+        'SuperNodes (simulation: --federation-config "num-supernodes=N" with N >= 5), lower min-nodes to the nodes '
+        "you have, or raise node-wait-timeout (0: wait without limit)"
+    )
     assert isinstance(err.value, RunAborted)  # the ServerApp writes the results and stops (server_app/app.py)
 
 
 def test_a_short_timeout_is_still_reported_a_few_times_before_the_run_gives_up(caplog):
     clock = FakeClock()
     with caplog.at_level(logging.WARNING, logger="flwr.pflower"), pytest.raises(NodeWaitTimeout):
-        wait(ArrivingNodes(clock, {1: 0.0}), clock, 2, timeout=8.0, poll=0.5)
-    assert [line.split("(")[1].split(" s waited")[0] for line in waits(caplog)] == ["2", "4", "6"]
+        wait(ArrivingNodes(clock, {1: 0.0}), clock, 2, timeout=8.0, poll=0.25)
+    assert [line.split("(")[1].split(" s waited")[0] for line in waits(caplog)] == ["2", "4", "6"]  # a quarter
 
 
 def test_the_wait_names_the_partition_ids_seen_earlier_whose_nodes_are_gone(caplog):
@@ -93,9 +93,11 @@ def test_without_a_timeout_the_wait_goes_on_and_says_so(caplog):
     clock = FakeClock()
     grid = ArrivingNodes(clock, {1: 0.0, 2: 5000.0})
     with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
-        assert wait(grid, clock, 2, timeout=0.0, report_every=1000.0) == [1, 2]
-    lines = waits(caplog)
-    assert len(lines) == 4 and all("no time limit" in line for line in lines)  # at 1000, ..., 4000 s
+        assert wait(grid, clock, 2, report_every=1000.0) == [1, 2]  # no timeout given: no limit
+    assert waits(caplog) == [
+        f"waiting for nodes: 1 connected, min-nodes=2 required ({t} s waited, no time limit)"
+        for t in (1000, 2000, 3000, 4000)
+    ]
 
 
 def test_node_wait_timeout_is_a_run_option_listed_with_its_default():
@@ -119,6 +121,32 @@ def test_a_strategy_that_never_gets_min_nodes_stops_after_node_wait_timeout_with
     with pytest.raises(NodeWaitTimeout, match=r"after 0.2 s \(node-wait-timeout\): 2 connected, min-nodes=3"):
         strategy.start(grid, ArrayRecord(), num_rounds=2, timeout=5)
     assert strategy.history == [] and grid.sent == []
+
+
+def test_a_strategy_whose_nodes_left_mid_run_names_the_partition_ids_it_lost():
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    from server_app.app import build_strategy
+    from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, valid_content
+
+    settings = parse_settings({"model": "mlp", "min-nodes": 4, "node-wait-timeout": 0.2})
+    strategy = build_strategy(settings)
+    client_of = {1003: 0, 7: 1, 42: 2, 555: 3}
+
+    def respond(msg):
+        node = msg.metadata.dst_node_id
+        return [reply_message(node, valid_content(strategy.reply_spec(phase_of(msg), node), client_of[node], 1))]
+
+    grid = ReplayGrid(client_of, respond)
+    with outgoing_messages():
+        strategy.aggregate_train(
+            1, grid.send_and_receive(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
+        )
+    grid.nodes = [1003, 555]  # the nodes of clients 1 and 2 are gone
+    with pytest.raises(NodeWaitTimeout) as err:
+        strategy.available_nodes(grid)
+    said = "2 connected, min-nodes=4 required; partition ids seen earlier in this run whose nodes are not connected: [1, 2]"
+    assert f"after 0.2 s (node-wait-timeout): {said}." in str(err.value)
 
 
 @pytest.mark.slow
