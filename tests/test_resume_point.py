@@ -114,10 +114,14 @@ def test_a_resumed_strategy_asks_every_node_who_it_is_once_before_its_first_roun
         run_round(first, federation(first, {11: 0, 12: 1}), 1)
     resumed = build_strategy(settings)
     resumed.resume(load_checkpoint(tmp_path / "checkpoints")[1])
-    grid = federation(resumed, {21: 1, 22: 0})  # the same clients on new nodes
+    grid = federation(resumed, {21: 1, 22: 0, 23: 2})  # the same clients on new nodes, and a newcomer later
+    grid.nodes = [21, 22]
     with outgoing_messages():
         for r in (2, 3):
-            grid.send_and_receive(resumed.configure_train(r, ArrayRecord(), ConfigRecord(), grid))
+            replies = grid.send_and_receive(resumed.configure_train(r, ArrayRecord(), ConfigRecord(), grid))
+            resumed.aggregate_train(r, replies)
+            grid.nodes = [21, 22, 23]
     sent = [(int(m.content["config"]["server-round"]), phase_of(m), m.metadata.dst_node_id) for m in grid.sent]
-    assert sent[:2] == [(2, "identify", 21), (2, "identify", 22)] and resumed.client_of == {21: 1, 22: 0}
+    assert sent[:2] == [(2, "identify", 21), (2, "identify", 22)]
+    assert resumed.client_of == {21: 1, 22: 0, 23: 2}  # the newcomer told it with its train reply
     assert [s for s in sent if s[1] == "identify"] == sent[:2]  # only before the first round it runs
