@@ -159,13 +159,14 @@ def wait_for_nodes(
     start = last = clock()
     while len(ids := sorted(grid.get_node_ids())) < minimum:
         waited = clock() - start
-        if (timeout and waited >= timeout) or clock() - last >= every:
+        timed_out = bool(timeout) and waited >= timeout
+        if timed_out or clock() - last >= every:
             connected = set(ids)
             gone = sorted(c for c, n in (known or {}).items() if n not in connected)
             state = f"{len(ids)} connected, min-nodes={minimum} required" + (
                 f"; partition ids seen earlier in this run whose nodes are not connected: {gone}" if gone else ""
             )
-            if timeout and waited >= timeout:
+            if timed_out:
                 raise NodeWaitTimeout(
                     f"gave up waiting for nodes after {timeout:g} s (node-wait-timeout): {state}. Start more "
                     f'SuperNodes (simulation: --federation-config "num-supernodes=N" with N >= {minimum}), lower '

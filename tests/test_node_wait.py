@@ -78,6 +78,13 @@ def test_a_short_timeout_is_still_reported_a_few_times_before_the_run_gives_up(c
     assert [line.split("(")[1].split(" s waited")[0] for line in waits(caplog)] == ["2", "4", "6"]  # a quarter
 
 
+def test_the_wait_gives_up_at_the_stated_second_between_two_reports():
+    clock = FakeClock()
+    with pytest.raises(NodeWaitTimeout, match=r"^gave up waiting for nodes after 45 s "):
+        wait(ArrivingNodes(clock, {1: 0.0}), clock, 2, timeout=45.0)  # reports at 10, ..., 40 s
+    assert clock.now == 1045.0
+
+
 def test_the_wait_names_the_partition_ids_seen_earlier_whose_nodes_are_gone(caplog):
     clock = FakeClock()
     known = {0: 101, 1: 102, 2: 103, 5: 106}  # client id -> its node id
