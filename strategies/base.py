@@ -63,6 +63,10 @@ class RunAborted(RuntimeError):
     """Every reply of a phase failed for the same reason: running more rounds would only repeat it."""
 
 
+class NodeWaitTimeout(RunAborted):
+    """Fewer than ``min-nodes`` nodes connected within ``node-wait-timeout`` seconds."""
+
+
 class SimulatedCrash(RuntimeError):
     """``stop-after``: the ServerApp stops after a round's checkpoint as a crash would (for testing resume)."""
 
@@ -79,6 +83,7 @@ RESUMABLE_CHANGES = {
     "save-every",
     "save-best",
     "min-nodes",
+    "node-wait-timeout",
 }
 
 
@@ -133,16 +138,44 @@ def content_bytes(content: RecordDict) -> int:
     return sum(rec.count_bytes() for rec in content.values())
 
 
-def wait_for_nodes(grid: Grid, minimum: int, poll: float = 0.5, report_every: float = 10.0) -> list[int]:
-    """Node ids once at least ``minimum`` nodes are connected (``get_node_ids`` can be empty at first)."""
-    start = last = time.monotonic()
+def wait_for_nodes(
+    grid: Grid,
+    minimum: int,
+    *,
+    timeout: float = 0.0,
+    known: Mapping[int, int] | None = None,
+    poll: float = 0.5,
+    report_every: float = 10.0,
+    clock=time.monotonic,
+    sleep=time.sleep,
+) -> list[int]:
+    """Node ids once at least ``minimum`` nodes are connected (``get_node_ids`` can be empty at first).
+
+    While it waits it warns every ``report_every`` seconds (a quarter of ``timeout`` when that is shorter) how
+    many nodes are connected and required, and which clients seen earlier in the run (``known``: client id ->
+    its node id) are not connected; after ``timeout`` seconds (0: no limit) it raises :class:`NodeWaitTimeout`.
+    """
+    every = min(report_every, timeout / 4) if timeout else report_every
+    start = last = clock()
     while len(ids := sorted(grid.get_node_ids())) < minimum:
-        if time.monotonic() - last > report_every:
-            log.info(
-                "waiting for nodes: %d connected, %d required (%.0f s)", len(ids), minimum, time.monotonic() - start
+        waited = clock() - start
+        timed_out = bool(timeout) and waited >= timeout
+        if timed_out or clock() - last >= every:
+            connected = set(ids)
+            gone = sorted(c for c, n in (known or {}).items() if n not in connected)
+            state = f"{len(ids)} connected, min-nodes={minimum} required" + (
+                f"; partition ids seen earlier in this run whose nodes are not connected: {gone}" if gone else ""
             )
-            last = time.monotonic()
-        time.sleep(poll)
+            if timed_out:
+                raise NodeWaitTimeout(
+                    f"gave up waiting for nodes after {timeout:g} s (node-wait-timeout): {state}. Start more "
+                    f'SuperNodes (simulation: --federation-config "num-supernodes=N" with N >= {minimum}), lower '
+                    f"min-nodes to the nodes you have, or raise node-wait-timeout (0: wait without limit)"
+                )
+            limit = f"giving up after {timeout:g} s (node-wait-timeout)" if timeout else "no time limit"
+            log.warning("waiting for nodes: %s (%.0f s waited, %s)", state, waited, limit)
+            last = clock()
+        sleep(poll)
     return ids
 
 
@@ -353,7 +386,10 @@ class PersonalizedStrategy(Strategy):
         return self.send_query(grid, server_round, IDENTIFY, {n: RecordDict() for n in unknown})
 
     def available_nodes(self, grid: Grid) -> list[int]:
-        return wait_for_nodes(grid, self.settings.min_nodes)
+        """The connected nodes, once there are ``min-nodes`` of them (:func:`wait_for_nodes`)."""
+        return wait_for_nodes(
+            grid, self.settings.min_nodes, timeout=self.settings.node_wait_timeout, known=self.node_of
+        )
 
     # ------------------------------------------------------------------ messages
     def _messages(self, server_round: int, nodes: Iterable[int], phase: str, message_type: str) -> list[Message]:
@@ -605,8 +641,8 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._round_start = time.monotonic()
+        nodes = self.available_nodes(grid)  # before the round is logged: a run that gives up here has no round r
         self.history.append(RoundLog(server_round))
-        nodes = self.available_nodes(grid)
         if self._identify_all or self.wants_client_ids(server_round, nodes):
             self.identify(grid, server_round, nodes)
             self._identify_all = False

@@ -53,6 +53,12 @@ class RunOptions(OptionSet):
     )
     eval_every: int = option("eval-every", 1, "evaluate every k rounds (and always in the last)", minimum=1)
     min_nodes: int = option("min-nodes", 2, "nodes to wait for before a round starts", minimum=1)
+    node_wait_timeout: float = option(
+        "node-wait-timeout",
+        600.0,
+        "seconds to wait for min-nodes nodes before the run gives up (0: no limit)",
+        minimum=0.0,
+    )
     local_epochs: int = option("local-epochs", 1, "local epochs per round", minimum=0)
     batch_size: int = option("batch-size", 20, "mini-batch size", minimum=1)
     lr: float = option("lr", 0.05, "learning rate", minimum=0.0)
@@ -118,6 +124,7 @@ class Settings:
     device: str
     round_timeout: float
     results_dir: str
+    node_wait_timeout: float = 600.0
     eval_every: int = 1
     fraction_evaluate: float = 1.0
     optimizer: str = "sgd"

@@ -39,9 +39,7 @@ class Client2VecOptions(FedProxOptions, MoonOptions):
         "DSA-IGN trained on the server (global) or by FedAvg (federated)",
         choices=("global", "federated"),
     )
-    ign_epochs: int = option(
-        "c2v-ign-epochs", 5, "DSA-IGN epochs (global) or rounds (federated); paper 500", minimum=0
-    )
+    ign_epochs: int = option("c2v-ign-epochs", 5, "DSA-IGN epochs (global) or rounds (federated); paper 500", minimum=0)
     ign_local_epochs: int = option("c2v-ign-local-epochs", 10, "federated DSA-IGN: local epochs per round", minimum=1)
     ign_fraction: float = option(
         "c2v-ign-fraction", 0.1, "federated DSA-IGN: share of nodes per round", minimum=0.0, maximum=1.0
@@ -67,6 +65,27 @@ class Client2VecOptions(FedProxOptions, MoonOptions):
     dist_detach: bool = option(
         "c2v-dist-detach", True, "(iii) L_dist trains P and h_P only (false: its gradient also reaches the features)"
     )
+
+    def conflicts(self, settings) -> list[str]:
+        """The client index needs image samples with one class label each (CLIP embeddings, label prompts)."""
+        if not self.enabled:
+            return []  # every case study off: the plain base algorithm, no index
+        if settings.data.dataset == "dialects":
+            return [
+                (
+                    "Client2Vec's client index pairs every training sample with the prompt of its one class label, "
+                    "and dataset 'dialects' labels every token (next-word prediction); use an image data set, or "
+                    "c2v-sampling=false c2v-aggregation=false c2v-local=false for the plain base algorithm"
+                )
+            ]
+        if settings.image_size == 0 and self.encoder == "open-clip":
+            return [
+                (
+                    f"c2v-encoder='open-clip' encodes images, but dataset {settings.data.dataset!r} has vectors; use "
+                    f"c2v-encoder='synthetic' (a fixed random projection) or an image data set"
+                )
+            ]
+        return []
 
     @property
     def ign(self) -> IGNConfig:
