@@ -141,6 +141,18 @@ def test_a_failed_method_and_cells_without_records_show_as_such_never_as_numbers
     run(tmp_path, fam, chosen, "pifl", mid, {0: 0.0}, error="Traceback\nRuntimeError: boom")
     cells = judged(tmp_path, fam)
     assert cells[mid]["pifl"].status == "failed" and "RuntimeError: boom" in cells[mid]["pifl"].reason
+    # better on the seeds it finished, but it failed on a seed Local and FedAvg ran: no win
+    run(tmp_path, fam, chosen, "fedcac", mid, {0: 0.9, 1: 0.9})
+    run(tmp_path, fam, chosen, "fedcac", mid, {2: 0.0}, error="Traceback\nRuntimeError: boom")
+    j = judged(tmp_path, fam)[mid]["fedcac"]
+    assert j.status == "no win" and j.seeds == [0, 1] and "failed on seed 2" in j.text()
+    for seed in (0, 1, 2):
+        (
+            tmp_path
+            / fam.grid
+            / f"{grids.cell_name({'samples': mid[0], 'heterogeneity': mid[1], 'method': 'fedcac', 'setting': chosen['fedcac'], 'seed': seed})}.json"
+        ).unlink()
+    cells = judged(tmp_path, fam)
     for cell in fam.cells()[1:]:
         assert cells[cell]["fedcac"].status == "not run yet"
     page = choosing.render_choosing(tmp_path, design())

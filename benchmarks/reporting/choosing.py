@@ -82,7 +82,7 @@ class Judgement:
     def text(self) -> str:
         """``+1.2 (+0.4 to +2.0)`` points over the better of Local and FedAvg (bold: a win), or why there is none."""
         if self.margins:
-            cell = mean_range(self.margins, 1, 100, "+")
+            cell = mean_range(self.margins, 1, 100, "+") + (f"; {self.reason}" if self.reason else "")
             if self.status == "too few seeds":
                 return f"{cell} ({plural(len(self.margins), 'seed')}: not judged)"
             return f"**{cell} win**" if self.win else cell
@@ -113,11 +113,16 @@ def judge(arm: list[Rec], local: list[Rec], fedavg: list[Rec], min_seeds: int = 
     seeds = sorted(shared)
     margins = [min(dl, df) for dl, df in zip(vs_l.deltas, vs_f.deltas)]  # both in seed order
     acc = [float(PERSONAL(r)) for r in sorted(a, key=lambda r: r["cell"]["seed"])]
+    # a run that failed on a seed the references ran beat nobody there
+    failed = sorted(
+        {r["cell"]["seed"] for r in arm if r.get("error")} & set(seeds_of(ok(local))) & set(seeds_of(ok(fedavg)))
+    )
+    reason = f"failed on seed {', '.join(map(str, failed))}" if failed else ""
     if len(seeds) < min_seeds:
         status = "too few seeds"
     else:
-        status = "win" if all(m > TIE for m in margins) else "no win"
-    return Judgement(status, margins, seeds, acc, vs_local=vs_l, vs_fedavg=vs_f)
+        status = "win" if all(m > TIE for m in margins) and not failed else "no win"
+    return Judgement(status, margins, seeds, acc, reason, vs_l, vs_f)
 
 
 # =========================================================================== what leaves a client (from the code)
@@ -419,7 +424,11 @@ def winners_table(fr: FamilyRecords, judged: dict[tuple[int, str], dict[str, Jud
             text = "none"
         else:
             text = "not judged yet"
-        best = max(((n, j) for n, j in cell.items() if j.margins), key=lambda x: x[1].mean, default=None)
+        best = max(
+            ((n, j) for n, j in cell.items() if j.margins and j.status in ("win", "no win")),
+            key=lambda x: x[1].mean,
+            default=None,
+        )
         best_text = f"`{best[0]}` {mean_range(best[1].margins, 1, 100, '+')}" if best else "—"
         rows.append([_cell_name(samples, het), _ref_acc(local), _ref_acc(fedavg), text, best_text])
     return md_table(
@@ -533,7 +542,7 @@ def render_family(fr: FamilyRecords) -> str:
 # =========================================================================== the defaults
 def render_defaults(raw: Path) -> str:
     recs = load_records(DEFAULTS_GRID, raw)
-    head = "## At the defaults (no tuning: `flwr run . --run-config \"method='X'\"`, 10 nodes, the default data)"
+    head = "## At the defaults (no tuning: `flwr run . --run-config \"method='X'\"`, the default data)"
     if not recs:
         return f"{head}\n\n*Not run yet: no records of `benchmarks/defaults.py`.*"
     methods = list(dict.fromkeys(r["cell"]["method"] for r in sorted(recs, key=lambda r: r["cell"]["seed"])))
@@ -552,7 +561,8 @@ def render_defaults(raw: Path) -> str:
     n_runs = plural(len(ok(recs)), "run")
     parts = [
         head,
-        f"Seeds {', '.join(map(str, seeds_of(recs)))}; every method with nothing set but `method` and `seed` "
+        f"{value_range([r['num-supernodes'] for r in recs])} simulated nodes, seeds "
+        f"{', '.join(map(str, seeds_of(recs)))}; every method with nothing set but `method` and `seed` "
         "(and `min-nodes=10`), as `benchmarks/defaults.py` runs it. Winners (beat both Local and FedAvg on every "
         "seed): " + ("; ".join(wins) if wins else "none") + ".",
         md_table(["method", "personalized acc, mean (min-max)", "points over the better of Local and FedAvg"], rows),
