@@ -377,8 +377,14 @@ def _cell_name(samples: int, het: str) -> str:
     return f"{samples} samples, {het}"
 
 
+def _cell_label(fr: FamilyRecords, cell: tuple[int, str]) -> str:
+    return _cell_name(*cell) + (" (middle: selection ran here)" if cell == fr.family.middle else "")
+
+
 def _cells(fr: FamilyRecords) -> list[tuple[int, str]]:
-    return fr.family.cells()
+    """The samples axis in order, then the other cells of the heterogeneity axis in order."""
+    samples = fr.axis("samples")
+    return samples + [c for c in fr.axis("heterogeneity") if c not in samples]
 
 
 def judgements(fr: FamilyRecords) -> dict[tuple[int, str], dict[str, Judgement]]:
@@ -430,7 +436,7 @@ def winners_table(fr: FamilyRecords, judged: dict[tuple[int, str], dict[str, Jud
             default=None,
         )
         best_text = f"`{best[0]}` {mean_range(best[1].margins, 1, 100, '+')}" if best else "—"
-        rows.append([_cell_name(samples, het), _ref_acc(local), _ref_acc(fedavg), text, best_text])
+        rows.append([_cell_label(fr, (samples, het)), _ref_acc(local), _ref_acc(fedavg), text, best_text])
     return md_table(
         [
             "cell",
