@@ -67,11 +67,14 @@ def select_all(raw: Path, fam: grids.Family) -> dict[str, str]:
     return {r.name: grids.setting_label(r.settings(fam.lrs)[0]) for r in fam.rows}
 
 
+def coords(fam: grids.Family, chosen: dict[str, str], method: str, cell: tuple[int, str], seed: int) -> dict:
+    return {"samples": cell[0], "heterogeneity": cell[1], "method": method, "setting": chosen[method], "seed": seed}
+
+
 def run(raw: Path, fam: grids.Family, chosen: dict[str, str], method: str, cell: tuple[int, str], accs, **kw) -> None:
     """Grid records of ``method`` at ``cell``: ``accs`` maps seed -> accuracy."""
     for seed, acc in accs.items():
-        coords = {"samples": cell[0], "heterogeneity": cell[1], "method": method, "setting": chosen[method]}
-        write_record(record(fam.grid, {**coords, "seed": seed}, acc, **kw), raw)
+        write_record(record(fam.grid, coords(fam, chosen, method, cell, seed), acc, **kw), raw)
 
 
 def judged(raw: Path, fam: grids.Family) -> dict[tuple[int, str], dict[str, choosing.Judgement]]:
@@ -118,8 +121,13 @@ def test_pairing_is_on_the_seed_not_on_the_order_of_the_runs(tmp_path):
     run(tmp_path, fam, chosen, "fedcac", mid, {0: 0.55, 2: 0.65})
     j = judged(tmp_path, fam)[mid]["fedcac"]
     assert j.win and j.seeds == [0, 2] and j.margins == pytest.approx([0.05, 0.05])
+    # a seed FedAvg has not run yet is left out of the comparison, not paired with another seed's run
+    run(tmp_path, fam, chosen, "fedcac", mid, {1: 0.97})
+    (tmp_path / fam.grid / f"{grids.cell_name(coords(fam, chosen, 'fedavg', mid, 2))}.json").unlink()
+    j = judged(tmp_path, fam)[mid]["fedcac"]
+    assert j.win and j.seeds == [0, 1] and j.margins == pytest.approx([0.05, 0.02])
     # a method that ran one seed only is not judged, however large its margin
-    run(tmp_path, fam, chosen, "pifl", mid, {2: 0.99})
+    run(tmp_path, fam, chosen, "pifl", mid, {0: 0.99})
     j = judged(tmp_path, fam)[mid]["pifl"]
     assert j.status == "too few seeds" and not j.win and "1 seed: not judged" in j.text()
 
@@ -151,11 +159,7 @@ def test_a_failed_method_and_cells_without_records_show_as_such_never_as_numbers
     j = judged(tmp_path, fam)[mid]["fedcac"]
     assert j.status == "no win" and j.seeds == [0, 1] and "failed on seed 2" in j.text()
     for seed in (0, 1, 2):
-        (
-            tmp_path
-            / fam.grid
-            / f"{grids.cell_name({'samples': mid[0], 'heterogeneity': mid[1], 'method': 'fedcac', 'setting': chosen['fedcac'], 'seed': seed})}.json"
-        ).unlink()
+        (tmp_path / fam.grid / f"{grids.cell_name(coords(fam, chosen, 'fedcac', mid, seed))}.json").unlink()
     cells = judged(tmp_path, fam)
     for cell in fam.cells()[1:]:
         assert cells[cell]["fedcac"].status == "not run yet"
