@@ -10,7 +10,8 @@ normalisation layers with :func:`norm_keys` (a model) or :func:`model_norm_keys`
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -348,9 +349,53 @@ def norm_keys(model: nn.Module) -> list[str]:
     return [k for k in model.state_dict() if k in owned]
 
 
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a strategy needs to know about a model, without building one: its state keys in ``state_dict``
+    order with their shapes and dtypes, which keys are trained parameters and which buffers, which belong to
+    normalisation layers, the body / head split and the feature width the head consumes."""
+
+    shapes: Mapping[str, tuple[int, ...]]
+    dtypes: Mapping[str, str]
+    parameter_keys: tuple[str, ...]
+    norm_keys: tuple[str, ...]
+    feature_dim: int
+
+    @property
+    def keys(self) -> list[str]:
+        """Every state key (parameters and buffers), in ``state_dict`` order."""
+        return list(self.shapes)
+
+    @property
+    def buffer_keys(self) -> list[str]:
+        """The keys that are not trained parameters (BatchNorm statistics and counters)."""
+        params = set(self.parameter_keys)
+        return [k for k in self.shapes if k not in params]
+
+    @property
+    def head_keys(self) -> list[str]:
+        return [k for k in self.shapes if k.startswith(HEAD_PREFIX)]
+
+    @property
+    def body_keys(self) -> list[str]:
+        return [k for k in self.shapes if not k.startswith(HEAD_PREFIX)]
+
+
+def describe(model: nn.Module) -> ModelInfo:
+    """The :class:`ModelInfo` of a built model (on any device, torch's ``meta`` device included)."""
+    state = model.state_dict()
+    return ModelInfo(
+        shapes={k: tuple(v.shape) for k, v in state.items()},
+        dtypes={k: str(v.dtype).removeprefix("torch.") for k, v in state.items()},
+        parameter_keys=tuple(name for name, _ in model.named_parameters()),
+        norm_keys=tuple(norm_keys(model)),
+        feature_dim=int(model.head.in_features),
+    )
+
+
 @functools.lru_cache(maxsize=32)
-def model_norm_keys(name: str, in_channels: int, image_size: int, num_classes: int) -> tuple[str, ...]:
-    """:func:`norm_keys` of model ``name`` as :func:`build_model` builds it for these inputs, learnt without
+def model_info(name: str, in_channels: int, image_size: int, num_classes: int) -> ModelInfo:
+    """The :class:`ModelInfo` of model ``name`` as :func:`build_model` builds it for these inputs, learnt without
     making its weights: the architecture is instantiated on torch's ``meta`` device (no memory, no random draws,
     no pretrained weights read)."""
     with torch.device("meta"):
@@ -361,7 +406,12 @@ def model_norm_keys(name: str, in_channels: int, image_size: int, num_classes: i
             model: nn.Module = CausalLM(cfg.vocab_size, in_channels, cfg.n_embd, cfg.n_layer, cfg.n_head)
         else:
             model = build_model(name, in_channels, image_size, num_classes)
-    return tuple(norm_keys(model))
+    return describe(model)
+
+
+def model_norm_keys(name: str, in_channels: int, image_size: int, num_classes: int) -> tuple[str, ...]:
+    """:func:`norm_keys` of model ``name`` for these inputs (:func:`model_info`)."""
+    return model_info(name, in_channels, image_size, num_classes).norm_keys
 
 
 def count_parameters(model: nn.Module) -> int:
