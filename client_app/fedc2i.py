@@ -18,7 +18,7 @@ class FedC2IClient(ClientMethod):
         """Load the personalized model (Eqs. 5-10, variant per ``c2i-variant``) into ``model``; returns lambda.
 
         ``stacked`` holds the k models the server sent, this client's own first; ``sizes`` their clients'
-        training-set sizes (the Lambda/g ablation averages the extractors by size, spec §6.18).
+        training-set sizes (the averaged-extractor ablation averages the extractors by size, spec §6.18).
         """
         k = next(iter(stacked.values())).shape[0]
         own = {name: v[0] for name, v in stacked.items()}  # the receiver's own model comes first
@@ -33,19 +33,19 @@ class FedC2IClient(ClientMethod):
         idx = torch.randperm(len(self.data.y_train), generator=gen)[:size]
         x, y = self.data.x_train[idx].to(self.device), self.data.y_train[idx].to(self.device)
         lam, _ = influence_vector(model, stacked, {h: own[h] for h in heads}, x, y, gamma, heads)
-        if variant == "lambda-only":  # whole model mixed by the client-level weights (spec §6.18)
+        if variant == "client-level":  # whole model mixed by the client-level weights (spec §6.18)
             model.load_state_dict({**own, **mix_states(stacked, lam, list(stacked))})
             return lam.tolist()
         if variant == "full":
             body = mix_states(stacked, lam, bodies)
-        elif variant == "Lambda-only":  # "Lambda/g": the size-weighted FedAvg extractor (spec §6.18)
+        elif variant == "class-level-averaged-extractor":  # "Lambda/g": the size-weighted FedAvg extractor (§6.18)
             w = torch.tensor(sizes, dtype=torch.float64)
             body = mix_states(stacked, w / w.sum(), bodies)
-        else:  # "Lambda-local": own extractor
+        else:  # "class-level-own-extractor" ("Lambda/l")
             body = {n: own[n] for n in bodies}
         # the extractor theta* for the class-level test (spec §6.7): the client's own, except for the Lambda/g
         # ablation, which uses the current global theta
-        if variant == "Lambda-only":
+        if variant == "class-level-averaged-extractor":
             model.load_state_dict({**own, **body})
         with torch.no_grad():
             model.eval()

@@ -181,7 +181,22 @@ def test_bad_fedc2i_config():
         build_strategy(parse_settings({"method": "fedc2i", "gamma": -2.0}))
 
 
-@pytest.mark.parametrize("variant,own_extractor_matters", [("Lambda-only", False), ("full", True)])
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("lambda-only", "client-level"),
+        ("Lambda-only", "class-level-averaged-extractor"),
+        ("Lambda-local", "class-level-own-extractor"),
+    ],
+)
+def test_the_variants_old_spellings_still_run_with_a_deprecation_warning(old, new):
+    with pytest.warns(FutureWarning, match=f"'c2i-variant': '{old}' is deprecated, use '{new}'"):
+        assert parse_settings({"method": "fedc2i", "c2i-variant": old}).options.variant == new
+    with pytest.raises(ValueError, match="c2i-variant"):  # only the exact old spelling is an alias
+        parse_settings({"method": "fedc2i", "c2i-variant": old.swapcase()})
+
+
+@pytest.mark.parametrize("variant,own_extractor_matters", [("class-level-averaged-extractor", False), ("full", True)])
 def test_the_lambda_g_ablation_scores_classes_with_the_global_extractor(variant, own_extractor_matters):
     # spec §6.7: for the Lambda/g ablation the class-level influence uses the current global theta (the average
     # extractor), not the client's own.  Two sets of peers with the same average extractor but a different own

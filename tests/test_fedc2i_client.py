@@ -175,7 +175,7 @@ def test_full_fedc2i_mixes_the_extractor_by_lambda_and_each_class_row_by_its_col
     assert_states_close(arrays, {**mixed(states, lam, body), **eq10(states, big)})
 
 
-@pytest.mark.parametrize("variant", ["lambda-only", "Lambda-only", "Lambda-local"])
+@pytest.mark.parametrize("variant", ["client-level", "class-level-averaged-extractor", "class-level-own-extractor"])
 def test_the_ablations_build_the_model_table_3_describes(variant):
     """Spec §6.18 (docs' variant table): "-lambda" mixes the whole model by lambda; "Lambda/g" takes the
     size-weighted FedAvg extractor and scores classes with it (theta* = that extractor, §6.7); "Lambda/l"
@@ -188,10 +188,10 @@ def test_the_ablations_build_the_model_table_3_describes(variant):
     np.testing.assert_allclose(metrics["influence"], lam, rtol=1e-4, atol=1e-6)
     names = list(states[0])
     body = [n for n in names if not n.startswith("head.")]
-    if variant == "lambda-only":
+    if variant == "client-level":
         expected = mixed(states, lam, names)
     else:
-        if variant == "Lambda-only":
+        if variant == "class-level-averaged-extractor":
             sizes = np.array([client.data.num_train, *PEER_SIZES], dtype=np.float64)
             theta = mixed(states, sizes / sizes.sum(), body)
         else:

@@ -1,7 +1,8 @@
 """The method registry, and what the server and client halves of each method share.
 
 ``METHODS`` maps every value of the run-config key ``method`` to its strategy (server), its client code,
-its option set (:mod:`task.options`), the ``query.*`` phases its clients answer, and option values it fixes.
+its option set (:mod:`task.options`), the ``query.*`` phases its clients answer, option values it fixes and
+settings it cannot run with (``conflicts``, for a method without options of its own).
 Entries name the strategy and the client by import path, so choosing one method imports neither the other
 methods nor, on the client, any server code.  This package imports nothing of the app: ``strategies/`` and
 ``client_app/`` both import it, never each other.
@@ -12,7 +13,7 @@ To add a method: see docs/adding-a-method.md.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,9 @@ class MethodSpec:
     queries: tuple[str, ...] = ()
     description: str = ""
     fixed: Mapping[str, Any] = field(default_factory=dict)  # option values this method fixes
+    #: settings -> why they cannot work with this method (none: []); checked at start-up with the options'
+    #: own ``conflicts``, so a method without options of its own needs no options class to refuse a model
+    conflicts: Callable[[Any], list[str]] | None = None
 
 
 def _m(module: str, strategy: str, client_module: str, client: str, **kw: Any) -> MethodSpec:
