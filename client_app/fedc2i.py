@@ -28,7 +28,7 @@ class FedC2IClient(ClientMethod):
         gamma, variant = self.options.gamma, self.options.variant
         heads = self.head_keys(model)
         bodies = [n for n in self.body_keys(model)]
-        gen = torch.Generator().manual_seed(self.seed + 104_729 * self.round_seed)
+        gen = torch.Generator().manual_seed(self.seed + 104_729 * self.server_round)
         size = min(self.options.influence_batch_size, len(self.data.y_train))
         idx = torch.randperm(len(self.data.y_train), generator=gen)[:size]
         x, y = self.data.x_train[idx].to(self.device), self.data.y_train[idx].to(self.device)
@@ -58,7 +58,7 @@ class FedC2IClient(ClientMethod):
         return lam.tolist()
 
     def train(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
+        model = self.reset_model()
         rec = self.message_arrays(content, "peers")
         lam: list[float] = []
         if rec is not None:
@@ -77,7 +77,7 @@ class FedC2IClient(ClientMethod):
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
         """This client's own latest model (spec §6.12): ``arrays`` of an evaluate message, or the first of the
         models a train message stacks."""
-        model = self.fresh_model()
+        model = self.reset_model()
         rec = self.message_arrays(content)
         if rec is not None:
             load_record(model, rec)

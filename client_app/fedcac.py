@@ -10,9 +10,11 @@ See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited he
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import RecordDict
 
 from client_app.base import ClientMethod
 from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
@@ -22,12 +24,17 @@ from task.train import evaluate
 
 
 class FedCACClient(ClientMethod):
+    keeps: ClassVar[Mapping[str, str]] = {
+        "model": "the post-training model, BatchNorm statistics included (they never leave the client)",
+        "mask": "the packed critical mask of the last local training (Eq. 6)",
+    }
+
     def _params(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in model.named_parameters()}
 
     def _mixed_model(self, content: RecordDict) -> tuple[torch.nn.Module, torch.nn.Module | None]:
         """(model to start from / evaluate as personalized, stored post-training model or None)."""
-        model = self.fresh_model()
+        model = self.reset_model()
         own = self.load_state("model")
         global_rec = self.message_arrays(content, "global")
         if own is None:  # first contact: the common initial model with the current global parameters

@@ -121,7 +121,7 @@ def start():
     g = torch.Generator().manual_seed(11)
     return {
         k: (v.detach() + 0.1 * torch.randn(v.shape, generator=g)) if v.is_floating_point() else v.detach().clone()
-        for k, v in c.fresh_model().state_dict().items()
+        for k, v in c.reset_model().state_dict().items()
     }
 
 
@@ -224,7 +224,7 @@ def test_evaluate_scores_the_main_model_and_ignores_the_projection(start, cfg):
     assert with_aux["personal-loss"] == pytest.approx(without["personal-loss"]) == with_aux["global-loss"]
     from task.train import evaluate
 
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(start)
     loss, acc = evaluate(model, data.x_test, data.y_test)
     assert without["personal-loss"] == pytest.approx(loss) and without["personal-acc"] == pytest.approx(acc)
@@ -322,7 +322,7 @@ def test_trained_acc_is_the_returned_models_test_accuracy(start, cfg):
 
     data = client_data(HIGH)
     reply = client("client2vec", data, **cfg).train(train_content(start, BETA))
-    model = client("client2vec", data, **cfg).fresh_model()
+    model = client("client2vec", data, **cfg).reset_model()
     model.load_state_dict({k: v for k, v in as_torch(reply["arrays"]).items() if not k.startswith("c2v.")})
     assert reply["metrics"]["trained-acc"] == pytest.approx(evaluate(model, data.x_test, data.y_test)[1])
 
@@ -362,7 +362,7 @@ def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, dtype):
     }
     c = client("client2vec", data, **run)
     got = as_torch(c.train(train_content(start, BETA.astype(dtype)))["arrays"])
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(start)
     aux = build_aux(64, 512, 10, 3)
     z = model.features(data.x_train)

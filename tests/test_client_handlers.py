@@ -112,7 +112,7 @@ def test_ifca_client_picks_the_cluster_with_the_lowest_loss():
     # make cluster 1 a model already trained on this client's data: it must be chosen
     cls = load_object(METHODS["ifca"].client)
     c = cls(ctx, settings)
-    model = c.fresh_model()
+    model = c.reset_model()
     c.fit(model, epochs=5)
     strat.models[1] = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     reply = cls(ctx, settings).train(payload(strat, 1))

@@ -219,7 +219,7 @@ def test_the_lambda_g_ablation_scores_classes_with_the_global_extractor(variant,
     sizes = [client.data.num_train] * 3
     out = []
     for stacked in (base, shifted):
-        model = client.fresh_model()
+        model = client.reset_model()
         client._personalized(model, stacked, sizes)
         out.append({k: v.clone() for k, v in model.state_dict().items()})
     same_head = torch.allclose(out[0]["head.weight"], out[1]["head.weight"], atol=1e-6)

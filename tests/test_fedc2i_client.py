@@ -34,7 +34,7 @@ def received_models(client, k=3, seed=0):
     """k distinct states of the client's network (own first): float tensors moved apart, BN statistics and the
     integer ``num_batches_tracked`` different per model."""
     g = torch.Generator().manual_seed(seed)
-    base = client.fresh_model().state_dict()
+    base = client.reset_model().state_dict()
     states = []
     for i in range(k):
         s = {}
@@ -70,7 +70,7 @@ def run_train(client, content):
 
 
 def ce(client, state, x, y):
-    net = client.fresh_model()
+    net = client.reset_model()
     net.load_state_dict(state)
     net.eval()
     with torch.no_grad():
@@ -229,7 +229,7 @@ def test_the_reply_reports_the_trained_models_test_accuracy():
     client = make_client(**{"local-epochs": 1})
     states = received_models(client, 2)
     arrays, metrics = run_train(client, payload(states))
-    net = client.fresh_model()
+    net = client.reset_model()
     net.load_state_dict(arrays)
     assert metrics["trained-acc"] == pytest.approx(client.test(net)[1])
     assert metrics["num-examples"] == client.data.num_train and metrics["partition-id"] == 0
@@ -247,6 +247,6 @@ def test_the_personal_model_is_the_clients_own_stored_model():
     assert_states_close(client.personal_model(ev).state_dict(), states[1], atol=0)
     assert_states_close(
         client.personal_model(RecordDict({"config": ConfigRecord({})})).state_dict(),
-        client.fresh_model().state_dict(),
+        client.reset_model().state_dict(),
         atol=0,
     )

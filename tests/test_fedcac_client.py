@@ -49,7 +49,7 @@ def first_round(cfg=CFG, n=3):
 
 
 def model_from(client, state):
-    model = client.fresh_model()
+    model = client.reset_model()
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
     return model
 
@@ -137,7 +137,7 @@ def test_first_contact_evaluates_the_common_model_with_w_bar_and_has_no_trained_
         run_id=1, node_id=99, node_config={"partition-id": 2, "num-partitions": 3}, state=RecordDict(), run_config=CFG
     )
     client = cls(ctx, settings)
-    init = client.fresh_model().state_dict()
+    init = client.reset_model().state_dict()
     expected = {**{k: v.numpy() for k, v in init.items()}, **strat.global_state}
     m = client.evaluate(with_config(RecordDict({"global": to_record(strat.global_state)}), 1))["metrics"]
     assert "before-agg-acc" not in m

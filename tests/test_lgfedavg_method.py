@@ -25,8 +25,8 @@ def strategy(**cfg):
 def states():
     """The common initial mlp, and a copy fitted to digits 5-9 (its head is a head that knows those digits)."""
     c = client("lgfedavg", client_data(HIGH))
-    init = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
-    high = trained_state(c.fresh_model(), *digits_of(HIGH, 30, 0))
+    init = {k: v.detach().clone() for k, v in c.reset_model().state_dict().items()}
+    high = trained_state(c.reset_model(), *digits_of(HIGH, 30, 0))
     return init, high
 
 
@@ -49,7 +49,7 @@ def as_torch(rec):
 
 
 def accuracy(c, state):
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     return evaluate(model, c.data.x_test, c.data.y_test)
 

@@ -157,8 +157,8 @@ def test_require_positive_keeps_small_positive_influences():
 def lazy_models():
     """theta_0 (the common initial model) and two lazy models: one fitted to digits 0-4, one to 5-9."""
     c = client("pfedlia", client_data(LOW))
-    theta0 = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
-    model = c.fresh_model()
+    theta0 = {k: v.detach().clone() for k, v in c.reset_model().state_dict().items()}
+    model = c.reset_model()
     low = trained_state(model, *digits_of(LOW, 30, 0))
     high = trained_state(model, *digits_of(HIGH, 30, 0))
     return theta0, low, high
@@ -175,7 +175,7 @@ def lia_content(theta0, lazies, self_index=None):
 
 
 def loss_of(c, state, x, y):
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     return evaluate(model, x, y)[0]
 
@@ -236,7 +236,7 @@ def test_p2p_require_positive_is_read_from_the_run_config(lazy_models):
     # a row whose top group is negative too: the plain 2-means keeps it, require-positive drops it
     high_val = client_data(LOW, val_classes=HIGH)
     c = client("pfedlia", high_val)
-    slightly = trained_state(c.fresh_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
+    slightly = trained_state(c.reset_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
     lazies = [slightly, slightly, low, low]  # on a 5-9 validation split both hurt, the fitted one more
     plain = client("pfedlia", high_val, **{"lia-mode": "p2p"}).query("lia", lia_content(theta0, lazies, 3))
     row = plain["metrics"]["lia-row"]
@@ -261,7 +261,7 @@ def test_a_late_joiner_keeps_only_positive_peers_under_require_positive(lazy_mod
     row where every stored lazy model hurts, the plain 2-means takes the least harmful, the strict set none."""
     theta0, low, _ = lazy_models
     high_val = client_data(LOW, val_classes=HIGH)
-    slightly = trained_state(client("pfedlia", high_val).fresh_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
+    slightly = trained_state(client("pfedlia", high_val).reset_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
     lazies = [low, slightly, low, slightly]
     plain = client("pfedlia", high_val, **{"lia-mode": "p2p"}).query("lia", lia_content(theta0, lazies))["metrics"]
     assert max(plain["lia-row"]) < 0  # the case this test needs
@@ -313,7 +313,7 @@ def test_train_trains_the_sent_model_and_reports_the_planted_cluster(lazy_models
     trained = {k: torch.from_numpy(v) for k, v in record_to_numpy(reply["arrays"]).items()}
     assert metrics["num-examples"] == len(data.y_train) and metrics["planted-cluster"] == 3
     assert loss_of(c, trained, data.x_train, data.y_train) < loss_of(c, theta0, data.x_train, data.y_train)
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(trained)
     assert metrics["trained-acc"] == pytest.approx(evaluate(model, data.x_test, data.y_test)[1])
     assert (
@@ -328,7 +328,7 @@ def test_evaluate_scores_the_sent_model_and_calls_it_global_only_during_warm_up(
     theta0, low, high = lazy_models
     data = client_data(LOW)
     c = client("pfedlia", data)
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(low)
     loss, acc = evaluate(model, data.x_test, data.y_test)
     warm = c.evaluate(RecordDict({"arrays": to_record(numpy_state(low)), "config": ConfigRecord({"clustered": False})}))
@@ -350,7 +350,7 @@ def test_a_train_message_evaluates_the_previous_round_and_calls_it_global_only_i
     theta0, low, _ = lazy_models
     data = client_data(LOW)
     c = client("pfedlia", data)
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(low)
     loss, acc = evaluate(model, data.x_test, data.y_test)
     for before in (True, False):  # the round W + 1 message (clustered) carrying round W's evaluation, and later

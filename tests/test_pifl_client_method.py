@@ -20,9 +20,9 @@ LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
 @pytest.fixture(scope="module")
 def tier_models():
     c = client("pifl", client_data(LOW))
-    init = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
-    low = trained_state(c.fresh_model(), *digits_of(LOW, 30, 0))
-    high = trained_state(c.fresh_model(), *digits_of(HIGH, 30, 0))
+    init = {k: v.detach().clone() for k, v in c.reset_model().state_dict().items()}
+    low = trained_state(c.reset_model(), *digits_of(LOW, 30, 0))
+    high = trained_state(c.reset_model(), *digits_of(HIGH, 30, 0))
     return init, low, high
 
 
@@ -45,7 +45,7 @@ def ask(c, content):
 
 
 def accuracy(c, state, x, y):
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     return evaluate(model, x, y)[1]
 
@@ -282,7 +282,7 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
     # (num_batches_tracked), which are no weights: the personalized model keeps them as they are in the tier
     # models (every tier has trained the same number of batches here), never a weighted sum cut to an integer
     c = client("pifl", goal_data(calib_classes=LOW, test_classes=LOW), model="cnn")
-    base = c.fresh_model().state_dict()
+    base = c.reset_model().state_dict()
     assert counters(base)  # the CNN does have integer buffers
     tiers = []
     for seed in (0, 1):
@@ -296,7 +296,7 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
     # goal labels each tier gets half right (its own predictions), so the mixture weights are strictly between 0 and 1
     preds = []
     for state in tiers:
-        model = c.fresh_model()
+        model = c.reset_model()
         model.load_state_dict(state)
         model.eval()
         with torch.no_grad():

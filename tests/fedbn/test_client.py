@@ -45,7 +45,7 @@ def same(a, b):
 
 
 def accuracy(c, state):
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     return evaluate(model, c.data.x_test, c.data.y_test)
 
@@ -62,8 +62,8 @@ def inverted(data: ClientData) -> ClientData:
 def states():
     """The common initial cnn, and a copy fitted to all digits (its layers are layers that know digits)."""
     c = client("fedbn", client_data(ALL), **CNN)
-    init = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
-    fitted = trained_state(c.fresh_model(), *digits_of(ALL, 20, 0), epochs=5)
+    init = {k: v.detach().clone() for k, v in c.reset_model().state_dict().items()}
+    fitted = trained_state(c.reset_model(), *digits_of(ALL, 20, 0), epochs=5)
     return init, fitted
 
 
