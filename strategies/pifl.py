@@ -48,13 +48,11 @@ log = logging.getLogger("flwr.pflower")
 
 
 class PIFLStrategy(PersonalizedStrategy):
-    name = "pifl"
     has_global_model = False
     evaluate_in_train = False  # every client scores every tier after the round; only winners train
-    transient = PersonalizedStrategy.transient | {"_model", "_server_set", "_no_auction_for"}
 
-    def __init__(self, settings, initial_state, body, head):
-        super().__init__(settings, initial_state, body, head)
+    def __init__(self, settings, initial_state, model_info):
+        super().__init__(settings, initial_state, model_info)
         o = self.options
         self.num_tiers, self.n_perf, self.n_rand, self.max_bids = (
             o.tiers,
@@ -80,8 +78,39 @@ class PIFLStrategy(PersonalizedStrategy):
         self._server_set: tuple[torch.Tensor, torch.Tensor] | None = None
         self._tier_acc: dict[int, list[float]] = {}  # client -> its tier accuracies of this round's evaluation
         self.tier_tables = TierTables()
-        self._model = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes)
+        # the network the Profiler computes the server-set gradient with (built on first use)
+        self._model: torch.nn.Module | None = None
         self._no_auction_for: int | None = None  # the client count last reported as too small for an auction
+
+    def state(self) -> dict[str, Any]:
+        """The tier models, the ledger, the Profiler's scores and counts, the logs the artefacts show.  The
+        round's winners, payers and tiers are drawn again at the start of every round."""
+        ledger = self.ledger
+        return {
+            "tiers": self.tiers,
+            "ledger": None
+            if ledger is None
+            else {
+                "balances": ledger.balances,
+                "pools": ledger.pools,
+                "supply": ledger.supply,
+                "best-utility": ledger.best_utility,
+            },
+            "scores": self.scores,
+            "counts": self.counts,
+            "source-share": self.source_share,
+            "ledger-log": self.ledger_log,
+            "tier-tables": self.tier_tables.by_round,
+        }
+
+    def restore(self, state) -> None:
+        self.tiers, self.scores, self.counts = state["tiers"], state["scores"], state["counts"]
+        self.source_share, self.ledger_log = state["source-share"], state["ledger-log"]
+        self.tier_tables.by_round = state["tier-tables"]
+        if state["ledger"] is not None:
+            self.ledger = TokenLedger([], self.num_tiers, self.initial_tokens, **self.ledger_args)
+            self.ledger.balances, self.ledger.pools = state["ledger"]["balances"], state["ledger"]["pools"]
+            self.ledger.supply, self.ledger.best_utility = state["ledger"]["supply"], state["ledger"]["best-utility"]
 
     # ------------------------------------------------------------------ round start: bids and schedule
     def wants_client_ids(self, server_round: int, nodes: list[int]) -> bool:
@@ -156,15 +185,16 @@ class PIFLStrategy(PersonalizedStrategy):
         }
         return {r.client: r.metrics["bid"] for r in self.send_query(grid, server_round, "bid", payloads)}
 
-    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
+    def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
+        """Train: the model of the tier the client won; evaluate: every tier model (it scores each and mixes
+        its personalized model from them)."""
+        if phase == "evaluate":
+            return RecordDict({"tiers": self.stacked_tiers()})
         tier = self.tier_of[self.client_of[node_id]]
         return RecordDict({"arrays": to_record(self.tiers[tier]), "tier": ConfigRecord({"tier": tier})})
 
-    def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
-        return RecordDict({"tiers": self.stacked_tiers()})
-
     def stacked_tiers(self):
-        return stacked_record([self.tiers[t] for t in range(self.num_tiers)], self.all_keys)
+        return stacked_record([self.tiers[t] for t in range(self.num_tiers)], self.model_info.keys)
 
     # ------------------------------------------------------------------ aggregation and profiling
     def server_set(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,6 +207,9 @@ class PIFLStrategy(PersonalizedStrategy):
         return self._server_set
 
     def mean_gradient(self, state: dict[str, np.ndarray]) -> np.ndarray:
+        s = self.settings
+        if self._model is None:
+            self._model = build_model(s.model, s.in_channels, s.image_size, s.num_classes)
         load_record(self._model, state)
         self._model.eval()
         self._model.zero_grad()
@@ -190,7 +223,7 @@ class PIFLStrategy(PersonalizedStrategy):
         )
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
-        params = [n for n, _ in self._model.named_parameters()]
+        params = self.model_info.parameter_keys
         updates = [u for u in updates if u.client in self.tier_of]  # only this round's winners train
         for u in updates:
             if "source-a-share" in u.metrics:

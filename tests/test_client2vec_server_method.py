@@ -789,16 +789,16 @@ def test_an_embedding_upload_holds_one_to_c2v_ign_upload_pairs_with_as_many_labe
     number of each (a client with fewer samples uploads fewer); anything else is rejected with its reason."""
     strat = c2v(**{"c2v-ign-upload": 4})
     for nid, rows in ((1, 1), (2, 4)):
-        reply = strat.check_reply(1, nid, upload(rows, rows, nid), "c2v_embed", set())
+        reply = strat.gate.check(1, nid, upload(rows, rows, nid), "c2v_embed", set())
         assert reply is not None and reply.records["arrays"]["D"].shape == reply.records["arrays"]["L"].shape == (
             rows,
             512,
         )
     for nid, content in ((3, upload(5, 5, 3)), (4, upload(0, 0, 4)), (5, upload(2, 2, 5, width=511))):
-        assert strat.check_reply(1, nid, content, "c2v_embed", set()) is None
-    assert strat.check_reply(1, 6, upload(3, 2, 6), "c2v_embed", set()) is None
+        assert strat.gate.check(1, nid, content, "c2v_embed", set()) is None
+    assert strat.gate.check(1, 6, upload(3, 2, 6), "c2v_embed", set()) is None
     assert strat.failures[-1]["reason"] == "uploaded 3 image but 2 label embeddings"
-    assert strat.check_reply(1, 7, upload(2, 3, 7), "c2v_embed", set()) is None
+    assert strat.gate.check(1, 7, upload(2, 3, 7), "c2v_embed", set()) is None
     assert strat.failures[-1]["reason"] == "uploaded 2 image but 3 label embeddings"
 
 
@@ -818,17 +818,17 @@ def test_a_federated_dsa_ign_reply_is_the_whole_network_and_its_local_loss():
             metrics["ign-loss"] = loss
         return RecordDict({"metrics": MetricRecord(metrics), "arrays": to_record(net)})
 
-    good = strat.check_reply(1, 1, reply(1, -LOSS_LIMIT), "c2v_ign", set())
+    good = strat.gate.check(1, 1, reply(1, -LOSS_LIMIT), "c2v_ign", set())
     assert good is not None and good.metrics["ign-loss"] == -LOSS_LIMIT
     assert_state_equal(good.arrays, state)
-    assert strat.check_reply(1, 2, reply(2, LOSS_LIMIT), "c2v_ign", set()) is not None
+    assert strat.gate.check(1, 2, reply(2, LOSS_LIMIT), "c2v_ign", set()) is not None
     for nid, content in (
         (3, reply(3, None)),
         (4, reply(4, 2 * LOSS_LIMIT)),
         (5, reply(5, -2 * LOSS_LIMIT)),
         (6, reply(6, 1.0, {k: v for k, v in list(state.items())[1:]})),
     ):
-        assert strat.check_reply(1, nid, content, "c2v_ign", set()) is None
+        assert strat.gate.check(1, nid, content, "c2v_ign", set()) is None
     assert "ign-loss" in strat.failures[0]["reason"]
 
 

@@ -145,10 +145,10 @@ def run(cfg, rounds=2, n=4):
     for rnd in range(1, rounds + 1):
         ups = []
         for i, ctx in enumerate(ctxs):
-            payload = strat.train_payload(10 + i, rnd)
+            payload = strat.payload(10 + i, rnd, "train")
             payload["config"] = ConfigRecord({"server-round": rnd})
             replies[(rnd, i)] = payload
-            u = strat.check_reply(rnd, 10 + i, cls(ctx, settings).train(payload), "train", set())
+            u = strat.gate.check(rnd, 10 + i, cls(ctx, settings).train(payload), "train", set())
             assert u is not None, strat.failures
             ups.append(u)
         strat.aggregate(rnd, ups)
@@ -169,7 +169,7 @@ def test_peer_sampling_bounds_the_download():
     strat, payloads = run({"method": "fedc2i", "partition": "iid", "c2i-peers": 2}, rounds=2, n=5)
     assert payloads[(2, 0)]["peers"]["head.bias"].shape[0] == 2
     full, _ = run({"method": "fedc2i", "partition": "iid"}, rounds=2, n=5)
-    assert payloads[(2, 0)]["peers"].count_bytes() < 0.5 * full.train_payload(10, 3)["peers"].count_bytes()
+    assert payloads[(2, 0)]["peers"].count_bytes() < 0.5 * full.payload(10, 3, "train")["peers"].count_bytes()
 
 
 def test_bad_fedc2i_config():

@@ -43,10 +43,10 @@ def play_round(strat, rnd, clients, version=None, influence=None):
     """Send every client its train message, answer it by hand (uniform influence unless given), aggregate."""
     payloads, ups = {}, []
     for c in clients:
-        payloads[c] = strat.train_payload(NODE + c, rnd)
+        payloads[c] = strat.payload(NODE + c, rnd, "train")
         k = payloads[c]["peers"]["head.bias"].numpy().shape[0]
         infl = influence(c, k) if influence else [1.0 / k] * k
-        u = strat.check_reply(
+        u = strat.gate.check(
             rnd, NODE + c, reply(strat, c, rnd if version is None else version, infl, 10 * (c + 1)), "train", set()
         )
         assert u is not None, strat.failures
@@ -75,10 +75,10 @@ def test_the_server_stores_each_clients_latest_model_and_never_averages():
     np.testing.assert_allclose(stack_values(third[3]), [3.1, 0.2, 1.2, 2.2])
     assert list(third[3]["peer-clients"]["client-ids"]) == [0, 1, 2]
     assert list(third[3]["peer-clients"]["num-examples"]) == [10, 20, 30]
-    stored = record_to_numpy(strat.evaluate_payload(NODE + 1, 3)["arrays"])
+    stored = record_to_numpy(strat.payload(NODE + 1, 3, "evaluate")["arrays"])
     for k, v in model_of(strat, 1, 3).items():  # round 3's reply replaced round 2's
         np.testing.assert_array_equal(stored[k], v)
-    never = record_to_numpy(strat.evaluate_payload(NODE + 9, 3)["arrays"])
+    never = record_to_numpy(strat.payload(NODE + 9, 3, "evaluate")["arrays"])
     for k, v in strat.initial_state.items():
         np.testing.assert_array_equal(never[k], v)
 
@@ -87,7 +87,7 @@ def test_a_client_never_heard_from_gets_the_initial_model_and_all_known_peers():
     """Spec §6.13: a newcomer starts from the common initial model; clients that never replied are no peers."""
     strat = strategy()
     play_round(strat, 1, [0, 1])
-    p = strat.train_payload(NODE + 5, 2)
+    p = strat.payload(NODE + 5, 2, "train")
     init = float(strat.initial_state["head.bias"][0])
     np.testing.assert_allclose(stack_values(p), [init, 0.1, 1.1])
     assert list(p["peer-clients"]["client-ids"]) == [0, 1]
@@ -101,10 +101,10 @@ def test_a_client_known_but_never_trained_gets_the_initial_model():
     evaluated = RecordDict(
         {"metrics": MetricRecord({"partition-id": 4, "num-examples": 10, "personal-acc": 0.5, "personal-loss": 1.0})}
     )
-    assert strat.check_reply(1, NODE + 4, evaluated, "evaluate", set()) is not None
+    assert strat.gate.check(1, NODE + 4, evaluated, "evaluate", set()) is not None
     init = float(strat.initial_state["head.bias"][0])
-    np.testing.assert_allclose(stack_values(strat.train_payload(NODE + 4, 2)), [init, 0.1, 1.1])
-    own = record_to_numpy(strat.evaluate_payload(NODE + 4, 2)["arrays"])
+    np.testing.assert_allclose(stack_values(strat.payload(NODE + 4, 2, "train")), [init, 0.1, 1.1])
+    own = record_to_numpy(strat.payload(NODE + 4, 2, "evaluate")["arrays"])
     for k, v in strat.initial_state.items():
         np.testing.assert_array_equal(own[k], v)
 
@@ -119,19 +119,21 @@ def test_c2i_peers_sends_itself_and_k_minus_1_peers_drawn_afresh_each_round(k):
     drawn = {}
     for rnd in range(2, 12):
         for c in range(n):
-            ids = list(strat.train_payload(NODE + c, rnd)["peer-clients"]["client-ids"])
+            ids = list(strat.payload(NODE + c, rnd, "train")["peer-clients"]["client-ids"])
             assert len(ids) == k - 1 and c not in ids and ids == sorted(ids) and len(set(ids)) == k - 1
-            assert strat.train_payload(NODE + c, rnd)["peers"]["head.bias"].numpy().shape[0] == k
+            assert strat.payload(NODE + c, rnd, "train")["peers"]["head.bias"].numpy().shape[0] == k
             drawn[rnd, c] = ids
     assert len({tuple(drawn[r, 0]) for r in range(2, 12)}) > 1  # drawn afresh each round
     assert len({tuple(drawn[5, c]) for c in range(n)}) > 1  # and per client
     again = strategy(**{"c2i-peers": k})
     play_round(again, 1, range(n))
-    assert all(list(again.train_payload(NODE + c, r)["peer-clients"]["client-ids"]) == drawn[r, c] for (r, c) in drawn)
+    assert all(
+        list(again.payload(NODE + c, r, "train")["peer-clients"]["client-ids"]) == drawn[r, c] for (r, c) in drawn
+    )
     other_seed = strategy(**{"c2i-peers": k, "seed": 1})
     play_round(other_seed, 1, range(n))
     assert any(
-        list(other_seed.train_payload(NODE + c, r)["peer-clients"]["client-ids"]) != drawn[r, c] for (r, c) in drawn
+        list(other_seed.payload(NODE + c, r, "train")["peer-clients"]["client-ids"]) != drawn[r, c] for (r, c) in drawn
     )
 
 
@@ -146,11 +148,11 @@ def test_each_client_draws_its_own_peers():
     for rnd in range(2, 12):
         ranks = set()
         for c in range(n):
-            (peer,) = strat.train_payload(NODE + c, rnd)["peer-clients"]["client-ids"]
+            (peer,) = strat.payload(NODE + c, rnd, "train")["peer-clients"]["client-ids"]
             ranks.add([o for o in range(n) if o != c].index(peer))
         same_rank_rounds += len(ranks) == 1
     assert same_rank_rounds < 5
-    newcomer = strat.train_payload(NODE + 50, 2)
+    newcomer = strat.payload(NODE + 50, 2, "train")
     assert len(newcomer["peer-clients"]["client-ids"]) == k - 1
     assert newcomer["peers"]["head.bias"].numpy().shape[0] == k
 
@@ -159,7 +161,7 @@ def test_c2i_peers_above_the_known_clients_sends_all_of_them():
     """docs Options: k is an upper bound; with fewer known clients every one of them is sent."""
     strat = strategy(**{"c2i-peers": 3})
     play_round(strat, 1, [0, 1, 2])
-    assert list(strat.train_payload(NODE + 1, 2)["peer-clients"]["client-ids"]) == [0, 2]
+    assert list(strat.payload(NODE + 1, 2, "train")["peer-clients"]["client-ids"]) == [0, 2]
 
 
 def test_the_influence_vector_must_cover_exactly_what_was_sent():
@@ -167,11 +169,11 @@ def test_the_influence_vector_must_cover_exactly_what_was_sent():
     strat = strategy()
     play_round(strat, 1, [0, 1, 2])
     for c in (0, 1, 2):
-        strat.train_payload(NODE + c, 2)
+        strat.payload(NODE + c, 2, "train")
     good = [0.5, 0.3, 0.2]
-    assert strat.check_reply(2, NODE + 0, reply(strat, 0, 2, good, 10), "train", set()) is not None
+    assert strat.gate.check(2, NODE + 0, reply(strat, 0, 2, good, 10), "train", set()) is not None
     for bad in ([0.5, 0.5], [0.4, 0.3, 0.2, 0.1], [0.5, 0.3, 0.3], [1.2, -0.1, -0.1]):
-        assert strat.check_reply(2, NODE + 1, reply(strat, 1, 2, bad, 10), "train", set()) is None
+        assert strat.gate.check(2, NODE + 1, reply(strat, 1, 2, bad, 10), "train", set()) is None
     assert "influence" in strat.failures[-1]["reason"]
 
 
@@ -318,7 +320,7 @@ def test_no_influence_weight_may_exceed_one():
     strat = strategy()
     play_round(strat, 1, [0, 1])
     for c in (0, 1):
-        strat.train_payload(NODE + c, 2)
-    assert strat.check_reply(2, NODE + 0, reply(strat, 0, 2, [1.0, 0.0], 10), "train", set()) is not None
-    assert strat.check_reply(2, NODE + 1, reply(strat, 1, 2, [1.0 + 5e-5, 0.0], 10), "train", set()) is None
+        strat.payload(NODE + c, 2, "train")
+    assert strat.gate.check(2, NODE + 0, reply(strat, 0, 2, [1.0, 0.0], 10), "train", set()) is not None
+    assert strat.gate.check(2, NODE + 1, reply(strat, 1, 2, [1.0 + 5e-5, 0.0], 10), "train", set()) is None
     assert "influence" in strat.failures[-1]["reason"]

@@ -39,9 +39,9 @@ def first_round(cfg=CFG, n=3):
     cls = load_object(METHODS["fedcac"].client)
     ups = []
     for i, ctx in enumerate(ctxs):
-        payload = strat.train_payload(10 + i, 1)
+        payload = strat.payload(10 + i, 1, "train")
         payload["config"] = ConfigRecord({"server-round": 1})
-        up = strat.check_reply(1, 10 + i, cls(ctx, settings).train(payload), "train", set())
+        up = strat.gate.check(1, 10 + i, cls(ctx, settings).train(payload), "train", set())
         assert up is not None, strat.failures
         ups.append(up)
     diag = strat.aggregate(1, ups)["fedcac"]
@@ -89,7 +89,7 @@ def test_evaluate_scores_eq11_w_bar_and_the_trained_model_and_keeps_the_state(af
         assert len(set(losses)) == 3  # the three models really are different models here
         trained_differs.append(expected["trained"][1] != expected["personal"][1])
 
-        reply = client.evaluate(with_config(strat.evaluate_payload(10 + i, 1), 1))
+        reply = client.evaluate(with_config(strat.payload(10 + i, 1, "evaluate"), 1))
         m = reply["metrics"]
         assert m["personal-loss"] == pytest.approx(expected["personal"][0], rel=1e-5)
         assert m["personal-acc"] == pytest.approx(expected["personal"][1])
@@ -123,8 +123,8 @@ def test_the_next_round_starts_from_the_model_that_was_evaluated(after_round_one
     (its critical mask is scored against that start, Eq. 5)."""
     settings, strat, ctxs, cls, _ = after_round_one
     client = cls(ctxs[0], settings)
-    evaluated = client.personal_model(with_config(strat.evaluate_payload(10, 1), 1))
-    started = client.personal_model(with_config(strat.train_payload(10, 2), 2))
+    evaluated = client.personal_model(with_config(strat.payload(10, 1, "evaluate"), 1))
+    started = client.personal_model(with_config(strat.payload(10, 2, "train"), 2))
     for k, v in evaluated.state_dict().items():
         torch.testing.assert_close(started.state_dict()[k], v)
 
@@ -164,7 +164,7 @@ def test_a_train_reply_reports_the_trained_models_accuracy_and_its_time_split_un
     mix and the masks."""
     settings, strat, ctxs, cls, _ = first_round(n=2)
     client = cls(ctxs[0], settings)
-    reply = client.train(with_config(strat.train_payload(10, 2), 2))
+    reply = client.train(with_config(strat.payload(10, 2, "train"), 2))
     m = reply["metrics"]
     assert m["trained-acc"] == pytest.approx(scores(client, client.load_state("model"))[1])
     assert {k for k in m if k.startswith("time-")} == {"time-train", "time-method"}
@@ -191,7 +191,7 @@ def test_the_global_model_is_w_bar_with_own_bn_statistics_and_leaves_the_persona
     into w_bar."""
     settings, strat, ctxs, cls, _ = after_round_one
     client = cls(ctxs[2], settings)
-    payload = with_config(strat.evaluate_payload(12, 1), 1)
+    payload = with_config(strat.payload(12, 1, "evaluate"), 1)
     personal = client.personal_model(payload)
     before = {k: v.clone() for k, v in personal.state_dict().items()}
     glob = client.global_model(payload, personal)

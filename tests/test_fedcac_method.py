@@ -416,7 +416,8 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
     )
     sent, clients = {}, sorted(NODES.values())
     assert strat.param_keys == list(strat.param_shapes) and strat.shared_keys() == strat.param_keys
-    assert strat.expected_reply_shapes(21) == strat.param_shapes
+    train_arrays = strat.reply_spec("train", 21).records["arrays"].tensors
+    assert {k: t.shape for k, t in train_arrays.items()} == strat.param_shapes
     for rnd in (1, 2, 3):
         play(strat, NODES, [rnd], sent)
         exp = expected_round(strat, sent, rnd, beta, clients)
@@ -448,18 +449,18 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
         order = [clients.index(c) for c in logged["partition-ids"]]
         assert sorted(logged["partition-ids"]) == clients
         np.testing.assert_allclose(logged["overlap"], exp["overlap"][np.ix_(order, order)], atol=5e-5)
-        assert strat.mask_bytes[-4:] == [-(-exp["n"] // 8)] * 4
+        assert strat.max_mask_bytes == -(-exp["n"] // 8)
         for node, c in NODES.items():  # what the next train message and this round's evaluation carry
-            for payload in (strat.train_payload(node, rnd + 1), strat.evaluate_payload(node, rnd)):
+            for payload in (strat.payload(node, rnd + 1, "train"), strat.payload(node, rnd, "evaluate")):
                 for k, v in payload["global"].items():
                     assert v.numpy().dtype == np.float32
                     np.testing.assert_allclose(v.numpy(), exp["wbar"][k], rtol=1e-5, atol=1e-6)
                     np.testing.assert_allclose(payload["custom"][k].numpy(), exp["u"][c][k], rtol=1e-5, atol=1e-6)
                 assert set(payload["global"]) == set(payload["custom"]) == set(strat.param_keys)
-            assert "custom" not in strat.train_payload(node, rnd + 2) and "custom" not in strat.evaluate_payload(
-                node, rnd + 1
+            assert "custom" not in strat.payload(node, rnd + 2, "train") and "custom" not in strat.payload(
+                node, rnd + 1, "evaluate"
             )
-            assert "custom" not in strat.train_payload(node, rnd)  # u_i of round rnd is for round rnd + 1 only
+            assert "custom" not in strat.payload(node, rnd, "train")  # u_i of round rnd is for round rnd + 1 only
         assert strat.custom_round == rnd and set(strat.custom) == set(clients)
     assert strat.fresh_custom(999, 3) is None  # a node the server has never heard from gets no u_i
 

@@ -364,7 +364,7 @@ def test_every_client_scores_all_lazy_models_in_client_order_against_theta_0(cen
     for c in CLIENTS:
         assert_holds(central.payload(2, "lia", c), theta0)
         for k, v in central.payload(2, "lia", c, "lazy").items():
-            assert v.shape == (len(CLIENTS), *central.strategy.shapes[k])
+            assert v.shape == (len(CLIENTS), *central.strategy.model_info.shapes[k])
             np.testing.assert_array_equal(
                 v, np.stack([np.full(v.shape[1:], lazy_value(j), np.float32) for j in CLIENTS])
             )
@@ -398,7 +398,7 @@ def test_the_clustering_round_is_logged_with_its_cost_and_quality(central):
     and lia phases, down and up) and the ARI against the planted groups."""
     s = central.strategy
     info = s.history[1].extra["clustering"]
-    comm = s.comm[2]
+    comm = s.history[1].extra["comm"]
     assert info["round"] == 2 and info["mode"] == "central" and info["clusters"] == 2
     assert info["clients-asked"] == len(CLIENTS) and info["ari"] == 1.0 and "p2p-exact-fraction" not in info
     assert info["bytes-down-per-client"] == (comm["lazy-bytes-down"] + comm["lia-bytes-down"]) / len(CLIENTS)
@@ -797,7 +797,7 @@ def test_a_client_without_a_cluster_or_set_trains_theta_0(mode):
 
 
 def _accepts(strategy, phase, client, content):
-    return strategy.check_reply(2, NODE[client], content, phase, set()) is not None
+    return strategy.gate.check(2, NODE[client], content, phase, set()) is not None
 
 
 def _metrics_reply(client, **metrics):
@@ -924,7 +924,7 @@ def test_the_clustering_round_takes_the_time_it_is_logged_with():
 def test_a_single_client_is_its_own_cluster_and_its_bytes_are_per_client(tmp_path, monkeypatch):
     fed = Federation(rounds=2, clients=[8]).run()
     s = fed.strategy
-    info, comm = s.clustering, s.comm[2]
+    info, comm = s.clustering, s.history[1].extra["comm"]
     assert s.assignment == {8: 0} and info["clusters"] == 1 and info["clients-asked"] == 1
     assert info["bytes-down-per-client"] == comm["lazy-bytes-down"] + comm["lia-bytes-down"]
     assert info["bytes-up-per-client"] == comm["lazy-bytes-up"] + comm["lia-bytes-up"]

@@ -409,8 +409,8 @@ def test_a_run_without_sources_records_no_table_and_a_restored_one_rebuilds_its_
     strategy = fake_strategy(settings, [0, 1])
     tables = TierTables()
     assert tables.record(strategy, 1, [{}]) == [] and tables.by_round == {} and strategy.history[-1].extra == {}
-    restored = TierTables.__new__(TierTables)  # as a checkpoint restores it: no holdouts attribute
-    restored.by_round = {}
+    restored = TierTables()  # as a strategy's restore() leaves it: only by_round comes from the checkpoint
+    restored.by_round = {1: [{"A": 0.5, "B": 0.5}]}
     settings = two_source()
     state = {
         k: v.detach().numpy().copy()

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from server_app.app import build_strategy, resume_point
+from strategies.history import RoundLog
+from strategies.persistence import write_checkpoint
 from task.checkpoint import FORMAT_VERSION, CheckpointError
 from task.config import parse_settings
 
@@ -19,13 +21,11 @@ BASE = {"method": "fedavg", "model": "mlp", "num-server-rounds": 4, "min-nodes":
 def checkpointed(tmp_path: Path, rounds_done: int = 2, **over) -> Path:
     """A results folder whose strategy checkpointed after ``rounds_done`` rounds."""
     folder = tmp_path / "run"
-    strategy = build_strategy(parse_settings({**BASE, **over}))
-    strategy.results_dir = folder
-    from strategies.base import RoundLog
-
+    settings = parse_settings({**BASE, **over})
+    strategy = build_strategy(settings)
     for r in range(1, rounds_done + 1):
         strategy.history.append(RoundLog(r))
-        strategy.checkpoint(r)
+        write_checkpoint(folder, r, strategy.checkpoint_state(), settings)
     return folder
 
 
