@@ -1,4 +1,4 @@
-"""Client side of Client2Vec (spec §2.1-2.8, docs/methods/client2vec.md) on its base algorithm (FedAvg,
+"""Client side of Client2Vec (client2vec.md §2.1-2.8, docs/methods/client2vec.md) on its base algorithm (FedAvg,
 FedProx or MOON).
 
 Queries of the one-off index phase:

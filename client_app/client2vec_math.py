@@ -1,4 +1,4 @@
-"""Client-side losses of Client2Vec case study (iii) (spec §2.8); MOON's loss is in client_app/baselines.py.
+"""Client-side losses of Client2Vec case study (iii) (client2vec.md §2.8); MOON's loss is in client_app/baselines.py.
 
 Case study (iii) adds two training-only modules to the local model: a projection P (features -> index
 width) and a projection classifier h_P.  The loss is CE + w (L_orth + L_dist), with
@@ -6,7 +6,7 @@ L_orth = mean over the batch of sum_k |cos(P z, beta_k^f)| (all M clients' featu
 L_dist = KL(softmax(h(z)) || softmax(h_P(P z))) with the main head as a detached teacher.  Evaluation uses
 the main head only, so P and h_P never change the model's predictions.
 
-See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/client2vec.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""FedCAC client (spec fedcac §2.3, §2.4, §2.7, §7): train, score sensitivity, send the packed critical mask,
+"""FedCAC client (fedcac.md §2.3, §2.4, §2.7, §7): train, score sensitivity, send the packed critical mask,
 mix the server's global and customized models with the stored mask (Eq. 11).
 
 State kept in ``context.state``: ``model`` (the post-training model, BN statistics included: they stay
 local) and ``mask`` (the packed critical mask of the last round).
 
-See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/fedcac.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -93,5 +93,5 @@ class FedCACClient(ClientMethod):
         return glob
 
     def evaluation_extras(self, content: RecordDict, personal: torch.nn.Module) -> dict:
-        """The model right after last round's local training, before aggregation (spec §6.9 logs both)."""
+        """The model right after last round's local training, before aggregation (fedcac.md §6.9 logs both)."""
         return {} if self._trained is None else {"before-agg-acc": evaluate(self._trained, *self.test_split())[1]}

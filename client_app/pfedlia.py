@@ -1,7 +1,7 @@
-"""pFedLIA client (spec pfedlia §2.4, §2.5): FedAvg-style training of the model it is sent, lazy training of
+"""pFedLIA client (pfedlia.md §2.4, §2.5): FedAvg-style training of the model it is sent, lazy training of
 the warm-up model, and its row of the lazy-influence matrix (plus its beneficial peers, peer-to-peer).
 
-See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/pfedlia.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 

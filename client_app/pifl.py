@@ -1,8 +1,8 @@
-"""PI-FL client (spec pifl §2.2): scores every tier model, bids, trains the tier it won, and builds its
+"""PI-FL client (pifl.md §2.2): scores every tier model, bids, trains the tier it won, and builds its
 one-shot personalized model from the tier models weighted by their accuracy on its own goal data; that
 model never leaves the client.
 
-See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/pifl.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class PIFLClient(ClientMethod):
         return self.reply({**self.base_metrics(), **metrics, **self._extra()}, model_to_record(model))
 
     def goal_splits(self) -> tuple[tuple, tuple]:
-        """(calibration, held-out) goal data (spec §2.2 step 3).  The held-out part is the test split every method
+        """(calibration, held-out) goal data (pifl.md §2.2 step 3).  The held-out part is the test split every method
         is scored on, except on a node's own data file:
 
         - two-source partitions: the goal set's calibration half and its held-out half (the test split);

@@ -1,7 +1,7 @@
 """CFL baseline (Sattler et al.): FedAvg inside clusters that split in two when the cluster's mean update is
-small but some member's update is still large (pFedLIA spec §5 baseline).
+small but some member's update is still large (a pFedLIA baseline, pfedlia.md §5).
 
-See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/pfedlia.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Client2Vec (Guo et al.): a one-off client index phase, then FL with index-aware sampling, aggregation and
-local training (spec client2vec.md).  The base algorithm (``c2v-base``: FedAvg, FedProx or MOON) runs
+local training (docs/methods/client2vec.md).  The base algorithm (``c2v-base``: FedAvg, FedProx or MOON) runs
 unchanged underneath; the three case studies are independent switches:
 
 - ``c2v-sampling`` (i): Eq. 1 - clients similar to the previous cohort are more likely, recent ones blocked;
@@ -12,10 +12,10 @@ Global mode - each node uploads one batch of CLIP (D, L) pairs (``query.c2v_embe
 DSA-IGN on the pool; Federated mode - DSA-IGN is trained by FedAvg over ``query.c2v_ign`` messages to a
 ``c2v-ign-fraction`` of the nodes per round.  Then every node computes its index (``query.c2v_index``).
 
-Privacy (spec A20): the label half is a linear map of the label histogram, which the server can invert;
+Privacy (client2vec.md A20): the label half is a linear map of the label histogram, which the server can invert;
 Global mode also uploads 128 raw embeddings per client.  Nothing here claims otherwise.
 
-See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/client2vec.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations

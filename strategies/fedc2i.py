@@ -1,4 +1,4 @@
-"""FedC2I strategy (spec fedc2i §2.3-§2.5, §7): the server stores every client's latest model and sends each
+"""FedC2I strategy (fedc2i.md §2.3-§2.5, §7): the server stores every client's latest model and sends each
 client the models it needs; it never averages.
 
 Each train message carries ``peers``: for every parameter name one array stacking the k models
@@ -9,7 +9,7 @@ gets itself plus k - 1 peers sampled per round (seeded), so its download is O(k)
 Clients that have not replied yet are not offered as peers (in round 1 every client starts from the common
 initial model).  Everything is keyed by client id (partition id), so a seed gives the same peers in every run.
 
-See docs/methods/fedc2i.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/fedc2i.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""FedCAC strategy (spec fedcac §2.5-§2.7, §7): mask overlap, rising threshold, per-client customized models.
+"""FedCAC strategy (fedcac.md §2.5-§2.7, §7): mask overlap, rising threshold, per-client customized models.
 
 Each round the server receives every participant's trainable parameters and its bit-packed critical mask,
 computes the overlap matrix over this round's participants (a client that dropped out keeps its stale
 mask out of it), the threshold (Eq. 7), the collaborator sets (Eq. 8), the global average w_bar (Eq. 9)
 and each participant's customized model u_i (Eq. 10).  Each node then receives ``global`` (w_bar) and
 its own ``custom`` (u_i) and mixes them with its mask (Eq. 11) on the client.  BatchNorm running
-statistics never leave the clients (spec §2.4 default).
+statistics never leave the clients (fedcac.md §2.4 default).
 
-See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/fedcac.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class FedCACStrategy(PersonalizedStrategy):
         self.param_shapes = {k: model_info.shapes[k] for k in self.param_keys}
         self.beta = self.options.beta
         # u_i of the last aggregation, keyed by client id, and the round it was computed in: a client only
-        # ever receives a customized model computed in the round just before (spec §6.11)
+        # ever receives a customized model computed in the round just before (fedcac.md §6.11)
         self.custom: dict[int, dict[str, np.ndarray]] = {}
         self.custom_round = 0
         # the overlap matrices fedcac_overlap.json / .png show: the first round's, round beta's (the last
@@ -68,7 +68,7 @@ class FedCACStrategy(PersonalizedStrategy):
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)
-        if phase == "evaluate":  # the model right after the last local training, before aggregation (spec §6.9)
+        if phase == "evaluate":  # the model right after the last local training, before aggregation (fedcac.md §6.9)
             return spec.with_metrics(**{"before-agg-acc": replace(ACCURACY, required=False)})
         if phase != "train":
             return spec

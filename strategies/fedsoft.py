@@ -1,4 +1,4 @@
-"""FedSoft (Ruan & Joe-Wong), a PI-FL baseline (spec pifl §5): soft clustering with S cluster centres.
+"""FedSoft (Ruan & Joe-Wong), a PI-FL baseline (pifl.md §5): soft clustering with S cluster centres.
 
 Every ``fedsoft-estimate-every`` rounds each client estimates its importance weights u_ks: the share of its
 training points for which centre s has the lowest loss, smoothed by sigma = 1e-4 (``query.fedsoft_u``).
@@ -8,7 +8,7 @@ from its own model, and centre s becomes the plain mean of the models of the cli
 already weights them by u_ks n_k).  A client's personalized model is its own model (the u-weighted mix of centres before it first
 trains).
 
-See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/pifl.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""IFCA (Ghosh et al.), a PI-FL baseline (spec pifl §5): K cluster models; every client takes the one with the
+"""IFCA (Ghosh et al.), a PI-FL baseline (pifl.md §5): K cluster models; every client takes the one with the
 lowest loss on its own data, trains it, and each cluster model is the FedAvg of its takers.
 
-See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/pifl.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 

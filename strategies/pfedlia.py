@@ -1,4 +1,4 @@
-"""pFedLIA strategy (spec pfedlia §2.4-§2.8): FedAvg warm-up, one clustering round, then FedAvg per cluster.
+"""pFedLIA strategy (pfedlia.md §2.4-§2.8): FedAvg warm-up, one clustering round, then FedAvg per cluster.
 
 Rounds 1..``warmup-rounds`` are FedAvg.  At the start of the next round the server runs the clustering
 phase through the Grid: ``query.lazy`` (every client trains a copy of the warm-up model theta_0 for
@@ -7,9 +7,9 @@ theta_0 and returns its lazy-influence row, plus - peer-to-peer - its beneficial
 clusters the matrix with OPTICS (noise reassigned); peer-to-peer mode uses the clients' own 2-means sets
 (the server only relays); ``oracle`` uses the planted groups the clients report (simulation only).
 Afterwards each cluster (central/oracle) or each client's beneficial set (p2p) runs FedAvg from theta_0.
-Clients that connect after the clustering round score the stored lazy models and join (spec §2.8).
+Clients that connect after the clustering round score the stored lazy models and join (pfedlia.md §2.8).
 
-See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/pfedlia.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
         )
 
     def join_late(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
-        """Spec §2.8: newcomers score the stored lazy models and join the best cluster (or their 2-means set)."""
+        """pfedlia.md §2.8: newcomers score the stored lazy models and join the best cluster (or their 2-means set)."""
         if self.lazy_stacked is None:
             return
         rows = self._rows(grid, server_round, nodes)

@@ -1,4 +1,4 @@
-"""PI-FL strategy (spec pifl §2): tiers, token "auctions", profiler and scheduler on Flower's Message API.
+"""PI-FL strategy (pifl.md §2): tiers, token "auctions", profiler and scheduler on Flower's Message API.
 
 Per round r:
 1. r = 1: free warm-up, a random tiering (nobody pays).  r >= 2: ``query.bid`` sends every available
@@ -9,7 +9,7 @@ Per round r:
    nobody bid for drafts clients that bid for nothing (they pay nothing).  Winning bidders pay the slot
    price into the tier pool.
 2. Winners train their tier's model; each tier is rebuilt by FedAvg; the Profiler scores every winner with
-   the first-order Shapley estimate on the server's IID set (an assumption of the paper, spec §6.16).
+   the first-order Shapley estimate on the server's IID set (an assumption of the paper, pifl.md §6.16).
 3. Evaluation sends all K tier models to every client: it reports its tier accuracies (the utility of a
    tier is the mean over its winners) and the accuracy of its one-shot personalized mixture on its goal
    data, which never leaves it.  The Token Manager then settles every tier (refund, rank reward) among the
@@ -17,7 +17,7 @@ Per round r:
    back); where the utility gain is undefined (no earlier best, or a round without evaluation) the refund
    ratio is 0.  The ledger's conservation is asserted every round.
 
-See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/pifl.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ class PIFLStrategy(PersonalizedStrategy):
         self._tier_acc = {r.client: r.metrics["tier-acc"] for r in replies}
 
     def on_round_end(self, server_round: int) -> None:
-        """Settle every tier (spec §2.4): only winners whose training arrived this round are refunded and ranked,
+        """Settle every tier (pifl.md §2.4): only winners whose training arrived this round are refunded and ranked,
         on this round's scores; the utility is the mean of their own tier accuracies."""
         entry: dict[str, Any] = {"round": server_round, "tiers": {}}
         for k in range(self.num_tiers):

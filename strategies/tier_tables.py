@@ -1,4 +1,4 @@
-"""Per-source accuracy of tier / cluster models (the tables of PI-FL's paper, spec pifl Tables 1-2).
+"""Per-source accuracy of tier / cluster models (the tables of PI-FL's paper, pifl.md Tables 1-2).
 
 Two-source partitions (digits label halves, SynthConcept's two concepts) have a source A and a source B.
 The holdout of each source is every sample of that source that no client trains on (simulation only:

@@ -42,7 +42,8 @@ def _flat_dim(body: nn.Module, in_channels: int, image_size: int) -> int:
 
 
 class SmallCNN(SplitModel):
-    """FedCAC spec §8 CNN for digits: conv3x3(16, no bias)-BN-ReLU-conv3x3(32, no bias)-BN-ReLU-maxpool2-FC64-FC.
+    """FedCAC's CNN for digits (fedcac.md §8): conv3x3(16, no bias)-BN-ReLU-conv3x3(32, no bias)-BN-ReLU-maxpool2-
+    FC64-FC.
 
     38,330 parameters on 8x8 inputs.  Larger inputs are average-pooled to 4x4 after the max-pool, so the
     same architecture serves 28x28 (MNIST-like) and 32x32 images.
@@ -121,7 +122,7 @@ class LeNet(SplitModel):
 
 
 class C2ISmall(SplitModel):
-    """FedC2I spec §8 CPU-sized version of the Table 7 CNN: conv5(16)-pool-conv5(32)-pool-FC120-FC84-FC."""
+    """FedC2I's CPU-sized version of the Table 7 CNN (fedc2i.md §8): conv5(16)-pool-conv5(32)-pool-FC120-FC84-FC."""
 
     def __init__(self, in_channels: int, image_size: int, num_classes: int) -> None:
         super().__init__()
@@ -144,7 +145,7 @@ class C2ISmall(SplitModel):
 
 
 class PIFLCNN(SplitModel):
-    """PI-FL spec §4 CNN: conv3(32)-conv3(64)-pool-conv3(64,pad1)-pool-dropout-FC128-dropout-FC."""
+    """PI-FL's CNN (pifl.md §4): conv3(32)-conv3(64)-pool-conv3(64,pad1)-pool-dropout-FC128-dropout-FC."""
 
     def __init__(self, in_channels: int, image_size: int, num_classes: int) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""Client2Vec unit tests (spec client2vec.md §7): DSA-IGN, losses, index, sampler, aggregation, local loss, encoders."""
+"""Client2Vec unit tests (client2vec.md §7): DSA-IGN, losses, index, sampler, aggregation, local loss, encoders."""
 
 import numpy as np
 import pytest

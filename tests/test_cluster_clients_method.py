@@ -1,4 +1,4 @@
-"""What the IFCA and FedSoft clients must do (spec pifl §5 baselines: Ghosh et al.; Ruan & Joe-Wong), with
+"""What the IFCA and FedSoft clients must do (pifl.md §5 baselines: Ghosh et al.; Ruan & Joe-Wong), with
 cluster models fitted to known digits so the right choice is known in advance."""
 
 import numpy as np

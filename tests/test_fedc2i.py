@@ -1,4 +1,4 @@
-"""FedC2I invariants (spec fedc2i §7/§2.2) on small hand-made models, and the client/strategy round trip."""
+"""FedC2I invariants (fedc2i.md §7/§2.2) on small hand-made models, and the client/strategy round trip."""
 
 import numpy as np
 import pytest
@@ -198,7 +198,7 @@ def test_the_variants_old_spellings_still_run_with_a_deprecation_warning(old, ne
 
 @pytest.mark.parametrize("variant,own_extractor_matters", [("class-level-averaged-extractor", False), ("full", True)])
 def test_the_lambda_g_ablation_scores_classes_with_the_global_extractor(variant, own_extractor_matters):
-    # spec §6.7: for the Lambda/g ablation the class-level influence uses the current global theta (the average
+    # fedc2i.md §6.7: for the Lambda/g ablation the class-level influence uses the current global theta (the average
     # extractor), not the client's own.  Two sets of peers with the same average extractor but a different own
     # extractor must then give the same personalized model; in the full method (own theta*) they must not.
     cfg = {"method": "fedc2i", "model": "mlp", "partition": "iid", "c2i-variant": variant}

@@ -1,4 +1,4 @@
-"""What the FedC2I server must do (spec fedc2i §2.3, §2.5, §6.13, §6.20, §7; docs/methods/fedc2i.md "Messages",
+"""What the FedC2I server must do (fedc2i.md §2.3, §2.5, §6.13, §6.20, §7; docs/methods/fedc2i.md "Messages",
 "Options", "Artefacts"): store every client's latest model without averaging, send each client its own stored
 model first and then its peers' (all of them, or ``c2i-peers - 1`` drawn per round), check the influence vector
 against what was sent, and log the influence rows.  Replies are made by hand, without a client."""
@@ -62,8 +62,9 @@ def stack_values(payload):
 
 
 def test_the_server_stores_each_clients_latest_model_and_never_averages():
-    """Spec §2.3: the server keeps the latest model of each client and forwards them (own first, §2.5); an
-    absent client's stale model is still forwarded (§6.20); a client not heard from has the initial model."""
+    """fedc2i.md §2.3: the server keeps the latest model of each client and forwards them (own first, §2.5);
+    an absent client's stale model is still forwarded (fedc2i.md §6.20); a client not heard from has the initial
+    model."""
     strat = strategy()
     clients = [0, 1, 2, 3]
     first, _ = play_round(strat, 1, clients)
@@ -84,7 +85,7 @@ def test_the_server_stores_each_clients_latest_model_and_never_averages():
 
 
 def test_a_client_never_heard_from_gets_the_initial_model_and_all_known_peers():
-    """Spec §6.13: a newcomer starts from the common initial model; clients that never replied are no peers."""
+    """fedc2i.md §6.13: a newcomer starts from the common initial model; clients that never replied are no peers."""
     strat = strategy()
     play_round(strat, 1, [0, 1])
     p = strat.payload(NODE + 5, 2, "train")
@@ -94,7 +95,7 @@ def test_a_client_never_heard_from_gets_the_initial_model_and_all_known_peers():
 
 
 def test_a_client_known_but_never_trained_gets_the_initial_model():
-    """Spec §6.13 / §6.20: with partial participation a client can be known to the server (it answered an
+    """fedc2i.md §6.13 / §6.20: with partial participation a client can be known to the server (it answered an
     evaluation) before any of its train replies was stored; its own model is then the common initial model."""
     strat = strategy()
     play_round(strat, 1, [0, 1])
@@ -140,7 +141,7 @@ def test_c2i_peers_sends_itself_and_k_minus_1_peers_drawn_afresh_each_round(k):
 def test_each_client_draws_its_own_peers():
     """docs Options: the peers are drawn per round *and client* (the seed includes the client id), so clients do
     not all take the peers at the same rank among their candidates; a node that has not replied yet (a
-    newcomer) gets its k - 1 peers too (spec §6.13)."""
+    newcomer) gets its k - 1 peers too (fedc2i.md §6.13)."""
     n, k = 6, 2
     strat = strategy(**{"c2i-peers": k})
     play_round(strat, 1, range(n))
@@ -178,8 +179,9 @@ def test_the_influence_vector_must_cover_exactly_what_was_sent():
 
 
 def test_influence_rows_are_logged_per_round_client_and_peer():
-    """Spec §2.3 / docs Artefacts: the server logs each client's influence row, keyed by the peer's client id
-    (round -> client -> peer -> weight), and the mean self-influence; the rows are not symmetric (§7 test 12)."""
+    """fedc2i.md §2.3 / docs Artefacts: the server logs each client's influence row, keyed by the peer's client id
+    (round -> client -> peer -> weight), and the mean self-influence; the rows are not symmetric (fedc2i.md §7 test
+    12)."""
     strat = strategy()
     play_round(strat, 1, [0, 1, 2])
     rows = {0: [0.7, 0.2, 0.1], 1: [0.1, 0.6, 0.3], 2: [0.05, 0.15, 0.8]}

@@ -1,4 +1,4 @@
-"""FedCAC invariants (spec fedcac §7) on hand-made tensors, plus the client/strategy round trip."""
+"""FedCAC invariants (fedcac.md §7) on hand-made tensors, plus the client/strategy round trip."""
 
 import numpy as np
 import pytest
@@ -287,7 +287,7 @@ def test_collaborators_on_planted_label_groups_share_labels_more_than_random_pai
     assert collab and np.mean(collab) > everyone + 0.1, (collab, everyone)
 
 
-# ---------------------------------------------------------------- partial participation (spec §6.11)
+# ---------------------------------------------------------------- partial participation (fedcac.md §6.11)
 def test_a_client_that_missed_a_round_gets_no_stale_customized_model():
     from tests.strategy_harness import drive
 

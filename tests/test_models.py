@@ -57,7 +57,7 @@ def test_forward_and_split(name):
 
 
 def test_small_cnn_matches_spec_size():
-    assert count_parameters(build_model("cnn", 1, 8, 10)) == 38330  # spec fedcac §8
+    assert count_parameters(build_model("cnn", 1, 8, 10)) == 38330  # fedcac.md §8
     assert build_model("cnn", 1, 28, 10)(torch.randn(2, 1, 28, 28)).shape == (2, 10)
 
 

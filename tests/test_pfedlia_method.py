@@ -1,4 +1,4 @@
-"""What pFedLIA's client must do (spec pfedlia §2.4, §2.5, §2.8), with the data splits chosen by the test.
+"""What pFedLIA's client must do (pfedlia.md §2.4, §2.5, §2.8), with the data splits chosen by the test.
 
 The lazy-influence row is Eq. 1 on the client's *validation* split: a client whose validation split holds
 other digits than its training split must find the peer trained on its validation digits helpful.
@@ -257,8 +257,8 @@ def test_late_joiner_compares_against_every_stored_lazy_model(lazy_models):
 
 
 def test_a_late_joiner_keeps_only_positive_peers_under_require_positive(lazy_models):
-    """p2p-require-positive holds for a newcomer's set too (spec §2.5 2-means set, §2.8 late joiners): on a
-    row where every stored lazy model hurts, the plain 2-means takes the least harmful, the strict set none."""
+    """p2p-require-positive holds for a newcomer's set too (pfedlia.md §2.5 2-means set, §2.8 late joiners):
+    on a row where every stored lazy model hurts, the plain 2-means takes the least harmful, the strict set none."""
     theta0, low, _ = lazy_models
     high_val = client_data(LOW, val_classes=HIGH)
     slightly = trained_state(client("pfedlia", high_val).reset_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
@@ -401,8 +401,8 @@ def test_an_empty_validation_split_error_names_the_cause_and_the_fix(lazy_models
 
 
 def test_a_lazy_client_list_without_a_self_index_means_a_newcomer(lazy_models):
-    """§2.8: a client that is not among the lazy models (no self-index in `lazy-clients`) compares itself with
-    every one of them, exactly as when the record is missing altogether."""
+    """pfedlia.md §2.8: a client that is not among the lazy models (no self-index in `lazy-clients`) compares itself
+    with every one of them, exactly as when the record is missing altogether."""
     theta0, low, high = lazy_models
     lazies = [low, high, high, low]  # were it lazy model 1 (or any listed one), it would count itself in
     c = client("pfedlia", client_data(LOW), **{"lia-mode": "p2p"})
@@ -415,8 +415,8 @@ def test_a_lazy_client_list_without_a_self_index_means_a_newcomer(lazy_models):
 
 
 def test_rounding_tolerance_of_coinciding_centroids_is_1e_12_inclusive_and_absolute_below_one():
-    """§2.5: coinciding centroids (a constant row) mean every peer.  "Coinciding" is up to 1e-12: two groups whose
-    centroids are exactly 1e-12 apart coincide; scores of magnitude below one that spread by 1.5e-12 (centroids
+    """pfedlia.md §2.5: coinciding centroids (a constant row) mean every peer.  "Coinciding" is up to 1e-12: two groups
+    whose centroids are exactly 1e-12 apart coincide; scores of magnitude below one that spread by 1.5e-12 (centroids
     1.5e-12 apart) are two groups, the tolerance there being absolute (1e-12), not larger."""
     exactly = np.array([9.0, -1e-13, 1e-13, 1e-12 - 1e-13, 1e-12 + 1e-13])  # centroids 0 and 1e-12, spread 1.2e-12
     np.testing.assert_array_equal(beneficial_peers(exactly, 0), [0, 1, 2, 3, 4])
