@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from task.methods import fedbn
 from task.methods.baselines import DittoOptions, FedProxOptions, FedRepOptions, MoonOptions, NoOptions
 from task.methods.client2vec import Client2VecOptions
-from task.methods.fedbn import FedBNOptions
 from task.methods.fedc2i import FedC2IOptions
 from task.methods.fedcac import FedCACOptions
 from task.methods.pfedlia import CFLOptions, PFedLIAOptions
@@ -76,7 +76,7 @@ METHODS: dict[str, MethodSpec] = {
         "FedBNStrategy",
         "fedbn",
         "FedBNClient",
-        options=FedBNOptions,
+        conflicts=fedbn.conflicts,
         description="FedBN: local normalisation layers (BatchNorm and statistics), FedAvg of everything else",
     ),
     "fedrod": _m(
