@@ -12,7 +12,8 @@ A method overrides these hooks, and nothing else of the base:
 - :meth:`ClientMethod.personal_model` - the model this client uses for its own predictions;
 - :meth:`ClientMethod.global_model` - the method's global model as this client sees it (if it has one);
 - :meth:`ClientMethod.evaluation_extras` - method-specific evaluation metrics;
-- :meth:`ClientMethod.test_split` - the data the personalized model is scored on (default: the test split);
+- :meth:`ClientMethod.test_split` - the data the personalized model is scored on (default: the test split;
+  with run-config ``evaluate-split='validation'`` the client's data holds its validation split there instead);
 - :meth:`ClientMethod.query` - extra phases (``query.<name>``).
 
 The base's :meth:`ClientMethod.evaluate` scores the personalized (and global) model, saves the personalized
@@ -93,6 +94,8 @@ class ClientMethod:
         else:  # node config cache-dir: where the node keeps its splits ("" = rebuild them in every process)
             cache = str(node_cfg.get("cache-dir", default_cache_dir()))
             self.data = load_client_data(self.settings.data, self.partition_id, self.num_partitions, cache or None)
+        if self.settings.evaluate_split == "validation":  # selecting settings: the test split is not even kept
+            self.data = self.data.scored_on_validation()
         self.seed = int(self.settings.seed) * 100_003 + self.partition_id
         self.timings: dict[str, float] = {}
 

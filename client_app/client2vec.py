@@ -28,7 +28,7 @@ from torch import nn
 from client_app.base import SAME_AS_PERSONAL, ClientMethod
 from client_app.baselines import moon_term
 from client_app.client2vec_math import local_regulariser
-from task.clip import build_encoder, cached_embeddings, class_names
+from task.clip import DeferredEncoder, cached_embeddings, class_names
 from task.dsa_ign import build_ign, client_index, train_dsa_ign
 from task.methods.client2vec import AUX_PREFIX, Client2VecOptions, build_aux
 from task.params import load_record, record_to_numpy, to_record
@@ -50,10 +50,11 @@ class Client2VecClient(ClientMethod):
 
     # ------------------------------------------------------------------ index phase
     def embeddings(self) -> tuple[np.ndarray, np.ndarray]:
-        """(D, L) of the training split: CLIP image embeddings and label-prompt embeddings, cached on disk."""
+        """(D, L) of the training split: CLIP image embeddings and label-prompt embeddings, cached on disk (the
+        encoder is only built on a cache miss)."""
         o = self.opts
         with self.timed("method"):
-            encoder = build_encoder(o.encoder, o.clip_model, o.clip_weights, o.normalize, int(self.settings.seed))
+            encoder = DeferredEncoder(o.encoder, o.clip_model, o.clip_weights, o.normalize, int(self.settings.seed))
             names = class_names(self.settings.data.dataset, self.settings.num_classes)
             key = f"{self.settings.data!r}|{self.partition_id}/{self.num_partitions}"
             if "data-path" in self.data.meta:  # a node's own file: key on its path and modification time
@@ -146,6 +147,7 @@ class Client2VecClient(ClientMethod):
                         beta,
                         normalize=o.orth_normalize,
                         mean_over_clients=o.orth_mean_over_clients,
+                        detach_distill=o.dist_detach,
                     )
                 )
             )

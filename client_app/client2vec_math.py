@@ -2,9 +2,11 @@
 
 Case study (iii) adds two training-only modules to the local model: a projection P (features -> index
 width) and a projection classifier h_P.  The loss is CE + w (L_orth + L_dist), with
-L_orth = mean over the batch of sum_k |cos(P z, beta_k^f)| (all M clients' feature indices) and
-L_dist = KL(softmax(h(z)) || softmax(h_P(P z))) with the main head as a detached teacher.  Evaluation uses
-the main head only, so P and h_P never change the model's predictions.
+L_orth = mean over the batch of the mean (``c2v-orth-mean-over-clients``, default) or sum over k of
+|cos(P z, beta_k^f)| (all M clients' feature indices) and L_dist = KL(softmax(h(z)) || softmax(h_P(P z))) with
+the main head as a detached teacher; by default (``c2v-dist-detach``) L_dist sees the features detached, so it
+trains P and h_P only and the backbone is shaped by CE and L_orth.  Evaluation uses the main head only, so P
+and h_P never change the model's predictions.
 
 See docs/methods/client2vec.md; its last section says where each section number cited here is explained.
 """
@@ -40,7 +42,15 @@ def local_regulariser(
     beta_f: torch.Tensor,
     *,
     normalize: bool = True,
-    mean_over_clients: bool = False,
+    mean_over_clients: bool = True,
+    detach_distill: bool = True,
 ) -> torch.Tensor:
+    """Eq. 4's case-study (iii) terms: L_orth(P z, B_f) + L_dist(h(z), h_P(P z)).
+
+    With ``detach_distill`` the distillation's student is h_P(P z.detach()): it carries z's information into
+    z_P (the paper's stated aim of L_dist) by training P and h_P, without pulling the backbone towards what
+    a projection classifier predicts; the orthogonality term reaches the backbone either way.
+    """
     z_p = aux.proj(z)
-    return orth_loss(z_p, beta_f, normalize, mean_over_clients) + distill_loss(logits, aux.head(z_p))
+    student = aux.head(aux.proj(z.detach())) if detach_distill else aux.head(z_p)
+    return orth_loss(z_p, beta_f, normalize, mean_over_clients) + distill_loss(logits, student)

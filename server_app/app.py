@@ -43,7 +43,11 @@ def resume_point(settings: Settings, strategy: PersonalizedStrategy) -> tuple[Pa
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    settings = parse_settings(context.run_config)
+    try:
+        settings = parse_settings(context.run_config)
+    except ValueError as err:  # said at once: Flower reports the exception only when its simulation backend is up
+        log.error("the run config was refused at start-up: %s", err)
+        raise
     strategy = build_strategy(settings)
     if settings.resume_from:
         folder, done = resume_point(settings, strategy)

@@ -44,6 +44,18 @@ def resolve_results_path(path: str) -> Path:
     return p.resolve()
 
 
+def clustering_outcome(strategy) -> tuple[int, str] | None:
+    """(clusters at the end, a plain sentence) of a clustering method's run, e.g. ``(1, "1 cluster: the run was
+    FedAvg (...)")``, from its ``clustering_outcome()`` (pFedLIA, the Oracle, CFL, IFCA, FedSoft); None for
+    other methods and for a run that stopped before its first round."""
+    found = getattr(strategy, "clustering_outcome", None)
+    outcome = found() if found is not None and strategy.history else None
+    if outcome is None:
+        return None
+    clusters, single = outcome
+    return clusters, (f"1 cluster: {single}" if clusters == 1 else f"{clusters} clusters")
+
+
 class ResultsWriter:
     """Creates ``<results-dir>/<time>-<method>-<run id>/``, or continues ``folder`` (a resumed run writes into
     the folder of the run it continues; each resumption is noted in ``resumes.json``)."""
@@ -121,6 +133,9 @@ class ResultsWriter:
             "seconds": round(seconds, 2),
             "results": str(self.folder),
         }
+        outcome = clustering_outcome(strategy)
+        if outcome is not None:
+            summary["clusters"], summary["clustering"] = outcome
         if aborted:
             summary["aborted"] = aborted
         if self.settings.data.dataset == "dialects":  # next-word prediction: perplexity = exp(token CE)
@@ -129,9 +144,10 @@ class ResultsWriter:
                     summary[f"{key}-perplexity"] = float(np.exp(summary[f"{key}-loss"]))
         write_json(self.folder / "summary.json", summary)
         acc = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+        clustering = f", {summary['clustering']}" if outcome is not None else ""
         return (
             f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "
-            f"{summary['rounds']} rounds, {summary['clients']} clients, personalized acc "
+            f"{summary['rounds']} rounds, {summary['clients']} clients{clustering}, personalized acc "
             f"{acc(summary['personal-acc'])}, global acc {acc(summary['global-acc'])}, "
             f"{summary['failures']} rejected replies, {seconds:.1f} s"
             + (f", ABORTED: {aborted}" if aborted else "")

@@ -49,8 +49,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from strategies.exchange import MessageExchange, wait_for_nodes
-from strategies.gate import Reply, ReplyGate, RunAborted
+from strategies.exchange import MessageExchange, NodeWaitTimeout, RunAborted, wait_for_nodes
+from strategies.gate import Reply, ReplyGate
 from strategies.history import RoundLog, accuracies, evaluation_metrics, progress_line, train_metrics
 from strategies.persistence import checkpoint_due, save_server_models, stop_if_asked, write_checkpoint
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, InvalidReply, ReplySpec, parse_reply
@@ -59,7 +59,16 @@ from task.config import Settings
 from task.models import ModelInfo
 from task.params import to_record, weighted_average
 
-__all__ = ["IDENTIFY", "PersonalizedStrategy", "Reply", "RoundLog", "RunAborted", "log"]
+__all__ = [
+    "IDENTIFY",
+    "NodeWaitTimeout",
+    "PersonalizedStrategy",
+    "Reply",
+    "RoundLog",
+    "RunAborted",
+    "log",
+    "wait_for_nodes",
+]
 
 IDENTIFY = "identify"
 log = logging.getLogger("flwr.pflower")
@@ -215,7 +224,10 @@ class PersonalizedStrategy(Strategy):
         return ordered if k >= len(ordered) else self.by_client(self.rng.sample(ordered, k))
 
     def available_nodes(self, grid: Grid) -> list[int]:
-        return wait_for_nodes(grid, self.settings.min_nodes)
+        """The connected nodes, once there are ``min-nodes`` of them (:func:`wait_for_nodes`)."""
+        return wait_for_nodes(
+            grid, self.settings.min_nodes, timeout=self.settings.node_wait_timeout, known=self.node_of
+        )
 
     def identify(self, grid: Grid, server_round: int, nodes: list[int]) -> list[Reply]:
         """Ask nodes that never replied which client they are (a tiny ``query.identify``); their valid replies."""
@@ -284,8 +296,8 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._round_start = time.monotonic()
+        nodes = self.available_nodes(grid)  # before the round is logged: a run that gives up here has no round r
         self.history.append(RoundLog(server_round))
-        nodes = self.available_nodes(grid)
         if self._identify_all or self.wants_client_ids(server_round, nodes):
             self.identify(grid, server_round, nodes)
             self._identify_all = False

@@ -71,6 +71,13 @@ class CFLStrategy(PersonalizedStrategy):
                 self.models[target] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
         return {"cfl": {"clusters": len(set(self.cluster_of.values())), "norms": norms}}
 
+    def clustering_outcome(self) -> tuple[int, str]:
+        """(clusters at the end, what a single cluster meant) for the run's summary."""
+        return len(self.models), (
+            "the run was FedAvg (no cluster split: no round from cfl-min-rounds on had a mean update norm below "
+            "cfl-eps1 and a client's above cfl-eps2; rounds.json lists the norms)"
+        )
+
     def write_artifacts(self, folder: Path) -> None:
         (folder / "cfl_clusters.json").write_text(
             json.dumps(

@@ -34,7 +34,7 @@ from strategies.base import PersonalizedStrategy, Reply
 from strategies.client2vec_math import C2VServerState
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import LOSS_LIMIT, Arrays, Dim, Number, ReplySpec, Tensor
-from task.dsa_ign import build_ign, train_dsa_ign
+from task.dsa_ign import build_ign, torch_threads, train_dsa_ign
 from task.methods.client2vec import Client2VecOptions, build_aux
 from task.params import load_record, state_to_numpy, to_record, weighted_average
 
@@ -151,17 +151,18 @@ class Client2VecStrategy(PersonalizedStrategy):
                 )
 
         start = time.perf_counter()
-        self.ign_history = train_dsa_ign(
-            self.ign,
-            D,
-            L,
-            epochs=o.ign_epochs,
-            batch_size=o.ign_batch,
-            lr=o.ign_lr,
-            seed=int(self.settings.seed),
-            orth_mode=o.orth_mode,
-            progress=progress,
-        )
+        with torch_threads(o.ign_threads):
+            self.ign_history = train_dsa_ign(
+                self.ign,
+                D,
+                L,
+                epochs=o.ign_epochs,
+                batch_size=o.ign_batch,
+                lr=o.ign_lr,
+                seed=int(self.settings.seed),
+                orth_mode=o.orth_mode,
+                progress=progress,
+            )
         self.server_time(time.perf_counter() - start)
 
     def _train_ign_federated(self, grid: Grid, server_round: int, nodes: list[int]) -> None:

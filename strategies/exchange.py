@@ -42,16 +42,53 @@ def content_bytes(content: RecordDict) -> int:
     return sum(rec.count_bytes() for rec in content.values())
 
 
-def wait_for_nodes(grid: Grid, minimum: int, poll: float = 0.5, report_every: float = 10.0) -> list[int]:
-    """Node ids once at least ``minimum`` nodes are connected (``get_node_ids`` can be empty at first)."""
-    start = last = time.monotonic()
+class RunAborted(RuntimeError):
+    """The run cannot go on: every reply of a phase failed for the same reason (:mod:`strategies.gate`), or the
+    nodes it needs never connected; running more rounds would only repeat it."""
+
+
+class NodeWaitTimeout(RunAborted):
+    """Fewer than ``min-nodes`` nodes connected within ``node-wait-timeout`` seconds."""
+
+
+def wait_for_nodes(
+    grid: Grid,
+    minimum: int,
+    *,
+    timeout: float = 0.0,
+    known: Mapping[int, int] | None = None,
+    poll: float = 0.5,
+    report_every: float = 10.0,
+    clock=time.monotonic,
+    sleep=time.sleep,
+) -> list[int]:
+    """Node ids once at least ``minimum`` nodes are connected (``get_node_ids`` can be empty at first).
+
+    While it waits it warns every ``report_every`` seconds (a quarter of ``timeout`` when that is shorter) how
+    many nodes are connected and required, and which clients seen earlier in the run (``known``: client id ->
+    its node id) are not connected; after ``timeout`` seconds (0: no limit) it raises :class:`NodeWaitTimeout`.
+    """
+    every = min(report_every, timeout / 4) if timeout else report_every
+    start = last = clock()
     while len(ids := sorted(grid.get_node_ids())) < minimum:
-        if time.monotonic() - last > report_every:
-            log.info(
-                "waiting for nodes: %d connected, %d required (%.0f s)", len(ids), minimum, time.monotonic() - start
+        waited = clock() - start
+        timed_out = bool(timeout) and waited >= timeout
+        if timed_out or clock() - last >= every:
+            connected = set(ids)
+            gone = sorted(c for c, n in (known or {}).items() if n not in connected)
+            state = f"{len(ids)} connected, min-nodes={minimum} required" + (
+                f"; partition ids seen earlier in this run whose nodes are not connected: {gone}" if gone else ""
             )
-            last = time.monotonic()
-        time.sleep(poll)
+            if timed_out:
+                raise NodeWaitTimeout(
+                    f"gave up waiting for nodes after {timeout:g} s (node-wait-timeout): {state}. Start more "
+                    f'SuperNodes (simulation: --federation-config "num-supernodes=N" with N >= {minimum}), lower '
+                    f"min-nodes to the nodes you have, or raise node-wait-timeout (0: wait without limit)"
+                )
+            limit = f"giving up after {timeout:g} s (node-wait-timeout)" if timeout else "no time limit"
+            log.warning("waiting for nodes: %s (%.0f s waited, %s)", state, waited, limit)
+            last = clock()
+        sleep(poll)
     return ids
 
 

@@ -122,6 +122,13 @@ class FedSoftStrategy(PersonalizedStrategy):
     def on_round_end(self, server_round: int) -> None:
         self.tier_tables.record(self, server_round, self.models)
 
+    def clustering_outcome(self) -> tuple[int, str] | None:
+        """(centres that are some client's largest importance weight, what a single one meant) for the summary."""
+        if not self.u:
+            return None
+        favoured = sorted({int(np.argmax(u)) for u in self.u.values()})
+        return len(favoured), f"every client's importance weights favour centre {favoured[0]} (last estimate)"
+
     def write_artifacts(self, folder: Path) -> None:
         (folder / "fedsoft_clusters.json").write_text(
             json.dumps(

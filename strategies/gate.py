@@ -26,14 +26,10 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from strategies.exchange import MessageExchange, content_bytes
+from strategies.exchange import MessageExchange, RunAborted, content_bytes
 from strategies.replies import InvalidReply, ReplySpec, parse_reply
 
 log = logging.getLogger("flwr.pflower")
-
-
-class RunAborted(RuntimeError):
-    """Every reply of a phase failed for the same reason: running more rounds would only repeat it."""
 
 
 @dataclass

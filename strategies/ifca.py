@@ -57,6 +57,15 @@ class IFCAStrategy(PersonalizedStrategy):
     def on_round_end(self, server_round: int) -> None:
         self.tier_tables.record(self, server_round, self.models)
 
+    def clustering_outcome(self) -> tuple[int, str] | None:
+        """(cluster models chosen in the last round, what a single one meant) for the run's summary."""
+        if not self.choices:
+            return None
+        last = sorted(set(self.choices[max(self.choices)].values()))
+        if all(set(chosen.values()) == {last[0]} for chosen in self.choices.values()):
+            return len(last), f"the run was FedAvg (every client chose cluster model {last[0]} in every round)"
+        return len(last), f"every client chose cluster model {last[0]} in the last round"
+
     def write_artifacts(self, folder: Path) -> None:
         (folder / "ifca_clusters.json").write_text(
             json.dumps(

@@ -36,6 +36,7 @@ RESUMABLE_CHANGES = frozenset(
         "save-every",
         "save-best",
         "min-nodes",
+        "node-wait-timeout",
     }
 )
 

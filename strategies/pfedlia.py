@@ -311,7 +311,19 @@ class PFedLIAStrategy(PersonalizedStrategy):
                 cols = [self.lazy_clients.index(m) for m in order]
                 self.assignment[c] = assign_late_joiner(row[cols], np.array([self.assignment[m] for m in order]))
 
-    # ------------------------------------------------------------------ artefacts
+    # ------------------------------------------------------------------ outcome and artefacts
+    def clustering_outcome(self) -> tuple[int, str]:
+        """(clusters at the end, what a single cluster meant) for the run's summary."""
+        if not self.clustered:
+            return 1, "the run was FedAvg (no clustering round completed)"
+        if self.mode == "p2p":  # identical beneficial sets share a model; one set for all is everyone's
+            return (
+                len({frozenset(s) for s in self.sets.values()}),
+                "the run was FedAvg (every client's beneficial set is every client)",
+            )
+        found = "one planted group" if self.mode == "oracle" else "OPTICS put every client in one cluster"
+        return len(set(self.assignment.values())), f"the run was FedAvg ({found})"
+
     def write_artifacts(self, folder: Path) -> None:
         plt = pyplot()
 

@@ -53,6 +53,12 @@ class RunOptions(OptionSet):
     )
     eval_every: int = option("eval-every", 1, "evaluate every k rounds (and always in the last)", minimum=1)
     min_nodes: int = option("min-nodes", 2, "nodes to wait for before a round starts", minimum=1)
+    node_wait_timeout: float = option(
+        "node-wait-timeout",
+        600.0,
+        "seconds to wait for min-nodes nodes before the run gives up (0: no limit)",
+        minimum=0.0,
+    )
     local_epochs: int = option("local-epochs", 1, "local epochs per round", minimum=0)
     batch_size: int = option("batch-size", 20, "mini-batch size", minimum=1)
     lr: float = option("lr", 0.05, "learning rate", minimum=0.0)
@@ -63,6 +69,20 @@ class RunOptions(OptionSet):
     val_fraction: float = option("val-fraction", 0.1, "each client's validation share", minimum=0.0, maximum=0.89)
     noise_std: float = option("noise-std", 0.0, "fixed Gaussian pixel noise on the data", minimum=0.0)
     data_copies: int = option("data-copies", 1, "jittered copies of the data set (many clients)", minimum=1)
+    train_samples: int = option(
+        "train-samples",
+        0,
+        "cap on each client's training examples: a seeded subsample, stratified by label (0 = all); "
+        "validation and test splits unchanged",
+        minimum=0,
+    )
+    evaluate_split: str = option(
+        "evaluate-split",
+        "test",
+        "what clients score models on: 'test', or 'validation' for selecting settings (the test split is then "
+        "dropped on every client, unseen by any method)",
+        choices=("test", "validation"),
+    )
     seed: int = option("seed", 0, "seed of partitions, initial model and sampling", minimum=0)
     device: str = option("device", "auto", "auto (CUDA if available), cpu, cuda or cuda:N")
     round_timeout: float = option("round-timeout", 3600.0, "seconds to wait for a phase's replies", minimum=1.0)
@@ -104,6 +124,7 @@ class Settings:
     device: str
     round_timeout: float
     results_dir: str
+    node_wait_timeout: float = 600.0
     eval_every: int = 1
     fraction_evaluate: float = 1.0
     optimizer: str = "sgd"
@@ -115,6 +136,7 @@ class Settings:
     checkpoint_every: int = 1
     resume_from: str = ""
     stop_after: int = 0
+    evaluate_split: str = "test"
     #: the method's own option set (task.methods), parsed from the same run config
     options: OptionSet = field(default_factory=OptionSet, compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -171,6 +193,11 @@ def data_conflicts(run: RunOptions) -> list[str]:
             f"num-clusters={run.num_clusters} exceeds the {info.num_classes} labels of dataset {run.dataset!r}: "
             f"every planted group needs its own labels (partition {run.partition!r})"
         )
+    if run.evaluate_split == "validation" and run.val_fraction == 0:
+        out.append(
+            "evaluate-split='validation' scores on the validation split, but val-fraction=0 leaves it empty; "
+            "use val-fraction > 0 (e.g. 0.2)"
+        )
     if run.feature_shift and info.image_size == 0:
         out.append(
             f"feature-shift={run.feature_shift} transforms images, but dataset {run.dataset!r} has vectors; "
@@ -197,6 +224,7 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         val_fraction=run.val_fraction,
         noise_std=run.noise_std,
         data_copies=run.data_copies,
+        train_samples=run.train_samples,
         data_dir=run.data_dir,
         seed=run.seed,
         dialect_mix=run.dialect_mix,

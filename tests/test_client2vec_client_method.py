@@ -342,11 +342,13 @@ def test_moon_base_is_the_moon_client_round_after_round(start, cfg):
         assert all(torch.equal(prev[k], got[k]) for k in got)
 
 
-@pytest.mark.parametrize("w, normalize, mean, dtype", [(1.0, True, False, np.float32), (2.0, False, True, np.float64)])
-def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, dtype):
-    """client2vec.md §2.8, Eq. 4: one full-batch SGD step on CE(h(z), y) + w * (L_orth(P z, B_f) + KL(h || h_P)) over
-    the model AND P, h_P (local_regulariser, with c2v-orth-normalize / c2v-orth-mean-over-clients as set), from the
-    received global model; B_f is read as float32 whatever precision it arrives in."""
+@pytest.mark.parametrize(
+    "w, normalize, mean, detach, dtype", [(1.0, True, False, True, np.float32), (2.0, False, True, False, np.float64)]
+)
+def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, detach, dtype):
+    """client2vec.md §2.8, Eq. 4: one full-batch SGD step on CE(h(z), y) + w * (L_orth(P z, B_f) + KL(h || h_P))
+    over the model AND P, h_P (local_regulariser, with c2v-orth-normalize / -orth-mean-over-clients /
+    -dist-detach as set), from the received global model; B_f is read as float32 whatever precision it arrives in."""
     from client_app.client2vec_math import local_regulariser
 
     data = client_data(HIGH)
@@ -356,6 +358,7 @@ def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, dtype):
         "c2v-local-weight": w,
         "c2v-orth-normalize": normalize,
         "c2v-orth-mean-over-clients": mean,
+        "c2v-dist-detach": detach,
         "batch-size": n,
         "lr": lr,
         "momentum": 0.0,
@@ -369,7 +372,7 @@ def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, dtype):
     z = model.features(data.x_train)
     logits = model.head(z)
     loss = torch.nn.functional.cross_entropy(logits, data.y_train) + w * local_regulariser(
-        z, logits, aux, torch.from_numpy(BETA), normalize=normalize, mean_over_clients=mean
+        z, logits, aux, torch.from_numpy(BETA), normalize=normalize, mean_over_clients=mean, detach_distill=detach
     )
     named = dict(model.named_parameters()) | {"c2v." + k: p for k, p in aux.named_parameters()}
     grads = dict(zip(named, torch.autograd.grad(loss, list(named.values()))))
@@ -397,3 +400,65 @@ def test_a_nodes_file_read_with_other_data_settings_is_encoded_again(cfg, tmp_pa
     got_b = client("client2vec", b, ctx=context("client2vec", pid=2, **{**cfg, "val-fraction": 0.2})).embeddings()[0]
     np.testing.assert_allclose(got_a, reference_embeddings(a)[0], atol=1e-6)
     np.testing.assert_allclose(got_b, reference_embeddings(b)[0], atol=1e-6)
+
+
+def _dead_features_and_train_acc(c, content, x):
+    reply = c.train(content)
+    state = {k: v for k, v in as_torch(reply["arrays"]).items() if not k.startswith("c2v.")}
+    model = c.fresh_model()
+    model.load_state_dict(state)
+    model.eval()
+    with torch.no_grad():
+        z = model.features(x)
+    return float((z <= 0).all(0).float().mean()), float(reply["metrics"]["train-acc"])
+
+
+def test_case_study_iii_at_the_users_defaults_trains_like_the_base_algorithm(cfg):
+    """Issue 25's collapse, pinned (docs/methods/client2vec.md, "Why the defaults"): with the optimiser and model a
+    user gets (cnn with BatchNorm, SGD lr 0.05 momentum 0.9, batches of 20; two local epochs here) and the
+    near-identical feature indices a random-weight CLIP gives (M = 10 rows), the local update with (iii) must
+    train like the one without it.  With L_orth summed over the clients and L_dist reaching the features, the
+    feature layer's ReLUs died (73-88 % of them zero on every training sample, against 30 % without (iii)) and
+    the update learnt half as much."""
+    from task.config import parse_settings
+
+    user = parse_settings({"method": "client2vec"})
+    run = {
+        **cfg,
+        "model": user.model,
+        "lr": user.lr,
+        "momentum": user.momentum,
+        "batch-size": user.batch_size,
+        "partition": user.data.partition,
+        "local-epochs": 2,
+    }
+    data = client_data(list(range(10)), n=20)
+    rng = np.random.default_rng(0)
+    beta = (rng.normal(size=512) + 0.02 * rng.normal(size=(10, 512))).astype(np.float32)
+    init = client("client2vec", data, **run).fresh_model().state_dict()
+    dead_plain, acc_plain = _dead_features_and_train_acc(
+        client("client2vec", data, **run), train_content(init), data.x_train
+    )
+    dead, acc = _dead_features_and_train_acc(client("client2vec", data, **run), train_content(init, beta), data.x_train)
+    assert dead <= dead_plain + 0.15
+    assert acc >= acc_plain - 0.1
+
+
+def test_a_client_whose_embeddings_are_cached_never_builds_the_encoder(cfg, monkeypatch):
+    """The cache spares the CLIP model: a node that has its embeddings answers the index-phase queries without
+    importing open_clip or loading weights (3 s per process idle, 13 s loaded; docs/methods/client2vec.md)."""
+    import task.clip
+
+    data = client_data(HIGH, n=4)
+    clip = {**cfg, "c2v-encoder": "open-clip"}
+    first = client("client2vec", data, **clip).embeddings()  # a cache miss builds the encoder and writes the cache
+
+    def no_encoder(*args):
+        raise AssertionError(f"encoder built on a cache hit: {args}")
+
+    monkeypatch.setattr(task.clip, "build_encoder", no_encoder)
+    again = client("client2vec", data, **clip).embeddings()
+    np.testing.assert_array_equal(first[0], again[0])
+    np.testing.assert_array_equal(first[1], again[1])
+    with pytest.raises(AssertionError, match="encoder built"):  # another encoder's embeddings are not that cache
+        client("client2vec", data, **{**clip, "c2v-normalize": False}).embeddings()

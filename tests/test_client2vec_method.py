@@ -67,11 +67,39 @@ def test_local_regulariser_is_orthogonality_plus_distillation_through_p_and_h_p(
     g = torch.Generator().manual_seed(2)
     z, logits, beta = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g), torch.randn(4, 8, generator=g)
     z_p = aux.proj(z)
-    expected = orth_loss(z_p, beta) + distill_loss(logits, aux.head(z_p))
+    # defaults: mean |cos| over the M clients (c2v-orth-mean-over-clients), same value with or without the detach
+    expected = orth_loss(z_p, beta, True, True) + distill_loss(logits, aux.head(z_p))
     assert local_regulariser(z, logits, aux, beta).item() == pytest.approx(expected.item(), rel=1e-6)
+    summed = orth_loss(z_p, beta, True, False) + distill_loss(logits, aux.head(z_p))
+    got = local_regulariser(z, logits, aux, beta, mean_over_clients=False, detach_distill=False)
+    assert got.item() == pytest.approx(summed.item(), rel=1e-6)
     plain = orth_loss(z_p, beta, False, True) + distill_loss(logits, aux.head(z_p))
     got = local_regulariser(z, logits, aux, beta, normalize=False, mean_over_clients=True)
     assert got.item() == pytest.approx(plain.item(), rel=1e-6)
+
+
+def _feature_grads(detach_distill, beta):
+    aux = build_aux(6, 8, 3, seed=2)
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(5, 6, generator=g, requires_grad=True)
+    logits = torch.randn(5, 3, generator=g)
+    kwargs = {} if detach_distill is None else {"detach_distill": detach_distill}  # None: the function's default
+    local_regulariser(z, logits, aux, beta, **kwargs).backward()
+    return z.grad, {k: p.grad for k, p in aux.named_parameters()}
+
+
+def test_distillation_trains_p_and_h_p_but_not_the_features_unless_asked():
+    """The root cause of the collapse at the defaults (docs/methods/client2vec.md): L_dist's gradient into the
+    features. By default L_dist reaches P and h_P only; the features get L_orth's gradient alone."""
+    beta = torch.zeros(4, 8)  # cos(z_P, 0) = 0: L_orth contributes no gradient at all
+    z_grad, aux_grads = _feature_grads(None, beta)
+    assert z_grad is None or z_grad.abs().max() == 0
+    assert aux_grads["proj.weight"].abs().sum() > 0 and aux_grads["head.weight"].abs().sum() > 0
+    z_grad, _ = _feature_grads(False, beta)  # c2v-dist-detach=false: the distillation moves the features too
+    assert z_grad.abs().sum() > 0
+    g = torch.Generator().manual_seed(5)
+    z_grad, _ = _feature_grads(True, torch.randn(4, 8, generator=g))  # the orthogonality term still shapes z
+    assert z_grad.abs().sum() > 0
 
 
 def test_moon_loss_matches_its_formula_and_only_pulls_the_local_representation():

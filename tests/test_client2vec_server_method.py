@@ -1026,3 +1026,21 @@ def test_aggregation_weights_of_an_empty_cohort_are_refused_with_the_reason():
     s = state(4)
     with pytest.raises(ValueError, match="positive sample counts"):
         s.weights([], True)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_global_dsa_ign_trains_with_the_configured_torch_threads_and_restores_the_count(monkeypatch, threads):
+    """c2v-ign-threads: the server's DSA-IGN training runs with that many torch threads (two threads burnt 9-10x the
+    CPU of one per step on a loaded 2-core machine; docs/methods/client2vec.md), and the server's count is restored."""
+    import strategies.client2vec as module
+
+    seen, real = [], module.train_dsa_ign
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "train_dsa_ign", spy)
+    before = torch.get_num_threads()
+    drive(c2v(**{"c2v-ign-threads": threads}), NODES, 1, Recorder())
+    assert seen == [threads] and torch.get_num_threads() == before

@@ -31,7 +31,38 @@ def test_defaults_parse():
         ({"method": "fedcac", "tau": 1.5}, r"'tau' must be a number in \[0, 1\], got 1.5 \(share of each tensor"),
         ({"method": "fedc2i", "c2i-peers": 1}, r"c2i-peers=1 sends a client only its own model"),
         ({"method": "pfedlia", "warmup-rounds": 20}, r"warmup-rounds=20 is not shorter than num-server-rounds=10"),
-        ({"method": "oracle", "warmup-rounds": 10}, r"warmup-rounds=10 is not shorter than num-server-rounds=10"),
+        (
+            {"method": "oracle", "partition": "planted-clusters", "warmup-rounds": 10},
+            r"warmup-rounds=10 is not shorter than num-server-rounds=10",
+        ),
+        (
+            {"method": "oracle"},
+            (
+                r"method 'oracle' clusters the clients by their planted groups, which only partition "
+                r"'planted-clusters' or 'planted-clusters-noisy' has \(got partition='dirichlet'\); set --run-config "
+                r"\"method='oracle' partition='planted-clusters'\""
+            ),
+        ),
+        ({"method": "oracle", "partition": "two-source"}, r"planted groups.*\(got partition='two-source'\)"),
+        (
+            {"method": "pifl", "dataset": "dialects", "partition": "planted-clusters"},
+            r"PI-FL's profiler scores every update on a server-side sample of the data set, and dataset 'dialects'",
+        ),
+        (
+            {"method": "pifl-ni", "dataset": "dialects", "partition": "planted-clusters"},
+            r"dataset 'dialects' has none",
+        ),
+        (
+            {"method": "client2vec", "dataset": "dialects", "partition": "planted-clusters"},
+            r"Client2Vec's client index .* dataset 'dialects' labels every token",
+        ),
+        (
+            {"method": "client2vec", "dataset": "synth-concept"},
+            (
+                r"c2v-encoder='open-clip' encodes images, but dataset 'synth-concept' has vectors; use "
+                r"c2v-encoder='synthetic'"
+            ),
+        ),
         ({"method": "cfl", "cfl-min-rounds": 11}, r"cfl-min-rounds=11 is after the last round"),
         ({"method": "pifl", "tiers": 3}, r"tiers=3 is more than min-nodes=2"),
         (
@@ -50,6 +81,31 @@ def test_defaults_parse():
 def test_bad_run_config(cfg, pattern):
     with pytest.raises(ValueError, match=pattern):
         parse_settings(cfg)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"method": "oracle", "partition": "planted-clusters"},
+        {"method": "oracle", "partition": "planted-clusters-noisy"},
+        {"method": "oracle", "dataset": "dialects", "partition": "planted-clusters", "num-clusters": 3},
+        {"method": "pifl", "dataset": "synth-concept", "partition": "two-source"},
+        {"method": "pifl", "partition": "dirichlet"},  # PI-FL needs no two-source data: it only reports the shares
+        {"method": "pifl", "slots-performance": 1, "slots-random": 1},
+        {"method": "client2vec", "dataset": "synth-concept", "c2v-encoder": "synthetic"},
+        {
+            "method": "client2vec",
+            "dataset": "dialects",
+            "partition": "planted-clusters",
+            "c2v-sampling": False,
+            "c2v-aggregation": False,
+            "c2v-local": False,
+        },
+        {"method": "fedc2i", "feature-shift": 0},  # no method needs feature-shift domains
+    ],
+)
+def test_the_data_a_method_needs_is_accepted(cfg):
+    assert parse_settings(cfg).method == cfg["method"]
 
 
 def test_more_clients_than_samples():
@@ -96,3 +152,59 @@ def test_a_method_spec_can_refuse_settings_without_an_options_class_of_its_own(m
     assert parse_settings({"method": "fedavg", "model": "cnn"}).model == "cnn"
     with pytest.raises(ConfigConflict, match="model 'mlp' has no normalisation layer"):
         parse_settings({"method": "fedavg", "model": "mlp"})
+
+
+ORACLE_NEEDS = (
+    "method 'oracle' clusters the clients by their planted groups, which only partition 'planted-clusters' or "
+    "'planted-clusters-noisy' has (got partition={got!r}); set --run-config \"method='oracle' "
+    "partition='planted-clusters'\" (num-clusters sets the groups), or use method 'pfedlia' to find clusters in any "
+    "data"
+)
+
+
+@pytest.mark.parametrize(
+    "cfg,message",
+    [
+        ({"method": "oracle"}, ORACLE_NEEDS.format(got="dirichlet")),
+        ({"method": "oracle", "partition": "iid"}, ORACLE_NEEDS.format(got="iid")),
+        (
+            {"method": "pifl", "dataset": "dialects", "partition": "planted-clusters"},
+            (
+                "PI-FL's profiler scores every update on a server-side sample of the data set, and dataset 'dialects' "
+                "has none (each client generates its own text); use an image data set or 'synth-concept'"
+            ),
+        ),
+        (
+            {"method": "pifl", "slots-performance": 0, "slots-random": 0},
+            "slots-performance + slots-random must be >= 1: a tier with no slot never trains",
+        ),
+        (
+            {"method": "client2vec", "dataset": "dialects", "partition": "planted-clusters"},
+            (
+                "Client2Vec's client index pairs every training sample with the prompt of its one class label, and "
+                "dataset 'dialects' labels every token (next-word prediction); use an image data set, or "
+                "c2v-sampling=false c2v-aggregation=false c2v-local=false for the plain base algorithm"
+            ),
+        ),
+        (
+            {"method": "client2vec", "dataset": "synth-concept"},
+            (
+                "c2v-encoder='open-clip' encodes images, but dataset 'synth-concept' has vectors; use "
+                "c2v-encoder='synthetic' (a fixed random projection) or an image data set"
+            ),
+        ),
+    ],
+)
+def test_a_method_on_data_it_cannot_use_says_exactly_what_it_needs(cfg, message):
+    with pytest.raises(ValueError) as err:
+        parse_settings(cfg)
+    assert str(err.value) == message
+
+
+def test_every_impossible_setting_of_a_run_is_named_at_once():
+    cfg = {"method": "pifl", "dataset": "dialects", "partition": "planted-clusters", "tiers": 3}
+    with pytest.raises(ValueError) as err:
+        parse_settings({**cfg, "slots-random": 0, "slots-performance": 0})
+    said = str(err.value)
+    assert said.startswith("slots-performance + slots-random must be >= 1")
+    assert "; tiers=3 is more than min-nodes=2" in said and "; PI-FL's profiler scores every update" in said

@@ -62,7 +62,9 @@ CHANGES = {
     "c2v-lambda1": (3.0, "lambda1", 3.0),
     "c2v-local-weight": (5.0, "local_weight", 5.0),
     "c2v-orth-normalize": (False, "orth_normalize", False),
-    "c2v-orth-mean-over-clients": (True, "orth_mean_over_clients", True),
+    "c2v-orth-mean-over-clients": (False, "orth_mean_over_clients", False),
+    "c2v-dist-detach": (False, "dist_detach", False),
+    "c2v-ign-threads": (2, "ign_threads", 2),
 }
 
 
@@ -356,3 +358,18 @@ def test_embeddings_of_any_float_precision_train_the_float32_network():
         net = build_ign(SMALL, 6)
         assert train_dsa_ign(net, D_, L_, epochs=2, batch_size=3, lr=0.01, seed=1) == href
         assert all(torch.equal(v, ref.state_dict()[k]) for k, v in net.state_dict().items())
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_torch_threads_sets_the_count_inside_and_restores_it_after(n):
+    from task.dsa_ign import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(n):
+        assert torch.get_num_threads() == n
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), torch_threads(n):
+        raise RuntimeError("restored on errors too")
+    assert torch.get_num_threads() == before
+    with torch_threads(0):  # 0: torch's own setting is left alone
+        assert torch.get_num_threads() == before

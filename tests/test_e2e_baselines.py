@@ -61,6 +61,13 @@ def test_two_rounds(simulation, method):
         for other in saved[1:]:
             assert all(np.array_equal(saved[0][k], other[k]) for k in saved[0] if k not in bn)
             assert not np.allclose(saved[0]["conv.1.running_mean"], other["conv.1.running_mean"])
+    if method == "cfl":  # the summary names the clusters CFL ended with (one: the run was FedAvg)
+        assignment = json.loads((folder / "cfl_clusters.json").read_text())["assignment"]
+        clusters = len(set(assignment.values()))
+        assert summary["clusters"] == clusters and (clusters == 1) == summary["clustering"].startswith("1 cluster:")
+        assert f", 4 clients, {summary['clustering']}, personalized acc" in summary["log"]
+    else:
+        assert "clusters" not in summary
 
 
 def test_bad_replies_are_rejected_and_the_run_goes_on(simulation):

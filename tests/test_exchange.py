@@ -16,7 +16,7 @@ from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 
 from strategies import exchange as exchange_module
-from strategies.exchange import MessageExchange, content_bytes, wait_for_nodes
+from strategies.exchange import MessageExchange, content_bytes
 from task.params import to_record
 from tests.strategy_harness import outgoing_messages
 
@@ -162,17 +162,3 @@ def test_a_state_carried_by_a_phase_is_converted_once_and_never_stale():
         again = {"w": np.full(3, 4, np.float32)}
         np.testing.assert_array_equal(ex.record_of(again)["w"].numpy(), again["w"])
     assert ex.record_of(state) is not known
-
-
-def test_waiting_for_nodes_returns_once_enough_are_connected_and_reports_the_wait(monkeypatch, caplog):
-    clock = Clock(monkeypatch)
-    counts = iter([0, 1, 1, 2, 3])
-
-    class Grid:
-        def get_node_ids(self):
-            return list(range(next(counts)))[::-1]
-
-    with caplog.at_level("INFO", logger="flwr.pflower"):
-        assert wait_for_nodes(Grid(), 3, poll=6.0, report_every=10.0) == [0, 1, 2]
-    assert clock.slept == [6.0, 6.0, 6.0, 6.0]
-    assert [r.getMessage() for r in caplog.records] == ["waiting for nodes: 1 connected, 3 required (12 s)"]

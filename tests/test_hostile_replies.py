@@ -55,7 +55,7 @@ SCENARIOS = {
     "fedc2i-peers": ("fedc2i", {"c2i-peers": 2, "c2i-variant": "class-level-averaged-extractor"}, 3),
     "pfedlia": ("pfedlia", {"warmup-rounds": 1, "optics-min-samples": 2}, 3),
     "pfedlia-p2p": ("pfedlia", {"warmup-rounds": 1, "lia-mode": "p2p"}, 3),
-    "oracle": ("oracle", {"warmup-rounds": 1}, 3),
+    "oracle": ("oracle", {"warmup-rounds": 1, "partition": "planted-clusters"}, 3),
     "cfl": ("cfl", {"cfl-min-rounds": 1, "cfl-eps1": 1e9, "cfl-eps2": 0.0}, 3),
     "pifl": ("pifl", {"slots-performance": 1, "slots-random": 1, "server-set-size": 50}, 3),
     "pifl-ni": ("pifl-ni", {"slots-performance": 1, "slots-random": 0, "server-set-size": 50, "eval-every": 2}, 3),

@@ -33,14 +33,30 @@ def test_pyproject_holds_exactly_the_declared_keys_and_defaults():
         assert opts[0].help
 
 
+#: the data a method needs beyond the default (digits, Dirichlet): it is refused at start-up without it
+NEEDS = {"oracle": {"partition": "planted-clusters"}}
+
+
 def test_every_method_parses_its_defaults_and_server_and_client_read_the_same_options():
     for method, spec in METHODS.items():
-        settings = parse_settings({"method": method, "num-server-rounds": 10, "min-nodes": 4})
+        settings = parse_settings({"method": method, "num-server-rounds": 10, "min-nodes": 4, **NEEDS.get(method, {})})
         assert isinstance(settings.options, spec.options)
         for key, value in spec.fixed.items():
             opt = spec.options.declared()[key]
             name = next(f.name for f in dataclasses.fields(spec.options) if f.metadata.get("option") is opt)
             assert getattr(settings.options, name) == value
+
+
+def test_a_method_on_data_it_cannot_use_is_refused_at_start_up_naming_the_data_it_needs():
+    """What a new user types first (``method='X'`` and nothing else) either parses or says which data to set."""
+    for method in METHODS:
+        if method not in NEEDS:
+            parse_settings({"method": method})
+            continue
+        with pytest.raises(ConfigConflict) as err:
+            parse_settings({"method": method})
+        for key, value in NEEDS[method].items():
+            assert f"{key}={value!r}" in str(err.value), (method, str(err.value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,3 +119,20 @@ def test_an_unknown_method_is_refused_naming_the_key_the_value_and_every_method(
     message = str(err.value)
     assert "'fedavgg'" in message and "'method'" in message
     assert all(repr(m) in message for m in METHODS)
+
+
+def test_python_m_task_config_lists_every_key_flower_accepts_as_the_readme_says():
+    """Flower refuses a key pyproject.toml does not declare with a bare "Invalid run configuration"; the README
+    says so next to the run command and points to ``python -m task.config``, which lists every valid key."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "task.config"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    listed = {line.split("`")[1] for line in out.splitlines() if line.startswith("| `")}
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert listed == set(config)
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Running a method") : readme.index("| key | default |")]
+    assert "flwr run" in section and "Invalid run configuration" in section and "python -m task.config" in section

@@ -185,3 +185,13 @@ def test_synth_concept_sources_conflict_and_mix_per_client():
     first, last = load_client_data(s, 0, 10), load_client_data(s, 9, 10)
     assert first.meta["source-a-share"] == 0.7 and last.meta["source-a-share"] == 0.3
     assert first.x_train.shape[1:] == (10,) and len(first.y_test) > 0
+
+
+def test_strong_dirichlet_skew_over_many_clients_lowers_the_minimum_size_instead_of_failing(digits, caplog):
+    """alpha 0.1 over 40 clients of the digits set: flwr-datasets' draws cannot give every client its minimum, so the
+    minimum is halved (and the log says so) until a partition exists; every client still gets samples."""
+    with caplog.at_level("INFO", logger="flwr.pflower"):
+        parts = all_parts(make("dirichlet", 40, digits.y, alpha=0.1, seed=0), 40)
+    assert_disjoint(parts, len(digits.y))
+    assert all(len(p) >= 1 for p in parts)
+    assert "lowering the minimum client size" in caplog.text

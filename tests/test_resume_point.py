@@ -43,6 +43,8 @@ def test_a_fitting_folder_resumes_after_its_last_round(tmp_path):
     assert attempt(folder) == (folder, 2)
     # what may change: more rounds, the time limit, saving
     assert attempt(folder, **{"num-server-rounds": 9, "round-timeout": 30.0, "save-every": 2}) == (folder, 2)
+    # and how long to wait for the nodes, and for how many: the resumed run may have other nodes
+    assert attempt(folder, **{"min-nodes": 5, "node-wait-timeout": 0.0}) == (folder, 2)
 
 
 @pytest.mark.parametrize(
@@ -85,3 +87,50 @@ def test_missing_truncated_and_newer_checkpoints_are_refused(tmp_path):
     with pytest.raises(CheckpointError):
         attempt(folder)
     assert files(folder) == before
+
+
+def test_a_resumed_strategy_asks_every_node_who_it_is_once_before_its_first_round(tmp_path):
+    """Node ids change between runs: after a resume the server identifies every node before the first round (so
+    each client is sent its own state), and only then."""
+    from flwr.app import ConfigRecord
+
+    from server_app.app import build_strategy
+    from task.checkpoint import load_checkpoint
+    from tests.strategy_harness import (
+        ReplayGrid,
+        outgoing_messages,
+        phase_of,
+        reply_message,
+        run_round,
+        shared_arrays,
+        valid_content,
+    )
+
+    settings = parse_settings({"model": "mlp", "min-nodes": 2, "num-server-rounds": 4})
+
+    def federation(strategy, client_of):
+        def respond(msg):
+            node = msg.metadata.dst_node_id
+            content = valid_content(strategy.reply_spec(phase_of(msg), node), client_of[node], 1)
+            return [reply_message(node, content)]
+
+        return ReplayGrid(client_of, respond)
+
+    first = build_strategy(settings)
+    first.results_dir = tmp_path
+    with outgoing_messages():
+        run_round(first, federation(first, {11: 0, 12: 1}), 1)
+    resumed = build_strategy(settings)
+    done, state, _ = load_checkpoint(tmp_path / "checkpoints")
+    resumed.resume(state, done)
+    grid = federation(resumed, {21: 1, 22: 0, 23: 2})  # the same clients on new nodes, and a newcomer later
+    grid.nodes = [21, 22]
+    with outgoing_messages():
+        for r in (2, 3):
+            replies = grid.send_and_receive(resumed.configure_train(r, shared_arrays(resumed), ConfigRecord(), grid))
+            resumed.aggregate_train(r, replies)
+            grid.nodes = [21, 22, 23]
+    sent = [(int(m.content["config"]["server-round"]), phase_of(m), m.metadata.dst_node_id) for m in grid.sent]
+    assert sent[:2] == [(2, "identify", 21), (2, "identify", 22)]
+    assert resumed.client_of == {21: 1, 22: 0, 23: 2}  # the newcomer told it with its train reply
+    assert [s for s in sent if s[1] == "identify"] == sent[:2]  # only before the first round it runs

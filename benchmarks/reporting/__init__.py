@@ -38,7 +38,7 @@ from typing import Any
 
 from common import RAW
 
-from . import baselines, client2vec, defaults, fedc2i, fedc2i_speed, fedcac, pfedlia, pifl, scale, speed
+from . import baselines, client2vec, defaults, fedc2i, fedc2i_speed, fedcac, grids, pfedlia, pifl, scale, speed
 from .figures import Figure
 from .settings import PYPROJECT, run_config_defaults
 
@@ -73,6 +73,12 @@ SECTIONS = [
         ["defaults"],
         defaults.render_defaults,
         figures=defaults.figures_defaults,
+    ),
+    Section(
+        "When each method pays off: grids over samples and heterogeneity, every method tuned alike (issue 25)",
+        [g for f in grids.FAMILIES.values() for g in (f.select_grid, f.grid)],
+        grids.render_grids,
+        figures=grids.figures_grids,
     ),
     Section("Baselines on digits (issue 2)", ["baselines-clean", "baselines-noisy"], baselines.render_baselines),
     Section("FedC2I on feature-shift digits (issue 4)", ["fedc2i"], fedc2i.render_fedc2i),

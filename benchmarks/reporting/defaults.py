@@ -13,11 +13,11 @@ import numpy as np
 from common import load_records
 
 from .figures import Figure, Line, Panel, per_round, seed_line
-from .pairing import Paired, paired
+from .pairing import delta_cell, paired
 from .pfedlia import clusters_found
 from .records import GLOBAL, PERSONAL, TIE, Rec, axis, error_line, mean, ok, seeds_of, select, summary, values
 from .settings import header
-from .text import bullets, md_table, mean_std, missing, plural, pts, value_range
+from .text import accuracy_cell, bullets, md_table, mean_range, missing, plural, pts, value_range
 
 GRID = "defaults"
 COMMAND = "python benchmarks/defaults.py"
@@ -31,14 +31,6 @@ SECONDS = summary("seconds")
 def name(method: str) -> str:
     """A method as the user types it (the ``method`` value)."""
     return f"`{method}`"
-
-
-def mean_range(vals: list[float], nd: int = 4, scale: float = 1.0, sign: str = "") -> str:
-    """``mean (min-max)`` of the values (just the value when there is one), ``—`` when there is none."""
-    if not vals:
-        return "—"
-    m, lo, hi = (f"{v * scale:{sign}.{nd}f}" for v in (sum(vals) / len(vals), min(vals), max(vals)))
-    return m if len(vals) == 1 else f"{m} ({lo} to {hi})" if sign else f"{m} ({lo}-{hi})"
 
 
 def order(recs: list[Rec]) -> list[str]:
@@ -61,21 +53,6 @@ def verdict(acc: float | None, local: float | None, fedavg: float | None) -> tup
     if acc < best - BELOW_BEST - TIE:
         return "gap", f"**gap**: {pts(acc - best)} vs {best_name}, the better of Local and FedAvg"
     return "useful", "yes"
-
-
-def accuracy_cell(sel: list[Rec]) -> str:
-    """Mean personalized accuracy (min-max), the failed runs counted, or the error when every run failed."""
-    acc, failed = values(sel, PERSONAL), [r for r in sel if r.get("error")]
-    if not acc:
-        return mean_std(sel, PERSONAL).replace("|", "\\|")  # the error line, kept inside its table cell
-    return mean_range(acc) + (f" ({len(failed)} of {plural(len(sel), 'run')} failed)" if failed else "")
-
-
-def delta_cell(p: Paired | None) -> str:
-    """The paired difference in points, ``mean (min to max)``; "—" without a comparison or without runs."""
-    if p is None or (not p.ok and not p.deltas and p.reason == "no runs to pair"):
-        return "—"
-    return mean_range(p.deltas, 1, 100, "+") if p.ok else f"no paired Δ ({p.reason})"
 
 
 def _claims(recs: list[Rec], methods: list[str], kinds: dict[str, str]) -> list[str]:

@@ -42,6 +42,8 @@ class Panel:
     lines: list[Line]
     xlabel: str = ""
     ylabel: str = ""
+    xticks: list[str] = field(default_factory=list)  # names of the x positions 0, 1, ... (a categorical axis)
+    bars: bool = False  # the seed spread as error bars, the lines dodged a little (many lines), not as bands
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Figure:
     title: str
     panels: list[Panel] = field(default_factory=list)
     columns: int = 4
+    panel_size: tuple[float, float] = (3.2, 2.6)  # inches
 
     def digest(self) -> str:
         """Digest of everything the figure shows (values rounded to 6 decimals, as the records are)."""
@@ -107,25 +110,35 @@ def draw(fig: Figure, folder: Path) -> Path:
 
     cols = min(fig.columns, max(1, len(fig.panels)))
     rows = max(1, math.ceil(len(fig.panels) / cols))
-    canvas, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), sharey=True, squeeze=False)
+    width, height = fig.panel_size
+    canvas, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), sharey=True, squeeze=False)
     for ax, panel in zip(axes.flat, fig.panels):
-        for line in panel.lines:
+        for i, line in enumerate(panel.lines):
             if line.reference:
                 ax.plot(line.x, line.y, line.style, color="0.55", linewidth=1.0, label=line.label)
+                continue
+            if panel.bars:  # dodged so that the bars of close lines stay apart
+                x = [v + 0.24 * (i / max(1, len(panel.lines) - 1) - 0.5) for v in line.x]
+                err = [[y - lo for y, lo in zip(line.y, line.lo)], [hi - y for y, hi in zip(line.y, line.hi)]]
+                ax.errorbar(x, line.y, err, fmt=line.style, linewidth=1.3, markersize=4, capsize=2, label=line.label)
                 continue
             (drawn,) = ax.plot(line.x, line.y, line.style, linewidth=1.6, label=line.label)
             if line.lo != line.hi:
                 ax.fill_between(line.x, line.lo, line.hi, color=drawn.get_color(), alpha=0.2, linewidth=0)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if panel.xticks:
+            ax.set_xticks(range(len(panel.xticks)), panel.xticks)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(panel.title, fontsize=9)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=7)
     for ax in axes.flat[len(fig.panels) :]:
         ax.set_visible(False)
+    panel_of = {id(ax): panel for ax, panel in zip(axes.flat, fig.panels)}
     for col in range(cols):  # the lowest panel of each column names the x axis
         shown = [ax for ax in axes[:, col] if ax.get_visible()]
         if shown and fig.panels:
-            shown[-1].set_xlabel(fig.panels[0].xlabel, fontsize=8)
+            shown[-1].set_xlabel(panel_of[id(shown[-1])].xlabel, fontsize=8)
     for ax in axes[:, 0]:
         ax.set_ylabel(fig.panels[0].ylabel if fig.panels else "", fontsize=8)
     legend: dict[str, Any] = {}  # one legend for the figure: the same label has the same style in every panel
@@ -133,17 +146,19 @@ def draw(fig: Figure, folder: Path) -> Path:
         for handle, text in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(text, handle)
     inch = 1 / canvas.get_figheight()  # figure coordinates of one inch from the top: title, legend, then panels
+    ncol = max(1, min(len(legend), int(canvas.get_figwidth() / 1.4)))  # about 1.4 inches per legend entry
+    legend_rows = max(1, math.ceil(len(legend) / ncol))
     canvas.suptitle(fig.title, fontsize=10, y=1 - 0.08 * inch, va="top")
     canvas.legend(
         list(legend.values()),
         list(legend),
         loc="upper center",
-        ncol=len(legend),
+        ncol=ncol,
         fontsize=8,
         frameon=False,
         bbox_to_anchor=(0.5, 1 - 0.3 * inch),
     )
-    canvas.tight_layout(rect=(0, 0, 1, 1 - 0.5 * inch))
+    canvas.tight_layout(rect=(0, 0, 1, 1 - (0.5 + 0.17 * (legend_rows - 1)) * inch))
     path = Path(folder) / fig.file
     canvas.savefig(path, dpi=90, metadata={DIGEST_KEY: fig.digest(), "Software": None})
     plt.close(canvas)

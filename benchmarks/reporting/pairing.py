@@ -2,7 +2,9 @@
 
 Two runs pair when their records' data fingerprints agree (the same clients with the same examples; see
 ``benchmarks/common.py``'s ``fingerprint``) and, where a comparison claims it, their client draws agree too.
-Otherwise the table says why there is no paired difference instead of printing one.
+Otherwise the table says why there is no paired difference instead of printing one.  A table may accept runs
+that share their training data but were scored on other parts of their test splits (``test_may_differ``: PI-FL
+scores on the half of each test split it does not fit its mixture on); such a pair is marked (``other_test``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 from common import digest
 
 from .records import TIE, Rec, mean, ok
-from .text import pts
+from .text import mean_range, pts
 
 
 @dataclass
@@ -24,6 +26,7 @@ class Paired:
 
     deltas: list[float]
     reason: str | None = None
+    other_test: bool = False  # some pair shares its training data only: the arm was scored on another test split
 
     @property
     def ok(self) -> bool:
@@ -50,12 +53,24 @@ class Paired:
         return f"{self.wins}/{len(self.deltas)}" if self.ok else "—"
 
 
-def same_data_on_shared_columns(a: Rec, b: Rec) -> bool:
+def delta_cell(p: Paired | None) -> str:
+    """The paired difference in points, ``mean (min to max)``; "—" without a comparison or without runs."""
+    if p is None or (not p.ok and not p.deltas and p.reason == "no runs to pair"):
+        return "—"
+    return mean_range(p.deltas, 1, 100, "+") if p.ok else f"no paired Δ ({p.reason})"
+
+
+#: per-client columns that count the examples a client is scored on, not trained on
+TEST_COLUMNS = ("test-examples", "eval-examples", "goal-examples")
+
+
+def same_data_on_shared_columns(a: Rec, b: Rec, training_only: bool = False) -> bool:
     """Records written by code that reports more per-client data columns (e.g. ``test-examples``) fingerprint
-    more columns: two such runs hold the same data when their rows agree on the data columns both record."""
+    more columns: two such runs hold the same data when their rows agree on the data columns both record
+    (``training_only``: on those that are not counts of test examples, whatever the fingerprints say)."""
     ca, cb = a["fingerprint"].get("data-columns") or [], b["fingerprint"].get("data-columns") or []
-    shared = [c for c in ca if c in cb]
-    if ca == cb or len(shared) < 2:  # the client id alone says nothing about the data
+    shared = [c for c in ca if c in cb and not (training_only and c in TEST_COLUMNS)]
+    if (ca == cb and not training_only) or len(shared) < 2:  # the client id alone says nothing about the data
         return False
 
     def rows(rec: Rec) -> list[list[Any]]:
@@ -65,12 +80,15 @@ def same_data_on_shared_columns(a: Rec, b: Rec) -> bool:
     return digest(rows(a)) == digest(rows(b))
 
 
-def pairing_problem(a: Rec, b: Rec, draws: bool) -> str | None:
-    """Why runs ``a`` and ``b`` are not a pair (None when they are): same data, and same draws if ``draws``."""
+def pairing_problem(a: Rec, b: Rec, draws: bool, training_only: bool = False) -> str | None:
+    """Why runs ``a`` and ``b`` are not a pair (None when they are): same data (``training_only``: the same
+    training data, test splits aside), and same draws if ``draws``."""
     fa, fb = a.get("fingerprint", {}), b.get("fingerprint", {})
     if not fa.get("data") or not fb.get("data"):
         return "a run has no data fingerprint"
-    if fa["data"] != fb["data"] and not same_data_on_shared_columns(a, b):
+    if training_only and not same_data_on_shared_columns(a, b, training_only):
+        return "the runs' training data differ"
+    if not training_only and fa["data"] != fb["data"] and not same_data_on_shared_columns(a, b):
         return "the runs' data differ (data fingerprints disagree)"
     if draws:
         if fa.get("draws") is None or fb.get("draws") is None:
@@ -86,23 +104,27 @@ def paired(
     metric: Callable[[Rec], Any],
     ref_metric: Callable[[Rec], Any] | None = None,
     draws: bool = False,
+    test_may_differ: bool = False,
 ) -> Paired:
-    """Seed-paired differences of ``metric(arm) - ref_metric(ref)``; refused unless every pair shares data (and draws)."""
+    """Seed-paired differences of ``metric(arm) - ref_metric(ref)``; refused unless every pair shares data (and draws;
+    with ``test_may_differ``, a pair that shares its training data only is accepted and marked ``other_test``)."""
     ref_metric = ref_metric or metric
     by_seed = {r["cell"]["seed"]: r for r in ok(ref)}
-    deltas = []
+    deltas, other_test = [], False
     for a in sorted(ok(arm), key=lambda r: r["cell"]["seed"]):
         b = by_seed.get(a["cell"]["seed"])
         if b is None:
             return Paired([], f"no reference run for seed {a['cell']['seed']}")
         problem = pairing_problem(a, b, draws)
+        if problem and test_may_differ and pairing_problem(a, b, draws, training_only=True) is None:
+            problem, other_test = None, True
         if problem:
             return Paired([], f"seed {a['cell']['seed']}: {problem}")
         va, vb = metric(a), ref_metric(b)
         if va is None or vb is None:
             return Paired([], f"seed {a['cell']['seed']}: a value is missing")
         deltas.append(float(va) - float(vb))
-    return Paired(deltas, None if deltas else "no runs to pair")
+    return Paired(deltas, None if deltas else "no runs to pair", other_test)
 
 
 def versus_many(

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .records import TIE, Rec, error_line, values
+from .records import PERSONAL, TIE, Rec, error_line, values
 
 #: how a method (or a benchmark's arm) is named in the claims under a table
 NAMES = {
@@ -57,6 +57,22 @@ def mean_std(recs: list[Rec], metric: Callable[[Rec], Any], nd: int = 4) -> str:
         return f"failed: {error_line(failed[0]['error'])}" if failed else "—"
     text = f"{vals[0]:.{nd}f}" if len(vals) == 1 else f"{np.mean(vals):.{nd}f} ± {np.std(vals):.{nd}f}"
     return text + (f" ({len(failed)} of {len(recs)} runs failed)" if failed else "")
+
+
+def mean_range(vals: list[float], nd: int = 4, scale: float = 1.0, sign: str = "") -> str:
+    """``mean (min-max)`` of the values (just the value when there is one), ``—`` when there is none."""
+    if not vals:
+        return "—"
+    m, lo, hi = (f"{v * scale:{sign}.{nd}f}" for v in (sum(vals) / len(vals), min(vals), max(vals)))
+    return m if len(vals) == 1 else f"{m} ({lo} to {hi})" if sign else f"{m} ({lo}-{hi})"
+
+
+def accuracy_cell(sel: list[Rec]) -> str:
+    """Mean personalized accuracy (min-max), the failed runs counted, or the error when every run failed."""
+    acc, failed = values(sel, PERSONAL), [r for r in sel if r.get("error")]
+    if not acc:
+        return mean_std(sel, PERSONAL).replace("|", "\\|")  # the error line, kept inside its table cell
+    return mean_range(acc) + (f" ({len(failed)} of {plural(len(sel), 'run')} failed)" if failed else "")
 
 
 def md_table(header: list[str], rows: list[list[Any]]) -> str:

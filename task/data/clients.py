@@ -9,6 +9,7 @@ source code of the data modules), so later processes only read that file.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -39,6 +40,7 @@ class DataSettings:
     val_fraction: float = 0.1
     noise_std: float = 0.0
     data_copies: int = 1
+    train_samples: int = 0  # cap on each client's training split (0 = all of it)
     data_dir: str = ""
     seed: int = 0
     dialect_mix: float = 0.5
@@ -64,6 +66,8 @@ class DataSettings:
             raise ValueError("test-fraction and val-fraction must be in [0, 1)")
         if self.test_fraction + self.val_fraction >= 0.9:
             raise ValueError("test-fraction + val-fraction must leave at least 10% for training")
+        if self.train_samples < 0:
+            raise ValueError(f"train-samples must be 0 (all) or a positive cap, got {self.train_samples}")
         if not 0 <= self.feature_shift <= len(DOMAINS):
             raise ValueError(f"feature-shift must be 0 (off) or 1..{len(DOMAINS)} domains, got {self.feature_shift}")
 
@@ -103,6 +107,12 @@ class ClientData:
     def label_histogram(self) -> np.ndarray:
         return np.bincount(self.y_train.numpy(), minlength=self.num_classes)
 
+    def scored_on_validation(self) -> ClientData:
+        """The same client with its validation split in place of its test split, and the test split dropped: what
+        a setting-selection run uses (run-config ``evaluate-split='validation'``), so that no code path of any
+        method can reach the test split."""
+        return dataclasses.replace(self, x_test=self.x_val, y_test=self.y_val)
+
 
 def _row_major_strides(shape: torch.Size) -> tuple[int, ...]:
     strides, step = [], 1
@@ -133,6 +143,42 @@ def stratified_split(
         train.append(idx[n_test + n_val :])
     cat = lambda parts: np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)  # noqa: E731
     return cat(train), cat(val), cat(test)
+
+
+def training_subsample(labels: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions (sorted) of ``n`` of the training samples with ``labels``, stratified by label.
+
+    The samples are put in an order in which every prefix holds each label within one sample of its share (the
+    order of Tijdeman's "chairman assignment", 1980: at step t take, among the labels at least 1 - c behind their
+    share t * p, the one whose next turn is due first, (taken + c) / p, with c = 1 - 1 / (2 (k - 1)) for k labels;
+    every label then stays within 1 - 1 / (2 (k - 1)) of its share), a seeded random sample of that label each
+    time; the subsample is the first ``n``.  So the subsample of 25 is part of the subsample of 50 (a
+    samples-per-client axis changes only how much data a client has).  ``n`` = 0 or ``n`` >= len(labels): every
+    position.
+    """
+    labels = np.asarray(labels)
+    if n <= 0 or n >= len(labels):
+        return np.arange(len(labels), dtype=np.int64)
+    classes, counts = np.unique(labels, return_counts=True)
+    queues = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+    if len(classes) == 1:
+        return np.sort(queues[0][:n])
+    order = rng.permutation(len(classes))  # ties between labels due at the same time: a seeded order
+    share = counts[order] / counts.sum()
+    c = 1.0 - 1.0 / (2 * (len(classes) - 1))
+    taken = np.zeros(len(classes), dtype=np.int64)
+    chosen = []
+    for step in range(1, n + 1):
+        due = np.where(share * step - taken >= 1.0 - c - 1e-12, (taken + c) / share, np.inf)
+        k = int(np.argmin(due))
+        chosen.append(queues[order[k]][taken[k]])
+        taken[k] += 1
+    return np.sort(np.asarray(chosen, dtype=np.int64))
+
+
+def subsample_rng(settings: DataSettings, partition_id: int) -> np.random.Generator:
+    """The training cap's own random stream: the validation and test splits do not depend on ``train-samples``."""
+    return np.random.default_rng([settings.seed, partition_id, 1])
 
 
 def partition_indices(settings: DataSettings, partition_id: int, num_partitions: int) -> np.ndarray:
@@ -254,6 +300,7 @@ def _build_client_data(settings: DataSettings, partition_id: int, num_partitions
     else:
         tr, va, te = stratified_split(labels, settings.test_fraction, settings.val_fraction, rng)
         test_idx = idx[te]
+    tr = tr[training_subsample(labels[tr], settings.train_samples, subsample_rng(settings, partition_id))]
     domain = domain_of(partition_id, settings.feature_shift) if settings.feature_shift else "original"
 
     def tensors(sel: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,7 +340,11 @@ def _dialect_client(settings: DataSettings, partition_id: int, num_partitions: i
     order = rng.permutation(len(tokens))
     n_test = int(round(settings.test_fraction * len(tokens)))
     n_val = int(round(settings.val_fraction * len(tokens)))
-    parts = order[n_test + n_val :], order[n_test : n_test + n_val], order[:n_test]
+    train = order[n_test + n_val :]
+    train = train[
+        training_subsample(np.zeros(len(train)), settings.train_samples, subsample_rng(settings, partition_id))
+    ]
+    parts = train, order[n_test : n_test + n_val], order[:n_test]
     t = torch.from_numpy(tokens)
     (x_tr, y_tr), (x_va, y_va), (x_te, y_te) = ((t[np.sort(p), :-1], t[np.sort(p), 1:]) for p in parts)
     meta = {"num-partitions": num_partitions, "partition-id": partition_id, "dialect": dialect}

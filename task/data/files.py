@@ -10,7 +10,14 @@ import numpy as np
 import torch
 
 from task.data.catalogue import dataset_info
-from task.data.clients import ClientData, DataSettings, load_client_data, stratified_split
+from task.data.clients import (
+    ClientData,
+    DataSettings,
+    load_client_data,
+    stratified_split,
+    subsample_rng,
+    training_subsample,
+)
 
 
 def _read_npz(file: Path, where: str) -> dict[str, np.ndarray]:
@@ -100,6 +107,7 @@ def load_local_file(path: str, settings: DataSettings, partition_id: int) -> Cli
     else:
         tr, va, te = stratified_split(y, settings.test_fraction, settings.val_fraction, rng)
         x_te, y_te = x[te], y[te]
+    tr = tr[training_subsample(y[tr], settings.train_samples, subsample_rng(settings, partition_id))]
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
     meta = {"partition-id": partition_id, "data-path": str(file)}
     return ClientData(t(x[tr]), t(y[tr]), t(x[va]), t(y[va]), t(x_te), t(y_te), info.num_classes, "local", meta)

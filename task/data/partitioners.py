@@ -9,6 +9,7 @@ in the on-disk cache (see :mod:`task.data.clients`).
 from __future__ import annotations
 
 import functools
+import logging
 import warnings
 
 import numpy as np
@@ -17,6 +18,8 @@ from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Path
 
 from task.data.catalogue import MIXTURES, PARTITIONS
 from task.data.sources import Centralized, load_centralized
+
+log = logging.getLogger("flwr.pflower")
 
 
 def index_table(labels: np.ndarray) -> Dataset:

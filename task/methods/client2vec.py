@@ -39,9 +39,7 @@ class Client2VecOptions(FedProxOptions, MoonOptions):
         "DSA-IGN trained on the server (global) or by FedAvg (federated)",
         choices=("global", "federated"),
     )
-    ign_epochs: int = option(
-        "c2v-ign-epochs", 10, "DSA-IGN epochs (global) or rounds (federated); paper 500", minimum=0
-    )
+    ign_epochs: int = option("c2v-ign-epochs", 5, "DSA-IGN epochs (global) or rounds (federated); paper 500", minimum=0)
     ign_local_epochs: int = option("c2v-ign-local-epochs", 10, "federated DSA-IGN: local epochs per round", minimum=1)
     ign_fraction: float = option(
         "c2v-ign-fraction", 0.1, "federated DSA-IGN: share of nodes per round", minimum=0.0, maximum=1.0
@@ -50,6 +48,9 @@ class Client2VecOptions(FedProxOptions, MoonOptions):
     ign_batch: int = option("c2v-ign-batch", 128, "DSA-IGN batch size", minimum=2)
     ign_lr: float = option("c2v-ign-lr", 0.001, "DSA-IGN Adam learning rate", minimum=0.0)
     ign_ff: int = option("c2v-ign-ff", 256, "DSA-IGN feed-forward width (paper 2048)", minimum=1)
+    ign_threads: int = option(
+        "c2v-ign-threads", 1, "torch threads of the server's DSA-IGN training (0: torch's default)", minimum=0
+    )
     ign_dropout: float = option("c2v-ign-dropout", 0.0, "DSA-IGN dropout", minimum=0.0, maximum=1.0)
     pos_emb: bool = option("c2v-pos-emb", True, "learnable positional embedding (false: the paper's, where Z == U)")
     orth_mode: str = option("c2v-orth-mode", "cos", "DSA-IGN orthogonality loss", choices=ORTH_MODES)
@@ -58,7 +59,33 @@ class Client2VecOptions(FedProxOptions, MoonOptions):
     lambda1: float = option("c2v-lambda1", 1.0, "Eq. 3 temperature of the aggregation weights", minimum=1e-9)
     local_weight: float = option("c2v-local-weight", 1.0, "(iii) weight of the local loss", minimum=0.0)
     orth_normalize: bool = option("c2v-orth-normalize", True, "(iii) cosines instead of raw dot products")
-    orth_mean_over_clients: bool = option("c2v-orth-mean-over-clients", False, "(iii) mean, not sum, over clients")
+    orth_mean_over_clients: bool = option(
+        "c2v-orth-mean-over-clients", True, "(iii) mean, not sum, over clients (false: grows with the clients)"
+    )
+    dist_detach: bool = option(
+        "c2v-dist-detach", True, "(iii) L_dist trains P and h_P only (false: its gradient also reaches the features)"
+    )
+
+    def conflicts(self, settings) -> list[str]:
+        """The client index needs image samples with one class label each (CLIP embeddings, label prompts)."""
+        if not self.enabled:
+            return []  # every case study off: the plain base algorithm, no index
+        if settings.data.dataset == "dialects":
+            return [
+                (
+                    "Client2Vec's client index pairs every training sample with the prompt of its one class label, "
+                    "and dataset 'dialects' labels every token (next-word prediction); use an image data set, or "
+                    "c2v-sampling=false c2v-aggregation=false c2v-local=false for the plain base algorithm"
+                )
+            ]
+        if settings.image_size == 0 and self.encoder == "open-clip":
+            return [
+                (
+                    f"c2v-encoder='open-clip' encodes images, but dataset {settings.data.dataset!r} has vectors; use "
+                    f"c2v-encoder='synthetic' (a fixed random projection) or an image data set"
+                )
+            ]
+        return []
 
     @property
     def ign(self) -> IGNConfig:

@@ -1,4 +1,4 @@
-"""pFedLIA's and CFL's options (docs/methods/pfedlia.md)."""
+"""pFedLIA's, the Oracle's and CFL's options (docs/methods/pfedlia.md)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,22 @@ class PFedLIAOptions(OptionSet):
                 f"FedAvg; use warmup-rounds < num-server-rounds, e.g. warmup-rounds={max(1, settings.num_rounds // 2)}"
             ]
         return []
+
+
+@dataclass(frozen=True)
+class OracleOptions(PFedLIAOptions):
+    """pFedLIA's keys; the Oracle also needs data whose clients belong to planted groups."""
+
+    def conflicts(self, settings) -> list[str]:
+        problems = super().conflicts(settings)
+        if not settings.data.partition.startswith("planted-clusters"):
+            problems.append(
+                f"method 'oracle' clusters the clients by their planted groups, which only partition "
+                f"'planted-clusters' or 'planted-clusters-noisy' has (got partition={settings.data.partition!r}); "
+                f"set --run-config \"method='oracle' partition='planted-clusters'\" (num-clusters sets the groups), "
+                f"or use method 'pfedlia' to find clusters in any data"
+            )
+        return problems
 
 
 @dataclass(frozen=True)

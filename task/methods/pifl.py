@@ -50,14 +50,21 @@ class PIFLOptions(TierOptions):
     )
 
     def conflicts(self, settings) -> list[str]:
+        problems = []
         if self.slots_performance + self.slots_random < 1:
-            return ["slots-performance + slots-random must be >= 1: a tier with no slot never trains"]
+            problems.append("slots-performance + slots-random must be >= 1: a tier with no slot never trains")
         if self.tiers > settings.min_nodes:
-            return [
+            problems.append(
                 f"tiers={self.tiers} is more than min-nodes={settings.min_nodes}: the first round's random tiering "
                 f"could leave a tier without a client; use tiers <= min-nodes"
-            ]
-        return []
+            )
+        if settings.data.dataset == "dialects":
+            problems.append(
+                "PI-FL's profiler scores every update on a server-side sample of the data set, and dataset "
+                "'dialects' has none (each client generates its own text); use an image data set or "
+                "'synth-concept'"
+            )
+        return problems
 
     def client_conflicts(self, clients: int) -> list[str]:
         """With every available client fitting in one tier's slots, every bidder always wins: no auction."""

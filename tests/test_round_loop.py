@@ -1,0 +1,41 @@
+"""The base round loop (strategies/base.py) over scripted valid replies: a round's evaluation rides on the next
+round's train messages only when it is due, the train messages say which round they evaluate, and the server's
+own time per round is measured."""
+
+from __future__ import annotations
+
+import time
+
+from server_app.app import build_strategy
+from task.config import parse_settings
+from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, run_round, valid_content
+
+CLIENT_OF = {1003: 0, 7: 1, 42: 2}
+
+
+def test_an_evaluation_rides_on_the_next_rounds_train_messages_only_when_it_is_due():
+    strategy = build_strategy(parse_settings({"model": "mlp", "min-nodes": 3, "num-server-rounds": 4, "eval-every": 2}))
+
+    def respond(msg):
+        node = msg.metadata.dst_node_id
+        return [reply_message(node, valid_content(strategy.reply_spec(phase_of(msg), node), CLIENT_OF[node], 1))]
+
+    grid = ReplayGrid(CLIENT_OF, respond)
+    start = time.perf_counter()
+    with outgoing_messages():
+        for r in range(1, 5):
+            run_round(strategy, grid, r)
+    elapsed = time.perf_counter() - start
+    configs = {}
+    for m in grid.sent:
+        cfg = m.content["config"]
+        configs.setdefault((int(cfg["server-round"]), phase_of(m)), []).append(dict(cfg))
+    assert sorted(configs) == [(1, "train"), (2, "train"), (3, "train"), (4, "evaluate"), (4, "train")]
+    for (rnd, phase), cfgs in configs.items():
+        assert len(cfgs) == 3 and all(c["phase"] == phase for c in cfgs)
+        asks = {(c.get("evaluate"), c.get("evaluate-round")) for c in cfgs}
+        assert asks == ({(True, 2)} if (rnd, phase) == (3, "train") else {(None, None)}), (rnd, phase)
+    evaluated = [r.server_round for r in strategy.history if "personal-acc" in r.evaluate]
+    assert evaluated == [2, 4]  # round 2 by round 3's train replies, the last round by its own phase
+    for r in strategy.history:
+        assert 0 < r.extra["server-seconds"] < elapsed
