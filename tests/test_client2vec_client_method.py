@@ -405,7 +405,7 @@ def test_a_nodes_file_read_with_other_data_settings_is_encoded_again(cfg, tmp_pa
 def _dead_features_and_train_acc(c, content, x):
     reply = c.train(content)
     state = {k: v for k, v in as_torch(reply["arrays"]).items() if not k.startswith("c2v.")}
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     model.eval()
     with torch.no_grad():
@@ -435,7 +435,7 @@ def test_case_study_iii_at_the_users_defaults_trains_like_the_base_algorithm(cfg
     data = client_data(list(range(10)), n=20)
     rng = np.random.default_rng(0)
     beta = (rng.normal(size=512) + 0.02 * rng.normal(size=(10, 512))).astype(np.float32)
-    init = client("client2vec", data, **run).fresh_model().state_dict()
+    init = client("client2vec", data, **run).reset_model().state_dict()
     dead_plain, acc_plain = _dead_features_and_train_acc(
         client("client2vec", data, **run), train_content(init), data.x_train
     )
