@@ -22,7 +22,7 @@ from task.methods.baselines import DittoOptions, FedProxOptions, FedRepOptions, 
 from task.methods.client2vec import Client2VecOptions
 from task.methods.fedc2i import FedC2IOptions
 from task.methods.fedcac import FedCACOptions
-from task.methods.pfedlia import CFLOptions, OracleOptions, PFedLIAOptions
+from task.methods.pfedlia import CFLOptions, PFedLIAOptions, oracle_conflicts
 from task.methods.pifl import FedSoftOptions, PIFLOptions, TierOptions
 from task.options import OptionSet
 
@@ -132,7 +132,8 @@ METHODS: dict[str, MethodSpec] = {
         "OracleStrategy",
         "pfedlia",
         "PFedLIAClient",
-        options=OracleOptions,
+        options=PFedLIAOptions,
+        conflicts=oracle_conflicts,
         description="per-cluster FedAvg on the planted groups after the same warm-up",
     ),
     "cfl": _m(
