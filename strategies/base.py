@@ -30,6 +30,7 @@ A method overrides these hooks, and nothing else of the base:
 - :meth:`on_evaluated` - what happens with the round's valid evaluate replies (after the common metrics);
 - :meth:`on_round_end` - after evaluation of every round;
 - :meth:`server_models`, :meth:`write_artifacts` - the method's models and files in the results folder;
+- :meth:`clustering_outcome` - how many clusters a clustering method ended with (the run's summary);
 - :meth:`state`, :meth:`restore` - what of the method a checkpoint holds, and putting it back.
 """
 
@@ -166,6 +167,11 @@ class PersonalizedStrategy(Strategy):
 
     def write_artifacts(self, folder: Path) -> None:
         """Write the method's artefacts (JSON, PNG) into the run's results folder (default: none)."""
+
+    def clustering_outcome(self) -> tuple[int, str] | None:
+        """A clustering method's (clusters at the end, what a single cluster meant) for the run's summary
+        (default: None, not a clustering method)."""
+        return None
 
     def state(self) -> dict[str, Any]:
         """What of this method a resumed run needs, in plain values (numbers, strings, lists, dicts, numpy
