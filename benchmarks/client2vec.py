@@ -1,8 +1,8 @@
-"""Client2Vec's case studies on top of FedAvg (spec client2vec §8), paired over seeds.
+"""Client2Vec's case studies on top of FedAvg (client2vec.md §8), paired over seeds.
 
 Digits with 4 feature-shift domains (original, inverted, rotated, noisy; domain = client id mod 4) crossed
 with Dirichlet label skew over 40 clients, 4 clients per round (10 %), 5 local epochs, SGD lr 0.05 batch
-32, weight decay 5e-5, MLP (64-d features); the synthetic CLIP encoder (spec §8: random CLIP text towers
+32, weight decay 5e-5, MLP (64-d features); the synthetic CLIP encoder (client2vec.md §8: random CLIP text towers
 blur the label half), DSA-IGN in Global mode (FF 256, dropout 0, Adam 1e-3, ``--ign-epochs``);
 tau 0.5, gamma 0.5, lambda1 1, w 1.  Arms: FedAvg, +i (sampling), +ii (aggregation), +iii (local loss),
 +i+ii+iii; and FedBN (local normalisation layers, docs/methods/fedbn.md), which needs a model with normalisation

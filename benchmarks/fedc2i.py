@@ -1,9 +1,9 @@
-"""FedC2I on feature-shift digits (5 domains, one client each; spec fedc2i §8 "Digit-5-lite" stand-in).
+"""FedC2I on feature-shift digits (5 domains, one client each; fedc2i.md §8 "Digit-5-lite" stand-in).
 
 Domains: original, inverted, rotated, noisy, shifted (task.data.DOMAINS), IID labels, the c2i-small CNN,
 Adam lr 1e-3, 2 local epochs, batch 32, 20 rounds.  FedBN needs normalisation layers, which c2i-small lacks: it
 runs on the ``cnn`` (BatchNorm after each convolution) next to FedAvg on the same ``cnn`` (``fedavg-cnn``).
-Same protocol for every method (spec §6.12/§8):
+Same protocol for every method (fedc2i.md §6.12/§8):
 ``personal-acc`` is each client's own model on its own test split; for FedAvg/FedProx that is the global
 model, so ``trained-acc`` (the model right after local training, "FedAvg + fine-tuning") is reported too —
 about half of a personalized method's edge over FedAvg comes from that protocol difference alone.

@@ -1,9 +1,9 @@
-"""FedCAC against Local, FedAvg, FedPer, FedRep and Ditto on noisy digits (spec fedcac §8).
+"""FedCAC against Local, FedAvg, FedPer, FedRep and Ditto on noisy digits (fedcac.md §8).
 
 Digits with fixed Gaussian pixel noise (std 0.7), 20 clients, 40 % of each client's data held out for
 testing (class proportions as in its training data), SGD lr 0.05 momentum 0.9, 5 local epochs, batch 20;
 FedCAC tau 0.5, beta = rounds / 2.  Accuracy: each client's model on its own test split, mean over
-clients, at the last round (FedCAC: after Eq. 11, the headline of spec §6.9), mean ± std over seeds.
+clients, at the last round (FedCAC: after Eq. 11, the headline of fedcac.md §6.9), mean ± std over seeds.
 One raw record per run goes to ``benchmarks/raw/fedcac/``; the table is ``benchmarks/report.py``'s.
 
 Reproduce: python benchmarks/fedcac.py                       (54 runs; about 35-70 minutes on 2 cores)

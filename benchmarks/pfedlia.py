@@ -1,4 +1,4 @@
-"""pFedLIA on planted clusters of digits (spec pfedlia §8): pathological (5 clusters x 2 labels) and noisy.
+"""pFedLIA on planted clusters of digits (pfedlia.md §8): pathological (5 clusters x 2 labels) and noisy.
 
 50 clients, MLP, SGD lr 0.05 without momentum, batch 16, 2 local epochs, 20 FedAvg warm-up rounds,
 20 lazy epochs, then clustered rounds; 25 % of each client's data for validation (LIA scores) and 20 %

@@ -68,7 +68,7 @@ def client_for(context: Context) -> ClientMethod:
 def method_for(msg: Message, context: Context) -> ClientMethod:
     method = client_for(context)
     method.begin(msg.content)
-    faults.before_handler(method.settings.fault, method.partition_id, method.round_seed)
+    faults.before_handler(method.settings.fault, method.partition_id, method.server_round)
     return method
 
 
@@ -90,7 +90,7 @@ def train(msg: Message, context: Context) -> Message:
     if evaluation is not None:
         content["evaluation"] = MetricRecord(evaluation)
     content = faults.corrupt_train_reply(
-        method.settings.fault, method.partition_id, method.round_seed, stamped(content, start, setup)
+        method.settings.fault, method.partition_id, method.server_round, stamped(content, start, setup)
     )
     return Message(content=content, reply_to=msg)
 
@@ -107,7 +107,7 @@ def _query_handler(name: str):
         content = faults.corrupt_query_reply(
             method.settings.fault,
             method.partition_id,
-            method.round_seed,
+            method.server_round,
             name,
             stamped(method.query(name, msg.content), start, setup),
         )

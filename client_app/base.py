@@ -1,9 +1,10 @@
 """What every client method shares: settings, data, the model (built once per process), evaluation, saved
 models and the state a node keeps between rounds.
 
-A handler reads like a recipe: ``model = self.fresh_model()``; load what the message carries and what the
+A handler reads like a recipe: ``model = self.reset_model()``; load what the message carries and what the
 node kept (:meth:`ClientMethod.load_state`); ``self.fit(model, ...)``; reply with ``self.reply(...)``.  Data
-and model are loaded once per process (cached by settings), not again in every handler.
+and model are loaded once per process (cached by settings), not again in every handler: ``reset_model``
+returns the process's one network, reset to the common initial weights.
 
 A method overrides these hooks, and nothing else of the base:
 
@@ -18,9 +19,10 @@ A method overrides these hooks, and nothing else of the base:
 The base's :meth:`ClientMethod.evaluate` scores the personalized (and global) model, saves the personalized
 model when the server asks (``save-model``) and answers the same way when the evaluation rides on a train
 message (``evaluate`` in a train message's config: the model of the previous round, before local training).
-State saved with :meth:`ClientMethod.save_state` lives in ``context.state`` and, when the node has a state
-folder (node config ``state-dir``, else the one the server names), on disk, so a restarted SuperNode or a
-resumed run picks up where it was.
+What a method keeps between rounds it declares in :attr:`ClientMethod.keeps` (name -> what it is), next to its
+logic; :meth:`ClientMethod.save_state` / :meth:`ClientMethod.load_state` refuse any other name.  Kept state
+lives in ``context.state`` and, when the node has a state folder (node config ``state-dir``, else the one the
+server names), on disk, so a restarted SuperNode or a resumed run picks up where it was.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -63,7 +65,11 @@ def _cached_model(
 
 
 class ClientMethod:
-    """Base of the client side of a method; subclasses implement :meth:`train` and :meth:`evaluate`."""
+    """Base of the client side of a method: a subclass implements :meth:`train` and overrides the evaluation
+    hooks it needs (see the module docstring); the base's :meth:`evaluate` serves every method."""
+
+    #: what this method keeps between rounds: state name -> what it holds (nothing by default)
+    keeps: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, context: Context, settings: Settings | None = None) -> None:
         self.context = context
@@ -94,7 +100,7 @@ class ClientMethod:
         self.timings: dict[str, float] = {}
 
     # ---------------------------------------------------------------- model and state
-    def fresh_model(self) -> SplitModel:
+    def reset_model(self) -> SplitModel:
         """The process's model for these settings, reset to the common initial weights."""
         s = self.settings
         net, init = _cached_model(s.model, s.in_channels, s.image_size, s.num_classes, s.seed, str(self.device))
@@ -118,6 +124,13 @@ class ClientMethod:
         key = str(config.get("run-key", ""))
         return Path(base).expanduser() / key / f"client-{self.partition_id}" if base and key else None
 
+    def _kept(self, name: str) -> None:
+        if name not in self.keeps:
+            raise ValueError(
+                f"{type(self).__name__} keeps {sorted(self.keeps) or 'nothing'} between rounds, not {name!r}: "
+                "declare it in its 'keeps'"
+            )
+
     def _state_files(self, folder: Path, name: str) -> dict[int, Path]:
         """``round -> file`` of the state saved under ``name`` in ``folder`` (``<name>.round-<r>.safetensors``)."""
         files = {}
@@ -134,6 +147,7 @@ class ClientMethod:
         after a crash in the middle of round r (clients already trained and saved round r's state) the run
         resumes from the server's checkpoint of an earlier round, and its clients must continue from the state
         that matches that checkpoint, not from the round that was lost."""
+        self._kept(name)
         if name in self.context.state.array_records:
             return record_to_numpy(self.context.state.array_records[name])
         folder = self._state_dir()
@@ -153,6 +167,7 @@ class ClientMethod:
         """Keep ``state`` (restricted to ``keys``) for the next rounds, in ``context.state`` and on disk (one file
         per round, written atomically).  The newest ``checkpoint-every + 1`` rounds are kept: the server resumes from
         its last checkpoint, at most ``checkpoint-every`` rounds back."""
+        self._kept(name)
         record = to_record(state, keys)
         self.context.state[name] = record
         folder = self._state_dir()
@@ -188,7 +203,7 @@ class ClientMethod:
     def begin(self, content: RecordDict) -> None:
         """Read what every message's config says (round, where to keep state and models)."""
         self.config = self.message_config(content)
-        self.round_seed = int(self.config.get("server-round", 0))
+        self.server_round = int(self.config.get("server-round", 0))  # seeds this round's shuffles
 
     # ---------------------------------------------------------------- training and evaluation
     @contextlib.contextmanager
@@ -217,12 +232,12 @@ class ClientMethod:
             lr=s.lr,
             momentum=s.momentum,
             weight_decay=s.weight_decay,
-            seed=self.seed + 7919 * self.round_seed,
+            seed=self.seed + 7919 * self.server_round,
             optimizer=s.optimizer,
             **hooks,
         )
 
-    round_seed = 0
+    server_round = 0
     config: dict[str, Any] = {}
 
     def test(self, model: nn.Module, split: str = "test", **kw: Any) -> tuple[float, float]:
@@ -254,7 +269,7 @@ class ClientMethod:
     def personal_model(self, content: RecordDict) -> nn.Module:
         """The model this client uses for its own predictions, from an evaluate (or train) message.
         Default: the model the server sent (``arrays``)."""
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         return model
 
@@ -304,7 +319,7 @@ class ClientMethod:
         manifest = model_manifest(
             self.settings,
             client=self.partition_id,
-            round=int(self.config.get("evaluate-round", self.round_seed)),
+            round=int(self.config.get("evaluate-round", self.server_round)),
             **{"personal-acc": metrics["personal-acc"], "personal-loss": metrics["personal-loss"]},
         )
         return save_model(path, model.state_dict(), manifest)

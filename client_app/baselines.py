@@ -9,6 +9,8 @@ personalized model on its own test split) and, where the method has one, ``globa
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -27,7 +29,7 @@ class FedAvgClient(ClientMethod):
         return None
 
     def train(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         metrics = self.fit(model, extra_loss=self.extra_loss(model))
         _, trained_acc = self.test(model)
@@ -48,8 +50,10 @@ class FedProxClient(FedAvgClient):
 class LocalClient(ClientMethod):
     """Separate training: the model lives in ``context.state['model']`` and never leaves the node."""
 
+    keeps: ClassVar[Mapping[str, str]] = {"model": "the client's own model (it never leaves the node)"}
+
     def _model(self) -> nn.Module:
-        model = self.fresh_model()
+        model = self.reset_model()
         own = self.load_state("model")
         if own is not None:
             load_record(model, own)
@@ -69,8 +73,10 @@ class LocalClient(ClientMethod):
 class FedPerClient(ClientMethod):
     """Shared body from the server + this client's head (kept in ``context.state['head']``)."""
 
+    keeps: ClassVar[Mapping[str, str]] = {"head": "the client's own classifier (the head keys)"}
+
     def _model(self, content: RecordDict) -> nn.Module:
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         head = self.load_state("head")
         if head is not None:
@@ -138,8 +144,10 @@ class FedRoDClient(ClientMethod):
     """FedRoD: body + generic head trained with balanced softmax and shared; personal head trained with CE on
     generic + personal logits (gradients only into the personal head), kept in ``context.state['phead']``."""
 
+    keeps: ClassVar[Mapping[str, str]] = {"phead": "the personal head's weight and bias"}
+
     def _model(self, content: RecordDict) -> _RoDModel:
-        rod = _RoDModel(self.fresh_model(), self.settings.num_classes)
+        rod = _RoDModel(self.reset_model(), self.settings.num_classes)
         load_shared(rod.base, content)
         own = self.load_state("phead")
         if own is not None:
@@ -178,6 +186,8 @@ class DittoClient(ClientMethod):
     """Ditto: train the global model as FedAvg, and the personal model v (``context.state['personal']``) for
     ``ditto-epochs`` on loss + ``ditto-lambda``/2 ||v - w_global||^2."""
 
+    keeps: ClassVar[Mapping[str, str]] = {"personal": "the personal model v (BatchNorm statistics included)"}
+
     def _personal(self, global_model: nn.Module) -> nn.Module:
         personal = _clone(global_model)
         own = self.load_state("personal")
@@ -186,7 +196,7 @@ class DittoClient(ClientMethod):
         return personal
 
     def train(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         lam = self.options.ditto_lambda
         personal = self._personal(model)
@@ -198,12 +208,12 @@ class DittoClient(ClientMethod):
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model))
 
     def personal_model(self, content: RecordDict) -> nn.Module:
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         return self._personal(model)  # a copy: the global model below reuses the process's network
 
     def global_model(self, content: RecordDict, personal: nn.Module) -> nn.Module | None:
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         return model
 
@@ -251,8 +261,12 @@ class MoonClient(FedAvgClient):
     """MOON (Li et al.): FedAvg plus the model-contrastive loss; the last local model stays on the node
     (``context.state['moon-prev']``)."""
 
+    keeps: ClassVar[Mapping[str, str]] = {
+        "moon-prev": "the model after the client's last local training (MOON's negative)"
+    }
+
     def train(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         feats: dict = {}
 

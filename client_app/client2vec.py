@@ -1,4 +1,4 @@
-"""Client side of Client2Vec (spec §2.1-2.8, docs/methods/client2vec.md) on its base algorithm (FedAvg,
+"""Client side of Client2Vec (client2vec.md §2.1-2.8, docs/methods/client2vec.md) on its base algorithm (FedAvg,
 FedProx or MOON).
 
 Queries of the one-off index phase:
@@ -16,8 +16,9 @@ the model under ``c2v.*`` keys.  ``evaluate`` tests the global model (main head 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,6 +37,10 @@ from task.train import proximal_term
 
 class Client2VecClient(ClientMethod):
     """Base algorithm (``c2v-base``) + the Client2Vec queries; see module docstring."""
+
+    keeps: ClassVar[Mapping[str, str]] = {
+        "moon-prev": "c2v-base 'moon': the model after the client's last local training"
+    }
 
     options: Client2VecOptions
 
@@ -83,7 +88,7 @@ class Client2VecClient(ClientMethod):
                     epochs=self.opts.ign_local_epochs,
                     batch_size=self.opts.ign_batch,
                     lr=self.opts.ign_lr,
-                    seed=self.seed + self.round_seed,
+                    seed=self.seed + self.server_round,
                     orth_mode=self.opts.orth_mode,
                 )
             return self.reply(
@@ -106,7 +111,7 @@ class Client2VecClient(ClientMethod):
         return model, aux
 
     def train(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
+        model = self.reset_model()
         model_arrays, aux_arrays = self._split_arrays(content)
         load_record(model, model_arrays)
         terms, feats = [], {}
@@ -161,7 +166,7 @@ class Client2VecClient(ClientMethod):
 
     def personal_model(self, content: RecordDict) -> nn.Module:
         """The global model (main head; P and h_P only shape training)."""
-        model = self.fresh_model()
+        model = self.reset_model()
         load_record(model, self._split_arrays(content)[0])
         return model
 

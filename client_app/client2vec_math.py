@@ -1,4 +1,4 @@
-"""Client-side losses of Client2Vec case study (iii) (spec §2.8); MOON's loss is in client_app/baselines.py.
+"""Client-side losses of Client2Vec case study (iii) (client2vec.md §2.8); MOON's loss is in client_app/baselines.py.
 
 Case study (iii) adds two training-only modules to the local model: a projection P (features -> index
 width) and a projection classifier h_P.  The loss is CE + w (L_orth + L_dist), with
@@ -8,7 +8,7 @@ the main head as a detached teacher; by default (``c2v-dist-detach``) L_dist see
 trains P and h_P only and the backbone is shaped by CE and L_orth.  Evaluation uses the main head only, so P
 and h_P never change the model's predictions.
 
-See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/client2vec.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ See docs/methods/fedbn.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 from flwr.app import RecordDict
 from torch import nn
 
@@ -18,10 +21,14 @@ from task.params import load_record, model_to_record, record_to_numpy
 class FedBNClient(ClientMethod):
     """The averaged layers + this client's own normalisation layers; the personalized model is exactly that."""
 
+    keeps: ClassVar[Mapping[str, str]] = {
+        "norm": "the client's normalisation layers (weight, bias and running statistics of every BatchNorm)"
+    }
+
     def _model(self, content: RecordDict) -> nn.Module:
         """The model this client starts a round from: the layers in the message (the common initial ones when the
         message has none) with its stored normalisation layers (the common initial ones before its first round)."""
-        model = self.fresh_model()
+        model = self.reset_model()
         rec = self.message_arrays(content)
         if rec is not None and len(rec):
             sent = record_to_numpy(rec)

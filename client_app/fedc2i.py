@@ -1,7 +1,7 @@
-"""FedC2I client (spec fedc2i §2.2, §2.5): leave-one-out influence on one batch, personalized mixing of the
+"""FedC2I client (fedc2i.md §2.2, §2.5): leave-one-out influence on one batch, personalized mixing of the
 received models, local training, reply with the trained model and the influence vector.
 
-See docs/methods/fedc2i.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/fedc2i.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class FedC2IClient(ClientMethod):
         """Load the personalized model (Eqs. 5-10, variant per ``c2i-variant``) into ``model``; returns lambda.
 
         ``stacked`` holds the k models the server sent, this client's own first; ``sizes`` their clients'
-        training-set sizes (the Lambda/g ablation averages the extractors by size, spec §6.18).
+        training-set sizes (the averaged-extractor ablation averages the extractors by size, fedc2i.md §6.18).
         """
         k = next(iter(stacked.values())).shape[0]
         own = {name: v[0] for name, v in stacked.items()}  # the receiver's own model comes first
@@ -28,24 +28,24 @@ class FedC2IClient(ClientMethod):
         gamma, variant = self.options.gamma, self.options.variant
         heads = self.head_keys(model)
         bodies = [n for n in self.body_keys(model)]
-        gen = torch.Generator().manual_seed(self.seed + 104_729 * self.round_seed)
+        gen = torch.Generator().manual_seed(self.seed + 104_729 * self.server_round)
         size = min(self.options.influence_batch_size, len(self.data.y_train))
         idx = torch.randperm(len(self.data.y_train), generator=gen)[:size]
         x, y = self.data.x_train[idx].to(self.device), self.data.y_train[idx].to(self.device)
         lam, _ = influence_vector(model, stacked, {h: own[h] for h in heads}, x, y, gamma, heads)
-        if variant == "lambda-only":  # whole model mixed by the client-level weights (spec §6.18)
+        if variant == "client-level":  # whole model mixed by the client-level weights (fedc2i.md §6.18)
             model.load_state_dict({**own, **mix_states(stacked, lam, list(stacked))})
             return lam.tolist()
         if variant == "full":
             body = mix_states(stacked, lam, bodies)
-        elif variant == "Lambda-only":  # "Lambda/g": the size-weighted FedAvg extractor (spec §6.18)
+        elif variant == "class-level-averaged-extractor":  # "Lambda/g": the size-weighted FedAvg extractor (§6.18)
             w = torch.tensor(sizes, dtype=torch.float64)
             body = mix_states(stacked, w / w.sum(), bodies)
-        else:  # "Lambda-local": own extractor
+        else:  # "class-level-own-extractor" ("Lambda/l")
             body = {n: own[n] for n in bodies}
-        # the extractor theta* for the class-level test (spec §6.7): the client's own, except for the Lambda/g
+        # the extractor theta* for the class-level test (fedc2i.md §6.7): the client's own, except for the Lambda/g
         # ablation, which uses the current global theta
-        if variant == "Lambda-only":
+        if variant == "class-level-averaged-extractor":
             model.load_state_dict({**own, **body})
         with torch.no_grad():
             model.eval()
@@ -58,7 +58,7 @@ class FedC2IClient(ClientMethod):
         return lam.tolist()
 
     def train(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
+        model = self.reset_model()
         rec = self.message_arrays(content, "peers")
         lam: list[float] = []
         if rec is not None:
@@ -75,9 +75,9 @@ class FedC2IClient(ClientMethod):
         )
 
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
-        """This client's own latest model (spec §6.12): ``arrays`` of an evaluate message, or the first of the
+        """This client's own latest model (fedc2i.md §6.12): ``arrays`` of an evaluate message, or the first of the
         models a train message stacks."""
-        model = self.fresh_model()
+        model = self.reset_model()
         rec = self.message_arrays(content)
         if rec is not None:
             load_record(model, rec)

@@ -1,11 +1,11 @@
-"""FedC2I client-side math (spec fedc2i §2.2): leave-one-out losses, influence vector and matrix, mixing.
+"""FedC2I client-side math (fedc2i.md §2.2): leave-one-out losses, influence vector and matrix, mixing.
 
 Pure torch, no Flower.  The M leave-one-out models are never built one by one: their states are
 ``(S - w_i) / (M - 1)`` computed for all i at once from the sum, and the M candidates are evaluated on the
 influence batch in one batched call (``torch.func.functional_call`` under ``torch.func.vmap``).  The
 class-level test needs one feature pass and M*C cheap logit edits, done as one tensor.
 
-See docs/methods/fedc2i.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/fedc2i.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ def influence_matrix(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eqs. 7-9: class-level influence ``Lambda_m`` (M x C, each column sums to 1) and its losses.
 
-    ``features`` (B x d) come from the extractor theta* (the client's own, spec §6.7); ``weights`` (M x C x d)
+    ``features`` (B x d) come from the extractor theta* (the client's own, fedc2i.md §6.7); ``weights`` (M x C x d)
     and ``biases`` (M x C) are the M classifiers.  Loss (i, c): the client's logits with column c replaced by
-    the leave-one-out class-c row of i (bias moves with its row, spec §6.8).
+    the leave-one-out class-c row of i (bias moves with its row, fedc2i.md §6.8).
     """
     m, c, _ = weights.shape
     loo_w = (weights.sum(0, keepdim=True) - weights) / (m - 1)  # M x C x d
@@ -108,6 +108,6 @@ def mix_states(stacked: Mapping[str, torch.Tensor], weights: torch.Tensor, keys:
 def mix_classifier(
     weights: torch.Tensor, biases: torch.Tensor, influence: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 10 corrected (spec §6.3): row c = ``sum_i Lambda[i, c] * phi_{i,c}`` (the printed form, with the
+    """Eq. 10 corrected (fedc2i.md §6.3): row c = ``sum_i Lambda[i, c] * phi_{i,c}`` (the printed form, with the
     client's own row phi_{m,c}, is a no-op because each column of Lambda sums to 1)."""
     return torch.einsum("mc,mcd->cd", influence, weights), torch.einsum("mc,mc->c", influence, biases)

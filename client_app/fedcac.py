@@ -1,18 +1,20 @@
-"""FedCAC client (spec fedcac §2.3, §2.4, §2.7, §7): train, score sensitivity, send the packed critical mask,
+"""FedCAC client (fedcac.md §2.3, §2.4, §2.7, §7): train, score sensitivity, send the packed critical mask,
 mix the server's global and customized models with the stored mask (Eq. 11).
 
 State kept in ``context.state``: ``model`` (the post-training model, BN statistics included: they stay
 local) and ``mask`` (the packed critical mask of the last round).
 
-See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/fedcac.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import RecordDict
 
 from client_app.base import ClientMethod
 from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
@@ -22,12 +24,17 @@ from task.train import evaluate
 
 
 class FedCACClient(ClientMethod):
+    keeps: ClassVar[Mapping[str, str]] = {
+        "model": "the post-training model, BatchNorm statistics included (they never leave the client)",
+        "mask": "the packed critical mask of the last local training (Eq. 6)",
+    }
+
     def _params(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in model.named_parameters()}
 
     def _mixed_model(self, content: RecordDict) -> tuple[torch.nn.Module, torch.nn.Module | None]:
         """(model to start from / evaluate as personalized, stored post-training model or None)."""
-        model = self.fresh_model()
+        model = self.reset_model()
         own = self.load_state("model")
         global_rec = self.message_arrays(content, "global")
         if own is None:  # first contact: the common initial model with the current global parameters
@@ -86,5 +93,5 @@ class FedCACClient(ClientMethod):
         return glob
 
     def evaluation_extras(self, content: RecordDict, personal: torch.nn.Module) -> dict:
-        """The model right after last round's local training, before aggregation (spec §6.9 logs both)."""
+        """The model right after last round's local training, before aggregation (fedcac.md §6.9 logs both)."""
         return {} if self._trained is None else {"before-agg-acc": evaluate(self._trained, *self.test_split())[1]}

@@ -1,10 +1,10 @@
-"""FedCAC client-side math (spec fedcac §2.3, §2.4, §2.7): sensitivity, critical masks, Eq. 11 (the packed
+"""FedCAC client-side math (fedcac.md §2.3, §2.4, §2.7): sensitivity, critical masks, Eq. 11 (the packed
 wire format of the masks is in task/methods/fedcac.py).
 
 Pure torch / numpy, no Flower.  A "layer" is one trainable tensor (one entry of ``named_parameters()``);
-BatchNorm running statistics are not scored and stay local (spec §2.4 "recommended default").
+BatchNorm running statistics are not scored and stay local (fedcac.md §2.4 "recommended default").
 
-See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/fedcac.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def parameter_sensitivity(
 def critical_masks(sensitivity: Mapping[str, torch.Tensor], tau: float) -> dict[str, torch.Tensor]:
     """Eq. 6: per tensor, exactly ``floor(tau * n_l)`` ones at the largest sensitivities (exact top-k).
 
-    Top-k by index (spec §2.4 recommendation) gives exactly k ones even with ties; ``tau`` in [0, 1].
+    Top-k by index (fedcac.md §2.4 recommendation) gives exactly k ones even with ties; ``tau`` in [0, 1].
     """
     if not 0.0 <= tau <= 1.0:
         raise ValueError(f"run-config key 'tau' must be in [0, 1], got {tau}")
@@ -57,7 +57,7 @@ def merge_customized(
     """Eq. 11: ``w = u * M + w_bar * (1 - M)`` per trainable tensor.
 
     ``customized`` is ``u_i`` (critical parameters averaged over the client and its collaborators); when
-    the server has none for this client (absent last round, spec §6.11) the client's own critical values
+    the server has none for this client (absent last round, fedcac.md §6.11) the client's own critical values
     are kept.  Idempotent: it does not depend on the client's current non-critical values.
     """
     out = {}

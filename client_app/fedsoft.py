@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import numpy as np
 import torch
 from flwr.app import RecordDict
@@ -24,6 +27,8 @@ def importance_weights(losses: np.ndarray, sigma: float = SIGMA) -> np.ndarray:
 
 
 class FedSoftClient(ClientMethod):
+    keeps: ClassVar[Mapping[str, str]] = {"model": "the client's own model, trained towards the centres it is close to"}
+
     def _centres(self, content: RecordDict) -> dict[str, torch.Tensor]:
         return stacked_tensors(content.array_records["tiers"], self.device)
 
@@ -45,7 +50,7 @@ class FedSoftClient(ClientMethod):
         if name != "fedsoft_u":
             return super().query(name, content)
         centres = self._centres(content)
-        model = self.fresh_model()
+        model = self.reset_model()
         model.eval()
         k = next(iter(centres.values())).shape[0]
         with self.timed("method"), torch.no_grad():
@@ -60,7 +65,7 @@ class FedSoftClient(ClientMethod):
     def _model(self, content: RecordDict) -> tuple[torch.nn.Module, dict[str, torch.Tensor], np.ndarray]:
         centres = self._centres(content)
         u = self._u(content, next(iter(centres.values())).shape[0])
-        model = self.fresh_model()
+        model = self.reset_model()
         own = self.load_state("model")
         model.load_state_dict(self._mixed(centres, u)) if own is None else load_record(model, own)
         return model, centres, u

@@ -13,7 +13,7 @@ from task.train import evaluate
 class IFCAClient(ClientMethod):
     def _best(self, content: RecordDict, x, y) -> tuple[torch.nn.Module, int]:
         stacked = stacked_tensors(content.array_records["tiers"], self.device)
-        model = self.fresh_model()
+        model = self.reset_model()
         losses = []
         for j in range(next(iter(stacked.values())).shape[0]):
             model.load_state_dict(model_at(stacked, j))

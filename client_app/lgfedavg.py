@@ -7,6 +7,9 @@ See docs/methods/lgfedavg.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 from flwr.app import RecordDict
 from torch import nn
 
@@ -17,10 +20,14 @@ from task.params import load_record, model_to_record, record_to_numpy
 class LGFedAvgClient(ClientMethod):
     """Own body + the global head; the personalized model is exactly that pair."""
 
+    keeps: ClassVar[Mapping[str, str]] = {
+        "body": "the client's local layers (every key outside the head, BatchNorm statistics included)"
+    }
+
     def _model(self, content: RecordDict) -> nn.Module:
         """The model this client starts a round from: its stored body (the common initial body before its first
         round) under the head in the message (the initial head when the message has none)."""
-        model = self.fresh_model()
+        model = self.reset_model()
         body = self.load_state("body")
         if body is not None:
             load_record(model, body)

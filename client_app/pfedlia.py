@@ -1,7 +1,7 @@
-"""pFedLIA client (spec pfedlia §2.4, §2.5): FedAvg-style training of the model it is sent, lazy training of
+"""pFedLIA client (pfedlia.md §2.4, §2.5): FedAvg-style training of the model it is sent, lazy training of
 the warm-up model, and its row of the lazy-influence matrix (plus its beneficial peers, peer-to-peer).
 
-See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/pfedlia.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class PFedLIAClient(ClientMethod):
         return {"planted-cluster": int(planted)} if planted is not None else {}
 
     def train(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         metrics = self.fit(model)
         _, acc = self.test(model)
@@ -45,7 +45,7 @@ class PFedLIAClient(ClientMethod):
 
     def lazy(self, content: RecordDict) -> RecordDict:
         """Train a copy of the warm-up model for ``lazy-epochs`` epochs (not to convergence) and return it."""
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         with self.timed("method"):
             self._fit(model, epochs=self.options.lazy_epochs)
@@ -55,7 +55,7 @@ class PFedLIAClient(ClientMethod):
         """Eq. 1 on this client's validation split for every lazy model (one vmapped evaluation)."""
         if len(self.data.y_val) == 0:
             raise ValueError("pFedLIA scores on the validation split: set run-config 'val-fraction' > 0")
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         with self.timed("method"):
             x, y = self.data.x_val.to(self.device), self.data.y_val.to(self.device)

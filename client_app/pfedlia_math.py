@@ -1,6 +1,6 @@
-"""pFedLIA client-side math (spec pfedlia §2.4, §2.5): the lazy-influence row and 2-means beneficial peers.
+"""pFedLIA client-side math (pfedlia.md §2.4, §2.5): the lazy-influence row and 2-means beneficial peers.
 
-See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/pfedlia.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def lazy_influence_row(
     """Eq. 1 (with theta_j read as the lazy model): ``I(i, j) = sum_{z in val_i} L(z, theta_0) - L(z, theta_j)``.
 
     ``loss_warmup`` and ``losses_lazy`` (one per peer j) are mean validation losses; ``sum`` multiplies by
-    the number of validation samples as the paper's sum does, ``mean`` keeps the mean (spec §6.5).
+    the number of validation samples as the paper's sum does, ``mean`` keeps the mean (pfedlia.md §6.5).
     Positive: peer j's data moves the model in a direction that helps this client.
     """
     if reduction not in ("sum", "mean"):
@@ -26,7 +26,7 @@ def lazy_influence_row(
 
 def beneficial_peers(row: np.ndarray, self_index: int, seed: int = 0, require_positive: bool = False) -> np.ndarray:
     """Peer-to-peer pFedLIA: 2-means on the row without the client itself; the cluster with the larger
-    centroid is "beneficial"; the client is always included (spec §2.5).  A constant row (both centroids
+    centroid is "beneficial"; the client is always included (pfedlia.md §2.5).  A constant row (both centroids
     equal) means every peer is beneficial.  Returns the sorted indices of S_i."""
     row = np.asarray(row, dtype=np.float64)
     others = np.array([j for j in range(len(row)) if j != self_index], dtype=np.int64)

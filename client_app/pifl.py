@@ -1,8 +1,8 @@
-"""PI-FL client (spec pifl §2.2): scores every tier model, bids, trains the tier it won, and builds its
+"""PI-FL client (pifl.md §2.2): scores every tier model, bids, trains the tier it won, and builds its
 one-shot personalized model from the tier models weighted by their accuracy on its own goal data; that
 model never leaves the client.
 
-See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/pifl.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class PIFLClient(ClientMethod):
 
     def _tier_accuracies(self, tiers: dict[str, torch.Tensor], x, y) -> list[float]:
         num = next(iter(tiers.values())).shape[0]
-        model = self.fresh_model()
+        model = self.reset_model()
         accs = []
         for t in range(num):
             model.load_state_dict(model_at(tiers, t))
@@ -44,18 +44,18 @@ class PIFLClient(ClientMethod):
             if self.options.incentive:
                 bid = bid_policy(accs, balance, price, self.options.bid_threshold, self.options.max_bids)
             else:  # PI-FL(NI): one tier uniformly at random
-                rng = random.Random(self.seed * 31 + self.round_seed)
+                rng = random.Random(self.seed * 31 + self.server_round)
                 bid = [rng.randrange(len(accs))] if balance >= price else []
         return self.reply({**self.base_metrics(), "tier-acc": accs, "bid": bid})
 
     def train(self, content: RecordDict) -> RecordDict:
-        model = self.fresh_model()
+        model = self.reset_model()
         load_shared(model, content)
         metrics = self.fit(model)
         return self.reply({**self.base_metrics(), **metrics, **self._extra()}, model_to_record(model))
 
     def goal_splits(self) -> tuple[tuple, tuple]:
-        """(calibration, held-out) goal data (spec §2.2 step 3).  The held-out part is the test split every method
+        """(calibration, held-out) goal data (pifl.md §2.2 step 3).  The held-out part is the test split every method
         is scored on, except on a node's own data file:
 
         - two-source partitions: the goal set's calibration half and its held-out half (the test split);
@@ -82,7 +82,7 @@ class PIFLClient(ClientMethod):
         tiers = self._tiers(content)
         with self.timed("method"):
             weights = torch.from_numpy(mixture_weights(self._tier_accuracies(tiers, *self.goal_splits()[0]))).float()
-            model = self.fresh_model()
+            model = self.reset_model()
             model.load_state_dict(
                 {
                     k: (torch.tensordot(weights.to(v.dtype), v, dims=1) if v.is_floating_point() else v[0])

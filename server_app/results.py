@@ -48,8 +48,7 @@ def clustering_outcome(strategy) -> tuple[int, str] | None:
     """(clusters at the end, a plain sentence) of a clustering method's run, e.g. ``(1, "1 cluster: the run was
     FedAvg (...)")``, from its ``clustering_outcome()`` (pFedLIA, the Oracle, CFL, IFCA, FedSoft); None for
     other methods and for a run that stopped before its first round."""
-    found = getattr(strategy, "clustering_outcome", None)
-    outcome = found() if found is not None and strategy.history else None
+    outcome = strategy.clustering_outcome() if strategy.history else None
     if outcome is None:
         return None
     clusters, single = outcome

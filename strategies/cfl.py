@@ -1,7 +1,7 @@
 """CFL baseline (Sattler et al.): FedAvg inside clusters that split in two when the cluster's mean update is
-small but some member's update is still large (pFedLIA spec §5 baseline).
+small but some member's update is still large (a pFedLIA baseline, pfedlia.md §5).
 
-See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/pfedlia.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 
@@ -18,23 +18,28 @@ from task.params import to_record, weighted_average
 
 
 class CFLStrategy(PersonalizedStrategy):
-    name = "cfl"
     has_global_model = False
 
-    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
-        return {f"cluster-{k}": m for k, m in sorted(self.models.items())}
-
-    def __init__(self, settings, initial_state, body, head):
-        super().__init__(settings, initial_state, body, head)
+    def __init__(self, settings, initial_state, model_info):
+        super().__init__(settings, initial_state, model_info)
         self.eps1, self.eps2, self.min_rounds = self.options.eps1, self.options.eps2, self.options.min_rounds
         self.cluster_of: dict[int, int] = {}  # client id -> cluster
         self.models: dict[int, dict[str, np.ndarray]] = {0: dict(self.global_state)}
         self.splits: list[dict[str, Any]] = []
 
+    def state(self) -> dict[str, Any]:
+        return {"cluster-of": self.cluster_of, "models": self.models, "splits": self.splits}
+
+    def restore(self, state) -> None:
+        self.cluster_of, self.models, self.splits = state["cluster-of"], state["models"], state["splits"]
+
+    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
+        return {f"cluster-{k}": m for k, m in sorted(self.models.items())}
+
     def _model(self, node_id: int) -> dict[str, np.ndarray]:
         return self.models[self.cluster_of.get(self.client(node_id), 0)]
 
-    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
+    def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         return RecordDict({"arrays": to_record(self._model(node_id))})
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:

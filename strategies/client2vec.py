@@ -1,5 +1,5 @@
 """Client2Vec (Guo et al.): a one-off client index phase, then FL with index-aware sampling, aggregation and
-local training (spec client2vec.md).  The base algorithm (``c2v-base``: FedAvg, FedProx or MOON) runs
+local training (docs/methods/client2vec.md).  The base algorithm (``c2v-base``: FedAvg, FedProx or MOON) runs
 unchanged underneath; the three case studies are independent switches:
 
 - ``c2v-sampling`` (i): Eq. 1 - clients similar to the previous cohort are more likely, recent ones blocked;
@@ -12,10 +12,10 @@ Global mode - each node uploads one batch of CLIP (D, L) pairs (``query.c2v_embe
 DSA-IGN on the pool; Federated mode - DSA-IGN is trained by FedAvg over ``query.c2v_ign`` messages to a
 ``c2v-ign-fraction`` of the nodes per round.  Then every node computes its index (``query.c2v_index``).
 
-Privacy (spec A20): the label half is a linear map of the label histogram, which the server can invert;
+Privacy (client2vec.md A20): the label half is a linear map of the label histogram, which the server can invert;
 Global mode also uploads 128 raw embeddings per client.  Nothing here claims otherwise.
 
-See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/client2vec.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -36,26 +36,19 @@ from strategies.plots import integer_ticks, pyplot
 from strategies.replies import LOSS_LIMIT, Arrays, Dim, Number, ReplySpec, Tensor
 from task.dsa_ign import build_ign, torch_threads, train_dsa_ign
 from task.methods.client2vec import Client2VecOptions, build_aux
-from task.models import build_model
 from task.params import load_record, state_to_numpy, to_record, weighted_average
 
 log = logging.getLogger("flwr.pflower")
 
 
 class Client2VecStrategy(PersonalizedStrategy):
-    name = "client2vec"
-    transient = PersonalizedStrategy.transient | {"opts"}
-
-    def __init__(self, settings, initial_state, body, head):
+    def __init__(self, settings, initial_state, model_info):
         self.opts: Client2VecOptions = settings.options
         state = dict(initial_state)
-        if self.opts.local:
-            model = build_model(
-                settings.model, settings.in_channels, settings.image_size, settings.num_classes, seed=settings.seed
-            )
-            aux = build_aux(model.feature_dim, self.opts.ign.dim, settings.num_classes, int(settings.seed))
+        if self.opts.local:  # case study (iii): P and h_P travel with the model under c2v.* keys
+            aux = build_aux(model_info.feature_dim, self.opts.ign.dim, settings.num_classes, int(settings.seed))
             state.update(state_to_numpy(aux.state_with_prefix()))
-        super().__init__(settings, state, body, head)
+        super().__init__(settings, state, model_info)
         self.ign = build_ign(self.opts.ign, int(settings.seed))
         self.ign_history: list[dict[str, float]] = []
         self.index_clients: list[int] = []  # row r of the index matrices is client index_clients[r]
@@ -65,6 +58,47 @@ class Client2VecStrategy(PersonalizedStrategy):
         self.enabled = self.opts.enabled  # with every case study off: the base algorithm, no index phase
         self._uniform = np.random.default_rng(int(settings.seed))
         self.agg_weights: dict[int, dict[int, float]] = {}
+
+    def state(self) -> dict[str, Any]:
+        """The DSA-IGN (late joiners are indexed with it), the index and the sampler's state (the pairwise
+        similarities are recomputed from the index), the uniform draws' generator and the logs."""
+        c2v = self.c2v
+        return {
+            "ign": state_to_numpy(self.ign.state_dict()),
+            "ign-history": self.ign_history,
+            "index-clients": self.index_clients,
+            "index": None
+            if c2v is None
+            else {
+                "beta-f": c2v.beta_f,
+                "beta-l": c2v.beta_l,
+                "n": c2v.n,
+                "H": c2v.H,
+                "last-drawn": c2v.last_drawn,
+                "prev-cohort": c2v.prev_cohort,
+                "prev-drawn-size": c2v.prev_drawn_size,
+                "rng": c2v.rng,
+            },
+            "index-seconds": self.index_seconds,
+            "cohorts": self.cohorts,
+            "uniform": self._uniform,
+            "aggregation-weights": self.agg_weights,
+        }
+
+    def restore(self, state) -> None:
+        load_record(self.ign, state["ign"], strict_keys=True)
+        self.ign_history, self.index_clients = state["ign-history"], state["index-clients"]
+        self.index_seconds, self.cohorts = state["index-seconds"], state["cohorts"]
+        self._uniform, self.agg_weights = state["uniform"], state["aggregation-weights"]
+        index = state["index"]
+        if index is not None:
+            o = self.opts
+            self.c2v = C2VServerState(
+                index["beta-f"], index["beta-l"], index["n"], tau=o.tau, gamma=o.gamma, lambda1=o.lambda1
+            )
+            self.c2v.H, self.c2v.last_drawn = index["H"], index["last-drawn"]
+            self.c2v.prev_cohort, self.c2v.prev_drawn_size = index["prev-cohort"], index["prev-drawn-size"]
+            self.c2v.rng = index["rng"]
 
     # ------------------------------------------------------------------ index phase
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
@@ -129,7 +163,7 @@ class Client2VecStrategy(PersonalizedStrategy):
                 orth_mode=o.orth_mode,
                 progress=progress,
             )
-        self._server_time(time.perf_counter() - start)
+        self.server_time(time.perf_counter() - start)
 
     def _train_ign_federated(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         o = self.opts
@@ -232,14 +266,12 @@ class Client2VecStrategy(PersonalizedStrategy):
         cfg["c2v-local"] = bool(self.opts.local and phase == "train")
         return cfg
 
-    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
+    def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
+        """The global model; with case study (iii) a train message also carries every feature index B_f."""
         payload = RecordDict({"arrays": to_record(self.global_state)})
-        if self.opts.local and self.c2v is not None:
+        if phase == "train" and self.opts.local and self.c2v is not None:
             payload["c2v"] = to_record({"B_f": self.c2v.beta_f.astype(np.float32)})
         return payload
-
-    def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
-        return RecordDict({"arrays": to_record(self.global_state)})
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         if not self.enabled:

@@ -1,9 +1,10 @@
-"""Client2Vec's server-side math (spec §2.6-2.7), plain numpy: index similarity, sampling, aggregation weights.
+"""Client2Vec's server-side math (client2vec.md §2.6-2.7), plain numpy: index similarity, sampling, aggregation
+weights.
 
 Clients are rows 0..M-1 of the index matrices ``beta_f`` and ``beta_l`` (M, d); ``n`` holds their sample
 counts.  A cohort is a list of row numbers.
 
-See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/client2vec.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations

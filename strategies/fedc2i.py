@@ -1,4 +1,4 @@
-"""FedC2I strategy (spec fedc2i §2.3-§2.5, §7): the server stores every client's latest model and sends each
+"""FedC2I strategy (fedc2i.md §2.3-§2.5, §7): the server stores every client's latest model and sends each
 client the models it needs; it never averages.
 
 Each train message carries ``peers``: for every parameter name one array stacking the k models
@@ -9,7 +9,7 @@ gets itself plus k - 1 peers sampled per round (seeded), so its download is O(k)
 Clients that have not replied yet are not offered as peers (in round 1 every client starts from the common
 initial model).  Everything is keyed by client id (partition id), so a seed gives the same peers in every run.
 
-See docs/methods/fedc2i.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/fedc2i.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -29,17 +29,21 @@ from task.params import stacked_record, to_record
 
 
 class FedC2IStrategy(PersonalizedStrategy):
-    name = "fedc2i"
     has_global_model = False
-    transient = PersonalizedStrategy.transient | {"sent_peers"}  # node ids of this round's messages
 
-    def __init__(self, settings, initial_state, body, head):
-        super().__init__(settings, initial_state, body, head)
+    def __init__(self, settings, initial_state, model_info):
+        super().__init__(settings, initial_state, model_info)
         self.store: dict[int, dict[str, np.ndarray]] = {}  # client id -> its latest model
         self.sizes: dict[int, int] = {}  # client id -> its number of training examples
         self.num_peers = self.options.peers
-        self.sent_peers: dict[int, list[int]] = {}  # node id -> the other clients whose models it was sent
+        self.sent_peers: dict[int, list[int]] = {}  # node id -> the other clients it was sent (this round only)
         self.influence: dict[int, dict[int, dict[int, float]]] = {}  # round -> client -> peer client -> weight
+
+    def state(self) -> dict[str, Any]:
+        return {"store": self.store, "sizes": self.sizes, "influence": self.influence}
+
+    def restore(self, state) -> None:
+        self.store, self.sizes, self.influence = state["store"], state["sizes"], state["influence"]
 
     def peers_for(self, node_id: int, server_round: int) -> list[int]:
         """The other clients whose models ``node_id`` receives: every client with a stored model, or ``c2i-peers``
@@ -55,19 +59,20 @@ class FedC2IStrategy(PersonalizedStrategy):
         me = self.client(node_id)
         return self.store.get(me, self.initial_state) if me is not None else self.initial_state
 
-    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
+    def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
+        """Train: ``peers``, the client's own latest model stacked with its peers' (their ids and sizes in
+        ``peer-clients``); evaluate: ``arrays``, the client's own latest model."""
+        if phase == "evaluate":
+            return RecordDict({"arrays": to_record(self.own_model(node_id))})
         peers = self.peers_for(node_id, server_round)
         self.sent_peers[node_id] = peers
         models = [self.own_model(node_id), *(self.store[c] for c in peers)]
-        payload = RecordDict({"peers": stacked_record(models, self.all_keys)})
+        payload = RecordDict({"peers": stacked_record(models, self.model_info.keys)})
         if peers:  # the other clients' ids and training-set sizes, in the order of their models
             payload["peer-clients"] = ConfigRecord(
                 {"client-ids": [int(c) for c in peers], "num-examples": [int(self.sizes[c]) for c in peers]}
             )
         return payload
-
-    def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
-        return RecordDict({"arrays": to_record(self.own_model(node_id))})
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

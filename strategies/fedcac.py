@@ -1,18 +1,19 @@
-"""FedCAC strategy (spec fedcac §2.5-§2.7, §7): mask overlap, rising threshold, per-client customized models.
+"""FedCAC strategy (fedcac.md §2.5-§2.7, §7): mask overlap, rising threshold, per-client customized models.
 
 Each round the server receives every participant's trainable parameters and its bit-packed critical mask,
 computes the overlap matrix over this round's participants (a client that dropped out keeps its stale
 mask out of it), the threshold (Eq. 7), the collaborator sets (Eq. 8), the global average w_bar (Eq. 9)
 and each participant's customized model u_i (Eq. 10).  Each node then receives ``global`` (w_bar) and
 its own ``custom`` (u_i) and mixes them with its mask (Eq. 11) on the client.  BatchNorm running
-statistics never leave the clients (spec §2.4 default).
+statistics never leave the clients (fedcac.md §2.4 default).
 
-See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/fedcac.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,36 +31,45 @@ from strategies.fedcac_math import (
     overlap_threshold,
 )
 from strategies.plots import integer_ticks, pyplot
-from strategies.replies import INT_LIMIT, Arrays, Numbers, ReplySpec, Tensor
+from strategies.replies import ACCURACY, INT_LIMIT, Arrays, Numbers, ReplySpec, Tensor
 from task.methods.fedcac import packed_length, unpack_masks
-from task.models import build_model
 from task.params import to_record
 
 
 class FedCACStrategy(PersonalizedStrategy):
-    name = "fedcac"
-
-    def __init__(self, settings, initial_state, body, head):
-        model = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes)
-        self.param_keys = [n for n, _ in model.named_parameters()]
-        super().__init__(settings, initial_state, body, head)
+    def __init__(self, settings, initial_state, model_info):
+        super().__init__(settings, initial_state, model_info)
+        self.param_keys = list(model_info.parameter_keys)  # BN statistics never leave the clients
+        self.param_shapes = {k: model_info.shapes[k] for k in self.param_keys}
         self.beta = self.options.beta
-        self.param_shapes = {k: self.shapes[k] for k in self.param_keys}
         # u_i of the last aggregation, keyed by client id, and the round it was computed in: a client only
-        # ever receives a customized model computed in the round just before (spec §6.11)
+        # ever receives a customized model computed in the round just before (fedcac.md §6.11)
         self.custom: dict[int, dict[str, np.ndarray]] = {}
         self.custom_round = 0
+        # the overlap matrices fedcac_overlap.json / .png show: the first round's, round beta's (the last
+        # round up to beta) and the last round's
         self.overlaps: dict[int, dict[str, Any]] = {}
-        self.mask_bytes: list[int] = []
+        self.max_mask_bytes = 0  # the largest packed mask received (fedcac_communication.json)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "custom": self.custom,
+            "custom-round": self.custom_round,
+            "overlaps": self.overlaps,
+            "max-mask-bytes": self.max_mask_bytes,
+        }
+
+    def restore(self, state) -> None:
+        self.custom, self.custom_round = state["custom"], state["custom-round"]
+        self.overlaps, self.max_mask_bytes = state["overlaps"], state["max-mask-bytes"]
 
     def shared_keys(self) -> list[str]:
         return list(self.param_keys)
 
-    def expected_reply_shapes(self, node_id: int) -> dict[str, tuple[int, ...]]:
-        return dict(self.param_shapes)
-
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)
+        if phase == "evaluate":  # the model right after the last local training, before aggregation (fedcac.md §6.9)
+            return spec.with_metrics(**{"before-agg-acc": replace(ACCURACY, required=False)})
         if phase != "train":
             return spec
         spec = spec.with_records(mask=Arrays({"bits": Tensor((packed_length(self.param_shapes),), "uint8")}))
@@ -74,16 +84,11 @@ class FedCACStrategy(PersonalizedStrategy):
         client = self.client(node_id)
         return self.custom.get(client) if client is not None and self.custom_round == server_round else None
 
-    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
+    def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
+        """``global`` (w_bar) and this client's ``custom`` (u_i) when the aggregation just before the message
+        computed it: round r - 1's for round r's train message, round r's for its evaluate message."""
         payload = RecordDict({"global": self.record_of(self.global_state)})
-        custom = self.fresh_custom(node_id, server_round - 1)
-        if custom is not None:
-            payload["custom"] = to_record(custom)
-        return payload
-
-    def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
-        payload = RecordDict({"global": self.record_of(self.global_state)})
-        custom = self.fresh_custom(node_id, server_round)
+        custom = self.fresh_custom(node_id, server_round - 1 if phase == "train" else server_round)
         if custom is not None:
             payload["custom"] = to_record(custom)
         return payload
@@ -95,21 +100,22 @@ class FedCACStrategy(PersonalizedStrategy):
             flat = unpack_masks(bits, self.param_shapes)  # the length was checked against the spec
             masks.append(np.concatenate([flat[k].ravel() for k in self.param_keys]))
             rows.append(np.concatenate([u.arrays[k].ravel().astype(np.float32) for k in self.param_keys]))
-            self.mask_bytes.append(int(bits.nbytes))
-        kept = updates
+            self.max_mask_bytes = max(self.max_mask_bytes, int(bits.nbytes))
         params, mask_matrix = np.stack(rows), np.stack(masks)
         overlap = mask_overlap(mask_matrix)
         threshold = overlap_threshold(overlap, server_round, self.beta)
         collab = collaborators(overlap, threshold, server_round, self.beta, self.options.strict_beta_cutoff)
-        weights = np.array([u.num_examples for u in kept], float) if self.options.weighting == "num-examples" else None
+        weights = (
+            np.array([u.num_examples for u in updates], float) if self.options.weighting == "num-examples" else None
+        )
         wbar = global_average(params, weights)
         custom = customized_models(params, collab)
         self.global_state = self._unflatten(wbar)
-        self.custom = {u.client: self._unflatten(custom[i]) for i, u in enumerate(kept)}
+        self.custom = {u.client: self._unflatten(custom[i]) for i, u in enumerate(updates)}
         self.custom_round = server_round
         off = off_diagonal(overlap)
         sizes = np.array([len(c) for c in collab])
-        pids = [u.client for u in kept]
+        pids = [u.client for u in updates]
         diag: dict[str, Any] = {
             "threshold": float(threshold),
             "overlap-mean": float(off.mean()) if off.size else 0.0,
@@ -121,13 +127,21 @@ class FedCACStrategy(PersonalizedStrategy):
             "collaborators": {int(pid): [int(pids[j]) for j in c] for pid, c in zip(pids, collab)},
             "mask-fraction": float(mask_matrix.mean()),
         }
-        hist = [u.metrics.get("label-histogram") for u in kept]
+        hist = [u.metrics.get("label-histogram") for u in updates]
         if all(h is not None for h in hist):
             collab_sim, all_sim = collaborator_label_similarity(collab, np.array(hist, float))
             diag["collaborator-label-similarity"] = collab_sim
             diag["all-pairs-label-similarity"] = all_sim
-        self.overlaps[server_round] = {"partition-ids": pids, "overlap": overlap.round(4).tolist()}
+        self.keep_overlap(server_round, {"partition-ids": pids, "overlap": overlap.round(4).tolist()})
         return {"fedcac": diag}
+
+    def keep_overlap(self, server_round: int, entry: dict[str, Any]) -> None:
+        """Keep round ``server_round``'s overlap matrix if the artefacts may show it: the first round's, the last
+        round's up to ``beta`` and the latest round's (at most three, whatever the run's length)."""
+        self.overlaps[server_round] = entry
+        rounds = sorted(self.overlaps)
+        shown = {rounds[0], rounds[-1], *[r for r in rounds if r <= self.beta][-1:]}
+        self.overlaps = {r: self.overlaps[r] for r in rounds if r in shown}
 
     def _unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         out, pos = {}, 0
@@ -152,16 +166,15 @@ class FedCACStrategy(PersonalizedStrategy):
                 {
                     "parameters": n_params,
                     "float32-model-bytes": 4 * n_params,
-                    "packed-mask-bytes": max(self.mask_bytes) if self.mask_bytes else None,
-                    "mask-to-model-ratio": (max(self.mask_bytes) / (4 * n_params)) if self.mask_bytes else None,
+                    "packed-mask-bytes": self.max_mask_bytes or None,
+                    "mask-to-model-ratio": (self.max_mask_bytes / (4 * n_params)) if self.max_mask_bytes else None,
                 },
                 indent=1,
             )
         )
         if not self.overlaps:
             return
-        rounds = sorted(self.overlaps)
-        chosen = sorted({rounds[0], min(self.beta, rounds[-1]), rounds[-1]})
+        chosen = sorted(self.overlaps)
         (folder / "fedcac_overlap.json").write_text(json.dumps({r: self.overlaps[r] for r in chosen}))
         fig, axes = plt.subplots(1, len(chosen), figsize=(4.2 * len(chosen), 3.8), squeeze=False)
         for ax, r in zip(axes[0], chosen):

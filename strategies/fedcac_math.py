@@ -1,10 +1,10 @@
-"""FedCAC server-side math (spec fedcac §2.5-§2.7): mask overlap, rising threshold, collaborators, Eq. 9/10.
+"""FedCAC server-side math (fedcac.md §2.5-§2.7): mask overlap, rising threshold, collaborators, Eq. 9/10.
 
 Pure numpy, no Flower, vectorised over clients: the overlap is one matrix product of the N x n mask
 matrix (in chunks), the customized models are one product of the N x N collaboration matrix with the
 N x n parameter matrix.
 
-See docs/methods/fedcac.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/fedcac.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 
 def mask_overlap(masks: np.ndarray, chunk: int = 65_536) -> np.ndarray:
-    """Corrected overlap (spec §2.5): ``O_ij = 1 - ||M_i - M_j||_1 / (2 ||M_i||_1)`` = ``<M_i, M_j> / K_i``.
+    """Corrected overlap (fedcac.md §2.5): ``O_ij = 1 - ||M_i - M_j||_1 / (2 ||M_i||_1)`` = ``<M_i, M_j> / K_i``.
 
     The paper prints ``||M_i - M_j||_1 / (2n)``, a *mismatch*: with "O >= threshold" it would pick the
     least similar clients.  ``masks`` is N x n (bool/0-1).  ``<M_i, M_j>`` comes from float32 matrix
@@ -60,10 +60,10 @@ def collaborators(
 ) -> list[np.ndarray]:
     """Eq. 8: ``C_i = {j != i : O_ij >= threshold}`` (with a tolerance so the max pair counts at t = beta).
 
-    With ``strict_beta_cutoff`` (spec §2.6) every set is empty once t > beta, also in the degenerate case
+    With ``strict_beta_cutoff`` (fedcac.md §2.6) every set is empty once t > beta, also in the degenerate case
     O_max = O_avg where the threshold would otherwise never rise above the overlaps.  A pair with no common
     critical parameter (O_ij = 0) never collaborates: with tau = 0 every mask is empty, every overlap 0 and
-    so is the threshold, and every C_i is empty (spec §6.8: the official code's 0/0 = NaN also gives the
+    so is the threshold, and every C_i is empty (fedcac.md §6.8: the official code's 0/0 = NaN also gives the
     empty set there), not "everyone".
     """
     n = overlap.shape[0]
@@ -96,7 +96,7 @@ def customized_models(params: np.ndarray, collab: list[np.ndarray]) -> np.ndarra
 
 
 def collaborator_label_similarity(collab: list[np.ndarray], label_histograms: np.ndarray) -> tuple[float, float]:
-    """Spec §8 diagnostic: mean cosine similarity of label histograms over collaborator pairs vs all pairs."""
+    """fedcac.md §8 diagnostic: mean cosine similarity of label histograms over collaborator pairs vs all pairs."""
     h = np.asarray(label_histograms, dtype=np.float64)
     h = h / np.maximum(np.linalg.norm(h, axis=1, keepdims=True), 1e-12)
     cos = h @ h.T

@@ -1,4 +1,4 @@
-"""FedSoft (Ruan & Joe-Wong), a PI-FL baseline (spec pifl §5): soft clustering with S cluster centres.
+"""FedSoft (Ruan & Joe-Wong), a PI-FL baseline (pifl.md §5): soft clustering with S cluster centres.
 
 Every ``fedsoft-estimate-every`` rounds each client estimates its importance weights u_ks: the share of its
 training points for which centre s has the lowest loss, smoothed by sigma = 1e-4 (``query.fedsoft_u``).
@@ -8,7 +8,7 @@ from its own model, and centre s becomes the plain mean of the models of the cli
 already weights them by u_ks n_k).  A client's personalized model is its own model (the u-weighted mix of centres before it first
 trains).
 
-See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/pifl.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -28,15 +28,11 @@ from task.params import stacked_record, weighted_average
 
 
 class FedSoftStrategy(PersonalizedStrategy):
-    name = "fedsoft"
     has_global_model = False
     evaluate_in_train = False  # only the clients drawn for a centre train; every client is evaluated
 
-    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
-        return {f"centre-{k}": m for k, m in enumerate(self.models)}
-
-    def __init__(self, settings, initial_state, body, head):
-        super().__init__(settings, initial_state, body, head)
+    def __init__(self, settings, initial_state, model_info):
+        super().__init__(settings, initial_state, model_info)
         o = self.options
         self.k, self.per_cluster, self.every, self.lam = o.tiers, o.clients_per_cluster, o.estimate_every, o.lam
         self.models = distinct_starting_models(self.global_state, self.k, settings.seed)  # as IFCA
@@ -48,8 +44,29 @@ class FedSoftStrategy(PersonalizedStrategy):
         self.selection_log: dict[int, dict[int, list[int]]] = {}
         self.tier_tables = TierTables()
 
+    def state(self) -> dict[str, Any]:
+        """The centres, the draw generator, every client's importance weights and size, and the logs the
+        artefacts show (the round's selection is drawn again every round)."""
+        return {
+            "models": self.models,
+            "np-rng": self.np_rng,
+            "u": self.u,
+            "n": self.n,
+            "u-log": self.u_log,
+            "selection-log": self.selection_log,
+            "tier-tables": self.tier_tables.by_round,
+        }
+
+    def restore(self, state) -> None:
+        self.models, self.np_rng, self.u, self.n = state["models"], state["np-rng"], state["u"], state["n"]
+        self.u_log, self.selection_log = state["u-log"], state["selection-log"]
+        self.tier_tables.by_round = state["tier-tables"]
+
+    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
+        return {f"centre-{k}": m for k, m in enumerate(self.models)}
+
     def _stacked(self) -> RecordDict:
-        return RecordDict({"tiers": stacked_record(self.models, self.all_keys)})
+        return RecordDict({"tiers": stacked_record(self.models, self.model_info.keys)})
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)
@@ -85,17 +102,12 @@ class FedSoftStrategy(PersonalizedStrategy):
         self.selection_log[server_round] = {s: list(v) for s, v in self.selected.items()}
         return self.by_client(self.node_of[c] for c in sorted({c for v in self.selected.values() for c in v}))
 
-    def _payload(self, node_id: int) -> RecordDict:
+    def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
+        """Every centre, and this client's importance weights (uniform until it has sent its own)."""
         payload = self._stacked()
         u = self.u.get(self.client(node_id), np.full(self.k, 1.0 / self.k))
         payload["fedsoft"] = ConfigRecord({"u": [float(x) for x in u]})
         return payload
-
-    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
-        return self._payload(node_id)
-
-    def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
-        return self._payload(node_id)
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         """Centre s becomes the plain mean of the models of the clients drawn for it (FedSoft's Algorithm 1, 1/K

@@ -1,7 +1,7 @@
-"""IFCA (Ghosh et al.), a PI-FL baseline (spec pifl §5): K cluster models; every client takes the one with the
+"""IFCA (Ghosh et al.), a PI-FL baseline (pifl.md §5): K cluster models; every client takes the one with the
 lowest loss on its own data, trains it, and each cluster model is the FedAvg of its takers.
 
-See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/pifl.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 
@@ -19,22 +19,27 @@ from task.params import stacked_record, weighted_average
 
 
 class IFCAStrategy(PersonalizedStrategy):
-    name = "ifca"
     has_global_model = False
 
-    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
-        return {f"cluster-{k}": m for k, m in enumerate(self.models)}
-
-    def __init__(self, settings, initial_state, body, head):
-        super().__init__(settings, initial_state, body, head)
+    def __init__(self, settings, initial_state, model_info):
+        super().__init__(settings, initial_state, model_info)
         self.k = self.options.tiers
         # IFCA needs distinct starting points: cluster j starts from the common model plus seeded noise
         self.models = distinct_starting_models(self.global_state, self.k, settings.seed)
         self.choices: dict[int, dict[int, int]] = {}
         self.tier_tables = TierTables()
 
-    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
-        return RecordDict({"tiers": stacked_record(self.models, self.all_keys)})
+    def state(self) -> dict[str, Any]:
+        return {"models": self.models, "choices": self.choices, "tier-tables": self.tier_tables.by_round}
+
+    def restore(self, state) -> None:
+        self.models, self.choices, self.tier_tables.by_round = state["models"], state["choices"], state["tier-tables"]
+
+    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
+        return {f"cluster-{k}": m for k, m in enumerate(self.models)}
+
+    def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
+        return RecordDict({"tiers": stacked_record(self.models, self.model_info.keys)})
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

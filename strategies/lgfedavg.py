@@ -16,8 +16,7 @@ class LGFedAvgStrategy(PersonalizedStrategy):
     """Aggregates and sends only the head: ``theta_g <- sum_i n_i theta_g,i / sum_i n_i`` over the round's
     valid replies (the base's example-weighted average of the shared keys)."""
 
-    name = "lgfedavg"
     has_global_model = False
 
     def shared_keys(self) -> list[str]:
-        return list(self.head_keys)
+        return self.model_info.head_keys

@@ -37,8 +37,9 @@ def breakdown(pushed: float | None, stamps: Mapping[str, float], pulled: float |
     if start is None or end is None:
         return out
     proc = stamps.get("process-start")
-    fresh = proc is not None and pushed is not None and proc >= pushed - FRESH_SLACK
+    fresh = proc is not None and pushed is not None and proc >= pushed - FRESH_SLACK  # started for this message
     if fresh and "app-import" in stamps and "app-ready" in stamps:
+        assert proc is not None and pushed is not None  # (what fresh says, for the type checker)
         out["dispatch"] = proc - pushed
         out["start-up"] = stamps["app-import"] - proc
         out["imports"] = stamps["app-ready"] - stamps["app-import"]

@@ -1,4 +1,4 @@
-"""pFedLIA strategy (spec pfedlia §2.4-§2.8): FedAvg warm-up, one clustering round, then FedAvg per cluster.
+"""pFedLIA strategy (pfedlia.md §2.4-§2.8): FedAvg warm-up, one clustering round, then FedAvg per cluster.
 
 Rounds 1..``warmup-rounds`` are FedAvg.  At the start of the next round the server runs the clustering
 phase through the Grid: ``query.lazy`` (every client trains a copy of the warm-up model theta_0 for
@@ -7,9 +7,9 @@ theta_0 and returns its lazy-influence row, plus - peer-to-peer - its beneficial
 clusters the matrix with OPTICS (noise reassigned); peer-to-peer mode uses the clients' own 2-means sets
 (the server only relays); ``oracle`` uses the planted groups the clients report (simulation only).
 Afterwards each cluster (central/oracle) or each client's beneficial set (p2p) runs FedAvg from theta_0.
-Clients that connect after the clustering round score the stored lazy models and join (spec §2.8).
+Clients that connect after the clustering round score the stored lazy models and join (pfedlia.md §2.8).
 
-See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/pfedlia.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ from task.params import stack_states, to_record, weighted_average
 
 
 class PFedLIAStrategy(PersonalizedStrategy):
-    name = "pfedlia"
     default_mode = "central"
 
-    def __init__(self, settings, initial_state, body, head):
-        super().__init__(settings, initial_state, body, head)
+    def __init__(self, settings, initial_state, model_info):
+        super().__init__(settings, initial_state, model_info)
         o = self.options
         self.mode = "oracle" if self.default_mode == "oracle" else o.mode
         self.warmup = o.warmup_rounds
@@ -52,6 +51,30 @@ class PFedLIAStrategy(PersonalizedStrategy):
         self.matrix_clients: list[int] = []  # row i of the influence matrix was scored by matrix_clients[i]
         self.planted: dict[int, int] = {}
         self.clustering: dict[str, Any] = {}
+
+    #: what a resumed run needs: the clustering, every cluster's (or client's) model and the lazy models late
+    #: joiners score
+    SAVED = (
+        "clustered",
+        "theta0",
+        "assignment",
+        "cluster_models",
+        "sets",
+        "personal",
+        "lazy_clients",
+        "lazy_stacked",
+        "matrix",
+        "matrix_clients",
+        "planted",
+        "clustering",
+    )
+
+    def state(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.SAVED}
+
+    def restore(self, state) -> None:
+        for name in self.SAVED:
+            setattr(self, name, state[name])
 
     # ------------------------------------------------------------------ what each node trains
     @property
@@ -77,11 +100,12 @@ class PFedLIAStrategy(PersonalizedStrategy):
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         cfg = super().round_config(server_round, phase)
         cfg["clustered"] = self.clustered
-        if phase == "train" and self._fused_round:  # the evaluated model is from before this round's clustering
-            cfg["evaluated-clustered"] = bool(self.clustering) and self.clustering.get("round", 0) <= self._fused_round
+        fused = self.schedule.fused
+        if phase == "train" and fused:  # the evaluated model is from before this round's clustering
+            cfg["evaluated-clustered"] = bool(self.clustering) and self.clustering.get("round", 0) <= fused
         return cfg
 
-    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
+    def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         return RecordDict({"arrays": to_record(self.model_for(node_id))})
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
@@ -207,7 +231,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
                 )
                 return
             self.lazy_clients = sorted(lazy)
-            self.lazy_stacked = stack_states([lazy[c] for c in self.lazy_clients], self.all_keys)
+            self.lazy_stacked = stack_states([lazy[c] for c in self.lazy_clients], self.model_info.keys)
             lazy_nodes = [self.node_of[c] for c in self.lazy_clients]
             rows = self._rows(grid, server_round, lazy_nodes)
             scored = [c for c in self.lazy_clients if c in rows]
@@ -240,7 +264,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
             self.clustering["clients-asked"] = len(nodes)
         self.cluster_models = {label: self.theta0 for label in set(self.assignment.values())}
         self.clustered = True
-        comm = self.comm.get(server_round, {})
+        comm = self.exchange.comm.get(server_round, {})
         self.clustering.update(
             {
                 "round": server_round,
@@ -273,7 +297,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
         )
 
     def join_late(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
-        """Spec §2.8: newcomers score the stored lazy models and join the best cluster (or their 2-means set)."""
+        """pfedlia.md §2.8: newcomers score the stored lazy models and join the best cluster (or their 2-means set)."""
         if self.lazy_stacked is None:
             return
         rows = self._rows(grid, server_round, nodes)
@@ -351,5 +375,4 @@ class PFedLIAStrategy(PersonalizedStrategy):
 class OracleStrategy(PFedLIAStrategy):
     """Oracle baseline: the same warm-up and per-cluster FedAvg, clustered by the true planted groups."""
 
-    name = "oracle"
     default_mode = "oracle"

@@ -1,7 +1,7 @@
-"""pFedLIA server-side math (spec pfedlia §2.5, §2.6): OPTICS clustering of the lazy-influence matrix,
+"""pFedLIA server-side math (pfedlia.md §2.5, §2.6): OPTICS clustering of the lazy-influence matrix,
 noise reassignment, late joiners, the adjusted Rand index.  Pure numpy / scikit-learn, no Flower.
 
-See docs/methods/pfedlia.md; its last section maps the "spec §" numbers cited here."""
+See docs/methods/pfedlia.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SCORE_MODES = ("raw", "sign")
 
 
 def cluster_features(matrix: np.ndarray, score: str = "raw", standardize: bool = False) -> np.ndarray:
-    """Feature vector of client i = row i of the influence matrix (diagonal included; spec §2.5), optionally
+    """Feature vector of client i = row i of the influence matrix (diagonal included; pfedlia.md §2.5), optionally
     turned into "votes" (``sign``: 1[I_ij > 0]) and/or standardised per row."""
     if score not in SCORE_MODES:
         raise ValueError(f"run-config key 'lia-score' must be one of {list(SCORE_MODES)}, got {score!r}")
@@ -56,7 +56,7 @@ def cluster_influence(
 ) -> np.ndarray:
     """Central pFedLIA: OPTICS on the rows of the N x N lazy-influence matrix, noise reassigned; labels 0..K-1.
 
-    ``min_samples`` must not exceed the smallest true cluster (spec §2.5) and is capped at N.
+    ``min_samples`` must not exceed the smallest true cluster (pfedlia.md §2.5) and is capped at N.
     """
     x = cluster_features(matrix, score, standardize)
     n = len(x)
@@ -69,7 +69,7 @@ def cluster_influence(
 
 
 def assign_late_joiner(row: np.ndarray, labels: np.ndarray) -> int:
-    """Spec §2.8 late joiners: the cluster whose members' lazy models score highest on average in the
+    """pfedlia.md §2.8 late joiners: the cluster whose members' lazy models score highest on average in the
     newcomer's row (row over the existing clients, in the order of ``labels``)."""
     row, labels = np.asarray(row, float), np.asarray(labels)
     clusters = np.unique(labels)
@@ -77,7 +77,7 @@ def assign_late_joiner(row: np.ndarray, labels: np.ndarray) -> int:
 
 
 def groups_from_sets(sets: dict[int, frozenset[int]]) -> dict[int, int]:
-    """Peer-to-peer: identical beneficial sets share one model (spec §2.6); a label per distinct set."""
+    """Peer-to-peer: identical beneficial sets share one model (pfedlia.md §2.6); a label per distinct set."""
     ids: dict[frozenset[int], int] = {}
     return {node: ids.setdefault(s, len(ids)) for node, s in sorted(sets.items())}
 

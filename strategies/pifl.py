@@ -1,4 +1,4 @@
-"""PI-FL strategy (spec pifl §2): tiers, token "auctions", profiler and scheduler on Flower's Message API.
+"""PI-FL strategy (pifl.md §2): tiers, token "auctions", profiler and scheduler on Flower's Message API.
 
 Per round r:
 1. r = 1: free warm-up, a random tiering (nobody pays).  r >= 2: ``query.bid`` sends every available
@@ -9,7 +9,7 @@ Per round r:
    nobody bid for drafts clients that bid for nothing (they pay nothing).  Winning bidders pay the slot
    price into the tier pool.
 2. Winners train their tier's model; each tier is rebuilt by FedAvg; the Profiler scores every winner with
-   the first-order Shapley estimate on the server's IID set (an assumption of the paper, spec §6.16).
+   the first-order Shapley estimate on the server's IID set (an assumption of the paper, pifl.md §6.16).
 3. Evaluation sends all K tier models to every client: it reports its tier accuracies (the utility of a
    tier is the mean over its winners) and the accuracy of its one-shot personalized mixture on its goal
    data, which never leaves it.  The Token Manager then settles every tier (refund, rank reward) among the
@@ -17,7 +17,7 @@ Per round r:
    back); where the utility gain is undefined (no earlier best, or a round without evaluation) the refund
    ratio is 0.  The ledger's conservation is asserted every round.
 
-See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/pifl.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -48,13 +48,11 @@ log = logging.getLogger("flwr.pflower")
 
 
 class PIFLStrategy(PersonalizedStrategy):
-    name = "pifl"
     has_global_model = False
     evaluate_in_train = False  # every client scores every tier after the round; only winners train
-    transient = PersonalizedStrategy.transient | {"_model", "_server_set", "_no_auction_for"}
 
-    def __init__(self, settings, initial_state, body, head):
-        super().__init__(settings, initial_state, body, head)
+    def __init__(self, settings, initial_state, model_info):
+        super().__init__(settings, initial_state, model_info)
         o = self.options
         self.num_tiers, self.n_perf, self.n_rand, self.max_bids = (
             o.tiers,
@@ -80,8 +78,39 @@ class PIFLStrategy(PersonalizedStrategy):
         self._server_set: tuple[torch.Tensor, torch.Tensor] | None = None
         self._tier_acc: dict[int, list[float]] = {}  # client -> its tier accuracies of this round's evaluation
         self.tier_tables = TierTables()
-        self._model = build_model(settings.model, settings.in_channels, settings.image_size, settings.num_classes)
+        # the network the Profiler computes the server-set gradient with (built on first use)
+        self._model: torch.nn.Module | None = None
         self._no_auction_for: int | None = None  # the client count last reported as too small for an auction
+
+    def state(self) -> dict[str, Any]:
+        """The tier models, the ledger, the Profiler's scores and counts, the logs the artefacts show.  The
+        round's winners, payers and tiers are drawn again at the start of every round."""
+        ledger = self.ledger
+        return {
+            "tiers": self.tiers,
+            "ledger": None
+            if ledger is None
+            else {
+                "balances": ledger.balances,
+                "pools": ledger.pools,
+                "supply": ledger.supply,
+                "best-utility": ledger.best_utility,
+            },
+            "scores": self.scores,
+            "counts": self.counts,
+            "source-share": self.source_share,
+            "ledger-log": self.ledger_log,
+            "tier-tables": self.tier_tables.by_round,
+        }
+
+    def restore(self, state) -> None:
+        self.tiers, self.scores, self.counts = state["tiers"], state["scores"], state["counts"]
+        self.source_share, self.ledger_log = state["source-share"], state["ledger-log"]
+        self.tier_tables.by_round = state["tier-tables"]
+        if state["ledger"] is not None:
+            self.ledger = TokenLedger([], self.num_tiers, self.initial_tokens, **self.ledger_args)
+            self.ledger.balances, self.ledger.pools = state["ledger"]["balances"], state["ledger"]["pools"]
+            self.ledger.supply, self.ledger.best_utility = state["ledger"]["supply"], state["ledger"]["best-utility"]
 
     # ------------------------------------------------------------------ round start: bids and schedule
     def wants_client_ids(self, server_round: int, nodes: list[int]) -> bool:
@@ -156,15 +185,16 @@ class PIFLStrategy(PersonalizedStrategy):
         }
         return {r.client: r.metrics["bid"] for r in self.send_query(grid, server_round, "bid", payloads)}
 
-    def train_payload(self, node_id: int, server_round: int) -> RecordDict:
+    def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
+        """Train: the model of the tier the client won; evaluate: every tier model (it scores each and mixes
+        its personalized model from them)."""
+        if phase == "evaluate":
+            return RecordDict({"tiers": self.stacked_tiers()})
         tier = self.tier_of[self.client_of[node_id]]
         return RecordDict({"arrays": to_record(self.tiers[tier]), "tier": ConfigRecord({"tier": tier})})
 
-    def evaluate_payload(self, node_id: int, server_round: int) -> RecordDict:
-        return RecordDict({"tiers": self.stacked_tiers()})
-
     def stacked_tiers(self):
-        return stacked_record([self.tiers[t] for t in range(self.num_tiers)], self.all_keys)
+        return stacked_record([self.tiers[t] for t in range(self.num_tiers)], self.model_info.keys)
 
     # ------------------------------------------------------------------ aggregation and profiling
     def server_set(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,6 +207,9 @@ class PIFLStrategy(PersonalizedStrategy):
         return self._server_set
 
     def mean_gradient(self, state: dict[str, np.ndarray]) -> np.ndarray:
+        s = self.settings
+        if self._model is None:
+            self._model = build_model(s.model, s.in_channels, s.image_size, s.num_classes)
         load_record(self._model, state)
         self._model.eval()
         self._model.zero_grad()
@@ -190,7 +223,7 @@ class PIFLStrategy(PersonalizedStrategy):
         )
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
-        params = [n for n, _ in self._model.named_parameters()]
+        params = self.model_info.parameter_keys
         updates = [u for u in updates if u.client in self.tier_of]  # only this round's winners train
         for u in updates:
             if "source-a-share" in u.metrics:
@@ -216,7 +249,7 @@ class PIFLStrategy(PersonalizedStrategy):
         self._tier_acc = {r.client: r.metrics["tier-acc"] for r in replies}
 
     def on_round_end(self, server_round: int) -> None:
-        """Settle every tier (spec §2.4): only winners whose training arrived this round are refunded and ranked,
+        """Settle every tier (pifl.md §2.4): only winners whose training arrived this round are refunded and ranked,
         on this round's scores; the utility is the mean of their own tier accuracies."""
         entry: dict[str, Any] = {"round": server_round, "tiers": {}}
         for k in range(self.num_tiers):

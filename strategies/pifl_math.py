@@ -1,11 +1,11 @@
-"""PI-FL's server parts as pure code (spec pifl §2.3-§2.5): token ledger, Shapley profiler, scheduler.
+"""PI-FL's server parts as pure code (pifl.md §2.3-§2.5): token ledger, Shapley profiler, scheduler.
 
 No Flower.  Tokens are integers in micro-tokens (1 token = 10**6 units) so conservation holds exactly:
 ``sum(balances) + sum(pools) == initial supply`` after every operation, which :meth:`TokenLedger.check`
 asserts.  Bad input (unknown tier, non-integer or negative amounts, an empty balance, a duplicate reply)
 is rejected with a reason and changes nothing.
 
-See docs/methods/pifl.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/pifl.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class LedgerError(ValueError):
 
 @dataclass
 class Settlement:
-    """What happened to one tier's pool in one round (spec §2.4 steps 1-4), in micro-tokens."""
+    """What happened to one tier's pool in one round (pifl.md §2.4 steps 1-4), in micro-tokens."""
 
     tier: int
     payments: dict[int, int] = field(default_factory=dict)
@@ -39,7 +39,7 @@ class Settlement:
 class TokenLedger:
     """Integer balances per client and one pool per tier.
 
-    ``price`` is the flat slot price tau_p, ``max_refund`` eta_R, ``full_use_gain`` gamma (spec §3).
+    ``price`` is the flat slot price tau_p, ``max_refund`` eta_R, ``full_use_gain`` gamma (pifl.md §3).
     """
 
     def __init__(
@@ -113,7 +113,7 @@ class TokenLedger:
         order); the caller leaves out winners whose training failed this round, so their payment stays in the
         pool.  ``utility`` is the tier's new accuracy (None: not measured this round).  Where the relative
         gain of Eq. 8 is undefined - no earlier best (a tier's first settled round), no utility this round, or
-        an earlier best of 0 - the refund ratio is 0 and the whole pool goes out by rank (spec §2.4 step 2).
+        an earlier best of 0 - the refund ratio is 0 and the whole pool goes out by rank (pifl.md §2.4 step 2).
         Eq. 13 uses beta = n(n+1)/2 with n = len(ranked) so the rank shares sum to one (the printed N_r would
         create tokens); Eq. 11 is a refund (the printed form destroys tokens).  Rounding dust stays in the pool.
         """
@@ -167,7 +167,7 @@ def shapley_scores(
 
 
 def rank_clients(clients: Iterable[int], scores: Mapping[int, float], counts: Mapping[int, int]) -> list[int]:
-    """Best first by (score desc, participation count desc, id asc); unscored clients rank last (spec §2.3)."""
+    """Best first by (score desc, participation count desc, id asc); unscored clients rank last (pifl.md §2.3)."""
     return sorted(clients, key=lambda c: (-(scores.get(c, -np.inf)), -counts.get(c, 0), c))
 
 
@@ -180,7 +180,7 @@ def schedule_tier(
     n_rand: int,
     rng: random.Random,
 ) -> list[int]:
-    """Spec §2.5 for one tier with bidders: the winners (who all pay).
+    """pifl.md §2.5 for one tier with bidders: the winners (who all pay).
 
     The best ``n_perf`` bidders by (psi, Omega, id) plus ``n_rand`` drawn at random from the remaining
     bidders; all bidders when there are fewer than n_perf + n_rand.
@@ -202,7 +202,7 @@ def schedule(
     n_rand: int,
     rng: random.Random,
 ) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """Spec §2.5 for one round (r >= 2): (winners, payers) per tier from every available client's bid.
+    """pifl.md §2.5 for one round (r >= 2): (winners, payers) per tier from every available client's bid.
 
     ``bids`` maps each available client to the tiers it bid for (empty: no bid).  A bidder is only ever
     placed in a tier it bid for, and a tier with bidders gets min(slots, bidders) of them (they pay).  A tier

@@ -173,7 +173,7 @@ class ReplySpec:
     """Everything a strategy reads from one phase's reply.
 
     ``evaluation``: the metrics of an ``evaluation`` MetricRecord the reply must also carry (a train reply
-    that evaluates the client's model of the previous round, see :meth:`PersonalizedStrategy.fused_evaluation`).
+    that evaluates the client's model of the previous round, see :mod:`strategies.schedule`).
     """
 
     metrics: Mapping[str, Number | Numbers] = field(default_factory=dict)
@@ -262,8 +262,8 @@ def parse_reply(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, Any], d
                 raise InvalidReply(f"record {name!r}: array {key!r} {bad}")
             arrays[key] = arr
         records[name] = arrays
-    for rule in spec.rules:
-        bad = rule(metrics, records)
+    for cross_field in spec.rules:
+        bad = cross_field(metrics, records)
         if bad:
             raise InvalidReply(bad)
     return metrics, records
@@ -303,6 +303,5 @@ EVALUATE = BASE.with_metrics(
         "test-examples": replace(COUNT, required=False),
         "global-acc": replace(ACCURACY, required=False),
         "global-loss": replace(LOSS, required=False),
-        "before-agg-acc": replace(ACCURACY, required=False),
     }
 )

@@ -1,4 +1,4 @@
-"""Per-source accuracy of tier / cluster models (the tables of PI-FL's paper, spec pifl Tables 1-2).
+"""Per-source accuracy of tier / cluster models (the tables of PI-FL's paper, pifl.md Tables 1-2).
 
 Two-source partitions (digits label halves, SynthConcept's two concepts) have a source A and a source B.
 The holdout of each source is every sample of that source that no client trains on (simulation only:
@@ -67,9 +67,8 @@ class TierTables:
 
     def record(self, strategy, server_round: int, models: list[dict[str, np.ndarray]]) -> list[dict[str, float]]:
         """Table of ``models`` after ``server_round``, kept here and in the round's history (``tier-table``)."""
-        # the holdouts are rebuilt from the settings, not checkpointed: a TierTables restored from a checkpoint
-        # has no such attribute until its first use
-        if getattr(self, "_holdouts", None) is None:
+        # the holdouts are built from the settings on first use (a strategy's state() saves only by_round)
+        if self._holdouts is None:
             known = strategy.client_of.values()
             self._holdouts = SourceHoldouts(
                 strategy.settings, max(len(known), max(known, default=-1) + 1, strategy.settings.min_nodes)

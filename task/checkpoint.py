@@ -1,10 +1,9 @@
-"""Checkpoints: a strategy's whole state as one JSON tree plus one safetensors file, written atomically.
+"""Checkpoints: a strategy's declared state as one JSON tree plus one safetensors file, written atomically.
 
-:func:`to_tree` turns an object graph (dicts with int or str keys, lists, tuples, sets, numpy arrays and
-scalars, ``random.Random`` / numpy ``Generator`` states, torch modules, dataclasses and the project's own
-classes) into JSON plus a flat dict of arrays; :func:`from_tree` rebuilds it.  Loading never runs code from
-the file: objects of the project's own classes (``strategies.*``, ``task.*``) are re-created without calling
-their constructor and get their saved attributes back; anything else is refused.
+:func:`to_tree` turns plain data (dicts with int or str keys, lists, tuples, sets, numpy arrays and scalars,
+``random.Random`` / numpy ``Generator`` states) into JSON plus a flat dict of arrays; :func:`from_tree`
+rebuilds it.  Objects are refused both ways: what a method saves is what its ``state()`` declares, in plain
+values, and its ``restore()`` rebuilds its objects from them, so loading never creates an object the file names.
 
 A checkpoint folder holds ``round-NNNN/`` folders (``state.json``, ``arrays.safetensors``) and a ``LATEST``
 file naming the newest complete one.  Each folder is written under a temporary name and renamed, then
@@ -14,14 +13,11 @@ the format version and the arrays file's SHA-256, so a truncated or foreign file
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import importlib
 import json
 import os
 import random
 import shutil
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +25,8 @@ import numpy as np
 
 from task.params import contiguous
 
-FORMAT_VERSION = 1
-ALLOWED_PACKAGES = ("strategies.", "task.", "server_app.")
+#: 2: the strategy's declared state (``state()``: a "base" and a "method" part); 1 (refused) held its attributes
+FORMAT_VERSION = 2
 
 
 class CheckpointError(ValueError):
@@ -39,18 +35,15 @@ class CheckpointError(ValueError):
 
 # ---------------------------------------------------------------------------------------------- the tree codec
 class _Encoder:
-    def __init__(self, skip: Iterable[str] = ()) -> None:
+    def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
-        self.skip = set(skip)
 
     def array(self, a: np.ndarray) -> dict:
         key = f"a{len(self.arrays)}"
         self.arrays[key] = contiguous(a)
         return {"$array": key}
 
-    def __call__(self, obj: Any) -> Any:  # noqa: C901 - one case per kind of value
-        import torch
-
+    def __call__(self, obj: Any) -> Any:
         if isinstance(obj, np.generic):  # before float: np.float64 is a float too
             return {"$scalar": obj.dtype.str, "v": self(obj.item())}
         if obj is None or isinstance(obj, (bool, str)):
@@ -61,10 +54,6 @@ class _Encoder:
             if obj.dtype == object:
                 raise TypeError("object arrays cannot be checkpointed")
             return self.array(obj)
-        if isinstance(obj, torch.Tensor):
-            return {"$tensor": self.array(obj.detach().cpu().numpy())}
-        if isinstance(obj, torch.nn.Module):
-            return {"$module": {k: self(v) for k, v in obj.state_dict().items()}}
         if isinstance(obj, random.Random):
             return {"$random": self(obj.getstate())}
         if isinstance(obj, np.random.Generator):
@@ -80,38 +69,20 @@ class _Encoder:
         if isinstance(obj, (set, frozenset)):
             return {"$set": [self(v) for v in sorted(obj, key=repr)], "frozen": isinstance(obj, frozenset)}
         cls = type(obj)
-        path = f"{cls.__module__}:{cls.__qualname__}"
-        if not path.startswith(ALLOWED_PACKAGES):
-            raise TypeError(f"cannot checkpoint a {path} (only the project's own classes)")
-        fields = (
-            {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-            if dataclasses.is_dataclass(obj)
-            else vars(obj)
+        raise TypeError(
+            f"cannot checkpoint a {cls.__module__}.{cls.__qualname__}: a state() holds plain values (numbers, "
+            "strings, lists, dicts, numpy arrays, random generators), and restore() rebuilds objects from them"
         )
-        return {"$object": path, "fields": {k: self(v) for k, v in fields.items() if k not in self.skip}}
 
 
-def to_tree(obj: Any, skip: Iterable[str] = ()) -> tuple[Any, dict[str, np.ndarray]]:
-    """(JSON-able tree, arrays) of ``obj``; attributes named in ``skip`` are left out of every object."""
-    enc = _Encoder(skip)
+def to_tree(obj: Any) -> tuple[Any, dict[str, np.ndarray]]:
+    """(JSON-able tree, arrays) of the plain data ``obj``."""
+    enc = _Encoder()
     return enc(obj), enc.arrays
 
 
-def _resolve(path: str) -> type:
-    if not path.startswith(ALLOWED_PACKAGES):
-        raise CheckpointError(f"checkpoint names a class outside the project: {path}")
-    module, _, name = path.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, type):
-        raise CheckpointError(f"{path} is not a class")
-    return obj
-
-
 def from_tree(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
-    """Rebuild what :func:`to_tree` encoded (torch modules come back as their state dicts)."""
-    import torch
+    """Rebuild what :func:`to_tree` encoded."""
 
     def dec(t: Any) -> Any:
         if isinstance(t, list):
@@ -126,10 +97,6 @@ def from_tree(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
             return float(t["$float"])
         if "$scalar" in t:
             return np.dtype(t["$scalar"]).type(dec(t["v"]))
-        if "$tensor" in t:
-            return torch.from_numpy(np.array(dec(t["$tensor"])))
-        if "$module" in t:
-            return {"$module": {k: torch.as_tensor(dec(v)) for k, v in t["$module"].items()}}
         if "$random" in t:
             r = random.Random()
             r.setstate(_tuples(dec(t["$random"])))
@@ -146,12 +113,6 @@ def from_tree(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
         if "$set" in t:
             items = [dec(v) for v in t["$set"]]
             return frozenset(items) if t.get("frozen") else set(items)
-        if "$object" in t:
-            cls = _resolve(t["$object"])
-            obj = cls.__new__(cls)
-            for k, v in t["fields"].items():
-                object.__setattr__(obj, k, dec(v))
-            return obj
         raise CheckpointError(f"unknown node in the checkpoint tree: {sorted(t)[:3]}")
 
     return dec(tree)
@@ -159,19 +120,6 @@ def from_tree(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
 
 def _tuples(x: Any) -> Any:
     return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-def restore_into(target: Any, saved: dict[str, Any]) -> None:
-    """Put saved attributes back into a freshly built object: torch modules load their state dicts in place,
-    everything else is assigned."""
-    import torch
-
-    for name, value in saved.items():
-        current = getattr(target, name, None)
-        if isinstance(current, torch.nn.Module) and isinstance(value, dict) and "$module" in value:
-            current.load_state_dict(value["$module"])
-        else:
-            setattr(target, name, value)
 
 
 # ---------------------------------------------------------------------------------------------- files
@@ -236,8 +184,14 @@ def load_checkpoint(folder: str | Path) -> tuple[int, Any, dict[str, Any]]:
     version = doc.get("format-version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise CheckpointError(
-            f"checkpoint {current} has format version {version!r}; this pflower reads versions up "
-            f"to {FORMAT_VERSION} (a newer pflower wrote it)"
+            f"checkpoint {current} has format version {version!r}; this pflower reads version "
+            f"{FORMAT_VERSION} (a newer pflower wrote it)"
+        )
+    if version < FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {current} has format version {version}, written by an older pflower that saved the "
+            f"strategy's attributes; this pflower reads version {FORMAT_VERSION} (each method's declared state) "
+            "and cannot resume it: finish the run with the pflower that started it, or start it again"
         )
     if _sha256(arr_path) != doc.get("arrays-sha256"):
         raise CheckpointError(f"checkpoint {arr_path} does not match its recorded SHA-256 (truncated or replaced)")

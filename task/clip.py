@@ -1,6 +1,6 @@
 """CLIP encoders for Client2Vec, offline: open_clip models (local weights or random init) and a synthetic one.
 
-Client2Vec (spec client2vec.md §2.1) embeds every training image with CLIP's image encoder and every label
+Client2Vec (client2vec.md §2.1) embeds every training image with CLIP's image encoder and every label
 as the text prompt "A photo of a/an {class}" with CLIP's text encoder.  Nothing is downloaded here:
 
 - ``open-clip`` encoder: any open_clip architecture (``c2v-clip-model``; ``pflower-tiny`` is a 3.4M-parameter
@@ -12,12 +12,12 @@ as the text prompt "A photo of a/an {class}" with CLIP's text encoder.  Nothing 
 - ``synthetic`` encoder: a fixed random projection of the pixels and a seeded Gaussian vector per prompt
   (seeded with hashlib, not ``hash()``, which differs between processes).  Random CLIP text towers map
   prompts that differ in one word to strongly correlated vectors, which blurs the label half of the index;
-  the synthetic encoder keeps class prompts distinct and is what the spec's CPU reproduction uses.
+  the synthetic encoder keeps class prompts distinct and is what the CPU reproduction (client2vec.md §8) uses.
 
 Embeddings of a client's training split are computed once and cached on disk (``.npy``, keyed by the
 encoder and the data settings), so CLIP runs once per client, not once per round.
 
-See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/client2vec.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations

@@ -237,7 +237,7 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         if f.name not in ("method", "data", "model", "options", "raw") and hasattr(run, f.name)
     }
     settings = Settings(method=run.method, data=data, model=model, options=options, raw=dict(cfg), **common)
-    problems = data_conflicts(run) + options.conflicts(settings)
+    problems = data_conflicts(run) + options.conflicts(settings) + (spec.conflicts(settings) if spec.conflicts else [])
     if problems:
         raise ConfigConflict("; ".join(problems))
     return settings

@@ -1,16 +1,16 @@
-"""DSA-IGN, Client2Vec's index generation network, its four losses and the client index (spec §2.2-2.5).
+"""DSA-IGN, Client2Vec's index generation network, its four losses and the client index (client2vec.md §2.2-2.5).
 
 The network splits a CLIP image embedding D (N, 512) into a label-aligned data encoding Z and a sample
 feature index U: I = [D, D] is cut into 32 tokens of width 32, passed through a 3-layer transformer
 encoder, and the output's first half is Z, its second half U; a linear 1024 -> 512 projection
 reconstructs D from [Z, U].  The paper has no positional embedding, which makes tokens k and k + 16
 identical and therefore Z == U exactly in eval mode; a learnable positional embedding (``pos_emb``) fixes
-it (spec §2.3 / A3), and can be switched off to demonstrate the collapse.
+it (client2vec.md §2.3 / A3), and can be switched off to demonstrate the collapse.
 
 Everything here is plain torch with no Flower dependency, used by the server (Global mode training) and
 by the clients (Federated mode training and the index itself).
 
-See docs/methods/client2vec.md; its last section maps the "spec §" numbers cited here.
+See docs/methods/client2vec.md; its last section says where each section number cited here is explained.
 """
 
 from __future__ import annotations

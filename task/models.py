@@ -10,7 +10,8 @@ normalisation layers with :func:`norm_keys` (a model) or :func:`model_norm_keys`
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,7 +42,8 @@ def _flat_dim(body: nn.Module, in_channels: int, image_size: int) -> int:
 
 
 class SmallCNN(SplitModel):
-    """FedCAC spec §8 CNN for digits: conv3x3(16, no bias)-BN-ReLU-conv3x3(32, no bias)-BN-ReLU-maxpool2-FC64-FC.
+    """FedCAC's CNN for digits (fedcac.md §8): conv3x3(16, no bias)-BN-ReLU-conv3x3(32, no bias)-BN-ReLU-maxpool2-
+    FC64-FC.
 
     38,330 parameters on 8x8 inputs.  Larger inputs are average-pooled to 4x4 after the max-pool, so the
     same architecture serves 28x28 (MNIST-like) and 32x32 images.
@@ -120,7 +122,7 @@ class LeNet(SplitModel):
 
 
 class C2ISmall(SplitModel):
-    """FedC2I spec §8 CPU-sized version of the Table 7 CNN: conv5(16)-pool-conv5(32)-pool-FC120-FC84-FC."""
+    """FedC2I's CPU-sized version of the Table 7 CNN (fedc2i.md §8): conv5(16)-pool-conv5(32)-pool-FC120-FC84-FC."""
 
     def __init__(self, in_channels: int, image_size: int, num_classes: int) -> None:
         super().__init__()
@@ -143,7 +145,7 @@ class C2ISmall(SplitModel):
 
 
 class PIFLCNN(SplitModel):
-    """PI-FL spec §4 CNN: conv3(32)-conv3(64)-pool-conv3(64,pad1)-pool-dropout-FC128-dropout-FC."""
+    """PI-FL's CNN (pifl.md §4): conv3(32)-conv3(64)-pool-conv3(64,pad1)-pool-dropout-FC128-dropout-FC."""
 
     def __init__(self, in_channels: int, image_size: int, num_classes: int) -> None:
         super().__init__()
@@ -348,9 +350,53 @@ def norm_keys(model: nn.Module) -> list[str]:
     return [k for k in model.state_dict() if k in owned]
 
 
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a strategy needs to know about a model, without building one: its state keys in ``state_dict``
+    order with their shapes and dtypes, which keys are trained parameters and which buffers, which belong to
+    normalisation layers, the body / head split and the feature width the head consumes."""
+
+    shapes: Mapping[str, tuple[int, ...]]
+    dtypes: Mapping[str, str]
+    parameter_keys: tuple[str, ...]
+    norm_keys: tuple[str, ...]
+    feature_dim: int
+
+    @property
+    def keys(self) -> list[str]:
+        """Every state key (parameters and buffers), in ``state_dict`` order."""
+        return list(self.shapes)
+
+    @property
+    def buffer_keys(self) -> list[str]:
+        """The keys that are not trained parameters (BatchNorm statistics and counters)."""
+        params = set(self.parameter_keys)
+        return [k for k in self.shapes if k not in params]
+
+    @property
+    def head_keys(self) -> list[str]:
+        return [k for k in self.shapes if k.startswith(HEAD_PREFIX)]
+
+    @property
+    def body_keys(self) -> list[str]:
+        return [k for k in self.shapes if not k.startswith(HEAD_PREFIX)]
+
+
+def describe(model: nn.Module) -> ModelInfo:
+    """The :class:`ModelInfo` of a built model (on any device, torch's ``meta`` device included)."""
+    state = model.state_dict()
+    return ModelInfo(
+        shapes={k: tuple(v.shape) for k, v in state.items()},
+        dtypes={k: str(v.dtype).removeprefix("torch.") for k, v in state.items()},
+        parameter_keys=tuple(name for name, _ in model.named_parameters()),
+        norm_keys=tuple(norm_keys(model)),
+        feature_dim=int(model.head.in_features),
+    )
+
+
 @functools.lru_cache(maxsize=32)
-def model_norm_keys(name: str, in_channels: int, image_size: int, num_classes: int) -> tuple[str, ...]:
-    """:func:`norm_keys` of model ``name`` as :func:`build_model` builds it for these inputs, learnt without
+def model_info(name: str, in_channels: int, image_size: int, num_classes: int) -> ModelInfo:
+    """The :class:`ModelInfo` of model ``name`` as :func:`build_model` builds it for these inputs, learnt without
     making its weights: the architecture is instantiated on torch's ``meta`` device (no memory, no random draws,
     no pretrained weights read)."""
     with torch.device("meta"):
@@ -361,7 +407,12 @@ def model_norm_keys(name: str, in_channels: int, image_size: int, num_classes: i
             model: nn.Module = CausalLM(cfg.vocab_size, in_channels, cfg.n_embd, cfg.n_layer, cfg.n_head)
         else:
             model = build_model(name, in_channels, image_size, num_classes)
-    return tuple(norm_keys(model))
+    return describe(model)
+
+
+def model_norm_keys(name: str, in_channels: int, image_size: int, num_classes: int) -> tuple[str, ...]:
+    """:func:`norm_keys` of model ``name`` for these inputs (:func:`model_info`)."""
+    return model_info(name, in_channels, image_size, num_classes).norm_keys
 
 
 def count_parameters(model: nn.Module) -> int:

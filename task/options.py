@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 T = TypeVar("T", bound="OptionSet")
 
@@ -29,6 +30,8 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[str, ...] | None = None
+    #: old spellings still accepted (with a deprecation warning): old value -> the choice it now is
+    aliases: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def kind(self) -> type:
@@ -48,8 +51,18 @@ class Option:
             return f"{what} <= {self.maximum:g}"
         return what
 
-    def convert(self, value: Any) -> Any:
-        """``value`` as this option's type, or ValueError naming the key, the value and what is allowed."""
+    def convert(self, value: Any, warn: bool = True) -> Any:
+        """``value`` as this option's type, or ValueError naming the key, the value and what is allowed.  A
+        deprecated spelling (:attr:`aliases`) becomes its new name, with a ``FutureWarning`` unless ``warn`` is
+        false."""
+        if isinstance(value, str) and value in self.aliases:
+            if warn:
+                warnings.warn(
+                    f"run-config key {self.key!r}: {value!r} is deprecated, use {self.aliases[value]!r}",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+            value = self.aliases[value]
         bad = ValueError(f"run-config key {self.key!r} must be {self.allowed()}, got {value!r} ({self.help})")
         kind = self.kind
         if kind is bool:
@@ -80,9 +93,12 @@ def option(
     minimum: float | None = None,
     maximum: float | None = None,
     choices: tuple[str, ...] | None = None,
+    aliases: Mapping[str, str] | None = None,
 ) -> Any:
     """A dataclass field bound to run-config ``key``."""
-    opt = Option(key, default, help, minimum, maximum, choices)
+    opt = Option(key, default, help, minimum, maximum, choices, dict(aliases or {}))
+    if choices is not None and not set(opt.aliases.values()) <= set(choices):
+        raise ValueError(f"aliases of {key!r} must name allowed values {list(choices)}, got {opt.aliases}")
     opt.convert(default)  # a declaration whose default breaks its own rule is a bug
     return dataclasses.field(default=default, metadata={"option": opt})
 
@@ -94,9 +110,6 @@ class ConfigConflict(ValueError):
 @dataclass(frozen=True)
 class OptionSet:
     """Base of every option set: parse, declared keys, cross-key conflicts."""
-
-    #: keys whose value a method fixes (e.g. PI-FL(NI) has no incentive); set per registry entry
-    fixed: ClassVar[Mapping[str, Any]] = {}
 
     @classmethod
     def declared(cls) -> dict[str, Option]:

@@ -1,5 +1,5 @@
 """Next-word prediction on synthetic "dialects" (pFedLIA's text task, stand-in for the paper's Nordic OSCAR
-corpus; spec pfedlia §4 / §8); the model is :class:`task.models.CausalLM` (a transformers GPT-2 config).
+corpus; pfedlia.md §4 / §8); the model is :class:`task.models.CausalLM` (a transformers GPT-2 config).
 
 The language: a fixed vocabulary of pseudo-words (made from syllables, independent of the run's seed) and a
 word-level Markov chain.  Dialect l follows P_l = (1 - mix) P_base + mix P'_l: every dialect shares the base

@@ -67,7 +67,7 @@ def train(
         return {"train-loss": 0.0, "train-acc": 0.0, "steps": 0}
     if optimizer == "sgd":
         opt = torch.optim.SGD(trainable, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    elif optimizer == "adam":  # a fresh optimizer every call (FedC2I spec §6.19)
+    elif optimizer == "adam":  # a fresh optimizer every call (fedc2i.md §6.19)
         opt = torch.optim.Adam(trainable, lr=lr, weight_decay=weight_decay)
     else:
         raise ValueError(f"unknown optimizer {optimizer!r} (run-config key 'optimizer'); allowed: ['sgd', 'adam']")

@@ -35,7 +35,7 @@ _ids = itertools.count(1)
 
 class OutgoingMessage:
     """Stands in for ``flwr.app.Message`` on the way out: a Flower Message can only be made inside a running
-    app (it reads the task identity), so unit tests patch ``strategies.base.Message`` with this."""
+    app (it reads the task identity), so unit tests patch ``strategies.exchange.Message`` with this."""
 
     def __init__(self, content: RecordDict, message_type: str, dst_node_id: int) -> None:
         self.content = content
@@ -44,7 +44,7 @@ class OutgoingMessage:
 
 def outgoing_messages():
     """Context manager: the strategies build :class:`OutgoingMessage` s instead of Flower Messages."""
-    return mock.patch("strategies.base.Message", OutgoingMessage)
+    return mock.patch("strategies.exchange.Message", OutgoingMessage)
 
 
 def reply_message(src: int, content: RecordDict | None = None, error: str | None = None) -> Any:
@@ -98,12 +98,18 @@ def phase_of(message: Any) -> str:
     return kind.split(".", 1)[1] if kind.startswith("query.") else kind
 
 
+def shared_arrays(strategy) -> ArrayRecord:
+    """What Flower's loop hands the strategy's phases: the shared model (``start``'s ``initial_arrays``, then
+    what ``aggregate_train`` returned, which is the same record)."""
+    return to_record(strategy.global_state) if strategy.global_state else ArrayRecord()
+
+
 def run_round(strategy, grid: ReplayGrid, server_round: int) -> None:
     """One round exactly as Flower's ``Strategy.start`` drives it."""
-    train = grid.send_and_receive(strategy.configure_train(server_round, ArrayRecord(), ConfigRecord(), grid))
-    strategy.aggregate_train(server_round, train)
-    evaluate = grid.send_and_receive(strategy.configure_evaluate(server_round, ArrayRecord(), ConfigRecord(), grid))
-    strategy.aggregate_evaluate(server_round, evaluate)
+    messages = strategy.configure_train(server_round, shared_arrays(strategy), ConfigRecord(), grid)
+    arrays, _ = strategy.aggregate_train(server_round, grid.send_and_receive(messages))
+    messages = strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
+    strategy.aggregate_evaluate(server_round, grid.send_and_receive(messages))
 
 
 # ---------------------------------------------------------------------------------------------- valid replies
@@ -306,7 +312,17 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
 
 
 # ---------------------------------------------------------------------------------------------- state
-_IGNORED = {"failures", "_outbox", "_t0", "_round_start", "settings", "results_dir", "_server_set", "_holdouts"}
+_IGNORED = {
+    "failures",
+    "_outbox",
+    "_t0",
+    "_round_start",
+    "settings",
+    "results_dir",
+    "_server_set",
+    "_holdouts",
+    "spec_of",
+}
 
 
 def _volatile(key: Any) -> bool:

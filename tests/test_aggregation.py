@@ -1,7 +1,5 @@
 """Aggregation rules and reply validation of the baseline strategies, on hand-made arrays."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
@@ -18,7 +16,7 @@ def strategy(method, **cfg):
 
 def update(strat, node, value, n, keys=None):
     keys = strat.shared_keys() if keys is None else keys
-    arrays = {k: np.full(strat.shapes[k], value, dtype=np.float32) for k in keys}
+    arrays = {k: np.full(strat.model_info.shapes[k], value, dtype=np.float32) for k in keys}
     return Reply(node, node, n, {"num-examples": n, "partition-id": node}, {"arrays": arrays})
 
 
@@ -37,7 +35,7 @@ def test_weighted_average_by_hand():
 def test_fedavg_averages_everything_by_examples():
     s = strategy("fedavg")
     s.aggregate(1, [update(s, 1, 1.0, 10), update(s, 2, 4.0, 30)])
-    assert set(s.global_state) == set(s.all_keys)
+    assert set(s.global_state) == set(s.model_info.keys)
     np.testing.assert_allclose(s.global_state["head.weight"], 3.25)
     np.testing.assert_allclose(s.global_state["conv.0.weight"], 3.25)
 
@@ -45,7 +43,9 @@ def test_fedavg_averages_everything_by_examples():
 @pytest.mark.parametrize("method", ["fedper", "fedrep"])
 def test_fedper_family_shares_only_the_body(method):
     s = strategy(method)
-    assert set(s.shared_keys()) == set(s.body_keys) and not set(s.shared_keys()) & set(s.head_keys)
+    assert set(s.shared_keys()) == set(s.model_info.body_keys) and not set(s.shared_keys()) & set(
+        s.model_info.head_keys
+    )
     s.aggregate(1, [update(s, 1, 0.0, 1), update(s, 2, 2.0, 1)])
     assert "head.weight" not in s.global_state
     np.testing.assert_allclose(s.global_state["fc.weight"], 1.0)
@@ -53,14 +53,14 @@ def test_fedper_family_shares_only_the_body(method):
 
 def test_local_shares_nothing():
     s = strategy("local")
-    assert s.shared_keys() == [] and s.expected_reply_shapes(1) == {}
-    assert len(s.train_payload(1, 1)) == 0
+    assert s.shared_keys() == [] and "arrays" not in s.reply_spec("train", 1).records
+    assert len(s.payload(1, 1, "train")) == 0
 
 
 @pytest.mark.parametrize("method", ["fedrod", "ditto", "fedprox"])
 def test_global_model_methods_share_the_whole_model(method):
     s = strategy(method)
-    assert set(s.shared_keys()) == set(s.all_keys)
+    assert set(s.shared_keys()) == set(s.model_info.keys)
 
 
 def content_with(arrays, n=10, pid=0):
@@ -72,31 +72,35 @@ def content_with(arrays, n=10, pid=0):
     )
 
 
+def reply_shapes(s):
+    return {k: s.model_info.shapes[k] for k in s.shared_keys()}
+
+
 def good_arrays(s):
-    return {k: np.zeros(shape, dtype=s.initial_state[k].dtype) for k, shape in s.expected_reply_shapes(0).items()}
+    return {k: np.zeros(shape, dtype=s.initial_state[k].dtype) for k, shape in reply_shapes(s).items()}
 
 
 def test_reply_validation_rejects_and_logs():
     s = strategy("fedavg")
     seen = set()
-    ok = s.check_reply(1, 11, content_with(good_arrays(s), pid=1), "train", seen)
+    ok = s.gate.check(1, 11, content_with(good_arrays(s), pid=1), "train", seen)
     assert ok is not None and ok.num_examples == 10 and ok.client == 1
     # duplicate
-    assert s.check_reply(1, 11, content_with(good_arrays(s), pid=1), "train", seen) is None
+    assert s.gate.check(1, 11, content_with(good_arrays(s), pid=1), "train", seen) is None
     # NaN
     bad = good_arrays(s)
     bad["head.bias"][0] = np.nan
-    assert s.check_reply(1, 12, content_with(bad, pid=2), "train", seen) is None
+    assert s.gate.check(1, 12, content_with(bad, pid=2), "train", seen) is None
     # wrong shape
     bad = good_arrays(s)
     bad["head.weight"] = np.zeros((3, 3), np.float32)
-    assert s.check_reply(1, 13, content_with(bad, pid=3), "train", seen) is None
+    assert s.gate.check(1, 13, content_with(bad, pid=3), "train", seen) is None
     # missing key
     bad = good_arrays(s)
     del bad["head.bias"]
-    assert s.check_reply(1, 14, content_with(bad, pid=4), "train", seen) is None
+    assert s.gate.check(1, 14, content_with(bad, pid=4), "train", seen) is None
     # bad num-examples
-    assert s.check_reply(1, 15, content_with(good_arrays(s), n=-3, pid=5), "train", seen) is None
+    assert s.gate.check(1, 15, content_with(good_arrays(s), n=-3, pid=5), "train", seen) is None
     reasons = [f["reason"] for f in s.failures]
     assert reasons[0] == "duplicate reply from the same node"
     assert "non-finite" in reasons[1] and "head.bias" in reasons[1]
@@ -113,14 +117,14 @@ def test_a_rejected_reply_does_not_touch_the_global_model():
         k: np.full(shape, np.nan, s.initial_state[k].dtype)
         if s.initial_state[k].dtype.kind == "f"
         else np.zeros(shape, s.initial_state[k].dtype)
-        for k, shape in s.expected_reply_shapes(0).items()
+        for k, shape in reply_shapes(s).items()
     }
-    good = {k: np.ones(shape, s.initial_state[k].dtype) for k, shape in s.expected_reply_shapes(0).items()}
+    good = {k: np.ones(shape, s.initial_state[k].dtype) for k, shape in reply_shapes(s).items()}
     ups = [
         u
         for u in (
-            s.check_reply(1, 1, content_with(bad, pid=1), "train", seen),
-            s.check_reply(1, 2, content_with(good, pid=2), "train", seen),
+            s.gate.check(1, 1, content_with(bad, pid=1), "train", seen),
+            s.gate.check(1, 2, content_with(good, pid=2), "train", seen),
         )
         if u
     ]
@@ -131,29 +135,21 @@ def test_a_rejected_reply_does_not_touch_the_global_model():
     assert not np.allclose(before["head.weight"], 1.0)
 
 
-def _sent(node, message_id):  # the metadata of a sent message, as the grid leaves it after pushing
-    return SimpleNamespace(dst_node_id=node, message_id=message_id)
-
-
-def _error_reply(src, reply_to, reason="Error: Node Unavailable"):
-    return SimpleNamespace(
-        metadata=SimpleNamespace(src_node_id=src, reply_to_message_id=reply_to),
-        has_error=lambda: True,
-        error=SimpleNamespace(reason=reason),
+def test_the_accuracy_before_aggregation_is_fedcacs_own_metric():
+    reply = RecordDict(
+        {
+            "metrics": MetricRecord(
+                {
+                    "num-examples": 10,
+                    "partition-id": 0,
+                    "personal-acc": 0.5,
+                    "personal-loss": 1.0,
+                    "before-agg-acc": 0.7,
+                }
+            )
+        }
     )
-
-
-def test_lost_and_silent_nodes_are_recorded_under_their_own_ids():
-    # node 7 crashed: the SuperLink answers for it (source id 1); node 9 never answers within the time limit;
-    # node 8 replies with its own error
-    s = strategy("fedavg")
-    s._outbox[(3, "train")] = [_sent(7, "m7"), _sent(8, "m8"), _sent(9, "m9")]
-    replies = [_error_reply(1, "m7"), _error_reply(8, "m8", "client raised ValueError")]
-    seen: set[int] = set()
-    assert all(s.validate_reply(3, r, "train", seen) is None for r in replies)
-    s.record_silent(3, "train", replies, 120.0)
-    got = {(f["node-id"], f["phase"]): f["reason"] for f in s.failures}
-    assert set(got) == {(7, "train"), (8, "train"), (9, "train")}
-    assert "Node Unavailable" in got[(7, "train")] and "ValueError" in got[(8, "train")]
-    assert got[(9, "train")] == "no reply within 120 s (round-timeout)"
-    assert (3, "train") not in s._outbox  # the sent messages are not kept after the round
+    fedavg, fedcac = strategy("fedavg"), strategy("fedcac")
+    assert "before-agg-acc" not in fedavg.gate.check(1, 3, reply, "evaluate", set()).metrics  # never exposed
+    assert fedcac.gate.check(1, 3, reply, "evaluate", set()).metrics["before-agg-acc"] == 0.7
+    assert not fedcac.reply_spec("evaluate", 3).metrics["before-agg-acc"].required  # first contact has none

@@ -19,9 +19,9 @@ LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
 def states():
     """The common initial mlp and a copy fitted to digits 0-4 ("low") and to 5-9 ("high")."""
     c = client("fedavg", client_data(LOW))
-    init = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
-    low = trained_state(c.fresh_model(), *digits_of(LOW, 30, 0))
-    high = trained_state(c.fresh_model(), *digits_of(HIGH, 30, 0))
+    init = {k: v.detach().clone() for k, v in c.reset_model().state_dict().items()}
+    low = trained_state(c.reset_model(), *digits_of(LOW, 30, 0))
+    high = trained_state(c.reset_model(), *digits_of(HIGH, 30, 0))
     return init, low, high
 
 
@@ -35,7 +35,7 @@ def as_torch(rec):
 
 
 def acc_of(c, state, split="test"):
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state, strict=False)
     return evaluate(model, getattr(c.data, f"x_{split}"), getattr(c.data, f"y_{split}"))
 
@@ -146,7 +146,7 @@ def test_fedrod_shares_the_generic_model_and_keeps_a_personal_head(states):
     assert sorted(phead) == ["bias", "weight"] and float(phead["weight"].abs().sum()) > 0  # trained from zeros
     # evaluation: personalized = generic logits + personal head; global = generic model alone
     ev = client("fedrod", data, ctx=ctx).evaluate(arrays(generic))["metrics"]
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(generic)
     with torch.no_grad():
         z = model.features(data.x_test)

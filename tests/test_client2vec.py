@@ -1,4 +1,4 @@
-"""Client2Vec unit tests (spec client2vec.md §7): DSA-IGN, losses, index, sampler, aggregation, local loss, encoders."""
+"""Client2Vec unit tests (client2vec.md §7): DSA-IGN, losses, index, sampler, aggregation, local loss, encoders."""
 
 import numpy as np
 import pytest
@@ -346,7 +346,7 @@ def test_strategy_rejects_bad_index_replies_with_a_reason():
         }
     )
     for nid, content in ((1, bad_shape), (2, nan), (3, no_n)):
-        assert strat.check_reply(1, nid, content, "c2v_index", set()) is None
+        assert strat.gate.check(1, nid, content, "c2v_index", set()) is None
     reasons = [f["reason"] for f in strat.failures]
     assert "'beta_f' has shape (7,)" in reasons[0] and "non-finite" in reasons[1] and "num-examples" in reasons[2]
     assert strat.client_of == {}  # nothing of a rejected reply is kept

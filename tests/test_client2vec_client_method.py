@@ -1,4 +1,4 @@
-"""What the Client2Vec client must do (spec client2vec §2.1, §2.2, §2.5, §2.8, §2.9), with the synthetic
+"""What the Client2Vec client must do (client2vec.md §2.1, §2.2, §2.5, §2.8, §2.9), with the synthetic
 encoder so every embedding can be recomputed here independently."""
 
 import numpy as np
@@ -121,7 +121,7 @@ def start():
     g = torch.Generator().manual_seed(11)
     return {
         k: (v.detach() + 0.1 * torch.randn(v.shape, generator=g)) if v.is_floating_point() else v.detach().clone()
-        for k, v in c.fresh_model().state_dict().items()
+        for k, v in c.reset_model().state_dict().items()
     }
 
 
@@ -224,7 +224,7 @@ def test_evaluate_scores_the_main_model_and_ignores_the_projection(start, cfg):
     assert with_aux["personal-loss"] == pytest.approx(without["personal-loss"]) == with_aux["global-loss"]
     from task.train import evaluate
 
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(start)
     loss, acc = evaluate(model, data.x_test, data.y_test)
     assert without["personal-loss"] == pytest.approx(loss) and without["personal-acc"] == pytest.approx(acc)
@@ -244,7 +244,7 @@ def test_index_phase_replies_report_their_work_as_method_time(cfg):
 
 def test_embedding_upload_is_reproducible_and_embeddings_are_cached_in_the_configured_folder(cfg, tmp_path):
     """A run is reproducible from its run config (DESIGN): the same node uploads the same pairs; the CLIP embeddings
-    are cached on disk in ``c2v-cache-dir`` (spec §2.1)."""
+    are cached on disk in ``c2v-cache-dir`` (client2vec.md §2.1)."""
     data = client_data(HIGH, n=4)
     first = record_to_numpy(client("client2vec", data, **cfg).query("c2v_embed", RecordDict())["arrays"])
     assert list(tmp_path.glob("*.npz"))  # written where the option says
@@ -254,8 +254,9 @@ def test_embedding_upload_is_reproducible_and_embeddings_are_cached_in_the_confi
 
 
 def test_open_clip_index_uses_the_configured_model_weights_and_normalisation(cfg, tmp_path):
-    """Spec §2.1 / A1-A2: D is the configured open_clip model's image embedding, L2-normalised with c2v-normalize; a
-    missing checkpoint is an error naming c2v-clip-weights, never a silent fallback to random weights."""
+    """client2vec.md §2.1 / A1-A2: D is the configured open_clip model's image embedding, L2-normalised with
+    c2v-normalize; a missing checkpoint is an error naming c2v-clip-weights, never a silent fallback to random
+    weights."""
     from task.clip import OpenClipEncoder
 
     data = client_data(HIGH, n=2)
@@ -273,8 +274,8 @@ def test_open_clip_index_uses_the_configured_model_weights_and_normalisation(cfg
 
 
 def test_federated_dsa_ign_reply_is_the_local_update_and_its_last_epochs_loss(cfg):
-    """Federated mode (spec §2.5): the sent network trains c2v-ign-local-epochs epochs of Adam at c2v-ign-lr on all
-    local pairs, and ``ign-loss`` is the mean DSA-IGN loss of the LAST epoch.  20 pairs in one
+    """Federated mode (client2vec.md §2.5): the sent network trains c2v-ign-local-epochs epochs of Adam at c2v-ign-lr on
+    all local pairs, and ``ign-loss`` is the mean DSA-IGN loss of the LAST epoch.  20 pairs in one
     batch of 32: the epochs are the same batch whatever the shuffling, so an independent run reproduces them."""
     from task.dsa_ign import train_dsa_ign
 
@@ -322,7 +323,7 @@ def test_trained_acc_is_the_returned_models_test_accuracy(start, cfg):
 
     data = client_data(HIGH)
     reply = client("client2vec", data, **cfg).train(train_content(start, BETA))
-    model = client("client2vec", data, **cfg).fresh_model()
+    model = client("client2vec", data, **cfg).reset_model()
     model.load_state_dict({k: v for k, v in as_torch(reply["arrays"]).items() if not k.startswith("c2v.")})
     assert reply["metrics"]["trained-acc"] == pytest.approx(evaluate(model, data.x_test, data.y_test)[1])
 
@@ -345,9 +346,9 @@ def test_moon_base_is_the_moon_client_round_after_round(start, cfg):
     "w, normalize, mean, detach, dtype", [(1.0, True, False, True, np.float32), (2.0, False, True, False, np.float64)]
 )
 def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, detach, dtype):
-    """Spec §2.8, Eq. 4: one full-batch SGD step on CE(h(z), y) + w * (L_orth(P z, B_f) + KL(h || h_P)) over the
-    model AND P, h_P (local_regulariser, with c2v-orth-normalize / -orth-mean-over-clients / -dist-detach as set),
-    from the received global model; B_f is read as float32 whatever precision it arrives in."""
+    """client2vec.md §2.8, Eq. 4: one full-batch SGD step on CE(h(z), y) + w * (L_orth(P z, B_f) + KL(h || h_P))
+    over the model AND P, h_P (local_regulariser, with c2v-orth-normalize / -orth-mean-over-clients /
+    -dist-detach as set), from the received global model; B_f is read as float32 whatever precision it arrives in."""
     from client_app.client2vec_math import local_regulariser
 
     data = client_data(HIGH)
@@ -365,7 +366,7 @@ def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, detach, dtyp
     }
     c = client("client2vec", data, **run)
     got = as_torch(c.train(train_content(start, BETA.astype(dtype)))["arrays"])
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(start)
     aux = build_aux(64, 512, 10, 3)
     z = model.features(data.x_train)
@@ -389,7 +390,7 @@ def test_sent_projection_modules_must_be_complete(start, cfg):
 def test_a_nodes_file_read_with_other_data_settings_is_encoded_again(cfg, tmp_path):
     """The embedding cache is keyed by the data settings and partition as well as by a node's own file: the same,
     unchanged file read with another training split (here: another val-fraction) must not be served the embeddings
-    cached for the other split (spec §2.1: D are the embeddings of the client's training split)."""
+    cached for the other split (client2vec.md §2.1: D are the embeddings of the client's training split)."""
     a, b = client_data(LOW, n=4), client_data(HIGH, n=4)
     path = tmp_path / "node.npz"
     np.savez(path, x=a.x_train.numpy(), y=a.y_train.numpy())
@@ -404,7 +405,7 @@ def test_a_nodes_file_read_with_other_data_settings_is_encoded_again(cfg, tmp_pa
 def _dead_features_and_train_acc(c, content, x):
     reply = c.train(content)
     state = {k: v for k, v in as_torch(reply["arrays"]).items() if not k.startswith("c2v.")}
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     model.eval()
     with torch.no_grad():
@@ -434,7 +435,7 @@ def test_case_study_iii_at_the_users_defaults_trains_like_the_base_algorithm(cfg
     data = client_data(list(range(10)), n=20)
     rng = np.random.default_rng(0)
     beta = (rng.normal(size=512) + 0.02 * rng.normal(size=(10, 512))).astype(np.float32)
-    init = client("client2vec", data, **run).fresh_model().state_dict()
+    init = client("client2vec", data, **run).reset_model().state_dict()
     dead_plain, acc_plain = _dead_features_and_train_acc(
         client("client2vec", data, **run), train_content(init), data.x_train
     )

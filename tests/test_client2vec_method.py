@@ -1,4 +1,4 @@
-"""What Client2Vec's client-side losses must compute (spec client2vec §2.8, MOON), against explicit formulas."""
+"""What Client2Vec's client-side losses must compute (client2vec.md §2.8, MOON), against explicit formulas."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""What Client2Vec's server must do (spec client2vec §2.6, §2.7): index similarity, Eq. 1 sampling with the
+"""What Client2Vec's server must do (client2vec.md §2.6, §2.7): index similarity, Eq. 1 sampling with the
 exclusion window, Eq. 3 aggregation weights, late joiners.  Expectations are computed here from the
 formulas, with plain loops."""
 
@@ -228,7 +228,7 @@ def test_weights_use_history_with_the_index_and_sample_counts_without():
 
 
 def test_exactly_k_eligible_clients_are_all_drawn_and_the_window_stays():
-    """Spec §2.6: clients drawn in the last W rounds get p = 0; with M = 6 and |C| = 3 (W = 1) exactly K = 3
+    """client2vec.md §2.6: clients drawn in the last W rounds get p = 0; with M = 6 and |C| = 3 (W = 1) exactly K = 3
     clients remain eligible, enough for the draw, so the cohort must be exactly those three, whatever the seed."""
     for seed in range(5):
         s = state(6, seed=seed)
@@ -239,7 +239,7 @@ def test_exactly_k_eligible_clients_are_all_drawn_and_the_window_stays():
 
 
 def test_a_lifted_window_still_draws_only_connected_clients():
-    """Spec §2.6 with dropouts: when too few eligible clients are connected the window is lifted, but a client
+    """client2vec.md §2.6 with dropouts: when too few eligible clients are connected the window is lifted, but a client
     that is not connected can still not be drawn (it would never answer)."""
     for seed in range(10):
         s = state(10, seed=seed)
@@ -253,8 +253,8 @@ def test_a_lifted_window_still_draws_only_connected_clients():
 
 
 def test_a_lifted_window_keeps_eq1_towards_the_last_cohort():
-    """Spec §2.6, Eq. 1: lifting the window drops only the exclusion, not the similarity weighting.  Clients 0 and
-    1 (the last cohort) point along the first axis, the others at 10, 40, 70, ... degrees from it, so S(i, C) is
+    """client2vec.md §2.6, Eq. 1: lifting the window drops only the exclusion, not the similarity weighting.  Clients 0
+    and 1 (the last cohort) point along the first axis, the others at 10, 40, 70, ... degrees from it, so S(i, C) is
     cos(angle).  With tau = 0.05 Eq. 1 puts all but ~1e-8 of the mass on the four most similar connected
     clients; a uniform draw picks them one time in five."""
     angles = np.radians([0, 0, 10, 40, 70, 100, 130, 160])
@@ -270,8 +270,8 @@ def test_a_lifted_window_keeps_eq1_towards_the_last_cohort():
 
 
 def test_a_round_whose_replies_were_all_lost_still_leaves_the_next_draw_possible():
-    """Spec §2.6: with no C^{t-1} to compare to (round 1's replies all lost, nothing observed) the draw is uniform
-    over the clients; the window from round 1's draw still applies and is lifted when too few remain."""
+    """client2vec.md §2.6: with no C^{t-1} to compare to (round 1's replies all lost, nothing observed) the draw is
+    uniform over the clients; the window from round 1's draw still applies and is lifted when too few remain."""
     s = state(4)
     c1 = s.sample(1, 2, use_index=True)  # never observed: every reply of round 1 was lost
     np.testing.assert_allclose(s.probabilities(2), np.where(np.isin(np.arange(4), c1), 0.0, 0.5))
@@ -284,8 +284,8 @@ def test_a_round_whose_replies_were_all_lost_still_leaves_the_next_draw_possible
 
 
 def test_a_cohort_of_one_client_with_one_sample_has_a_similarity():
-    """Spec §2.6: S(beta_i, C) only needs N_C > 0; a single client holding a single sample is a valid cohort, and
-    S(., {j}) is then the mean of the two cosines to j."""
+    """client2vec.md §2.6: S(beta_i, C) only needs N_C > 0; a single client holding a single sample is a valid cohort,
+    and S(., {j}) is then the mean of the two cosines to j."""
     rng = np.random.default_rng(4)
     bf, bl = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
     n = np.array([1.0, 5.0, 9.0, 2.0])
@@ -298,7 +298,7 @@ def test_a_cohort_of_one_client_with_one_sample_has_a_similarity():
 
 
 def test_the_default_sampling_temperature_is_the_specs_one():
-    """Spec §3: tau = 1.0 by default (Global mode), so p = softmax(S(., C^{t-1}))."""
+    """client2vec.md §3: tau = 1.0 by default (Global mode), so p = softmax(S(., C^{t-1}))."""
     s = C2VServerState(*[np.random.default_rng(1).normal(size=(6, 4)) for _ in range(2)], np.full(6, 10.0))
     s.observe([2])
     e = np.exp(s.similarity([2]))
@@ -306,7 +306,7 @@ def test_the_default_sampling_temperature_is_the_specs_one():
 
 
 def test_a_single_late_joiner_may_come_as_one_row_and_one_count():
-    """Spec §2.6 late joiners: one client's index halves (two vectors) and its sample count (a number) add one
+    """client2vec.md §2.6 late joiners: one client's index halves (two vectors) and its sample count (a number) add one
     client, never drawn, with no history."""
     s = state(3)
     rng = np.random.default_rng(2)
@@ -419,10 +419,10 @@ def pflower_log():
 
 
 def test_global_dsa_ign_is_trained_on_every_upload_pooled_in_client_order_and_sent_for_the_index():
-    """Spec §2.5 Global: every client uploads one batch of (D, L) pairs, the server pools them and trains DSA-IGN
-    for c2v-ign-epochs epochs with the configured batch size, learning rate and orthogonality loss (and the run's
-    seed), the pool in client-id order so that Flower's node ids do not matter; then every client gets that network
-    to compute its index with (spec §2.9, phase 2)."""
+    """client2vec.md §2.5 Global: every client uploads one batch of (D, L) pairs, the server pools them and trains
+    DSA-IGN for c2v-ign-epochs epochs with the configured batch size, learning rate and orthogonality loss (and the
+    run's seed), the pool in client-id order so that Flower's node ids do not matter; then every client gets that
+    network to compute its index with (client2vec.md §2.9, phase 2)."""
     strat = c2v(**{"c2v-ign-epochs": 3, "c2v-ign-batch": 5, "c2v-ign-lr": 0.01, "c2v-orth-mode": "literal", "seed": 3})
     rec = Recorder()
     grid = drive(strat, NODES, 1, rec)
@@ -443,7 +443,7 @@ def test_global_dsa_ign_is_trained_on_every_upload_pooled_in_client_order_and_se
 
 @pytest.mark.parametrize("epochs, logged", [(11, [2, 4, 6, 8, 10, 11]), (3, [1, 2, 3])])
 def test_global_dsa_ign_training_reports_its_losses_every_fifth_of_the_epochs_and_at_the_end(epochs, logged):
-    """The run's log says what the index phase trains on and shows the DSA-IGN losses (spec §2.4 terms) every
+    """The run's log says what the index phase trains on and shows the DSA-IGN losses (client2vec.md §2.4 terms) every
     fifth of the epochs (every epoch when there are fewer than ten) and after the last one."""
     strat = c2v(**{"c2v-ign-epochs": epochs})
     rec = Recorder()
@@ -515,7 +515,7 @@ def test_with_zero_dsa_ign_epochs_the_untrained_network_computes_the_index():
 
 
 def test_federated_dsa_ign_is_fedavg_over_a_fraction_of_the_nodes_for_each_of_its_rounds():
-    """Spec §2.5 Federated: for c2v-ign-epochs rounds, c2v-ign-fraction of the nodes get the current DSA-IGN
+    """client2vec.md §2.5 Federated: for c2v-ign-epochs rounds, c2v-ign-fraction of the nodes get the current DSA-IGN
     (``ign``), train it locally, and the server averages their networks weighted by N_i; a round nobody answers
     leaves the network as it was.  The index is computed with the final network."""
     rounds = 3
@@ -581,11 +581,11 @@ def cos_loop(a, b):
 
 
 def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_index():
-    """Spec §2.2/§2.9: the registry holds every client's (beta_f, beta_l, N_i) in client-id order; spec §2.6: each
-    round's cohort is drawn by Eq. 1 from it (c2v-tau, the run's seed, round(fraction-train * M) clients); spec
-    §2.7: H <- gamma H + S(., C^t) over the round's participants and the new global model is the Eq. 3 average
-    p_i = q_i exp(H_i / lambda1) / sum_j q_j exp(H_j / lambda1) with q from the registry's N_i.  Train messages
-    carry every client's beta_f (B_f) and c2v-local; evaluate messages neither."""
+    """client2vec.md §2.2/§2.9: the registry holds every client's (beta_f, beta_l, N_i) in client-id order; and
+    §2.6: each round's cohort is drawn by Eq. 1 from it (c2v-tau, the run's seed, round(fraction-train * M)
+    clients); and §2.7: H <- gamma H + S(., C^t) over the round's participants and the new global model is the
+    Eq. 3 average p_i = q_i exp(H_i / lambda1) / sum_j q_j exp(H_j / lambda1) with q from the registry's N_i.
+    Train messages carry every client's beta_f (B_f) and c2v-local; evaluate messages neither."""
     tau, gamma, lam, seed, rounds = 0.2, 0.3, 2.0, 4, 4
     # K = round(0.34 * 6) = 2 of M = 6, W = 6 // 4 = 1: four eligible clients for two places, so tau matters
     strat = c2v(**{"fraction-train": 0.34, "c2v-tau": tau, "c2v-gamma": gamma, "c2v-lambda1": lam, "seed": seed})
@@ -640,7 +640,7 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
         assert sorted(m.metadata.dst_node_id for m in train) == sorted(strat.node_of[c] for c in rows)
         for m in train:
             assert_state_close(arrays(m.content), model)  # the global model of the previous round
-            b_f = arrays(m.content, "c2v")["B_f"]  # float32 on the wire (spec §2.9: 120 KB for M = 60)
+            b_f = arrays(m.content, "c2v")["B_f"]  # float32 on the wire (client2vec.md §2.9: 120 KB for M = 60)
             assert b_f.dtype == np.float32
             np.testing.assert_array_equal(b_f, bf.astype(np.float32))
             assert m.content["config"]["c2v-local"] is True
@@ -664,8 +664,8 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
 
 
 def test_late_joiners_are_indexed_with_the_trained_network_and_appended_to_the_registry():
-    """Spec §2.9 / docs: nodes connecting after the index phase are indexed when they first appear (the DSA-IGN is
-    not trained again); their rows come after the others', with no history term."""
+    """client2vec.md §2.9 / docs: nodes connecting after the index phase are indexed when they first appear (the DSA-IGN
+    is not trained again); their rows come after the others', with no history term."""
     first = {12: 0, 4: 1, 60: 2, 9001: 3}
     strat = c2v(**{"min-nodes": 4, "fraction-train": 0.5})
     rec = Recorder()
@@ -688,7 +688,8 @@ def test_late_joiners_are_indexed_with_the_trained_network_and_appended_to_the_r
 
 
 def test_the_cohort_is_drawn_among_the_connected_clients_only_and_sized_by_them():
-    """Spec §2.6 with dropouts: a client whose node is gone cannot be drawn, and K = round(fraction * connected)."""
+    """client2vec.md §2.6 with dropouts: a client whose node is gone cannot be drawn, and K = round(fraction *
+    connected)."""
     strat = c2v(**{"fraction-train": 0.5, "min-nodes": 5})
     drive(strat, NODES, [1])
     gone = {k: v for k, v in NODES.items() if v != 1}
@@ -706,8 +707,8 @@ ARMS_OFF = {"c2v-sampling": False, "c2v-aggregation": False, "c2v-local": False}
 
 
 def test_arms_without_index_sampling_draw_the_same_uniform_cohorts_and_the_plain_arm_is_fedavg():
-    """Spec §8 (paired arms): every arm without (i) draws the same clients per seed as the base algorithm alone;
-    with every case study off there is no index phase, no B_f, and aggregation is FedAvg (weights N_i)."""
+    """client2vec.md §8 (paired arms): every arm without (i) draws the same clients per seed as the base algorithm
+    alone; with every case study off there is no index phase, no B_f, and aggregation is FedAvg (weights N_i)."""
     cohorts = {}
     for name, cfg in {
         "plain": ARMS_OFF,
@@ -748,7 +749,7 @@ def test_a_node_never_identified_is_recorded_as_client_minus_one_in_the_plain_ar
 
 
 def test_aggregation_ignores_updates_of_clients_without_an_index():
-    """Spec §2.7: Eq. 3 needs S(beta_i, .) of every participant; an update of a client that has no index (it
+    """client2vec.md §2.7: Eq. 3 needs S(beta_i, .) of every participant; an update of a client that has no index (it
     joined after this round's index phase) is left out, and a round with only such updates changes nothing."""
     strat = c2v(**{"fraction-train": 0.5})
     drive(strat, NODES, 1)
@@ -785,25 +786,25 @@ def upload(rows_d, rows_l, pid, width=512):
 
 
 def test_an_embedding_upload_holds_one_to_c2v_ign_upload_pairs_with_as_many_labels_as_images():
-    """Spec §2.5 / §2.9 phase 1G: a client uploads at most c2v-ign-upload (D, L) pairs of CLIP width, the same
+    """client2vec.md §2.5 / §2.9 phase 1G: a client uploads at most c2v-ign-upload (D, L) pairs of CLIP width, the same
     number of each (a client with fewer samples uploads fewer); anything else is rejected with its reason."""
     strat = c2v(**{"c2v-ign-upload": 4})
     for nid, rows in ((1, 1), (2, 4)):
-        reply = strat.check_reply(1, nid, upload(rows, rows, nid), "c2v_embed", set())
+        reply = strat.gate.check(1, nid, upload(rows, rows, nid), "c2v_embed", set())
         assert reply is not None and reply.records["arrays"]["D"].shape == reply.records["arrays"]["L"].shape == (
             rows,
             512,
         )
     for nid, content in ((3, upload(5, 5, 3)), (4, upload(0, 0, 4)), (5, upload(2, 2, 5, width=511))):
-        assert strat.check_reply(1, nid, content, "c2v_embed", set()) is None
-    assert strat.check_reply(1, 6, upload(3, 2, 6), "c2v_embed", set()) is None
+        assert strat.gate.check(1, nid, content, "c2v_embed", set()) is None
+    assert strat.gate.check(1, 6, upload(3, 2, 6), "c2v_embed", set()) is None
     assert strat.failures[-1]["reason"] == "uploaded 3 image but 2 label embeddings"
-    assert strat.check_reply(1, 7, upload(2, 3, 7), "c2v_embed", set()) is None
+    assert strat.gate.check(1, 7, upload(2, 3, 7), "c2v_embed", set()) is None
     assert strat.failures[-1]["reason"] == "uploaded 2 image but 3 label embeddings"
 
 
 def test_a_federated_dsa_ign_reply_is_the_whole_network_and_its_local_loss():
-    """Spec §2.9 phase 1F: the reply carries every DSA-IGN parameter (shapes of the server's network) and the
+    """client2vec.md §2.9 phase 1F: the reply carries every DSA-IGN parameter (shapes of the server's network) and the
     local loss (``ign-loss``, any finite value within the loss limit: the total DSA-IGN loss may be negative)."""
     from flwr.app import MetricRecord, RecordDict
 
@@ -818,17 +819,17 @@ def test_a_federated_dsa_ign_reply_is_the_whole_network_and_its_local_loss():
             metrics["ign-loss"] = loss
         return RecordDict({"metrics": MetricRecord(metrics), "arrays": to_record(net)})
 
-    good = strat.check_reply(1, 1, reply(1, -LOSS_LIMIT), "c2v_ign", set())
+    good = strat.gate.check(1, 1, reply(1, -LOSS_LIMIT), "c2v_ign", set())
     assert good is not None and good.metrics["ign-loss"] == -LOSS_LIMIT
     assert_state_equal(good.arrays, state)
-    assert strat.check_reply(1, 2, reply(2, LOSS_LIMIT), "c2v_ign", set()) is not None
+    assert strat.gate.check(1, 2, reply(2, LOSS_LIMIT), "c2v_ign", set()) is not None
     for nid, content in (
         (3, reply(3, None)),
         (4, reply(4, 2 * LOSS_LIMIT)),
         (5, reply(5, -2 * LOSS_LIMIT)),
         (6, reply(6, 1.0, {k: v for k, v in list(state.items())[1:]})),
     ):
-        assert strat.check_reply(1, nid, content, "c2v_ign", set()) is None
+        assert strat.gate.check(1, nid, content, "c2v_ign", set()) is None
     assert "ign-loss" in strat.failures[0]["reason"]
 
 
@@ -839,8 +840,8 @@ def test_domain_of_a_client_is_its_feature_shift_transform():
 
 
 def test_index_quality_is_the_same_minus_cross_domain_mean_feature_cosine():
-    """Spec §8 acceptance check 1 (the Fig. 2 block structure): mean cos(beta_f) over pairs of distinct clients of
-    the same domain minus the mean over pairs from different domains; undefined (left out) without both."""
+    """client2vec.md §8 acceptance check 1 (the Fig. 2 block structure): mean cos(beta_f) over pairs of distinct clients
+    of the same domain minus the mean over pairs from different domains; undefined (left out) without both."""
     rng = np.random.default_rng(3)
     pids = [5, 0, 3, 1, 4, 2, 7]  # registry rows in arrival order, not sorted
     bf, bl = rng.normal(size=(7, 5)), rng.normal(size=(7, 5))
@@ -979,8 +980,8 @@ def test_without_an_index_there_are_no_artefacts(tmp_path):
 
 
 def test_similarities_and_aggregation_weights_are_computed_in_double_precision_whatever_the_input_type():
-    """Spec §2.6-§2.7: S(beta_i, C) and the Eq. 3 weights are computed in double precision from whatever numbers
-    they get (the index arrives as float32; counts may come as any number type), so that the same index gives
+    """client2vec.md §2.6-§2.7: S(beta_i, C) and the Eq. 3 weights are computed in double precision from whatever
+    numbers they get (the index arrives as float32; counts may come as any number type), so that the same index gives
     the same draws and weights.  Half-precision inputs make a lower-precision computation visible."""
     rng = np.random.default_rng(8)
     a = rng.normal(size=(5, 6)).astype(np.float16)
@@ -1005,7 +1006,7 @@ def test_similarities_and_aggregation_weights_are_computed_in_double_precision_w
 
 
 def test_the_server_state_draws_with_the_runs_default_seed_unless_told_otherwise():
-    """Reproducibility (spec §7 test 5, same seed same sequence): without a seed the state draws as with the
+    """Reproducibility (client2vec.md §7 test 5, same seed same sequence): without a seed the state draws as with the
     run-config default seed 0."""
     rng = np.random.default_rng(6)
     bf, bl, n = rng.normal(size=(8, 4)), rng.normal(size=(8, 4)), np.full(8, 10.0)

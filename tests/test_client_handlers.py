@@ -30,7 +30,7 @@ def client(ctx):
 
 
 def payload(strategy, rnd):
-    content = strategy.train_payload(1, rnd)
+    content = strategy.payload(1, rnd, "train")
     content["config"] = ConfigRecord({"server-round": rnd})
     return content
 
@@ -43,7 +43,7 @@ def test_train_and_evaluate_reply_what_the_strategy_expects(method):
     metrics = dict(reply["metrics"])
     assert metrics["num-examples"] > 0 and metrics["partition-id"] == 0
     assert 0.0 <= metrics["trained-acc"] <= 1.0 and metrics["steps"] > 0
-    update = strat.check_reply(1, 100, reply, "train", set())
+    update = strat.gate.check(1, 100, reply, "train", set())
     assert update is not None, strat.failures
     strat.aggregate(1, [update])
     c = client(ctx)
@@ -55,7 +55,7 @@ def test_train_and_evaluate_reply_what_the_strategy_expects(method):
     x_test, y_test = c.test_split()
     assert ev["test-examples"] == len(y_test) > 0
     assert round(ev["personal-acc"] * len(y_test), 6) == round(ev["personal-acc"] * len(y_test))
-    assert strat.check_reply(1, 100, ev_reply, "evaluate", set()) is not None, strat.failures
+    assert strat.gate.check(1, 100, ev_reply, "evaluate", set()) is not None, strat.failures
 
 
 def test_local_model_persists_in_context_state():
@@ -112,12 +112,12 @@ def test_ifca_client_picks_the_cluster_with_the_lowest_loss():
     # make cluster 1 a model already trained on this client's data: it must be chosen
     cls = load_object(METHODS["ifca"].client)
     c = cls(ctx, settings)
-    model = c.fresh_model()
+    model = c.reset_model()
     c.fit(model, epochs=5)
     strat.models[1] = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     reply = cls(ctx, settings).train(payload(strat, 1))
     assert reply["metrics"]["cluster"] == 1
-    update = strat.check_reply(1, 5, reply, "train", set())
+    update = strat.gate.check(1, 5, reply, "train", set())
     assert strat.aggregate(1, [update])["ifca"]["cluster-sizes"] == [0, 1, 0]
 
 
@@ -142,7 +142,7 @@ def test_node_trains_on_its_own_data_file(tmp_path):
     assert set(c.data.y_train.tolist()) == set(ref.y_train.tolist())  # the same two classes
     strat = build_strategy(settings)
     reply = c.train(payload(strat, 1))
-    assert strat.check_reply(1, 7, reply, "train", set()) is not None, strat.failures
+    assert strat.gate.check(1, 7, reply, "train", set()) is not None, strat.failures
 
 
 @pytest.mark.parametrize(

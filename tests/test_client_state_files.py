@@ -2,7 +2,11 @@
 in a new process, with every array's shape and values: a resumed run or a restarted SuperNode continues with the
 default model (BatchNorm's 0-d num_batches_tracked included)."""
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import numpy as np
+import pytest
 import torch
 from flwr.app import Context, RecordDict
 
@@ -10,6 +14,10 @@ from client_app.base import ClientMethod
 from task.config import parse_settings
 from task.models import build_model
 from task.params import state_to_numpy
+
+
+class KeepsAModel(ClientMethod):
+    keeps: ClassVar[Mapping[str, str]] = {"model": "a whole model", "head": "a classifier"}
 
 
 def node(tmp_path, run_config):
@@ -20,7 +28,7 @@ def node(tmp_path, run_config):
         state=RecordDict(),
         run_config=run_config,
     )
-    client = ClientMethod(ctx, parse_settings(run_config))
+    client = KeepsAModel(ctx, parse_settings(run_config))
     client.config = {"run-key": "run-1"}
     return client
 
@@ -61,3 +69,13 @@ def test_a_message_reads_the_state_saved_before_its_round_and_old_rounds_are_pru
         in_round(r, **{"checkpoint-every": 3}).save_state("head", {"w": np.full(2, float(r))})
     assert len(list(folder.iterdir())) == 4
     assert in_round(5, **{"checkpoint-every": 3}).load_state("head")["w"].tolist() == [4.0, 4.0]
+
+
+def test_a_client_keeps_only_the_state_its_method_declares(tmp_path):
+    client = node(tmp_path, {})
+    for name in ("body", "mask"):
+        with pytest.raises(ValueError, match=r"KeepsAModel keeps \['head', 'model'\] between rounds, not '" + name):
+            client.save_state(name, {"w": np.zeros(1)})
+        with pytest.raises(ValueError, match="declare it in its 'keeps'"):
+            client.load_state(name)
+    assert not (tmp_path / "run-1").exists()  # nothing was written

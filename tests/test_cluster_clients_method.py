@@ -1,4 +1,4 @@
-"""What the IFCA and FedSoft clients must do (spec pifl §5 baselines: Ghosh et al.; Ruan & Joe-Wong), with
+"""What the IFCA and FedSoft clients must do (pifl.md §5 baselines: Ghosh et al.; Ruan & Joe-Wong), with
 cluster models fitted to known digits so the right choice is known in advance."""
 
 import numpy as np
@@ -17,9 +17,9 @@ LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
 @pytest.fixture(scope="module")
 def centres():
     c = client("ifca", client_data(LOW))
-    init = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
-    low = trained_state(c.fresh_model(), *digits_of(LOW, 30, 0))
-    high = trained_state(c.fresh_model(), *digits_of(HIGH, 30, 0))
+    init = {k: v.detach().clone() for k, v in c.reset_model().state_dict().items()}
+    low = trained_state(c.reset_model(), *digits_of(LOW, 30, 0))
+    high = trained_state(c.reset_model(), *digits_of(HIGH, 30, 0))
     return init, low, high
 
 
@@ -36,7 +36,7 @@ def dist(a, b):
 
 
 def scores(c, state, split="test"):
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     return evaluate(model, getattr(c.data, f"x_{split}"), getattr(c.data, f"y_{split}"))
 
@@ -85,7 +85,7 @@ def test_fedsoft_client_reports_the_share_of_its_points_each_centre_fits_best(ce
     u = np.array(c.query("fedsoft_u", RecordDict({"tiers": tiers(low, high)}))["metrics"]["fedsoft-u"])
     per_point = []
     for s in (low, high):
-        model = c.fresh_model()
+        model = c.reset_model()
         model.load_state_dict(s)
         with torch.no_grad():
             per_point.append(

@@ -137,6 +137,23 @@ def test_pifl_ni_runs_with_the_defaults_flower_passes():
     assert settings.options.incentive is False
 
 
+def test_a_method_spec_can_refuse_settings_without_an_options_class_of_its_own(monkeypatch):
+    from dataclasses import replace
+
+    from task import methods
+    from task.models import model_info
+    from task.options import ConfigConflict
+
+    def needs_normalisation(settings):
+        info = model_info(settings.model, settings.in_channels, settings.image_size, settings.num_classes)
+        return [] if info.norm_keys else [f"model {settings.model!r} has no normalisation layer"]
+
+    monkeypatch.setitem(methods.METHODS, "fedavg", replace(methods.METHODS["fedavg"], conflicts=needs_normalisation))
+    assert parse_settings({"method": "fedavg", "model": "cnn"}).model == "cnn"
+    with pytest.raises(ConfigConflict, match="model 'mlp' has no normalisation layer"):
+        parse_settings({"method": "fedavg", "model": "mlp"})
+
+
 ORACLE_NEEDS = (
     "method 'oracle' clusters the clients by their planted groups, which only partition 'planted-clusters' or "
     "'planted-clusters-noisy' has (got partition={got!r}); set --run-config \"method='oracle' "

@@ -1,4 +1,4 @@
-"""DSA-IGN and the Client2Vec options (spec client2vec §2.2-§2.5, §3), against the spec's definitions.
+"""DSA-IGN and the Client2Vec options (client2vec.md §2.2-§2.5, §3), against the definitions there.
 
 The options are checked against pyproject.toml's declared defaults (the run config Flower sends) and key by
 key, so a misspelt key, a wrong default or an off-by-one range shows up.
@@ -239,7 +239,7 @@ def test_dsaign_default_config_is_the_papers():
 
 
 def test_training_defaults_are_the_specs_learning_rate_and_batch_size():
-    """Spec §2.5 / A6 [ours]: DSA-IGN trains with Adam at lr 1e-3 in batches of 128 unless told otherwise.  130
+    """client2vec.md §2.5 / A6 [ours]: DSA-IGN trains with Adam at lr 1e-3 in batches of 128 unless told otherwise.  130
     pairs: batches of 128 and 2 (a batch of 129 would leave a single pair, which is skipped)."""
     rng = np.random.default_rng(3)
     D, L = rng.normal(size=(130, 16)).astype(np.float32), rng.normal(size=(130, 16)).astype(np.float32)
@@ -251,8 +251,8 @@ def test_training_defaults_are_the_specs_learning_rate_and_batch_size():
 
 
 def test_an_epochs_reported_losses_are_the_mean_over_its_batches():
-    """train_dsa_ign reports each epoch's mean DSA-IGN losses (spec §2.4-§2.5; they go to client2vec.json and to
-    the federated ign-loss).  With lr 0 the network never moves, so with the whole set as one batch every epoch
+    """train_dsa_ign reports each epoch's mean DSA-IGN losses (client2vec.md §2.4-§2.5; they go to client2vec.json and
+    to the federated ign-loss).  With lr 0 the network never moves, so with the whole set as one batch every epoch
     reports the losses of that batch, whatever order the rows were drawn in (all four terms are means)."""
     rng = np.random.default_rng(4)
     D, L = rng.normal(size=(6, 16)).astype(np.float32), rng.normal(size=(6, 16)).astype(np.float32)
@@ -269,7 +269,7 @@ def test_an_epochs_reported_losses_are_the_mean_over_its_batches():
 def test_an_epochs_losses_average_its_batches_in_the_chosen_orthogonality_mode(mode):
     """As above over several batches: seven copies of one pair, batches of 3 (3 + 3, and a single leftover pair,
     which is skipped), lr 0, so every batch has the same losses and their mean is those losses.  The orthogonality
-    term is the one ``orth_mode`` names (spec A5: ``literal`` is the raw sum, not the cosine mean)."""
+    term is the one ``orth_mode`` names (client2vec.md A5: ``literal`` is the raw sum, not the cosine mean)."""
     rng = np.random.default_rng(5)
     D = np.repeat(rng.normal(size=(1, 16)).astype(np.float32), 7, axis=0)
     L = np.repeat(rng.normal(size=(1, 16)).astype(np.float32), 7, axis=0)
@@ -282,8 +282,8 @@ def test_an_epochs_losses_average_its_batches_in_the_chosen_orthogonality_mode(m
 
 
 def test_diversity_of_a_two_sample_batch_is_their_cosine_and_cos_is_the_default_orthogonality():
-    """Spec §2.4: L_div = (1/B) sum_j log sum_{k != j} exp(cos(u_j, u_k)); with B = 2 each log-sum has one term, so
-    L_div = cos(u_1, u_2).  A5: the default L_orth is the mean |cos| over all pairs."""
+    """client2vec.md §2.4: L_div = (1/B) sum_j log sum_{k != j} exp(cos(u_j, u_k)); with B = 2 each log-sum has one
+    term, so L_div = cos(u_1, u_2).  A5: the default L_orth is the mean |cos| over all pairs."""
     u = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
     assert loss_div(u).item() == pytest.approx(0.6, rel=1e-6)
     z, v = torch.randn(4, 6), torch.randn(4, 6)
@@ -296,8 +296,8 @@ def test_diversity_of_a_two_sample_batch_is_their_cosine_and_cos_is_the_default_
     [(4, 8, 2), (16, 8, 2), (12, 8, 4), (512, 32, 8), (10, 8, 2), (12, 9, 3), (16, 8, 3), (18, 12, 8)],
 )
 def test_a_shape_is_accepted_exactly_when_its_tokens_and_heads_split_evenly(dim, token, heads):
-    """Spec §2.3: I = [D, D] is cut into 2*dim/token tokens of width token, and each token's width is split over the
-    heads; a shape is valid exactly when both divisions are exact (the rule is evaluated here in integers)."""
+    """client2vec.md §2.3: I = [D, D] is cut into 2*dim/token tokens of width token, and each token's width is split
+    over the heads; a shape is valid exactly when both divisions are exact (the rule is evaluated here in integers)."""
     valid = (2 * dim) % token == 0 and token % heads == 0
     if valid:
         net = build_ign(IGNConfig(dim=dim, token=token, layers=1, heads=heads, ff=8, dropout=0.0), 0).eval()
@@ -310,8 +310,8 @@ def test_a_shape_is_accepted_exactly_when_its_tokens_and_heads_split_evenly(dim,
 
 
 def test_each_sample_is_encoded_on_its_own_tokens():
-    """Spec §2.3: the transformer attends over the tokens of ONE embedding (batch-first: (N, tokens, width)); in eval
-    mode a sample's Z, U and D~ do not depend on the other samples of the batch."""
+    """client2vec.md §2.3: the transformer attends over the tokens of ONE embedding (batch-first: (N, tokens, width));
+    in eval mode a sample's Z, U and D~ do not depend on the other samples of the batch."""
     net = build_ign(SMALL, 3).eval()
     d = torch.randn(5, 16)
     with torch.no_grad():
@@ -349,7 +349,7 @@ def test_training_default_seed_is_the_run_configs_and_the_seed_matters():
 
 def test_embeddings_of_any_float_precision_train_the_float32_network():
     """Embeddings arrive as numpy arrays (a client's cache, the server's pooled uploads) in float32 or float64; the
-    network is float32 and trains on them as on float32 copies (spec §2.5)."""
+    network is float32 and trains on them as on float32 copies (client2vec.md §2.5)."""
     rng = np.random.default_rng(9)
     D, L = rng.normal(size=(6, 16)).astype(np.float32), rng.normal(size=(6, 16)).astype(np.float32)
     ref = build_ign(SMALL, 6)

@@ -118,9 +118,9 @@ def test_a_selection_run_reports_the_accuracy_on_the_validation_split(poisoned_t
     settings = parse_settings(cfg)
     strategy = build_strategy(settings)
     client = load_object(METHODS["fedavg"].client)(ctx, settings)
-    reply = dict(client.evaluate(strategy.train_payload(7, 1))["metrics"])
+    reply = dict(client.evaluate(strategy.payload(7, 1, "evaluate"))["metrics"])
     val = load_client_data(settings.data, 1, 4)
-    model = client.fresh_model()
+    model = client.reset_model()  # the initial weights: the global model of round 1
     assert reply["test-examples"] == len(val.y_val) > 0
     assert reply["personal-acc"] == pytest.approx(evaluate(model, val.x_val, val.y_val)[1])
 

@@ -1,4 +1,4 @@
-"""FedC2I invariants (spec fedc2i §7/§2.2) on small hand-made models, and the client/strategy round trip."""
+"""FedC2I invariants (fedc2i.md §7/§2.2) on small hand-made models, and the client/strategy round trip."""
 
 import numpy as np
 import pytest
@@ -145,10 +145,10 @@ def run(cfg, rounds=2, n=4):
     for rnd in range(1, rounds + 1):
         ups = []
         for i, ctx in enumerate(ctxs):
-            payload = strat.train_payload(10 + i, rnd)
+            payload = strat.payload(10 + i, rnd, "train")
             payload["config"] = ConfigRecord({"server-round": rnd})
             replies[(rnd, i)] = payload
-            u = strat.check_reply(rnd, 10 + i, cls(ctx, settings).train(payload), "train", set())
+            u = strat.gate.check(rnd, 10 + i, cls(ctx, settings).train(payload), "train", set())
             assert u is not None, strat.failures
             ups.append(u)
         strat.aggregate(rnd, ups)
@@ -169,7 +169,7 @@ def test_peer_sampling_bounds_the_download():
     strat, payloads = run({"method": "fedc2i", "partition": "iid", "c2i-peers": 2}, rounds=2, n=5)
     assert payloads[(2, 0)]["peers"]["head.bias"].shape[0] == 2
     full, _ = run({"method": "fedc2i", "partition": "iid"}, rounds=2, n=5)
-    assert payloads[(2, 0)]["peers"].count_bytes() < 0.5 * full.train_payload(10, 3)["peers"].count_bytes()
+    assert payloads[(2, 0)]["peers"].count_bytes() < 0.5 * full.payload(10, 3, "train")["peers"].count_bytes()
 
 
 def test_bad_fedc2i_config():
@@ -181,9 +181,24 @@ def test_bad_fedc2i_config():
         build_strategy(parse_settings({"method": "fedc2i", "gamma": -2.0}))
 
 
-@pytest.mark.parametrize("variant,own_extractor_matters", [("Lambda-only", False), ("full", True)])
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("lambda-only", "client-level"),
+        ("Lambda-only", "class-level-averaged-extractor"),
+        ("Lambda-local", "class-level-own-extractor"),
+    ],
+)
+def test_the_variants_old_spellings_still_run_with_a_deprecation_warning(old, new):
+    with pytest.warns(FutureWarning, match=f"'c2i-variant': '{old}' is deprecated, use '{new}'"):
+        assert parse_settings({"method": "fedc2i", "c2i-variant": old}).options.variant == new
+    with pytest.raises(ValueError, match="c2i-variant"):  # only the exact old spelling is an alias
+        parse_settings({"method": "fedc2i", "c2i-variant": old.swapcase()})
+
+
+@pytest.mark.parametrize("variant,own_extractor_matters", [("class-level-averaged-extractor", False), ("full", True)])
 def test_the_lambda_g_ablation_scores_classes_with_the_global_extractor(variant, own_extractor_matters):
-    # spec §6.7: for the Lambda/g ablation the class-level influence uses the current global theta (the average
+    # fedc2i.md §6.7: for the Lambda/g ablation the class-level influence uses the current global theta (the average
     # extractor), not the client's own.  Two sets of peers with the same average extractor but a different own
     # extractor must then give the same personalized model; in the full method (own theta*) they must not.
     cfg = {"method": "fedc2i", "model": "mlp", "partition": "iid", "c2i-variant": variant}
@@ -204,7 +219,7 @@ def test_the_lambda_g_ablation_scores_classes_with_the_global_extractor(variant,
     sizes = [client.data.num_train] * 3
     out = []
     for stacked in (base, shifted):
-        model = client.fresh_model()
+        model = client.reset_model()
         client._personalized(model, stacked, sizes)
         out.append({k: v.clone() for k, v in model.state_dict().items()})
     same_head = torch.allclose(out[0]["head.weight"], out[1]["head.weight"], atol=1e-6)

@@ -1,4 +1,4 @@
-"""What a FedC2I client must do with the models it is sent (spec fedc2i §2.2, §2.5, §6.7, §6.10, §6.18, §7).
+"""What a FedC2I client must do with the models it is sent (fedc2i.md §2.2, §2.5, §6.7, §6.10, §6.18, §7).
 
 The client is driven through its message handler (``train``) with ``local-epochs = 0``, so the model it replies
 with is exactly the personalized model it built before training.  The expected model is rebuilt here the slow,
@@ -34,7 +34,7 @@ def received_models(client, k=3, seed=0):
     """k distinct states of the client's network (own first): float tensors moved apart, BN statistics and the
     integer ``num_batches_tracked`` different per model."""
     g = torch.Generator().manual_seed(seed)
-    base = client.fresh_model().state_dict()
+    base = client.reset_model().state_dict()
     states = []
     for i in range(k):
         s = {}
@@ -70,7 +70,7 @@ def run_train(client, content):
 
 
 def ce(client, state, x, y):
-    net = client.fresh_model()
+    net = client.reset_model()
     net.load_state_dict(state)
     net.eval()
     with torch.no_grad():
@@ -128,7 +128,7 @@ def mixed(states, weights, names):
 
 
 def eq10(states, big_lambda):
-    """Eq. 10 (corrected, spec §6.3): class row c = sum_i Lambda[i, c] * phi_{i,c}, bias with it."""
+    """Eq. 10 (corrected, fedc2i.md §6.3): class row c = sum_i Lambda[i, c] * phi_{i,c}, bias with it."""
     lam = torch.as_tensor(big_lambda, dtype=torch.float32)
     w = sum(lam[i][:, None] * states[i]["head.weight"] for i in range(len(states)))
     b = sum(lam[i] * states[i]["head.bias"] for i in range(len(states)))
@@ -147,8 +147,8 @@ def assert_states_close(got, expected, atol=1e-5):
 def test_a_client_starts_from_the_mix_of_everyone_it_was_sent_not_from_its_own_model(k):
     """Issue 14's broken-method example (a client that ignores its peers and trains alone) must fail here.
 
-    Spec §7 test 2: gamma = 0 gives lambda = Lambda = 1/M, so the personalized extractor and classifier are the
-    uniform mean of the received models (M = 2 works, §7 test 10); the influence it reports is uniform."""
+    fedc2i.md §7 test 2: gamma = 0 gives lambda = Lambda = 1/M, so the personalized extractor and classifier are the
+    uniform mean of the received models (M = 2 works, fedc2i.md §7 test 10); the influence it reports is uniform."""
     client = make_client(gamma=0.0)
     states = received_models(client, k)
     arrays, metrics = run_train(client, payload(states))
@@ -159,8 +159,8 @@ def test_a_client_starts_from_the_mix_of_everyone_it_was_sent_not_from_its_own_m
 
 
 def test_full_fedc2i_mixes_the_extractor_by_lambda_and_each_class_row_by_its_column_of_big_lambda():
-    """Spec §2.2 / §2.5: lambda from leave-one-out extractors with the client's own classifier (Eq. 5), the
-    extractor mixed by lambda (Eq. 6), Lambda from the client's own extractor theta* (§6.7) with one class row
+    """fedc2i.md §2.2 / §2.5: lambda from leave-one-out extractors with the client's own classifier (Eq. 5), the
+    extractor mixed by lambda (Eq. 6), Lambda from the client's own extractor theta* (fedc2i.md §6.7) with one class row
     swapped (Eqs. 7-9), each class row mixed by its column (Eq. 10 corrected); the reply carries lambda."""
     gamma = 5.0
     client = make_client(gamma=gamma)
@@ -175,10 +175,10 @@ def test_full_fedc2i_mixes_the_extractor_by_lambda_and_each_class_row_by_its_col
     assert_states_close(arrays, {**mixed(states, lam, body), **eq10(states, big)})
 
 
-@pytest.mark.parametrize("variant", ["lambda-only", "Lambda-only", "Lambda-local"])
+@pytest.mark.parametrize("variant", ["client-level", "class-level-averaged-extractor", "class-level-own-extractor"])
 def test_the_ablations_build_the_model_table_3_describes(variant):
-    """Spec §6.18 (docs' variant table): "-lambda" mixes the whole model by lambda; "Lambda/g" takes the
-    size-weighted FedAvg extractor and scores classes with it (theta* = that extractor, §6.7); "Lambda/l"
+    """fedc2i.md §6.18 (docs' variant table): "-lambda" mixes the whole model by lambda; "Lambda/g" takes the
+    size-weighted FedAvg extractor and scores classes with it (theta* = that extractor, fedc2i.md §6.7); "Lambda/l"
     keeps the client's own extractor; both Lambda variants mix the classifier by Eq. 10."""
     gamma = 5.0
     client = make_client(gamma=gamma, **{"c2i-variant": variant})
@@ -188,10 +188,10 @@ def test_the_ablations_build_the_model_table_3_describes(variant):
     np.testing.assert_allclose(metrics["influence"], lam, rtol=1e-4, atol=1e-6)
     names = list(states[0])
     body = [n for n in names if not n.startswith("head.")]
-    if variant == "lambda-only":
+    if variant == "client-level":
         expected = mixed(states, lam, names)
     else:
-        if variant == "Lambda-only":
+        if variant == "class-level-averaged-extractor":
             sizes = np.array([client.data.num_train, *PEER_SIZES], dtype=np.float64)
             theta = mixed(states, sizes / sizes.sum(), body)
         else:
@@ -201,8 +201,8 @@ def test_the_ablations_build_the_model_table_3_describes(variant):
 
 
 def test_the_influence_batch_holds_influence_batch_size_training_samples_drawn_afresh_each_round():
-    """Spec §6.10: one batch of ``influence-batch-size`` samples per round, drawn anew every round (seeded: the
-    same round gives the same batch, §7 test 14)."""
+    """fedc2i.md §6.10: one batch of ``influence-batch-size`` samples per round, drawn anew every round (seeded: the
+    same round gives the same batch, fedc2i.md §7 test 14)."""
     states = received_models(make_client(), 3)
     whole, _ = run_train(make_client(), payload(states))
     small = make_client(**{"influence-batch-size": 3})
@@ -214,7 +214,7 @@ def test_the_influence_batch_holds_influence_batch_size_training_samples_drawn_a
 
 
 def test_in_round_one_a_client_alone_keeps_its_model_and_reports_full_self_influence():
-    """Spec §6.13 (docs: round 1 sends each client only its own initial model): nothing to mix, lambda = [1]."""
+    """fedc2i.md §6.13 (docs: round 1 sends each client only its own initial model): nothing to mix, lambda = [1]."""
     client = make_client()
     states = received_models(client, 1)
     arrays, metrics = run_train(client, payload(states, server_round=1))
@@ -229,7 +229,7 @@ def test_the_reply_reports_the_trained_models_test_accuracy():
     client = make_client(**{"local-epochs": 1})
     states = received_models(client, 2)
     arrays, metrics = run_train(client, payload(states))
-    net = client.fresh_model()
+    net = client.reset_model()
     net.load_state_dict(arrays)
     assert metrics["trained-acc"] == pytest.approx(client.test(net)[1])
     assert metrics["num-examples"] == client.data.num_train and metrics["partition-id"] == 0
@@ -237,7 +237,7 @@ def test_the_reply_reports_the_trained_models_test_accuracy():
 
 
 def test_the_personal_model_is_the_clients_own_stored_model():
-    """Spec §6.12 (docs "The personalized model"): ``arrays`` of an evaluate message, else the first model of a
+    """fedc2i.md §6.12 (docs "The personalized model"): ``arrays`` of an evaluate message, else the first model of a
     train message's stack, else the common initial model."""
     client = make_client()
     states = received_models(client, 3)
@@ -247,6 +247,6 @@ def test_the_personal_model_is_the_clients_own_stored_model():
     assert_states_close(client.personal_model(ev).state_dict(), states[1], atol=0)
     assert_states_close(
         client.personal_model(RecordDict({"config": ConfigRecord({})})).state_dict(),
-        client.fresh_model().state_dict(),
+        client.reset_model().state_dict(),
         atol=0,
     )

@@ -1,4 +1,4 @@
-"""What FedC2I's client math must do (spec fedc2i §2.2, §6.3, §7), checked against naive re-computations.
+"""What FedC2I's client math must do (fedc2i.md §2.2, §6.3, §7), checked against naive re-computations.
 
 Each expectation is rebuilt here the slow, obvious way (an explicit leave-one-out model per client, a
 classifier edited row by row, the power ratio l^gamma / sum l^gamma), independently of the vectorised code.

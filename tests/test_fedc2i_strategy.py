@@ -1,4 +1,4 @@
-"""What the FedC2I server must do (spec fedc2i §2.3, §2.5, §6.13, §6.20, §7; docs/methods/fedc2i.md "Messages",
+"""What the FedC2I server must do (fedc2i.md §2.3, §2.5, §6.13, §6.20, §7; docs/methods/fedc2i.md "Messages",
 "Options", "Artefacts"): store every client's latest model without averaging, send each client its own stored
 model first and then its peers' (all of them, or ``c2i-peers - 1`` drawn per round), check the influence vector
 against what was sent, and log the influence rows.  Replies are made by hand, without a client."""
@@ -43,10 +43,10 @@ def play_round(strat, rnd, clients, version=None, influence=None):
     """Send every client its train message, answer it by hand (uniform influence unless given), aggregate."""
     payloads, ups = {}, []
     for c in clients:
-        payloads[c] = strat.train_payload(NODE + c, rnd)
+        payloads[c] = strat.payload(NODE + c, rnd, "train")
         k = payloads[c]["peers"]["head.bias"].numpy().shape[0]
         infl = influence(c, k) if influence else [1.0 / k] * k
-        u = strat.check_reply(
+        u = strat.gate.check(
             rnd, NODE + c, reply(strat, c, rnd if version is None else version, infl, 10 * (c + 1)), "train", set()
         )
         assert u is not None, strat.failures
@@ -62,8 +62,9 @@ def stack_values(payload):
 
 
 def test_the_server_stores_each_clients_latest_model_and_never_averages():
-    """Spec §2.3: the server keeps the latest model of each client and forwards them (own first, §2.5); an
-    absent client's stale model is still forwarded (§6.20); a client not heard from has the initial model."""
+    """fedc2i.md §2.3: the server keeps the latest model of each client and forwards them (own first, §2.5);
+    an absent client's stale model is still forwarded (fedc2i.md §6.20); a client not heard from has the initial
+    model."""
     strat = strategy()
     clients = [0, 1, 2, 3]
     first, _ = play_round(strat, 1, clients)
@@ -75,36 +76,36 @@ def test_the_server_stores_each_clients_latest_model_and_never_averages():
     np.testing.assert_allclose(stack_values(third[3]), [3.1, 0.2, 1.2, 2.2])
     assert list(third[3]["peer-clients"]["client-ids"]) == [0, 1, 2]
     assert list(third[3]["peer-clients"]["num-examples"]) == [10, 20, 30]
-    stored = record_to_numpy(strat.evaluate_payload(NODE + 1, 3)["arrays"])
+    stored = record_to_numpy(strat.payload(NODE + 1, 3, "evaluate")["arrays"])
     for k, v in model_of(strat, 1, 3).items():  # round 3's reply replaced round 2's
         np.testing.assert_array_equal(stored[k], v)
-    never = record_to_numpy(strat.evaluate_payload(NODE + 9, 3)["arrays"])
+    never = record_to_numpy(strat.payload(NODE + 9, 3, "evaluate")["arrays"])
     for k, v in strat.initial_state.items():
         np.testing.assert_array_equal(never[k], v)
 
 
 def test_a_client_never_heard_from_gets_the_initial_model_and_all_known_peers():
-    """Spec §6.13: a newcomer starts from the common initial model; clients that never replied are no peers."""
+    """fedc2i.md §6.13: a newcomer starts from the common initial model; clients that never replied are no peers."""
     strat = strategy()
     play_round(strat, 1, [0, 1])
-    p = strat.train_payload(NODE + 5, 2)
+    p = strat.payload(NODE + 5, 2, "train")
     init = float(strat.initial_state["head.bias"][0])
     np.testing.assert_allclose(stack_values(p), [init, 0.1, 1.1])
     assert list(p["peer-clients"]["client-ids"]) == [0, 1]
 
 
 def test_a_client_known_but_never_trained_gets_the_initial_model():
-    """Spec §6.13 / §6.20: with partial participation a client can be known to the server (it answered an
+    """fedc2i.md §6.13 / §6.20: with partial participation a client can be known to the server (it answered an
     evaluation) before any of its train replies was stored; its own model is then the common initial model."""
     strat = strategy()
     play_round(strat, 1, [0, 1])
     evaluated = RecordDict(
         {"metrics": MetricRecord({"partition-id": 4, "num-examples": 10, "personal-acc": 0.5, "personal-loss": 1.0})}
     )
-    assert strat.check_reply(1, NODE + 4, evaluated, "evaluate", set()) is not None
+    assert strat.gate.check(1, NODE + 4, evaluated, "evaluate", set()) is not None
     init = float(strat.initial_state["head.bias"][0])
-    np.testing.assert_allclose(stack_values(strat.train_payload(NODE + 4, 2)), [init, 0.1, 1.1])
-    own = record_to_numpy(strat.evaluate_payload(NODE + 4, 2)["arrays"])
+    np.testing.assert_allclose(stack_values(strat.payload(NODE + 4, 2, "train")), [init, 0.1, 1.1])
+    own = record_to_numpy(strat.payload(NODE + 4, 2, "evaluate")["arrays"])
     for k, v in strat.initial_state.items():
         np.testing.assert_array_equal(own[k], v)
 
@@ -119,26 +120,28 @@ def test_c2i_peers_sends_itself_and_k_minus_1_peers_drawn_afresh_each_round(k):
     drawn = {}
     for rnd in range(2, 12):
         for c in range(n):
-            ids = list(strat.train_payload(NODE + c, rnd)["peer-clients"]["client-ids"])
+            ids = list(strat.payload(NODE + c, rnd, "train")["peer-clients"]["client-ids"])
             assert len(ids) == k - 1 and c not in ids and ids == sorted(ids) and len(set(ids)) == k - 1
-            assert strat.train_payload(NODE + c, rnd)["peers"]["head.bias"].numpy().shape[0] == k
+            assert strat.payload(NODE + c, rnd, "train")["peers"]["head.bias"].numpy().shape[0] == k
             drawn[rnd, c] = ids
     assert len({tuple(drawn[r, 0]) for r in range(2, 12)}) > 1  # drawn afresh each round
     assert len({tuple(drawn[5, c]) for c in range(n)}) > 1  # and per client
     again = strategy(**{"c2i-peers": k})
     play_round(again, 1, range(n))
-    assert all(list(again.train_payload(NODE + c, r)["peer-clients"]["client-ids"]) == drawn[r, c] for (r, c) in drawn)
+    assert all(
+        list(again.payload(NODE + c, r, "train")["peer-clients"]["client-ids"]) == drawn[r, c] for (r, c) in drawn
+    )
     other_seed = strategy(**{"c2i-peers": k, "seed": 1})
     play_round(other_seed, 1, range(n))
     assert any(
-        list(other_seed.train_payload(NODE + c, r)["peer-clients"]["client-ids"]) != drawn[r, c] for (r, c) in drawn
+        list(other_seed.payload(NODE + c, r, "train")["peer-clients"]["client-ids"]) != drawn[r, c] for (r, c) in drawn
     )
 
 
 def test_each_client_draws_its_own_peers():
     """docs Options: the peers are drawn per round *and client* (the seed includes the client id), so clients do
     not all take the peers at the same rank among their candidates; a node that has not replied yet (a
-    newcomer) gets its k - 1 peers too (spec §6.13)."""
+    newcomer) gets its k - 1 peers too (fedc2i.md §6.13)."""
     n, k = 6, 2
     strat = strategy(**{"c2i-peers": k})
     play_round(strat, 1, range(n))
@@ -146,11 +149,11 @@ def test_each_client_draws_its_own_peers():
     for rnd in range(2, 12):
         ranks = set()
         for c in range(n):
-            (peer,) = strat.train_payload(NODE + c, rnd)["peer-clients"]["client-ids"]
+            (peer,) = strat.payload(NODE + c, rnd, "train")["peer-clients"]["client-ids"]
             ranks.add([o for o in range(n) if o != c].index(peer))
         same_rank_rounds += len(ranks) == 1
     assert same_rank_rounds < 5
-    newcomer = strat.train_payload(NODE + 50, 2)
+    newcomer = strat.payload(NODE + 50, 2, "train")
     assert len(newcomer["peer-clients"]["client-ids"]) == k - 1
     assert newcomer["peers"]["head.bias"].numpy().shape[0] == k
 
@@ -159,7 +162,7 @@ def test_c2i_peers_above_the_known_clients_sends_all_of_them():
     """docs Options: k is an upper bound; with fewer known clients every one of them is sent."""
     strat = strategy(**{"c2i-peers": 3})
     play_round(strat, 1, [0, 1, 2])
-    assert list(strat.train_payload(NODE + 1, 2)["peer-clients"]["client-ids"]) == [0, 2]
+    assert list(strat.payload(NODE + 1, 2, "train")["peer-clients"]["client-ids"]) == [0, 2]
 
 
 def test_the_influence_vector_must_cover_exactly_what_was_sent():
@@ -167,17 +170,18 @@ def test_the_influence_vector_must_cover_exactly_what_was_sent():
     strat = strategy()
     play_round(strat, 1, [0, 1, 2])
     for c in (0, 1, 2):
-        strat.train_payload(NODE + c, 2)
+        strat.payload(NODE + c, 2, "train")
     good = [0.5, 0.3, 0.2]
-    assert strat.check_reply(2, NODE + 0, reply(strat, 0, 2, good, 10), "train", set()) is not None
+    assert strat.gate.check(2, NODE + 0, reply(strat, 0, 2, good, 10), "train", set()) is not None
     for bad in ([0.5, 0.5], [0.4, 0.3, 0.2, 0.1], [0.5, 0.3, 0.3], [1.2, -0.1, -0.1]):
-        assert strat.check_reply(2, NODE + 1, reply(strat, 1, 2, bad, 10), "train", set()) is None
+        assert strat.gate.check(2, NODE + 1, reply(strat, 1, 2, bad, 10), "train", set()) is None
     assert "influence" in strat.failures[-1]["reason"]
 
 
 def test_influence_rows_are_logged_per_round_client_and_peer():
-    """Spec §2.3 / docs Artefacts: the server logs each client's influence row, keyed by the peer's client id
-    (round -> client -> peer -> weight), and the mean self-influence; the rows are not symmetric (§7 test 12)."""
+    """fedc2i.md §2.3 / docs Artefacts: the server logs each client's influence row, keyed by the peer's client id
+    (round -> client -> peer -> weight), and the mean self-influence; the rows are not symmetric (fedc2i.md §7 test
+    12)."""
     strat = strategy()
     play_round(strat, 1, [0, 1, 2])
     rows = {0: [0.7, 0.2, 0.1], 1: [0.1, 0.6, 0.3], 2: [0.05, 0.15, 0.8]}
@@ -318,7 +322,7 @@ def test_no_influence_weight_may_exceed_one():
     strat = strategy()
     play_round(strat, 1, [0, 1])
     for c in (0, 1):
-        strat.train_payload(NODE + c, 2)
-    assert strat.check_reply(2, NODE + 0, reply(strat, 0, 2, [1.0, 0.0], 10), "train", set()) is not None
-    assert strat.check_reply(2, NODE + 1, reply(strat, 1, 2, [1.0 + 5e-5, 0.0], 10), "train", set()) is None
+        strat.payload(NODE + c, 2, "train")
+    assert strat.gate.check(2, NODE + 0, reply(strat, 0, 2, [1.0, 0.0], 10), "train", set()) is not None
+    assert strat.gate.check(2, NODE + 1, reply(strat, 1, 2, [1.0 + 5e-5, 0.0], 10), "train", set()) is None
     assert "influence" in strat.failures[-1]["reason"]

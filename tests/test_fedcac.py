@@ -1,4 +1,4 @@
-"""FedCAC invariants (spec fedcac §7) on hand-made tensors, plus the client/strategy round trip."""
+"""FedCAC invariants (fedcac.md §7) on hand-made tensors, plus the client/strategy round trip."""
 
 import numpy as np
 import pytest
@@ -211,9 +211,9 @@ def run_rounds(cfg, rounds, n=4):
     for rnd in range(1, rounds + 1):
         ups = []
         for i, ctx in enumerate(ctxs):
-            payload = strat.train_payload(10 + i, rnd)
+            payload = strat.payload(10 + i, rnd, "train")
             payload["config"] = ConfigRecord({"server-round": rnd})
-            u = strat.check_reply(rnd, 10 + i, cls(ctx, settings_).train(payload), "train", set())
+            u = strat.gate.check(rnd, 10 + i, cls(ctx, settings_).train(payload), "train", set())
             assert u is not None, strat.failures
             ups.append(u)
         diags.append(strat.aggregate(rnd, ups)["fedcac"])
@@ -227,7 +227,7 @@ def test_tau_zero_is_fedavg_on_parameters():
     # every client's next model equals w_bar: no critical parameter survives
     settings_ = parse_settings(cfg)
     client = load_object(METHODS["fedcac"].client)(ctxs[0], settings_)
-    payload = strat.train_payload(10, 3)
+    payload = strat.payload(10, 3, "train")
     model, _ = client._mixed_model(payload)
     for k, v in strat.global_state.items():
         np.testing.assert_allclose(model.state_dict()[k].numpy(), v, atol=1e-6)
@@ -241,7 +241,7 @@ def test_after_beta_critical_parameters_stay_local():
     client = load_object(METHODS["fedcac"].client)(ctxs[1], settings_)
     own = {k: v for k, v in client.load_state("model").items()}
     mask = unpack_masks(client.load_state("mask")["bits"], strat.param_shapes)
-    model, _ = client._mixed_model(strat.train_payload(11, 3))
+    model, _ = client._mixed_model(strat.payload(11, 3, "train"))
     state = model.state_dict()
     for k in strat.param_keys:
         np.testing.assert_allclose(state[k].numpy()[mask[k]], own[k][mask[k]], atol=1e-6)
@@ -255,11 +255,11 @@ def test_bad_mask_is_rejected_and_logged():
     cfg = {"method": "fedcac"}
     strat, ctxs, _ = run_rounds(cfg, 1, n=2)
     settings_ = parse_settings(cfg)
-    payload = strat.train_payload(10, 2)
+    payload = strat.payload(10, 2, "train")
     payload["config"] = ConfigRecord({"server-round": 2})
     reply = load_object(METHODS["fedcac"].client)(ctxs[0], settings_).train(payload)
     reply["mask"] = to_record({"bits": np.zeros(3, np.uint8)})
-    assert strat.check_reply(2, 10, reply, "train", set()) is None
+    assert strat.gate.check(2, 10, reply, "train", set()) is None
     assert "record 'mask': array 'bits' has shape (3,)" in strat.failures[-1]["reason"]
 
 
@@ -287,7 +287,7 @@ def test_collaborators_on_planted_label_groups_share_labels_more_than_random_pai
     assert collab and np.mean(collab) > everyone + 0.1, (collab, everyone)
 
 
-# ---------------------------------------------------------------- partial participation (spec §6.11)
+# ---------------------------------------------------------------- partial participation (fedcac.md §6.11)
 def test_a_client_that_missed_a_round_gets_no_stale_customized_model():
     from tests.strategy_harness import drive
 

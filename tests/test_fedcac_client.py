@@ -1,10 +1,10 @@
-"""FedCAC's client handlers (spec fedcac §2.7 Eq. 11, §6.9, §7 "ClientApp"), checked against models built
+"""FedCAC's client handlers (fedcac.md §2.7 Eq. 11, §6.9, §7 "ClientApp"), checked against models built
 independently from what the client stored and what the server sent.
 
 The evaluate handler must score three models: the personalized one (Eq. 11 on a copy: critical positions
 from u_i, the rest from w_bar, BatchNorm statistics the client's own), the global model w_bar (with the
 client's own BatchNorm statistics, which never leave it) and the model right after local training (spec
-§6.9 logs "before aggregation" too).  It must not store the mix: the next train message applies it again.
+fedcac.md §6.9 logs "before aggregation" too).  It must not store the mix: the next train message applies it again.
 """
 
 import numpy as np
@@ -39,9 +39,9 @@ def first_round(cfg=CFG, n=3):
     cls = load_object(METHODS["fedcac"].client)
     ups = []
     for i, ctx in enumerate(ctxs):
-        payload = strat.train_payload(10 + i, 1)
+        payload = strat.payload(10 + i, 1, "train")
         payload["config"] = ConfigRecord({"server-round": 1})
-        up = strat.check_reply(1, 10 + i, cls(ctx, settings).train(payload), "train", set())
+        up = strat.gate.check(1, 10 + i, cls(ctx, settings).train(payload), "train", set())
         assert up is not None, strat.failures
         ups.append(up)
     diag = strat.aggregate(1, ups)["fedcac"]
@@ -49,7 +49,7 @@ def first_round(cfg=CFG, n=3):
 
 
 def model_from(client, state):
-    model = client.fresh_model()
+    model = client.reset_model()
     model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
     return model
 
@@ -89,7 +89,7 @@ def test_evaluate_scores_eq11_w_bar_and_the_trained_model_and_keeps_the_state(af
         assert len(set(losses)) == 3  # the three models really are different models here
         trained_differs.append(expected["trained"][1] != expected["personal"][1])
 
-        reply = client.evaluate(with_config(strat.evaluate_payload(10 + i, 1), 1))
+        reply = client.evaluate(with_config(strat.payload(10 + i, 1, "evaluate"), 1))
         m = reply["metrics"]
         assert m["personal-loss"] == pytest.approx(expected["personal"][0], rel=1e-5)
         assert m["personal-acc"] == pytest.approx(expected["personal"][1])
@@ -102,7 +102,7 @@ def test_evaluate_scores_eq11_w_bar_and_the_trained_model_and_keeps_the_state(af
 
 
 def test_a_client_with_no_fresh_customized_model_keeps_its_own_critical_values(after_round_one):
-    """Spec §6.11: without u_i (absent last round) Eq. 11 uses u_i := the client's own parameters."""
+    """fedcac.md §6.11: without u_i (absent last round) Eq. 11 uses u_i := the client's own parameters."""
     settings, strat, ctxs, cls, diag = after_round_one
     pid = next(p for p in diag["collaborators"] if diag["collaborators"][p])  # its u_i differs from its own
     client = cls(ctxs[pid], settings)
@@ -118,13 +118,13 @@ def test_a_client_with_no_fresh_customized_model_keeps_its_own_critical_values(a
 
 
 def test_the_next_round_starts_from_the_model_that_was_evaluated(after_round_one):
-    """Spec §2.7: Eq. 11 does not depend on the client's current weights, so the evaluation of round t and
+    """fedcac.md §2.7: Eq. 11 does not depend on the client's current weights, so the evaluation of round t and
     the train message of round t + 1 (same w_bar, u_i and mask) give the same model; training starts from it
     (its critical mask is scored against that start, Eq. 5)."""
     settings, strat, ctxs, cls, _ = after_round_one
     client = cls(ctxs[0], settings)
-    evaluated = client.personal_model(with_config(strat.evaluate_payload(10, 1), 1))
-    started = client.personal_model(with_config(strat.train_payload(10, 2), 2))
+    evaluated = client.personal_model(with_config(strat.payload(10, 1, "evaluate"), 1))
+    started = client.personal_model(with_config(strat.payload(10, 2, "train"), 2))
     for k, v in evaluated.state_dict().items():
         torch.testing.assert_close(started.state_dict()[k], v)
 
@@ -137,7 +137,7 @@ def test_first_contact_evaluates_the_common_model_with_w_bar_and_has_no_trained_
         run_id=1, node_id=99, node_config={"partition-id": 2, "num-partitions": 3}, state=RecordDict(), run_config=CFG
     )
     client = cls(ctx, settings)
-    init = client.fresh_model().state_dict()
+    init = client.reset_model().state_dict()
     expected = {**{k: v.numpy() for k, v in init.items()}, **strat.global_state}
     m = client.evaluate(with_config(RecordDict({"global": to_record(strat.global_state)}), 1))["metrics"]
     assert "before-agg-acc" not in m
@@ -157,14 +157,14 @@ def test_without_the_servers_models_a_trained_client_evaluates_its_own_post_trai
 
 
 def test_a_train_reply_reports_the_trained_models_accuracy_and_its_time_split_under_the_names_the_server_reads():
-    """Spec §6.9 logs the model right after local training ("before aggregation") as well: the train reply's
+    """fedcac.md §6.9 logs the model right after local training ("before aggregation") as well: the train reply's
     ``trained-acc`` is that model's test accuracy.  The server reads a reply's time split as ``time-train``
     (local training) and ``time-method`` (the method's own client work: here the Eq. 11 mix and the Eq. 5/6
     masks); time reported under any other name is lost.  A second-round train message exercises both the
     mix and the masks."""
     settings, strat, ctxs, cls, _ = first_round(n=2)
     client = cls(ctxs[0], settings)
-    reply = client.train(with_config(strat.train_payload(10, 2), 2))
+    reply = client.train(with_config(strat.payload(10, 2, "train"), 2))
     m = reply["metrics"]
     assert m["trained-acc"] == pytest.approx(scores(client, client.load_state("model"))[1])
     assert {k for k in m if k.startswith("time-")} == {"time-train", "time-method"}
@@ -172,7 +172,7 @@ def test_a_train_reply_reports_the_trained_models_accuracy_and_its_time_split_un
 
 
 def test_the_reported_mask_cost_is_what_the_clients_sent_one_bit_per_parameter(after_round_one, tmp_path):
-    """Spec §2.4 / §2.8: the uplink mask costs one bit per trainable parameter, ceil(n / 8) bytes, about
+    """fedcac.md §2.4 / §2.8: the uplink mask costs one bit per trainable parameter, ceil(n / 8) bytes, about
     1/32 of the float32 model; the run's communication record reports the bytes the clients really sent."""
     _, strat, _, _, _ = after_round_one
     strat.write_artifacts(tmp_path)
@@ -191,7 +191,7 @@ def test_the_global_model_is_w_bar_with_own_bn_statistics_and_leaves_the_persona
     into w_bar."""
     settings, strat, ctxs, cls, _ = after_round_one
     client = cls(ctxs[2], settings)
-    payload = with_config(strat.evaluate_payload(12, 1), 1)
+    payload = with_config(strat.payload(12, 1, "evaluate"), 1)
     personal = client.personal_model(payload)
     before = {k: v.clone() for k, v in personal.state_dict().items()}
     glob = client.global_model(payload, personal)

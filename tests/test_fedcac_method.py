@@ -1,4 +1,4 @@
-"""What FedCAC must do (spec fedcac §2.3-§2.7), checked against independent computations.
+"""What FedCAC must do (fedcac.md §2.3-§2.7), checked against independent computations.
 
 Written to kill the mutants that survived the older tests (tests/MUTATION.md): sensitivity from the
 post-training weights, exact per-tensor top-k, masks that survive the wire, Eq. 11 on the model's device,
@@ -37,7 +37,7 @@ def test_sensitivity_needs_the_start_of_round_value_of_every_parameter():
 
 @pytest.mark.parametrize("tau, n", [(0.29, 100), (0.57, 100), (0.7, 10), (0.1, 30), (1.0, 7), (0.5, 1)])
 def test_mask_size_is_floor_of_tau_n_in_exact_arithmetic(tau, n):
-    # 0.29 * 100 is 28.999999999999996 in floats; the spec's k = floor(tau n) is 29
+    # 0.29 * 100 is 28.999999999999996 in floats; fedcac.md's k = floor(tau n) is 29
     from fractions import Fraction
 
     k = int(Fraction(str(tau)) * n)  # exact floor
@@ -100,7 +100,7 @@ def test_unpack_refuses_a_payload_of_the_wrong_type_or_length_and_says_the_right
     [{"w": (1,)}, {"w": (8,)}, {"w": (2, 4), "b": (8,)}, {"w": (3, 3), "b": (7,)}, {"w": (4, 4)}, {"w": (17,)}, {}],
 )
 def test_the_server_expects_exactly_the_bytes_a_client_sends(shapes):
-    """Spec §2.4 / §2.8: the uplink mask is one bit per parameter, ceil(n / 8) bytes.  The server sizes the
+    """fedcac.md §2.4 / §2.8: the uplink mask is one bit per parameter, ceil(n / 8) bytes.  The server sizes the
     expected payload from the parameter shapes alone (packed_length); it must equal what pack_masks makes,
     also when n is a multiple of 8 (no spare byte), or every honest reply would be refused."""
     masks = {k: np.ones(s, bool) for k, s in shapes.items()}
@@ -203,7 +203,7 @@ def test_collaborators_are_those_at_or_above_the_threshold_and_never_oneself():
 
 
 def test_eq8_is_inclusive_a_pair_exactly_at_the_threshold_collaborates_even_without_tolerance():
-    """Spec §2.6 Eq. 8: C_i = {j != i : O_ij >= Threshold}.  "At or above", so the pair whose overlap equals
+    """fedcac.md §2.6 Eq. 8: C_i = {j != i : O_ij >= Threshold}.  "At or above", so the pair whose overlap equals
     the threshold is a collaborator; the tolerance only widens this for rounding, it is not what makes the
     boundary count."""
     o = np.array([[1.0, 0.5, 0.25], [0.5, 1.0, 0.25], [0.25, 0.25, 1.0]])
@@ -232,7 +232,7 @@ def test_global_average_uniform_or_by_example_counts():
 
 
 def test_w_bar_weights_are_exact_shares_of_the_counts_whatever_their_number_type():
-    """Eq. 9 with ``fedcac-weighting=num-examples`` (spec §2.7): p_i = n_i / sum_j n_j.  Counts may come as
+    """Eq. 9 with ``fedcac-weighting=num-examples`` (fedcac.md §2.7): p_i = n_i / sum_j n_j.  Counts may come as
     float32 (e.g. read back from a record); the shares are still exact to double precision, so three equal
     counts give the plain mean, not a mean with weights rounded to 0.33333334."""
     params = np.array([[1.0, 10.0], [2.0, -3.0], [4.0, 0.5]])
@@ -248,7 +248,7 @@ def test_w_bar_weights_are_exact_shares_of_the_counts_whatever_their_number_type
 
 
 def test_label_similarity_is_exact_for_float32_histograms():
-    """Spec §8 diagnostic: the cosines are computed in double precision whatever the histograms' dtype, so a
+    """fedcac.md §8 diagnostic: the cosines are computed in double precision whatever the histograms' dtype, so a
     float32 copy of the counts gives the same numbers as the integer counts."""
     counts = np.array([[1, 2, 3], [3, 1, 2], [0, 1, 1]])
     unit = counts / np.linalg.norm(counts, axis=1, keepdims=True)
@@ -309,7 +309,7 @@ def strategy_round(rounds=1, n=3, all_critical=False, **cfg):
 
 @pytest.mark.parametrize("weighting, weights", [("uniform", [1, 1, 1]), ("num-examples", [1, 2, 5])])
 def test_w_bar_is_the_uniform_or_example_weighted_mean_as_configured(weighting, weights):
-    """Eq. 9 averages uniformly; ``fedcac-weighting=num-examples`` weights by training examples (§6.10)."""
+    """Eq. 9 averages uniformly; ``fedcac-weighting=num-examples`` weights by training examples (fedcac.md §6.10)."""
     strat, sent = strategy_round(**{"fedcac-weighting": weighting})
     w = np.array(weights, float) / sum(weights)
     for k in strat.param_keys:
@@ -319,7 +319,7 @@ def test_w_bar_is_the_uniform_or_example_weighted_mean_as_configured(weighting, 
 
 @pytest.mark.parametrize("strict, expected", [(True, 0), (False, 1)])
 def test_the_strict_beta_cutoff_option_reaches_the_collaborator_sets(strict, expected):
-    """Spec §2.6 / §6.8: with all-ones masks (tau = 1) O_avg = O_max, so without the strict cutoff the clients
+    """fedcac.md §2.6 / §6.8: with all-ones masks (tau = 1) O_avg = O_max, so without the strict cutoff the clients
     collaborate in every round; with it (the default) nobody collaborates once t > beta."""
     strat, _ = strategy_round(rounds=2, n=2, all_critical=True, beta=1, **{"strict-beta-cutoff": strict})
     diag = strat.history[-1].extra["fedcac"]
@@ -357,7 +357,7 @@ def play(strat, nodes, rounds, sent):
 
 
 def expected_round(strat, sent, rnd, beta, clients):
-    """Eqs. 7-10 recomputed from the replies with plain loops (spec §2.5-§2.7), keyed by client id."""
+    """Eqs. 7-10 recomputed from the replies with plain loops (fedcac.md §2.5-§2.7), keyed by client id."""
     from task.models import build_model
 
     s = strat.settings
@@ -397,7 +397,7 @@ NODES = {21: 2, 22: 0, 23: 3, 24: 1}  # node id -> client id; neither order is t
 
 
 def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received():
-    """Spec §2.5-§2.7 for a whole round through the strategy: the overlap of the clients' unpacked masks, the
+    """fedcac.md §2.5-§2.7 for a whole round through the strategy: the overlap of the clients' unpacked masks, the
     threshold rising from mean to max (Eq. 7), the collaborators at or above it, none after beta (Eq. 8),
     w_bar (Eq. 9) and each client's u_i (Eq. 10); the next train message carries w_bar and u_i, and the round's
     diagnostics report exactly these numbers."""
@@ -416,7 +416,8 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
     )
     sent, clients = {}, sorted(NODES.values())
     assert strat.param_keys == list(strat.param_shapes) and strat.shared_keys() == strat.param_keys
-    assert strat.expected_reply_shapes(21) == strat.param_shapes
+    train_arrays = strat.reply_spec("train", 21).records["arrays"].tensors
+    assert {k: t.shape for k, t in train_arrays.items()} == strat.param_shapes
     for rnd in (1, 2, 3):
         play(strat, NODES, [rnd], sent)
         exp = expected_round(strat, sent, rnd, beta, clients)
@@ -448,24 +449,24 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
         order = [clients.index(c) for c in logged["partition-ids"]]
         assert sorted(logged["partition-ids"]) == clients
         np.testing.assert_allclose(logged["overlap"], exp["overlap"][np.ix_(order, order)], atol=5e-5)
-        assert strat.mask_bytes[-4:] == [-(-exp["n"] // 8)] * 4
+        assert strat.max_mask_bytes == -(-exp["n"] // 8)
         for node, c in NODES.items():  # what the next train message and this round's evaluation carry
-            for payload in (strat.train_payload(node, rnd + 1), strat.evaluate_payload(node, rnd)):
+            for payload in (strat.payload(node, rnd + 1, "train"), strat.payload(node, rnd, "evaluate")):
                 for k, v in payload["global"].items():
                     assert v.numpy().dtype == np.float32
                     np.testing.assert_allclose(v.numpy(), exp["wbar"][k], rtol=1e-5, atol=1e-6)
                     np.testing.assert_allclose(payload["custom"][k].numpy(), exp["u"][c][k], rtol=1e-5, atol=1e-6)
                 assert set(payload["global"]) == set(payload["custom"]) == set(strat.param_keys)
-            assert "custom" not in strat.train_payload(node, rnd + 2) and "custom" not in strat.evaluate_payload(
-                node, rnd + 1
+            assert "custom" not in strat.payload(node, rnd + 2, "train") and "custom" not in strat.payload(
+                node, rnd + 1, "evaluate"
             )
-            assert "custom" not in strat.train_payload(node, rnd)  # u_i of round rnd is for round rnd + 1 only
+            assert "custom" not in strat.payload(node, rnd, "train")  # u_i of round rnd is for round rnd + 1 only
         assert strat.custom_round == rnd and set(strat.custom) == set(clients)
     assert strat.fresh_custom(999, 3) is None  # a node the server has never heard from gets no u_i
 
 
 def test_the_train_reply_must_carry_one_bit_per_parameter_and_with_diagnostics_a_label_histogram():
-    """Spec §2.8 uplink: the packed mask (uint8, ceil(n / 8) bytes) is part of a train reply, not of an evaluate
+    """fedcac.md §2.8 uplink: the packed mask (uint8, ceil(n / 8) bytes) is part of a train reply, not of an evaluate
     reply; the label histogram (one count per class) is asked for only with ``fedcac-diagnostics``."""
     from task.methods.fedcac import packed_length as bytes_for
 
@@ -608,7 +609,7 @@ def test_a_run_shorter_than_beta_shows_its_first_and_last_round_and_one_without_
 
 
 def test_a_round_with_a_single_participant_has_no_pair_no_collaborator_and_u_i_is_its_own_model():
-    """Spec §2.6 with one participant: there is no pair, so the threshold is unreachable, nobody collaborates, the
+    """fedcac.md §2.6 with one participant: there is no pair, so the threshold is unreachable, nobody collaborates, the
     overlap statistics of the round are 0 (no pair to average) and u_i = w_bar = the client's own model."""
     strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 1, "beta": 3}))
     sent = {}
@@ -623,7 +624,7 @@ def test_a_round_with_a_single_participant_has_no_pair_no_collaborator_and_u_i_i
 
 
 def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_is_by_client_id(tmp_path, monkeypatch):
-    """Spec §7 (the server's result is per client, whatever order the replies come in): every u_i and the
+    """fedcac.md §7 (the server's result is per client, whatever order the replies come in): every u_i and the
     collaborator sets belong to the client that sent the model, and the overlap heat map is ordered by client id.
     A round where every mask is empty (tau = 0) has overlap 0 everywhere; the colour scale stays 0..1."""
     from strategies.base import Reply

@@ -52,7 +52,7 @@ SCENARIOS = {
     "moon": ("moon", {}, 1),
     "fedcac": ("fedcac", {"beta": 2, "fedcac-diagnostics": True}, 3),
     "fedc2i": ("fedc2i", {}, 3),
-    "fedc2i-peers": ("fedc2i", {"c2i-peers": 2, "c2i-variant": "Lambda-only"}, 3),
+    "fedc2i-peers": ("fedc2i", {"c2i-peers": 2, "c2i-variant": "class-level-averaged-extractor"}, 3),
     "pfedlia": ("pfedlia", {"warmup-rounds": 1, "optics-min-samples": 2}, 3),
     "pfedlia-p2p": ("pfedlia", {"warmup-rounds": 1, "lia-mode": "p2p"}, 3),
     "oracle": ("oracle", {"warmup-rounds": 1, "partition": "planted-clusters"}, 3),

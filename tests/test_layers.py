@@ -1,6 +1,6 @@
-"""Imports run one way (DESIGN.md): task/ imports nothing of the app; client_app/ and strategies/ never import
-each other; server_app/ may import strategies/ and task/, never client_app/.  What both sides of a method
-share lives in task/ (task/methods/: the registry, options, wire formats, shared math)."""
+"""Imports run one way (docs/adding-a-method.md, ground rules): task/ imports nothing of the app; client_app/ and
+strategies/ never import each other; server_app/ may import strategies/ and task/, never client_app/.  What both sides
+of a method share lives in task/ (task/methods/: the registry, options, wire formats, shared math)."""
 
 import ast
 from pathlib import Path

@@ -25,8 +25,8 @@ def strategy(**cfg):
 def states():
     """The common initial mlp, and a copy fitted to digits 5-9 (its head is a head that knows those digits)."""
     c = client("lgfedavg", client_data(HIGH))
-    init = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
-    high = trained_state(c.fresh_model(), *digits_of(HIGH, 30, 0))
+    init = {k: v.detach().clone() for k, v in c.reset_model().state_dict().items()}
+    high = trained_state(c.reset_model(), *digits_of(HIGH, 30, 0))
     return init, high
 
 
@@ -49,7 +49,7 @@ def as_torch(rec):
 
 
 def accuracy(c, state):
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     return evaluate(model, c.data.x_test, c.data.y_test)
 
@@ -57,10 +57,10 @@ def accuracy(c, state):
 # ------------------------------------------------------------------------------------------ server
 def test_the_server_shares_and_sends_only_the_head_the_mirror_of_fedper():
     s, fedper = strategy(), build_strategy(parse_settings({"method": "fedper", "model": "mlp"}))
-    assert s.shared_keys() == s.head_keys == ["head.weight", "head.bias"]
-    assert set(s.shared_keys()) | set(fedper.shared_keys()) == set(s.all_keys)
+    assert s.shared_keys() == s.model_info.head_keys == ["head.weight", "head.bias"]
+    assert set(s.shared_keys()) | set(fedper.shared_keys()) == set(s.model_info.keys)
     assert not set(s.shared_keys()) & set(fedper.shared_keys())
-    assert sorted(s.train_payload(1, 1)["arrays"].keys()) == ["head.bias", "head.weight"]
+    assert sorted(s.payload(1, 1, "train")["arrays"].keys()) == ["head.bias", "head.weight"]
     assert not s.has_global_model and s.server_models() == {}
 
 
@@ -72,27 +72,27 @@ def test_the_server_averages_the_heads_by_training_examples():
             n,
             examples,
             {"num-examples": examples, "partition-id": n},
-            {"arrays": {k: np.full(s.shapes[k], value, np.float32) for k in s.head_keys}},
+            {"arrays": {k: np.full(s.model_info.shapes[k], value, np.float32) for k in s.model_info.head_keys}},
         )
         for n, value, examples in ((1, 1.0, 10), (2, 4.0, 30))
     ]
     s.aggregate(1, replies)
     assert sorted(s.global_state) == ["head.bias", "head.weight"]
     np.testing.assert_allclose(s.global_state["head.weight"], 3.25)  # (10 * 1 + 30 * 4) / 40
-    np.testing.assert_allclose(record_to_numpy(s.train_payload(1, 2)["arrays"])["head.bias"], 3.25)
+    np.testing.assert_allclose(record_to_numpy(s.payload(1, 2, "train")["arrays"])["head.bias"], 3.25)
 
 
 def test_a_reply_that_sends_the_body_is_rejected_and_a_head_only_reply_accepted():
     s = strategy()
-    head = {k: np.zeros(s.shapes[k], np.float32) for k in s.head_keys}
-    body = {k: np.zeros(s.shapes[k], np.float32) for k in s.body_keys}
+    head = {k: np.zeros(s.model_info.shapes[k], np.float32) for k in s.model_info.head_keys}
+    body = {k: np.zeros(s.model_info.shapes[k], np.float32) for k in s.model_info.body_keys}
     metrics = MetricRecord({"num-examples": 5, "partition-id": 0})
     assert (
-        s.check_reply(1, 7, RecordDict({"arrays": to_record({**head, **body}), "metrics": metrics}), "train", set())
+        s.gate.check(1, 7, RecordDict({"arrays": to_record({**head, **body}), "metrics": metrics}), "train", set())
         is None
     )
     assert "unexpected ['fc1.bias'" in s.failures[-1]["reason"]
-    assert s.check_reply(1, 7, RecordDict({"arrays": to_record(head), "metrics": metrics}), "train", set()) is not None
+    assert s.gate.check(1, 7, RecordDict({"arrays": to_record(head), "metrics": metrics}), "train", set()) is not None
 
 
 # ------------------------------------------------------------------------------------------ client
@@ -156,7 +156,7 @@ def test_bodies_stay_personal_while_the_heads_meet(states):
         r = client("lgfedavg", client_data(classes), ctx=ctxs[name], **{"local-epochs": 2}).train(
             message(head_of(init))
         )
-        replies.append(s.check_reply(1, 10 + i, r, "train", set()))
+        replies.append(s.gate.check(1, 10 + i, r, "train", set()))
     assert all(r is not None for r in replies), s.failures  # real client replies pass the strategy's reply spec
     s.aggregate(1, replies)
     low, high = as_torch(ctxs["low"].state["body"]), as_torch(ctxs["high"].state["body"])
@@ -176,11 +176,11 @@ def test_a_message_that_carries_local_layers_is_refused_with_the_reason(states):
 
 def test_batchnorm_statistics_stay_local_with_the_cnn():
     s = build_strategy(parse_settings({"method": "lgfedavg", "model": "cnn"}))
-    bn = [k for k in s.all_keys if "running_" in k or "num_batches" in k]
+    bn = [k for k in s.model_info.keys if "running_" in k or "num_batches" in k]
     assert bn and not set(bn) & set(s.shared_keys())
     ctx = context("lgfedavg", model="cnn")
     reply = client("lgfedavg", ctx=ctx).train(
-        RecordDict({"arrays": s.train_payload(1, 1)["arrays"], "config": ConfigRecord({"server-round": 1})})
+        RecordDict({"arrays": s.payload(1, 1, "train")["arrays"], "config": ConfigRecord({"server-round": 1})})
     )
-    assert sorted(reply["arrays"].keys()) == sorted(s.head_keys)
+    assert sorted(reply["arrays"].keys()) == sorted(s.model_info.head_keys)
     assert set(bn) <= set(ctx.state["body"].keys())

@@ -28,7 +28,7 @@ from server_app.app import build_strategy
 ctx = Context(run_id=1, node_id=7, node_config={{"partition-id": 1, "num-partitions": 4}}, state=RecordDict(),
               run_config={{"method": "fedavg", "num-server-rounds": 2}})
 method = client_for(ctx)
-payload = RecordDict({{"arrays": build_strategy(method.settings).train_payload(7, 1)["arrays"],
+payload = RecordDict({{"arrays": build_strategy(method.settings).payload(7, 1, "train")["arrays"],
                       "config": ConfigRecord({{"server-round": 1}})}})
 reply = method.train(payload)
 print(json.dumps({{"after-import": after_import, "after-train": sorted(m for m in {heavy} if m in sys.modules),

@@ -1,8 +1,8 @@
-"""Where a message's time goes (issue 17): the client's stamps, the server's split, the server's own pulling."""
+"""Where a message's time goes (issue 17): the client's stamps and the server's split (the server's own pulling:
+tests/test_exchange.py)."""
 
 import math
 import time
-from types import SimpleNamespace
 
 import pytest
 from flwr.app import MetricRecord, RecordDict
@@ -72,94 +72,6 @@ def test_a_malformed_timing_record_is_rejected_like_any_other_field(bad):
         return  # Flower itself refuses this value in a MetricRecord
     with pytest.raises(InvalidReply, match="timing metric 'handler-end'"):
         parse_reply(content, BASE)
-
-
-class SlowGrid:
-    """Replies become available only after ``delay`` seconds; counts the pulls."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay, self.pulls, self.pushed = delay, 0, None
-
-    def push_messages(self, messages):
-        self.pushed = time.monotonic()
-        return [m.metadata.message_id for m in messages]
-
-    def pull_messages(self, ids):
-        self.pulls += 1
-        if time.monotonic() - self.pushed < self.delay:
-            return []
-        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in ids]
-
-
-def test_the_strategy_pulls_replies_often_instead_of_every_3_s():
-    from strategies.base import PersonalizedStrategy
-
-    s = PersonalizedStrategy.__new__(PersonalizedStrategy)
-    s._pushed_at, s._pulled_at = {}, {}
-    grid = SlowGrid(delay=0.35)
-    msgs = [SimpleNamespace(metadata=SimpleNamespace(message_id=f"m{i}")) for i in range(3)]
-    replies = s.exchange(grid, msgs, timeout=30)
-    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1", "m2"]
-    assert grid.pulls >= 3  # it kept asking while nothing was there (a 3 s wait between pulls makes 2)
-    assert set(s._pulled_at) == {"m0", "m1", "m2"} and set(s._pushed_at) == {"m0", "m1", "m2"}
-
-
-def test_the_wait_between_pulls_grows_with_the_phase_and_is_bounded():
-    """A young phase (a simulated round of a fraction of a second) is pulled often, so its last reply is seen
-    soon after it arrives; a long phase (a deployed round) is pulled at most every reply_poll_seconds."""
-    from strategies.base import PersonalizedStrategy as S
-
-    s = S.__new__(S)
-    waits = [s.poll_wait(t) for t in (0.0, 0.01, 0.2, 0.5, 1.0, 1.9, 2.0, 5.0, 60.0)]
-    assert waits == sorted(waits)  # never shorter later in the phase
-    assert waits[0] == S.reply_poll_min_seconds > 0  # no busy loop at the start
-    assert s.poll_wait(0.5) == pytest.approx(S.reply_poll_share * 0.5)  # the lag is a share of the time waited
-    assert s.poll_wait(0.5) < S.reply_poll_seconds / 2  # a half-second round is pulled far more often than every 0.1 s
-    assert s.poll_wait(60.0) == S.reply_poll_seconds  # a long phase: no more often than the cap
-
-
-def test_exchange_sleeps_the_growing_wait_between_pulls(monkeypatch):
-    from strategies import base
-    from strategies.base import PersonalizedStrategy
-
-    s = PersonalizedStrategy.__new__(PersonalizedStrategy)
-    s._pushed_at, s._pulled_at = {}, {}
-    clock = [100.0]
-    slept = []
-
-    def fake_sleep(seconds):
-        slept.append(seconds)
-        clock[0] += seconds
-
-    class Grid(SlowGrid):
-        def push_messages(self, messages):
-            self.pushed = clock[0]
-            return [m.metadata.message_id for m in messages]
-
-        def pull_messages(self, ids):
-            self.pulls += 1
-            if clock[0] - self.pushed < self.delay:
-                return []
-            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in ids]
-
-    monkeypatch.setattr(base.time, "sleep", fake_sleep)
-    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
-    grid = Grid(delay=0.5)
-    msgs = [SimpleNamespace(metadata=SimpleNamespace(message_id="m0"))]
-    assert len(s.exchange(grid, msgs, timeout=30)) == 1
-    assert slept == pytest.approx(
-        [s.poll_wait(sum(slept[:i])) for i in range(len(slept))]
-    )  # each wait from the time waited so far
-    assert sum(slept) - grid.delay <= s.poll_wait(grid.delay) + 1e-9  # the reply is pulled one wait after it came
-
-
-def test_the_strategy_stops_waiting_at_the_timeout():
-    from strategies.base import PersonalizedStrategy
-
-    s = PersonalizedStrategy.__new__(PersonalizedStrategy)
-    s._pushed_at, s._pulled_at = {}, {}
-    msgs = [SimpleNamespace(metadata=SimpleNamespace(message_id="m0"))]
-    assert s.exchange(SlowGrid(delay=1e9), msgs, timeout=0.3) == []
 
 
 def test_the_client_stamps_its_reply_in_the_order_things_happened():

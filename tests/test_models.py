@@ -57,7 +57,7 @@ def test_forward_and_split(name):
 
 
 def test_small_cnn_matches_spec_size():
-    assert count_parameters(build_model("cnn", 1, 8, 10)) == 38330  # spec fedcac §8
+    assert count_parameters(build_model("cnn", 1, 8, 10)) == 38330  # fedcac.md §8
     assert build_model("cnn", 1, 28, 10)(torch.randn(2, 1, 28, 28)).shape == (2, 10)
 
 
@@ -136,3 +136,27 @@ def test_the_causal_lms_layer_norms_are_its_normalisation_layers_also_for_a_pret
     pretrained = build_model(f"gpt2:{folder}", 12, 0, 40)
     assert model_norm_keys(f"gpt2:{folder}", 12, 0, 40) == tuple(norm_keys(pretrained))
     assert len(norm_keys(pretrained)) == 2 * (2 * 3 + 1)
+
+
+def test_the_registry_describes_a_model_without_the_caller_building_one():
+    """What strategies learn from the registry (task.models.model_info): keys in state_dict order with shapes and
+    dtypes, trained parameters and buffers, normalisation-layer keys, body / head and the feature width."""
+    from task.models import describe, model_info
+
+    cnn = build_model("cnn", 1, 8, 10)
+    rng = torch.random.get_rng_state()
+    info = model_info("cnn", 1, 8, 10)
+    assert torch.equal(rng, torch.random.get_rng_state())  # no weights were drawn to describe it
+    assert info == describe(cnn) and model_info("cnn", 1, 8, 10) is info  # built once per process
+    state = cnn.state_dict()
+    assert info.keys == list(state) and info.shapes == {k: tuple(v.shape) for k, v in state.items()}
+    assert info.dtypes["conv.1.num_batches_tracked"] == "int64" and info.dtypes["head.bias"] == "float32"
+    assert list(info.parameter_keys) == [n for n, _ in cnn.named_parameters()]
+    assert info.buffer_keys == [k for k in state if k.split(".")[-1].startswith(("running_", "num_batches"))]
+    assert list(info.norm_keys) == [k for k in state if k.startswith(("conv.1.", "conv.4."))]  # the two BatchNorms
+    assert info.head_keys == ["head.weight", "head.bias"] and info.body_keys + info.head_keys == info.keys
+    assert info.feature_dim == cnn.feature_dim == 64
+    mlp = model_info("mlp", 64, 0, 10)
+    assert mlp.norm_keys == () and mlp.buffer_keys == [] and mlp.keys == list(mlp.parameter_keys)
+    resnet = model_info("resnet8", 3, 32, 10)
+    assert "stages.1.shortcut.1.running_var" in resnet.norm_keys and resnet.feature_dim == 256

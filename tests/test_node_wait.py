@@ -131,10 +131,17 @@ def test_a_strategy_that_never_gets_min_nodes_stops_after_node_wait_timeout_with
 
 
 def test_a_strategy_whose_nodes_left_mid_run_names_the_partition_ids_it_lost():
-    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.app import ConfigRecord
 
     from server_app.app import build_strategy
-    from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, valid_content
+    from tests.strategy_harness import (
+        ReplayGrid,
+        outgoing_messages,
+        phase_of,
+        reply_message,
+        shared_arrays,
+        valid_content,
+    )
 
     settings = parse_settings({"model": "mlp", "min-nodes": 4, "node-wait-timeout": 0.2})
     strategy = build_strategy(settings)
@@ -147,7 +154,7 @@ def test_a_strategy_whose_nodes_left_mid_run_names_the_partition_ids_it_lost():
     grid = ReplayGrid(client_of, respond)
     with outgoing_messages():
         strategy.aggregate_train(
-            1, grid.send_and_receive(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
+            1, grid.send_and_receive(strategy.configure_train(1, shared_arrays(strategy), ConfigRecord(), grid))
         )
     grid.nodes = [1003, 555]  # the nodes of clients 1 and 2 are gone
     with pytest.raises(NodeWaitTimeout) as err:

@@ -6,11 +6,18 @@ these tests pin that sharing never sends a stale or another round's model.
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ConfigRecord
 
 from server_app.app import build_strategy
 from task.config import parse_settings
-from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, valid_content
+from tests.strategy_harness import (
+    ReplayGrid,
+    outgoing_messages,
+    phase_of,
+    reply_message,
+    shared_arrays,
+    valid_content,
+)
 
 NODES = [11, 4, 29]
 
@@ -44,7 +51,8 @@ def test_every_message_carries_the_global_model_of_its_round(method, key):
         for server_round in (1, 2, 3):
             expected = {k: np.array(v) for k, v in strategy.global_state.items()}
             sent = len(grid.sent)
-            train = grid.send_and_receive(strategy.configure_train(server_round, ArrayRecord(), ConfigRecord(), grid))
+            messages = strategy.configure_train(server_round, shared_arrays(strategy), ConfigRecord(), grid)
+            train = grid.send_and_receive(messages)
             messages = [m for m in grid.sent[sent:] if phase_of(m) == "train"]
             assert len(messages) == len(NODES)
             for m in messages:
@@ -52,10 +60,8 @@ def test_every_message_carries_the_global_model_of_its_round(method, key):
                 assert set(got) == set(expected)
                 for k in expected:
                     np.testing.assert_array_equal(got[k], expected[k])
-            strategy.aggregate_train(server_round, train)
+            arrays, _ = strategy.aggregate_train(server_round, train)
             changed = any(not np.array_equal(strategy.global_state[k], expected[k]) for k in expected)
             assert changed, "the replies differ from the model sent, so aggregation must move it"
-            evaluate = grid.send_and_receive(
-                strategy.configure_evaluate(server_round, ArrayRecord(), ConfigRecord(), grid)
-            )
+            evaluate = grid.send_and_receive(strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
             strategy.aggregate_evaluate(server_round, evaluate)

@@ -1,4 +1,4 @@
-"""pFedLIA pieces (spec pfedlia §2.4-§2.8): influence-row sign, OPTICS noise handling, 2-means, late joiners."""
+"""pFedLIA pieces (pfedlia.md §2.4-§2.8): influence-row sign, OPTICS noise handling, 2-means, late joiners."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""What pFedLIA's client must do (spec pfedlia §2.4, §2.5, §2.8), with the data splits chosen by the test.
+"""What pFedLIA's client must do (pfedlia.md §2.4, §2.5, §2.8), with the data splits chosen by the test.
 
 The lazy-influence row is Eq. 1 on the client's *validation* split: a client whose validation split holds
 other digits than its training split must find the peer trained on its validation digits helpful.
@@ -157,8 +157,8 @@ def test_require_positive_keeps_small_positive_influences():
 def lazy_models():
     """theta_0 (the common initial model) and two lazy models: one fitted to digits 0-4, one to 5-9."""
     c = client("pfedlia", client_data(LOW))
-    theta0 = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
-    model = c.fresh_model()
+    theta0 = {k: v.detach().clone() for k, v in c.reset_model().state_dict().items()}
+    model = c.reset_model()
     low = trained_state(model, *digits_of(LOW, 30, 0))
     high = trained_state(model, *digits_of(HIGH, 30, 0))
     return theta0, low, high
@@ -175,7 +175,7 @@ def lia_content(theta0, lazies, self_index=None):
 
 
 def loss_of(c, state, x, y):
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     return evaluate(model, x, y)[0]
 
@@ -236,7 +236,7 @@ def test_p2p_require_positive_is_read_from_the_run_config(lazy_models):
     # a row whose top group is negative too: the plain 2-means keeps it, require-positive drops it
     high_val = client_data(LOW, val_classes=HIGH)
     c = client("pfedlia", high_val)
-    slightly = trained_state(c.fresh_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
+    slightly = trained_state(c.reset_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
     lazies = [slightly, slightly, low, low]  # on a 5-9 validation split both hurt, the fitted one more
     plain = client("pfedlia", high_val, **{"lia-mode": "p2p"}).query("lia", lia_content(theta0, lazies, 3))
     row = plain["metrics"]["lia-row"]
@@ -257,11 +257,11 @@ def test_late_joiner_compares_against_every_stored_lazy_model(lazy_models):
 
 
 def test_a_late_joiner_keeps_only_positive_peers_under_require_positive(lazy_models):
-    """p2p-require-positive holds for a newcomer's set too (spec §2.5 2-means set, §2.8 late joiners): on a
-    row where every stored lazy model hurts, the plain 2-means takes the least harmful, the strict set none."""
+    """p2p-require-positive holds for a newcomer's set too (pfedlia.md §2.5 2-means set, §2.8 late joiners):
+    on a row where every stored lazy model hurts, the plain 2-means takes the least harmful, the strict set none."""
     theta0, low, _ = lazy_models
     high_val = client_data(LOW, val_classes=HIGH)
-    slightly = trained_state(client("pfedlia", high_val).fresh_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
+    slightly = trained_state(client("pfedlia", high_val).reset_model(), *digits_of(LOW, 30, 0), epochs=1, lr=0.02)
     lazies = [low, slightly, low, slightly]
     plain = client("pfedlia", high_val, **{"lia-mode": "p2p"}).query("lia", lia_content(theta0, lazies))["metrics"]
     assert max(plain["lia-row"]) < 0  # the case this test needs
@@ -313,7 +313,7 @@ def test_train_trains_the_sent_model_and_reports_the_planted_cluster(lazy_models
     trained = {k: torch.from_numpy(v) for k, v in record_to_numpy(reply["arrays"]).items()}
     assert metrics["num-examples"] == len(data.y_train) and metrics["planted-cluster"] == 3
     assert loss_of(c, trained, data.x_train, data.y_train) < loss_of(c, theta0, data.x_train, data.y_train)
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(trained)
     assert metrics["trained-acc"] == pytest.approx(evaluate(model, data.x_test, data.y_test)[1])
     assert (
@@ -328,7 +328,7 @@ def test_evaluate_scores_the_sent_model_and_calls_it_global_only_during_warm_up(
     theta0, low, high = lazy_models
     data = client_data(LOW)
     c = client("pfedlia", data)
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(low)
     loss, acc = evaluate(model, data.x_test, data.y_test)
     warm = c.evaluate(RecordDict({"arrays": to_record(numpy_state(low)), "config": ConfigRecord({"clustered": False})}))
@@ -350,7 +350,7 @@ def test_a_train_message_evaluates_the_previous_round_and_calls_it_global_only_i
     theta0, low, _ = lazy_models
     data = client_data(LOW)
     c = client("pfedlia", data)
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(low)
     loss, acc = evaluate(model, data.x_test, data.y_test)
     for before in (True, False):  # the round W + 1 message (clustered) carrying round W's evaluation, and later
@@ -401,8 +401,8 @@ def test_an_empty_validation_split_error_names_the_cause_and_the_fix(lazy_models
 
 
 def test_a_lazy_client_list_without_a_self_index_means_a_newcomer(lazy_models):
-    """§2.8: a client that is not among the lazy models (no self-index in `lazy-clients`) compares itself with
-    every one of them, exactly as when the record is missing altogether."""
+    """pfedlia.md §2.8: a client that is not among the lazy models (no self-index in `lazy-clients`) compares itself
+    with every one of them, exactly as when the record is missing altogether."""
     theta0, low, high = lazy_models
     lazies = [low, high, high, low]  # were it lazy model 1 (or any listed one), it would count itself in
     c = client("pfedlia", client_data(LOW), **{"lia-mode": "p2p"})
@@ -415,8 +415,8 @@ def test_a_lazy_client_list_without_a_self_index_means_a_newcomer(lazy_models):
 
 
 def test_rounding_tolerance_of_coinciding_centroids_is_1e_12_inclusive_and_absolute_below_one():
-    """§2.5: coinciding centroids (a constant row) mean every peer.  "Coinciding" is up to 1e-12: two groups whose
-    centroids are exactly 1e-12 apart coincide; scores of magnitude below one that spread by 1.5e-12 (centroids
+    """pfedlia.md §2.5: coinciding centroids (a constant row) mean every peer.  "Coinciding" is up to 1e-12: two groups
+    whose centroids are exactly 1e-12 apart coincide; scores of magnitude below one that spread by 1.5e-12 (centroids
     1.5e-12 apart) are two groups, the tolerance there being absolute (1e-12), not larger."""
     exactly = np.array([9.0, -1e-13, 1e-13, 1e-12 - 1e-13, 1e-12 + 1e-13])  # centroids 0 and 1e-12, spread 1.2e-12
     np.testing.assert_array_equal(beneficial_peers(exactly, 0), [0, 1, 2, 3, 4])

@@ -1,4 +1,4 @@
-"""What pFedLIA's server side must do with the influence matrix (spec pfedlia §2.5, §2.6, §2.8), and CFL's
+"""What pFedLIA's server side must do with the influence matrix (pfedlia.md §2.5, §2.6, §2.8), and CFL's
 split rule (Sattler et al.), checked on matrices whose right answer is known by construction."""
 
 import itertools
@@ -324,7 +324,7 @@ class Federation:
 
 
 def fedavg(clients, rnd):
-    """FedAvg of the scripted train replies: sum n_j v_j / sum n_j (spec §2.6)."""
+    """FedAvg of the scripted train replies: sum n_j v_j / sum n_j (pfedlia.md §2.6)."""
     n = np.array([EXAMPLES[c] for c in clients], float)
     return float(n @ [trained_value(rnd, c) for c in clients] / n.sum())
 
@@ -344,8 +344,8 @@ def central():
 
 
 def test_warm_up_is_fedavg_and_the_clustering_round_starts_from_its_model(central):
-    """§2.8: rounds 1..W are FedAvg of everybody's model; round W + 1 first asks every client for a lazy model
-    trained from theta_0 = the warm-up result (query.lazy), not before."""
+    """pfedlia.md §2.8: rounds 1..W are FedAvg of everybody's model; round W + 1 first asks every client for a lazy
+    model trained from theta_0 = the warm-up result (query.lazy), not before."""
     theta0 = fedavg(CLIENTS, 1)
     assert {r for r, p, _, _ in central.sent if p == "lazy"} == {2}
     assert set(central.messages(2, "lazy")) == set(CLIENTS)
@@ -358,14 +358,14 @@ def test_warm_up_is_fedavg_and_the_clustering_round_starts_from_its_model(centra
 
 
 def test_every_client_scores_all_lazy_models_in_client_order_against_theta_0(central):
-    """§2.4 / §2.7: query.lia carries theta_0, the lazy models stacked in client-id order, their ids and the
+    """pfedlia.md §2.4 / §2.7: query.lia carries theta_0, the lazy models stacked in client-id order, their ids and the
     receiver's own index among them (the diagonal of the matrix)."""
     theta0 = fedavg(CLIENTS, 1)
     assert set(central.messages(2, "lia")) == set(CLIENTS)
     for c in CLIENTS:
         assert_holds(central.payload(2, "lia", c), theta0)
         for k, v in central.payload(2, "lia", c, "lazy").items():
-            assert v.shape == (len(CLIENTS), *central.strategy.shapes[k])
+            assert v.shape == (len(CLIENTS), *central.strategy.model_info.shapes[k])
             np.testing.assert_array_equal(
                 v, np.stack([np.full(v.shape[1:], lazy_value(j), np.float32) for j in CLIENTS])
             )
@@ -374,7 +374,7 @@ def test_every_client_scores_all_lazy_models_in_client_order_against_theta_0(cen
 
 
 def test_central_mode_clusters_the_influence_rows_and_runs_fedavg_per_cluster(central):
-    """§2.5 central (OPTICS on the rows) and §2.6: each cluster's model is the example-weighted mean of its
+    """pfedlia.md §2.5 central (OPTICS on the rows) and §2.6: each cluster's model is the example-weighted mean of its
     members' updates; the next round sends every client its own cluster's model."""
     s = central.strategy
     np.testing.assert_allclose(s.matrix, [[influence(i, j) for j in CLIENTS] for i in CLIENTS])
@@ -399,7 +399,7 @@ def test_the_clustering_round_is_logged_with_its_cost_and_quality(central):
     and lia phases, down and up) and the ARI against the planted groups."""
     s = central.strategy
     info = s.history[1].extra["clustering"]
-    comm = s.comm[2]
+    comm = s.history[1].extra["comm"]
     assert info["round"] == 2 and info["mode"] == "central" and info["clusters"] == 2
     assert info["clients-asked"] == len(CLIENTS) and info["ari"] == 1.0 and "p2p-exact-fraction" not in info
     assert info["bytes-down-per-client"] == (comm["lazy-bytes-down"] + comm["lia-bytes-down"]) / len(CLIENTS)
@@ -426,7 +426,7 @@ def test_the_server_holds_the_global_model_only_during_the_warm_up():
 
 
 def test_a_cluster_without_a_trained_member_keeps_its_model():
-    """§2.6: clusters with no sampled (here: no replying) member keep their model."""
+    """pfedlia.md §2.6: clusters with no sampled (here: no replying) member keep their model."""
     group1 = [c for c in CLIENTS if PLANTED[c] == 1]
     fed = Federation(rounds=3, silent={(3, "train", c) for c in group1}).run()
     s = fed.strategy
@@ -436,7 +436,7 @@ def test_a_cluster_without_a_trained_member_keeps_its_model():
 
 
 def test_clients_missing_from_the_clustering_round_join_the_cluster_their_row_favours():
-    """§2.8 late joiners: a client without a lazy model (column) or without a row is assigned when it next
+    """pfedlia.md §2.8 late joiners: a client without a lazy model (column) or without a row is assigned when it next
     shows up, by its row over the stored lazy models (mean score per cluster); it then trains that cluster."""
     late_lazy, late_row = CLIENTS[2], CLIENTS[3]  # planted groups 0 and 1
     fed = Federation(rounds=3, silent={(2, "lazy", late_lazy), (2, "lia", late_row)}).run()
@@ -462,7 +462,7 @@ def test_clients_missing_from_the_clustering_round_join_the_cluster_their_row_fa
 
 
 def test_a_late_joiner_compares_clusters_by_its_scores_of_their_members_only():
-    """§2.8: the newcomer's row covers every stored lazy model, but the cluster means are taken over the
+    """pfedlia.md §2.8: the newcomer's row covers every stored lazy model, but the cluster means are taken over the
     columns of the clustered clients, matched by client id (a lazy model whose owner has no row is left out)."""
     late_lazy, late_row = CLIENTS[0], CLIENTS[1]
     fed = Federation(rounds=3, silent={(2, "lazy", late_lazy), (2, "lia", late_row)}).run()
@@ -498,8 +498,8 @@ def p2p():
 
 
 def test_p2p_sets_are_the_clients_beneficial_peers_by_client_id_plus_itself(p2p):
-    """§2.5 peer-to-peer: S_i = the peers client i reports (indices into the lazy list, mapped to client ids)
-    plus i itself; identical sets share one group label (§2.6)."""
+    """pfedlia.md §2.5 peer-to-peer: S_i = the peers client i reports (indices into the lazy list, mapped to client ids)
+    plus i itself; identical sets share one group label (pfedlia.md §2.6)."""
     s = p2p.strategy
     assert s.sets == P2P_SETS
     groups = {}
@@ -510,7 +510,8 @@ def test_p2p_sets_are_the_clients_beneficial_peers_by_client_id_plus_itself(p2p)
 
 
 def test_p2p_personal_model_is_fedavg_over_the_trained_members_of_its_set(p2p):
-    """§2.6 p2p: theta_i <- sum_{j in S_i cap P_t} n_j theta_j / sum n_j; the next round sends client i its own."""
+    """pfedlia.md §2.6 p2p: theta_i <- sum_{j in S_i cap P_t} n_j theta_j / sum n_j; the next round sends client i its
+    own."""
     s = p2p.strategy
     theta0 = fedavg(CLIENTS, 1)
     for c in CLIENTS:
@@ -537,7 +538,7 @@ def test_p2p_lia_replies_may_carry_only_indices_of_lazy_models():
 
 
 def test_p2p_personal_model_of_a_client_whose_set_did_not_train_stays():
-    """§2.6: a client with S_i cap P_t empty keeps its personal model."""
+    """pfedlia.md §2.6: a client with S_i cap P_t empty keeps its personal model."""
     fed = Federation(
         **{"lia-mode": "p2p"}, beneficial=_p2p_beneficial, silent={(3, "train", 3), (3, "train", 11)}
     ).run()
@@ -547,8 +548,8 @@ def test_p2p_personal_model_of_a_client_whose_set_did_not_train_stays():
 
 
 def test_p2p_late_joiner_gets_its_own_set_and_theta_0():
-    """§2.8 p2p: a newcomer's set is its own 2-means set over the stored lazy models (plus itself); it starts from
-    theta_0 and then averages over its set like everyone."""
+    """pfedlia.md §2.8 p2p: a newcomer's set is its own 2-means set over the stored lazy models (plus itself); it starts
+    from theta_0 and then averages over its set like everyone."""
     late = 20
     fed = Federation(**{"lia-mode": "p2p"}, silent={(2, "lazy", late)}).run()
     s = fed.strategy
@@ -798,7 +799,7 @@ def test_a_client_without_a_cluster_or_set_trains_theta_0(mode):
 
 
 def _accepts(strategy, phase, client, content):
-    return strategy.check_reply(2, NODE[client], content, phase, set()) is not None
+    return strategy.gate.check(2, NODE[client], content, phase, set()) is not None
 
 
 def _metrics_reply(client, **metrics):
@@ -806,8 +807,8 @@ def _metrics_reply(client, **metrics):
 
 
 def test_a_lia_reply_is_a_finite_row_over_the_lazy_models_and_distinct_indices_into_them():
-    """§2.7 (issue 14 §2): the row has one bounded score per lazy model, of either sign; p2p's beneficial peers
-    are distinct indices into the lazy list (at most all of them); anything else is rejected."""
+    """pfedlia.md §2.7 (issue 14 §2): the row has one bounded score per lazy model, of either sign; p2p's beneficial
+    peers are distinct indices into the lazy list (at most all of them); anything else is rejected."""
     from strategies.replies import VALUE_LIMIT
 
     s = Federation(**{"lia-mode": "p2p"}).strategy
@@ -893,7 +894,7 @@ def _one_outlier(i, j):  # client 31 scores like nobody else: an OPTICS noise po
 )
 def test_the_clustering_options_reach_optics(option, influence_of, expected):
     """docs "Options": lia-score (raw rows or their signs), lia-row-standardize, lia-noise and optics-min-samples
-    change the server's OPTICS clustering of the influence rows (§2.5)."""
+    change the server's OPTICS clustering of the influence rows (pfedlia.md §2.5)."""
     s = Federation(rounds=2, influence=influence_of, **option).run().strategy
     assert same_partition(s.assignment, expected) and len(set(s.assignment.values())) == len(set(expected.values()))
 
@@ -925,7 +926,7 @@ def test_the_clustering_round_takes_the_time_it_is_logged_with():
 def test_a_single_client_is_its_own_cluster_and_its_bytes_are_per_client(tmp_path, monkeypatch):
     fed = Federation(rounds=2, clients=[8]).run()
     s = fed.strategy
-    info, comm = s.clustering, s.comm[2]
+    info, comm = s.clustering, s.history[1].extra["comm"]
     assert s.assignment == {8: 0} and info["clusters"] == 1 and info["clients-asked"] == 1
     assert info["bytes-down-per-client"] == comm["lazy-bytes-down"] + comm["lia-bytes-down"]
     assert info["bytes-up-per-client"] == comm["lazy-bytes-up"] + comm["lia-bytes-up"]

@@ -1,4 +1,4 @@
-"""What the PI-FL client must do (spec pifl §2.2, Algorithm 1): score every tier model on its validation split,
+"""What the PI-FL client must do (pifl.md §2.2, Algorithm 1): score every tier model on its validation split,
 bid for the best one it can pay for (PI-FL(NI): a random one), train the tier it won, and mix the tier models
 into its one-shot personalized model (Eq. 4) with weights from the calibration part of its goal data.
 
@@ -20,9 +20,9 @@ LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
 @pytest.fixture(scope="module")
 def tier_models():
     c = client("pifl", client_data(LOW))
-    init = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
-    low = trained_state(c.fresh_model(), *digits_of(LOW, 30, 0))
-    high = trained_state(c.fresh_model(), *digits_of(HIGH, 30, 0))
+    init = {k: v.detach().clone() for k, v in c.reset_model().state_dict().items()}
+    low = trained_state(c.reset_model(), *digits_of(LOW, 30, 0))
+    high = trained_state(c.reset_model(), *digits_of(HIGH, 30, 0))
     return init, low, high
 
 
@@ -45,7 +45,7 @@ def ask(c, content):
 
 
 def accuracy(c, state, x, y):
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     return evaluate(model, x, y)[1]
 
@@ -53,7 +53,7 @@ def accuracy(c, state, x, y):
 # ------------------------------------------------------------------------------------------ the bid
 @pytest.mark.parametrize("order", [(1, 2), (2, 1)])
 def test_a_client_bids_for_the_tier_most_accurate_on_its_validation_split(tier_models, order):
-    # spec §2.2 steps 1-2 (Eq. 3, Alg. 1 lines 5-6): a_ck on the validation split, B_c = {argmax_k a_ck}
+    # pifl.md §2.2 steps 1-2 (Eq. 3, Alg. 1 lines 5-6): a_ck on the validation split, B_c = {argmax_k a_ck}
     # (max_bids 1); the training and test splits hold the other source, so only the validation split decides
     states = [tier_models[i] for i in order]
     c = client("pifl", client_data(HIGH, val_classes=LOW, test_classes=HIGH))
@@ -66,7 +66,7 @@ def test_a_client_bids_for_the_tier_most_accurate_on_its_validation_split(tier_m
 
 @pytest.mark.parametrize("threshold,order,best", [(0.0, (2, 1, 1), 1), (0.5, (1, 1), 0)])
 def test_every_tier_above_the_threshold_still_gets_only_max_bids_bids(tier_models, threshold, order, best):
-    # spec §2.2 step 2: B_c = {k : a_ck >= T_h} u {argmax a_ck}, truncated to the max_bids (= 1) best tiers: a
+    # pifl.md §2.2 step 2: B_c = {k : a_ck >= T_h} u {argmax a_ck}, truncated to the max_bids (= 1) best tiers: a
     # threshold every tier passes does not make the client bid for more than its best tier
     c = client("pifl", client_data(LOW), **{"bid-threshold": threshold})
     bid, accs = ask(c, bid_message(stacked(*[tier_models[i] for i in order])))
@@ -74,7 +74,7 @@ def test_every_tier_above_the_threshold_still_gets_only_max_bids_bids(tier_model
 
 
 def test_a_client_that_cannot_pay_the_price_does_not_bid(tier_models):
-    # spec §2.2: a client with b_c < tau_p may not bid; b_c == tau_p may; a message without a ledger offers no credit
+    # pifl.md §2.2: a client with b_c < tau_p may not bid; b_c == tau_p may; a message without a ledger offers no credit
     c = client("pifl", client_data(LOW))
     tiers = stacked(tier_models[2], tier_models[1])
     assert ask(c, bid_message(tiers, balance=MICRO - 1, price=MICRO))[0] == []
@@ -96,7 +96,7 @@ def test_a_ledger_without_a_price_still_lets_a_funded_client_bid(tier_models):
 
 
 def test_without_incentive_each_client_bids_for_one_tier_uniformly_at_random(tier_models):
-    # spec §2.2 ablation PI-FL(NI): one tier chosen uniformly at random, whatever the accuracies say
+    # pifl.md §2.2 ablation PI-FL(NI): one tier chosen uniformly at random, whatever the accuracies say
     tiers = stacked(tier_models[2], tier_models[1], tier_models[0])
     picks = []
     for pid in range(4):
@@ -121,7 +121,7 @@ def test_the_client_still_answers_identify_and_refuses_an_unknown_query(tier_mod
 
 # ------------------------------------------------------------------------------------------ training
 def test_a_winner_trains_the_tier_model_it_was_sent(tier_models):
-    # spec §2.2 step 4: local training of the tier model it was selected for, returning the weights and n_c
+    # pifl.md §2.2 step 4: local training of the tier model it was selected for, returning the weights and n_c
     init, low, high = tier_models
     c = client("pifl", client_data(LOW))
     content = RecordDict(
@@ -169,7 +169,7 @@ def evaluate_reply(c, tiers):
 
 
 def test_the_mixture_weights_come_from_the_calibration_half_of_the_goal_data(tier_models):
-    # spec §2.2 step 3 (Eq. 4): upsilon_ck = a_ck / sum_j a_cj with a on the goal data's calibration half, P_c =
+    # pifl.md §2.2 step 3 (Eq. 4): upsilon_ck = a_ck / sum_j a_cj with a on the goal data's calibration half, P_c =
     # sum_k upsilon_ck omega_k; the validation split (HIGH here) and the held-out goal half do not choose the weights
     init, low, high = tier_models
     c = client("pifl", goal_data(calib_classes=LOW, test_classes=HIGH))
@@ -193,7 +193,7 @@ def test_the_mixture_weights_come_from_the_calibration_half_of_the_goal_data(tie
 
 
 def test_one_tier_model_or_one_hot_weights_give_that_tier_model(tier_models):
-    # spec §7 client-logic tests: P_c equals M_k under one-hot weights and equals M_1 when K = 1
+    # pifl.md §7 client-logic tests: P_c equals M_k under one-hot weights and equals M_1 when K = 1
     init, low, high = tier_models
     c = client("pifl", goal_data(calib_classes=LOW, test_classes=LOW), tiers=1)
     model = c.personal_model(RecordDict({"tiers": stacked(low)}))
@@ -203,7 +203,7 @@ def test_one_tier_model_or_one_hot_weights_give_that_tier_model(tier_models):
 
 
 def test_on_a_node_data_file_the_test_split_is_halved_calibration_first(tier_models):
-    # spec §2.2 step 3: split the goal data into a calibration half (for upsilon) and a held-out half (reported);
+    # pifl.md §2.2 step 3: split the goal data into a calibration half (for upsilon) and a held-out half (reported);
     # a node's own data file has only a test split, which may follow another distribution than its training data:
     # its first half calibrates, the second half is scored
     _, low, high = tier_models
@@ -282,7 +282,7 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
     # (num_batches_tracked), which are no weights: the personalized model keeps them as they are in the tier
     # models (every tier has trained the same number of batches here), never a weighted sum cut to an integer
     c = client("pifl", goal_data(calib_classes=LOW, test_classes=LOW), model="cnn")
-    base = c.fresh_model().state_dict()
+    base = c.reset_model().state_dict()
     assert counters(base)  # the CNN does have integer buffers
     tiers = []
     for seed in (0, 1):
@@ -296,7 +296,7 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
     # goal labels each tier gets half right (its own predictions), so the mixture weights are strictly between 0 and 1
     preds = []
     for state in tiers:
-        model = c.fresh_model()
+        model = c.reset_model()
         model.load_state_dict(state)
         model.eval()
         with torch.no_grad():
@@ -314,7 +314,7 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
             torch.testing.assert_close(
                 v.double(), w[0] * tiers[0][k].double() + w[1] * tiers[1][k].double(), rtol=1e-5, atol=1e-6
             )
-    # K = 1: the personalized model is the tier model itself, counters included (spec §7 client-logic tests)
+    # K = 1: the personalized model is the tier model itself, counters included (pifl.md §7 client-logic tests)
     out = c.personal_model(RecordDict({"tiers": stacked(tiers[1])})).state_dict()
     assert c._weights == [1.0]
     for k, v in out.items():

@@ -1,4 +1,4 @@
-"""PI-FL token economy (spec pifl §2.4-§2.5): conservation under random play, and hostile input rejected."""
+"""PI-FL token economy (pifl.md §2.4-§2.5): conservation under random play, and hostile input rejected."""
 
 import random
 
@@ -86,7 +86,7 @@ def test_worked_example_from_the_spec():
 
 @pytest.mark.parametrize("best,utility", [(None, 0.7), (0.6, None), (0.0, 0.5)])
 def test_an_undefined_utility_gain_refunds_nothing_and_pays_the_pool_by_rank(best, utility):
-    # spec §2.4 step 2: no earlier best (a tier's first settled round), no measurement this round, or a best of
+    # pifl.md §2.4 step 2: no earlier best (a tier's first settled round), no measurement this round, or a best of
     # 0: the relative gain is undefined, the refund ratio is 0, and the whole pool goes out by rank
     ledger = TokenLedger(range(3), 2, initial=5 * MICRO, price=MICRO, max_refund=1.0)
     ledger.best_utility[1] = best
@@ -155,7 +155,7 @@ def test_client_bid_policy_and_mixture():
 
 
 def test_a_bid_is_the_best_tiers_at_or_above_the_threshold_up_to_max_bids():
-    # spec §2.2: B_c = {k : a_ck >= T_h} ∪ {argmax a}, truncated to the max_bids highest-scoring tiers
+    # pifl.md §2.2: B_c = {k : a_ck >= T_h} ∪ {argmax a}, truncated to the max_bids highest-scoring tiers
     pay = dict(balance=MICRO, price=MICRO)
     assert bid_policy([0.95, 0.92], **pay) == [0]  # default max_bids = 1: the argmax only
     assert bid_policy([0.95, 0.9], **pay, threshold=0.9, max_bids=2) == [0, 1]  # a_ck == T_h qualifies
@@ -166,7 +166,7 @@ def test_a_bid_is_the_best_tiers_at_or_above_the_threshold_up_to_max_bids():
 
 
 def test_mixture_weights_are_a_convex_combination_even_for_a_negative_score():
-    # Eq. 4 normalised (spec §2.2): weights are non-negative and sum to one; a score below 0 counts as 0
+    # Eq. 4 normalised (pifl.md §2.2): weights are non-negative and sum to one; a score below 0 counts as 0
     np.testing.assert_allclose(mixture_weights([-0.5, 0.5]), [0.0, 1.0])
     np.testing.assert_allclose(mixture_weights([-0.5, 0.0]), [0.5, 0.5])
 
@@ -289,9 +289,9 @@ def test_a_late_joiner_brings_its_own_tokens_and_joins_only_once():
     assert ledger.balances[7] == 40 * MICRO and ledger.supply == 240 * MICRO
 
 
-# ---------------------------------------------------------------- the Token Manager, step by step (spec §2.4)
+# ---------------------------------------------------------------- the Token Manager, step by step (pifl.md §2.4)
 def test_a_ledger_starts_every_client_at_b0_with_empty_pools_and_no_best_utility():
-    # spec §2.7 init: b_c <- b0 for every client, P_k <- 0 for every tier, Acc^max_k undefined
+    # pifl.md §2.7 init: b_c <- b0 for every client, P_k <- 0 for every tier, Acc^max_k undefined
     ledger = TokenLedger([3, 5, 8], 3, initial=7 * MICRO, price=MICRO)
     assert ledger.balances == {3: 7 * MICRO, 5: 7 * MICRO, 8: 7 * MICRO}
     assert ledger.pools == {0: 0, 1: 0, 2: 0} and ledger.best_utility == {0: None, 1: None, 2: None}
@@ -322,7 +322,7 @@ def test_a_ledger_starts_every_client_at_b0_with_empty_pools_and_no_best_utility
     ],
 )
 def test_ledger_parameters_outside_their_ranges_are_refused(kwargs):
-    # spec §3: integer micro-token amounts, tau_p > 0, eta_R in [0, 1], gamma in (0, 1]
+    # pifl.md §3: integer micro-token amounts, tau_p > 0, eta_R in [0, 1], gamma in (0, 1]
     with pytest.raises(LedgerError):
         TokenLedger(range(2), 1, **kwargs)
 
@@ -347,7 +347,7 @@ def test_ledger_parameters_at_the_edges_of_their_ranges_are_accepted(kwargs):
 
 @pytest.mark.parametrize("tamper", ["created", "destroyed", "negative balance", "negative pool"])
 def test_check_catches_tokens_created_destroyed_or_negative(tamper):
-    # spec §2.4: sum b + sum P == N b0 exactly, and no balance (or pool) below zero
+    # pifl.md §2.4: sum b + sum P == N b0 exactly, and no balance (or pool) below zero
     ledger = TokenLedger(range(3), 2, initial=2 * MICRO, price=MICRO)
     ledger.charge(1, [0, 2])
     ledger.check()
@@ -372,7 +372,7 @@ def test_check_catches_tokens_created_destroyed_or_negative(tamper):
 
 
 def test_a_client_can_pay_exactly_when_its_balance_covers_the_price():
-    # spec §2.2 / §2.4: a client with b_c < tau_p may not bid; b_c == tau_p may
+    # pifl.md §2.2 / §2.4: a client with b_c < tau_p may not bid; b_c == tau_p may
     ledger = TokenLedger(range(2), 1, initial=5, price=5)
     assert ledger.can_pay(0)
     ledger.balances[1] = 4
@@ -383,7 +383,7 @@ def test_a_client_can_pay_exactly_when_its_balance_covers_the_price():
 
 
 def test_charging_takes_exactly_the_price_from_each_payer_into_that_tier_only():
-    # spec §2.4 step 1 (Eqs. 6-7): b_c -= tau_p, P_k += tau_p for each payer; nobody else is touched
+    # pifl.md §2.4 step 1 (Eqs. 6-7): b_c -= tau_p, P_k += tau_p for each payer; nobody else is touched
     ledger = TokenLedger(range(5), 3, initial=4 * MICRO, price=3 * MICRO // 2)
     paid = ledger.charge(2, [4, 1, 3])
     assert paid == {4: 1_500_000, 1: 1_500_000, 3: 1_500_000}
@@ -435,7 +435,7 @@ def settled(best, utility, max_refund=1.0, full_use_gain=0.1, n=2):
 
 
 def test_the_refund_ratio_falls_linearly_from_eta_at_no_gain_to_zero_at_gamma():
-    # spec §2.4 step 3 (Eq. 9): theta = eta_R (gamma - min(gamma, delta)) / gamma, delta = max(0, relative gain)
+    # pifl.md §2.4 step 3 (Eq. 9): theta = eta_R (gamma - min(gamma, delta)) / gamma, delta = max(0, relative gain)
     assert settled(0.5, 0.5, max_refund=0.6).refund_ratio == pytest.approx(0.6)  # no gain: eta_R
     assert settled(0.5, 0.4, max_refund=0.6).refund_ratio == pytest.approx(0.6)  # worse: delta = 0, not negative
     assert settled(0.5, 0.4, max_refund=0.6).utility_gain == 0.0
@@ -450,7 +450,7 @@ def test_the_refund_ratio_falls_linearly_from_eta_at_no_gain_to_zero_at_gamma():
 
 
 def test_the_refund_is_floor_theta_pool_in_equal_shares_to_the_payers_only():
-    # spec §2.4 step 3 (Eqs. 10-11 corrected): R = floor(theta P_k), each payer floor(R / n); a drafted winner
+    # pifl.md §2.4 step 3 (Eqs. 10-11 corrected): R = floor(theta P_k), each payer floor(R / n); a drafted winner
     # (no payment) gets no refund but is ranked
     ledger = TokenLedger(range(3), 1, initial=10 * MICRO, price=3 * MICRO, max_refund=0.5)
     ledger.best_utility[0] = 0.8
@@ -474,7 +474,7 @@ def test_with_the_full_refund_every_payer_gets_its_price_back():
 
 
 def test_the_rank_reward_pays_alpha_over_beta_of_the_pool_by_reverse_rank():
-    # spec §2.4 step 4 (Eqs. 12-14 corrected): alpha = n - pos + 1, beta = n(n+1)/2, floor(alpha P / beta) each
+    # pifl.md §2.4 step 4 (Eqs. 12-14 corrected): alpha = n - pos + 1, beta = n(n+1)/2, floor(alpha P / beta) each
     ledger = TokenLedger(range(4), 1, initial=10 * MICRO, price=2 * MICRO)
     ledger.charge(0, [0, 1, 2])  # pool 6 tokens; first settled round: no refund
     s = ledger.settle(0, [0, 1, 2], [2, 0, 1], utility=0.5)
@@ -501,12 +501,12 @@ def test_rank_rewards_never_rise_down_the_ranking_and_leave_less_than_n_units(n,
     for pos, r in enumerate(rewards):  # alpha / beta of the pool, rounded down
         assert r == (n - pos) * pool // (n * (n + 1) // 2)
     ledger.check()
-    # spec §2.4: an integer ledger in micro-tokens, so conservation is exact
+    # pifl.md §2.4: an integer ledger in micro-tokens, so conservation is exact
     assert all(type(v) is int for v in [*ledger.balances.values(), *ledger.pools.values(), *rewards])
 
 
 def test_the_best_utility_is_the_best_of_earlier_rounds_and_kept_when_unmeasured():
-    # spec §2.4 step 2: delta compares with Acc^max of *earlier* rounds, then Acc^max <- max(Acc^max, Acc^r);
+    # pifl.md §2.4 step 2: delta compares with Acc^max of *earlier* rounds, then Acc^max <- max(Acc^max, Acc^r);
     # a round without a measurement leaves Acc^max as it was
     ledger = TokenLedger(range(2), 1, initial=10 * MICRO, price=MICRO, max_refund=1.0, full_use_gain=0.1)
     ratios = []
@@ -530,7 +530,7 @@ def test_settling_a_tier_without_winners_moves_nothing_and_other_tiers_are_untou
     ledger.check()
 
 
-# ---------------------------------------------------------------- the Profiler (App. A, spec §2.3)
+# ---------------------------------------------------------------- the Profiler (App. A, pifl.md §2.3)
 def test_on_a_linear_loss_the_shapley_estimate_is_the_leave_one_out_gain_times_one_minus_lambda():
     # Eqs. 39-47: without client i the normalised aggregate is W_M - lambda_i (W_i - W_M) / (1 - lambda_i); on a
     # linear loss L(W) = g.W the first-order estimate is exact up to that factor: psi_i = (1 - lambda_i) (L(W_-i) - L(W_M))
@@ -548,14 +548,14 @@ def test_on_a_linear_loss_the_shapley_estimate_is_the_leave_one_out_gain_times_o
 
 
 def test_rank_ties_go_to_the_more_frequent_participant_then_the_lower_id_and_unscored_clients_come_last():
-    # spec §2.3 / §6.6: sort by (psi desc, Omega desc, id asc); a client with no score ranks below every scored one
+    # pifl.md §2.3 / §6.6: sort by (psi desc, Omega desc, id asc); a client with no score ranks below every scored one
     assert rank_clients([1, 2], {1: 0.5, 2: 0.5}, {2: 1}) == [2, 1]  # one participation beats none
     assert rank_clients([2, 1], {1: 0.5, 2: 0.5}, {1: 2, 2: 2}) == [1, 2]
     assert rank_clients([5, 4, 3], {3: -1e300, 4: -2.0, 5: 1.0}, {}) == [5, 4, 3]
     assert rank_clients([9, 3], {3: -1e300}, {9: 50}) == [3, 9]  # unscored below even a very bad score
 
 
-# ---------------------------------------------------------------- the Scheduler (spec §2.5)
+# ---------------------------------------------------------------- the Scheduler (pifl.md §2.5)
 def key(scores, counts):
     return lambda c: (-scores.get(c, -np.inf), -counts.get(c, 0), c)
 
@@ -590,7 +590,7 @@ def test_the_same_seed_gives_the_same_schedule():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_bids_place_clients_only_in_their_tier_and_drafts_come_only_from_non_bidders_once(seed):
-    # spec §2.5: zeta_k within the bidders of k, |zeta_k| = min(slots, bidders); a tier nobody bid for drafts
+    # pifl.md §2.5: zeta_k within the bidders of k, |zeta_k| = min(slots, bidders); a tier nobody bid for drafts
     # slots clients at random from the available clients that bid for nothing, who pay nothing; tiers are
     # disjoint with max_bids = 1
     rng = random.Random(seed)
@@ -614,7 +614,7 @@ def test_drafts_over_seeds_reach_every_non_bidder():
     assert seen == {1, 2, 3, 4}
 
 
-# ---------------------------------------------------------------- round 1 (spec §2.3 initial tiering, §2.5)
+# ---------------------------------------------------------------- round 1 (pifl.md §2.3 initial tiering, §2.5)
 @pytest.mark.parametrize("n,k,per", [(10, 2, 5), (7, 3, 3), (5, 5, 1), (9, 2, 9)])
 def test_round_one_is_a_random_partition_of_every_client_when_the_slots_allow(n, k, per):
     for seed in range(5):
@@ -662,7 +662,7 @@ def test_a_tier_without_slots_or_more_tiers_than_nodes_is_refused_at_start_up():
 
 
 def test_each_tiers_performance_slots_go_by_that_tiers_own_scores_and_participation():
-    # spec §2.3 / §2.5: psi_kc and Omega_kc are per tier; a client good in tier 1 is not thereby good in tier 0
+    # pifl.md §2.3 / §2.5: psi_kc and Omega_kc are per tier; a client good in tier 1 is not thereby good in tier 0
     bids = {c: [0] for c in range(4)} | {c: [1] for c in range(4, 8)}
     scores = {0: {2: 0.5, 1: 0.1}, 1: {0: 9.0, 6: 0.3, 5: 0.2}}
     winners, _ = schedule(bids, 2, scores, {}, 1, 0, random.Random(0))

@@ -1,4 +1,4 @@
-"""What the PI-FL server must do (spec pifl §2.3-§2.5): its own round loop, driven by tests/strategy_harness.py from
+"""What the PI-FL server must do (pifl.md §2.3-§2.5): its own round loop, driven by tests/strategy_harness.py from
 a parsed run config as the ServerApp builds it, and the per-source tier table it records (Tables 1-2)."""
 
 import json
@@ -40,7 +40,7 @@ def no_auction_warnings(caplog):
 
 
 def test_slots_that_hold_every_connected_client_are_reported_once(caplog):
-    # spec §2.4-§2.5: the slots of a tier are auctioned among its bidders; with slots-performance + slots-random
+    # pifl.md §2.4-§2.5: the slots of a tier are auctioned among its bidders; with slots-performance + slots-random
     # >= the connected clients every bidder wins every round, which the run must say (PIFLOptions.client_conflicts)
     strat = pifl(**{"slots-performance": 3, "slots-random": 1})
     with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
@@ -95,7 +95,7 @@ def tier_accuracies(rnd, node, phase, content):
 
 
 def test_round_one_is_a_free_warm_up_on_a_random_partition_that_records_the_utility():
-    # spec §2.5 round 1 and §2.3 initial tiering: a random partition, up to slots per tier; nobody pays, nothing is
+    # pifl.md §2.5 round 1 and §2.3 initial tiering: a random partition, up to slots per tier; nobody pays, nothing is
     # settled, but Omega and Acc^max are recorded (Acc_k = mean over the tier's winners of their a_ck)
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
     drive(strat, NODES, 1, tier_accuracies)
@@ -114,7 +114,7 @@ def test_round_one_is_a_free_warm_up_on_a_random_partition_that_records_the_util
 
 
 def test_from_round_two_winning_bidders_pay_into_their_tier_and_are_settled_on_its_utility():
-    # spec §2.4: winners that bid pay tau_p into P_k; then refund (none: the tier improved by over gamma) and rank
+    # pifl.md §2.4: winners that bid pay tau_p into P_k; then refund (none: the tier improved by over gamma) and rank
     strat = pifl(**{"slots-performance": 1, "slots-random": 1, "slot-price": 2.5})
     bids = {0: [0], 1: [0], 2: [0], 3: []}
 
@@ -145,7 +145,7 @@ def test_from_round_two_winning_bidders_pay_into_their_tier_and_are_settled_on_i
 
 
 def test_a_client_that_cannot_pay_has_its_bid_refused_and_is_not_charged():
-    # spec §2.2: a client with b_c < tau_p may not bid (the server does not trust the client on this)
+    # pifl.md §2.2: a client with b_c < tau_p may not bid (the server does not trust the client on this)
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
     drive(strat, NODES, 1)
     strat.ledger.balances[0] -= 100 * MICRO - (MICRO - 1)  # client 0 keeps one micro-token less than the price
@@ -208,7 +208,7 @@ def train_one_round_with_offsets(strat, seed, scale):
 
 
 def test_each_tier_is_the_example_weighted_average_of_its_winners_and_they_are_scored():
-    # spec §2.7: lambda = n_c / sum n, M_k = sum lambda_c W_c over zeta_k; psi_kc for every winner (they sum to 0)
+    # pifl.md §2.7: lambda = n_c / sum n, M_k = sum lambda_c W_c over zeta_k; psi_kc for every winner (they sum to 0)
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
     base, sizes, offset = train_one_round_with_offsets(strat, seed=0, scale=0.5)
     for k in (0, 1):
@@ -243,7 +243,7 @@ def test_a_tier_whose_winners_all_failed_keeps_its_model():
 
 
 def test_a_tier_whose_winners_all_failed_does_not_stop_the_next_tier_from_being_aggregated():
-    # spec §2.7: per-tier FedAvg and Profiler scores for every tier that got updates, whatever happened to the others
+    # pifl.md §2.7: per-tier FedAvg and Profiler scores for every tier that got updates, whatever happened to the others
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
     before = {k: {key: v.copy() for key, v in strat.tiers[k].items()} for k in (0, 1)}
 
@@ -294,8 +294,8 @@ def test_the_ledger_artefact_holds_every_round(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ the per-source tier table
-# PI-FL's Tables 1-2 (spec pifl §4-§5; docs/methods/pifl.md "Artefacts"): every tier model's accuracy on the source A
-# and B holdouts; strategies/tier_tables.py also makes the distinct starting models of IFCA and FedSoft (spec §5).
+# PI-FL's Tables 1-2 (pifl.md §4-§5; docs/methods/pifl.md "Artefacts"): every tier model's accuracy on the source A
+# and B holdouts; strategies/tier_tables.py also makes the distinct starting models of IFCA and FedSoft (pifl.md §5).
 
 
 def two_source(**cfg):
@@ -409,8 +409,8 @@ def test_a_run_without_sources_records_no_table_and_a_restored_one_rebuilds_its_
     strategy = fake_strategy(settings, [0, 1])
     tables = TierTables()
     assert tables.record(strategy, 1, [{}]) == [] and tables.by_round == {} and strategy.history[-1].extra == {}
-    restored = TierTables.__new__(TierTables)  # as a checkpoint restores it: no holdouts attribute
-    restored.by_round = {}
+    restored = TierTables()  # as a strategy's restore() leaves it: only by_round comes from the checkpoint
+    restored.by_round = {1: [{"A": 0.5, "B": 0.5}]}
     settings = two_source()
     state = {
         k: v.detach().numpy().copy()
@@ -481,7 +481,7 @@ def test_a_round_in_which_no_client_was_heard_from_still_gets_a_table_over_min_n
 
 
 def test_a_holdout_holds_at_most_1000_samples_of_its_source_by_default():
-    # spec pifl §4: 1000-sample per-source holdouts for the tier tables (SynthConcept with one client leaves 2750
+    # pifl.md §4: 1000-sample per-source holdouts for the tier tables (SynthConcept with one client leaves 2750
     # unused samples of source A and 754 of source B)
     settings = two_source(dataset="synth-concept", **{"min-nodes": 1, "tiers": 1})
     holdouts = SourceHoldouts(settings, 1)
@@ -516,7 +516,8 @@ def ledger_round_answer(rnd, node, phase, content):
 
 
 def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_the_balances():
-    # spec §2.4 per tier and round r >= 2: payers pay tau_p into P_k; theta = eta_R (gamma - min(gamma, delta)) / gamma
+    # pifl.md §2.4 per tier and round r >= 2: payers pay tau_p into P_k; theta = eta_R (gamma - min(gamma, delta)) /
+    # gamma
     # with delta the relative gain of Acc_k (mean a_ck over the tier's winners) over its best so far; floor(theta P_k)
     # refunded in equal shares; the rest paid by reverse rank (n - pos) / beta; the log entry says all of it
     eta, gamma, price = 0.5, 0.25, 2 * MICRO
@@ -526,7 +527,7 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
     grid = drive(strat, NODES, 4, ledger_round_answer)
     log = strat.ledger_log
     assert [e["round"] for e in log] == [1, 2, 3, 4]
-    # the bid query of round r tells every client its own balance after round r - 1, and the price (spec §7)
+    # the bid query of round r tells every client its own balance after round r - 1, and the price (pifl.md §7)
     bids = sent(grid, "bid")
     assert sorted((r, c) for r, c, _ in bids) == [(r, c) for r in (2, 3, 4) for c in range(4)]
     for r, c, content in bids:
@@ -573,7 +574,8 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
         assert e["balances"] == balances and e["total"] == 400 * MICRO == sum(balances.values()) + sum(pools.values())
     assert strat.ledger.balances == balances and strat.ledger.pools == pools
     assert any(0 < r < eta for r in ratios) and eta in ratios  # a partial refund and a full one were exercised
-    # Omega_kc (spec §2.3) counts every round client c won a slot of tier k; each round's history names the tier sizes
+    # Omega_kc (pifl.md §2.3) counts every round client c won a slot of tier k; each round's history names the tier
+    # sizes
     for k in (0, 1):
         tally = {}
         for e in log:
@@ -662,7 +664,7 @@ def test_a_run_without_rounds_writes_an_empty_ledger_and_no_plot(tmp_path):
 
 # ------------------------------------------------------------------------------------------ the Profiler on the server set
 def test_the_server_set_is_an_iid_sample_of_server_set_size_distinct_samples_of_the_data_set():
-    # spec §2.1: the Profiler holds a small IID server test set (server-set-size samples), the same in every round
+    # pifl.md §2.1: the Profiler holds a small IID server test set (server-set-size samples), the same in every round
     from task.data import load_centralized
 
     strat = pifl(**{"server-set-size": 40})
@@ -708,7 +710,7 @@ def test_the_server_set_is_drawn_from_the_runs_own_data_noise_and_local_copy_inc
 
 
 def test_each_winners_score_is_the_first_order_shapley_estimate_at_its_new_tier_model():
-    # spec §2.3 / App. A: psi_kc = -lambda_c (W_c - W_M)^T g, g the mean cross-entropy gradient of the new tier model
+    # pifl.md §2.3 / App. A: psi_kc = -lambda_c (W_c - W_M)^T g, g the mean cross-entropy gradient of the new tier model
     # W_M on the server set; computed for every tier of the round (each with its own gradient)
     strat = pifl(**{"slots-performance": 1, "slots-random": 1, "server-set-size": 60})
     base, sizes, offset = train_one_round_with_offsets(strat, seed=1, scale=0.3)
@@ -741,7 +743,7 @@ def test_each_winners_score_is_the_first_order_shapley_estimate_at_its_new_tier_
 # ------------------------------------------------------------------------------------------ what a reply may say
 @pytest.mark.parametrize("bad", [[2], [-1], [0, 1], [0.5], [1, 1]])
 def test_a_bid_for_no_tier_of_the_run_or_for_more_than_max_bids_tiers_is_refused(bad):
-    # spec §2.2: B_c holds tier ids 0..K-1, at most max-bids (1) of them; anything else is rejected, the client sits
+    # pifl.md §2.2: B_c holds tier ids 0..K-1, at most max-bids (1) of them; anything else is rejected, the client sits
     # the round out and pays nothing, and the others are scheduled as usual
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
 
@@ -796,7 +798,8 @@ def test_the_source_share_is_optional_in_train_and_evaluate_replies_but_checked_
 
 
 def test_a_tier_drafted_after_round_one_is_settled_and_keeps_its_best_utility():
-    # spec §2.5: a tier nobody bid for drafts non-bidders for free; from round 2 on it is still settled (spec §2.4):
+    # pifl.md §2.5: a tier nobody bid for drafts non-bidders for free; from round 2 on it is still settled (pifl.md
+    # pifl.md §2.4):
     # its refund ratio comes from its utility gain and Acc^max_k stays the best of all rounds (here round 1's)
     strat = pifl(**{"slots-performance": 1, "slots-random": 1, "max-refund": 0.4})
 
@@ -817,7 +820,7 @@ def test_a_tier_drafted_after_round_one_is_settled_and_keeps_its_best_utility():
 
 
 def test_the_utility_is_the_mean_over_the_winners_whose_evaluation_arrived():
-    # spec §2.4 step 2: Acc_k is the mean a_ck over the tier's winners; one whose evaluate reply was lost is left out
+    # pifl.md §2.4 step 2: Acc_k is the mean a_ck over the tier's winners; one whose evaluate reply was lost is left out
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
     lost = []
 
@@ -836,7 +839,8 @@ def test_the_utility_is_the_mean_over_the_winners_whose_evaluation_arrived():
 
 
 def test_a_two_source_run_logs_each_rounds_tier_table_with_its_ledger_entry():
-    # spec Tables 1-2: every round, each tier model's accuracy on the source A and B holdouts
+    # pifl.md's tier tables (the paper's Tables 1-2): every round, each tier model's accuracy on the source A and B
+    # holdouts
     strat = build_strategy(two_source(**{"slots-performance": 1, "slots-random": 1, "server-set-size": 50}))
     drive(strat, NODES, 2)
     for e in strat.ledger_log:
@@ -852,7 +856,7 @@ def test_a_two_source_run_logs_each_rounds_tier_table_with_its_ledger_entry():
 
 
 def test_a_round_in_which_every_training_failed_settles_nobody_and_keeps_the_payments_in_the_pools():
-    # spec §2.4 as the strategy resolves it: winners whose training did not arrive are neither refunded nor
+    # pifl.md §2.4 as the strategy resolves it: winners whose training did not arrive are neither refunded nor
     # rewarded; when no train reply arrives at all the tiers keep their models and the pools keep the payments
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
 
@@ -890,7 +894,7 @@ def fedsoft_answers(rnd, node, phase, content):
 
 
 def test_a_fedsoft_centre_is_the_plain_mean_of_the_clients_drawn_for_it():
-    # FedSoft (Ruan & Joe-Wong, Algorithm 1; spec pifl §5): the server draws the clients of centre s with probability
+    # FedSoft (Ruan & Joe-Wong, Algorithm 1; pifl.md §5): the server draws the clients of centre s with probability
     # proportional to u_ks n_k and sets c_s to the plain 1/K mean of their models; weighting them by u_ks n_k once more
     # would count the importance twice (here it would pull every centre towards client 1, the largest)
     strat = build_strategy(

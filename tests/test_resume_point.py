@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from server_app.app import build_strategy, resume_point
+from strategies.history import RoundLog
+from strategies.persistence import write_checkpoint
 from task.checkpoint import FORMAT_VERSION, CheckpointError
 from task.config import parse_settings
 
@@ -19,13 +21,11 @@ BASE = {"method": "fedavg", "model": "mlp", "num-server-rounds": 4, "min-nodes":
 def checkpointed(tmp_path: Path, rounds_done: int = 2, **over) -> Path:
     """A results folder whose strategy checkpointed after ``rounds_done`` rounds."""
     folder = tmp_path / "run"
-    strategy = build_strategy(parse_settings({**BASE, **over}))
-    strategy.results_dir = folder
-    from strategies.base import RoundLog
-
+    settings = parse_settings({**BASE, **over})
+    strategy = build_strategy(settings)
     for r in range(1, rounds_done + 1):
         strategy.history.append(RoundLog(r))
-        strategy.checkpoint(r)
+        write_checkpoint(folder, r, strategy.checkpoint_state(), settings)
     return folder
 
 
@@ -92,11 +92,19 @@ def test_missing_truncated_and_newer_checkpoints_are_refused(tmp_path):
 def test_a_resumed_strategy_asks_every_node_who_it_is_once_before_its_first_round(tmp_path):
     """Node ids change between runs: after a resume the server identifies every node before the first round (so
     each client is sent its own state), and only then."""
-    from flwr.app import ArrayRecord, ConfigRecord
+    from flwr.app import ConfigRecord
 
     from server_app.app import build_strategy
     from task.checkpoint import load_checkpoint
-    from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, run_round, valid_content
+    from tests.strategy_harness import (
+        ReplayGrid,
+        outgoing_messages,
+        phase_of,
+        reply_message,
+        run_round,
+        shared_arrays,
+        valid_content,
+    )
 
     settings = parse_settings({"model": "mlp", "min-nodes": 2, "num-server-rounds": 4})
 
@@ -113,12 +121,13 @@ def test_a_resumed_strategy_asks_every_node_who_it_is_once_before_its_first_roun
     with outgoing_messages():
         run_round(first, federation(first, {11: 0, 12: 1}), 1)
     resumed = build_strategy(settings)
-    resumed.resume(load_checkpoint(tmp_path / "checkpoints")[1])
+    done, state, _ = load_checkpoint(tmp_path / "checkpoints")
+    resumed.resume(state, done)
     grid = federation(resumed, {21: 1, 22: 0, 23: 2})  # the same clients on new nodes, and a newcomer later
     grid.nodes = [21, 22]
     with outgoing_messages():
         for r in (2, 3):
-            replies = grid.send_and_receive(resumed.configure_train(r, ArrayRecord(), ConfigRecord(), grid))
+            replies = grid.send_and_receive(resumed.configure_train(r, shared_arrays(resumed), ConfigRecord(), grid))
             resumed.aggregate_train(r, replies)
             grid.nodes = [21, 22, 23]
     sent = [(int(m.content["config"]["server-round"]), phase_of(m), m.metadata.dst_node_id) for m in grid.sent]

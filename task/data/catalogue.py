@@ -55,7 +55,7 @@ SYNTH_CONCEPT_SIZE = 6000
 def synth_concept(
     num_samples: int = SYNTH_CONCEPT_SIZE, dim: int = 10, classes: int = 2, sources: int = 2, seed: int = 4_242
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """PI-FL spec §4 "SynthConcept": x ~ N(0, I) in R^dim, source s labels it ``argmax(x W_s + eps)`` with
+    """PI-FL's "SynthConcept" (pifl.md §4): x ~ N(0, I) in R^dim, source s labels it ``argmax(x W_s + eps)`` with
     W_s entries N(0, 10) and eps ~ N(0, 1): the sources share the input distribution but conflict on
     labels.  Returns (x, y, source); every sample's source is fixed (half A, half B)."""
     rng = np.random.default_rng(seed)

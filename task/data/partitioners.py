@@ -57,12 +57,12 @@ class _IndexPartitioner(Partitioner):
 
 
 class PlantedClusterPartitioner(_IndexPartitioner):
-    """pFedLIA's planted clusters (spec pfedlia §4): every label belongs to exactly one of ``num_clusters``.
+    """pFedLIA's planted clusters (pfedlia.md §4): every label belongs to exactly one of ``num_clusters``.
 
     Client ``i`` is in cluster ``i % num_clusters``.  Each label's samples are cut into equal, disjoint
     shards, one for each client of its cluster.  ``noisy=True``: each client with probability 0.5 also
     borrows one random label from outside its cluster; extra labels are drawn first and each label is then
-    cut into ``owners + borrowers`` equal shards (spec's decision), so shards stay equal and disjoint.
+    cut into ``owners + borrowers`` equal shards (pfedlia.md §4), so shards stay equal and disjoint.
     """
 
     def __init__(self, num_partitions: int, num_clusters: int = 5, noisy: bool = False, seed: int = 0) -> None:
@@ -115,7 +115,7 @@ class PlantedClusterPartitioner(_IndexPartitioner):
 
 
 def source_shares(mixture: str, num_partitions: int, seed: int) -> np.ndarray:
-    """Share ``p_i`` of source A in client ``i``'s training data (spec pifl §4).
+    """Share ``p_i`` of source A in client ``i``'s training data (pifl.md §4).
 
     ``10:90``: 0.9 for the first half of the clients, 0.1 for the second; ``30:70``: 0.7 / 0.3;
     ``linear``: (i + 0.5) / N; ``random``: Uniform(0, 1) (seeded).
@@ -133,9 +133,9 @@ def source_shares(mixture: str, num_partitions: int, seed: int) -> np.ndarray:
 
 
 class TwoSourcePartitioner(_IndexPartitioner):
-    """PI-FL's two-source mixtures (spec pifl §4) over label-defined sources.
+    """PI-FL's two-source mixtures (pifl.md §4) over label-defined sources.
 
-    Source A is the first half of the labels, source B the second (the spec's resolution for CIFAR-10:
+    Source A is the first half of the labels, source B the second (pifl.md §4's resolution for CIFAR-10:
     classes 0-4 vs 5-9).  The data set is first cut into a training pool and a goal pool
     (``goal_fraction``); client ``i`` trains on a mixture with share ``p_i`` of A and is tested on its
     "goal" mixture ``q_i`` = ``1 - p_i`` (``goal='inverted'``, images) or ``p_i`` (``goal='same'``).
@@ -143,7 +143,7 @@ class TwoSourcePartitioner(_IndexPartitioner):
     disjoint.  Goal data is only ever evaluated on, never trained on: each client's goal set holds
     ``goal_size`` samples (fewer where the pool cannot supply its mixture) drawn from the whole goal pool, so
     goal sets of different clients may share samples, and each is large enough that an accuracy difference
-    between methods is many samples, not a handful (spec pifl §4 leaves the test-set size open).
+    between methods is many samples, not a handful (pifl.md §4 leaves the test-set size open).
     """
 
     def __init__(
@@ -324,7 +324,7 @@ def partitioner_for(settings, num_partitions: int) -> tuple[Partitioner, Central
         num_clusters=settings.num_clusters,
         mixture=settings.mixture,
         seed=settings.seed,
-        goal="same" if data.source is not None else "inverted",  # spec pifl §4: synthetic goal = training mix
+        goal="same" if data.source is not None else "inverted",  # pifl.md §4: synthetic goal = training mix
     )
     if isinstance(part, TwoSourcePartitioner) and data.source is not None:
         part.sources = data.source

@@ -12,7 +12,7 @@ import numpy as np
 
 from task.data.catalogue import DatasetInfo, dataset_info, synth_concept
 
-# Fixed seed of the pixel noise added by ``noise-std`` (spec fedcac §8: "its own fixed seed"), so the
+# Fixed seed of the pixel noise added by ``noise-std`` (fedcac.md §8: "its own fixed seed"), so the
 # noisy data set is the same whatever the run's seed.
 NOISE_SEED = 7_777
 
@@ -82,7 +82,7 @@ def load_centralized(name: str, data_dir: str = "", noise_std: float = 0.0, copi
     """Load data set ``name`` whole (cached per process).
 
     ``noise_std`` > 0 adds fixed Gaussian pixel noise (its own seed): clean digits are too easy to tell
-    methods apart (spec fedcac §8 uses 0.7).  ``copies`` > 1 appends jittered copies of the data (each
+    methods apart (fedcac.md §8 uses 0.7).  ``copies`` > 1 appends jittered copies of the data (each
     shifted by up to one pixel, with light noise; fixed seed), so that many clients (scale runs with
     1,000 clients) still get a few samples each from the small embedded data set.
     """

@@ -1,7 +1,8 @@
 """The method registry, and what the server and client halves of each method share.
 
 ``METHODS`` maps every value of the run-config key ``method`` to its strategy (server), its client code,
-its option set (:mod:`task.options`), the ``query.*`` phases its clients answer, and option values it fixes.
+its option set (:mod:`task.options`), the ``query.*`` phases its clients answer, option values it fixes and
+settings it cannot run with (``conflicts``, for a method without options of its own).
 Entries name the strategy and the client by import path, so choosing one method imports neither the other
 methods nor, on the client, any server code.  This package imports nothing of the app: ``strategies/`` and
 ``client_app/`` both import it, never each other.
@@ -12,16 +13,16 @@ To add a method: see docs/adding-a-method.md.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from task.methods import fedbn
 from task.methods.baselines import DittoOptions, FedProxOptions, FedRepOptions, MoonOptions, NoOptions
 from task.methods.client2vec import Client2VecOptions
-from task.methods.fedbn import FedBNOptions
 from task.methods.fedc2i import FedC2IOptions
 from task.methods.fedcac import FedCACOptions
-from task.methods.pfedlia import CFLOptions, OracleOptions, PFedLIAOptions
+from task.methods.pfedlia import CFLOptions, PFedLIAOptions, oracle_conflicts
 from task.methods.pifl import FedSoftOptions, PIFLOptions, TierOptions
 from task.options import OptionSet
 
@@ -34,6 +35,9 @@ class MethodSpec:
     queries: tuple[str, ...] = ()
     description: str = ""
     fixed: Mapping[str, Any] = field(default_factory=dict)  # option values this method fixes
+    #: settings -> why they cannot work with this method (none: []); checked at start-up with the options'
+    #: own ``conflicts``, so a method without options of its own needs no options class to refuse a model
+    conflicts: Callable[[Any], list[str]] | None = None
 
 
 def _m(module: str, strategy: str, client_module: str, client: str, **kw: Any) -> MethodSpec:
@@ -72,7 +76,7 @@ METHODS: dict[str, MethodSpec] = {
         "FedBNStrategy",
         "fedbn",
         "FedBNClient",
-        options=FedBNOptions,
+        conflicts=fedbn.conflicts,
         description="FedBN: local normalisation layers (BatchNorm and statistics), FedAvg of everything else",
     ),
     "fedrod": _m(
@@ -128,7 +132,8 @@ METHODS: dict[str, MethodSpec] = {
         "OracleStrategy",
         "pfedlia",
         "PFedLIAClient",
-        options=OracleOptions,
+        options=PFedLIAOptions,
+        conflicts=oracle_conflicts,
         description="per-cluster FedAvg on the planted groups after the same warm-up",
     ),
     "cfl": _m(

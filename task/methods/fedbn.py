@@ -7,11 +7,9 @@ such a run is refused at start-up.  See docs/methods/fedbn.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from task.models import IMAGE_ONLY, MODELS, model_norm_keys
-from task.options import OptionSet
 
 
 def models_with_norm_layers(settings: Any) -> list[str]:
@@ -26,18 +24,16 @@ def models_with_norm_layers(settings: Any) -> list[str]:
     return [m for m in fitting if model_norm_keys(m, settings.in_channels, settings.image_size, settings.num_classes)]
 
 
-@dataclass(frozen=True)
-class FedBNOptions(OptionSet):
-    """No keys of its own; the run's model must have normalisation layers."""
-
-    def conflicts(self, settings: Any) -> list[str]:
-        s = settings
-        if model_norm_keys(s.model, s.in_channels, s.image_size, s.num_classes):
-            return []
-        fitting = models_with_norm_layers(s)
-        allowed = f"use one that has: {fitting}" if fitting else f"no model here for dataset {s.data.dataset!r} has one"
-        why = (
-            f"method 'fedbn' keeps the normalisation layers (BatchNorm, GroupNorm, LayerNorm) on the clients, but "
-            f"model {s.model!r} (run-config key 'model') has none, so FedBN would be plain FedAvg; {allowed}"
-        )
-        return [why]
+def conflicts(settings: Any) -> list[str]:
+    """The run's model must have normalisation layers (the registry entry's ``conflicts``: FedBN has no run-config
+    keys of its own, so no options class)."""
+    s = settings
+    if model_norm_keys(s.model, s.in_channels, s.image_size, s.num_classes):
+        return []
+    fitting = models_with_norm_layers(s)
+    allowed = f"use one that has: {fitting}" if fitting else f"no model here for dataset {s.data.dataset!r} has one"
+    why = (
+        f"method 'fedbn' keeps the normalisation layers (BatchNorm, GroupNorm, LayerNorm) on the clients, but "
+        f"model {s.model!r} (run-config key 'model') has none, so FedBN would be plain FedAvg; {allowed}"
+    )
+    return [why]

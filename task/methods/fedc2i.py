@@ -6,7 +6,17 @@ from dataclasses import dataclass
 
 from task.options import OptionSet, option
 
-VARIANTS = ("full", "lambda-only", "Lambda-only", "Lambda-local")
+#: the method and the paper's Table 3 ablations (docs/methods/fedc2i.md): ``client-level`` mixes the whole model
+#: by the client-level influence vector lambda only; the ``class-level-*`` variants mix the classifier by the
+#: class-level influence matrix Lambda on the extractor averaged by training-set size ("Lambda/g") or on the
+#: client's own ("Lambda/l")
+VARIANTS = ("full", "client-level", "class-level-averaged-extractor", "class-level-own-extractor")
+#: the earlier spellings, two of which differed only by letter case
+DEPRECATED_VARIANTS = {
+    "lambda-only": "client-level",
+    "Lambda-only": "class-level-averaged-extractor",
+    "Lambda-local": "class-level-own-extractor",
+}
 
 
 @dataclass(frozen=True)
@@ -20,7 +30,13 @@ class FedC2IOptions(OptionSet):
         "models a client receives per round, itself included: 0 = every client, k >= 2 = itself and k - 1 drawn peers",
         minimum=0,
     )
-    variant: str = option("c2i-variant", "full", "the method or one of the paper's ablations", choices=VARIANTS)
+    variant: str = option(
+        "c2i-variant",
+        "full",
+        "the method or one of the paper's ablations",
+        choices=VARIANTS,
+        aliases=DEPRECATED_VARIANTS,
+    )
     influence_batch_size: int = option(
         "influence-batch-size", 32, "samples of the one influence batch per round", minimum=1
     )

@@ -45,20 +45,17 @@ class PFedLIAOptions(OptionSet):
         return []
 
 
-@dataclass(frozen=True)
-class OracleOptions(PFedLIAOptions):
-    """pFedLIA's keys; the Oracle also needs data whose clients belong to planted groups."""
-
-    def conflicts(self, settings) -> list[str]:
-        problems = super().conflicts(settings)
-        if not settings.data.partition.startswith("planted-clusters"):
-            problems.append(
-                f"method 'oracle' clusters the clients by their planted groups, which only partition "
-                f"'planted-clusters' or 'planted-clusters-noisy' has (got partition={settings.data.partition!r}); "
-                f"set --run-config \"method='oracle' partition='planted-clusters'\" (num-clusters sets the groups), "
-                f"or use method 'pfedlia' to find clusters in any data"
-            )
-        return problems
+def oracle_conflicts(settings) -> list[str]:
+    """The Oracle's registry entry's ``conflicts`` (its keys are pFedLIA's): it needs data whose clients belong to
+    planted groups."""
+    if settings.data.partition.startswith("planted-clusters"):
+        return []
+    return [
+        f"method 'oracle' clusters the clients by their planted groups, which only partition "
+        f"'planted-clusters' or 'planted-clusters-noisy' has (got partition={settings.data.partition!r}); "
+        f"set --run-config \"method='oracle' partition='planted-clusters'\" (num-clusters sets the groups), "
+        f"or use method 'pfedlia' to find clusters in any data"
+    ]
 
 
 @dataclass(frozen=True)

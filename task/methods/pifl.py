@@ -92,7 +92,7 @@ class FedSoftOptions(TierOptions):
 def bid_policy(
     accuracies: list[float], balance: int, price: int, threshold: float = 0.9, max_bids: int = 1
 ) -> list[int]:
-    """Alg. 1 lines 5-6 as the spec resolves them: {k : a_k >= T_h} ∪ {argmax a}, the best ``max_bids``;
+    """Alg. 1 lines 5-6 as pifl.md §2.2 resolves them: {k : a_k >= T_h} ∪ {argmax a}, the best ``max_bids``;
     no bid when the balance cannot pay the price."""
     if balance < price or not accuracies:
         return []
@@ -102,6 +102,6 @@ def bid_policy(
 
 
 def mixture_weights(accuracies: list[float]) -> np.ndarray:
-    """Eq. 4 weights normalised over tiers (spec §2.2): a_k / sum a; uniform when every a_k is 0."""
+    """Eq. 4 weights normalised over tiers (pifl.md §2.2): a_k / sum a; uniform when every a_k is 0."""
     acc = np.clip(np.asarray(accuracies, float), 0.0, None)
     return acc / acc.sum() if acc.sum() > 0 else np.full(len(acc), 1.0 / len(acc))

@@ -45,7 +45,7 @@ def same(a, b):
 
 
 def accuracy(c, state):
-    model = c.fresh_model()
+    model = c.reset_model()
     model.load_state_dict(state)
     return evaluate(model, c.data.x_test, c.data.y_test)
 
@@ -62,8 +62,8 @@ def inverted(data: ClientData) -> ClientData:
 def states():
     """The common initial cnn, and a copy fitted to all digits (its layers are layers that know digits)."""
     c = client("fedbn", client_data(ALL), **CNN)
-    init = {k: v.detach().clone() for k, v in c.fresh_model().state_dict().items()}
-    fitted = trained_state(c.fresh_model(), *digits_of(ALL, 20, 0), epochs=5)
+    init = {k: v.detach().clone() for k, v in c.reset_model().state_dict().items()}
+    fitted = trained_state(c.reset_model(), *digits_of(ALL, 20, 0), epochs=5)
     return init, fitted
 
 
@@ -152,7 +152,7 @@ def test_each_client_keeps_its_own_statistics_while_the_rest_is_averaged_by_exam
     replies = []
     for i, (name, data) in enumerate(datasets.items()):
         r = client("fedbn", data, ctx=ctxs[name], **{"local-epochs": 1}).train(message(shared_of(init)))
-        replies.append(s.check_reply(1, 10 + i, r, "train", set()))
+        replies.append(s.gate.check(1, 10 + i, r, "train", set()))
     assert all(r is not None for r in replies), s.failures  # real client replies pass the strategy's reply spec
     assert [r.num_examples for r in replies] == [100, 200]
     s.aggregate(1, replies)
@@ -163,7 +163,7 @@ def test_each_client_keeps_its_own_statistics_while_the_rest_is_averaged_by_exam
     # the inverted digits are bright where the others are dark: the first layer's statistics are far apart
     assert not torch.allclose(own["original"]["conv.1.running_mean"], own["inverted"]["conv.1.running_mean"], atol=0.1)
     # round 2: both start from the average, each with its own normalisation layers (and keeps them)
-    payload = record_to_numpy(s.train_payload(1, 2)["arrays"])
+    payload = record_to_numpy(s.payload(1, 2, "train")["arrays"])
     assert sorted(payload) == sorted(s.shared_keys())
     for i, (name, data) in enumerate(datasets.items()):
         msg = RecordDict({"arrays": to_record(payload), "config": ConfigRecord({"server-round": 2})})

@@ -25,27 +25,31 @@ def strategy(**cfg):
 
 def test_every_batchnorm_array_stays_local_and_every_other_layer_is_shared():
     s = strategy()  # the defaults a user gets: model cnn
-    assert sorted(s.norm_keys) == sorted(CNN_BN)
-    assert s.shared_keys() == [k for k in s.all_keys if k not in CNN_BN]
+    assert sorted(s.model_info.norm_keys) == sorted(CNN_BN)
+    assert s.shared_keys() == [k for k in s.model_info.keys if k not in CNN_BN]
     assert {"conv.0.weight", "conv.3.weight", "fc.weight", "fc.bias", "head.weight", "head.bias"} == set(
         s.shared_keys()
     )
-    assert sorted(s.train_payload(1, 1)["arrays"].keys()) == sorted(s.shared_keys())
-    assert sorted(s.evaluate_payload(1, 1)["arrays"].keys()) == sorted(s.shared_keys())
+    assert sorted(s.payload(1, 1, "train")["arrays"].keys()) == sorted(s.shared_keys())
+    assert sorted(s.payload(1, 1, "evaluate")["arrays"].keys()) == sorted(s.shared_keys())
     assert not s.has_global_model and s.server_models() == {}
 
 
 def test_the_local_layers_are_the_models_own_normalisation_layers_for_a_resnet():
     s = strategy(model="resnet8")
     model = build_model("resnet8", 1, 8, 10)
-    assert s.norm_keys == norm_keys(model) and len(s.norm_keys) == 9 * 5  # stem, 2 per block, 2 shortcuts
+    assert (
+        list(s.model_info.norm_keys) == norm_keys(model) and len(s.model_info.norm_keys) == 9 * 5
+    )  # stem, 2 per block, 2 shortcuts
     assert set(s.shared_keys()) == set(model.state_dict()) - set(norm_keys(model))
 
 
 def test_the_server_averages_every_shared_layer_by_training_examples():
     s = strategy()
     rng = np.random.default_rng(0)
-    states = [{k: rng.normal(size=s.shapes[k]).astype(np.float32) for k in s.shared_keys()} for _ in range(3)]
+    states = [
+        {k: rng.normal(size=s.model_info.shapes[k]).astype(np.float32) for k in s.shared_keys()} for _ in range(3)
+    ]
     examples = [10, 30, 5]
     replies = [
         Reply(n, n, e, {"num-examples": e, "partition-id": n}, {"arrays": a})
@@ -56,18 +60,18 @@ def test_the_server_averages_every_shared_layer_by_training_examples():
     for k in s.shared_keys():
         expected = sum(e * a[k] for a, e in zip(states, examples)) / sum(examples)
         np.testing.assert_allclose(s.global_state[k], expected, rtol=1e-5, atol=1e-6)
-    sent = record_to_numpy(s.train_payload(1, 2)["arrays"])
+    sent = record_to_numpy(s.payload(1, 2, "train")["arrays"])
     assert all(np.array_equal(sent[k], s.global_state[k]) for k in s.shared_keys())
 
 
 def test_a_reply_carrying_a_normalisation_layer_or_lacking_a_shared_one_is_rejected():
     s = strategy()
-    shared = {k: np.zeros(s.shapes[k], np.float32) for k in s.shared_keys()}
-    bn = {k: np.zeros(s.shapes[k], np.float32) for k in CNN_BN if "num_batches" not in k}
+    shared = {k: np.zeros(s.model_info.shapes[k], np.float32) for k in s.shared_keys()}
+    bn = {k: np.zeros(s.model_info.shapes[k], np.float32) for k in CNN_BN if "num_batches" not in k}
     metrics = MetricRecord({"num-examples": 5, "partition-id": 0})
 
     def check(arrays):
-        return s.check_reply(1, 7, RecordDict({"arrays": to_record(arrays), "metrics": metrics}), "train", set())
+        return s.gate.check(1, 7, RecordDict({"arrays": to_record(arrays), "metrics": metrics}), "train", set())
 
     assert check({**shared, **bn}) is None and "unexpected ['conv.1.bias'" in s.failures[-1]["reason"]
     assert check({k: v for k, v in shared.items() if k != "fc.bias"}) is None
@@ -98,7 +102,7 @@ def test_the_next_word_task_is_pointed_at_the_causal_lm_whose_layer_norms_stay_l
     ):
         parse_settings({**text, "model": "mlp"})
     s = build_strategy(parse_settings(text))  # model auto: gpt2
-    assert s.norm_keys and all(".ln_" in k for k in s.norm_keys)
+    assert list(s.model_info.norm_keys) and all(".ln_" in k for k in s.model_info.norm_keys)
     assert not any(".ln_" in k for k in s.shared_keys()) and "head.weight" in s.shared_keys()
 
 
@@ -112,13 +116,13 @@ def test_a_checkpoint_restores_the_average_and_leaves_out_what_follows_from_the_
                 0,
                 4,
                 {"num-examples": 4, "partition-id": 0},
-                {"arrays": {k: np.full(s.shapes[k], 2.0, np.float32) for k in s.shared_keys()}},
+                {"arrays": {k: np.full(s.model_info.shapes[k], 2.0, np.float32) for k in s.shared_keys()}},
             )
         ],
     )
-    state = s.state_for_checkpoint()
-    assert "norm_keys" not in state
+    state = s.checkpoint_state()
+    assert state["method"] == {}  # nothing of its own: the layers follow from the model, the average is the base's
     resumed = strategy()
-    resumed.resume(state)
-    assert resumed.norm_keys == s.norm_keys
+    resumed.resume(state, 1)
+    assert resumed.model_info.norm_keys == s.model_info.norm_keys
     assert all(np.array_equal(resumed.global_state[k], s.global_state[k]) for k in s.shared_keys())

@@ -1,0 +1,136 @@
+"""The reply gate (strategies/gate.py): only replies that match their phase's spec and fit the node's identity
+get through; everything else, silent nodes included, is recorded with its reason, and a phase in which every
+reply failed for the same reason stops the run."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from flwr.app import MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+
+from strategies.exchange import MessageExchange, content_bytes
+from strategies.gate import ReplyGate, RunAborted, gist, short_reason
+from strategies.replies import BASE, TRAIN, Arrays, Tensor
+from task.params import to_record
+from tests.strategy_harness import outgoing_messages
+
+SPEC = TRAIN.with_records(arrays=Arrays({"w": Tensor((2,))}))
+
+
+def content(client: int, n: int = 10, w=(1.0, 2.0), **metrics) -> RecordDict:
+    return RecordDict(
+        {
+            "metrics": MetricRecord({"num-examples": n, "partition-id": client, **metrics}),
+            "arrays": to_record({"w": np.array(w, np.float32)}),
+        }
+    )
+
+
+def reply(src: int, body: RecordDict | None = None, error: str | None = None, to: str = "") -> SimpleNamespace:
+    return SimpleNamespace(
+        metadata=SimpleNamespace(src_node_id=src, reply_to_message_id=to),
+        content=body,
+        has_error=lambda: error is not None,
+        error=SimpleNamespace(reason=error),
+    )
+
+
+def gate(timeout: float = 60.0) -> ReplyGate:
+    return ReplyGate(MessageExchange(timeout), lambda phase, node: SPEC if phase == "train" else BASE)
+
+
+def test_valid_replies_come_out_ordered_by_client_with_only_what_the_spec_declares():
+    g = gate()
+    extra = content(2, n=30, **{"train-loss": 0.5, "undeclared": 7.0})
+    got = g.admit(1, "train", [reply(40, extra), reply(11, content(0)), reply(7, content(1))])
+    assert [(r.node_id, r.client, r.num_examples) for r in got] == [(11, 0, 10), (7, 1, 10), (40, 2, 30)]
+    assert got[2].metrics == {"num-examples": 30, "partition-id": 2, "train-loss": 0.5}
+    np.testing.assert_array_equal(got[0].arrays["w"], [1.0, 2.0])
+    assert g.failures == [] and g.client_of == {11: 0, 7: 1, 40: 2} and g.node_of == {0: 11, 1: 7, 2: 40}
+    assert g.exchange.comm[1]["train-bytes-up"] == content_bytes(extra) + 2 * content_bytes(content(0))
+
+
+def test_a_reply_that_breaks_the_spec_is_recorded_and_binds_nothing():
+    g = gate()
+    bad = content(3, w=(math.nan, 1.0))
+    assert g.admit(2, "train", [reply(9, bad), reply(8, content(4))]) != []
+    (failure,) = g.failures
+    assert failure["round"] == 2 and failure["node-id"] == 9 and failure["phase"] == "train"
+    assert "non-finite" in failure["reason"] and "client" not in failure  # the node is not bound to anyone
+    assert 9 not in g.client_of and 3 not in g.node_of
+    assert g.exchange.comm[2]["train-bytes-up"] == content_bytes(content(4))  # only admitted replies count
+
+
+def test_a_node_keeps_its_client_id_and_a_client_id_keeps_its_node():
+    g = gate()
+    g.admit(1, "train", [reply(5, content(0)), reply(6, content(1))])
+    assert g.admit(2, "train", [reply(5, content(1)), reply(7, content(0)), reply(6, content(1))])[0].node_id == 6
+    reasons = {f["node-id"]: f["reason"] for f in g.failures}
+    assert reasons == {
+        5: "reports partition-id 1, but reported 0 before (a node cannot change it)",
+        7: "partition-id 0 is already used by node 5 (each node needs its own)",
+    }
+    assert g.failures[0]["client"] == 0  # a known node's failure names its client
+    assert g.client_of == {5: 0, 6: 1} and g.node_of == {0: 5, 1: 6}
+
+
+def test_a_second_reply_of_the_same_node_in_a_phase_is_a_duplicate():
+    g = gate()
+    got = g.admit(1, "train", [reply(5, content(0)), reply(5, content(0, n=99))])
+    assert [r.num_examples for r in got] == [10]
+    assert [f["reason"] for f in g.failures] == ["duplicate reply from the same node"]
+    assert g.admit(2, "train", [reply(5, content(0))]) != []  # a new phase: the node may answer again
+
+
+def test_error_replies_and_silent_nodes_are_recorded_under_their_own_node():
+    g = gate(timeout=120.0)
+    with outgoing_messages():
+        sent = g.exchange.address(3, "train", "train", {7: RecordDict(), 8: RecordDict(), 9: RecordDict()})
+    m7, m8, _ = (m.metadata.message_id for m in sent)
+    replies = [
+        reply(SUPERLINK_NODE_ID, error="Error: Node Unavailable", to=m7),
+        reply(8, error="client raised ValueError", to=m8),
+    ]
+    assert g.admit(3, "train", replies) == []  # two reasons: no abort
+    got = {f["node-id"]: f["reason"] for f in g.failures}
+    assert got[7] == "error reply: Error: Node Unavailable" and got[8] == "error reply: client raised ValueError"
+    assert got[9] == "no reply within 120 s (round-timeout)"
+
+
+def test_a_phase_whose_every_reply_failed_for_one_reason_stops_the_run():
+    g = gate()
+    same = [reply(n, error=f"Traceback ...\nMessage: partition {n} of node {n * 1001} has no data") for n in (1, 2)]
+    with pytest.raises(RunAborted, match=r"round 4: every train reply failed .*: partition 1 of node 1001 has no"):
+        g.admit(4, "train", same)
+    different = [reply(1, error="no data"), reply(2, error="out of memory")]
+    assert g.admit(5, "train", different) == []  # different reasons: the next round may fare better
+    assert g.admit(6, "train", [reply(1, error="no data"), reply(2, content(0))]) != []
+    assert g.admit(7, "train", []) == []  # nobody answered at all: the silent nodes are recorded, no abort
+
+
+def test_a_replys_timing_is_handed_to_the_exchange_and_taken_out_of_its_metrics():
+    g = gate()
+    body = content(0)
+    body["timing"] = MetricRecord({"handler-start": 1.0, "setup-done": 1.5, "handler-end": 3.0})
+    (got,) = g.admit(1, "train", [reply(5, body, to="m1")])
+    assert "timing" not in got.metrics
+    assert g.exchange.timing_summary("train") == {
+        "messages": 1.0,
+        "setup": 0.5,
+        "work": 1.5,
+        "fresh-processes": 0.0,
+        "handler-sum": 2.0,
+    }
+
+
+def test_failure_reasons_are_compared_without_their_numbers_and_shown_in_one_line():
+    assert gist("node 12345 at 0xdeadbeef1 failed") == gist("node 7 at 0xcafebabe2 failed")
+    assert gist("no data") != gist("no memory")
+    assert short_reason("Traceback (most recent call last):\n  ...\nMessage: the data set is missing'>") == (
+        "the data set is missing"
+    )
+    assert short_reason("  first line\nsecond line") == "first line" and short_reason("") == ""
