@@ -144,37 +144,31 @@ def _dims(shape: tuple) -> str:
 
 def _model_part(keys: list[str], strategy: Any) -> str:
     """Which part of the model an ``arrays`` record of these keys is."""
-    sent, every = set(keys), list(strategy.all_keys)
-    values = sum(int(np.prod(strategy.shapes[k])) for k in keys if k in strategy.shapes)
+    info = strategy.model_info
+    sent, every = set(keys), info.keys
+    values = sum(int(np.prod(info.shapes[k])) for k in keys if k in info.shapes)
     left_out = [k for k in every if k not in sent]
     statistics = [k for k in every if k.endswith(STATISTICS)]
     if not left_out:
         part = "the whole model"
-    elif sent == set(strategy.body_keys):
+    elif sent == set(info.body_keys):
         part = "the body (every layer but the head)"
-    elif sent == set(strategy.head_keys):
+    elif sent == set(info.head_keys):
         part = "the head only"
     elif set(left_out) == set(statistics):
         part = "the whole model without its BatchNorm statistics"
-    elif set(left_out) == set(_norm_keys(strategy)):
+    elif set(left_out) == set(info.norm_keys):
         part = "every layer but the normalisation layers (their weights and statistics stay)"
     else:
         part = f"{len(keys)} of the model's {len(every)} tensors"
     return f"{part} ({values:,} values)"
 
 
-def _norm_keys(strategy: Any) -> tuple[str, ...]:
-    from task.models import model_norm_keys
-
-    s = strategy.settings
-    return tuple(model_norm_keys(s.model, s.in_channels, s.image_size, s.num_classes))
-
-
 def _describe_records(spec: Any, strategy: Any) -> list[str]:
     out = []
     for name, rule in spec.records.items():
         tensors = dict(rule.tensors)
-        if name == "arrays" and set(tensors) <= set(strategy.shapes) and tensors:
+        if name == "arrays" and set(tensors) <= set(strategy.model_info.shapes) and tensors:
             out.append(f"model weights: {_model_part(list(tensors), strategy)}")
             continue
         if len(tensors) > 3 and all(isinstance(d, int) for t in tensors.values() for d in t.shape):
