@@ -168,8 +168,14 @@ def _describe_records(spec: Any, strategy: Any) -> list[str]:
     out = []
     for name, rule in spec.records.items():
         tensors = dict(rule.tensors)
-        if name == "arrays" and set(tensors) <= set(strategy.model_info.shapes) and tensors:
-            out.append(f"model weights: {_model_part(list(tensors), strategy)}")
+        model_keys = [k for k in tensors if k in strategy.model_info.shapes]
+        if name == "arrays" and model_keys:
+            text = f"model weights: {_model_part(model_keys, strategy)}"
+            extra = {k: t for k, t in tensors.items() if k not in strategy.model_info.shapes}
+            if extra:  # arrays that travel with the model but are not part of it (Client2Vec's P and h_P)
+                values = sum(int(np.prod(t.shape)) for t in extra.values())
+                text += f", with {len(extra)} arrays of the method's own ({values:,} values)"
+            out.append(text)
             continue
         if len(tensors) > 3 and all(isinstance(d, int) for t in tensors.values() for d in t.shape):
             values = sum(int(np.prod(t.shape)) for t in tensors.values())
