@@ -14,7 +14,8 @@ Grids (``--grid``; any option below overrides the grid's value):
 
 Reproduce:  python benchmarks/baselines.py --grid clean
             python benchmarks/baselines.py --grid noisy
-            python benchmarks/baselines.py --rounds 5 --methods local,fedavg --partitions iid --raw-dir /tmp/raw  (quick)
+            python benchmarks/baselines.py --rounds 5 --methods local,fedavg --partitions iid \
+                --raw-dir /tmp/raw  (quick)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, print_report, product, run_grid, split  # noqa: E402
+from common import add_common_args, print_report, product, run_grid, split
 
 PARTITIONS = {
     "pathological": {"partition": "pathological", "classes-per-client": 2},

@@ -457,9 +457,10 @@ def main(argv: list[str] | None = None) -> None:
     n_grid_done = _grid_done(design, raw_dir, recorded_grid)
     n_grid = len(planned_grid) - n_grid_done
     per_run = args.seconds_per_run or estimate(raw_dir)
+    families = ", ".join(f"{f.name}: {len(f.rows)} methods x {len(f.cells())} cells" for f in design.values())
     print(
         f"plan: {len(planned_select)} selection runs ({n_sel} to do) and {len(planned_grid)} grid runs "
-        f"(about {n_grid} to do) over {', '.join(f'{f.name}: {len(f.rows)} methods x {len(f.cells())} cells' for f in design.values())}"
+        f"(about {n_grid} to do) over {families}"
     )
     if per_run:
         hours = (n_sel + n_grid) * per_run / 3600
@@ -493,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_smoke(design: dict[str, Family], raw_dir: Path) -> None:
-    """The rehearsal's section as RESULTS.md would show it (for its smaller design), its figures drawn in ``raw_dir``."""
+    """The rehearsal's section as RESULTS.md would show it (for its smaller design), its figures in ``raw_dir``."""
     from reporting.figures import draw
     from reporting.grids import figures_grids, render_grids
     from reporting.settings import run_config_defaults

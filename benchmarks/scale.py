@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Bench, add_common_args, measurement_record, print_report, split, write_record  # noqa: E402
+from common import Bench, add_common_args, measurement_record, print_report, split, write_record
 
 METHODS = {
     "local": {},

@@ -103,7 +103,7 @@ def noop_run(sim: LocalSimulation, clients: int, rounds: int) -> dict[str, Any]:
         run_config_arg(cfg),
     ]
     start = time.monotonic()
-    proc = subprocess.run(cmd, env=sim.env, capture_output=True, text=True, timeout=3600, cwd=NOOP_APP)
+    proc = subprocess.run(cmd, env=sim.env, capture_output=True, text=True, timeout=3600, cwd=NOOP_APP, check=False)
     wall = time.monotonic() - start
     if proc.returncode != 0 or not out_file.exists():
         raise RunFailed(f"no-op run failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
@@ -207,7 +207,7 @@ def deployed_run(nodes: int, rounds: int, poll: float) -> dict[str, Any]:
         f"{poll:g}",
     ]
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
     wall = time.monotonic() - start
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     report = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr[-2000:]}
@@ -256,7 +256,7 @@ def part_compose(args) -> None:
     done: dict[int, float] = {}
     tail: list[str] = []
     for line in proc.stdout:
-        tail = (tail + [line])[-40:]
+        tail = ([*tail, line])[-40:]
         m = ROUND_DONE.search(line)
         if m and int(m.group(1)) not in done:
             done[int(m.group(1))] = time.monotonic() - start

@@ -101,13 +101,13 @@ class ResultsWriter:
             ],
         )
         fields = sorted({k for row in rows for k in row}, key=lambda k: (k != "round", k))
-        with open(self.folder / "rounds.csv", "w", newline="") as fh:
+        with (self.folder / "rounds.csv").open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=fields)
             w.writeheader()
             w.writerows(rows)
         clients = sorted(strategy.client_eval.items())
         client_fields = sorted({k for _, m in clients for k in m})
-        with open(self.folder / "clients.csv", "w", newline="") as fh:
+        with (self.folder / "clients.csv").open("w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(["client", *client_fields])
             for pid, m in clients:

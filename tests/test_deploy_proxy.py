@@ -17,6 +17,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -41,7 +42,7 @@ AUTH_HEADERS = {
 class StandIn(BaseHTTPRequestHandler):
     """Answers 200 to everything and records (method, path, headers, body)."""
 
-    seen: list[tuple[str, str, dict, bytes]] = []
+    seen: ClassVar[list[tuple[str, str, dict, bytes]]] = []
 
     def _answer(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length", 0) or 0))
@@ -204,6 +205,7 @@ def test_make_proxy_conf_names_what_is_wrong(tmp_path, args, message):
         [sys.executable, str(ROOT / "deploy" / "make_proxy_conf.py"), "--certs", str(tmp_path), *args],
         capture_output=True,
         text=True,
+        check=False,
     )
     assert r.returncode == 2 and message in r.stderr, r.stderr
 
@@ -224,6 +226,7 @@ def test_make_proxy_conf_checks_the_certificates_exist(tmp_path):
         ],
         capture_output=True,
         text=True,
+        check=False,
     )
     assert r.returncode == 2 and "server.pem is missing" in r.stderr, r.stderr
 
@@ -290,5 +293,7 @@ def test_rendered_site_is_accepted_by_nginx(proxy, tmp_path):
         f"client_body_temp_path {tmp_path}/b; proxy_temp_path {tmp_path}/p; fastcgi_temp_path {tmp_path}/f; "
         f"uwsgi_temp_path {tmp_path}/u; scgi_temp_path {tmp_path}/s; include {tmp_path}/site.conf; }}"
     )
-    t = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(main)], capture_output=True, text=True)
+    t = subprocess.run(
+        [nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(main)], capture_output=True, text=True, check=False
+    )
     assert t.returncode == 0, t.stderr

@@ -61,7 +61,7 @@ def rounds(folder: Path) -> list[dict]:
 
 
 def clients(folder: Path) -> list[dict]:
-    with open(folder / "clients.csv") as fh:
+    with (folder / "clients.csv").open() as fh:
         return [{k: v for k, v in row.items() if "time" not in k and "rss" not in k} for row in csv.DictReader(fh)]
 
 

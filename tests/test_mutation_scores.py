@@ -14,7 +14,7 @@ def _meta(root, module, codes):
 
 
 def _row(text, module):
-    line = next(l for l in text.splitlines() if l.startswith(f"| {module} |"))
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"| {module} |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     return dict(
         zip(
@@ -33,6 +33,7 @@ def _row(text, module):
                 "score",
             ],
             cells,
+            strict=True,
         )
     )
 

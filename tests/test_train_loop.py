@@ -7,7 +7,6 @@ subset or the per-sample averaging would change every method at once.
 import copy
 import math
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -67,7 +66,7 @@ def test_momentum_carries_the_previous_step_within_one_call():
     g1 = grads(ref, x, y)
     with torch.no_grad():
         for n, p in ref.named_parameters():
-            p -= lr * g1[n]
+            p.sub_(lr * g1[n])
     g2 = grads(ref, x, y)
     w0 = params(model())
     train(net, x, y, epochs=2, batch_size=len(y), lr=lr, momentum=mu)
@@ -120,7 +119,7 @@ def test_the_extra_loss_sees_each_batch_with_its_labels_and_logits():
     rows = []
     for xb, yb, logits, own in calls:
         torch.testing.assert_close(logits, own)  # the logits of this batch
-        for xi, yi in zip(xb, yb):
+        for xi, yi in zip(xb, yb, strict=True):
             (i,) = [k for k in range(len(x)) if torch.equal(x[k], xi)]
             assert int(y[i]) == int(yi)  # each input with its own label
             rows.append(i)
@@ -230,7 +229,7 @@ def test_max_steps_caps_the_steps_of_the_whole_call_across_epochs(max_steps):
     # the same steps as a run that stops there by itself: the same seeded batches, nothing after the cap
     epochs, rest = divmod(max_steps, 3)
     train(reference, x, y, epochs=epochs + (rest > 0), batch_size=4, lr=0.1, max_steps=max_steps if rest else None)
-    assert all(torch.equal(p, q) for p, q in zip(capped.parameters(), reference.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(capped.parameters(), reference.parameters(), strict=True))
 
 
 def test_training_is_seeded_by_its_seed():
@@ -239,8 +238,8 @@ def test_training_is_seeded_by_its_seed():
     train(a, x, y, epochs=1, batch_size=5, lr=0.1, seed=3)
     train(b, x, y, epochs=1, batch_size=5, lr=0.1, seed=3)
     train(c, x, y, epochs=1, batch_size=5, lr=0.1, seed=4)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters(), strict=True))
 
 
 def test_batches_cover_every_index_once_in_order_or_shuffled():
@@ -318,7 +317,7 @@ def test_defaults_are_the_run_configs_declared_defaults():
         optimizer="sgd",
     )
     assert out_implicit == out_explicit
-    assert all(torch.equal(p, q) for p, q in zip(implicit.parameters(), explicit.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(implicit.parameters(), explicit.parameters(), strict=True))
     assert out_implicit["steps"] == d["local-epochs"] * math.ceil(45 / d["batch-size"])
 
 
@@ -364,7 +363,7 @@ def test_every_batch_is_moved_to_the_models_device():
     assert len(moves) == 2 * 3  # inputs and labels of three batches
     assert all(m is not None and torch.device(m) == device for m in moves)
     assert out == train(ref, x, y, epochs=1, batch_size=4, lr=0.1)
-    assert all(torch.equal(p, q) for p, q in zip(net.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(net.parameters(), ref.parameters(), strict=True))
 
 
 class _TwoBranch(nn.Module):

@@ -87,9 +87,11 @@ def render_fedc2i(raw: Path, d: dict[str, Any]) -> str:
                 + "."
             )
     full = select(recs, method="fedc2i")
-    for ref in ("local", "fedrep", "fedavg"):
-        if ok(full) and ok(select(recs, method=ref)):
-            claims.append(versus("FedC2I", full, NAMES[ref], select(recs, method=ref), PERSONAL) + ".")
+    claims.extend(
+        versus("FedC2I", full, NAMES[ref], select(recs, method=ref), PERSONAL) + "."
+        for ref in ("local", "fedrep", "fedavg")
+        if ok(full) and ok(select(recs, method=ref))
+    )
     if ok(full) and ok(select(recs, method="fedavg")):
         claims.append(
             versus(

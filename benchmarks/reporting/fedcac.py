@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .pairing import versus
@@ -51,7 +52,7 @@ def render_fedcac(raw: Path, d: dict[str, Any]) -> str:
         means = {m: mean(select(recs, partition=part, method=m), PERSONAL) for m in methods}
         best = max((m for m in methods if means[m] is not None), key=lambda m: means[m], default=None)
         cells = [mean_std(select(recs, partition=part, method=m), PERSONAL) for m in methods]
-        rows.append([part] + [f"**{c}**" if m == best else c for m, c in zip(methods, cells)])
+        rows.append([part] + [f"**{c}**" if m == best else c for m, c in zip(methods, cells, strict=True)])
         if "fedcac" in methods and best is not None and means["fedcac"] is not None:
             others = [m for m in methods if m != "fedcac" and means[m] is not None]
             rival = max(others, key=lambda m: means[m]) if others else None
@@ -82,4 +83,4 @@ def render_fedcac(raw: Path, d: dict[str, Any]) -> str:
             f"The packed mask a client sends costs 1/{1 / max(ratios):.0f} of the float32 model "
             "(`fedcac_communication.json`)."
         )
-    return "\n\n".join([intro, header(recs, FEDCAC_PAPER, d), md_table(["partition"] + methods, rows), bullets(claims)])
+    return "\n\n".join([intro, header(recs, FEDCAC_PAPER, d), md_table(["partition", *methods], rows), bullets(claims)])

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .pairing import paired, versus
@@ -177,9 +178,11 @@ def _pfedlia_claims(recs: list[Rec]) -> list[str]:
                     )
             main = next((m for m in ("pfedlia-central", "pfedlia-p2p") if ok(sel(m))), None)
             if main:
-                for ref in ("oracle", "fedavg", "local", "cfl-tuned"):
-                    if ok(sel(ref)):
-                        lines.append(versus(NAMES[main], sel(main), NAMES[ref], sel(ref), PERSONAL))
+                lines.extend(
+                    versus(NAMES[main], sel(main), NAMES[ref], sel(ref), PERSONAL)
+                    for ref in ("oracle", "fedavg", "local", "cfl-tuned")
+                    if ok(sel(ref))
+                )
             cfl = ok(sel("cfl"))
             if cfl:
                 found = [clusters_found(r) for r in cfl]

@@ -1,4 +1,7 @@
-"""The tables of ``benchmarks/scale.py`` (grids ``scale-floor``, ``scale-overhead``, ``scale-scale``, ``scale-kernels``)."""
+"""The tables of ``benchmarks/scale.py``.
+
+Grids ``scale-floor``, ``scale-overhead``, ``scale-scale`` and ``scale-kernels``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .records import Rec, axis, error_line, ok, select

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .settings import header, machine_note
@@ -162,7 +163,9 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
                 continue
             later = [t.get("train", {}) for t in m["message-timing"][1:]]
             # rounds after the first without an evaluate phase (the last round has one: two messages per node)
-            plain = [x for x, t in list(zip(m["round-seconds"], m["message-timing"]))[1:] if "evaluate" not in t]
+            plain = [
+                x for x, t in list(zip(m["round-seconds"], m["message-timing"], strict=True))[1:] if "evaluate" not in t
+            ]
             med = _med(plain or m["round-seconds"])
             dispatch[(r["cell"]["nodes"], r["cell"]["task-poll-interval"])] = _med(
                 [t["dispatch"] for t in later if "dispatch" in t]

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -31,10 +32,8 @@ def unregistered_check(c: Cluster) -> None:
     """The SuperNode with the unregistered key must be refused: it exits with an auth error, the SuperLink
     logs the refused activation, and ``flwr supernode list`` shows only the registered nodes."""
     proc = c.unregistered
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.popen.wait(timeout=c.args.startup_timeout)
-    except subprocess.TimeoutExpired:
-        pass
     exited = proc.popen.poll()
     log = proc.log.read_text(errors="replace")
     sl_log = ANSI_RE.sub("", c.superlink.log.read_text(errors="replace"))
@@ -46,9 +45,9 @@ def unregistered_check(c: Cluster) -> None:
     result = {
         "exit-code": exited,
         "supernode-log": " ".join(
-            l.strip()
-            for l in ANSI_RE.sub("", log).splitlines()
-            if "Exit Code" in l or "Failed to" in l or "code: " in l
+            ln.strip()
+            for ln in ANSI_RE.sub("", log).splitlines()
+            if "Exit Code" in ln or "Failed to" in ln or "code: " in ln
         ),
         "superlink-log": " | ".join(
             f"{m.group(1)} ... {m.group(2)}"
@@ -72,8 +71,8 @@ def unregistered_check(c: Cluster) -> None:
 def cli_error(output: str) -> str:
     """The words of a failed ``flwr`` command (its error box, without the box drawing)."""
     text = ANSI_RE.sub("", output)
-    lines = [re.sub(r"[│╭╮╰╯─]", "", l).strip() for l in text.splitlines()]
-    return " ".join(l for l in lines if l and not l.startswith("Using SuperLink"))[:300]
+    lines = [re.sub(r"[│╭╮╰╯─]", "", ln).strip() for ln in text.splitlines()]
+    return " ".join(ln for ln in lines if ln and not ln.startswith("Using SuperLink"))[:300]
 
 
 def probe(c: Cluster, link: Any, *specs: str) -> dict[str, dict]:
@@ -83,6 +82,7 @@ def probe(c: Cluster, link: Any, *specs: str) -> dict[str, dict]:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     if r.returncode != 0:
         raise ClusterError(f"probes failed: {r.stderr[-1000:]}")
@@ -131,7 +131,7 @@ def holder_check(c: Cluster) -> None:
     runs = c.list_runs()
     sl_log = ANSI_RE.sub("", c.superlink.log.read_text(errors="replace"))
     holder_control_calls = [
-        l.strip()[-120:] for l in sl_log.splitlines() if "/v1/control/" in l and f"{holder.ns_ip}:" in l
+        ln.strip()[-120:] for ln in sl_log.splitlines() if "/v1/control/" in ln and f"{holder.ns_ip}:" in ln
     ]
     proxy_log = c.nginx.access_log.read_text(errors="replace") if c.nginx.access_log.exists() else ""
     statuses = sorted(
@@ -140,7 +140,7 @@ def holder_check(c: Cluster) -> None:
             for m in re.finditer(
                 rf"^{re.escape(holder.ns_ip)} .*?\"POST (/v1/(?:control|runtime)/[\w-]+) [^\"]*\" (\d+)",
                 proxy_log,
-                re.M,
+                re.MULTILINE,
             )
         }
     )
@@ -168,7 +168,7 @@ def holder_check(c: Cluster) -> None:
         for what, x in a.items()
         if x["exit"] == 0 or not any(d in x["error"].lower() for d in denied)
     ]
-    problems = failed and [f"these succeeded or failed for another reason: {failed}"] or []
+    problems = (failed and [f"these succeeded or failed for another reason: {failed}"]) or []
     wrong = {s: p for s, p in probes.items() if not _refused(s, p)}
     if wrong:
         problems.append(f"probes not refused: {wrong}")

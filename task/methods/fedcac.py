@@ -61,7 +61,7 @@ def unpack_masks(packed: np.ndarray, shapes: Mapping[str, tuple[int, ...]]) -> d
         )
     bits = np.unpackbits(packed, count=total).astype(bool)
     out, pos = {}, 0
-    for (name, shape), size in zip(shapes.items(), sizes):
+    for (name, shape), size in zip(shapes.items(), sizes, strict=True):
         out[name] = bits[pos : pos + size].reshape(shape)
         pos += size
     return out

@@ -1,8 +1,10 @@
 """The ServerApp: every round a train message to every node (and an evaluate message in the last round, as
-pflower sends), each carrying ``payload-shapes`` float32 arrays (or one of ``payload-floats``); writes the seconds of each round to ``results-file``."""
+pflower sends), each carrying ``payload-shapes`` float32 arrays (or one of ``payload-floats``); writes the seconds
+of each round to ``results-file``."""
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -41,7 +43,7 @@ def main(grid: Grid, context: Context) -> None:
             ok += _phase(grid, nodes, MessageType.EVALUATE, r, shapes)
         out["rounds"].append({"round": r, "seconds": time.monotonic() - t0, "replies": ok})
     if cfg["results-file"]:
-        with open(str(cfg["results-file"]), "w") as fh:
+        with Path(str(cfg["results-file"])).open("w") as fh:
             json.dump(out, fh)
     print(
         f"noop: {rounds} rounds, {len(nodes)} nodes, median "
