@@ -17,6 +17,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,7 +80,7 @@ def main() -> None:
             local.append(time.perf_counter() - t)
         size_all = to_record({k: v.numpy() for k, v in stacked.items()}).count_bytes()
         size_k = to_record({k: v[: min(5, m)].numpy() for k, v in stacked.items()}).count_bytes()
-        row = {
+        row: dict[str, Any] = {
             "M": m,
             "influence-s": float(np.median(infl)),
             "local-training-s": float(np.median(local)),

@@ -109,7 +109,7 @@ def _saved_model_accuracies(folder: Path) -> dict[str, Any]:
             m.momentum = 0.1
         return {k: v.clone() for k, v in net.state_dict().items()}
 
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for pid in range(CLIENTS):
         d = load_client_data(s.data, pid, CLIENTS)
         val = [acc(t, d.x_val, d.y_val) for t in tiers]
@@ -286,7 +286,11 @@ def rewrite_docs(raw: Path, check: bool) -> bool:
         if not pattern.search(text):
             raise SystemExit(f"{path} has no <!-- gaps:{name} --> ... <!-- /gaps:{name} --> block")
         table = render(name, raw)
-        new = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
+
+        def between_markers(m: re.Match[str], table: str = table) -> str:
+            return m.group(1) + table + "\n" + m.group(2)
+
+        new = pattern.sub(between_markers, text)
         same &= new == text
         if not check:
             path.write_text(new)

@@ -44,7 +44,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -332,7 +332,8 @@ def _done(run: Run, raw_dir: Path, retry_failed: bool) -> bool:
 
 class Progress:
     def __init__(self, total: int) -> None:
-        self.total, self.done, self.t0, self.walls = total, 0, time.time(), []
+        self.total, self.done, self.t0 = total, 0, time.time()
+        self.walls: list[float] = []
 
     def line(self, wall: float) -> str:
         self.done += 1
@@ -352,7 +353,15 @@ def _hms(seconds: float) -> str:
 MAX_FAILURES_IN_A_ROW = 5
 
 
-def run_all(runs: list[Run], bench: Bench, raw_dir: Path, progress: Progress) -> None:
+class Runner(Protocol):
+    """What run_all needs of a bench (common.Bench): a grid to record under and a run of one cell."""
+
+    grid: str
+
+    def run(self, cell: dict[str, Any], cfg: dict[str, Any], clients: int) -> dict[str, Any]: ...
+
+
+def run_all(runs: list[Run], bench: Runner, raw_dir: Path, progress: Progress) -> None:
     failures = 0
     for run in runs:
         bench.grid = run.grid  # one SuperLink for every grid of the script
@@ -373,7 +382,7 @@ def check_configs(runs: Iterable[Run]) -> None:
     """Every planned run config parses as the app will parse it (a conflict fails here, not hours later)."""
     from task.config import parse_settings
 
-    problems = {}
+    problems: dict[str, str] = {}
     for run in runs:
         try:
             parse_settings(run.config)

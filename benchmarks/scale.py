@@ -30,6 +30,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import Bench, add_common_args, measurement_record, print_report, split, write_record
 
-METHODS = {
+METHODS: dict[str, dict[str, Any]] = {
     "local": {},
     "fedavg": {},
     "fedprox": {},
@@ -59,7 +60,7 @@ METHODS = {
 
 
 def part_overhead(args) -> None:
-    base = {
+    base: dict[str, Any] = {
         "dataset": "digits",
         "partition": "dirichlet",
         "num-server-rounds": 4,

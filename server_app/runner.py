@@ -85,7 +85,7 @@ class LocalSimulation:
         env.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
         return env
 
-    def start(self) -> LocalSimulation:
+    def start(self) -> Self:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'

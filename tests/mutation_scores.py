@@ -181,7 +181,7 @@ def table(data: dict, equiv: dict[str, tuple[str, str]]) -> tuple[str, list[str]
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    totals = Counter()
+    totals: Counter[str] = Counter()
     for module in sorted(per):
         c = per[module]
         total = data["modules"].get(module, c["run"])

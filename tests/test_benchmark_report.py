@@ -116,16 +116,16 @@ def test_draws_must_match_where_the_pairing_claims_them():
     a = [rec({"method": "a", "seed": 0}, draws="h1")]
     assert pairing.paired(a, [rec({"method": "b", "seed": 0}, draws="h1")], PERSONAL, draws=True).ok
     other = pairing.paired(a, [rec({"method": "b", "seed": 0}, draws="h2")], PERSONAL, draws=True)
-    assert "drew different clients" in other.reason
+    assert other.reason is not None and "drew different clients" in other.reason
     unknown = pairing.paired(a, [rec({"method": "b", "seed": 0}, draws=None)], PERSONAL, draws=True)
-    assert "not recorded" in unknown.reason
+    assert unknown.reason is not None and "not recorded" in unknown.reason
     # without the draws claim, the same data is enough
     assert pairing.paired(a, [rec({"method": "b", "seed": 0}, draws="h2")], PERSONAL).ok
 
 
 def test_missing_reference_seed_is_not_paired():
     p = pairing.paired([rec({"method": "a", "seed": 3})], [rec({"method": "b", "seed": 0})], PERSONAL)
-    assert not p.ok and "no reference run for seed 3" in p.reason
+    assert not p.ok and p.reason is not None and "no reference run for seed 3" in p.reason
 
 
 def test_a_rendered_table_refuses_the_paired_column_when_fingerprints_disagree(tmp_path):

@@ -107,7 +107,9 @@ def request(
     src = (source, 0) if source else None
     if tls:
         ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
-        conn = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=10, source_address=src)
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            host, int(port), context=ctx, timeout=10, source_address=src
+        )
     else:
         conn = http.client.HTTPConnection(host, int(port), timeout=10, source_address=src)
     try:
@@ -293,7 +295,7 @@ def test_rendered_site_is_accepted_by_nginx(proxy, tmp_path):
         f"client_body_temp_path {tmp_path}/b; proxy_temp_path {tmp_path}/p; fastcgi_temp_path {tmp_path}/f; "
         f"uwsgi_temp_path {tmp_path}/u; scgi_temp_path {tmp_path}/s; include {tmp_path}/site.conf; }}"
     )
-    t = subprocess.run(
-        [nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(main)], capture_output=True, text=True, check=False
-    )
+    nginx = nginx_binary()
+    assert nginx is not None  # the test is skipped without nginx
+    t = subprocess.run([nginx, "-t", "-p", str(tmp_path), "-c", str(main)], capture_output=True, text=True, check=False)
     assert t.returncode == 0, t.stderr

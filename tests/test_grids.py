@@ -318,7 +318,8 @@ class FakeBench:
     """Stands in for common.Bench: records what it was asked to run and answers with a record (failed if told)."""
 
     def __init__(self, fail: bool = False) -> None:
-        self.grid, self.fail, self.ran = "grids", fail, []
+        self.grid, self.fail = "grids", fail
+        self.ran: list[dict] = []
 
     def run(self, cell, cfg, clients):
         self.ran.append(cell)

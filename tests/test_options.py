@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def declared() -> dict[str, list[Option]]:
     out: dict[str, list[Option]] = {}
-    for cls in (RunOptions, *OPTION_SETS):
+    classes: tuple[type[OptionSet], ...] = (RunOptions, *OPTION_SETS)
+    for cls in classes:
         for key, opt in cls.declared().items():
             out.setdefault(key, []).append(opt)
     return out

@@ -76,7 +76,8 @@ def render_fedc2i(raw: Path, d: dict[str, Any]) -> str:
         for m in axis(recs, "method", FEDC2I_METHODS)
         if m != "local" and m not in FEDC2I_CNN_ROWS and ok(select(recs, method=m))
     ]
-    best = max(fed, key=lambda m: mean(select(recs, method=m), PERSONAL), default=None)
+    fed_means = {m: score for m in fed if (score := mean(select(recs, method=m), PERSONAL)) is not None}
+    best = max(fed_means, key=fed_means.__getitem__, default=None)
     claims = []
     if best:
         claims.append(f"Best federated method by personal-acc: {best}.")

@@ -173,7 +173,7 @@ def stored_digest(path: Path) -> str | None:
     """The data digest a PNG drawn by :func:`draw` carries (None if the file or the chunk is missing)."""
     if not Path(path).exists():
         return None
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
 
     with Image.open(path) as img:
-        return img.text.get(DIGEST_KEY)
+        return img.text.get(DIGEST_KEY) if isinstance(img, PngImagePlugin.PngImageFile) else None

@@ -31,12 +31,14 @@ PROBES = Path(__file__).resolve().parent / "probes.py"
 def unregistered_check(c: Cluster) -> None:
     """The SuperNode with the unregistered key must be refused: it exits with an auth error, the SuperLink
     logs the refused activation, and ``flwr supernode list`` shows only the registered nodes."""
-    proc = c.unregistered
+    proc, superlink = c.unregistered, c.superlink
+    if proc is None or superlink is None:
+        raise ClusterError("the unregistered-node check needs the SuperLink and the unregistered SuperNode running")
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.popen.wait(timeout=c.args.startup_timeout)
     exited = proc.popen.poll()
     log = proc.log.read_text(errors="replace")
-    sl_log = ANSI_RE.sub("", c.superlink.log.read_text(errors="replace"))
+    sl_log = ANSI_RE.sub("", superlink.log.read_text(errors="replace"))
     listed = c.list_nodes()
     listed_ids = {int(n["node-id"]) for n in listed}
     online = sorted(int(n["node-id"]) for n in listed if n.get("status") == "online")
@@ -129,6 +131,8 @@ def holder_check(c: Cluster) -> None:
     superlink_plain = probe(c, None, f"http:GET:http://127.0.0.1:{c.superlink_port}/health")
     listed = {int(n["node-id"]) for n in c.list_nodes()}
     runs = c.list_runs()
+    if c.superlink is None or c.nginx is None:
+        raise ClusterError("the holder check needs the SuperLink and the proxy running")
     sl_log = ANSI_RE.sub("", c.superlink.log.read_text(errors="replace"))
     holder_control_calls = [
         ln.strip()[-120:] for ln in sl_log.splitlines() if "/v1/control/" in ln and f"{holder.ns_ip}:" in ln
@@ -144,6 +148,12 @@ def holder_check(c: Cluster) -> None:
             )
         }
     )
+    tls: dict[str, dict | str] = {
+        "holder-plain-http": probes[f"http:POST:http://{c.fleet_address(0)}/v1/fleet/activate-node"],
+        "operator-plain-http": next(iter(operator_plain.values())),
+        "superlink-plain-http": next(iter(superlink_plain.values())),
+        "proxy-to-superlink": "https, verified against the CA (proxy_ssl_verify on), 127.0.0.1 only",
+    }
     result = {
         "from": holder.ns,
         "targets": targets,
@@ -154,12 +164,7 @@ def holder_check(c: Cluster) -> None:
         "registered-nodes": len(listed),
         "unknown-ids-listed": sorted(listed - set(c.node_ids.values())),
         "runs-before-operator-run": len(runs),
-        "tls": {
-            "holder-plain-http": probes[f"http:POST:http://{c.fleet_address(0)}/v1/fleet/activate-node"],
-            "operator-plain-http": next(iter(operator_plain.values())),
-            "superlink-plain-http": next(iter(superlink_plain.values())),
-            "proxy-to-superlink": "https, verified against the CA (proxy_ssl_verify on), 127.0.0.1 only",
-        },
+        "tls": tls,
     }
     denied = {"404", "403", "unavailable"}
     failed = [
@@ -172,7 +177,7 @@ def holder_check(c: Cluster) -> None:
     wrong = {s: p for s, p in probes.items() if not _refused(s, p)}
     if wrong:
         problems.append(f"probes not refused: {wrong}")
-    for hop, res in result["tls"].items():
+    for hop, res in tls.items():
         if isinstance(res, dict) and res.get("status") not in (None, 400):
             problems.append(f"{hop}: plain HTTP got {res}")
     if listed != set(c.node_ids.values()) or runs or holder_control_calls:

@@ -394,9 +394,11 @@ class Cluster:
         self.run_proc = Proc("flwr-run", cmd, self.env(self.home), log_path, REPO, pipe=True)
         proc = self.run_proc.popen
         lines: queue.Queue = queue.Queue()
+        stdout = proc.stdout
+        assert stdout is not None  # Proc(pipe=True) pipes stdout
 
         def reader() -> None:
-            for line in proc.stdout:
+            for line in stdout:
                 lines.put(line)
             lines.put(None)
 

@@ -233,22 +233,18 @@ def _load(path: Path) -> ClientData | None:
     try:
         with np.load(path, allow_pickle=False) as z:
             info = json.loads(z["info"].tobytes().decode())
-            t = {k: torch.from_numpy(z[k]) if k in z.files else None for k in _SPLITS}
-    # a damaged cache file (not a zip, truncated, keys or header missing) is rebuilt, never trusted
+            splits = {k: torch.from_numpy(z[k]) for k in _SPLITS[:6]}  # a file without one is damaged
+            calib = {k: torch.from_numpy(z[k]) if k in z.files else None for k in _SPLITS[6:]}
+    # a damaged cache file (not a zip, truncated, splits or header missing) is rebuilt, never trusted
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
     return ClientData(
-        t["x_train"],
-        t["y_train"],
-        t["x_val"],
-        t["y_val"],
-        t["x_test"],
-        t["y_test"],
-        info["num_classes"],
-        info["domain"],
-        info["meta"],
-        t["x_calib"],
-        t["y_calib"],
+        **splits,
+        num_classes=info["num_classes"],
+        domain=info["domain"],
+        meta=info["meta"],
+        x_calib=calib["x_calib"],
+        y_calib=calib["y_calib"],
     )
 
 
@@ -312,7 +308,7 @@ def _build_client_data(settings: DataSettings, partition_id: int, num_partitions
     x_va, y_va = tensors(idx[va])
     x_te, y_te = tensors(test_idx)
     x_ca, y_ca = tensors(calib_idx) if calib_idx is not None else (None, None)
-    meta = {"num-partitions": num_partitions, "partition-id": partition_id}
+    meta: dict[str, int | float] = {"num-partitions": num_partitions, "partition-id": partition_id}
     if isinstance(part, PlantedClusterPartitioner):
         meta["planted-cluster"] = part.cluster_of(partition_id)
     if isinstance(part, TwoSourcePartitioner):

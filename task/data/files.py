@@ -95,7 +95,9 @@ def load_local_file(path: str, settings: DataSettings, partition_id: int) -> Cli
         )
 
     def checked(x: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-        return checked_arrays(x, y, name, settings.dataset, where)
+        x, labels = checked_arrays(x, y, name, settings.dataset, where)
+        assert labels is not None  # labels in, labels out
+        return x, labels
 
     x, y = checked(arrays["x"], arrays["y"], "x")
     if len(y) < 2:
