@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import OUT, add_common_args, print_report, product, run_grid, split  # noqa: E402
+from common import OUT, add_common_args, print_report, product, run_grid, split
 
 ARMS = {
     "FedAvg": {"c2v-sampling": False, "c2v-aggregation": False, "c2v-local": False},

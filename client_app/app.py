@@ -18,8 +18,8 @@ from flwr.clientapp import ClientApp
 
 from client_app import faults  # noqa: E402
 from client_app.base import ClientMethod  # noqa: E402
-from task.methods import all_queries, load_object, method_spec  # noqa: E402
 from task.config import Settings, parse_settings  # noqa: E402
+from task.methods import all_queries, load_object, method_spec  # noqa: E402
 
 app = ClientApp()
 

@@ -76,7 +76,7 @@ class FedSoftStrategy(PersonalizedStrategy):
 
     def estimate(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         payload = self._stacked()
-        for r in self.send_query(grid, server_round, "fedsoft_u", {n: payload for n in nodes}):
+        for r in self.send_query(grid, server_round, "fedsoft_u", dict.fromkeys(nodes, payload)):
             self.u[r.client], self.n[r.client] = np.asarray(r.metrics["fedsoft-u"], float), r.num_examples
         self.u_log[server_round] = {c: self.u[c].round(4).tolist() for c in sorted(self.u)}
 

@@ -260,9 +260,9 @@ class PFedLIAStrategy(PersonalizedStrategy):
             else:
                 self.sets = {c: sorted(set(rows[c][1]) | {c}) for c in scored}
                 self.assignment = groups_from_sets({c: frozenset(s) for c, s in self.sets.items()})
-                self.personal = {c: self.theta0 for c in scored}
+                self.personal = dict.fromkeys(scored, self.theta0)
             self.clustering["clients-asked"] = len(nodes)
-        self.cluster_models = {label: self.theta0 for label in set(self.assignment.values())}
+        self.cluster_models = dict.fromkeys(set(self.assignment.values()), self.theta0)
         self.clustered = True
         comm = self.exchange.comm.get(server_round, {})
         self.clustering.update(

@@ -272,7 +272,7 @@ class PIFLStrategy(PersonalizedStrategy):
                 "utility": utility,
                 "pool": self.ledger.pools[k],
                 "refund-ratio": s.refund_ratio if s else None,
-                "payments": {c: self.price for c in self.payers.get(k, [])},
+                "payments": dict.fromkeys(self.payers.get(k, []), self.price),
                 "refunds": dict(s.refunds) if s else {},
                 "rewards": dict(s.rewards) if s else {},
                 "source-a-share": float(np.mean(shares)) if shares else None,

@@ -15,7 +15,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 T = TypeVar("T", bound="OptionSet")
 
@@ -119,7 +119,7 @@ class OptionSet:
         }
 
     @classmethod
-    def parse(cls: type[T], cfg: Mapping[str, Any], fixed: Mapping[str, Any] | None = None) -> T:
+    def parse(cls, cfg: Mapping[str, Any], fixed: Mapping[str, Any] | None = None) -> Self:
         values = {}
         fixed = dict(fixed or {})
         for f in dataclasses.fields(cls):

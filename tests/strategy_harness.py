@@ -14,11 +14,11 @@ import copy
 import itertools
 import random
 import zlib
-from unittest import mock
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, is_dataclass, replace
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -27,7 +27,6 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 
 from strategies.replies import Arrays, Dim, Number, Numbers, ReplySpec, Tensor
 from task.params import to_record
-
 
 # ---------------------------------------------------------------------------------------------- the grid
 _ids = itertools.count(1)
@@ -390,20 +389,20 @@ def assert_same_state(a: Any, b: Any, path: str = "strategy") -> None:
 
 
 __all__ = [
-    "ReplayGrid",
-    "OutgoingMessage",
-    "outgoing_messages",
-    "reply_message",
-    "phase_of",
-    "run_round",
-    "valid_content",
-    "corruptions",
-    "Corruption",
-    "snapshot",
-    "assert_same_state",
     "SUPERLINK_NODE_ID",
-    "replace",
     "Arrays",
+    "Corruption",
+    "OutgoingMessage",
+    "ReplayGrid",
+    "assert_same_state",
+    "corruptions",
+    "outgoing_messages",
+    "phase_of",
+    "replace",
+    "reply_message",
+    "run_round",
+    "snapshot",
+    "valid_content",
 ]
 
 

@@ -40,7 +40,7 @@ def table_numbers(page: str) -> set[str]:
     text = (ROOT / "docs" / "methods" / f"{page}.md").read_text()
     table = text[text.index("## Section numbers cited in the code") :]
     numbers: set[str] = set()
-    for label in re.findall(r"^\| ([^|]+) \|", table, re.M):
+    for label in re.findall(r"^\| ([^|]+) \|", table, re.MULTILINE):
         for low, high in re.findall(r"§([\d.]*\d)(?:-§([\d.]*\d))?", label):
             numbers.add(low)
             if high:  # §2.2-§2.5

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from client_app.baselines import moon_loss
 from client_app.client2vec_math import distill_loss, local_regulariser, orth_loss
-from task.methods.client2vec import Client2VecOptions, build_aux
 from strategies.client2vec_math import (
     C2VServerState,
     aggregation_weights,
@@ -15,7 +16,6 @@ from strategies.client2vec_math import (
     eq2_objective,
     exclusion_window,
     sampling_probabilities,
-    similarity_to_set,
 )
 from task.clip import MissingWeights, OpenClipEncoder, SyntheticEncoder, cached_embeddings, label_prompt
 from task.dsa_ign import (
@@ -29,6 +29,7 @@ from task.dsa_ign import (
     total_loss,
     train_dsa_ign,
 )
+from task.methods.client2vec import build_aux
 
 torch.set_num_threads(1)
 

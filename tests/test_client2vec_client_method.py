@@ -6,9 +6,9 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
-from task.methods.client2vec import build_aux
 from task.clip import SyntheticEncoder, class_names, label_prompt
 from task.dsa_ign import IGNConfig, build_ign
+from task.methods.client2vec import build_aux
 from task.params import record_to_numpy, to_record
 from tests.client_kit import client, client_data, context, numpy_state
 

@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-import torch._dynamo  # noqa: F401  # the DSA-IGN's first Adam imports it (seconds): once at collection, not per test
+import torch._dynamo  # the DSA-IGN's first Adam imports it (seconds): once at collection, not per test
 
 from strategies.client2vec_math import (
     C2VServerState,
@@ -329,8 +329,8 @@ import torch  # noqa: E402
 from strategies.base import Reply  # noqa: E402
 from task.dsa_ign import build_ign, train_dsa_ign  # noqa: E402
 from task.params import to_record  # noqa: E402
-from tests.strategy_harness import kept_figures as harness_kept_figures  # noqa: E402
 from tests.strategy_harness import drive, phase_of, with_metrics  # noqa: E402
+from tests.strategy_harness import kept_figures as harness_kept_figures  # noqa: E402
 
 NODES = {9001: 3, 12: 0, 777: 5, 4: 1, 55: 4, 60: 2}  # Flower node id -> partition id, node ids out of client order
 

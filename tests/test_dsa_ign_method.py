@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from task.methods.client2vec import Client2VecOptions
 from task.dsa_ign import (
     DSAIGN,
     IGNConfig,
@@ -24,6 +23,7 @@ from task.dsa_ign import (
     total_loss,
     train_dsa_ign,
 )
+from task.methods.client2vec import Client2VecOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = IGNConfig(dim=16, token=8, layers=1, heads=2, ff=16, dropout=0.0)

@@ -1,6 +1,5 @@
 """FedC2I invariants (fedc2i.md §7/§2.2) on small hand-made models, and the client/strategy round trip."""
 
-import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Context, RecordDict
@@ -16,8 +15,8 @@ from client_app.fedc2i_math import (
     sharpened_weights,
 )
 from server_app.app import build_strategy
-from task.methods import METHODS, load_object
 from task.config import parse_settings
+from task.methods import METHODS, load_object
 from task.models import build_model, head_keys
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict
 from torch import nn
 
 from task.config import parse_settings
@@ -94,7 +94,7 @@ def naive_lambda(client, states, gamma):
     for i in range(k):
         others = [j for j in range(k) if j != i]
         state = {
-            n: (own[n] if n.startswith("head.") or not v.is_floating_point() else mean_of(states, others, n))
+            n: (v if n.startswith("head.") or not v.is_floating_point() else mean_of(states, others, n))
             for n, v in own.items()
         }
         losses.append(ce(client, state, x, y))

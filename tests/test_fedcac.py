@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Context, RecordDict
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
-from task.methods.fedcac import pack_masks, unpack_masks
 from server_app.app import build_strategy
 from strategies.fedcac_math import (
     collaboration_matrix,
@@ -18,10 +18,11 @@ from strategies.fedcac_math import (
     mask_overlap,
     overlap_threshold,
 )
-from task.methods import METHODS, load_object
 from task.config import parse_settings
-from task.params import to_record
+from task.methods import METHODS, load_object
+from task.methods.fedcac import pack_masks, unpack_masks
 from task.models import build_model
+from task.params import to_record
 
 
 def random_masks(rng, n_clients, n, tau):
@@ -324,7 +325,6 @@ def test_empty_masks_make_no_collaborators():
     def answer(rnd, node, phase, content):  # tau = 0 on every client: empty masks
         if phase == "train":
             content["mask"] = to_record({"bits": np.zeros(n_bits, np.uint8)})
-        return None
 
     drive(strat, nodes, 1, answer)
     diag = strat.history[0].extra["fedcac"]

@@ -13,8 +13,8 @@ from strategies.pfedlia_math import (
     groups_from_sets,
     reassign_noise,
 )
-from task.methods import METHODS, load_object
 from task.config import parse_settings
+from task.methods import METHODS, load_object
 from task.params import record_to_numpy, to_record
 
 CFG = {

@@ -884,12 +884,12 @@ def _one_outlier(i, j):  # client 31 scores like nobody else: an OPTICS noise po
     "option, influence_of, expected",
     [
         ({"lia-score": "sign"}, _by_sign_only, {c: PLANTED[c] for c in CLIENTS}),
-        ({"lia-score": "raw"}, _by_sign_only, {c: 0 for c in CLIENTS}),
+        ({"lia-score": "raw"}, _by_sign_only, dict.fromkeys(CLIENTS, 0)),
         ({"lia-row-standardize": True}, _offset_rows, {c: PLANTED[c] for c in CLIENTS}),
         ({"lia-row-standardize": False}, _offset_rows, {3: 0, 8: 0, 11: 1, 20: 1, 25: 2, 31: 2}),
         ({"lia-noise": "singleton"}, _one_outlier, {**{c: PLANTED[c] for c in CLIENTS}, 31: 2}),
         ({"lia-noise": "nearest"}, _one_outlier, {**{c: PLANTED[c] for c in CLIENTS}, 31: 0}),
-        ({"optics-min-samples": 5}, influence, {c: 0 for c in CLIENTS}),
+        ({"optics-min-samples": 5}, influence, dict.fromkeys(CLIENTS, 0)),
     ],
 )
 def test_the_clustering_options_reach_optics(option, influence_of, expected):

@@ -4,7 +4,8 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strategies.pifl_math import (
     LedgerError,
@@ -23,7 +24,7 @@ def play_round(ledger, bids, utilities, scores, counts, rng, n_perf, n_rand, dro
     tiers = len(ledger.pools)
     available = {c: [t for t in bids.get(c, []) if ledger.can_pay(c)] for c in ledger.balances if c not in dropouts}
     winners, payers = schedule(
-        available, tiers, {k: scores for k in range(tiers)}, {k: counts for k in range(tiers)}, n_perf, n_rand, rng
+        available, tiers, dict.fromkeys(range(tiers), scores), dict.fromkeys(range(tiers), counts), n_perf, n_rand, rng
     )
     charged = {}
     for k in range(tiers):
@@ -470,7 +471,7 @@ def test_with_the_full_refund_every_payer_gets_its_price_back():
     ledger.charge(1, [0, 1, 3])
     s = ledger.settle(1, [0, 1, 3], [3, 0, 1], utility=0.7)
     assert s.refunds == {0: MICRO, 1: MICRO, 3: MICRO} and set(s.rewards.values()) == {0}
-    assert ledger.balances == {c: 5 * MICRO for c in range(4)} and ledger.pools[1] == 0
+    assert ledger.balances == dict.fromkeys(range(4), 5 * MICRO) and ledger.pools[1] == 0
 
 
 def test_the_rank_reward_pays_alpha_over_beta_of_the_pool_by_reverse_rank():

@@ -102,14 +102,14 @@ def test_round_one_is_a_free_warm_up_on_a_random_partition_that_records_the_util
     members = [c for k in (0, 1) for c in strat.winners[k]]
     assert sorted(members) == [0, 1, 2, 3] and all(len(strat.winners[k]) == 2 for k in (0, 1))
     assert strat.payers == {0: [], 1: []}
-    assert strat.ledger.balances == {c: 100 * MICRO for c in range(4)} and strat.ledger.pools == {0: 0, 1: 0}
+    assert strat.ledger.balances == dict.fromkeys(range(4), 100 * MICRO) and strat.ledger.pools == {0: 0, 1: 0}
     for k in (0, 1):
         entry = strat.ledger_log[0]["tiers"][k]
         assert entry["payments"] == {} and entry["refunds"] == {} and entry["rewards"] == {}
         assert entry["refund-ratio"] is None
         expected = np.mean([TIER_ACC[c][k] for c in strat.winners[k]])
         assert entry["utility"] == pytest.approx(expected) and strat.ledger.best_utility[k] == pytest.approx(expected)
-        assert strat.counts[k] == {c: 1 for c in strat.winners[k]}
+        assert strat.counts[k] == dict.fromkeys(strat.winners[k], 1)
     assert strat.ledger_log[0]["total"] == 400 * MICRO
 
 
@@ -130,7 +130,7 @@ def test_from_round_two_winning_bidders_pay_into_their_tier_and_are_settled_on_i
     assert set(strat.winners[0]) <= {0, 1, 2} and len(strat.winners[0]) == 2 and strat.payers[0] == strat.winners[0]
     assert strat.winners[1] == [3] and strat.payers[1] == []  # drafted for free
     entry = strat.ledger_log[1]["tiers"][0]
-    assert entry["payments"] == {c: 2_500_000 for c in strat.winners[0]} and entry["refund-ratio"] == 0.0
+    assert entry["payments"] == dict.fromkeys(strat.winners[0], 2500000) and entry["refund-ratio"] == 0.0
     assert entry["utility"] == pytest.approx(0.9)
     ranked = sorted(strat.winners[0], key=lambda c: -strat.scores[0][c])  # the better Shapley score gets 2/3
     assert [entry["rewards"][c] for c in ranked] == [3_333_333, 1_666_666] and entry["pool"] == 1
@@ -543,7 +543,7 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
                 np.testing.assert_array_equal(v, evaluated[r - 1][key][k])
     best = {k: np.mean([ledger_acc(1, c, k) for c in log[0]["tiers"][k]["members"]]) for k in (0, 1)}
     ratios = []
-    balances, pools = {c: 100 * MICRO for c in range(4)}, {0: 0, 1: 0}
+    balances, pools = dict.fromkeys(range(4), 100 * MICRO), {0: 0, 1: 0}
     for e in log[1:]:
         for k in (0, 1):
             t = e["tiers"][k]
@@ -557,10 +557,10 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
             assert t["refund-ratio"] == pytest.approx(ratio)
             ratios.append(ratio)
             best[k] = max(best[k], utility)
-            assert t["payments"] == {c: price for c in members}
+            assert t["payments"] == dict.fromkeys(members, price)
             pool = pools[k] + price * len(members)
             share = int(np.floor(ratio * pool + 1e-6)) // len(members)
-            assert t["refunds"] == {c: share for c in members}
+            assert t["refunds"] == dict.fromkeys(members, share)
             rest = pool - share * len(members)
             n = len(members)
             assert sorted(t["rewards"].values(), reverse=True) == [

@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 from datasets import Dataset
-from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner, Partitioner
+from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner, PathologicalPartitioner
 
 from task.data.catalogue import MIXTURES, PARTITIONS
 from task.data.sources import Centralized, load_centralized
