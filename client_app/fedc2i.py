@@ -27,7 +27,7 @@ class FedC2IClient(ClientMethod):
             return [1.0]
         gamma, variant = self.options.gamma, self.options.variant
         heads = self.head_keys(model)
-        bodies = [n for n in self.body_keys(model)]
+        bodies = list(self.body_keys(model))
         gen = torch.Generator().manual_seed(self.seed + 104_729 * self.server_round)
         size = min(self.options.influence_batch_size, len(self.data.y_train))
         idx = torch.randperm(len(self.data.y_train), generator=gen)[:size]

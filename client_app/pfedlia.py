@@ -70,7 +70,7 @@ class PFedLIAClient(ClientMethod):
                 positive = self.options.p2p_require_positive
                 if self_index < 0:  # a late joiner: not among the lazy models; compare against all of them
                     peers = beneficial_peers(
-                        list(row) + [float("-inf")], len(row), seed=self.seed, require_positive=positive
+                        [*list(row), float("-inf")], len(row), seed=self.seed, require_positive=positive
                     )[:-1]
                 else:
                     peers = beneficial_peers(row, self_index, seed=self.seed, require_positive=positive)

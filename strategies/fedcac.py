@@ -124,7 +124,7 @@ class FedCACStrategy(PersonalizedStrategy):
             "collaborators-mean": float(sizes.mean()),
             "collaborators-min": int(sizes.min()),
             "collaborators-max": int(sizes.max()),
-            "collaborators": {int(pid): [int(pids[j]) for j in c] for pid, c in zip(pids, collab)},
+            "collaborators": {int(pid): [int(pids[j]) for j in c] for pid, c in zip(pids, collab, strict=True)},
             "mask-fraction": float(mask_matrix.mean()),
         }
         hist = [u.metrics.get("label-histogram") for u in updates]
@@ -177,7 +177,7 @@ class FedCACStrategy(PersonalizedStrategy):
         chosen = sorted(self.overlaps)
         (folder / "fedcac_overlap.json").write_text(json.dumps({r: self.overlaps[r] for r in chosen}))
         fig, axes = plt.subplots(1, len(chosen), figsize=(4.2 * len(chosen), 3.8), squeeze=False)
-        for ax, r in zip(axes[0], chosen):
+        for ax, r in zip(axes[0], chosen, strict=True):
             entry = self.overlaps[r]
             order = np.argsort(entry["partition-ids"])
             mat = np.array(entry["overlap"])[np.ix_(order, order)]

@@ -256,7 +256,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
                     score=o.score,
                     standardize=o.row_standardize,
                 )
-                self.assignment = {c: int(l) for c, l in zip(scored, labels)}
+                self.assignment = {c: int(l) for c, l in zip(scored, labels, strict=True)}
             else:
                 self.sets = {c: sorted(set(rows[c][1]) | {c}) for c in scored}
                 self.assignment = groups_from_sets({c: frozenset(s) for c, s in self.sets.items()})

@@ -62,7 +62,7 @@ class PIFLStrategy(PersonalizedStrategy):
         )
         self.initial_tokens = int(round(o.initial_tokens * MICRO))
         self.price = int(round(o.slot_price * MICRO))
-        self.ledger_args = dict(price=self.price, max_refund=o.max_refund, full_use_gain=o.full_use_gain)
+        self.ledger_args = {"price": self.price, "max_refund": o.max_refund, "full_use_gain": o.full_use_gain}
         TokenLedger([], self.num_tiers, self.initial_tokens, **self.ledger_args)  # validates the values now
         self.ledger: TokenLedger | None = None
         self.tiers = {k: {key: np.array(v) for key, v in self.initial_state.items()} for k in range(self.num_tiers)}
@@ -240,7 +240,7 @@ class PIFLStrategy(PersonalizedStrategy):
             psi = shapley_scores(
                 grad, np.stack([flat(u.arrays) for u in group]), flat(self.tiers[k]), weights / weights.sum()
             )
-            for u, score in zip(group, psi):
+            for u, score in zip(group, psi, strict=True):
                 self.scores[k][u.client] = float(score)
         return {"pifl": {"tier-sizes": {k: len(v) for k, v in self.winners.items()}}}
 

@@ -142,7 +142,7 @@ class Tensor:
         if arr.dtype != np.dtype(self.dtype):
             return f"has dtype {arr.dtype}, expected {self.dtype}"
         if arr.ndim != len(self.shape) or any(
-            (n not in d) if isinstance(d, Dim) else n != d for n, d in zip(arr.shape, self.shape)
+            (n not in d) if isinstance(d, Dim) else n != d for n, d in zip(arr.shape, self.shape, strict=True)
         ):
             return f"has shape {tuple(arr.shape)}, expected {self.shape}"
         if self.finite and np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():

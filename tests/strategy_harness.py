@@ -250,7 +250,7 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
             if isinstance(value, list):
                 continue
             rest = [float(v) for v in sample[1:]] if isinstance(value, float) else list(sample[1:])  # one type per list
-            out.append(Corruption(f"{key}: an element {what}", _with_metric(key, [value] + rest, record)))
+            out.append(Corruption(f"{key}: an element {what}", _with_metric(key, [value, *rest], record)))
         if rule.length is not None:
             out.append(
                 Corruption(
@@ -382,7 +382,7 @@ def assert_same_state(a: Any, b: Any, path: str = "strategy") -> None:
     elif isinstance(a, (list, tuple)):
         if len(a) != len(b):
             raise AssertionError(f"{path}: length {len(a)} != {len(b)}")
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same_state(x, y, f"{path}[{i}]")
     elif a != b:
         raise AssertionError(f"{path}: {str(a)[:120]} != {str(b)[:120]}")

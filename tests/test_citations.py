@@ -21,7 +21,7 @@ SOURCES = sorted(
     for p in (ROOT / folder).rglob("*.py")
     if p.name != "test_benchmark_report.py"
 )
-DOCS = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+DOCS = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
 NUMBERS = r"((?:(?:§[\d.]*\d|A\d+)(?:[-–/]§?[\d.]*\d)?(?:,? (?:and |/ )?)?)+)"
 CITATION = re.compile(r"\b(" + "|".join(PAGES) + r")\.md\)? " + NUMBERS)
 

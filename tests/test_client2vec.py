@@ -94,7 +94,7 @@ def test_client_index_is_order_free_and_label_half_is_histogram_map():
     D, L = rng.standard_normal((50, 512)).astype(np.float32), T[y]
     bf, bl = client_index(net, D, L)
     perm = rng.permutation(50)
-    bf2, bl2 = client_index(net, D[perm], L[perm])
+    bf2, _bl2 = client_index(net, D[perm], L[perm])
     np.testing.assert_allclose(bf, bf2, atol=1e-5)
     pi = np.bincount(y, minlength=10) / 50
     np.testing.assert_allclose(bl, pi @ T, atol=1e-5)
@@ -262,7 +262,7 @@ def test_embeddings_are_cached_on_disk(tmp_path):
     enc = SyntheticEncoder(512, 1)
     x, y = torch.rand(6, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2])
     D, L, hit = cached_embeddings(enc, "k", x, y, ["a", "b", "c"], tmp_path)
-    D2, L2, hit2 = cached_embeddings(enc, "k", x, y, ["a", "b", "c"], tmp_path)
+    D2, _L2, hit2 = cached_embeddings(enc, "k", x, y, ["a", "b", "c"], tmp_path)
     assert not hit and hit2 and len(list(tmp_path.glob("*.npz"))) == 1
     np.testing.assert_array_equal(D, D2)
     np.testing.assert_array_equal(L[0], L[3])
@@ -317,9 +317,9 @@ def test_strategy_aggregates_with_index_weights_and_carries_the_projection():
     h = 0.5 * h_before + strat.c2v.similarity(rows)
     expected_w = aggregation_weights(h[rows], strat.c2v.n[rows], 1.0)
     for k, v in strat.global_state.items():
-        manual = sum(w * u.arrays[k].astype(np.float64) for w, u in zip(expected_w, updates))
+        manual = sum(w * u.arrays[k].astype(np.float64) for w, u in zip(expected_w, updates, strict=True))
         np.testing.assert_allclose(v, manual, rtol=1e-5, atol=1e-6)
-    assert strat.agg_weights[2] == pytest.approx(dict(zip([1, 3, 4], expected_w)))
+    assert strat.agg_weights[2] == pytest.approx(dict(zip([1, 3, 4], expected_w, strict=True)))
 
 
 def test_strategy_rejects_bad_index_replies_with_a_reason():

@@ -548,7 +548,9 @@ def test_federated_dsa_ign_is_fedavg_over_a_fraction_of_the_nodes_for_each_of_it
         got = replies[3 * (r - 1) : 3 * r]
         n = np.array([int(c["metrics"]["num-examples"]) for c in got], dtype=float)
         current = {
-            k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), got)).astype(np.float32)
+            k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), got, strict=True)).astype(
+                np.float32
+            )
             for k in current
         }
         losses.append(float(np.mean([c["metrics"]["ign-loss"] for c in got])))
@@ -561,7 +563,7 @@ def test_federated_dsa_ign_is_fedavg_over_a_fraction_of_the_nodes_for_each_of_it
     assert progress[0] == f"[client2vec] federated DSA-IGN round 1/{rounds}: 0/3 replies, mean local loss nan"
     assert progress[1:] == [
         f"[client2vec] federated DSA-IGN round {r}/{rounds}: 3/3 replies, mean local loss {x:.4f}"
-        for r, x in zip(range(2, rounds + 1), losses)
+        for r, x in zip(range(2, rounds + 1), losses, strict=True)
     ]
 
 
@@ -655,11 +657,11 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
         H = gamma * H + S
         p = n[rows] / n[rows].sum() * np.exp(H[rows] / lam)
         p /= p.sum()
-        assert strat.agg_weights[t] == pytest.approx(dict(zip(rows.tolist(), p)))
+        assert strat.agg_weights[t] == pytest.approx(dict(zip(rows.tolist(), p, strict=True)))
         assert strat.history[t - 1].extra["c2v-weights"] == strat.agg_weights[t]
         updates = rec.by_client("train", t)
         assert [int(c["metrics"]["partition-id"]) for c in updates] == rows.tolist()
-        model = {k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(p, updates)) for k in model}
+        model = {k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(p, updates, strict=True)) for k in model}
     assert_state_close(strat.global_state, model)
 
 
@@ -731,7 +733,7 @@ def test_arms_without_index_sampling_draw_the_same_uniform_cohorts_and_the_plain
             updates = rec.by_client("train", 4)
             n = np.array([int(c["metrics"]["num-examples"]) for c in updates], dtype=float)
             expected = {
-                k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), updates))
+                k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), updates, strict=True))
                 for k in strat.global_state
             }
             assert_state_close(strat.global_state, expected)
@@ -827,7 +829,7 @@ def test_a_federated_dsa_ign_reply_is_the_whole_network_and_its_local_loss():
         (3, reply(3, None)),
         (4, reply(4, 2 * LOSS_LIMIT)),
         (5, reply(5, -2 * LOSS_LIMIT)),
-        (6, reply(6, 1.0, {k: v for k, v in list(state.items())[1:]})),
+        (6, reply(6, 1.0, dict(list(state.items())[1:]))),
     ):
         assert strat.gate.check(1, nid, content, "c2v_ign", set()) is None
     assert "ign-loss" in strat.failures[0]["reason"]
@@ -931,7 +933,7 @@ def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similari
     left, right = (ax.get_position() for ax in panels)
     assert left.x1 < right.x0 and left.y0 == pytest.approx(right.y0)  # side by side
     for ax, sim, half in zip(
-        panels, (strat.c2v.sim_f, strat.c2v.sim_l), ("feature half cos(beta_f)", "label half cos(beta_l)")
+        panels, (strat.c2v.sim_f, strat.c2v.sim_l), ("feature half cos(beta_f)", "label half cos(beta_l)"), strict=True
     ):
         assert ax.get_title() == half and ax.get_xlabel() == "client (ordered by domain)"
         (image,) = ax.get_images()

@@ -52,7 +52,7 @@ def test_train_and_evaluate_reply_what_the_strategy_expects(method):
     assert 0.0 <= ev["personal-acc"] <= 1.0
     assert ("global-acc" in ev) == strat.has_global_model
     # how many samples the accuracy rests on travels with it (benchmarks report it), and the server accepts it
-    x_test, y_test = c.test_split()
+    _x_test, y_test = c.test_split()
     assert ev["test-examples"] == len(y_test) > 0
     assert round(ev["personal-acc"] * len(y_test), 6) == round(ev["personal-acc"] * len(y_test))
     assert strat.gate.check(1, 100, ev_reply, "evaluate", set()) is not None, strat.failures

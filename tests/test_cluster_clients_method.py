@@ -53,7 +53,7 @@ def test_ifca_trains_the_cluster_model_that_fits_its_training_split_best(centres
 
 
 def test_ifca_evaluates_the_cluster_chosen_on_the_validation_split_or_else_the_training_split(centres):
-    init, low, high = centres
+    _init, low, high = centres
     disagree = client("ifca", client_data(HIGH, val_classes=LOW, test_classes=LOW), tiers=2)
     ev = disagree.evaluate(RecordDict({"tiers": tiers(high, low)}))["metrics"]
     assert ev["cluster"] == 1  # chosen on the validation split (0-4), not on the training split (5-9)
@@ -76,7 +76,7 @@ def test_importance_weights_are_shares_of_best_fitted_points_floored_at_sigma():
 
 
 def test_fedsoft_client_reports_the_share_of_its_points_each_centre_fits_best(centres):
-    init, low, high = centres
+    _init, low, high = centres
     x_lo, y_lo = digits_of(LOW, 24, 0)
     x_hi, y_hi = digits_of(HIGH, 8, 0)
     data = client_data(LOW)
@@ -110,7 +110,7 @@ def soft_content(states, u=None):
 
 
 def test_fedsoft_starts_from_the_u_weighted_mixture_of_the_centres(centres):
-    init, low, high = centres
+    _init, low, high = centres
     c = client("fedsoft", client_data(HIGH), tiers=2)
     ev = c.evaluate(soft_content([low, high], u=[1.0, 3.0]))["metrics"]  # weights normalised: 0.25 / 0.75
     mixed = {k: 0.25 * low[k] + 0.75 * high[k] if low[k].is_floating_point() else high[k] for k in low}

@@ -318,7 +318,7 @@ def test_each_sample_is_encoded_on_its_own_tokens():
         batch = net(d)
         for i in range(5):
             alone = net(d[i : i + 1])
-            for got, ref in zip(batch, alone):
+            for got, ref in zip(batch, alone, strict=True):
                 torch.testing.assert_close(got[i : i + 1], ref, rtol=1e-5, atol=1e-6)
 
 

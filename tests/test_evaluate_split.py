@@ -98,7 +98,7 @@ def test_selection_runs_of_every_method_never_touch_a_test_split(name, poisoned_
     strategy, grid, replies = run_with_real_clients(name, "validation")
     assert not strategy.failures, strategy.failures
     assert {phase_of(m) for m in grid.sent} >= {"train"}
-    evaluations = [dict(r["metrics"]) for r, m in zip(replies, grid.sent) if phase_of(m) == "evaluate"]
+    evaluations = [dict(r["metrics"]) for r, m in zip(replies, grid.sent, strict=True) if phase_of(m) == "evaluate"]
     evaluations += [dict(r["evaluation"]) for r in replies if "evaluation" in r.metric_records]
     assert evaluations, "the run evaluated nothing"
     for ev in evaluations:

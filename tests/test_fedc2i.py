@@ -69,7 +69,7 @@ def _influence(models, own, gamma=5.0):
 def test_a_peer_identical_to_the_client_gets_the_clients_weight():
     a, b, c = (build_model("c2i-small", 1, 8, 10, seed=s) for s in (0, 1, 2))
     twin = build_model("c2i-small", 1, 8, 10, seed=0)
-    lam, losses = _influence([a, b, twin, c], own=0)
+    lam, _losses = _influence([a, b, twin, c], own=0)
     torch.testing.assert_close(lam[0], lam[2])
     assert torch.isclose(lam.sum(), torch.tensor(1.0))
 
@@ -92,7 +92,7 @@ def test_a_much_worse_peer_gets_less_weight():
             p.mul_(5.0)
     models = [good, *peers, bad]
     heads = head_keys(good)
-    lam, losses = influence_vector(
+    lam, _losses = influence_vector(
         good, stacked_models(models), {h: good.state_dict()[h] for h in heads}, x, y, 5.0, heads
     )
     # leaving the bad peer out gives the LOWEST loss, so it gets the least weight
@@ -112,7 +112,7 @@ def test_influence_matrix_columns_sum_to_one_and_mixing_changes_the_classifier()
     w, b = weights[0].clone(), biases[0].clone()
     w[1], b[1] = loo_w[1], loo_b[1]
     torch.testing.assert_close(losses[2, 1], nn.functional.cross_entropy(feats @ w.T + b, y))
-    mixed_w, mixed_b = mix_classifier(weights, biases, big_lambda)
+    mixed_w, _mixed_b = mix_classifier(weights, biases, big_lambda)
     assert not torch.allclose(mixed_w, weights[0])
     # the printed Eq. 10 (client's own row phi_{m,c} in the sum) is a no-op: it returns the own classifier
     printed_w = torch.einsum("mc,cd->cd", big_lambda, weights[0])
@@ -165,7 +165,7 @@ def test_round_one_starts_from_the_common_model_then_everyone_receives_everyone(
 
 
 def test_peer_sampling_bounds_the_download():
-    strat, payloads = run({"method": "fedc2i", "partition": "iid", "c2i-peers": 2}, rounds=2, n=5)
+    _strat, payloads = run({"method": "fedc2i", "partition": "iid", "c2i-peers": 2}, rounds=2, n=5)
     assert payloads[(2, 0)]["peers"]["head.bias"].shape[0] == 2
     full, _ = run({"method": "fedc2i", "partition": "iid"}, rounds=2, n=5)
     assert payloads[(2, 0)]["peers"].count_bytes() < 0.5 * full.payload(10, 3, "train")["peers"].count_bytes()

@@ -204,7 +204,7 @@ def test_the_influence_batch_holds_influence_batch_size_training_samples_drawn_a
     """fedc2i.md §6.10: one batch of ``influence-batch-size`` samples per round, drawn anew every round (seeded: the
     same round gives the same batch, fedc2i.md §7 test 14)."""
     states = received_models(make_client(), 3)
-    whole, _ = run_train(make_client(), payload(states))
+    _whole, _ = run_train(make_client(), payload(states))
     small = make_client(**{"influence-batch-size": 3})
     by_round = {r: run_train(small, payload(states, server_round=r))[1]["influence"] for r in (2, 3)}
     assert by_round[2] == run_train(make_client(**{"influence-batch-size": 3}), payload(states))[1]["influence"]

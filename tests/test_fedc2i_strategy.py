@@ -230,7 +230,7 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
     panels = [ax for ax in fig.axes if ax.get_images()]
     assert len(panels) == 3 and len(fig.axes) == 6  # one panel per chosen round, each with its colour bar
     assert np.isnan(np.ma.filled(panels[2].get_images()[0].get_array(), np.nan)[2]).all()
-    for ax, rnd in zip(panels, (1, 4, 6)):  # first, middle and last round
+    for ax, rnd in zip(panels, (1, 4, 6), strict=True):  # first, middle and last round
         assert f"round {rnd}" in ax.get_title()
         assert "peer" in ax.get_xlabel() and "client" in ax.get_ylabel()
         (image,) = ax.get_images()

@@ -102,7 +102,8 @@ def test_collaborators_invariant_under_affine_maps_and_flipped_by_the_literal_fo
     ours = collaborators(o, overlap_threshold(o, 1, 10), 1, 10)
     affine = 3.0 * o + 0.7
     assert all(
-        np.array_equal(a, b) for a, b in zip(ours, collaborators(affine, overlap_threshold(affine, 1, 10), 1, 10))
+        np.array_equal(a, b)
+        for a, b in zip(ours, collaborators(affine, overlap_threshold(affine, 1, 10), 1, 10), strict=True)
     )
     for i, c in enumerate(ours):
         assert set(c) and all((j < 3) == (i < 3) for j in c)  # corrected: own group
@@ -240,7 +241,7 @@ def test_after_beta_critical_parameters_stay_local():
     assert diags[-1]["collaborators-max"] == 0
     settings_ = parse_settings(cfg)
     client = load_object(METHODS["fedcac"].client)(ctxs[1], settings_)
-    own = {k: v for k, v in client.load_state("model").items()}
+    own = dict(client.load_state("model"))
     mask = unpack_masks(client.load_state("mask")["bits"], strat.param_shapes)
     model, _ = client._mixed_model(strat.payload(11, 3, "train"))
     state = model.state_dict()

@@ -374,7 +374,9 @@ def expected_round(strat, sent, rnd, beta, clients):
     u = {c: params[[clients.index(d) for d in [c, *collab[c]]]].mean(0) for c in clients}
     split = lambda flat: {
         k: v.reshape(strat.param_shapes[k])
-        for k, v in zip(keys, np.split(flat, np.cumsum([int(np.prod(strat.param_shapes[k])) for k in keys])[:-1]))
+        for k, v in zip(
+            keys, np.split(flat, np.cumsum([int(np.prod(strat.param_shapes[k])) for k in keys])[:-1]), strict=True
+        )
     }
     return {
         "overlap": o,
@@ -529,7 +531,7 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
     heat, lines = figures
     panels = [ax for ax in heat.axes if ax.get_images()]
     assert len(panels) == 3 and len(heat.axes) == 6  # one panel per chosen round, each with its colour bar
-    for ax, rnd in zip(panels, (1, beta, rounds)):
+    for ax, rnd in zip(panels, (1, beta, rounds), strict=True):
         assert f"round {rnd}" in ax.get_title() and "overlap" in ax.get_title()
         assert ax.get_xlabel() == "client" and ax.get_ylabel() == "client"
         (image,) = ax.get_images()
@@ -543,7 +545,7 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
             inside = [t for t in ticks if -0.5 <= t <= 3.5]
             assert len(inside) >= 2 and all(float(t).is_integer() for t in inside)
     bars = [ax for ax in heat.axes if not ax.get_images()]
-    for ax, bar in zip(panels, bars):  # each colour bar is a thin strip beside its panel
+    for ax, bar in zip(panels, bars, strict=True):  # each colour bar is a thin strip beside its panel
         assert bar.get_position().width < 0.1 * ax.get_position().width
         assert bar.get_position().x0 >= ax.get_position().x1
     assert plt.imread(tmp_path / "fedcac_overlap.png").shape[:2] == (380, 1260)  # 100 dpi

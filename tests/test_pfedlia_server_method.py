@@ -47,7 +47,7 @@ def test_noise_points_join_the_cluster_of_their_nearest_clustered_point():
 
 def test_the_noise_mode_reaches_the_clustering():
     rng = np.random.default_rng(0)
-    rows = np.vstack([rng.normal(0, 0.1, (4, 2)), rng.normal(0, 0.1, (4, 2)) + [50, 0], [[25, 40]]])  # + an outlier
+    rows = np.vstack([rng.normal(0, 0.1, (4, 2)), rng.normal(0, 0.1, (4, 2)) + np.array([50, 0]), [[25, 40]]])  # + an outlier
     np.testing.assert_array_equal(cluster_influence(rows, min_samples=3), [0, 0, 0, 0, 1, 1, 1, 1, 0])
     np.testing.assert_array_equal(
         cluster_influence(rows, min_samples=3, noise="singleton"), [0, 0, 0, 0, 1, 1, 1, 1, 2]
@@ -453,7 +453,7 @@ def test_clients_missing_from_the_clustering_round_join_the_cluster_their_row_fa
     assert asked[late_lazy]["lazy-clients"]["self-index"] == -1
     assert asked[late_row]["lazy-clients"]["self-index"] == lazy_ids.index(late_row)
     for c in (late_lazy, late_row):
-        for k, v in fed.payload(3, "lia", c, "lazy").items():
+        for v in fed.payload(3, "lia", c, "lazy").values():
             np.testing.assert_array_equal(v.reshape(len(lazy_ids), -1)[:, 0], [lazy_value(j) for j in lazy_ids])
     assert same_partition(s.assignment, PLANTED) and set(s.assignment) == set(CLIENTS)
     for c in (late_lazy, late_row):
@@ -596,12 +596,12 @@ def test_oracle_node_connecting_after_the_clustering_round_founds_its_group_if_n
     """A node that connects after the clustering round is asked for its group before it trains; when nobody is in
     that group yet, the group's model starts from theta_0 and is then its FedAvg like every other cluster model."""
     late, first = 31, [3, 11, 25]  # 31 is the only client of planted group 1 here
-    fed = Federation(method="oracle", clients=first + [late], identify_planted=True)
-    fed.present = {1: first, 2: first, 3: first + [late]}
+    fed = Federation(method="oracle", clients=[*first, late], identify_planted=True)
+    fed.present = {1: first, 2: first, 3: [*first, late]}
     fed.run()
     s = fed.strategy
     assert [(r, c) for r, p, c, _ in fed.sent if p == "identify"] == [(3, late)]
-    assert s.assignment == {c: PLANTED[c] for c in first + [late]}
+    assert s.assignment == {c: PLANTED[c] for c in [*first, late]}
     assert_holds(fed.payload(3, "train", late), fedavg(first, 1))  # theta_0
     models = s.server_models()
     assert sorted(models) == ["cluster-0", "cluster-1"]
@@ -613,11 +613,11 @@ def test_oracle_client_that_does_not_say_its_group_when_asked_joins_it_with_its_
     """A node that connects late and does not answer the identify query with its group is sent theta_0; its train
     reply says its group, which it joins (here founds) at once: its update is that group's model."""
     late, first = 31, [3, 11, 25]
-    fed = Federation(method="oracle", clients=first + [late])
-    fed.present = {1: first, 2: first, 3: first + [late]}
+    fed = Federation(method="oracle", clients=[*first, late])
+    fed.present = {1: first, 2: first, 3: [*first, late]}
     fed.run()
     s = fed.strategy
-    assert s.assignment == {c: PLANTED[c] for c in first + [late]}
+    assert s.assignment == {c: PLANTED[c] for c in [*first, late]}
     models = s.server_models()
     assert sorted(models) == ["cluster-0", "cluster-1"]
     assert_holds(models["cluster-1"], fedavg([late], 3))
@@ -814,7 +814,7 @@ def test_a_lia_reply_is_a_finite_row_over_the_lazy_models_and_distinct_indices_i
     s = Federation(**{"lia-mode": "p2p"}).strategy
     s.lazy_clients = [3, 8, 11, 20]
     ok_row = [-5.0, 0.5, 1e3, -1e3]
-    good = [dict(beneficial=[]), dict(beneficial=[0, 3]), dict(beneficial=[0, 1, 2, 3])]
+    good = [{"beneficial": []}, {"beneficial": [0, 3]}, {"beneficial": [0, 1, 2, 3]}]
     for extra in good:
         assert _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": ok_row}, **extra)), extra
     assert _accepts(
@@ -822,7 +822,7 @@ def test_a_lia_reply_is_a_finite_row_over_the_lazy_models_and_distinct_indices_i
     )
     bad_rows = [
         ok_row[:3],
-        ok_row + [1.0],
+        [*ok_row, 1.0],
         [-2 * VALUE_LIMIT, 0.0, 0.0, 0.0],
         [2 * VALUE_LIMIT, 0.0, 0.0, 0.0],
         [float("nan"), 0.0, 0.0, 0.0],
@@ -844,10 +844,9 @@ def test_a_train_reply_may_name_its_planted_cluster_a_lazy_reply_carries_the_who
     base = valid_content(spec, 3, seed=5)
 
     def with_planted(value):
-        out = RecordDict(
+        return RecordDict(
             {"metrics": MetricRecord({**dict(base["metrics"]), "planted-cluster": value}), "arrays": base["arrays"]}
         )
-        return out
 
     plain = RecordDict(
         {

@@ -157,7 +157,7 @@ def test_client_bid_policy_and_mixture():
 
 def test_a_bid_is_the_best_tiers_at_or_above_the_threshold_up_to_max_bids():
     # pifl.md §2.2: B_c = {k : a_ck >= T_h} ∪ {argmax a}, truncated to the max_bids highest-scoring tiers
-    pay = dict(balance=MICRO, price=MICRO)
+    pay = {"balance": MICRO, "price": MICRO}
     assert bid_policy([0.95, 0.92], **pay) == [0]  # default max_bids = 1: the argmax only
     assert bid_policy([0.95, 0.9], **pay, threshold=0.9, max_bids=2) == [0, 1]  # a_ck == T_h qualifies
     assert bid_policy([0.95, 0.89], **pay, threshold=0.9, max_bids=2) == [0]
@@ -192,6 +192,8 @@ def test_fedsoft_importance_weights():
 
 
 # ---------------------------------------------------------------- the strategy's own round path
+import itertools
+
 from server_app.app import build_strategy  # noqa: E402
 from task.config import parse_settings  # noqa: E402
 from tests.strategy_harness import drive, with_metrics  # noqa: E402
@@ -308,18 +310,18 @@ def test_a_ledger_starts_every_client_at_b0_with_empty_pools_and_no_best_utility
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(initial=True),
-        dict(initial=1.5),
-        dict(initial=-1),
-        dict(price=False),
-        dict(price=-MICRO),
-        dict(price=0),
-        dict(price=2.0),
-        dict(max_refund=-0.01),
-        dict(max_refund=1.01),
-        dict(full_use_gain=0.0),
-        dict(full_use_gain=-0.1),
-        dict(full_use_gain=1.01),
+        {"initial": True},
+        {"initial": 1.5},
+        {"initial": -1},
+        {"price": False},
+        {"price": -MICRO},
+        {"price": 0},
+        {"price": 2.0},
+        {"max_refund": -0.01},
+        {"max_refund": 1.01},
+        {"full_use_gain": 0.0},
+        {"full_use_gain": -0.1},
+        {"full_use_gain": 1.01},
     ],
 )
 def test_ledger_parameters_outside_their_ranges_are_refused(kwargs):
@@ -331,13 +333,13 @@ def test_ledger_parameters_outside_their_ranges_are_refused(kwargs):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(initial=0),
-        dict(initial=np.int64(3 * MICRO), price=np.int32(MICRO)),
-        dict(price=1),
-        dict(max_refund=0.0),
-        dict(max_refund=1.0),
-        dict(full_use_gain=1.0),
-        dict(full_use_gain=1e-6),
+        {"initial": 0},
+        {"initial": np.int64(3 * MICRO), "price": np.int32(MICRO)},
+        {"price": 1},
+        {"max_refund": 0.0},
+        {"max_refund": 1.0},
+        {"full_use_gain": 1.0},
+        {"full_use_gain": 1e-6},
     ],
 )
 def test_ledger_parameters_at_the_edges_of_their_ranges_are_accepted(kwargs):
@@ -447,7 +449,7 @@ def test_the_refund_ratio_falls_linearly_from_eta_at_no_gain_to_zero_at_gamma():
     assert settled(0.4, 0.5, full_use_gain=0.5).utility_gain == pytest.approx(0.25)  # (0.5 - 0.4) / 0.4
     ratios = [settled(0.5, u, max_refund=0.8, full_use_gain=0.2).refund_ratio for u in np.linspace(0.3, 0.7, 41)]
     assert all(0.0 <= r <= 0.8 + 1e-12 for r in ratios)  # within [0, eta_R] (up to float rounding)
-    assert all(a >= b - 1e-12 for a, b in zip(ratios, ratios[1:])) and ratios[0] == pytest.approx(0.8)  # monotone
+    assert all(a >= b - 1e-12 for a, b in itertools.pairwise(ratios)) and ratios[0] == pytest.approx(0.8)  # monotone
 
 
 def test_the_refund_is_floor_theta_pool_in_equal_shares_to_the_payers_only():
@@ -497,7 +499,7 @@ def test_rank_rewards_never_rise_down_the_ranking_and_leave_less_than_n_units(n,
     ledger.pools[0] = ledger.supply = pool  # a pool carried over from earlier rounds
     s = ledger.settle(0, [], list(range(n)), utility=None)
     rewards = [s.rewards[c] for c in range(n)]
-    assert all(a >= b for a, b in zip(rewards, rewards[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(rewards))
     assert 0 <= pool - sum(rewards) < n and s.pool_after == pool - sum(rewards)
     for pos, r in enumerate(rewards):  # alpha / beta of the pool, rounded down
         assert r == (n - pos) * pool // (n * (n + 1) // 2)

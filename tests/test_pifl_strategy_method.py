@@ -138,7 +138,7 @@ def test_from_round_two_winning_bidders_pay_into_their_tier_and_are_settled_on_i
         assert strat.ledger.balances[c] == 100 * MICRO - 2_500_000 + entry["rewards"][c]
     assert strat.ledger.balances[3] == 100 * MICRO and strat.ledger.total() == 400 * MICRO
     # the bid query told every client its balance and the price, with all tiers
-    for rnd, client, content in sent(grid, "bid"):
+    for rnd, _client, content in sent(grid, "bid"):
         assert rnd == 2 and dict(content["ledger"]) == {"balance": 100 * MICRO, "price": 2_500_000}
         assert all(v.shape[0] == 2 for v in record_to_numpy(content["tiers"]).values())
     assert sorted(c for _, c, _ in sent(grid, "bid")) == [0, 1, 2, 3]
@@ -215,7 +215,7 @@ def test_each_tier_is_the_example_weighted_average_of_its_winners_and_they_are_s
         group = strat.winners[k]
         lam = np.array([sizes[c] for c in group], float) / sum(sizes[c] for c in group)
         for key, v in strat.tiers[k].items():
-            expected = base[key] + sum(w * offset[c][key].astype(float) for w, c in zip(lam, group))
+            expected = base[key] + sum(w * offset[c][key].astype(float) for w, c in zip(lam, group, strict=True))
             np.testing.assert_allclose(v, expected, rtol=1e-5, atol=1e-5)
         assert sorted(strat.scores[k]) == sorted(group)
         psi = np.array([strat.scores[k][c] for c in group])
@@ -373,7 +373,7 @@ def test_the_table_gives_every_models_accuracy_on_each_source_holdout():
         states.append({k: v.detach().numpy().copy() for k, v in m.state_dict().items()})
     table = holdouts.table(states)
     assert len(table) == 2
-    for state, row in zip(states, table):
+    for state, row in zip(states, table, strict=True):
         load_record(model, state)
         assert row == {name: pytest.approx(evaluate(model, x, y)[1]) for name, (x, y) in holdouts.sets.items()}
     assert table[0] != table[1]
@@ -442,7 +442,7 @@ def test_cluster_models_start_as_the_common_model_plus_small_seeded_noise_except
         assert 0.005 < (models[j]["b"] - state["b"]).std() < 0.015
     assert not np.array_equal(models[1]["w"], models[2]["w"])  # the copies diverge from each other too
     again = distinct_starting_models(state, 3, seed=4)
-    assert all(np.array_equal(a[k], b[k]) for a, b in zip(models, again) for k in state)  # reproducible
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(models, again, strict=True) for k in state)  # reproducible
     other = distinct_starting_models(state, 3, seed=5)
     assert not np.array_equal(other[1]["w"], models[1]["w"])
     assert len(distinct_starting_models(state, 1, seed=0)) == 1
@@ -637,7 +637,7 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
     log = strat.ledger_log
     clients = sorted(log[-1]["balances"])
     assert late in clients and len(ax1.lines) == len(clients)
-    for line, c in zip(ax1.lines, clients):
+    for line, c in zip(ax1.lines, clients, strict=True):
         assert list(line.get_xdata()) == [1, 2, 3]
         expected = [e["balances"][c] / MICRO if c in e["balances"] else np.nan for e in log]
         np.testing.assert_allclose(line.get_ydata(), expected)
