@@ -73,6 +73,8 @@ class ClientMethod:
 
     def __init__(self, context: Context, settings: Settings | None = None) -> None:
         self.context = context
+        self.server_round = 0
+        self.config: dict[str, Any] = {}  # the current message's config (per client, never shared between them)
         self.settings = settings or parse_settings(context.run_config)
         self.options = self.settings.options  # the method's own typed options (task.methods)
         node_cfg = context.node_config
@@ -176,21 +178,21 @@ class ClientMethod:
 
             folder.mkdir(parents=True, exist_ok=True)
             current = int(self.config.get("server-round", 0))
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+            fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
             os.close(fd)
+            tmp = Path(tmp_name)
             try:
-                save_file({k: contiguous(v) for k, v in record_to_numpy(record).items()}, tmp)
-                os.replace(tmp, folder / f"{name}.round-{current:05d}.safetensors")  # a crash leaves earlier rounds
+                save_file({k: contiguous(v) for k, v in record_to_numpy(record).items()}, tmp_name)
+                tmp.replace(folder / f"{name}.round-{current:05d}.safetensors")  # a crash leaves earlier rounds
             finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+                tmp.unlink(missing_ok=True)
             files = self._state_files(folder, name)
             for r in sorted(files)[: -(max(self.settings.checkpoint_every, 1) + 1)]:
                 files[r].unlink(missing_ok=True)
 
     @staticmethod
     def message_arrays(content: RecordDict, key: str = "arrays") -> ArrayRecord | None:
-        return content.array_records[key] if key in content.array_records else None
+        return content.array_records.get(key)
 
     @staticmethod
     def message_config(content: RecordDict) -> dict[str, Any]:
@@ -236,9 +238,6 @@ class ClientMethod:
             optimizer=s.optimizer,
             **hooks,
         )
-
-    server_round = 0
-    config: dict[str, Any] = {}
 
     def test(self, model: nn.Module, split: str = "test", **kw: Any) -> tuple[float, float]:
         x, y = getattr(self.data, f"x_{split}"), getattr(self.data, f"y_{split}")

@@ -63,7 +63,7 @@ class PFedLIAClient(ClientMethod):
             stacked = stacked_tensors(content.array_records["lazy"], self.device)
             losses = batched_losses(model, stacked, x, y)
             row = lazy_influence_row(loss0, losses, len(y), self.options.reduction)
-            lazy_clients = content.config_records["lazy-clients"] if "lazy-clients" in content.config_records else {}
+            lazy_clients = content.config_records.get("lazy-clients", {})
             self_index = int(lazy_clients.get("self-index", -1)) if lazy_clients else -1
             extra = {}
             if self.options.mode == "p2p":

@@ -5,8 +5,8 @@ training points for which centre s has the lowest loss, smoothed by sigma = 1e-4
 For every centre s the server draws ``fedsoft-clients-per-cluster`` clients with probability proportional
 to u_ks * n_k.  A drawn client solves min f_k(w) + lambda/2 sum_s u_ks ||w - c_s||^2 (``fedsoft-lambda``)
 from its own model, and centre s becomes the plain mean of the models of the clients drawn for it (the draw
-already weights them by u_ks n_k).  A client's personalized model is its own model (the u-weighted mix of centres before it first
-trains).
+already weights them by u_ks n_k).  A client's personalized model is its own model (the u-weighted mix of centres
+before it first trains).
 
 See docs/methods/pifl.md; its last section says where each section number cited here is explained.
 """

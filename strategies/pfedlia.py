@@ -256,7 +256,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
                     score=o.score,
                     standardize=o.row_standardize,
                 )
-                self.assignment = {c: int(l) for c, l in zip(scored, labels, strict=True)}
+                self.assignment = {c: int(label) for c, label in zip(scored, labels, strict=True)}
             else:
                 self.sets = {c: sorted(set(rows[c][1]) | {c}) for c in scored}
                 self.assignment = groups_from_sets({c: frozenset(s) for c, s in self.sets.items()})
@@ -329,7 +329,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
 
         out = {
             "clustering": self.clustering,
-            "assignment": {str(c): int(l) for c, l in sorted(self.assignment.items())},
+            "assignment": {str(c): int(label) for c, label in sorted(self.assignment.items())},
             "planted": {str(c): p for c, p in sorted(self.planted.items())},
         }
         if self.sets:

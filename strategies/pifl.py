@@ -60,8 +60,8 @@ class PIFLStrategy(PersonalizedStrategy):
             o.slots_random,
             o.max_bids,
         )
-        self.initial_tokens = int(round(o.initial_tokens * MICRO))
-        self.price = int(round(o.slot_price * MICRO))
+        self.initial_tokens = round(o.initial_tokens * MICRO)
+        self.price = round(o.slot_price * MICRO)
         self.ledger_args = {"price": self.price, "max_refund": o.max_refund, "full_use_gain": o.full_use_gain}
         TokenLedger([], self.num_tiers, self.initial_tokens, **self.ledger_args)  # validates the values now
         self.ledger: TokenLedger | None = None

@@ -281,11 +281,11 @@ def _input_dim(in_channels: int, image_size: int) -> int:
 
 
 MODELS: dict[str, Callable[[int, int, int], SplitModel]] = {
-    "cnn": lambda c, s, k: SmallCNN(c, s, k),
-    "c2i-cnn": lambda c, s, k: C2ICNN(c, s, k),
-    "lenet": lambda c, s, k: LeNet(c, s, k),
-    "c2i-small": lambda c, s, k: C2ISmall(c, s, k),
-    "pifl-cnn": lambda c, s, k: PIFLCNN(c, s, k),
+    "cnn": SmallCNN,
+    "c2i-cnn": C2ICNN,
+    "lenet": LeNet,
+    "c2i-small": C2ISmall,
+    "pifl-cnn": PIFLCNN,
     "resnet8": lambda c, s, k: ResNet(c, k, [1, 1, 1], [64, 128, 256]),
     "resnet10": lambda c, s, k: ResNet(c, k, [1, 1, 1, 1], [64, 128, 256, 512]),
     "resnet18": lambda c, s, k: ResNet(c, k, [2, 2, 2, 2], [64, 128, 256, 512]),

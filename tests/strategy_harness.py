@@ -57,7 +57,8 @@ def reply_message(src: int, content: RecordDict | None = None, error: str | None
 
 
 class ReplayGrid:
-    """``get_node_ids``, ``send_and_receive`` and ``push_messages`` / ``pull_messages`` over a callback ``respond(message) -> [reply messages]``."""
+    """``get_node_ids``, ``send_and_receive`` and ``push_messages`` / ``pull_messages`` over a callback
+    ``respond(message) -> [reply messages]``."""
 
     def __init__(self, nodes: Iterable[int], respond: Callable[[Any], list[Any]]) -> None:
         self.nodes = list(nodes)
@@ -182,7 +183,7 @@ def _with_metric(key: str, value: Any, record: str = "metrics") -> Callable[[Rec
 def _with_array(record: str, key: str, change: Callable[[np.ndarray | None], np.ndarray | None]):
     def apply(content: RecordDict) -> RecordDict:
         out = copy.deepcopy(content)
-        arrays = {k: out[record][k].numpy() for k in out[record].keys()}
+        arrays = {k: out[record][k].numpy() for k in out[record]}
         new = change(arrays.get(key))
         if new is None:
             arrays.pop(key, None)
@@ -232,7 +233,7 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
         out += [Corruption(f"evaluation {c.what}", c.apply) for c in corruptions(nested, content, "evaluation")]
     metrics = dict(content[record])
     for key, rule in spec.metrics.items():
-        if key in ("partition-id",):
+        if key == "partition-id":
             continue  # identity clashes are tested on their own
         if rule.required:
             out.append(Corruption(f"{key}: missing", _with_metric(key, _MISSING, record)))
@@ -462,5 +463,5 @@ def kept_figures(monkeypatch, module) -> list:
         def close(fig):
             figures.append(fig)
 
-    monkeypatch.setattr(module, "pyplot", lambda: Keep())
+    monkeypatch.setattr(module, "pyplot", Keep)
     return figures

@@ -22,7 +22,7 @@ SOURCES = sorted(
     if p.name != "test_benchmark_report.py"
 )
 DOCS = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
-NUMBERS = r"((?:(?:§[\d.]*\d|A\d+)(?:[-–/]§?[\d.]*\d)?(?:,? (?:and |/ )?)?)+)"
+NUMBERS = r"((?:(?:§[\d.]*\d|A\d+)(?:[-\u2013/]§?[\d.]*\d)?(?:,? (?:and |/ )?)?)+)"  # \u2013: an en dash
 CITATION = re.compile(r"\b(" + "|".join(PAGES) + r")\.md\)? " + NUMBERS)
 
 

@@ -76,12 +76,12 @@ def test_loss_closed_forms():
 def test_total_loss_is_finite_and_differentiable_and_training_lowers_it():
     net = build_ign(IGNConfig(ff=64, dropout=0.0), 0)
     d = torch.nn.functional.normalize(torch.randn(32, 512), dim=1)
-    l = torch.nn.functional.normalize(torch.randn(32, 512), dim=1)
-    loss, parts = total_loss(net, d, l)
+    lab = torch.nn.functional.normalize(torch.randn(32, 512), dim=1)
+    loss, parts = total_loss(net, d, lab)
     loss.backward()
     assert np.isfinite(loss.item()) and all(np.isfinite(v) for v in parts.values())
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
-    hist = train_dsa_ign(net, d.numpy(), l.numpy(), epochs=15, batch_size=16)
+    hist = train_dsa_ign(net, d.numpy(), lab.numpy(), epochs=15, batch_size=16)
     assert hist[-1]["total"] < hist[0]["total"]
 
 

@@ -49,7 +49,7 @@ def test_similarity_to_a_cohort_is_the_size_weighted_mean_of_both_halves():
     for i in range(5):
         expected = sum(n[j] * (cos(bf[i], bf[j]) + cos(bl[i], bl[j])) for j in cohort) / (2 * n[cohort].sum())
         assert got[i] == pytest.approx(expected)
-    with pytest.raises(ValueError, match="^similarity to an empty cohort is undefined$"):
+    with pytest.raises(ValueError, match=r"^similarity to an empty cohort is undefined$"):
         similarity_to_set(cosine_matrix(bf), cosine_matrix(bl), n, [])
     for bad in (np.array([10.0, -1.0, 5.0, 1.0, 1.0]), np.zeros(5)):
         with pytest.raises(ValueError, match="sample counts"):
@@ -81,7 +81,7 @@ def test_sampling_probabilities_are_a_softmax_of_similarity_over_tau_without_the
     np.testing.assert_allclose(sampling_probabilities(s, 1.0, np.zeros(4, bool)), sampling_probabilities(s, 1.0))
     tiny = sampling_probabilities(np.array([1.0, 0.999, -1.0]), 1e-3)  # exp(1000): no overflow
     assert np.isfinite(tiny).all() and tiny.sum() == pytest.approx(1.0) and tiny[0] > tiny[1] > tiny[2]
-    with pytest.raises(ValueError, match="^every client is blocked; nothing to sample$"):  # the whole reason
+    with pytest.raises(ValueError, match=r"^every client is blocked; nothing to sample$"):  # the whole reason
         sampling_probabilities(s, 1.0, np.ones(4, bool))
     for tau in (0.0, -1.0):
         with pytest.raises(ValueError, match="c2v-tau"):
@@ -379,7 +379,7 @@ def sent(grid, phase, server_round=None):
 
 
 def arrays(content, record="arrays"):
-    return {k: content[record][k].numpy() for k in content[record].keys()}
+    return {k: content[record][k].numpy() for k in content[record]}
 
 
 def assert_state_equal(got, expected):
@@ -488,14 +488,14 @@ def test_the_index_phase_time_is_recorded_in_the_round_that_ran_it(monkeypatch):
 def test_without_any_upload_the_dsa_ign_cannot_be_trained():
     strat = c2v()
     silent = Recorder(lambda r, n, phase, c: [] if phase == "c2v_embed" else None)
-    with pytest.raises(RuntimeError, match="^no node uploaded usable embeddings; the DSA-IGN cannot be trained$"):
+    with pytest.raises(RuntimeError, match=r"^no node uploaded usable embeddings; the DSA-IGN cannot be trained$"):
         drive(strat, NODES, 1, silent)
 
 
 def test_without_any_index_reply_the_run_stops_before_round_one():
     strat = c2v()
     silent = Recorder(lambda r, n, phase, c: [] if phase == "c2v_index" else None)
-    with pytest.raises(RuntimeError, match="^no node returned a usable client index; see failures.json$"):
+    with pytest.raises(RuntimeError, match=r"^no node returned a usable client index; see failures.json$"):
         drive(strat, NODES, 1, silent)
     assert strat.c2v is None and strat.index_clients == []
 

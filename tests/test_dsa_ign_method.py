@@ -117,11 +117,11 @@ def test_flags_accept_true_or_false_strings_and_nonsense_is_refused():
     assert Client2VecOptions.parse({"c2v-sampling": "TRUE"}).sampling is True
     assert Client2VecOptions.parse({"c2v-sampling": "False"}).sampling is False
     assert Client2VecOptions.parse({"c2v-local": "false"}).local is False
-    with pytest.raises(ValueError, match="c2v-local.*true or false"):
+    with pytest.raises(ValueError, match=r"c2v-local.*true or false"):
         Client2VecOptions.parse({"c2v-local": "perhaps"})
-    with pytest.raises(ValueError, match="c2v-ign-epochs.*int"):
+    with pytest.raises(ValueError, match=r"c2v-ign-epochs.*int"):
         Client2VecOptions.parse({"c2v-ign-epochs": "many"})
-    with pytest.raises(ValueError, match="c2v-orth-mode.*one of"):
+    with pytest.raises(ValueError, match=r"c2v-orth-mode.*one of"):
         Client2VecOptions.parse({"c2v-orth-mode": "l2"})
 
 

@@ -147,7 +147,7 @@ def test_a_flower_run_at_the_defaults_trains_on_the_cap_and_scores_on_validation
     asked["val-fraction"] = 0.3  # not the test share (0.2), so that the two splits differ in size
     summary = simulation.run(asked, num_supernodes=3)
     assert summary["failures"] == 0 and summary["clients"] == 3 and 0.0 <= summary["personal-acc"] <= 1.0
-    with open(Path(summary["results"]) / "clients.csv", newline="") as fh:
+    with (Path(summary["results"]) / "clients.csv").open(newline="") as fh:
         rows = {int(r["client"]): r for r in csv.DictReader(fh)}
     settings = parse_settings(asked)
     for pid, row in rows.items():

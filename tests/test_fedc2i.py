@@ -210,11 +210,11 @@ def test_the_lambda_g_ablation_scores_classes_with_the_global_extractor(variant,
     models = [build_model("mlp", 1, 8, 10, seed=s) for s in range(3)]
     base = stacked_models(models)
     shifted = {k: v.clone() for k, v in base.items()}
-    for k in shifted:
+    for k, stack in shifted.items():
         if not k.startswith("head."):  # move extractor mass from peer 1 to the client itself: same average
-            d = 0.5 * torch.randn_like(shifted[k][0])
-            shifted[k][0] += d
-            shifted[k][1] -= d
+            d = 0.5 * torch.randn_like(stack[0])
+            stack[0] += d
+            stack[1] -= d
     sizes = [client.data.num_train] * 3
     out = []
     for stacked in (base, shifted):

@@ -78,8 +78,8 @@ def ce(client, state, x, y):
 
 
 def power_ratio(losses, gamma):
-    l = np.asarray(losses, dtype=np.float64) ** gamma
-    return l / l.sum()
+    powered = np.asarray(losses, dtype=np.float64) ** gamma
+    return powered / powered.sum()
 
 
 def mean_of(states, idx, name):

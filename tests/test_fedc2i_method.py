@@ -59,8 +59,8 @@ def batch(seed=1, n=24):
 
 
 def power_ratio(losses, gamma):
-    l = np.asarray(losses, dtype=np.float64) ** gamma
-    return l / l.sum()
+    powered = np.asarray(losses, dtype=np.float64) ** gamma
+    return powered / powered.sum()
 
 
 def test_leave_one_out_with_two_models_is_the_other_model_and_one_model_is_refused():

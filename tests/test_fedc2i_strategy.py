@@ -216,7 +216,7 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
             strat,
             rnd,
             ids if rnd < 6 else ids[:2],
-            influence=lambda c, k: [0.1 * c + 0.05 * rnd, 1 - 0.1 * c - 0.05 * rnd],
+            influence=lambda c, k, rnd=rnd: [0.1 * c + 0.05 * rnd, 1 - 0.1 * c - 0.05 * rnd],
         )
     strat.write_artifacts(tmp_path)
     logged = json.loads((tmp_path / "fedc2i_influence.json").read_text())
@@ -306,7 +306,7 @@ def test_the_heat_map_ticks_are_client_ids_also_for_many_clients(tmp_path, monke
 def test_c2i_peers_of_one_is_refused_with_the_values_that_work():
     """docs Options: ``c2i-peers=1`` would send a client only its own model (nothing to mix); the start-up check
     says why and which values to use instead."""
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="c2i-peers=1 sends a client only its own model") as err:
         strategy(**{"c2i-peers": 1})
     assert (
         "c2i-peers=1 sends a client only its own model, so there is nothing to mix: "

@@ -248,9 +248,9 @@ def test_after_beta_critical_parameters_stay_local():
     for k in strat.param_keys:
         np.testing.assert_allclose(state[k].numpy()[mask[k]], own[k][mask[k]], atol=1e-6)
         np.testing.assert_allclose(state[k].numpy()[~mask[k]], strat.global_state[k][~mask[k]], atol=1e-6)
-    for k in own:  # BN statistics stay local
+    for k, value in own.items():  # BN statistics stay local
         if "running" in k:
-            np.testing.assert_allclose(state[k].numpy(), own[k])
+            np.testing.assert_allclose(state[k].numpy(), value)
 
 
 def test_bad_mask_is_rejected_and_logged():

@@ -372,12 +372,14 @@ def expected_round(strat, sent, rnd, beta, clients):
     }
     wbar = params.mean(0)
     u = {c: params[[clients.index(d) for d in [c, *collab[c]]]].mean(0) for c in clients}
-    split = lambda flat: {
-        k: v.reshape(strat.param_shapes[k])
-        for k, v in zip(
-            keys, np.split(flat, np.cumsum([int(np.prod(strat.param_shapes[k])) for k in keys])[:-1]), strict=True
-        )
-    }
+
+    def split(flat):
+        sizes = [int(np.prod(strat.param_shapes[k])) for k in keys]
+        return {
+            k: v.reshape(strat.param_shapes[k])
+            for k, v in zip(keys, np.split(flat, np.cumsum(sizes)[:-1]), strict=True)
+        }
+
     return {
         "overlap": o,
         "threshold": thr,

@@ -119,8 +119,7 @@ def _hostile_cases(log):
     """(reply index, description, how the reply is replaced, how it is replaced in the reference run)."""
     cases, heard = [], []
     for i, node, phase, spec, content in log:
-        for c in corruptions(spec, content):
-            cases.append((i, f"{phase} from node {node}: {c.what}", c.apply, None))
+        cases.extend((i, f"{phase} from node {node}: {c.what}", c.apply, None) for c in corruptions(spec, content))
         cases.append((i, f"{phase} from node {node}: sent twice", "duplicate", "once"))
         for other in [n for n in heard if n != node][:1]:  # a partition id the server already knows as another's
 

@@ -72,7 +72,7 @@ def test_seeded_build_is_reproducible():
 
 
 def test_bad_model_names():
-    with pytest.raises(ValueError, match="unknown model 'vgg'.*allowed"):
+    with pytest.raises(ValueError, match=r"unknown model 'vgg'.*allowed"):
         build_model("vgg", 1, 8, 10)
     with pytest.raises(ValueError, match="needs image inputs"):
         build_model("cnn", 10, 0, 2)

@@ -47,7 +47,8 @@ def test_noise_points_join_the_cluster_of_their_nearest_clustered_point():
 
 def test_the_noise_mode_reaches_the_clustering():
     rng = np.random.default_rng(0)
-    rows = np.vstack([rng.normal(0, 0.1, (4, 2)), rng.normal(0, 0.1, (4, 2)) + np.array([50, 0]), [[25, 40]]])  # + an outlier
+    far = rng.normal(0, 0.1, (4, 2)) + np.array([50, 0])
+    rows = np.vstack([rng.normal(0, 0.1, (4, 2)), far, [[25, 40]]])  # + an outlier
     np.testing.assert_array_equal(cluster_influence(rows, min_samples=3), [0, 0, 0, 0, 1, 1, 1, 1, 0])
     np.testing.assert_array_equal(
         cluster_influence(rows, min_samples=3, noise="singleton"), [0, 0, 0, 0, 1, 1, 1, 1, 2]
@@ -131,7 +132,7 @@ def test_bipartition_separates_opposed_groups_and_needs_two_clients():
     )
     left, right = optimal_bipartition(cosine_similarity_matrix(u))
     assert {tuple(left.tolist()), tuple(right.tolist())} == {(0, 1), (2, 3, 4)}
-    with pytest.raises(ValueError, match="^a bipartition needs at least two clients$"):
+    with pytest.raises(ValueError, match=r"^a bipartition needs at least two clients$"):
         optimal_bipartition(np.ones((1, 1)))
 
 
@@ -683,9 +684,9 @@ def test_artifacts_hold_the_clustering_and_the_influence_matrix_in_cluster_order
     assert ax.images[0].get_clim() == (-lim, lim) and ax.images[0].get_cmap().name == "RdBu"
     # one horizontal and one vertical line between the two clusters
     boundary = sum(1 for c in CLIENTS if s.assignment[c] == s.assignment[order[0]]) - 0.5
-    lines = [(tuple(l.get_xdata()), tuple(l.get_ydata())) for l in ax.lines]
+    lines = [(tuple(ln.get_xdata()), tuple(ln.get_ydata())) for ln in ax.lines]
     assert sorted(lines) == sorted([((0, 1), (boundary, boundary)), ((boundary, boundary), (0, 1))])
-    assert all(l.get_color() == "k" and l.get_linewidth() == 0.6 for l in ax.lines)
+    assert all(ln.get_color() == "k" and ln.get_linewidth() == 0.6 for ln in ax.lines)
     assert "ARI 1.0" in ax.get_title() and ax.get_title().startswith("lazy influence (rows: scoring client)")
     assert ax.get_xlabel() == "lazy model of client" and ax.get_ylabel() == "client"
     assert len(fig.axes) == 2  # the colour bar
@@ -742,7 +743,7 @@ def test_heatmap_separates_a_cluster_of_one_first_row_and_says_ari_n_a_without_p
     s = fed.strategy
     assert s.assignment[3] == 0 and sorted(s.assignment.values()).count(0) == 1
     ax = _figure_of(s, tmp_path, monkeypatch).axes[0]
-    horizontal = sorted(l.get_ydata()[0] for l in ax.lines if tuple(l.get_xdata()) == (0, 1))
+    horizontal = sorted(ln.get_ydata()[0] for ln in ax.lines if tuple(ln.get_xdata()) == (0, 1))
     order = sorted(CLIENTS, key=lambda c: (s.assignment[c], c))
     labels = [s.assignment[c] for c in order]
     assert horizontal == [k - 0.5 for k in range(1, len(labels)) if labels[k] != labels[k - 1]]
@@ -954,8 +955,10 @@ def test_a_clustering_round_nobody_answers_moves_to_the_next_round(phase, caplog
         fed = Federation(rounds=3, silent={(2, phase, c) for c in CLIENTS}).run()
     query = {"lazy": "the lazy-training query", "lia": "the influence query"}[phase]
     assert [r.getMessage() for r in caplog.records if "moves to the next round" in r.getMessage()] == [
-        f"[pfedlia] round 2: no client answered {query}; the clustering round moves to the next round "
-        "(see failures.json)"
+        (
+            f"[pfedlia] round 2: no client answered {query}; the clustering round moves to the next round "
+            "(see failures.json)"
+        )
     ]
     s = fed.strategy
     assert s.clustered and s.clustering["round"] == 3

@@ -1,5 +1,6 @@
 """PI-FL token economy (pifl.md §2.4-§2.5): conservation under random play, and hostile input rejected."""
 
+import itertools
 import random
 
 import numpy as np
@@ -192,7 +193,6 @@ def test_fedsoft_importance_weights():
 
 
 # ---------------------------------------------------------------- the strategy's own round path
-import itertools
 
 from server_app.app import build_strategy  # noqa: E402
 from task.config import parse_settings  # noqa: E402
@@ -536,7 +536,8 @@ def test_settling_a_tier_without_winners_moves_nothing_and_other_tiers_are_untou
 # ---------------------------------------------------------------- the Profiler (App. A, pifl.md §2.3)
 def test_on_a_linear_loss_the_shapley_estimate_is_the_leave_one_out_gain_times_one_minus_lambda():
     # Eqs. 39-47: without client i the normalised aggregate is W_M - lambda_i (W_i - W_M) / (1 - lambda_i); on a
-    # linear loss L(W) = g.W the first-order estimate is exact up to that factor: psi_i = (1 - lambda_i) (L(W_-i) - L(W_M))
+    # linear loss L(W) = g.W the first-order estimate is exact up to that factor:
+    # psi_i = (1 - lambda_i) (L(W_-i) - L(W_M))
     rng = np.random.default_rng(3)
     updates = rng.normal(size=(5, 7))
     weights = np.array([0.05, 0.15, 0.2, 0.25, 0.35])
@@ -657,7 +658,7 @@ def test_one_slot_per_tier_and_as_many_tiers_as_nodes_are_allowed(perf, rand, ti
 def test_a_tier_without_slots_or_more_tiers_than_nodes_is_refused_at_start_up():
     from task.config import parse_settings
 
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match=r"^slots-performance \+ slots-random must be >= 1") as err:
         parse_settings({"method": "pifl", "slots-performance": 0, "slots-random": 0})
     assert str(err.value) == "slots-performance + slots-random must be >= 1: a tier with no slot never trains"
     with pytest.raises(ValueError, match=r"tiers=4 is more than min-nodes=3"):

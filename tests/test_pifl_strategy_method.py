@@ -431,8 +431,8 @@ def test_cluster_models_start_as_the_common_model_plus_small_seeded_noise_except
     }
     models = distinct_starting_models(state, 3, seed=4)
     assert len(models) == 3
-    for key in state:
-        np.testing.assert_array_equal(models[0][key], state[key])  # copy 0 is the common model itself
+    for key, value in state.items():
+        np.testing.assert_array_equal(models[0][key], value)  # copy 0 is the common model itself
     for m in models:
         assert {k: v.dtype for k, v in m.items()} == {k: v.dtype for k, v in state.items()}
         np.testing.assert_array_equal(m["steps"], state["steps"])  # integers are not perturbed
@@ -647,7 +647,7 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
     )
     assert all(line.get_linewidth() == 0.8 for line in ax1.lines)  # thin: one line per client
     assert ax2.get_title() == "tier membership: mean share of source A" and ax2.get_xlabel() == "round"
-    assert [l.get_label() for l in ax2.lines] == ["tier 0", "tier 1"] and ax2.get_ylim() == (0, 1)
+    assert [ln.get_label() for ln in ax2.lines] == ["tier 0", "tier 1"] and ax2.get_ylim() == (0, 1)
     for k, line in enumerate(ax2.lines):
         shares = [e["tiers"][k]["source-a-share"] for e in log]
         assert list(line.get_xdata()) == [1, 2, 3] and line.get_marker() == "o"
@@ -662,7 +662,7 @@ def test_a_run_without_rounds_writes_an_empty_ledger_and_no_plot(tmp_path):
     assert not (tmp_path / "pifl_ledger.png").exists()
 
 
-# ------------------------------------------------------------------------------------------ the Profiler on the server set
+# ------------------------------------------------------------------------------------- the Profiler on the server set
 def test_the_server_set_is_an_iid_sample_of_server_set_size_distinct_samples_of_the_data_set():
     # pifl.md §2.1: the Profiler holds a small IID server test set (server-set-size samples), the same in every round
     from task.data import load_centralized

@@ -182,7 +182,7 @@ class TwoSourcePartitioner(_IndexPartitioner):
             raise ValueError(f"too many clients ({len(shares_a)}) for the data set: fewer than 2 samples each")
         out, pos = [], [0, 0]
         for p in shares_a:
-            n_a = int(round(p * per_client))
+            n_a = round(p * per_client)
             counts = (n_a, per_client - n_a)
             part = []
             for s in (0, 1):
@@ -217,7 +217,7 @@ class TwoSourcePartitioner(_IndexPartitioner):
         out = []
         for i, share in enumerate(q):
             rng = np.random.default_rng([self._seed, i, 7_919])
-            n_a = int(round(share * size))
+            n_a = round(share * size)
             out.append(
                 np.sort(
                     np.concatenate(

@@ -54,10 +54,12 @@ def oracle_conflicts(settings) -> list[str]:
     if settings.data.partition.startswith("planted-clusters"):
         return []
     return [
-        f"method 'oracle' clusters the clients by their planted groups, which only partition "
-        f"'planted-clusters' or 'planted-clusters-noisy' has (got partition={settings.data.partition!r}); "
-        f"set --run-config \"method='oracle' partition='planted-clusters'\" (num-clusters sets the groups), "
-        f"or use method 'pfedlia' to find clusters in any data"
+        (
+            "method 'oracle' clusters the clients by their planted groups, which only partition "
+            f"'planted-clusters' or 'planted-clusters-noisy' has (got partition={settings.data.partition!r}); "
+            "set --run-config \"method='oracle' partition='planted-clusters'\" (num-clusters sets the groups), "
+            "or use method 'pfedlia' to find clusters in any data"
+        )
     ]
 
 
