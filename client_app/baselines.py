@@ -18,6 +18,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from client_app.base import SAME_AS_PERSONAL, ClientMethod, load_shared
+from task.methods.baselines import DittoOptions, FedProxOptions, FedRepOptions, MoonOptions
 from task.params import load_record, model_to_record
 from task.train import proximal_term
 
@@ -41,6 +42,8 @@ class FedAvgClient(ClientMethod):
 
 class FedProxClient(FedAvgClient):
     """FedAvg plus ``proximal-mu``/2 ||w - w_global||^2 in the local objective."""
+
+    options: FedProxOptions  # the run-config keys of this method, typed
 
     def extra_loss(self, model: nn.Module):
         reference = {k: p.detach().clone() for k, p in model.named_parameters()}
@@ -101,6 +104,8 @@ class FedPerClient(ClientMethod):
 
 class FedRepClient(FedPerClient):
     """FedRep: ``head-epochs`` on the head with the body frozen, then ``local-epochs`` on the body."""
+
+    options: FedRepOptions  # the run-config keys of this method, typed
 
     def local_training(self, model: nn.Module) -> dict[str, float]:
         head_params = [p for n, p in model.named_parameters() if n.startswith("head.")]
@@ -186,6 +191,8 @@ class DittoClient(ClientMethod):
     """Ditto: train the global model as FedAvg, and the personal model v (``context.state['personal']``) for
     ``ditto-epochs`` on loss + ``ditto-lambda``/2 ||v - w_global||^2."""
 
+    options: DittoOptions  # the run-config keys of this method, typed
+
     keeps: ClassVar[Mapping[str, str]] = {"personal": "the personal model v (BatchNorm statistics included)"}
 
     def _personal(self, global_model: nn.Module) -> nn.Module:
@@ -260,6 +267,8 @@ def moon_term(model: nn.Module, feats: dict, previous: dict | None, mu: float, t
 class MoonClient(FedAvgClient):
     """MOON (Li et al.): FedAvg plus the model-contrastive loss; the last local model stays on the node
     (``context.state['moon-prev']``)."""
+
+    options: MoonOptions  # the run-config keys of this method, typed
 
     keeps: ClassVar[Mapping[str, str]] = {
         "moon-prev": "the model after the client's last local training (MOON's negative)"

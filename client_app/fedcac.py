@@ -18,12 +18,14 @@ from flwr.app import RecordDict
 
 from client_app.base import ClientMethod
 from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
-from task.methods.fedcac import pack_masks, unpack_masks
+from task.methods.fedcac import FedCACOptions, pack_masks, unpack_masks
 from task.params import load_record, model_to_record, record_to_numpy, to_record
 from task.train import evaluate
 
 
 class FedCACClient(ClientMethod):
+    options: FedCACOptions  # the run-config keys of this method, typed
+
     keeps: ClassVar[Mapping[str, str]] = {
         "model": "the post-training model, BatchNorm statistics included (they never leave the client)",
         "mask": "the packed critical mask of the last local training (Eq. 6)",

@@ -10,11 +10,14 @@ from flwr.app import RecordDict
 
 from client_app.base import SAME_AS_PERSONAL, ClientMethod, load_shared
 from client_app.pfedlia_math import beneficial_peers, lazy_influence_row
+from task.methods.pfedlia import PFedLIAOptions
 from task.params import model_to_record, stacked_tensors
 from task.train import batched_losses, evaluate
 
 
 class PFedLIAClient(ClientMethod):
+    options: PFedLIAOptions  # the run-config keys of this method, typed
+
     def _extra(self) -> dict:
         planted = self.data.meta.get("planted-cluster")
         return {"planted-cluster": int(planted)} if planted is not None else {}

@@ -12,12 +12,14 @@ import torch
 from flwr.app import RecordDict
 
 from client_app.base import ClientMethod, load_shared
-from task.methods.pifl import bid_policy, mixture_weights
+from task.methods.pifl import PIFLOptions, bid_policy, mixture_weights
 from task.params import model_at, model_to_record, stacked_tensors
 from task.train import evaluate
 
 
 class PIFLClient(ClientMethod):
+    options: PIFLOptions  # the run-config keys of this method, typed
+
     def _tiers(self, content: RecordDict) -> dict[str, torch.Tensor]:
         return stacked_tensors(content.array_records["tiers"], self.device)
 

@@ -14,10 +14,13 @@ from flwr.app import RecordDict
 
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.cfl_math import cosine_similarity_matrix, optimal_bipartition, should_split
+from task.methods.pfedlia import CFLOptions
 from task.params import to_record, weighted_average
 
 
 class CFLStrategy(PersonalizedStrategy):
+    options: CFLOptions  # the run-config keys of this method, typed
+
     has_global_model = False
 
     def __init__(self, settings, initial_state, model_info):

@@ -25,10 +25,13 @@ from flwr.app import ConfigRecord, RecordDict
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import Numbers, ReplySpec
+from task.methods.fedc2i import FedC2IOptions
 from task.params import stacked_record, to_record
 
 
 class FedC2IStrategy(PersonalizedStrategy):
+    options: FedC2IOptions  # the run-config keys of this method, typed
+
     has_global_model = False
 
     def __init__(self, settings, initial_state, model_info):

@@ -32,11 +32,13 @@ from strategies.fedcac_math import (
 )
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import ACCURACY, INT_LIMIT, Arrays, Numbers, ReplySpec, Tensor
-from task.methods.fedcac import packed_length, unpack_masks
+from task.methods.fedcac import FedCACOptions, packed_length, unpack_masks
 from task.params import to_record
 
 
 class FedCACStrategy(PersonalizedStrategy):
+    options: FedCACOptions  # the run-config keys of this method, typed
+
     def __init__(self, settings, initial_state, model_info):
         super().__init__(settings, initial_state, model_info)
         self.param_keys = list(model_info.parameter_keys)  # BN statistics never leave the clients

@@ -24,10 +24,13 @@ from flwr.serverapp import Grid
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.replies import Numbers, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
+from task.methods.pifl import FedSoftOptions
 from task.params import stacked_record, weighted_average
 
 
 class FedSoftStrategy(PersonalizedStrategy):
+    options: FedSoftOptions  # the run-config keys of this method, typed
+
     has_global_model = False
     evaluate_in_train = False  # only the clients drawn for a centre train; every client is evaluated
 

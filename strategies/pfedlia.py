@@ -27,10 +27,13 @@ from strategies.base import IDENTIFY, PersonalizedStrategy, Reply, log
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import INT_LIMIT, VALUE_LIMIT, Arrays, Number, Numbers, ReplySpec
+from task.methods.pfedlia import PFedLIAOptions
 from task.params import stack_states, to_record, weighted_average
 
 
 class PFedLIAStrategy(PersonalizedStrategy):
+    options: PFedLIAOptions  # the run-config keys of this method, typed
+
     default_mode = "central"
 
     def __init__(self, settings, initial_state, model_info):

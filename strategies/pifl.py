@@ -40,7 +40,7 @@ from strategies.replies import ACCURACY as SHARE
 from strategies.replies import Numbers, ReplySpec
 from strategies.tier_tables import TierTables
 from task.data import load_centralized
-from task.methods.pifl import MICRO
+from task.methods.pifl import MICRO, PIFLOptions
 from task.models import build_model
 from task.params import load_record, stacked_record, to_record, weighted_average
 
@@ -48,6 +48,8 @@ log = logging.getLogger("flwr.pflower")
 
 
 class PIFLStrategy(PersonalizedStrategy):
+    options: PIFLOptions  # the run-config keys of this method, typed
+
     has_global_model = False
     evaluate_in_train = False  # every client scores every tier after the round; only winners train
 
