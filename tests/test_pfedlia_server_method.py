@@ -47,8 +47,9 @@ def test_noise_points_join_the_cluster_of_their_nearest_clustered_point():
 
 def test_the_noise_mode_reaches_the_clustering():
     rng = np.random.default_rng(0)
+    near = rng.normal(0, 0.1, (4, 2))
     far = rng.normal(0, 0.1, (4, 2)) + np.array([50, 0])
-    rows = np.vstack([rng.normal(0, 0.1, (4, 2)), far, [[25, 40]]])  # + an outlier
+    rows = np.vstack([near, far, [[25, 40]]])  # + an outlier
     np.testing.assert_array_equal(cluster_influence(rows, min_samples=3), [0, 0, 0, 0, 1, 1, 1, 1, 0])
     np.testing.assert_array_equal(
         cluster_influence(rows, min_samples=3, noise="singleton"), [0, 0, 0, 0, 1, 1, 1, 1, 2]
