@@ -44,7 +44,7 @@ def stamped(content: RecordDict, handler_start: float, setup_done: float) -> Rec
     """Add the ``timing`` record: when this process started, when this module's imports began and ended,
     when the handler began, finished its set-up (settings, data, client) and ended (unix seconds).  The server
     turns them, with when it pushed the message and pulled the reply, into where a message's time went."""
-    stamps = {
+    stamps: dict[str, int | float | list[int] | list[float]] = {
         "app-import": _APP_IMPORT,
         "app-ready": _APP_READY,
         "handler-start": handler_start,

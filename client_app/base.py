@@ -64,6 +64,10 @@ def _cached_model(
     return net, copy.deepcopy(net.state_dict())
 
 
+#: what a MetricRecord holds (flwr 1.41)
+MetricValue = int | float | list[int] | list[float]
+
+
 class ClientMethod:
     """Base of the client side of a method: a subclass implements :meth:`train` and overrides the evaluation
     hooks it needs (see the module docstring); the base's :meth:`evaluate` serves every method."""
@@ -243,16 +247,16 @@ class ClientMethod:
         x, y = getattr(self.data, f"x_{split}"), getattr(self.data, f"y_{split}")
         return evaluate(model, x, y, **kw)
 
-    def base_metrics(self) -> dict[str, float | int]:
+    def base_metrics(self) -> dict[str, MetricValue]:
         """partition-id, num-examples, the timed phases so far and the process's peak memory (MB)."""
-        metrics: dict[str, float | int] = {"partition-id": self.partition_id, "num-examples": self.data.num_train}
+        metrics: dict[str, MetricValue] = {"partition-id": self.partition_id, "num-examples": self.data.num_train}
         metrics.update({f"time-{k}": float(v) for k, v in self.timings.items()})
         metrics["peak-rss-mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         return metrics
 
     @staticmethod
     def reply(
-        metrics: Mapping[str, float | int],
+        metrics: Mapping[str, MetricValue],
         arrays: ArrayRecord | None = None,
         **records: ArrayRecord | MetricRecord | ConfigRecord,
     ) -> RecordDict:
@@ -297,7 +301,7 @@ class ClientMethod:
         glob = self.global_model(content, model)
         if glob is SAME_AS_PERSONAL:
             metrics.update({"global-acc": acc, "global-loss": loss})
-        elif glob is not None:
+        elif isinstance(glob, nn.Module):
             metrics["global-loss"], metrics["global-acc"] = evaluate(glob, x, y)
         metrics.update(self.evaluation_extras(content, model))
         return metrics

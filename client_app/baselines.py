@@ -19,6 +19,7 @@ from torch import nn
 
 from client_app.base import SAME_AS_PERSONAL, ClientMethod, load_shared
 from task.methods.baselines import DittoOptions, FedProxOptions, FedRepOptions, MoonOptions
+from task.models import SplitModel
 from task.params import load_record, model_to_record
 from task.train import proximal_term
 
@@ -127,7 +128,7 @@ def balanced_softmax_loss(class_counts: torch.Tensor):
 class _RoDModel(nn.Module):
     """Generic model + personal head; ``forward`` gives generic logits and remembers the features."""
 
-    def __init__(self, base: nn.Module, num_classes: int) -> None:
+    def __init__(self, base: SplitModel, num_classes: int) -> None:
         super().__init__()
         self.base = base
         self.phead = nn.Linear(base.feature_dim, num_classes).to(next(base.parameters()).device)
@@ -164,6 +165,8 @@ class FedRoDClient(ClientMethod):
         counts = torch.from_numpy(np.bincount(self.data.y_train.numpy(), minlength=self.settings.num_classes))
 
         def personal_head_loss(model: nn.Module, x, y, logits):
+            if rod.last_features is None:
+                raise RuntimeError("FedRoD's personal-head loss runs before a forward pass recorded the features")
             z = rod.last_features.detach()
             return nn.functional.cross_entropy(logits.detach() + rod.phead(z), y)
 

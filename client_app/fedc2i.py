@@ -66,8 +66,11 @@ class FedC2IClient(ClientMethod):
         lam: list[float] = []
         if rec is not None:
             stacked = stacked_tensors(rec, self.device)
-            peers = dict(content.config_records["peer-clients"]) if "peer-clients" in content.config_records else {}
-            sizes = [self.data.num_train, *(int(n) for n in peers.get("num-examples", []))]
+            peers = content.config_records.get("peer-clients")
+            peer_sizes = peers.get("num-examples", []) if peers else []
+            if not isinstance(peer_sizes, list):
+                raise ValueError(f"'peer-clients' needs a list 'num-examples', got {peer_sizes!r}")
+            sizes = [self.data.num_train, *(int(n) for n in peer_sizes)]
             with self.timed("method"):
                 lam = self._personalized(model, stacked, sizes)
         metrics = self.fit(model)

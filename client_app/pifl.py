@@ -41,8 +41,10 @@ class PIFLClient(ClientMethod):
             return super().query(name, content)
         with self.timed("method"):
             accs = self._tier_accuracies(self._tiers(content), self.data.x_val, self.data.y_val)
-            ledger = dict(content.config_records["ledger"]) if "ledger" in content.config_records else {}
-            balance, price = int(ledger.get("balance", 0)), int(ledger.get("price", 1))
+            ledger = content.config_records.get("ledger")
+            balance, price = (ledger.get("balance", 0), ledger.get("price", 1)) if ledger else (0, 1)
+            if not isinstance(balance, int) or not isinstance(price, int):
+                raise ValueError(f"the bid query's 'ledger' needs integer 'balance' and 'price', got {ledger}")
             if self.options.incentive:
                 bid = bid_policy(accs, balance, price, self.options.bid_threshold, self.options.max_bids)
             else:  # PI-FL(NI): one tier uniformly at random

@@ -40,7 +40,8 @@ class CFLStrategy(PersonalizedStrategy):
         return {f"cluster-{k}": m for k, m in sorted(self.models.items())}
 
     def _model(self, node_id: int) -> dict[str, np.ndarray]:
-        return self.models[self.cluster_of.get(self.client(node_id), 0)]
+        client = self.client(node_id)
+        return self.models[self.cluster_of.get(client, 0) if client is not None else 0]
 
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         return RecordDict({"arrays": to_record(self._model(node_id))})

@@ -92,7 +92,7 @@ class FedSoftStrategy(PersonalizedStrategy):
             self.estimate(grid, server_round, nodes)
 
     def sample(self, server_round: int, nodes: list[int]) -> list[int]:
-        known = [self.client(n) for n in self.by_client(nodes) if self.client(n) in self.u]
+        known = [c for c in map(self.client, self.by_client(nodes)) if c is not None and c in self.u]
         self.selected = {}
         for s in range(self.k):
             w = np.array([self.u[c][s] * self.n[c] for c in known])
@@ -108,7 +108,8 @@ class FedSoftStrategy(PersonalizedStrategy):
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         """Every centre, and this client's importance weights (uniform until it has sent its own)."""
         payload = self._stacked()
-        u = self.u.get(self.client(node_id), np.full(self.k, 1.0 / self.k))
+        client = self.client(node_id)
+        u = self.u[client] if client is not None and client in self.u else np.full(self.k, 1.0 / self.k)
         payload["fedsoft"] = ConfigRecord({"u": [float(x) for x in u]})
         return payload
 

@@ -94,11 +94,13 @@ class PFedLIAStrategy(PersonalizedStrategy):
     def model_for(self, node_id: int) -> dict[str, np.ndarray]:
         if not self.clustered:
             return self.global_state
-        client = self.client(node_id)
+        client, start = self.client(node_id), self.start_model()
+        if client is None:  # a node that never replied: theta_0, as a client outside every cluster
+            return start
         if self.mode == "p2p":
-            return self.personal.get(client, self.theta0)
+            return self.personal.get(client, start)
         label = self.assignment.get(client)
-        return self.cluster_models.get(label, self.theta0) if label is not None else self.theta0
+        return self.cluster_models.get(label, start) if label is not None else start
 
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         cfg = super().round_config(server_round, phase)
@@ -161,7 +163,14 @@ class PFedLIAStrategy(PersonalizedStrategy):
         for client, group in sorted(self.planted.items()):
             if client not in self.assignment:
                 self.assignment[client] = group
-                self.cluster_models.setdefault(group, self.theta0)
+                self.cluster_models.setdefault(group, self.start_model())
+
+    def start_model(self) -> dict[str, np.ndarray]:
+        """theta_0: the warm-up's last global model, where every cluster and personal model starts (set by the
+        clustering round, or restored by a resume)."""
+        if self.theta0 is None:
+            raise RuntimeError("pFedLIA's theta_0 is read before the clustering round set it")
+        return self.theta0
 
     # ------------------------------------------------------------------ aggregation
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
@@ -179,20 +188,20 @@ class PFedLIAStrategy(PersonalizedStrategy):
                         [u.arrays for u in present], [u.num_examples for u in present]
                     )
             return {}
-        for label in sorted({self.assignment.get(u.client) for u in updates} - {None}):
+        for label in sorted({self.assignment[u.client] for u in updates if u.client in self.assignment}):
             group = [u for u in updates if self.assignment.get(u.client) == label]
             self.cluster_models[label] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
         return {}
 
     # ------------------------------------------------------------------ the clustering round
     def _lazy_models(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, dict[str, np.ndarray]]:
-        payloads = {n: RecordDict({"arrays": to_record(self.theta0)}) for n in nodes}
+        payloads = {n: RecordDict({"arrays": to_record(self.start_model())}) for n in nodes}
         return {r.client: r.arrays for r in self.send_query(grid, server_round, "lazy", payloads)}
 
     def _rows(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, tuple[np.ndarray, list[int]]]:
         """client -> (its influence row over the lazy models, its beneficial clients (p2p))."""
         lazy = to_record(self.lazy_stacked)
-        base = to_record(self.theta0)
+        base = to_record(self.start_model())
         payloads = {}
         for n in nodes:
             me = self.client(n)
@@ -308,7 +317,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
         for c, (row, beneficial) in rows.items():
             if self.mode == "p2p":
                 self.sets[c] = sorted(set(beneficial) | {c})
-                self.personal[c] = self.theta0
+                self.personal[c] = self.start_model()
                 self.assignment[c] = -1
             else:
                 cols = [self.lazy_clients.index(m) for m in order]

@@ -382,7 +382,7 @@ class ModelInfo:
         return [k for k in self.shapes if not k.startswith(HEAD_PREFIX)]
 
 
-def describe(model: nn.Module) -> ModelInfo:
+def describe(model: SplitModel) -> ModelInfo:
     """The :class:`ModelInfo` of a built model (on any device, torch's ``meta`` device included)."""
     state = model.state_dict()
     return ModelInfo(
@@ -390,7 +390,7 @@ def describe(model: nn.Module) -> ModelInfo:
         dtypes={k: str(v.dtype).removeprefix("torch.") for k, v in state.items()},
         parameter_keys=tuple(name for name, _ in model.named_parameters()),
         norm_keys=tuple(norm_keys(model)),
-        feature_dim=int(model.head.in_features),
+        feature_dim=model.feature_dim,
     )
 
 

@@ -286,9 +286,9 @@ class _SeededDirichlet(DirichletPartitioner):
             seed=seed,
         )
 
-    @Partitioner.dataset.setter  # type: ignore[attr-defined]
+    @Partitioner.dataset.setter
     def dataset(self, value: Dataset) -> None:
-        Partitioner.dataset.fset(self, value)  # type: ignore[attr-defined]
+        Partitioner.dataset.fset(self, value)
         per_client = len(value) // self._num_partitions
         self._min_partition_size = max(2, min(self._min_size_wanted, per_client // 8))
 

@@ -62,6 +62,8 @@ def _load_hf_dataset(info: DatasetInfo, data_dir: str) -> tuple[np.ndarray, np.n
 def _load_torchvision(info: DatasetInfo, root: str) -> tuple[np.ndarray, np.ndarray]:
     import torchvision
 
+    if info.torchvision_name is None:
+        raise ValueError(f"data set {info.name!r} has no torchvision source")
     cls = getattr(torchvision.datasets, info.torchvision_name)
     xs, ys = [], []
     kwargs = dict(info.torchvision_kwargs)
