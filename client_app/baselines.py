@@ -182,8 +182,8 @@ class FedRoDClient(ClientMethod):
         so the personalized model is one plain network (and is saved as one)."""
         rod = self._model(content)
         with torch.no_grad():
-            rod.base.head.weight += rod.phead.weight
-            rod.base.head.bias += rod.phead.bias
+            rod.base.head.weight.add_(rod.phead.weight)
+            rod.base.head.bias.add_(rod.phead.bias)
         return rod.base
 
     def global_model(self, content: RecordDict, personal: nn.Module) -> nn.Module | None:
@@ -248,7 +248,7 @@ def moon_loss(z: torch.Tensor, z_global: torch.Tensor, z_prev: torch.Tensor, tem
     return (torch.logsumexp(torch.stack([pos, neg], 1), dim=1) - pos).mean()
 
 
-def moon_term(model: nn.Module, feats: dict, previous: dict | None, mu: float, temperature: float):
+def moon_term(model: SplitModel, feats: dict, previous: dict | None, mu: float, temperature: float):
     """``term(x, logits)``: mu times MOON's loss of this batch's features ``feats["z"]`` (set by the forward
     hook) against the round's global model (a frozen copy of ``model`` as it starts) and the client's previous
     local model (``previous``, its state; the global model when there is none yet)."""

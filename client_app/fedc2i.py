@@ -11,13 +11,14 @@ from flwr.app import RecordDict
 from client_app.base import ClientMethod
 from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states
 from task.methods.fedc2i import FedC2IOptions
+from task.models import SplitModel
 from task.params import load_record, model_at, model_to_record, stacked_tensors
 
 
 class FedC2IClient(ClientMethod):
     options: FedC2IOptions  # the run-config keys of this method, typed
 
-    def _personalized(self, model: torch.nn.Module, stacked: dict[str, torch.Tensor], sizes: list[int]) -> list[float]:
+    def _personalized(self, model: SplitModel, stacked: dict[str, torch.Tensor], sizes: list[int]) -> list[float]:
         """Load the personalized model (Eqs. 5-10, variant per ``c2i-variant``) into ``model``; returns lambda.
 
         ``stacked`` holds the k models the server sent, this client's own first; ``sizes`` their clients'

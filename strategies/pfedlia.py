@@ -200,6 +200,8 @@ class PFedLIAStrategy(PersonalizedStrategy):
 
     def _rows(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, tuple[np.ndarray, list[int]]]:
         """client -> (its influence row over the lazy models, its beneficial clients (p2p))."""
+        if self.lazy_stacked is None:
+            raise RuntimeError("pFedLIA scores influence rows before any lazy model was collected")
         lazy = to_record(self.lazy_stacked)
         base = to_record(self.start_model())
         payloads = {}

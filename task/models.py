@@ -404,7 +404,7 @@ def model_info(name: str, in_channels: int, image_size: int, num_classes: int) -
             from transformers import GPT2Config
 
             cfg = GPT2Config.from_pretrained(str(Path(name.split(":", 1)[1]).expanduser()), local_files_only=True)
-            model: nn.Module = CausalLM(cfg.vocab_size, in_channels, cfg.n_embd, cfg.n_layer, cfg.n_head)
+            model: SplitModel = CausalLM(cfg.vocab_size, in_channels, cfg.n_embd, cfg.n_layer, cfg.n_head)
         else:
             model = build_model(name, in_channels, image_size, num_classes)
     return describe(model)
