@@ -283,6 +283,16 @@ def test_label_similarity_diagnostic_is_the_mean_cosine_over_collaborator_pairs_
 
 # ------------------------------------------------------------------------------------------ the strategy's options
 from server_app.app import build_strategy  # noqa: E402
+from strategies.fedcac import FedCACStrategy  # noqa: E402
+
+
+def fedcac_strategy(settings) -> FedCACStrategy:
+    """build_strategy for a FedCAC run config, typed as FedCAC's strategy."""
+    strat = build_strategy(settings)
+    assert isinstance(strat, FedCACStrategy)
+    return strat
+
+
 from task.config import parse_settings  # noqa: E402
 from task.params import to_record  # noqa: E402
 from tests.strategy_harness import drive  # noqa: E402
@@ -291,7 +301,7 @@ from tests.strategy_harness import kept_figures as harness_kept_figures  # noqa:
 
 def strategy_round(rounds=1, n=3, all_critical=False, **cfg):
     nodes = {i + 1: i for i in range(n)}
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": n, **cfg}))
+    strat = fedcac_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": n, **cfg}))
     sent = {}
 
     def answer(rnd, node, phase, content):
@@ -400,7 +410,7 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
     w_bar (Eq. 9) and each client's u_i (Eq. 10); the next train message carries w_bar and u_i, and the round's
     diagnostics report exactly these numbers."""
     beta = 2
-    strat = build_strategy(
+    strat = fedcac_strategy(
         parse_settings(
             {
                 "method": "fedcac",
@@ -469,7 +479,7 @@ def test_the_train_reply_must_carry_one_bit_per_parameter_and_with_diagnostics_a
     from task.methods.fedcac import packed_length as bytes_for
 
     for diagnostics in (False, True):
-        strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "fedcac-diagnostics": diagnostics}))
+        strat = fedcac_strategy(parse_settings({"method": "fedcac", "model": "mlp", "fedcac-diagnostics": diagnostics}))
         spec = strat.reply_spec("train", 1)
         (bits,) = spec.records["mask"].tensors.values()
         assert list(spec.records["mask"].tensors) == ["bits"]
@@ -505,7 +515,7 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
 
     figures = kept_figures(monkeypatch)
     beta, rounds = 2, 4
-    strat = build_strategy(
+    strat = fedcac_strategy(
         parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": beta, "num-server-rounds": rounds})
     )
     sent = {}
@@ -593,7 +603,7 @@ def test_a_run_shorter_than_beta_shows_its_first_and_last_round_and_one_without_
 
     figures = kept_figures(monkeypatch)
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: None)  # the content is what counts here
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 5}))
+    strat = fedcac_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 5}))
     strat.write_artifacts(tmp_path)
     assert json.loads((tmp_path / "fedcac_rounds.json").read_text()) == []
     comm = json.loads((tmp_path / "fedcac_communication.json").read_text())
@@ -609,7 +619,7 @@ def test_a_run_shorter_than_beta_shows_its_first_and_last_round_and_one_without_
 def test_a_round_with_a_single_participant_has_no_pair_no_collaborator_and_u_i_is_its_own_model():
     """fedcac.md §2.6 with one participant: there is no pair, so the threshold is unreachable, nobody collaborates, the
     overlap statistics of the round are 0 (no pair to average) and u_i = w_bar = the client's own model."""
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 1, "beta": 3}))
+    strat = fedcac_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 1, "beta": 3}))
     sent = {}
     play(strat, {7: 3}, 1, sent)
     diag = strat.history[-1].extra["fedcac"]
@@ -631,7 +641,7 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
 
     figures = kept_figures(monkeypatch)
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: None)  # the figure's content counts here
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))
+    strat = fedcac_strategy(parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))
     n = sum(int(np.prod(s)) for s in strat.param_shapes.values())
     rng = np.random.default_rng(5)
     order = [3, 1, 2, 0]
@@ -651,7 +661,7 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
         ]
 
     strat.aggregate(1, replies())
-    in_order = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))
+    in_order = fedcac_strategy(parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))
     in_order.aggregate(1, sorted(replies(), key=lambda r: r.client))
     for c in order:
         for k in strat.param_keys:
