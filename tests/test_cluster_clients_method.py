@@ -101,7 +101,9 @@ def test_fedsoft_client_reports_the_share_of_its_points_each_centre_fits_best(ce
 
 def soft_content(states, u=None):
     content = RecordDict({"tiers": tiers(*states)})
-    cfg = {}
+    cfg: dict[
+        str, int | float | str | bytes | bool | list[int] | list[float] | list[str] | list[bytes] | list[bool]
+    ] = {}
     if u is not None:
         cfg["u"] = list(u)
     if cfg:

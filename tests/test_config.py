@@ -6,6 +6,7 @@ import pytest
 
 from task.config import parse_settings
 from task.data import DataSettings, load_client_data
+from task.methods.pifl import PIFLOptions
 
 
 def test_defaults_parse():
@@ -139,7 +140,7 @@ def test_pifl_ni_runs_with_the_defaults_flower_passes():
     settings = parse_settings(
         {**defaults, "method": "pifl-ni", "slots-performance": 1, "slots-random": 0, "min-nodes": 4}
     )
-    assert settings.options.incentive is False
+    assert isinstance(settings.options, PIFLOptions) and settings.options.incentive is False
 
 
 def test_a_method_spec_can_refuse_settings_without_an_options_class_of_its_own(monkeypatch):

@@ -19,7 +19,14 @@ from task.methods.fedcac import unpack_masks
 from task.params import to_record
 from task.train import evaluate
 
-CFG = {"method": "fedcac", "tau": 0.5, "beta": 10, "partition": "pathological", "local-epochs": 3, "seed": 0}
+CFG: dict[str, bool | float | int | str] = {
+    "method": "fedcac",
+    "tau": 0.5,
+    "beta": 10,
+    "partition": "pathological",
+    "local-epochs": 3,
+    "seed": 0,
+}
 
 
 def first_round(cfg=CFG, n=3):

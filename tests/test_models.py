@@ -63,6 +63,7 @@ def test_small_cnn_matches_spec_size():
 
 def test_c2i_cnn_matches_paper_flatten():
     model = build_model("c2i-cnn", 3, 64, 10)
+    assert isinstance(model.fc1, torch.nn.Linear)
     assert model.fc1.in_features == 64 * 13 * 13  # paper Table 7
 
 
