@@ -229,7 +229,8 @@ class Selection:
 
     def mean(self, setting: str) -> float | None:
         accs = [self.scores.get(setting, {}).get(s) for s in self.seeds]
-        return None if not accs or any(a is None for a in accs) else sum(accs) / len(accs)  # type: ignore[arg-type]
+        known = [a for a in accs if a is not None]
+        return sum(known) / len(known) if accs and len(known) == len(accs) else None
 
 
 def select(family: Family, row: Row, records: list[dict]) -> Selection:

@@ -80,6 +80,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
             setattr(self, name, state[name])
 
     # ------------------------------------------------------------------ what each node trains
+    # a global model only until the clients are clustered: a property where the base has a class attribute
     @property
     def has_global_model(self) -> bool:  # type: ignore[override]
         return not self.clustered
