@@ -51,7 +51,10 @@ class FedCACClient(ClientMethod):
         keys = [n for n, _ in model.named_parameters()]
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         masks = unpack_masks(packed["bits"], shapes)
-        to_t = lambda rec: {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(rec).items()}  # noqa: E731
+
+        def to_t(rec):
+            return {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(rec).items()}
+
         custom_rec = self.message_arrays(content, "custom")
         with self.timed("method"):
             mixed = merge_customized(

@@ -248,7 +248,10 @@ class PIFLStrategy(PersonalizedStrategy):
             weights = np.array([u.num_examples for u in group], float)
             self.tiers[k] = weighted_average([u.arrays for u in group], weights)
             grad = self.mean_gradient(self.tiers[k])
-            flat = lambda s: np.concatenate([np.asarray(s[p], float).ravel() for p in params])  # noqa: E731
+
+            def flat(s):
+                return np.concatenate([np.asarray(s[p], float).ravel() for p in params])
+
             psi = shapley_scores(
                 grad, np.stack([flat(u.arrays) for u in group]), flat(self.tiers[k]), weights / weights.sum()
             )

@@ -164,7 +164,10 @@ def test_fedrod_generic_head_learns_with_the_balanced_loss(states):
     data = client_data(HIGH)
     rod = as_torch(client("fedrod", data, **{"local-epochs": 2}).train(arrays(init))["arrays"])
     avg = as_torch(client("fedavg", data, **{"local-epochs": 2}).train(arrays(init))["arrays"])
-    shift = lambda s: float(s["head.bias"][HIGH].mean() - s["head.bias"][LOW].mean())  # noqa: E731
+
+    def shift(s):
+        return float(s["head.bias"][HIGH].mean() - s["head.bias"][LOW].mean())
+
     base = shift(init)
     assert abs(shift(rod) - base) < 0.5 * abs(shift(avg) - base)
 

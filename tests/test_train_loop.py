@@ -128,7 +128,10 @@ def test_the_extra_loss_sees_each_batch_with_its_labels_and_logits():
 
 def test_the_extra_loss_is_added_to_the_objective():
     x, y = data()
-    extra = lambda m: 2.0 * (m.head.weight**2).sum()  # noqa: E731
+
+    def extra(m):
+        return 2.0 * (m.head.weight**2).sum()
+
     net, ref = model(), model()
     g = grads(ref, x, y, extra)
     w0 = params(ref)

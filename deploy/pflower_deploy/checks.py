@@ -207,7 +207,10 @@ def check_results(c: Cluster, folder: Path) -> None:
     if not summary_path.exists():
         raise ClusterError(f"{summary_path} missing")
     summary = json.loads(summary_path.read_text())
-    read = lambda name: json.loads((folder / name).read_text()) if (folder / name).exists() else []  # noqa: E731
+
+    def read(name):
+        return json.loads((folder / name).read_text()) if (folder / name).exists() else []
+
     failures, rounds = read("failures.json"), read("rounds.json")
     replies = [
         {

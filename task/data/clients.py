@@ -143,7 +143,10 @@ def stratified_split(
         test.append(idx[:n_test])
         val.append(idx[n_test : n_test + n_val])
         train.append(idx[n_test + n_val :])
-    cat = lambda parts: np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)  # noqa: E731
+
+    def cat(parts):
+        return np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)
+
     return cat(train), cat(val), cat(test)
 
 
