@@ -133,23 +133,3 @@ def test_a_rejected_reply_does_not_touch_the_global_model():
     assert all(np.isfinite(v).all() for v in s.global_state.values())
     np.testing.assert_allclose(s.global_state["head.weight"], 1.0)
     assert not np.allclose(before["head.weight"], 1.0)
-
-
-def test_the_accuracy_before_aggregation_is_fedcacs_own_metric():
-    reply = RecordDict(
-        {
-            "metrics": MetricRecord(
-                {
-                    "num-examples": 10,
-                    "partition-id": 0,
-                    "personal-acc": 0.5,
-                    "personal-loss": 1.0,
-                    "before-agg-acc": 0.7,
-                }
-            )
-        }
-    )
-    fedavg, fedcac = strategy("fedavg"), strategy("fedcac")
-    assert "before-agg-acc" not in fedavg.gate.check(1, 3, reply, "evaluate", set()).metrics  # never exposed
-    assert fedcac.gate.check(1, 3, reply, "evaluate", set()).metrics["before-agg-acc"] == 0.7
-    assert not fedcac.reply_spec("evaluate", 3).metrics["before-agg-acc"].required  # first contact has none

@@ -1,292 +1,33 @@
-"""What FedCAC must do (fedcac.md §2.3-§2.7), checked against independent computations.
-
-Written to kill the mutants that survived the older tests (tests/MUTATION.md): sensitivity from the
-post-training weights, exact per-tensor top-k, masks that survive the wire, Eq. 11 on the model's device,
-and the server's overlap / threshold / collaborator / aggregation rules.
+"""What FedCAC's server must do (fedcac.md §2.5-§2.7, §6.11), driven through its own round loop
+(tests/strategy_harness.py) and through its real clients without Flower's runtime: Eq. 7-10 over the replies it
+received, the options that reach the collaborator sets, the mask each reply must carry, the artefacts it writes,
+partial participation, and its own evaluation metric.
 """
 
 import numpy as np
 import pytest
-import torch
+from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
-from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
-from task.methods.fedcac import pack_masks, packed_length, unpack_masks
+from server_app.app import build_strategy
+from strategies.base import Reply
+from strategies.fedcac_math import (
+    collaborators,
+    mask_overlap,
+    overlap_threshold,
+)
 from strategies.plots import pyplot
+from task.config import parse_settings
+from task.methods import METHODS, load_object
+from task.methods.fedcac import unpack_masks
+from task.models import build_model
+from task.params import record_to_numpy, to_record
+from tests.strategy_harness import drive
+from tests.strategy_harness import kept_figures as harness_kept_figures
 
 pyplot()  # matplotlib on Agg, loaded with the module: the artefact tests below plot
 
 
-# ------------------------------------------------------------------------------------------ client side
-def test_sensitivity_uses_the_post_training_weights():
-    # parameter 0 moved a lot but ended near zero; parameter 1 moved a little and ended large.
-    # Eq. 5 scores |delta * theta_after|: 1 wins.  Scoring with the start-of-round weights would pick 0.
-    before = {"w": torch.tensor([3.0, 1.0])}
-    after = {"w": torch.tensor([-0.1, 2.0])}
-    s = parameter_sensitivity(before, after)["w"]
-    expected = np.abs((np.array([-0.1, 2.0]) - np.array([3.0, 1.0])) * np.array([-0.1, 2.0]))
-    np.testing.assert_allclose(s.numpy(), expected, rtol=1e-6)
-    assert critical_masks({"w": s}, 0.5)["w"].tolist() == [False, True]
-    with_before = np.abs((np.array([-0.1, 2.0]) - np.array([3.0, 1.0])) * np.array([3.0, 1.0]))
-    assert with_before.argmax() == 0  # the test case really separates the two readings
-
-
-def test_sensitivity_needs_the_start_of_round_value_of_every_parameter():
-    with pytest.raises(ValueError, match="'b'"):
-        parameter_sensitivity({"a": torch.zeros(2)}, {"a": torch.ones(2), "b": torch.ones(2)})
-
-
-@pytest.mark.parametrize("tau, n", [(0.29, 100), (0.57, 100), (0.7, 10), (0.1, 30), (1.0, 7), (0.5, 1)])
-def test_mask_size_is_floor_of_tau_n_in_exact_arithmetic(tau, n):
-    # 0.29 * 100 is 28.999999999999996 in floats; fedcac.md's k = floor(tau n) is 29
-    from fractions import Fraction
-
-    k = int(Fraction(str(tau)) * n)  # exact floor
-    s = {"w": torch.arange(n, dtype=torch.float32)}
-    m = critical_masks(s, tau)["w"]
-    assert int(m.sum()) == k
-    assert m.tolist() == [i >= n - k for i in range(n)]  # the k largest scores
-
-
-@pytest.mark.parametrize("tau", [-0.01, 1.01, 1.5, 2.0])
-def test_tau_outside_the_unit_interval_is_refused_naming_the_key(tau):
-    with pytest.raises(ValueError, match="tau"):
-        critical_masks({"w": torch.ones(4)}, tau)
-
-
-def test_masks_are_made_on_the_scores_device():
-    # the device-agnostic rule (DESIGN: tensors made on the model's device); "meta" stands in for a GPU
-    s = {"w": torch.rand(10, device="meta")}
-    assert critical_masks(s, 0.5)["w"].device.type == "meta"
-
-
-def test_pack_accepts_any_binary_dtype_and_round_trips():
-    masks = {
-        "a": np.array([1.0, 0.0, 1.0]),
-        "b": torch.tensor([[0, 1], [1, 1]], dtype=torch.uint8),
-        "c": torch.tensor([True, False]),
-    }
-    shapes = {"a": (3,), "b": (2, 2), "c": (2,)}
-    back = unpack_masks(pack_masks(masks, list(shapes)), shapes)
-    assert back["a"].tolist() == [True, False, True]
-    assert back["b"].tolist() == [[False, True], [True, True]]
-    assert back["c"].tolist() == [True, False]
-
-
-def test_packing_no_tensor_gives_an_empty_payload():
-    packed = pack_masks({}, [])
-    assert packed.dtype == np.uint8 and packed.shape == (0,)
-    assert unpack_masks(packed, {}) == {}
-
-
-@pytest.mark.parametrize("total", [1, 8, 9, 17])
-def test_unpack_refuses_a_payload_of_the_wrong_type_or_length_and_says_the_right_length(total):
-    shapes = {"w": (total,)}
-    good = pack_masks({"w": np.ones(total, bool)}, ["w"])
-    expected_len = -(-total // 8)  # ceil
-    assert len(good) == expected_len
-    assert unpack_masks(good, shapes)["w"].all()
-    for bad in (
-        good.astype(np.int64),
-        good.astype(np.float32),
-        good.reshape(1, -1),
-        np.zeros(expected_len + 1, np.uint8),
-    ):
-        with pytest.raises(ValueError, match=f"length {expected_len} for {total} parameters"):
-            unpack_masks(bad, shapes)
-
-
-@pytest.mark.parametrize(
-    "shapes",
-    [{"w": (1,)}, {"w": (8,)}, {"w": (2, 4), "b": (8,)}, {"w": (3, 3), "b": (7,)}, {"w": (4, 4)}, {"w": (17,)}, {}],
-)
-def test_the_server_expects_exactly_the_bytes_a_client_sends(shapes):
-    """fedcac.md §2.4 / §2.8: the uplink mask is one bit per parameter, ceil(n / 8) bytes.  The server sizes the
-    expected payload from the parameter shapes alone (packed_length); it must equal what pack_masks makes,
-    also when n is a multiple of 8 (no spare byte), or every honest reply would be refused."""
-    masks = {k: np.ones(s, bool) for k, s in shapes.items()}
-    n = sum(int(np.prod(s)) for s in shapes.values())
-    assert packed_length(shapes) == len(pack_masks(masks, list(shapes))) == -(-n // 8)
-
-
-def test_eq11_result_lives_on_the_models_device_whatever_the_mask_and_message_carry():
-    wbar = {"w": torch.zeros(4, device="meta")}
-    own, custom = {"w": torch.zeros(4)}, {"w": torch.ones(4)}  # as unpacked from a message: CPU
-    mask = {"w": np.array([1, 0, 1, 0], bool)}  # as unpacked from the bit-packed payload: numpy
-    assert merge_customized(own, custom, wbar, mask)["w"].device.type == "meta"
-    assert merge_customized(own, None, wbar, mask)["w"].device.type == "meta"
-    on_device = {"w": torch.tensor([True, False, True, False], device="meta")}  # a mask kept on the device
-    assert merge_customized(own, custom, wbar, on_device)["w"].device.type == "meta"
-
-
-def test_eq11_takes_critical_positions_from_u_and_the_rest_from_w_bar():
-    rng = np.random.default_rng(0)
-    shape = (3, 5)
-    u, wbar, own = (rng.normal(size=shape).astype(np.float32) for _ in range(3))
-    mask = rng.random(shape) < 0.4
-    for m in (mask, torch.from_numpy(mask)):
-        out = merge_customized(
-            {"w": torch.from_numpy(own)}, {"w": torch.from_numpy(u)}, {"w": torch.from_numpy(wbar)}, {"w": m}
-        )["w"].numpy()
-        np.testing.assert_array_equal(out, mask * u + (~mask) * wbar)
-
-
-# ------------------------------------------------------------------------------------------ server side
-from strategies.fedcac_math import (  # noqa: E402
-    collaboration_matrix,
-    collaborator_label_similarity,
-    collaborators,
-    customized_models,
-    global_average,
-    mask_overlap,
-    overlap_threshold,
-)
-
-
-def naive_overlap(masks):
-    """<M_i, M_j> / K_i by counting positions, 0 for an empty M_i."""
-    n = len(masks)
-    out = np.zeros((n, n))
-    for i in range(n):
-        k = int(masks[i].sum())
-        for j in range(n):
-            out[i, j] = int(np.sum(masks[i] & masks[j])) / k if k else 0.0
-    return out
-
-
-@pytest.mark.parametrize("chunk", [1, 4, 7, 65_536])
-def test_overlap_is_shared_critical_positions_over_own_count_however_it_is_chunked(chunk):
-    rng = np.random.default_rng(chunk)
-    masks = rng.random((5, 23)) < 0.4
-    masks[3] = False
-    masks[3, 5] = True  # a single critical parameter: K = 1
-    masks[4] = False  # an empty mask: K = 0
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no 0/0 warnings leak out for the empty row
-        got = mask_overlap(masks, chunk=chunk)
-    np.testing.assert_allclose(got, naive_overlap(masks), atol=1e-12)
-
-
-def test_overlap_needs_a_clients_by_parameters_matrix():
-    with pytest.raises(ValueError, match="N x n"):
-        mask_overlap(np.ones(5, bool))
-
-
-def offdiag(o):
-    return o[~np.eye(len(o), dtype=bool)]
-
-
-def test_threshold_rises_linearly_from_mean_to_max_of_the_off_diagonal_overlaps():
-    o = np.array([[1.0, 0.2, 0.5], [0.4, 1.0, 0.3], [0.9, 0.6, 1.0]])
-    avg, top = offdiag(o).mean(), offdiag(o).max()
-    for t, beta in ((1, 1), (1, 4), (3, 4), (4, 4), (6, 4)):
-        assert overlap_threshold(o, t, beta) == pytest.approx(avg + t / beta * (top - avg))
-    assert overlap_threshold(np.ones((1, 1)), 1, 3) == float("inf")  # one client: no pair to collaborate with
-    assert [len(c) for c in collaborators(np.ones((1, 1)), overlap_threshold(np.ones((1, 1)), 1, 3), 1, 3)] == [0]
-
-
-def test_the_most_overlapping_pair_still_collaborates_at_round_beta_despite_rounding():
-    o = np.array([[1.0, 0.92, 0.02], [0.92, 1.0, 0.14], [0.02, 0.14, 1.0]])
-    thr = overlap_threshold(o, 5, 5)
-    assert thr > 0.92  # avg + 1.0 * (max - avg) rounds above max here: the case the tolerance is for
-    assert [c.tolist() for c in collaborators(o, thr, 5, 5)] == [[1], [0], []]
-    assert [c.tolist() for c in collaborators(o, overlap_threshold(o, 1, 5), 1, 5)] == [[1], [0], []]
-
-
-def test_collaborators_are_those_at_or_above_the_threshold_and_never_oneself():
-    o = np.array([[1.0, 0.5, 0.3, 0.7], [0.5, 1.0, 0.6, 0.2], [0.3, 0.6, 1.0, 0.4], [0.7, 0.2, 0.4, 1.0]])
-    got = [c.tolist() for c in collaborators(o, 0.5, 1, 10)]
-    assert got == [[1, 3], [0, 2], [1], [0]]
-    assert [c.tolist() for c in collaborators(o, 0.5, 11, 10, strict_beta_cutoff=False)] == got
-    assert all(len(c) == 0 for c in collaborators(o, 0.5, 11, 10))
-
-
-def test_eq8_is_inclusive_a_pair_exactly_at_the_threshold_collaborates_even_without_tolerance():
-    """fedcac.md §2.6 Eq. 8: C_i = {j != i : O_ij >= Threshold}.  "At or above", so the pair whose overlap equals
-    the threshold is a collaborator; the tolerance only widens this for rounding, it is not what makes the
-    boundary count."""
-    o = np.array([[1.0, 0.5, 0.25], [0.5, 1.0, 0.25], [0.25, 0.25, 1.0]])
-    assert [c.tolist() for c in collaborators(o, 0.5, 1, 10, tol=0.0)] == [[1], [0], []]
-    assert [c.tolist() for c in collaborators(o, 0.25, 1, 10, tol=0.0)] == [[1, 2], [0, 2], [0, 1]]
-    assert [c.tolist() for c in collaborators(o, 0.5 + 1e-9, 1, 10, tol=0.0)] == [[], [], []]
-
-
-def test_customized_model_is_the_plain_mean_over_self_and_collaborators_in_the_models_dtype():
-    rng = np.random.default_rng(4)
-    params = rng.normal(size=(4, 6)).astype(np.float32)
-    collab = [np.array([2, 3]), np.array([], dtype=np.int64), np.array([0]), np.array([0, 1, 2])]
-    u = customized_models(params, collab)
-    assert u.dtype == np.float32
-    for i, c in enumerate(collab):
-        np.testing.assert_allclose(u[i], params[[i, *c]].mean(0), rtol=1e-6)
-    a = collaboration_matrix(collab)
-    np.testing.assert_allclose(a[0], [1 / 3, 0, 1 / 3, 1 / 3])
-    np.testing.assert_allclose(a[1], [0, 1, 0, 0])
-
-
-def test_global_average_uniform_or_by_example_counts():
-    params = np.array([[0.0, 4.0], [8.0, 0.0]])
-    np.testing.assert_allclose(global_average(params), [4.0, 2.0])
-    np.testing.assert_allclose(global_average(params, np.array([1, 3])), [6.0, 1.0])  # (1*p0 + 3*p1) / 4
-
-
-def test_w_bar_weights_are_exact_shares_of_the_counts_whatever_their_number_type():
-    """Eq. 9 with ``fedcac-weighting=num-examples`` (fedcac.md §2.7): p_i = n_i / sum_j n_j.  Counts may come as
-    float32 (e.g. read back from a record); the shares are still exact to double precision, so three equal
-    counts give the plain mean, not a mean with weights rounded to 0.33333334."""
-    params = np.array([[1.0, 10.0], [2.0, -3.0], [4.0, 0.5]])
-    plain = params.sum(0) / 3
-    for counts in (np.array([7, 7, 7], np.float32), np.array([7, 7, 7]), [7.0, 7.0, 7.0]):
-        np.testing.assert_allclose(global_average(params, counts), plain, rtol=1e-14, atol=0)
-    np.testing.assert_allclose(
-        global_average(params, np.array([3, 1, 1], np.float32)),
-        (3 * params[0] + params[1] + params[2]) / 5,
-        rtol=1e-14,
-        atol=0,
-    )
-
-
-def test_label_similarity_is_exact_for_float32_histograms():
-    """fedcac.md §8 diagnostic: the cosines are computed in double precision whatever the histograms' dtype, so a
-    float32 copy of the counts gives the same numbers as the integer counts."""
-    counts = np.array([[1, 2, 3], [3, 1, 2], [0, 1, 1]])
-    unit = counts / np.linalg.norm(counts, axis=1, keepdims=True)
-    cos = unit @ unit.T
-    collab = [np.array([1]), np.array([0]), np.array([], dtype=np.int64)]
-    pairs, everyone = collaborator_label_similarity(collab, counts.astype(np.float32))
-    assert pairs == pytest.approx(cos[0, 1], rel=1e-14)
-    assert everyone == pytest.approx(offdiag(cos).mean(), rel=1e-14)
-
-
-def test_label_similarity_diagnostic_is_the_mean_cosine_over_collaborator_pairs_and_over_all_pairs():
-    hist = np.array([[3.0, 4.0, 0.0], [6.0, 8.0, 0.0], [0.0, 0.0, 2.0], [0.0, 0.0, 0.0]])
-    cos = np.zeros((4, 4))
-    for i in range(4):
-        for j in range(4):
-            ni, nj = np.linalg.norm(hist[i]), np.linalg.norm(hist[j])
-            cos[i, j] = hist[i] @ hist[j] / (ni * nj) if ni and nj else 0.0
-    collab = [np.array([1]), np.array([0, 2]), np.array([], dtype=np.int64), np.array([], dtype=np.int64)]
-    pairs, everyone = collaborator_label_similarity(collab, hist)
-    assert pairs == pytest.approx(np.mean([cos[0, 1], cos[1, 0], cos[1, 2]]))
-    assert everyone == pytest.approx(offdiag(cos).mean())
-    shares = hist / np.maximum(hist.sum(1, keepdims=True), 1)  # cosine ignores scale: shares give the same
-    assert collaborator_label_similarity(collab, shares) == pytest.approx((pairs, everyone))
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # undefined means are NaN, without "mean of empty slice" noise
-        nobody, _ = collaborator_label_similarity([np.array([], dtype=np.int64)] * 4, hist)
-        assert np.isnan(nobody)
-        assert np.isnan(collaborator_label_similarity([np.array([], dtype=np.int64)], hist[:1])[1])  # no pair at all
-
-
 # ------------------------------------------------------------------------------------------ the strategy's options
-from server_app.app import build_strategy  # noqa: E402
-from task.config import parse_settings  # noqa: E402
-from task.params import to_record  # noqa: E402
-from tests.strategy_harness import kept_figures as harness_kept_figures  # noqa: E402
-from tests.strategy_harness import drive  # noqa: E402
 
 
 def strategy_round(rounds=1, n=3, all_critical=False, **cfg):
@@ -358,7 +99,6 @@ def play(strat, nodes, rounds, sent):
 
 def expected_round(strat, sent, rnd, beta, clients):
     """Eqs. 7-10 recomputed from the replies with plain loops (fedcac.md §2.5-§2.7), keyed by client id."""
-    from task.models import build_model
 
     s = strat.settings
     keys = [k for k, _ in build_model(s.model, s.in_channels, s.image_size, s.num_classes).named_parameters()]
@@ -627,7 +367,6 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
     """fedcac.md §7 (the server's result is per client, whatever order the replies come in): every u_i and the
     collaborator sets belong to the client that sent the model, and the overlap heat map is ordered by client id.
     A round where every mask is empty (tau = 0) has overlap 0 everywhere; the colour scale stays 0..1."""
-    from strategies.base import Reply
 
     import matplotlib.figure
 
@@ -667,3 +406,192 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
     np.testing.assert_allclose(first.get_array(), exp, atol=5e-5)  # rows and columns by client id
     np.testing.assert_array_equal(empty.get_array(), np.zeros((4, 4)))
     assert first.get_clim() == empty.get_clim() == (0, 1)
+
+
+# ---------------------------------------------------------------- client + strategy without Flower's runtime
+def run_rounds(cfg, rounds, n=4):
+    settings_ = parse_settings(cfg)
+    strat = build_strategy(settings_)
+    ctxs = [
+        Context(
+            run_id=1,
+            node_id=10 + i,
+            node_config={"partition-id": i, "num-partitions": n},
+            state=RecordDict(),
+            run_config=cfg,
+        )
+        for i in range(n)
+    ]
+    cls = load_object(METHODS["fedcac"].client)
+    diags = []
+    for rnd in range(1, rounds + 1):
+        ups = []
+        for i, ctx in enumerate(ctxs):
+            payload = strat.payload(10 + i, rnd, "train")
+            payload["config"] = ConfigRecord({"server-round": rnd})
+            u = strat.gate.check(rnd, 10 + i, cls(ctx, settings_).train(payload), "train", set())
+            assert u is not None, strat.failures
+            ups.append(u)
+        diags.append(strat.aggregate(rnd, ups)["fedcac"])
+    return strat, ctxs, diags
+
+
+def start_of_round(strat, ctx, cfg, node, rnd):
+    """What the client starts round ``rnd`` from, as it shows it: its train reply with zero local epochs (the
+    parameters it sends are the ones it started from) and the model it then keeps (BatchNorm statistics too)."""
+    client = load_object(METHODS["fedcac"].client)(ctx, parse_settings({**cfg, "local-epochs": 0}))
+    payload = strat.payload(node, rnd, "train")
+    payload["config"] = ConfigRecord({"server-round": rnd})
+    sent = record_to_numpy(client.train(payload)["arrays"])
+    return sent, client.load_state("model")
+
+
+def test_tau_zero_is_fedavg_on_parameters():
+    cfg = {"method": "fedcac", "tau": 0.0, "beta": 2, "partition": "iid", "local-epochs": 1}
+    strat, ctxs, diags = run_rounds(cfg, 2)
+    assert all(d["mask-fraction"] == 0.0 for d in diags)
+    # every client's next model equals w_bar: no critical parameter survives
+    sent, _ = start_of_round(strat, ctxs[0], cfg, 10, 3)
+    assert sorted(sent) == sorted(strat.param_keys)
+    for k in strat.param_keys:
+        np.testing.assert_allclose(sent[k], strat.global_state[k], atol=1e-6)
+
+
+def test_after_beta_critical_parameters_stay_local():
+    cfg = {"method": "fedcac", "tau": 0.5, "beta": 1, "partition": "pathological"}
+    strat, ctxs, diags = run_rounds(cfg, 2)
+    assert diags[-1]["collaborators-max"] == 0
+    settings_ = parse_settings(cfg)
+    client = load_object(METHODS["fedcac"].client)(ctxs[1], settings_)
+    own = {k: v for k, v in client.load_state("model").items()}
+    mask = unpack_masks(client.load_state("mask")["bits"], strat.param_shapes)
+    sent, kept = start_of_round(strat, ctxs[1], cfg, 11, 3)
+    assert any(mask[k].any() for k in mask) and not all(mask[k].all() for k in mask)  # both sources are checked
+    for k in strat.param_keys:
+        np.testing.assert_allclose(sent[k][mask[k]], own[k][mask[k]], atol=1e-6)
+        np.testing.assert_allclose(sent[k][~mask[k]], strat.global_state[k][~mask[k]], atol=1e-6)
+    running = [k for k in own if "running" in k]
+    assert running  # the default cnn has BatchNorm statistics: they stay local
+    for k in running:
+        np.testing.assert_allclose(kept[k], own[k])
+
+
+def test_bad_mask_is_rejected_and_logged():
+    cfg = {"method": "fedcac"}
+    strat, ctxs, _ = run_rounds(cfg, 1, n=2)
+    settings_ = parse_settings(cfg)
+    payload = strat.payload(10, 2, "train")
+    payload["config"] = ConfigRecord({"server-round": 2})
+    reply = load_object(METHODS["fedcac"].client)(ctxs[0], settings_).train(payload)
+    reply["mask"] = to_record({"bits": np.zeros(3, np.uint8)})
+    assert strat.gate.check(2, 10, reply, "train", set()) is None
+    assert "record 'mask': array 'bits' has shape (3,)" in strat.failures[-1]["reason"]
+
+
+def test_bad_fedcac_config():
+    with pytest.raises(ValueError, match="'beta' must be an integer >= 1"):
+        build_strategy(parse_settings({"method": "fedcac", "beta": 0}))
+    with pytest.raises(ValueError, match=r"'tau' must be a number in \[0, 1\]"):
+        build_strategy(parse_settings({"method": "fedcac", "tau": 1.5}))
+
+
+def test_collaborators_on_planted_label_groups_share_labels_more_than_random_pairs():
+    cfg = {
+        "method": "fedcac",
+        "tau": 0.5,
+        "beta": 10,
+        "partition": "planted-clusters",
+        "num-clusters": 4,
+        "local-epochs": 2,
+        "fedcac-diagnostics": True,
+        "seed": 3,
+    }
+    _, _, diags = run_rounds(cfg, 4, n=8)
+    collab = [d["collaborator-label-similarity"] for d in diags if np.isfinite(d["collaborator-label-similarity"])]
+    everyone = diags[0]["all-pairs-label-similarity"]
+    assert collab and np.mean(collab) > everyone + 0.1, (collab, everyone)
+
+
+# ---------------------------------------------------------------- partial participation (fedcac.md §6.11)
+def test_a_client_that_missed_a_round_gets_no_stale_customized_model():
+    from tests.strategy_harness import drive
+
+    nodes = {71: 0, 5: 1, 909: 2, 44: 3}
+    strat = build_strategy(
+        parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 10, "num-server-rounds": 4})
+    )
+    sent = {}
+
+    def answer(rnd, node, phase, content):
+        if phase == "train" and (rnd == 3 or (rnd in (2, 4) and nodes[node] == 2)):
+            return []  # client 2 misses rounds 2 and 4; nobody's training arrives in round 3
+        return None
+
+    grid = drive(strat, nodes, 4, answer)
+    for m in grid.sent:
+        sent[(int(m.content["config"]["server-round"]), m.metadata.message_type, nodes[m.metadata.dst_node_id])] = (
+            m.content
+        )
+    assert "custom" in sent[(2, "train", 2)]  # it took part in round 1: u_i of round 1
+    assert "custom" not in sent[(3, "train", 2)]  # absent in round 2: nothing fresh, it keeps its own critical values
+    assert all("custom" in sent[(3, "train", c)] for c in (0, 1, 3))
+    assert not any("custom" in sent[(4, "train", c)] for c in range(4))  # round 2's u_i are two rounds old
+    assert "custom" not in sent[(4, "evaluate", 2)] and "custom" in sent[(4, "evaluate", 0)]
+
+
+def test_empty_masks_make_no_collaborators():
+    from tests.strategy_harness import drive
+
+    nodes = {1: 0, 2: 1, 3: 2}
+    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 3, "beta": 10}))
+    n_bits = strat.reply_spec("train", 1).records["mask"].tensors["bits"].shape[0]
+
+    def answer(rnd, node, phase, content):  # tau = 0 on every client: empty masks
+        if phase == "train":
+            content["mask"] = to_record({"bits": np.zeros(n_bits, np.uint8)})
+        return None
+
+    drive(strat, nodes, 1, answer)
+    diag = strat.history[0].extra["fedcac"]
+    assert diag["collaborators-max"] == 0 and all(v == [] for v in diag["collaborators"].values())
+    overlap = mask_overlap(np.zeros((3, 40), bool))
+    assert all(len(c) == 0 for c in collaborators(overlap, overlap_threshold(overlap, 1, 10), 1, 10))
+
+
+def test_the_accuracy_before_aggregation_is_fedcacs_own_metric():
+    reply = RecordDict(
+        {
+            "metrics": MetricRecord(
+                {
+                    "num-examples": 10,
+                    "partition-id": 0,
+                    "personal-acc": 0.5,
+                    "personal-loss": 1.0,
+                    "before-agg-acc": 0.7,
+                }
+            )
+        }
+    )
+    fedavg, fedcac = strategy("fedavg"), strategy("fedcac")
+    assert "before-agg-acc" not in fedavg.gate.check(1, 3, reply, "evaluate", set()).metrics  # never exposed
+    assert fedcac.gate.check(1, 3, reply, "evaluate", set()).metrics["before-agg-acc"] == 0.7
+    assert not fedcac.reply_spec("evaluate", 3).metrics["before-agg-acc"].required  # first contact has none
+
+
+def naive_overlap(masks):
+    """<M_i, M_j> / K_i by counting positions, 0 for an empty M_i."""
+    n = len(masks)
+    out = np.zeros((n, n))
+    for i in range(n):
+        k = int(masks[i].sum())
+        for j in range(n):
+            out[i, j] = int(np.sum(masks[i] & masks[j])) / k if k else 0.0
+    return out
+
+
+def offdiag(o):
+    return o[~np.eye(len(o), dtype=bool)]
+
+
+def strategy(method, **cfg):
+    return build_strategy(parse_settings({"method": method, **cfg}))
