@@ -1,7 +1,9 @@
 """What the FedC2I server must do (fedc2i.md §2.3, §2.5, §6.13, §6.20, §7; docs/methods/fedc2i.md "Messages",
 "Options", "Artefacts"): store every client's latest model without averaging, send each client its own stored
 model first and then its peers' (all of them, or ``c2i-peers - 1`` drawn per round), check the influence vector
-against what was sent, and log the influence rows.  Replies are made by hand, without a client."""
+against what was sent, and log the influence rows.  Replies are made by hand, without a client, except in the last tests, where the
+real clients answer (round one from the common model, then everyone receives everyone; ``c2i-peers`` bounds the
+download), and the options the strategy refuses."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
 
 from server_app.app import build_strategy
 from task.config import parse_settings
+from task.methods import METHODS, load_object
 from task.params import record_to_numpy, to_record
 
 NODE = 100  # node id of client i is NODE + i
@@ -326,3 +329,73 @@ def test_no_influence_weight_may_exceed_one():
     assert strat.gate.check(2, NODE + 0, reply(strat, 0, 2, [1.0, 0.0], 10), "train", set()) is not None
     assert strat.gate.check(2, NODE + 1, reply(strat, 1, 2, [1.0 + 5e-5, 0.0], 10), "train", set()) is None
     assert "influence" in strat.failures[-1]["reason"]
+
+
+# ---------------------------------------------------------------- strategy + client without Flower's runtime
+def run(cfg, rounds=2, n=4):
+    settings = parse_settings(cfg)
+    strat = build_strategy(settings)
+    ctxs = [
+        Context(
+            run_id=1,
+            node_id=10 + i,
+            node_config={"partition-id": i, "num-partitions": n},
+            state=RecordDict(),
+            run_config=cfg,
+        )
+        for i in range(n)
+    ]
+    cls = load_object(METHODS["fedc2i"].client)
+    replies = {}
+    for rnd in range(1, rounds + 1):
+        ups = []
+        for i, ctx in enumerate(ctxs):
+            payload = strat.payload(10 + i, rnd, "train")
+            payload["config"] = ConfigRecord({"server-round": rnd})
+            replies[(rnd, i)] = payload
+            u = strat.gate.check(rnd, 10 + i, cls(ctx, settings).train(payload), "train", set())
+            assert u is not None, strat.failures
+            ups.append(u)
+        strat.aggregate(rnd, ups)
+    return strat, replies
+
+
+def test_round_one_starts_from_the_common_model_then_everyone_receives_everyone():
+    strat, payloads = run({"method": "fedc2i", "partition": "iid", "feature-shift": 4})
+    assert payloads[(1, 0)]["peers"]["head.bias"].shape[0] == 1
+    assert payloads[(2, 0)]["peers"]["head.bias"].shape[0] == 4
+    assert list(payloads[(2, 2)]["peer-clients"]["client-ids"]) == [0, 1, 3]  # the others, by client id
+    assert list(payloads[(2, 2)]["peer-clients"]["num-examples"]) == [strat.sizes[c] for c in (0, 1, 3)]
+    row = strat.influence[2]
+    assert len(row) == 4 and all(abs(sum(r.values()) - 1) < 1e-5 for r in row.values())
+
+
+def test_peer_sampling_bounds_the_download():
+    strat, payloads = run({"method": "fedc2i", "partition": "iid", "c2i-peers": 2}, rounds=2, n=5)
+    assert payloads[(2, 0)]["peers"]["head.bias"].shape[0] == 2
+    full, _ = run({"method": "fedc2i", "partition": "iid"}, rounds=2, n=5)
+    assert payloads[(2, 0)]["peers"].count_bytes() < 0.5 * full.payload(10, 3, "train")["peers"].count_bytes()
+
+
+def test_bad_fedc2i_config():
+    with pytest.raises(ValueError, match="c2i-peers"):
+        build_strategy(parse_settings({"method": "fedc2i", "c2i-peers": 1}))
+    with pytest.raises(ValueError, match="c2i-variant"):
+        build_strategy(parse_settings({"method": "fedc2i", "c2i-variant": "both"}))
+    with pytest.raises(ValueError, match="gamma"):
+        build_strategy(parse_settings({"method": "fedc2i", "gamma": -2.0}))
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("lambda-only", "client-level"),
+        ("Lambda-only", "class-level-averaged-extractor"),
+        ("Lambda-local", "class-level-own-extractor"),
+    ],
+)
+def test_the_variants_old_spellings_still_run_with_a_deprecation_warning(old, new):
+    with pytest.warns(FutureWarning, match=f"'c2i-variant': '{old}' is deprecated, use '{new}'"):
+        assert parse_settings({"method": "fedc2i", "c2i-variant": old}).options.variant == new
+    with pytest.raises(ValueError, match="c2i-variant"):  # only the exact old spelling is an alias
+        parse_settings({"method": "fedc2i", "c2i-variant": old.swapcase()})

@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict
 from torch import nn
 
 from task.config import parse_settings
 from task.methods import METHODS, load_object
+from task.models import build_model
 from task.params import record_to_numpy, stacked_record, to_record
 
 PEER_SIZES = [37, 311]  # the peers' training-set sizes the server reports (unequal on purpose)
@@ -250,3 +251,27 @@ def test_the_personal_model_is_the_clients_own_stored_model():
         client.reset_model().state_dict(),
         atol=0,
     )
+
+
+@pytest.mark.parametrize("variant,own_extractor_matters", [("class-level-averaged-extractor", False), ("full", True)])
+def test_the_lambda_g_ablation_scores_classes_with_the_global_extractor(variant, own_extractor_matters):
+    # fedc2i.md §6.7: for the Lambda/g ablation the class-level influence uses the current global theta (the average
+    # extractor), not the client's own.  Two sets of peers with the same average extractor but a different own
+    # extractor must then give the same personalized model (the model the client replies with after zero local
+    # epochs); in the full method (own theta*) they must not.
+    client = make_client(model="mlp", **{"c2i-variant": variant})
+    torch.manual_seed(0)
+    base = [build_model("mlp", 1, 8, 10, seed=s).state_dict() for s in range(3)]
+    shifted = [{k: v.clone() for k, v in s.items()} for s in base]
+    for k in shifted[0]:
+        if not k.startswith("head."):  # move extractor mass from peer 1 to the client itself: same average
+            d = 0.5 * torch.randn_like(shifted[0][k])
+            shifted[0][k] += d
+            shifted[1][k] -= d
+    sizes = [client.data.num_train] * 2  # every model weighs the same
+    out = [run_train(client, payload(states, sizes))[0] for states in (base, shifted)]
+    same_head = torch.allclose(out[0]["head.weight"], out[1]["head.weight"], atol=1e-6)
+    assert same_head != own_extractor_matters
+    if not own_extractor_matters:
+        for k in out[0]:
+            torch.testing.assert_close(out[0][k], out[1][k], atol=1e-6, rtol=1e-5)
