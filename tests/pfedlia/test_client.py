@@ -7,149 +7,16 @@ other digits than its training split must find the peer trained on its validatio
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict
 
-from client_app.pfedlia_math import beneficial_peers, lazy_influence_row
+from server_app.app import build_strategy
+from task.config import parse_settings
+from task.methods import METHODS, load_object
 from task.params import record_to_numpy, to_record
 from task.train import evaluate
 from tests.client_kit import client, client_data, digits_of, numpy_state, trained_state
 
 LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
-
-
-# ------------------------------------------------------------------------------------------ math
-def test_influence_row_is_the_summed_loss_drop_and_mean_is_per_sample():
-    warm, lazy = 0.9, np.array([0.4, 1.3, 0.9])
-    np.testing.assert_allclose(lazy_influence_row(warm, torch.tensor(lazy), 7, "sum"), 7 * (warm - lazy), atol=1e-5)
-    np.testing.assert_allclose(
-        lazy_influence_row(torch.tensor(warm), torch.tensor(lazy), 7, "mean"), warm - lazy, atol=1e-6
-    )
-    with pytest.raises(ValueError, match="lia-reduction"):
-        lazy_influence_row(warm, torch.tensor(lazy), 7, "median")
-
-
-def test_two_clients_each_find_the_other_beneficial():
-    np.testing.assert_array_equal(beneficial_peers(np.array([3.0, -8.0]), 0), [0, 1])
-    np.testing.assert_array_equal(beneficial_peers(np.array([3.0]), 0), [0])
-
-
-def test_two_means_splits_small_scores_too():
-    # scores well below 1 in magnitude still form two groups (no absolute tolerance swallows them)
-    row = np.array([0.0, 0.30, 0.01, 0.32, 0.02, 0.31])
-    np.testing.assert_array_equal(beneficial_peers(row, 0), [0, 1, 3, 5])
-
-
-def test_a_row_constant_up_to_rounding_means_everyone_even_for_large_negative_scores():
-    base = -1.0e4
-    row = np.array([5.0, base, base + 2e-9, base, base + 2e-9])  # float noise on a constant row
-    np.testing.assert_array_equal(beneficial_peers(row, 0), [0, 1, 2, 3, 4])
-
-
-def test_scores_that_differ_only_at_rounding_scale_mean_everyone():
-    # the spread passes the constant-row test, but 2-means' two centres lie within 1e-12 of each other
-    np.testing.assert_array_equal(beneficial_peers(np.array([5.0, 0.0, 0.55e-12, 1.1e-12]), 0), [0, 1, 2, 3])
-
-
-def test_require_positive_drops_peers_whose_influence_is_not_positive():
-    row = np.array([4.0, 0.0, 0.0, -9.0, -10.0])  # the top group scores exactly zero
-    np.testing.assert_array_equal(beneficial_peers(row, 0), [0, 1, 2])
-    np.testing.assert_array_equal(beneficial_peers(row, 0, require_positive=True), [0])
-
-
-def test_self_index_anywhere_is_always_included_and_never_clustered():
-    row = np.array([-40.0, 7.0, -50.0, 6.5, -49.0])
-    np.testing.assert_array_equal(beneficial_peers(row, 2), [1, 2, 3])  # its own (low) score does not count
-
-
-def optimal_upper_group(values):
-    """The exact 2-means split of 1-D values: sort, try every threshold, keep the least within-group squared
-    error; returns the positions of the group with the larger mean."""
-    order = np.argsort(values)
-    s = np.asarray(values, float)[order]
-    sse = [((s[:k] - s[:k].mean()) ** 2).sum() + ((s[k:] - s[k:].mean()) ** 2).sum() for k in range(1, len(s))]
-    return sorted(order[int(np.argmin(sse)) + 1 :].tolist())
-
-
-# rows on which a single k-means start (or another seed) lands in a worse local optimum than the 2-means split
-HARD_ROWS = [
-    [-1.0, 3.0, -1.8, 0.9, 1.3, 4.4, -1.5, 5.2, 0.5, -0.6, -2.0, 1.8, 0.1, -3.3, -3.4, -1.7],
-    [-3.0, -1.2, 0.3, -7.7, 1.1, 4.2],
-    [
-        -2.4,
-        -3.1,
-        3.3,
-        3.5,
-        -0.4,
-        4.0,
-        -1.4,
-        -1.0,
-        -3.9,
-        6.3,
-        0.5,
-        2.3,
-        -4.6,
-        1.7,
-        -5.2,
-        -1.8,
-        2.2,
-        4.5,
-        5.0,
-        0.1,
-        -3.7,
-        1.4,
-    ],
-    [2.6, -0.1, 1.0, 0.3, 5.3, 0.8, 3.7, -0.4, -2.4, -4.6, -3.2, 1.4, -2.9, 3.4, -1.1, -5.6, 0.6, -1.5, 5.7],
-    [1.1, 3.5, -3.0, -6.8, 2.3, -3.6, -1.0, -3.5, 3.2, 2.6, -2.2, 2.7, 0.4, -0.4, 0.2, -0.6, 1.8, 0.9],
-    [3.0, -2.9, 2.3, -0.3, 3.4, 1.4, -3.3, 0.4],
-    [
-        -0.8,
-        -2.1,
-        2.6,
-        -2.7,
-        -8.2,
-        -3.2,
-        0.3,
-        -9.2,
-        -1.1,
-        -1.0,
-        -4.3,
-        -4.4,
-        -1.4,
-        -1.6,
-        3.8,
-        1.1,
-        -4.7,
-        -2.6,
-        2.1,
-        5.7,
-        1.2,
-    ],
-]
-
-
-@pytest.mark.parametrize("values", HARD_ROWS)
-def test_beneficial_peers_are_the_upper_group_of_the_2_means_split(values):
-    row = np.array([100.0, *values])  # the client itself first; its own score takes no part
-    expected = [0] + [j + 1 for j in optimal_upper_group(values)]
-    np.testing.assert_array_equal(beneficial_peers(row, 0), expected)
-
-
-def test_two_means_with_two_peers_still_separates_them():
-    np.testing.assert_array_equal(beneficial_peers(np.array([0.0, 5.0, -5.0]), 0), [0, 1])
-
-
-def test_symmetric_scores_are_two_groups_not_a_constant_row():
-    np.testing.assert_array_equal(beneficial_peers(np.array([0.0, 3.0, 3.0, -3.0, -3.0]), 0), [0, 1, 2])
-
-
-def test_three_levels_give_the_upper_two_levels_in_one_group():
-    row = np.array([0.0, 10.0, 9.0, 5.0, 4.8, -30.0, -31.0])
-    np.testing.assert_array_equal(beneficial_peers(row, 0), [0, 1, 2, 3, 4])
-
-
-def test_require_positive_keeps_small_positive_influences():
-    row = np.array([4.0, 0.5, 0.6, -9.0, -10.0])
-    np.testing.assert_array_equal(beneficial_peers(row, 0, require_positive=True), [0, 1, 2])
 
 
 # ------------------------------------------------------------------------------------------ client handlers
@@ -414,11 +281,48 @@ def test_a_lazy_client_list_without_a_self_index_means_a_newcomer(lazy_models):
     np.testing.assert_allclose(listed["lia-row"], without["lia-row"])
 
 
-def test_rounding_tolerance_of_coinciding_centroids_is_1e_12_inclusive_and_absolute_below_one():
-    """pfedlia.md §2.5: coinciding centroids (a constant row) mean every peer.  "Coinciding" is up to 1e-12: two groups
-    whose centroids are exactly 1e-12 apart coincide; scores of magnitude below one that spread by 1.5e-12 (centroids
-    1.5e-12 apart) are two groups, the tolerance there being absolute (1e-12), not larger."""
-    exactly = np.array([9.0, -1e-13, 1e-13, 1e-12 - 1e-13, 1e-12 + 1e-13])  # centroids 0 and 1e-12, spread 1.2e-12
-    np.testing.assert_array_equal(beneficial_peers(exactly, 0), [0, 1, 2, 3, 4])
-    apart = np.array([9.0, 0.0, 0.0, 1.5e-12, 1.5e-12])
-    np.testing.assert_array_equal(beneficial_peers(apart, 0), [0, 3, 4])
+CFG = {
+    "method": "pfedlia",
+    "partition": "planted-clusters",
+    "num-clusters": 2,
+    "model": "mlp",
+    "momentum": 0.0,
+    "batch-size": 16,
+    "val-fraction": 0.25,
+    "lazy-epochs": 10,
+    "lia-mode": "p2p",
+}
+
+
+def planted_client(pid, n=4, **extra):
+    cfg = {**CFG, **extra}
+    ctx = Context(
+        run_id=1,
+        node_id=100 + pid,
+        node_config={"partition-id": pid, "num-partitions": n},
+        state=RecordDict(),
+        run_config=cfg,
+    )
+    return load_object(METHODS["pfedlia"].client)(ctx, parse_settings(cfg))
+
+
+def test_influence_row_sign_same_labels_positive_disjoint_labels_negative():
+    # planted clusters of 2: clients 0, 2 hold digits 0-4; clients 1, 3 hold digits 5-9
+    theta0 = build_strategy(parse_settings(CFG)).global_state
+    lazy = {}
+    for pid in range(4):
+        reply = planted_client(pid).query("lazy", RecordDict({"arrays": to_record(theta0)}))
+        lazy[pid] = record_to_numpy(reply["arrays"])
+    stacked = {k: np.stack([lazy[p][k] for p in range(4)]) for k in theta0}
+    content = RecordDict(
+        {
+            "arrays": to_record(theta0),
+            "lazy": to_record(stacked),
+            "lazy-nodes": ConfigRecord({"node-ids": [100, 101, 102, 103], "self-index": 0}),
+        }
+    )
+    reply = planted_client(0).query("lia", content)
+    row = np.array(reply["metrics"]["lia-row"])
+    assert row[2] > 0 and row[0] > 0  # a peer trained on my labels (and I myself) help
+    assert row[1] < 0 and row[3] < 0  # disjoint-label peers hurt
+    assert list(reply["metrics"]["beneficial"]) == [0, 2]

@@ -1,188 +1,17 @@
-"""What pFedLIA's server side must do with the influence matrix (pfedlia.md §2.5, §2.6, §2.8), and CFL's
-split rule (Sattler et al.), checked on matrices whose right answer is known by construction."""
+"""What pFedLIA's server must do (pfedlia.md §2.5, §2.6, §2.8): refuse a warm-up as long as the run, then, through
+its own round loop against scripted clients, warm up with FedAvg, collect the lazy models and the influence rows,
+cluster them (central) or group the beneficial sets (peer-to-peer), run FedAvg per cluster and place late joiners."""
 
-import itertools
+import json
 
 import numpy as np
 import pytest
+from flwr.app import MetricRecord, RecordDict
 
-from strategies.cfl_math import cosine_similarity_matrix, optimal_bipartition, should_split
-from strategies.pfedlia_math import (
-    adjusted_rand,
-    assign_late_joiner,
-    cluster_features,
-    cluster_influence,
-    groups_from_sets,
-    reassign_noise,
-)
-
-
-def test_features_are_the_rows_as_votes_or_standardised():
-    m = np.array([[2.0, -1.0, 0.0], [5.0, 5.0, 5.0]])
-    np.testing.assert_array_equal(cluster_features(m), m)
-    np.testing.assert_array_equal(cluster_features(m, "sign"), [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])  # 0 is no vote
-    z = cluster_features(m, standardize=True)
-    np.testing.assert_allclose(z[0], (m[0] - m[0].mean()) / m[0].std())
-    np.testing.assert_array_equal(z[1], [0.0, 0.0, 0.0])  # a constant row stays finite
-    with pytest.raises(ValueError, match="lia-score"):
-        cluster_features(m, "rank")
-    # a small positive influence is a vote too, and a row of small influences is standardised to unit spread
-    small = np.array([[0.3, -0.2, 0.1]])
-    np.testing.assert_array_equal(cluster_features(small, "sign"), [[1.0, 0.0, 1.0]])
-    assert cluster_features(small, standardize=True).std() == pytest.approx(1.0)
-
-
-def test_noise_points_join_the_cluster_of_their_nearest_clustered_point():
-    feats = np.array([[0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 1.0], [7.0, 0.5], [1.0, 0.8]])
-    labels = np.array([4, 4, 7, 7, -1, -1])
-    got = reassign_noise(feats, labels)
-    np.testing.assert_array_equal(got, [4, 4, 7, 7, 7, 4])
-    np.testing.assert_array_equal(labels, [4, 4, 7, 7, -1, -1])  # the caller's labels are not modified
-    np.testing.assert_array_equal(reassign_noise(feats, np.array([4, 4, 7, 7, 0, 1])), [4, 4, 7, 7, 0, 1])
-    single = reassign_noise(feats, labels, "singleton")
-    assert single[:4].tolist() == [4, 4, 7, 7] and len(set(single[4:].tolist()) | {4, 7}) == 4
-    # all noise (OPTICS found no cluster): everyone forms one cluster
-    assert reassign_noise(feats, np.full(6, -1)).tolist() == [0] * 6
-
-
-def test_the_noise_mode_reaches_the_clustering():
-    rng = np.random.default_rng(0)
-    rows = np.vstack([rng.normal(0, 0.1, (4, 2)), rng.normal(0, 0.1, (4, 2)) + [50, 0], [[25, 40]]])  # + an outlier
-    np.testing.assert_array_equal(cluster_influence(rows, min_samples=3), [0, 0, 0, 0, 1, 1, 1, 1, 0])
-    np.testing.assert_array_equal(
-        cluster_influence(rows, min_samples=3, noise="singleton"), [0, 0, 0, 0, 1, 1, 1, 1, 2]
-    )
-
-
-def test_optics_finds_clusters_of_two_when_min_samples_allows_it_and_caps_min_samples_at_n():
-    rng = np.random.default_rng(0)
-    truth = np.repeat(np.arange(3), 2)
-    centers = np.array([[0.0, 0.0], [50.0, 0.0], [0.0, 50.0]])
-    x = centers[truth] + rng.normal(0, 0.1, size=(6, 2))
-    labels = cluster_influence(x, min_samples=2)
-    assert adjusted_rand(truth, labels) == 1.0
-    assert sorted(set(labels.tolist())) == [0, 1, 2]  # dense labels
-    assert len(cluster_influence(x[:3], min_samples=5)) == 3  # min_samples larger than N still runs
-    one = cluster_influence(np.ones((1, 1)))
-    np.testing.assert_array_equal(one, [0])
-    assert one.dtype == labels.dtype == np.int64  # cluster ids index arrays, whatever N is
-
-
-def test_standardised_rows_cluster_by_pattern_not_by_offset():
-    pattern = np.array([[1.0] * 4 + [0.0] * 4, [0.0] * 4 + [1.0] * 4])
-    truth = np.array([0, 1] * 4)
-    offsets = np.array([0.0, 0.0, 300.0, 300.0, 600.0, 600.0, 900.0, 900.0])
-    rng = np.random.default_rng(1)
-    m = offsets[:, None] + 5.0 * pattern[truth] + rng.normal(0, 0.01, size=(8, 8))
-    labels = cluster_influence(m, min_samples=3, standardize=True)
-    assert adjusted_rand(truth, labels) == 1.0
-
-
-def test_sign_votes_cluster_by_who_helps_whom_not_by_magnitude():
-    truth = np.array([0, 0, 0, 1, 1, 1])
-    helps = np.where(truth[:, None] == truth[None, :], 1.0, -1.0)
-    scale = np.array([1.0, 80.0, 0.5, 120.0, 2.0, 40.0])[:, None]  # very different score magnitudes per row
-    labels = cluster_influence(helps * scale, min_samples=2, score="sign")
-    assert adjusted_rand(truth, labels) == 1.0
-
-
-def test_late_joiner_joins_the_cluster_its_lazy_scores_favour_on_average():
-    labels = np.array([5, 5, 2, 2, 2])
-    assert assign_late_joiner(np.array([1.0, 1.0, 3.0, -4.0, 2.0]), labels) == 5  # mean 1.0 vs 0.33
-    assert assign_late_joiner(np.array([-1.0, -1.0, 0.0, 0.0, 0.5]), labels) == 2
-
-
-def test_identical_beneficial_sets_share_one_group_numbered_in_node_order():
-    sets = {30: frozenset({10, 30}), 10: frozenset({10, 30}), 20: frozenset({20})}
-    assert groups_from_sets(sets) == {10: 0, 20: 1, 30: 0}
-
-
-def test_adjusted_rand_ignores_label_names():
-    assert adjusted_rand([0, 0, 1, 1], [7, 7, 3, 3]) == 1.0
-    assert adjusted_rand([0, 0, 1, 1], [0, 1, 0, 1]) < 0.5
-
-
-# ------------------------------------------------------------------------------------------ CFL
-def test_cosine_similarity_of_updates_including_a_zero_update():
-    u = np.array([[1.0, 0.0], [0.0, 2.0], [-3.0, 0.0], [0.0, 0.0]])
-    s = cosine_similarity_matrix(u)
-    np.testing.assert_allclose(s[:3, :3], [[1, 0, -1], [0, 1, 0], [-1, 0, 1]], atol=1e-12)
-    assert np.isfinite(s).all() and (np.abs(s) <= 1.0).all()
-    np.testing.assert_allclose(s[3], 0.0)
-
-
-def test_cosine_similarity_of_small_updates_and_rounding_kept_inside_minus_one_one():
-    small = np.array([[0.03, 0.04], [0.04, 0.03], [0.0, 0.001]])  # norms below 1: still cosines, not dot products
-    np.testing.assert_allclose(
-        cosine_similarity_matrix(small), [[1, 0.96, 0.8], [0.96, 1, 0.6], [0.8, 0.6, 1]], atol=1e-12
-    )
-    # this direction's normalised self-product rounds to 1 + 2e-16 (and -1 - 2e-16 against its opposite):
-    # a cosine stays in [-1, 1], so 1 - similarity is a valid distance
-    d = np.array([[0.008142180518343508, -0.2756029052993704, 1.2940638143982073, 1.0067243153057943]])
-    s = cosine_similarity_matrix(np.vstack([d, -d]))
-    assert s.max() == 1.0 and s.min() == -1.0
-
-
-def test_bipartition_separates_opposed_groups_and_needs_two_clients():
-    rng = np.random.default_rng(3)
-    d = rng.normal(size=20)
-    u = np.stack(
-        [d + 0.05 * rng.normal(size=20) for _ in range(2)] + [-d + 0.05 * rng.normal(size=20) for _ in range(3)]
-    )
-    left, right = optimal_bipartition(cosine_similarity_matrix(u))
-    assert {tuple(left.tolist()), tuple(right.tolist())} == {(0, 1), (2, 3, 4)}
-    with pytest.raises(ValueError, match="^a bipartition needs at least two clients$"):
-        optimal_bipartition(np.ones((1, 1)))
-
-
-def test_two_clients_are_bipartitioned_one_each():
-    left, right = optimal_bipartition(cosine_similarity_matrix(np.array([[1.0, 0.2], [0.3, -1.0]])))
-    assert {tuple(left.tolist()), tuple(right.tolist())} == {(0,), (1,)}
-
-
-def test_bipartition_minimises_the_largest_cross_group_similarity():
-    # Sattler et al.: complete linkage on the distance 1 - similarity; checked against every split of five clients
-    u = np.array([[-0.2, -1.0, 0.6], [-0.2, -0.4, 0.5], [-0.5, 1.4, 0.4], [-0.5, -1.9, -1.3], [1.1, -0.1, -0.3]])
-    sim = cosine_similarity_matrix(u)
-
-    def cross(group):
-        rest = [i for i in range(5) if i not in group]
-        return sim[np.ix_(list(group), rest)].max()
-
-    splits = [g for r in (1, 2) for g in itertools.combinations(range(5), r)]
-    best = min(splits, key=cross)
-    left, right = optimal_bipartition(sim)
-    got = left if len(left) <= len(right) else right
-    assert tuple(got.tolist()) == best == (2,)
-
-
-@pytest.mark.parametrize("eps1, eps2, expected", [(0.5, 1.0, True), (0.02, 1.0, False), (0.5, 3.0, False)])
-def test_split_when_the_mean_update_is_small_and_some_update_is_large(eps1, eps2, expected):
-    u = np.array([[2.0, 0.0], [-2.0, 0.2], [0.0, -0.1]])  # mean (0, 0.0333), norms 2, 2.01, 0.1
-    split, mean_norm, max_norm = should_split(u, eps1, eps2)
-    assert mean_norm == pytest.approx(np.linalg.norm(u.mean(0)))
-    assert max_norm == pytest.approx(np.linalg.norm(u, axis=1).max())
-    assert split is expected
-
-
-def test_split_criterion_is_strict_at_both_thresholds():
-    u = np.array([[3.0, 0.0], [0.0, 0.0], [0.0, 0.0]])  # mean norm exactly 1, largest norm exactly 3
-    assert should_split(u, 1.01, 2.99)[0]
-    assert not should_split(u, 1.0, 2.99)[0]  # mean norm < eps1, not <=
-    assert not should_split(u, 1.01, 3.0)[0]  # max norm > eps2, not >=
-
-
-def test_cfl_may_first_split_in_the_last_round_but_not_after_it():
-    from task.config import parse_settings
-    from task.options import ConfigConflict
-
-    parse_settings({"method": "cfl", "num-server-rounds": 5, "cfl-min-rounds": 5})
-    with pytest.raises(ConfigConflict, match="cfl-min-rounds=6"):
-        parse_settings({"method": "cfl", "num-server-rounds": 5, "cfl-min-rounds": 6})
-
-
-def test_two_clients_are_never_split():
-    assert not should_split(np.array([[1.0, 0.0], [-1.0, 0.0]]), 0.5, 0.5)[0]
+from server_app.app import build_strategy
+from task.config import parse_settings
+from task.params import record_to_numpy, to_record
+from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, run_round, valid_content
 
 
 @pytest.mark.parametrize("rounds", [2, 3, 4, 7])
@@ -206,14 +35,7 @@ def test_a_warm_up_as_long_as_the_run_is_refused_with_a_suggestion_that_is_accep
 # A scripted federation: the server's round loop (tests/strategy_harness.py) against clients whose replies the test
 # chooses, so every model the strategy should hold or send is known in closed form.  Client ids are not 0..N-1 and
 # node ids differ from them, so an index into the lazy list, a client id and a node id cannot be confused.
-import json  # noqa: E402
 
-from flwr.app import MetricRecord, RecordDict  # noqa: E402
-
-from server_app.app import build_strategy  # noqa: E402
-from task.config import parse_settings  # noqa: E402
-from task.params import record_to_numpy, to_record  # noqa: E402
-from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, run_round, valid_content  # noqa: E402
 
 CLIENTS = [3, 8, 11, 20, 25, 31]
 PLANTED = {3: 0, 8: 1, 11: 0, 20: 1, 25: 0, 31: 1}  # two planted groups of three
@@ -1029,3 +851,10 @@ def test_a_run_whose_clustering_round_never_completed_says_it_was_fedavg(tmp_pat
         summary["clusters"] == 1
         and summary["clustering"] == "1 cluster: the run was FedAvg (no clustering round completed)"
     )
+
+
+def test_bad_pfedlia_config():
+    with pytest.raises(ValueError, match="lia-mode"):
+        build_strategy(parse_settings({"method": "pfedlia", "lia-mode": "both"}))
+    with pytest.raises(ValueError, match="warmup-rounds"):
+        build_strategy(parse_settings({"method": "pfedlia", "warmup-rounds": 0}))
