@@ -184,7 +184,7 @@ def test_the_mixture_weights_come_from_the_calibration_half_of_the_goal_data(tie
     )
     assert m["tier-acc"][0] > 0.8 and m["tier-goal-acc"][0] > 0.8  # HIGH validation and held-out data
     model = c.personal_model(RecordDict({"tiers": stacked(high, low)}))
-    w = c._weights
+    w = list(m["mixture-weights"])  # the weights the client reports
     mixed = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the client's network is reused
     for k, v in mixed.items():
         expected = w[0] * high[k].double() + w[1] * low[k].double()
@@ -199,7 +199,7 @@ def test_one_tier_model_or_one_hot_weights_give_that_tier_model(tier_models):
     model = c.personal_model(RecordDict({"tiers": stacked(low)}))
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, low[k])
-    assert c._weights == [1.0]
+    assert list(evaluate_reply(c, stacked(low))["mixture-weights"]) == [1.0]
 
 
 def test_on_a_node_data_file_the_test_split_is_halved_calibration_first(tier_models):
@@ -304,7 +304,7 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
     half = len(preds[0]) // 2
     c.data.y_calib = torch.cat([preds[0][:half], preds[1][half:]])
     model = c.personal_model(RecordDict({"tiers": stacked(*tiers)}))
-    w = c._weights
+    w = list(evaluate_reply(c, stacked(*tiers))["mixture-weights"])  # the weights the client reports
     assert 0 < w[0] < 1 and sum(w) == pytest.approx(1.0)  # a real mixture of the two tiers
     out = model.state_dict()
     for k, v in counters(out).items():
@@ -316,6 +316,6 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
             )
     # K = 1: the personalized model is the tier model itself, counters included (pifl.md §7 client-logic tests)
     out = c.personal_model(RecordDict({"tiers": stacked(tiers[1])})).state_dict()
-    assert c._weights == [1.0]
+    assert list(evaluate_reply(c, stacked(tiers[1]))["mixture-weights"]) == [1.0]
     for k, v in out.items():
         torch.testing.assert_close(v, tiers[1][k])

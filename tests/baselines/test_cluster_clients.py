@@ -142,3 +142,14 @@ def test_fedsoft_proximal_term_pulls_towards_the_mixture_and_the_model_stays_on_
     c = client("fedsoft", data, ctx=ctx)
     ev = c.evaluate(soft_content([init, init], u=[0.5, 0.5]))["metrics"]
     assert ev["personal-loss"] == pytest.approx(scores(c, own)[0], rel=1e-6)
+
+
+def test_fedsoft_importance_weights():
+    import numpy as np
+
+    from client_app.fedsoft import importance_weights
+
+    losses = np.array([[0.1, 0.2, 3.0, 0.3], [1.0, 0.1, 0.2, 0.4]])  # centre 0 best for points 0 and 3
+    np.testing.assert_allclose(importance_weights(losses, sigma=0.0), [0.5, 0.5])
+    u = importance_weights(np.array([[0.1, 0.1], [1.0, 1.0]]))
+    assert u[1] > 0 and abs(u.sum() - 1) < 1e-12 and u[0] > 0.99  # smoothed, never exactly zero

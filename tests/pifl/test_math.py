@@ -1,10 +1,12 @@
-"""PI-FL token economy (pifl.md §2.4-§2.5): conservation under random play, and hostile input rejected."""
+"""PI-FL's math (pifl.md §2.2-§2.5): the token economy (conservation under random play, refunds and rank rewards,
+hostile input rejected), the scheduler, the Shapley scores and the client's bid policy and mixture weights."""
 
 import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from strategies.pifl_math import (
     LedgerError,
@@ -15,6 +17,7 @@ from strategies.pifl_math import (
     schedule_tier,
     shapley_scores,
 )
+from task.config import parse_settings
 from task.methods.pifl import MICRO, bid_policy, mixture_weights
 
 
@@ -177,116 +180,6 @@ def test_slots_covering_every_client_are_flagged_as_no_auction():
     assert PIFLOptions(slots_performance=3, slots_random=1).client_conflicts(5) == []
     assert PIFLOptions(slots_performance=3, slots_random=2).client_conflicts(5)  # 5 slots, 5 clients: all win
     assert PIFLOptions(slots_performance=3, slots_random=2).client_conflicts(4)
-
-
-def test_fedsoft_importance_weights():
-    import numpy as np
-
-    from client_app.fedsoft import importance_weights
-
-    losses = np.array([[0.1, 0.2, 3.0, 0.3], [1.0, 0.1, 0.2, 0.4]])  # centre 0 best for points 0 and 3
-    np.testing.assert_allclose(importance_weights(losses, sigma=0.0), [0.5, 0.5])
-    u = importance_weights(np.array([[0.1, 0.1], [1.0, 1.0]]))
-    assert u[1] > 0 and abs(u.sum() - 1) < 1e-12 and u[0] > 0.99  # smoothed, never exactly zero
-
-
-# ---------------------------------------------------------------- the strategy's own round path
-from server_app.app import build_strategy  # noqa: E402
-from task.config import parse_settings  # noqa: E402
-from tests.strategy_harness import drive, with_metrics  # noqa: E402
-
-NODES = {901: 0, 17: 1, 4242: 2, 333: 3}  # node id -> partition id
-
-
-def pifl(**cfg):
-    return build_strategy(
-        parse_settings(
-            {
-                "method": "pifl",
-                "dataset": "digits",
-                "model": "mlp",
-                "min-nodes": 4,
-                "slots-performance": 1,
-                "slots-random": 1,
-                "server-set-size": 50,
-                **cfg,
-            }
-        )
-    )
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_a_bidder_is_only_placed_in_the_tier_it_bid_for(seed):
-    # round 2: clients 0, 1, 2 bid for tier 1, client 3 bids for nothing; tier 0 has no bidder
-    strat = pifl(seed=seed)
-    bids = {0: [1], 1: [1], 2: [1], 3: []}
-
-    def answer(rnd, node, phase, content):
-        return [with_metrics(content, bid=bids[NODES[node]])] if phase == "bid" else None
-
-    drive(strat, NODES, 2, answer, seed=seed)
-    assert strat.winners[1] and set(strat.winners[1]) <= {0, 1, 2} and len(strat.winners[1]) == 2  # min(slots, bidders)
-    assert strat.winners[0] == [3] and strat.payers[0] == []  # drafted from the non-bidders only, for free
-    assert strat.payers[1] == strat.winners[1]
-
-
-def test_a_reply_with_a_broken_tier_accuracy_is_rejected_and_sets_no_best_utility():
-    for bad in ([float("nan"), 0.5], [0.5, 1e6], [0.5], [0.5, -0.1]):
-        strat = pifl()
-
-        def answer(rnd, node, phase, content, bad=bad):
-            if phase == "evaluate" and NODES[node] == 0:
-                return [with_metrics(content, tier_acc=bad)]
-            return None
-
-        drive(strat, NODES, 1, answer)
-        assert 0 not in strat._tier_acc and strat.client_eval.get(0) is None
-        assert any(f["phase"] == "evaluate" and "tier-acc" in f["reason"] for f in strat.failures), bad
-        assert all(u is None or 0.0 <= u <= 1.0 for u in strat.ledger.best_utility.values())
-
-
-def test_a_round_without_evaluation_refunds_nothing():
-    strat = pifl(**{"eval-every": 2, "bid-threshold": 0.0})
-    drive(
-        strat, NODES, 3, lambda rnd, node, phase, content: [with_metrics(content, bid=[0])] if phase == "bid" else None
-    )
-    by_round = {e["round"]: e for e in strat.ledger_log}
-    tier = by_round[3]["tiers"][0]  # round 3 is not evaluated (eval-every 2, 4 rounds would evaluate in 4)
-    assert tier["payers"] and tier["utility"] is None and tier["refund-ratio"] == 0.0
-    assert all(v == 0 for v in tier["refunds"].values())
-    assert sum(tier["rewards"].values()) + tier["pool"] >= len(tier["payers"]) * strat.price - 3
-
-
-def test_a_winner_whose_training_failed_gets_no_refund_and_no_reward():
-    strat = pifl()
-    failed = {}
-
-    def answer(rnd, node, phase, content):
-        if phase == "bid":
-            return [with_metrics(content, bid=[0])]
-        if rnd == 2 and phase == "train" and not failed:
-            failed[NODES[node]] = True  # the first winner to train in round 2 crashes
-            return []
-        return None
-
-    drive(strat, NODES, 2, answer)
-    (loser,) = failed
-    entry = strat.ledger_log[-1]["tiers"][0]
-    assert loser in entry["payers"] and loser not in entry["delivered"]
-    assert loser not in entry["refunds"] and loser not in entry["rewards"]
-    assert set(entry["rewards"]) == set(entry["delivered"]) and entry["delivered"]
-    strat.ledger.check()
-
-
-def test_a_late_joiner_brings_its_own_tokens_and_joins_only_once():
-    ledger = TokenLedger([0, 1], num_tiers=2, initial=100 * MICRO, price=MICRO)
-    ledger.charge(0, [0])
-    ledger.add_client(7, 40 * MICRO)
-    assert ledger.balances[7] == 40 * MICRO and ledger.supply == 240 * MICRO
-    ledger.check()  # conserved: the supply grew by exactly the newcomer's tokens
-    with pytest.raises(LedgerError, match="client 7 is already in the ledger"):
-        ledger.add_client(7, 10 * MICRO)
-    assert ledger.balances[7] == 40 * MICRO and ledger.supply == 240 * MICRO
 
 
 # ---------------------------------------------------------------- the Token Manager, step by step (pifl.md §2.4)
@@ -643,7 +536,6 @@ def test_round_one_samples_at_most_the_slots_from_each_group_and_is_random_and_o
 # ---------------------------------------------------------------- start-up conflicts (docs/methods/pifl.md "Options")
 @pytest.mark.parametrize("perf,rand,tiers,min_nodes", [(0, 1, 2, 2), (1, 0, 2, 2), (2, 3, 3, 3), (1, 1, 1, 1)])
 def test_one_slot_per_tier_and_as_many_tiers_as_nodes_are_allowed(perf, rand, tiers, min_nodes):
-    from task.config import parse_settings
 
     s = parse_settings(
         {"method": "pifl", "slots-performance": perf, "slots-random": rand, "tiers": tiers, "min-nodes": min_nodes}
@@ -652,7 +544,6 @@ def test_one_slot_per_tier_and_as_many_tiers_as_nodes_are_allowed(perf, rand, ti
 
 
 def test_a_tier_without_slots_or_more_tiers_than_nodes_is_refused_at_start_up():
-    from task.config import parse_settings
 
     with pytest.raises(ValueError) as err:
         parse_settings({"method": "pifl", "slots-performance": 0, "slots-random": 0})

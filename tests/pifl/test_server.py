@@ -10,6 +10,10 @@ import pytest
 import torch
 
 from server_app.app import build_strategy
+from strategies.pifl_math import (
+    LedgerError,
+    TokenLedger,
+)
 from strategies.tier_tables import SourceHoldouts, TierTables, distinct_starting_models
 from task.config import parse_settings
 from task.data import partitioner_for
@@ -919,3 +923,98 @@ def test_a_fedsoft_centre_is_the_plain_mean_of_the_clients_drawn_for_it():
             for key, value in strat.models[s].items():
                 if np.issubdtype(value.dtype, np.floating):
                     np.testing.assert_allclose(value, expected, rtol=1e-6, err_msg=f"round {rnd} centre {s} {key}")
+
+
+# ---------------------------------------------------------------- bids, replies and refunds through the round loop
+# (one performance and one random slot per tier)
+def pifl_one_slot(**cfg):
+    return build_strategy(
+        parse_settings(
+            {
+                "method": "pifl",
+                "dataset": "digits",
+                "model": "mlp",
+                "min-nodes": 4,
+                "slots-performance": 1,
+                "slots-random": 1,
+                "server-set-size": 50,
+                **cfg,
+            }
+        )
+    )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_bidder_is_only_placed_in_the_tier_it_bid_for(seed):
+    # round 2: clients 0, 1, 2 bid for tier 1, client 3 bids for nothing; tier 0 has no bidder
+    strat = pifl_one_slot(seed=seed)
+    bids = {0: [1], 1: [1], 2: [1], 3: []}
+
+    def answer(rnd, node, phase, content):
+        return [with_metrics(content, bid=bids[NODES[node]])] if phase == "bid" else None
+
+    drive(strat, NODES, 2, answer, seed=seed)
+    assert strat.winners[1] and set(strat.winners[1]) <= {0, 1, 2} and len(strat.winners[1]) == 2  # min(slots, bidders)
+    assert strat.winners[0] == [3] and strat.payers[0] == []  # drafted from the non-bidders only, for free
+    assert strat.payers[1] == strat.winners[1]
+
+
+def test_a_reply_with_a_broken_tier_accuracy_is_rejected_and_sets_no_best_utility():
+    for bad in ([float("nan"), 0.5], [0.5, 1e6], [0.5], [0.5, -0.1]):
+        strat = pifl_one_slot()
+
+        def answer(rnd, node, phase, content, bad=bad):
+            if phase == "evaluate" and NODES[node] == 0:
+                return [with_metrics(content, tier_acc=bad)]
+            return None
+
+        drive(strat, NODES, 1, answer)
+        assert strat.client_eval.get(0) is None  # nothing of client 0's evaluation is recorded
+        assert [(f["client"], f["phase"]) for f in strat.failures if "tier-acc" in f["reason"]] == [(0, "evaluate")], (
+            bad
+        )
+        assert all(u is None or 0.0 <= u <= 1.0 for u in strat.ledger.best_utility.values())
+
+
+def test_a_round_without_evaluation_refunds_nothing():
+    strat = pifl_one_slot(**{"eval-every": 2, "bid-threshold": 0.0})
+    drive(
+        strat, NODES, 3, lambda rnd, node, phase, content: [with_metrics(content, bid=[0])] if phase == "bid" else None
+    )
+    by_round = {e["round"]: e for e in strat.ledger_log}
+    tier = by_round[3]["tiers"][0]  # round 3 is not evaluated (eval-every 2, 4 rounds would evaluate in 4)
+    assert tier["payers"] and tier["utility"] is None and tier["refund-ratio"] == 0.0
+    assert all(v == 0 for v in tier["refunds"].values())
+    assert sum(tier["rewards"].values()) + tier["pool"] >= len(tier["payers"]) * strat.price - 3
+
+
+def test_a_winner_whose_training_failed_gets_no_refund_and_no_reward():
+    strat = pifl_one_slot()
+    failed = {}
+
+    def answer(rnd, node, phase, content):
+        if phase == "bid":
+            return [with_metrics(content, bid=[0])]
+        if rnd == 2 and phase == "train" and not failed:
+            failed[NODES[node]] = True  # the first winner to train in round 2 crashes
+            return []
+        return None
+
+    drive(strat, NODES, 2, answer)
+    (loser,) = failed
+    entry = strat.ledger_log[-1]["tiers"][0]
+    assert loser in entry["payers"] and loser not in entry["delivered"]
+    assert loser not in entry["refunds"] and loser not in entry["rewards"]
+    assert set(entry["rewards"]) == set(entry["delivered"]) and entry["delivered"]
+    strat.ledger.check()
+
+
+def test_a_late_joiner_brings_its_own_tokens_and_joins_only_once():
+    ledger = TokenLedger([0, 1], num_tiers=2, initial=100 * MICRO, price=MICRO)
+    ledger.charge(0, [0])
+    ledger.add_client(7, 40 * MICRO)
+    assert ledger.balances[7] == 40 * MICRO and ledger.supply == 240 * MICRO
+    ledger.check()  # conserved: the supply grew by exactly the newcomer's tokens
+    with pytest.raises(LedgerError, match="client 7 is already in the ledger"):
+        ledger.add_client(7, 10 * MICRO)
+    assert ledger.balances[7] == 40 * MICRO and ledger.supply == 240 * MICRO
