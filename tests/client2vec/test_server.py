@@ -2,13 +2,18 @@
 exclusion window, Eq. 3 aggregation weights, late joiners.  Expectations are computed here from the
 formulas, with plain loops."""
 
+import json
+import logging
 import math
 import warnings
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
+import torch
 import torch._dynamo  # noqa: F401  # the DSA-IGN's first Adam imports it (seconds): once at collection, not per test
 
+from strategies.base import Reply
 from strategies.client2vec_math import (
     C2VServerState,
     aggregation_weights,
@@ -20,6 +25,10 @@ from strategies.client2vec_math import (
     sampling_probabilities,
     similarity_to_set,
 )
+from task.dsa_ign import build_ign, train_dsa_ign
+from task.params import to_record
+from tests.strategy_harness import drive, phase_of, with_metrics
+from tests.strategy_harness import kept_figures as harness_kept_figures
 
 
 def cos(a, b):
@@ -320,17 +329,7 @@ def test_a_single_late_joiner_may_come_as_one_row_and_one_count():
 # ------------------------------------------------------------------------------------------ the strategy
 # Client2VecStrategy driven through its own round loop (tests/strategy_harness.py), with every reply recorded,
 # so that each expectation is computed here from what the clients sent.
-import json  # noqa: E402
-import logging  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
 
-import torch  # noqa: E402
-
-from strategies.base import Reply  # noqa: E402
-from task.dsa_ign import build_ign, train_dsa_ign  # noqa: E402
-from task.params import to_record  # noqa: E402
-from tests.strategy_harness import kept_figures as harness_kept_figures  # noqa: E402
-from tests.strategy_harness import drive, phase_of, with_metrics  # noqa: E402
 
 NODES = {9001: 3, 12: 0, 777: 5, 4: 1, 55: 4, 60: 2}  # Flower node id -> partition id, node ids out of client order
 
@@ -940,7 +939,7 @@ def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similari
         assert [ln.get_ydata()[0] for ln in ax.lines if ln.get_ydata()[0] == ln.get_ydata()[1]] == [2.5]
         assert [ln.get_xdata()[0] for ln in ax.lines if ln.get_xdata()[0] == ln.get_xdata()[1]] == [2.5]
     gap = strat.index_quality()["beta-f-block-gap"]
-    assert fig._suptitle.get_text() == (
+    assert fig.get_suptitle() == (
         f"Client2Vec pairwise index similarity (6 clients; same - cross domain beta_f cos {gap:.2f})"
     )
     assert plt.imread(tmp_path / "client2vec_similarity.png").shape[:2] == (500, 1100)  # 11 x 5 in at 100 dpi
@@ -961,7 +960,7 @@ def test_artefacts_of_a_run_without_an_evaluated_round_or_domains(tmp_path, monk
     assert record["best-global-acc"] is None and record["index-quality"] == {}
     (fig,) = figures
     assert all(not ax.lines for ax in fig.axes)
-    assert fig._suptitle.get_text() == "Client2Vec pairwise index similarity (3 clients)"
+    assert fig.get_suptitle() == "Client2Vec pairwise index similarity (3 clients)"
     for ax in (ax for ax in fig.axes if ax.get_images()):
         lo, hi = sorted(ax.get_ylim())
         ticks = [t for t in list(ax.get_xticks()) + list(ax.get_yticks()) if lo <= t <= hi]
@@ -1044,3 +1043,109 @@ def test_global_dsa_ign_trains_with_the_configured_torch_threads_and_restores_th
     before = torch.get_num_threads()
     drive(c2v(**{"c2v-ign-threads": threads}), NODES, 1, Recorder())
     assert seen == [threads] and torch.get_num_threads() == before
+
+
+# ------------------------------------------------------------------------------------------ strategy
+def _strategy(**cfg):
+    from server_app.app import build_strategy
+    from task.config import parse_settings
+
+    return build_strategy(parse_settings({"method": "client2vec", "model": "mlp", **cfg}))
+
+
+def test_strategy_aggregates_with_index_weights_and_carries_the_projection():
+    from strategies.base import Reply
+
+    strat = _strategy()
+    assert any(k.startswith("c2v.") for k in strat.global_state)  # P and h_P are part of the shared state
+    assert not any(k.startswith("c2v.") for k in _strategy(**{"c2v-local": False}).global_state)
+    rng = np.random.default_rng(0)
+    m = 5
+    strat.c2v = C2VServerState(rng.standard_normal((m, 512)), rng.standard_normal((m, 512)), np.arange(1, m + 1) * 10.0)
+    strat.index_clients = [0, 1, 2, 3, 4]
+    strat.c2v.observe([0, 1])  # an earlier round
+    updates = []
+    for nid in (102, 104, 105):
+        arrays = {k: rng.standard_normal(v.shape).astype(v.dtype) for k, v in strat.global_state.items()}
+        updates.append(Reply(nid, nid - 101, 10 * (nid - 100), {}, {"arrays": arrays}))
+    h_before = strat.c2v.H.copy()
+    strat.aggregate(2, updates)
+    rows = [1, 3, 4]
+    h = 0.5 * h_before + strat.c2v.similarity(rows)
+    expected_w = aggregation_weights(h[rows], strat.c2v.n[rows], 1.0)
+    for k, v in strat.global_state.items():
+        manual = sum(w * u.arrays[k].astype(np.float64) for w, u in zip(expected_w, updates))
+        np.testing.assert_allclose(v, manual, rtol=1e-5, atol=1e-6)
+    assert strat.agg_weights[2] == pytest.approx(dict(zip([1, 3, 4], expected_w)))
+
+
+def test_strategy_rejects_bad_index_replies_with_a_reason():
+    from flwr.app import MetricRecord, RecordDict
+
+    from task.params import to_record
+
+    strat = _strategy()
+    bad_shape = RecordDict(
+        {
+            "metrics": MetricRecord({"num-examples": 10, "partition-id": 0}),
+            "arrays": to_record({"beta_f": np.zeros(7, np.float32), "beta_l": np.zeros(512, np.float32)}),
+        }
+    )
+    nan = RecordDict(
+        {
+            "metrics": MetricRecord({"num-examples": 10, "partition-id": 1}),
+            "arrays": to_record({"beta_f": np.full(512, np.nan, np.float32), "beta_l": np.zeros(512, np.float32)}),
+        }
+    )
+    no_n = RecordDict(
+        {
+            "metrics": MetricRecord({"partition-id": 2}),
+            "arrays": to_record({"beta_f": np.zeros(512, np.float32), "beta_l": np.zeros(512, np.float32)}),
+        }
+    )
+    for nid, content in ((1, bad_shape), (2, nan), (3, no_n)):
+        assert strat.gate.check(1, nid, content, "c2v_index", set()) is None
+    reasons = [f["reason"] for f in strat.failures]
+    assert "'beta_f' has shape (7,)" in reasons[0] and "non-finite" in reasons[1] and "num-examples" in reasons[2]
+    assert strat.client_of == {}  # nothing of a rejected reply is kept
+
+
+ARMS = {"FedAvg": (False, False, False), "+ii": (False, True, False), "+i+ii+iii": (True, True, True)}
+
+
+def _cohorts_and_index(arm, nodes, rounds=4):
+    from tests.strategy_harness import drive
+
+    sampling, aggregation, local = ARMS[arm]
+    strat = _strategy(
+        **{
+            "min-nodes": len(nodes),
+            "fraction-train": 0.5,
+            "c2v-ign-epochs": 1,
+            "c2v-ign-upload": 4,
+            "c2v-sampling": sampling,
+            "c2v-aggregation": aggregation,
+            "c2v-local": local,
+            "seed": 5,
+        }
+    )
+    drive(strat, nodes, rounds)
+    index = None if strat.c2v is None else (list(strat.index_clients), strat.c2v.beta_f.tobytes(), strat.ign_history)
+    return strat.cohorts, index
+
+
+def test_a_seed_draws_the_same_clients_whatever_flowers_node_ids():
+    # Flower's simulated node ids are random per run: the same partitions behind other node ids must give the
+    # same DSA-IGN, index and cohorts, and every arm without (i) must draw the FedAvg arm's clients
+    first = {9001: 0, 12: 1, 777: 2, 4: 3, 55: 4, 60: 5}
+    second = {3: 0, 80808: 1, 41: 2, 999: 3, 7: 4, 100: 5}
+    cohorts_a, index_a = _cohorts_and_index("+ii", first)
+    cohorts_b, index_b = _cohorts_and_index("+ii", second)
+    assert cohorts_a == cohorts_b and index_a == index_b
+    assert index_a[0] == sorted(index_a[0])  # index rows in client-id order
+    fedavg, _ = _cohorts_and_index("FedAvg", second)
+    assert fedavg == cohorts_a  # paired: the same draws as the index arm without sampling
+    full_a, index_full_a = _cohorts_and_index("+i+ii+iii", first)
+    full_b, index_full_b = _cohorts_and_index("+i+ii+iii", second)
+    assert full_a == full_b and index_full_a == index_full_b
+    assert all(len(c) == 3 for c in cohorts_a.values())

@@ -6,9 +6,9 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
-from task.methods.client2vec import build_aux
 from task.clip import SyntheticEncoder, class_names, label_prompt
 from task.dsa_ign import IGNConfig, build_ign
+from task.methods.client2vec import build_aux
 from task.params import record_to_numpy, to_record
 from tests.client_kit import client, client_data, context, numpy_state
 
@@ -230,7 +230,7 @@ def test_evaluate_scores_the_main_model_and_ignores_the_projection(start, cfg):
     assert without["personal-loss"] == pytest.approx(loss) and without["personal-acc"] == pytest.approx(acc)
 
 
-# ------------------------------------------------------------------ mutation testing (issue 14): sharper contracts
+# ------------------------------------------------------------------ replies, caches and the local step, in detail
 def test_index_phase_replies_report_their_work_as_method_time(cfg):
     """Every index-phase reply reports the client's own work (CLIP encoding, DSA-IGN epochs, the index) as
     ``time-method``, the one timed phase of these queries (base metrics: time-<phase>)."""

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from task.methods.client2vec import Client2VecOptions
 from task.dsa_ign import (
     DSAIGN,
     IGNConfig,
@@ -24,8 +23,9 @@ from task.dsa_ign import (
     total_loss,
     train_dsa_ign,
 )
+from task.methods.client2vec import Client2VecOptions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = IGNConfig(dim=16, token=8, layers=1, heads=2, ff=16, dropout=0.0)
 
 
@@ -290,7 +290,7 @@ def test_diversity_of_a_two_sample_batch_is_their_cosine_and_cos_is_the_default_
     assert loss_orth(z, v).item() == pytest.approx(loss_orth(z, v, "cos").item())
 
 
-# ------------------------------------------------------------------ mutation testing (issue 14): sharper contracts
+# ------------------------------------------------------------------ shapes, encoding, devices and seeds, in detail
 @pytest.mark.parametrize(
     "dim, token, heads",
     [(4, 8, 2), (16, 8, 2), (12, 8, 4), (512, 32, 8), (10, 8, 2), (12, 9, 3), (16, 8, 3), (18, 12, 8)],
@@ -373,3 +373,80 @@ def test_torch_threads_sets_the_count_inside_and_restores_it_after(n):
     assert torch.get_num_threads() == before
     with torch_threads(0):  # 0: torch's own setting is left alone
         assert torch.get_num_threads() == before
+
+
+# ------------------------------------------------------------------------------------------ DSA-IGN
+def test_dsa_ign_shapes_and_paper_parameter_count():
+    net = build_ign(IGNConfig(ff=2048), 0)
+    assert net.n_tokens == 32
+    assert sum(p.numel() for p in net.parameters()) == 938_336
+    z, u, d_hat = net(torch.randn(5, 512))
+    assert z.shape == u.shape == d_hat.shape == (5, 512)
+
+
+def test_without_positional_embedding_the_two_halves_collapse():
+    d = torch.randn(8, 512)
+    z, u, _ = build_ign(IGNConfig(pos_emb=False), 0).eval()(d)
+    assert torch.equal(z, u)  # the paper's architecture: Z == U exactly in eval mode
+    z, u, _ = build_ign(IGNConfig(pos_emb=True), 0).eval()(d)
+    assert (z - u).abs().max() > 1e-3
+
+
+def test_loss_closed_forms():
+    b = 6
+    same = torch.ones(b, 4)
+    assert loss_div(same).item() == pytest.approx(1 + np.log(b - 1), abs=1e-5)
+    ortho = torch.eye(b)
+    assert loss_div(ortho).item() == pytest.approx(np.log(b - 1), abs=1e-5)
+    v = torch.randn(b, 4)
+    assert loss_sim(v, 3 * v).item() == pytest.approx(0.0, abs=1e-6)
+    assert loss_sim(v, -v).item() == pytest.approx(2.0, abs=1e-6)
+    e1, e2 = torch.zeros(b, 4), torch.zeros(b, 4)
+    e1[:, 0], e2[:, 1] = 1, 1
+    assert loss_sim(e1, e2).item() == pytest.approx(1.0)
+    for mode in ("cos", "literal", "diag"):
+        assert loss_orth(e1, e2, mode).item() == 0.0
+    z, u = torch.randn(b, 8), torch.randn(b, 8)
+    assert loss_orth(5 * z, 0.1 * u, "cos").item() == pytest.approx(loss_orth(z, u, "cos").item(), rel=1e-5)
+    assert loss_orth(2 * z, u, "literal").item() == pytest.approx(2 * loss_orth(z, u, "literal").item(), rel=1e-5)
+    assert loss_recon(v, v).item() == 0.0
+    with pytest.raises(ValueError, match="c2v-orth-mode"):
+        loss_orth(z, u, "l2")
+
+
+def test_total_loss_is_finite_and_differentiable_and_training_lowers_it():
+    net = build_ign(IGNConfig(ff=64, dropout=0.0), 0)
+    d = torch.nn.functional.normalize(torch.randn(32, 512), dim=1)
+    l = torch.nn.functional.normalize(torch.randn(32, 512), dim=1)
+    loss, parts = total_loss(net, d, l)
+    loss.backward()
+    assert np.isfinite(loss.item()) and all(np.isfinite(v) for v in parts.values())
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
+    hist = train_dsa_ign(net, d.numpy(), l.numpy(), epochs=15, batch_size=16)
+    assert hist[-1]["total"] < hist[0]["total"]
+
+
+# ------------------------------------------------------------------------------------------ client index
+def test_client_index_is_order_free_and_label_half_is_histogram_map():
+    rng = np.random.default_rng(0)
+    net = build_ign(IGNConfig(ff=64), 0)
+    T = rng.standard_normal((10, 512)).astype(np.float32)
+    y = rng.integers(0, 10, 50)
+    D, L = rng.standard_normal((50, 512)).astype(np.float32), T[y]
+    bf, bl = client_index(net, D, L)
+    perm = rng.permutation(50)
+    bf2, bl2 = client_index(net, D[perm], L[perm])
+    np.testing.assert_allclose(bf, bf2, atol=1e-5)
+    pi = np.bincount(y, minlength=10) / 50
+    np.testing.assert_allclose(bl, pi @ T, atol=1e-5)
+    np.testing.assert_allclose(client_index(net, D, L)[0], bf)  # same data, same index
+
+
+def test_options_reject_bad_values_naming_the_key():
+    from task.config import parse_settings
+
+    base = {"method": "client2vec"}
+    assert parse_settings(base).options.base == "fedavg"
+    for key, value in (("c2v-base", "feddyn"), ("c2v-tau", -1.0), ("c2v-sampling", "maybe"), ("c2v-encoder", "vit")):
+        with pytest.raises(ValueError, match=key):
+            parse_settings({**base, key: value})
