@@ -1,24 +1,19 @@
-"""What LG-FedAvg must do (docs/methods/lgfedavg.md): the head is shared and averaged by examples, the body
-(BatchNorm statistics included) never leaves the client, and the personalized model is the client's own body
-under the global head - from an evaluate message and from the next round's train message alike."""
+"""What LG-FedAvg's client must do (docs/methods/lgfedavg.md): send the head and keep the body (BatchNorm
+statistics included), which never leaves the client, and use its own body under the global head as its
+personalized model - from an evaluate message and from the next round's train message alike."""
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from server_app.app import build_strategy
-from strategies.base import Reply
 from task.config import parse_settings
 from task.params import record_to_numpy, to_record
 from task.train import evaluate
 from tests.client_kit import client, client_data, context, digits_of, numpy_state, trained_state
 
 LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
-
-
-def strategy(**cfg):
-    return build_strategy(parse_settings({"method": "lgfedavg", "model": "mlp", **cfg}))
 
 
 @pytest.fixture(scope="module")
@@ -54,45 +49,8 @@ def accuracy(c, state):
     return evaluate(model, c.data.x_test, c.data.y_test)
 
 
-# ------------------------------------------------------------------------------------------ server
-def test_the_server_shares_and_sends_only_the_head_the_mirror_of_fedper():
-    s, fedper = strategy(), build_strategy(parse_settings({"method": "fedper", "model": "mlp"}))
-    assert s.shared_keys() == s.model_info.head_keys == ["head.weight", "head.bias"]
-    assert set(s.shared_keys()) | set(fedper.shared_keys()) == set(s.model_info.keys)
-    assert not set(s.shared_keys()) & set(fedper.shared_keys())
-    assert sorted(s.payload(1, 1, "train")["arrays"].keys()) == ["head.bias", "head.weight"]
-    assert not s.has_global_model and s.server_models() == {}
-
-
-def test_the_server_averages_the_heads_by_training_examples():
-    s = strategy()
-    replies = [
-        Reply(
-            n,
-            n,
-            examples,
-            {"num-examples": examples, "partition-id": n},
-            {"arrays": {k: np.full(s.model_info.shapes[k], value, np.float32) for k in s.model_info.head_keys}},
-        )
-        for n, value, examples in ((1, 1.0, 10), (2, 4.0, 30))
-    ]
-    s.aggregate(1, replies)
-    assert sorted(s.global_state) == ["head.bias", "head.weight"]
-    np.testing.assert_allclose(s.global_state["head.weight"], 3.25)  # (10 * 1 + 30 * 4) / 40
-    np.testing.assert_allclose(record_to_numpy(s.payload(1, 2, "train")["arrays"])["head.bias"], 3.25)
-
-
-def test_a_reply_that_sends_the_body_is_rejected_and_a_head_only_reply_accepted():
-    s = strategy()
-    head = {k: np.zeros(s.model_info.shapes[k], np.float32) for k in s.model_info.head_keys}
-    body = {k: np.zeros(s.model_info.shapes[k], np.float32) for k in s.model_info.body_keys}
-    metrics = MetricRecord({"num-examples": 5, "partition-id": 0})
-    assert (
-        s.gate.check(1, 7, RecordDict({"arrays": to_record({**head, **body}), "metrics": metrics}), "train", set())
-        is None
-    )
-    assert "unexpected ['fc1.bias'" in s.failures[-1]["reason"]
-    assert s.gate.check(1, 7, RecordDict({"arrays": to_record(head), "metrics": metrics}), "train", set()) is not None
+def strategy(**cfg):
+    return build_strategy(parse_settings({"method": "lgfedavg", "model": "mlp", **cfg}))
 
 
 # ------------------------------------------------------------------------------------------ client
