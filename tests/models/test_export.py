@@ -14,7 +14,7 @@ from task.config import parse_settings
 from task.export import load_model, model_manifest, predict, predict_file, save_model
 from task.models import build_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])  # cnn, the default, has BatchNorm's 0-d num_batches_tracked

@@ -294,7 +294,7 @@ def test_device_names():
         resolve_device("gpu-zero")
 
 
-# ------------------------------------------------------------------ mutation testing (issue 14): sharper contracts
+# ------------------------------------------------------------------ defaults, devices and what a step may touch
 def test_defaults_are_the_run_configs_declared_defaults():
     """A caller that leaves a setting out trains as a default run would: train()'s keyword defaults are the run
     config's declared defaults (task/config.py: local-epochs, batch-size, lr, momentum, weight-decay, seed).  45

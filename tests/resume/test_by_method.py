@@ -18,8 +18,8 @@ import pytest
 from server_app.app import build_strategy
 from strategies.persistence import read_checkpoint
 from task.config import parse_settings
+from tests.runtime.test_hostile_replies import COMMON, SCENARIOS
 from tests.strategy_harness import assert_same_state, drive, snapshot
-from tests.test_hostile_replies import COMMON, SCENARIOS
 
 NODES = {1003: 0, 7: 1, 42: 2, 555: 3}
 NEW_NODES = {9: 2, 70001: 0, 31: 3, 12: 1}  # the same clients behind other node ids, in another order

@@ -15,7 +15,7 @@ import torch
 from task.data import DataSettings, load_client_data
 from task.data.clients import cache_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ["datasets", "flwr_datasets", "open_clip", "transformers", "tokenizers", "matplotlib", "sklearn"]
 
 PROBE = """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = ("fedcac", "fedc2i", "pfedlia", "pifl", "client2vec")
 SOURCES = sorted(
     p

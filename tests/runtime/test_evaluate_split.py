@@ -16,8 +16,8 @@ from task.config import parse_settings
 from task.data import ClientData, DataSettings, load_client_data
 from task.methods import METHODS, load_object
 from task.train import evaluate
+from tests.runtime.test_hostile_replies import CLIENT_OF, COMMON, NODES, SCENARIOS
 from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, run_round
-from tests.test_hostile_replies import CLIENT_OF, COMMON, NODES, SCENARIOS
 
 # Oracle clusters on planted groups; everything else on the default partition
 DATA = {"oracle": {"partition": "planted-clusters", "num-clusters": 2}}

@@ -5,7 +5,7 @@ of a method share lives in task/ (task/methods/: the registry, options, wire for
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {
     "task": {"strategies", "client_app", "server_app"},
     "client_app": {"strategies", "server_app"},

@@ -12,7 +12,7 @@ from task.config import RunOptions, parse_settings
 from task.methods import METHODS, OPTION_SETS
 from task.options import ConfigConflict, Option, OptionSet, option
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def declared() -> dict[str, list[Option]]:

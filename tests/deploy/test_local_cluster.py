@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "local_cluster.py"
 TOOLS = ("flower-superlink", "flower-supernode", "flwr", "openssl", "ssh-keygen")
 missing = [t for t in TOOLS if shutil.which(t) is None]
