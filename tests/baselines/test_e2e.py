@@ -10,7 +10,7 @@ from safetensors.numpy import load_file
 pytestmark = pytest.mark.slow
 
 # FedProx, FedPer, FedRep and FedRoD differ from FedAvg only inside the client (what it trains and keeps,
-# pinned by tests/test_baselines_method.py); their two-round Flower runs (about 18 s each on 2 cores) run with
+# pinned by tests/baselines/test_client.py); their two-round Flower runs (about 18 s each on 2 cores) run with
 # `-m extended` to keep the default command inside CI's 20 minutes
 _EXTENDED = pytest.mark.extended
 BASELINES = [

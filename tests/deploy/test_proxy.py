@@ -4,7 +4,7 @@ A small HTTPS server plays the SuperLink (it records what reaches it), nginx run
 on loopback: the fleet listener must pass the Fleet routes with the node-authentication headers unchanged
 and nothing else; the control listener must pass the Control routes to the operator's address only. Seconds,
 no root; skipped where nginx or openssl is missing. The same configuration in front of a real SuperLink, with
-namespaces, is tested in test_deploy.py.
+namespaces, is tested in tests/deploy/test_local_cluster.py.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def _sets(folder: Path) -> dict:
 
 
 @pytest.mark.extended  # about 110 s on 2 cores; the summary's clusters through Flower are also checked by CFL's
-# two-round run in test_e2e_baselines.py and by the planted-groups runs below
+# two-round run in tests/baselines/test_e2e.py and by the planted-groups runs below
 def test_pfedlia_at_its_defaults_says_how_many_clusters_it_found(simulation):
     """What a new user runs (``method='pfedlia'``, nothing else, 10 nodes): the summary says how many clusters
     the clustering round found, and spells out a single one (the run was then FedAvg)."""

@@ -186,7 +186,7 @@ def test_a_run_stopped_then_killed_and_resumed_ends_like_the_uninterrupted_one(s
             np.testing.assert_array_equal(resumed_arrays[k], v, err_msg=f"{name}: {k}")
     if method == "fedavg":
         # a folder that does not fit is refused through Flower at once, and the finished run's folder is left as
-        # it was (every kind of misfit: tests/test_resume_point.py); the reference run serves as that folder
+        # it was (every kind of misfit: tests/resume/test_resume_point.py); the reference run serves as that folder
         before = sorted((p.name, p.stat().st_size) for p in ref_folder.rglob("*"))
         with pytest.raises(RunFailed) as err:
             simulation.run(

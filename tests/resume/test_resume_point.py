@@ -1,7 +1,7 @@
 """A resume folder that does not fit the run fails at once, with the reason, and touches nothing (issue 15).
 
 The ServerApp's own check (``server_app.app.resume_point``) on a checkpoint written by a real strategy; one
-case also goes through Flower end to end (tests/test_e2e_resume.py).
+case also goes through Flower end to end (tests/resume/test_e2e.py).
 """
 
 import json

@@ -1,5 +1,5 @@
 """Where a message's time goes (issue 17): the client's stamps and the server's split (the server's own pulling:
-tests/test_exchange.py)."""
+tests/runtime/test_exchange.py)."""
 
 import math
 import time
