@@ -329,6 +329,46 @@ def rows(x):
     return {r.tobytes() for r in x.numpy()}
 
 
+def probe_models(settings, k=3):
+    """k differently seeded models: their accuracies tell one holdout set from another."""
+    return [
+        {
+            name: v.detach().numpy().copy()
+            for name, v in build_model(
+                "mlp", settings.in_channels, settings.image_size, settings.num_classes, seed=seed
+            )
+            .state_dict()
+            .items()
+        }
+        for seed in range(k)
+    ]
+
+
+def expected_table(settings, num_partitions, models):
+    """Each model's accuracy on the samples of source A and of source B that none of the ``num_partitions`` clients
+    holds, computed here from the partition (what the tier table must show; digits' holdouts are below the cap)."""
+    part, data = partitioner_for(settings.data, num_partitions)
+    used = np.concatenate([np.asarray(part.load_partition(i)["idx"]) for i in range(num_partitions)])
+    rest = np.setdiff1d(np.arange(len(data.y)), used)
+    source = part.source_of_labels(data.y, settings.num_classes)
+    model = build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes)
+    out = []
+    for state in models:
+        load_record(model, state)
+        row = {}
+        for name, s in (("A", 0), ("B", 1)):
+            idx = rest[source[rest] == s]
+            row[name] = evaluate(model, torch.from_numpy(data.x[idx]), torch.from_numpy(data.y[idx]))[1]
+        out.append(row)
+    return out
+
+
+def assert_table(table, expected):
+    assert len(table) == len(expected)
+    for row, exp in zip(table, expected):
+        assert row == pytest.approx(exp, abs=1e-12)
+
+
 @pytest.mark.parametrize("n", [5, 9])
 def test_each_source_holdout_is_every_sample_of_that_source_no_client_trains_on(n):
     settings = two_source()
@@ -395,17 +435,15 @@ def test_the_holdouts_leave_out_the_data_of_every_client_of_the_run(client_ids, 
     settings = two_source(**{"min-nodes": min_nodes})
     strategy = fake_strategy(settings, client_ids)
     tables = TierTables()
-    state = {
-        k: v.detach().numpy().copy()
-        for k, v in build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes)
-        .state_dict()
-        .items()
-    }
-    table = tables.record(strategy, 3, [state])
-    expected = unused_rows(settings, n)
-    assert {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()} == expected
+    models = probe_models(settings)
+    table = tables.record(strategy, 3, models)
+    # the table is each model's accuracy on what none of the n clients holds ...
+    assert_table(table, expected_table(settings, n, models))
+    # ... and the probe models tell that from the holdouts of any other client count a server might have used
+    for other in {len(client_ids), min_nodes, max(client_ids) + 1, n + 1} - {n}:
+        assert table != expected_table(settings, other, models)
     assert tables.by_round == {3: table} and strategy.history[-1].extra["tier-table"] == table
-    assert len(table) == 1 and sorted(table[0]) == ["A", "B"]
+    assert len(table) == 3 and all(sorted(row) == ["A", "B"] for row in table)
 
 
 def test_a_run_without_sources_records_no_table_and_a_restored_one_rebuilds_its_holdouts():
@@ -457,31 +495,22 @@ def test_every_rounds_table_uses_the_same_holdouts_even_when_more_clients_show_u
     # holdouts are fixed when first built; a later client with a higher id does not re-draw them
     settings = two_source()
     tables = TierTables()
-    state = {
-        k: v.detach().numpy().copy()
-        for k, v in build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes)
-        .state_dict()
-        .items()
-    }
-    first = tables.record(fake_strategy(settings, [0, 1, 2, 3, 4]), 1, [state])
-    sets = {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()}
-    assert sets == unused_rows(settings, 5)
-    second = tables.record(fake_strategy(settings, [0, 1, 2, 3, 4, 8]), 2, [state])
-    assert {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()} == sets and second == first
+    models = probe_models(settings)
+    first = tables.record(fake_strategy(settings, [0, 1, 2, 3, 4]), 1, models)
+    assert_table(first, expected_table(settings, 5, models))
+    second = tables.record(fake_strategy(settings, [0, 1, 2, 3, 4, 8]), 2, models)
+    assert second == first  # the same models, the same holdouts: the same table
+    assert second != expected_table(settings, 9, models)  # re-drawn for nine clients, it would differ
 
 
 @pytest.mark.parametrize("min_nodes", [1, 5])
 def test_a_round_in_which_no_client_was_heard_from_still_gets_a_table_over_min_nodes_clients(min_nodes):
     settings = two_source(**{"min-nodes": min_nodes, "tiers": 1})
     tables = TierTables()
-    state = {
-        k: v.detach().numpy().copy()
-        for k, v in build_model("mlp", settings.in_channels, settings.image_size, settings.num_classes)
-        .state_dict()
-        .items()
-    }
-    assert len(tables.record(fake_strategy(settings, []), 1, [state])) == 1
-    assert {name: rows(x) for name, (x, _) in tables._holdouts.sets.items()} == unused_rows(settings, min_nodes)
+    models = probe_models(settings)
+    table = tables.record(fake_strategy(settings, []), 1, models)
+    assert_table(table, expected_table(settings, min_nodes, models))
+    assert table != expected_table(settings, min_nodes + 1, models)
 
 
 def test_a_holdout_holds_at_most_1000_samples_of_its_source_by_default():
@@ -851,12 +880,10 @@ def test_a_two_source_run_logs_each_rounds_tier_table_with_its_ledger_entry():
         table = e["tier-table"]
         assert table == strat.tier_tables.by_round[e["round"]] and len(table) == 2
         assert strat.history[e["round"] - 1].extra["tier-table"] == table
-    holdouts = strat.tier_tables._holdouts
-    model = build_model("mlp", strat.settings.in_channels, strat.settings.image_size, strat.settings.num_classes)
-    for k in (0, 1):
-        load_record(model, strat.tiers[k])
-        expected = {name: evaluate(model, x, y)[1] for name, (x, y) in holdouts.sets.items()}
-        assert strat.ledger_log[-1]["tier-table"][k] == pytest.approx(expected)
+    # each tier model's accuracy on what none of the run's clients holds (four clients: min-nodes and NODES)
+    assert_table(
+        strat.ledger_log[-1]["tier-table"], expected_table(strat.settings, 4, [strat.tiers[0], strat.tiers[1]])
+    )
 
 
 def test_a_round_in_which_every_training_failed_settles_nobody_and_keeps_the_payments_in_the_pools():
