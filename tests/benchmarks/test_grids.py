@@ -325,13 +325,20 @@ class FakeBench:
 
 
 def test_runs_with_a_record_are_skipped_and_failed_ones_rerun_only_when_asked(tmp_path, capsys):
-    fam = tiny()["label-skew"]
+    # the plan the script prints (--dry-run) counts what is left to run: 3 failed and 2 good records of its 8
+    # selection runs leave 3 to do, or 6 with --retry-failed
+    fam = grids.restrict(grids.FAMILIES, ["label-skew"], ["local", "fedavg"], [])["label-skew"]
     runs = grids.selection_runs(fam, [0])
+    assert len(runs) == 8
     grids.run_all(runs[:3], FakeBench(fail=True), tmp_path, grids.Progress(3))
     grids.run_all(runs[3:5], FakeBench(), tmp_path, grids.Progress(2))
-    assert [grids._done(r, tmp_path, retry_failed=False) for r in runs[:6]] == [True] * 5 + [False]
-    assert [grids._done(r, tmp_path, retry_failed=True) for r in runs[:6]] == [False] * 3 + [True] * 2 + [False]
     assert "progress 2/2 runs" in capsys.readouterr().out
+    plan = ["--dry-run", "--raw-dir", str(tmp_path), "--families", "label-skew", "--methods", "local,fedavg"]
+    plan += ["--select-seeds", "0", "--seeds", "0", "--seconds-per-run", "10"]
+    grids.main(plan)
+    assert "plan: 8 selection runs (3 to do)" in capsys.readouterr().out
+    grids.main(plan + ["--retry-failed"])
+    assert "plan: 8 selection runs (6 to do)" in capsys.readouterr().out
 
 
 def test_the_script_stops_when_runs_keep_failing(tmp_path):
