@@ -304,9 +304,9 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
     half = len(preds[0]) // 2
     c.data.y_calib = torch.cat([preds[0][:half], preds[1][half:]])
     model = c.personal_model(RecordDict({"tiers": stacked(*tiers)}))
+    out = {k: v.detach().clone() for k, v in model.state_dict().items()}  # the client's network is reused
     w = list(evaluate_reply(c, stacked(*tiers))["mixture-weights"])  # the weights the client reports
     assert 0 < w[0] < 1 and sum(w) == pytest.approx(1.0)  # a real mixture of the two tiers
-    out = model.state_dict()
     for k, v in counters(out).items():
         assert v.dtype == base[k].dtype and int(v) == 7
     for k, v in out.items():
@@ -315,7 +315,10 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
                 v.double(), w[0] * tiers[0][k].double() + w[1] * tiers[1][k].double(), rtol=1e-5, atol=1e-6
             )
     # K = 1: the personalized model is the tier model itself, counters included (pifl.md §7 client-logic tests)
-    out = c.personal_model(RecordDict({"tiers": stacked(tiers[1])})).state_dict()
+    out = {
+        k: v.detach().clone()
+        for k, v in c.personal_model(RecordDict({"tiers": stacked(tiers[1])})).state_dict().items()
+    }
     assert list(evaluate_reply(c, stacked(tiers[1]))["mixture-weights"]) == [1.0]
     for k, v in out.items():
         torch.testing.assert_close(v, tiers[1][k])
