@@ -5,8 +5,8 @@ import pytest
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from server_app.app import build_strategy
-from task.methods import METHODS, load_object
 from task.config import parse_settings
+from task.methods import METHODS, load_object
 from task.params import record_to_numpy
 
 BASELINES = ["local", "fedavg", "fedprox", "fedper", "fedrep", "fedrod", "ditto"]

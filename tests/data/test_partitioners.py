@@ -2,11 +2,9 @@
 
 import numpy as np
 import pytest
-from datasets import Dataset
 
 from task.data import (
     DataSettings,
-    PlantedClusterPartitioner,
     TwoSourcePartitioner,
     build_partitioner,
     index_table,

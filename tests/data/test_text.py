@@ -1,6 +1,5 @@
 """The synthetic-dialect next-word task: offline tokenisation, shared vocabulary, the GPT-2-config model."""
 
-import numpy as np
 import pytest
 import torch
 

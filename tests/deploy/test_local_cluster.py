@@ -58,6 +58,7 @@ def run_cluster(workdir: Path, *args: str, timeout: float = 900) -> dict:
 def node_files(tmp_path_factory):
     # each SuperNode reads its own data file (node config data-path); node 1's file holds only 150 samples
     import numpy as np
+
     from task.data import DataSettings, export_client_file
 
     folder = tmp_path_factory.mktemp("node-data")
@@ -102,6 +103,7 @@ def test_tls_auth_run_completes(cluster):
 
 def test_supernodes_trained_on_their_own_data_files(cluster, node_files):
     import csv
+
     from task.data import DataSettings, load_local_file
 
     rows = {int(float(r["partition-id"])): r for r in csv.DictReader(open(Path(cluster["results"]) / "clients.csv"))}

@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "deploy"))
 
 from pflower_deploy.processes import wait_healthy  # noqa: E402
 from pflower_deploy.proxy import Nginx, ProxyPlan, nginx_binary  # noqa: E402
+
 from server_app.runner import free_port  # noqa: E402
 
 if nginx_binary() is None or shutil.which("openssl") is None:

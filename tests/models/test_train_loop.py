@@ -7,7 +7,6 @@ subset or the per-sample averaging would change every method at once.
 import copy
 import math
 
-import numpy as np
 import pytest
 import torch
 from torch import nn

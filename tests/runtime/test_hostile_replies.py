@@ -17,11 +17,12 @@ import zlib
 
 import pytest
 from flwr.app import MetricRecord
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from server_app.app import build_strategy
-from task.methods import METHODS
 from task.config import parse_settings
+from task.methods import METHODS
 from tests.strategy_harness import (
     ReplayGrid,
     assert_same_state,

@@ -2,8 +2,8 @@
 
 import os
 import shutil
-import socket
 import signal
+import socket
 import subprocess
 import tempfile
 import time
