@@ -3,6 +3,9 @@
     python benchmarks/report.py            # rewrite benchmarks/RESULTS.md and its figures (benchmarks/*.png)
     python benchmarks/report.py --check    # exit 1 if RESULTS.md or a figure differs from what the records give
 
+It also rewrites the generated block of ``docs/choosing-a-method.md`` (``reporting/choosing.py``; ``--check``
+checks it too).
+
 The tables are rendered by the package ``benchmarks/reporting/``: the table of ``benchmarks/X.py`` by
 ``benchmarks/reporting/X.py``; how to add one is in ``reporting/__init__.py``.  Benchmark scripts
 ``import report`` (this folder is on their ``sys.path``) to print their own section after their runs.
@@ -19,10 +22,11 @@ sys.path.insert(0, str(HERE))
 
 from common import RAW
 from reporting import build, build_figures, render_grid
+from reporting.choosing import PAGE, build_page
 from reporting.figures import draw, stored_digest
 
 RESULTS = HERE / "RESULTS.md"
-__all__ = ["RESULTS", "build", "build_figures", "main", "render_grid", "stale_figures"]
+__all__ = ["PAGE", "RESULTS", "build", "build_figures", "build_page", "main", "render_grid", "stale_figures"]
 
 
 def stale_figures(raw: Path, folder: Path) -> list[str]:
@@ -34,21 +38,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw-dir", default=str(RAW))
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--page", default=str(PAGE), help="the page whose generated block to rewrite or check")
     ap.add_argument("--check", action="store_true", help="exit 1 if a file differs from what the records give")
     args = ap.parse_args()
     raw = Path(args.raw_dir)
     text = build(raw)
-    out = Path(args.out)
+    out, page = Path(args.out), Path(args.page)
+    page_text = build_page(raw, page)
     if args.check:
         same = out.exists() and out.read_text() == text
         print(f"{out}: {'up to date' if same else 'differs from the raw records; run python benchmarks/report.py'}")
         stale = stale_figures(raw, out.parent)
         for name in stale:
             print(f"{out.parent / name}: missing or drawn from other data; run python benchmarks/report.py")
-        sys.exit(0 if same and not stale else 1)
+        page_same = page.read_text() == page_text
+        print(
+            f"{page}: {'up to date' if page_same else 'differs from the raw records; run python benchmarks/report.py'}"
+        )
+        sys.exit(0 if same and not stale and page_same else 1)
     out.write_text(text)
+    page.write_text(page_text)
     drawn = [draw(fig, out.parent) for fig in build_figures(raw)]
-    print(f"wrote {out}{''.join(f', {p.name}' for p in drawn)} from {args.raw_dir}")
+    print(f"wrote {out}, {page}{''.join(f', {p.name}' for p in drawn)} from {args.raw_dir}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ and otherwise joins an intro, ``header(recs, PAPER, d)``, an ``md_table`` and ``
 figure (``figures.py``: lines with a seed band, drawn to ``benchmarks/<file>.png``) comes from a second function
 ``figures_<name>(raw: Path) -> list[Figure]``, given as ``Section(..., figures=module.figures_<name>)``, and is
 referenced from the text as ``![...](<file>.png)``; ``reporting/defaults.py`` does both.
+
+``choosing.py`` is not a section: it renders the generated block of ``docs/choosing-a-method.md`` (who wins where,
+by how much, at what cost) from the grids' and defaults' records; ``report.py`` writes and checks it with RESULTS.md.
 """
 
 from __future__ import annotations
