@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
