@@ -1,0 +1,195 @@
+"""Every partitioner: sizes, disjointness, the label distribution it promises, and seeds."""
+
+import numpy as np
+import pytest
+
+from task.data import (
+    DataSettings,
+    TwoSourcePartitioner,
+    build_partitioner,
+    index_table,
+    load_centralized,
+    load_client_data,
+    source_shares,
+    stratified_split,
+)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_centralized("digits")
+
+
+def all_parts(part, n):
+    return [np.asarray(part.load_partition(i)["idx"]) for i in range(n)]
+
+
+def make(name, n, labels, **kw):
+    part = build_partitioner(name, n, **kw)
+    part.dataset = index_table(labels)
+    return part
+
+
+def assert_disjoint(parts, total):
+    cat = np.concatenate(parts)
+    assert len(cat) == len(set(cat.tolist()))
+    assert cat.min() >= 0 and cat.max() < total
+
+
+def test_digits_embedded(digits):
+    assert digits.x.shape == (1797, 1, 8, 8) and digits.y.shape == (1797,)
+    assert 0.0 <= digits.x.min() and digits.x.max() <= 1.0
+    noisy = load_centralized("digits", noise_std=0.7)
+    assert noisy.x.std() > digits.x.std()
+    np.testing.assert_array_equal(noisy.x, load_centralized("digits", noise_std=0.7).x)
+
+
+def test_iid_covers_everything_evenly(digits):
+    parts = all_parts(make("iid", 10, digits.y), 10)
+    assert_disjoint(parts, len(digits.y))
+    assert sum(map(len, parts)) == len(digits.y)
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_dirichlet_skews_labels_more_for_small_alpha(digits):
+    def skew(alpha):
+        parts = all_parts(make("dirichlet", 10, digits.y, alpha=alpha, seed=1), 10)
+        assert_disjoint(parts, len(digits.y))
+        hists = np.array([np.bincount(digits.y[p], minlength=10) / len(p) for p in parts])
+        return float(np.mean(hists.max(1)))
+
+    assert skew(0.1) > skew(100.0) + 0.2
+
+
+def test_dirichlet_is_seeded(digits):
+    a = all_parts(make("dirichlet", 10, digits.y, alpha=0.5, seed=3), 10)
+    b = all_parts(make("dirichlet", 10, digits.y, alpha=0.5, seed=3), 10)
+    c = all_parts(make("dirichlet", 10, digits.y, alpha=0.5, seed=4), 10)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_pathological_gives_exactly_k_classes(digits, k):
+    parts = all_parts(make("pathological", 10, digits.y, classes_per_client=k, seed=0), 10)
+    assert_disjoint(parts, len(digits.y))
+    for p in parts:
+        assert len(np.unique(digits.y[p])) == k
+
+
+def test_planted_clusters(digits):
+    part = make("planted-clusters", 20, digits.y, num_clusters=5, seed=0)
+    parts = all_parts(part, 20)
+    assert_disjoint(parts, len(digits.y))
+    truth = part.ground_truth()
+    for pid, p in enumerate(parts):
+        labels = set(np.unique(digits.y[p]).tolist())
+        assert labels == set(part.labels_of_cluster(truth[pid], 10).tolist())
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 4  # equal shards per label, up to label-count rounding
+
+
+def test_planted_clusters_noisy_borrows_one_foreign_label(digits):
+    part = make("planted-clusters-noisy", 20, digits.y, num_clusters=5, seed=2)
+    parts = all_parts(part, 20)
+    assert_disjoint(parts, len(digits.y))
+    assert 0 < len(part.extra_labels) < 20
+    for pid, p in enumerate(parts):
+        own = set(part.labels_of_cluster(part.cluster_of(pid), 10).tolist())
+        labels = set(np.unique(digits.y[p]).tolist())
+        extra = labels - own
+        if pid in part.extra_labels:
+            assert extra == {part.extra_labels[pid]}
+        else:
+            assert not extra
+
+
+@pytest.mark.parametrize("mixture,expected", [("10:90", (0.9, 0.1)), ("30:70", (0.7, 0.3))])
+def test_two_source_mixture_shares(digits, mixture, expected):
+    part = TwoSourcePartitioner(10, mixture, goal="inverted", seed=0)
+    part.dataset = index_table(digits.y)
+    parts = all_parts(part, 10)
+    goals = [np.asarray(part.load_goal_partition(i)["idx"]) for i in range(10)]
+    assert_disjoint(parts, len(digits.y))
+    trained = set(np.concatenate(parts).tolist())
+    for g in goals:  # goal data is only evaluated on: never trained on, no sample twice in one client's set,
+        assert not trained & set(g.tolist()) and len(set(g.tolist())) == len(g)  # but shared across clients
+        assert len(g) == part.goal_size == 200
+    for pid, (p, g) in enumerate(zip(parts, goals)):
+        share_a = np.mean(digits.y[p] < 5)
+        goal_a = np.mean(digits.y[g] < 5)
+        want = expected[0] if pid < 5 else expected[1]
+        assert abs(share_a - want) < 0.02
+        assert abs(goal_a - (1 - want)) < 0.05  # inverted goal mixture
+
+
+def test_source_shares_linear_and_random():
+    np.testing.assert_allclose(source_shares("linear", 4, 0), [0.125, 0.375, 0.625, 0.875])
+    r = source_shares("random", 50, 1)
+    assert ((0 <= r) & (r <= 1)).all() and r.std() > 0.1
+    np.testing.assert_array_equal(r, source_shares("random", 50, 1))
+    with pytest.raises(ValueError, match="mixture"):
+        source_shares("50:50", 4, 0)
+
+
+def test_stratified_split_keeps_proportions():
+    labels = np.repeat(np.arange(4), [40, 20, 10, 30])
+    tr, va, te = stratified_split(labels, 0.2, 0.1, np.random.default_rng(0))
+    assert len(set(tr) | set(va) | set(te)) == len(labels)
+    assert not (set(tr) & set(te)) and not (set(tr) & set(va)) and not (set(va) & set(te))
+    np.testing.assert_array_equal(np.bincount(labels[te], minlength=4), [8, 4, 2, 6])
+
+
+def test_client_data_splits_and_feature_shift():
+    s = DataSettings(partition="iid", feature_shift=3, seed=0)
+    clients = [load_client_data(s, i, 6) for i in range(6)]
+    assert [c.domain for c in clients] == ["original", "inverted", "rotated"] * 2
+    for c in clients:
+        assert len(c.y_train) > len(c.y_test) > 0 and len(c.y_val) > 0
+        assert c.x_train.shape[1:] == (1, 8, 8)
+    # inverted domain is 1 - x of the original pixels
+    base = load_client_data(DataSettings(partition="iid", seed=0), 1, 6)
+    np.testing.assert_allclose(clients[1].x_train.numpy(), 1.0 - base.x_train.numpy(), atol=1e-6)
+
+
+def test_client_data_is_deterministic():
+    s = DataSettings(partition="dirichlet", alpha=0.3, seed=5)
+    a = load_client_data(s, 2, 8)
+    load_client_data.cache_clear()
+    b = load_client_data(s, 2, 8)
+    assert np.array_equal(a.y_train.numpy(), b.y_train.numpy())
+    assert np.array_equal(a.x_test.numpy(), b.x_test.numpy())
+
+
+def test_data_copies_add_jittered_samples(digits):
+    big = load_centralized("digits", copies=3)
+    assert big.x.shape[0] == 3 * len(digits.y)
+    np.testing.assert_array_equal(big.y[: len(digits.y)], digits.y)
+    np.testing.assert_array_equal(big.x[: len(digits.y)], digits.x)
+    assert not np.allclose(big.x[len(digits.y) : 2 * len(digits.y)], digits.x)
+    parts = all_parts(make("iid", 1000, big.y), 1000)
+    assert min(map(len, parts)) >= 5
+
+
+def test_synth_concept_sources_conflict_and_mix_per_client():
+    from task.data import synth_concept
+
+    x, y, source = synth_concept(num_samples=4000)
+    assert x.shape == (4000, 10) and set(np.unique(y)) == {0, 1}
+    # the two sources label the same inputs differently: a model of one source is wrong on the other
+    x2, y2, _ = synth_concept(num_samples=4000)
+    np.testing.assert_array_equal(y, y2)  # deterministic
+    s = DataSettings(dataset="synth-concept", partition="two-source", mixture="30:70")
+    first, last = load_client_data(s, 0, 10), load_client_data(s, 9, 10)
+    assert first.meta["source-a-share"] == 0.7 and last.meta["source-a-share"] == 0.3
+    assert first.x_train.shape[1:] == (10,) and len(first.y_test) > 0
+
+
+def test_strong_dirichlet_skew_over_many_clients_lowers_the_minimum_size_instead_of_failing(digits, caplog):
+    """alpha 0.1 over 40 clients of the digits set: flwr-datasets' draws cannot give every client its minimum, so the
+    minimum is halved (and the log says so) until a partition exists; every client still gets samples."""
+    with caplog.at_level("INFO", logger="flwr.pflower"):
+        parts = all_parts(make("dirichlet", 40, digits.y, alpha=0.1, seed=0), 40)
+    assert_disjoint(parts, len(digits.y))
+    assert all(len(p) >= 1 for p in parts)
+    assert "lowering the minimum client size" in caplog.text
