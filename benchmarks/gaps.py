@@ -9,6 +9,8 @@ on this data:
 - ``fedc2i momentum=0`` and ``fedavg momentum=0``: local training without momentum;
 - ``fedc2i local-epochs=2`` and ``fedavg local-epochs=2``: two local epochs per round (the paper's E);
 - ``pifl slots-performance=9``: 10 slots per tier, so every bidder trains every round;
+- ``pifl-ni``: PI-FL's non-incentive ablation (random bids), which trails Local by more than 2 points at the
+  defaults too, with the same measurements as PI-FL;
 - ``fedsoft fedsoft-clients-per-cluster=10``: every client is drawn for every centre, so every client trains
   every round.
 
@@ -55,6 +57,7 @@ CELLS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedc2i local-epochs=2": ("fedc2i", {"local-epochs": 2}),
     "fedavg local-epochs=2": ("fedavg", {"local-epochs": 2}),
     "pifl slots-performance=9": ("pifl", {"slots-performance": 9}),
+    "pifl-ni": ("pifl-ni", {}),
     "fedsoft fedsoft-clients-per-cluster=10": ("fedsoft", {"fedsoft-clients-per-cluster": 10}),
 }
 
@@ -143,7 +146,7 @@ def _fedsoft(folder: Path) -> dict[str, Any]:
     return {"trained-per-round": per_round, "times-trained": trained}
 
 
-ANALYSES = {"fedc2i": _fedc2i, "pifl": _pifl, "fedsoft": _fedsoft}
+ANALYSES = {"fedc2i": _fedc2i, "pifl": _pifl, "pifl-ni": _pifl, "fedsoft": _fedsoft}
 
 
 def analyse(rec: dict) -> dict:
@@ -249,6 +252,14 @@ def render(name: str, raw: Path = RAW) -> str:
             ("clients trained per round", ("pifl", lambda r: float(np.mean(r["analysis"]["trained-per-round"])))),
             ("PI-FL, every bidder trains", ("pifl slots-performance=9", _acc)),
         ]
+    elif name == "pifl-ni":
+        cols = [
+            ("PI-FL(NI)", ("pifl-ni", _acc)),
+            *base,
+            ("best single tier by validation", ("pifl-ni", _clients_mean("best-tier-by-val"))),
+            ("tiers apart (best minus worst tier, mean over clients)", ("pifl-ni", _tier_spread)),
+            ("clients trained per round", ("pifl-ni", lambda r: float(np.mean(r["analysis"]["trained-per-round"])))),
+        ]
     elif name == "fedsoft":
         cols = [
             ("FedSoft", ("fedsoft", _acc)),
@@ -272,6 +283,7 @@ DOCS = {
     "fedc2i": ROOT / "docs/methods/fedc2i.md",
     "fedc2i-training": ROOT / "docs/methods/fedc2i.md",
     "pifl": ROOT / "docs/methods/pifl.md",
+    "pifl-ni": ROOT / "docs/methods/pifl.md",
     "fedsoft": ROOT / "docs/methods/pifl.md",
 }
 

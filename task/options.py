@@ -5,7 +5,7 @@ it from a run config (the ServerApp and every ClientApp call the same code), con
 field's type and checks it, and every error names the key, what it got and what is allowed.  Cross-key
 rules that make a method's defining step impossible (a warm-up as long as the run, ...) live in
 :meth:`OptionSet.conflicts`.  ``pyproject.toml``'s ``[tool.flwr.app.config]`` must list exactly the declared
-keys with the declared defaults (tests/test_options.py).
+keys with the declared defaults (tests/config/test_options.py).
 """
 
 from __future__ import annotations

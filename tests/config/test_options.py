@@ -1,0 +1,139 @@
+"""Options are declared once (task/options.py, task/config.py, task/methods): pyproject.toml's run config holds
+exactly the declared keys with the declared defaults (flwr rejects --run-config keys pyproject.toml does not
+declare), a key declared by several methods means the same everywhere, and bad values name their key."""
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from task.config import RunOptions, parse_settings
+from task.methods import METHODS, OPTION_SETS
+from task.options import ConfigConflict, Option, OptionSet, option
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def declared() -> dict[str, list[Option]]:
+    out: dict[str, list[Option]] = {}
+    classes: tuple[type[OptionSet], ...] = (RunOptions, *OPTION_SETS)
+    for cls in classes:
+        for key, opt in cls.declared().items():
+            out.setdefault(key, []).append(opt)
+    return out
+
+
+def test_pyproject_holds_exactly_the_declared_keys_and_defaults():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    keys = declared()
+    assert set(config) == set(keys), (sorted(set(config) - set(keys)), sorted(set(keys) - set(config)))
+    for key, opts in keys.items():
+        assert all(o == opts[0] for o in opts), f"{key} is declared differently in two option sets"
+        assert type(config[key]) is opts[0].kind and config[key] == opts[0].default, (key, config[key], opts[0].default)
+        assert opts[0].help
+
+
+#: the data a method needs beyond the default (digits, Dirichlet): it is refused at start-up without it
+NEEDS = {"oracle": {"partition": "planted-clusters"}}
+
+
+def test_every_method_parses_its_defaults_and_server_and_client_read_the_same_options():
+    for method, spec in METHODS.items():
+        settings = parse_settings({"method": method, "num-server-rounds": 10, "min-nodes": 4, **NEEDS.get(method, {})})
+        assert isinstance(settings.options, spec.options)
+        for key, value in spec.fixed.items():
+            opt = spec.options.declared()[key]
+            name = next(f.name for f in dataclasses.fields(spec.options) if f.metadata.get("option") is opt)
+            assert getattr(settings.options, name) == value
+
+
+def test_a_method_on_data_it_cannot_use_is_refused_at_start_up_naming_the_data_it_needs():
+    """What a new user types first (``method='X'`` and nothing else) either parses or says which data to set."""
+    for method in METHODS:
+        if method not in NEEDS:
+            parse_settings({"method": method})
+            continue
+        with pytest.raises(ConfigConflict) as err:
+            parse_settings({"method": method})
+        for key, value in NEEDS[method].items():
+            assert f"{key}={value!r}" in str(err.value), (method, str(err.value))
+
+
+@dataclasses.dataclass(frozen=True)
+class Example(OptionSet):
+    count: int = option("count", 3, "how many", minimum=1, maximum=9)
+    share: float = option("share", 0.5, "a share", minimum=0.0, maximum=1.0)
+    flag: bool = option("flag", True, "a switch")
+    mode: str = option("mode", "a", "the mode", choices=("a", "b", "c"))
+
+
+@pytest.mark.parametrize(
+    "cfg,message",
+    [
+        ({"count": 0}, r"'count' must be an integer in \[1, 9\], got 0 \(how many\)"),
+        ({"count": 2.5}, r"'count' must be an integer"),
+        ({"count": True}, r"'count' must be an integer"),
+        ({"count": "3"}, r"'count' must be an integer"),
+        ({"share": float("nan")}, r"'share' must be a number in"),
+        ({"share": 1.5}, r"'share' must be a number in \[0, 1\]"),
+        ({"flag": 1}, r"'flag' must be true or false"),
+        ({"flag": "yes"}, r"'flag' must be true or false"),
+        ({"mode": "d"}, r"'mode' must be one of \['a', 'b', 'c'\]"),
+    ],
+)
+def test_a_bad_value_names_its_key_what_it_got_and_what_is_allowed(cfg, message):
+    with pytest.raises(ValueError, match=message):
+        Example.parse(cfg)
+
+
+def test_values_convert_and_fixed_values_win():
+    got = Example.parse({"count": 4.0, "share": 1, "flag": "False"})
+    assert (got.count, got.share, got.flag, got.mode) == (4, 1.0, False, "a")
+    assert type(got.count) is int and type(got.share) is float
+    assert Example.parse({}, fixed={"mode": "b"}).mode == "b"
+    # Flower's run config holds every key with its default: the default means "not set", and the fixed value wins
+    assert Example.parse({"mode": "a"}, fixed={"mode": "b"}).mode == "b"
+    with pytest.raises(ConfigConflict, match="'mode' is 'c', but this method fixes it to 'b'"):
+        Example.parse({"mode": "c"}, fixed={"mode": "b"})
+    with pytest.raises(ValueError, match="run-config key 'bad' must be an integer >= 1, got 0"):
+        option("bad", 0, "a default outside its own range", minimum=1)
+
+
+def test_the_client_answers_identify_and_every_query_phase_of_every_method():
+    from task.methods import all_queries
+
+    queries = all_queries()
+    assert "identify" in queries
+    for method, spec in METHODS.items():
+        assert set(spec.queries) <= queries, method
+    assert {"lazy", "lia", "bid", "c2v_index"} <= queries  # pFedLIA, PI-FL and Client2Vec phases
+
+
+def test_an_unknown_method_is_refused_naming_the_key_the_value_and_every_method():
+    """The run-config key ``method`` selects the method (DESIGN); a typo must say what is allowed."""
+    from task.methods import method_spec
+
+    assert method_spec("client2vec") is METHODS["client2vec"]
+    with pytest.raises(ValueError, match="unknown method 'fedavgg'") as err:
+        method_spec("fedavgg")
+    message = str(err.value)
+    assert "'fedavgg'" in message and "'method'" in message
+    assert all(repr(m) in message for m in METHODS)
+
+
+def test_python_m_task_config_lists_every_key_flower_accepts_as_the_readme_says():
+    """Flower refuses a key pyproject.toml does not declare with a bare "Invalid run configuration"; the README
+    says so next to the run command and points to ``python -m task.config``, which lists every valid key."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "task.config"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    listed = {line.split("`")[1] for line in out.splitlines() if line.startswith("| `")}
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert listed == set(config)
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Running a method") : readme.index("| key | default |")]
+    assert "flwr run" in section and "Invalid run configuration" in section and "python -m task.config" in section

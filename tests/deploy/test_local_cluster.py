@@ -1,0 +1,213 @@
+"""Deployment runtime end to end: deploy/local_cluster.py (SuperLink + SuperNodes, TLS, node auth).
+
+Each test runs the script as a user would and reads the JSON line it prints last. The default tests share one
+cluster (one script invocation). Where root, `ip netns` and nginx are available (CI runs as root), it is the
+default multi-machine topology: every data holder and the operator in a network namespace of their own, nginx
+in front of a loopback-only SuperLink, and a data holder trying to submit a run and register a key
+(`--netns --holder-check`); elsewhere it is the loopback cluster on the SuperLink's one port, and the tests
+about the proxy topology skip with the reason.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "deploy" / "local_cluster.py"
+TOOLS = ("flower-superlink", "flower-supernode", "flwr", "openssl", "ssh-keygen")
+missing = [t for t in TOOLS if shutil.which(t) is None]
+if missing:
+    pytest.skip(f"deployment tests need {missing} on PATH", allow_module_level=True)
+
+sys.path.insert(0, str(ROOT / "deploy"))
+from pflower_deploy.netns import unavailable_reason  # noqa: E402
+from pflower_deploy.proxy import nginx_binary  # noqa: E402
+
+NO_PROXY_TOPOLOGY = unavailable_reason() or (
+    None if nginx_binary() else "nginx is missing (Debian: apt-get install nginx-light)"
+)
+needs_proxy_topology = pytest.mark.skipif(
+    NO_PROXY_TOPOLOGY is not None, reason=f"proxy topology with namespaces not available: {NO_PROXY_TOPOLOGY}"
+)
+
+
+def run_cluster(workdir: Path, *args: str, timeout: float = 900) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quiet", "--workdir", str(workdir), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert lines, f"no JSON report (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    report = json.loads(lines[-1])
+    assert proc.returncode == 0 and report["ok"], (
+        f"exit {proc.returncode}: {report.get('error')}\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    )
+    return report
+
+
+@pytest.fixture(scope="module")
+def node_files(tmp_path_factory):
+    # each SuperNode reads its own data file (node config data-path); node 1's file holds only 150 samples
+    import numpy as np
+
+    from task.data import DataSettings, export_client_file
+
+    folder = tmp_path_factory.mktemp("node-data")
+    for i in range(2):
+        export_client_file(DataSettings(), i, 2, folder / f"node-{i}.npz")
+    with np.load(folder / "node-1.npz") as z:
+        small = {k: z[k][:150] for k in ("x", "y")}
+    np.savez(folder / "node-1.npz", **small)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, node_files):
+    # two SuperNodes, two rounds (evaluation in the last one only), plus one SuperNode with an unregistered key
+    args = [
+        "--nodes",
+        "2",
+        "--rounds",
+        "2",
+        "--unregistered-check",
+        "--data-files",
+        str(node_files),
+        "--run-config",
+        "eval-every=2",
+    ]
+    if NO_PROXY_TOPOLOGY is None:
+        args += ["--netns", "--holder-check"]  # the proxy topology is the default with --netns
+    return run_cluster(tmp_path_factory.mktemp("deploy-cluster"), *args)
+
+
+def test_tls_auth_run_completes(cluster):
+    r = cluster
+    assert r["rounds"] == 2 and r["clients"] == 2 and r["failures"] == 0
+    assert [x["train"] for x in r["replies-per-round"]] == [2, 2]
+    assert 0.3 < r["accuracy"] <= 1.0  # far above chance (0.1) on digits
+    folder = Path(r["results"])
+    assert (folder / "summary.json").exists() and (folder / "rounds.json").exists()
+    events = {e["event"]: e for e in r["events"]}
+    assert events["superlink up"]["tls"] and events["superlink up"]["supernode_auth"]
+    assert len(events["registered"]["node_ids"]) == 2
+
+
+def test_supernodes_trained_on_their_own_data_files(cluster, node_files):
+    import csv
+
+    from task.data import DataSettings, load_local_file
+
+    with (Path(cluster["results"]) / "clients.csv").open() as fh:
+        rows = {int(float(r["partition-id"])): r for r in csv.DictReader(fh)}
+    for pid in (0, 1):
+        expected = load_local_file(str(node_files / f"node-{pid}.npz"), DataSettings(), pid).num_train
+        assert int(float(rows[pid]["num-examples"])) == expected
+    assert int(float(rows[1]["num-examples"])) < 150  # the cut-down file, not partition 1 of the embedded data
+
+
+def test_unregistered_supernode_is_refused(cluster):
+    check = cluster["unregistered-check"]
+    assert check["refused"]
+    assert check["exit-code"] not in (None, 0)  # the SuperNode gave up
+    assert "Failed to" in check["supernode-log"]  # e.g. "[code: 2004] Failed to activate SuperNode."
+    assert "No SuperNode found with the given public key" in check["superlink-log"]
+    assert check["listed-nodes"] == 2 and check["unknown-ids-listed"] == []  # never joined the federation
+
+
+@needs_proxy_topology
+def test_superlink_is_on_loopback_and_nodes_reach_only_the_fleet_listener(cluster):
+    events = {e["event"]: e for e in cluster["events"]}
+    addresses = cluster["addresses"]
+    assert cluster["topology"] == "proxy" and cluster["netns"]
+    assert events["superlink up"]["address"].startswith("127.0.0.1:")  # nothing else can connect to it
+    started = [e for e in cluster["events"] if e["event"] == "supernode started"]
+    assert started and all(e["netns"] and e["superlink"] in addresses["fleet"] for e in started)
+    probes = cluster["holder-check"]["probes"]
+    assert [p for spec, p in probes.items() if spec.startswith("tcp:")] == [{"error": "refused"}]
+
+
+@needs_proxy_topology
+def test_data_holder_cannot_submit_runs_or_register_keys(cluster):
+    check = cluster["holder-check"]
+    assert check["refused"] and check["from"] == "pfl-node0"
+    attempts = check["attempts"]
+    assert set(attempts) == {"fleet-listener", "control-listener", "superlink-port"}
+    for target, expected in (
+        ("fleet-listener", "404 Not Found"),
+        ("control-listener", "403 Forbidden"),
+        ("superlink-port", "unavailable"),
+    ):
+        for command in ("run", "register"):  # flwr run / flwr supernode register
+            assert attempts[target][command]["exit"] != 0
+            assert expected in attempts[target][command]["error"], (target, command, attempts[target][command])
+    # the proxy answered them itself; the SuperLink never saw a Control call from the data holder
+    assert "/v1/control/start-run 404" in check["proxy-statuses-for-holder"]
+    assert "/v1/control/register-node 403" in check["proxy-statuses-for-holder"]
+    assert check["superlink-control-calls-from-holder"] == []
+    # nothing registered or started: the operator sees its 2 nodes and no run before its own
+    assert check["registered-nodes"] == 2 and check["unknown-ids-listed"] == []
+    assert check["runs-before-operator-run"] == 0
+    # the same with raw requests: the fleet listener has no Control or Runtime route, the control listener
+    # refuses the data holder's address
+    fleet, control = check["targets"]["fleet-listener"], check["targets"]["control-listener"]
+    probes = check["probes"]
+    for route in ("control/start-run", "control/register-node", "runtime/acquire-task"):
+        assert probes[f"https:POST:https://{fleet}/v1/{route}"]["status"] == 404
+    assert probes[f"https:POST:https://{control}/v1/control/start-run"]["status"] == 403
+
+
+@needs_proxy_topology
+def test_operator_submits_from_its_namespace_and_the_run_completes(cluster):
+    events = {e["event"]: e for e in cluster["events"]}
+    control = cluster["addresses"]["control"]
+    assert events["registered"]["operator_netns"] == "pfl-op" and events["registered"]["via"] in control
+    assert events["flwr run"]["operator_netns"] == "pfl-op" and events["flwr run"]["via"] in control
+    assert cluster["flwr-run-exit"] == 0
+    assert [x["train"] for x in cluster["replies-per-round"]] == [2, 2]  # every node, every round
+
+
+@needs_proxy_topology
+def test_tls_is_required_on_every_hop_between_namespaces(cluster):
+    tls = cluster["holder-check"]["tls"]
+    assert tls["holder-plain-http"]["status"] == 400  # "The plain HTTP request was sent to HTTPS port"
+    assert tls["operator-plain-http"]["status"] == 400
+    assert "status" not in tls["superlink-plain-http"]  # the SuperLink itself speaks TLS only (loopback hop)
+
+
+@pytest.mark.extended  # ~4 minutes: waits for the SuperLink to declare the node gone (python -m pytest -m extended)
+def test_killed_supernode_run_finishes_with_failures_recorded(tmp_path):
+    # SIGKILL SuperNode 1 when round 2 starts; the SuperLink turns its missing reply into an error reply once the
+    # node misses its heartbeats (<= 60 s), the strategy records it and finishes the round with the other node
+    r = run_cluster(
+        tmp_path,
+        "--nodes",
+        "2",
+        "--rounds",
+        "2",
+        "--kill-node",
+        "1@2",
+        "--round-timeout",
+        "120",
+        "--run-config",
+        "eval-every=2",
+    )
+    assert r["killed"]["done"] and r["killed"]["round"] == 2
+    assert r["rounds"] == 2  # the run went on to the end
+    assert r["replies-per-round"][0]["train"] == 2
+    observed = r["kill-observed"]
+    assert observed["failure-recorded"] or observed["fewer-replies"]
+    assert r["replies-per-round"][1]["train"] == 1
+    failures = json.loads((Path(r["results"]) / "failures.json").read_text())
+    # the error reply is made by the SuperLink (source node id 1); the strategy names the node it was sent to
+    assert failures and all(f["round"] == 2 and "Node Unavailable" in f["reason"] for f in failures)
+    assert all(f["node-id"] != 1 for f in failures)
