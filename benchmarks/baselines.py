@@ -14,7 +14,8 @@ Grids (``--grid``; any option below overrides the grid's value):
 
 Reproduce:  python benchmarks/baselines.py --grid clean
             python benchmarks/baselines.py --grid noisy
-            python benchmarks/baselines.py --rounds 5 --methods local,fedavg --partitions iid --raw-dir /tmp/raw  (quick)
+            python benchmarks/baselines.py --rounds 5 --methods local,fedavg --partitions iid \
+                --raw-dir /tmp/raw  (quick)
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, print_report, product, run_grid, split  # noqa: E402
+from common import add_common_args, print_report, product, run_grid, split
 
-PARTITIONS = {
+PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "pathological", "classes-per-client": 2},
     "iid": {"partition": "iid"},
     "dirichlet-0.5": {"partition": "dirichlet", "alpha": 0.5},
@@ -63,7 +65,7 @@ def main() -> None:
         if getattr(args, key) is None:
             setattr(args, key, value)
     base = {"num-server-rounds": args.rounds, "noise-std": args.noise_std}
-    axes = {
+    axes: dict[str, dict[str, dict]] = {
         "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
         "method": {m: {"method": m} for m in split(args.methods)},
     }

@@ -27,12 +27,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import OUT, add_common_args, print_report, product, run_grid, split  # noqa: E402
+from common import OUT, add_common_args, print_report, product, run_grid, split
 
-ARMS = {
+ARMS: dict[str, dict[str, Any]] = {
     "FedAvg": {"c2v-sampling": False, "c2v-aggregation": False, "c2v-local": False},
     "+i": {"c2v-sampling": True, "c2v-aggregation": False, "c2v-local": False},
     "+ii": {"c2v-sampling": False, "c2v-aggregation": True, "c2v-local": False},

@@ -39,12 +39,13 @@ import re
 import shlex
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from server_app.runner import LocalSimulation, RunFailed  # noqa: E402
+from server_app.runner import LocalSimulation, RunFailed
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
@@ -59,8 +60,8 @@ _DATA_COLUMN = re.compile(r"(^|-)(examples|digest|hash)$")
 # --------------------------------------------------------------------------- small helpers
 def failure_line(error: str | None) -> str:
     """The line of a failed run's log tail that names the error (else its last line)."""
-    lines = [l for l in (error or "").splitlines() if l.strip()]
-    named = [l for l in lines if re.search(r"(Error|Exception|Timeout)\b", l)]
+    lines = [ln for ln in (error or "").splitlines() if ln.strip()]
+    named = [ln for ln in lines if re.search(r"(Error|Exception|Timeout)\b", ln)]
     return re.sub(r"\x1b\[[0-9;]*m", "", (named or lines or [""])[-1]).strip()
 
 
@@ -75,7 +76,7 @@ def code_version() -> dict[str, Any]:
         return {"commit": stamp.read_text().strip(), "dirty": False}
     try:
         head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
         ).stdout.strip()
         dirty = subprocess.run(
             [
@@ -93,6 +94,7 @@ def code_version() -> dict[str, Any]:
             ],
             capture_output=True,
             text=True,
+            check=False,
         ).stdout.strip()
     except OSError:
         return {"commit": None, "dirty": None}
@@ -196,7 +198,7 @@ def _clients(folder: Path) -> dict[str, Any]:
     path = folder / "clients.csv"
     if not path.exists():
         return {"columns": [], "rows": []}
-    with open(path, newline="") as fh:
+    with path.open(newline="") as fh:
         table = list(csv.reader(fh))
     if not table:
         return {"columns": [], "rows": []}
@@ -397,7 +399,7 @@ class Bench:
         self.runs_dir = OUT / "runs"
         self.done, self.t0, self.sim = 0, time.time(), LocalSimulation()
 
-    def __enter__(self) -> "Bench":
+    def __enter__(self) -> Self:
         self.sim.start()
         return self
 
@@ -491,7 +493,7 @@ def refresh(raw_dir: Path, runs_dir: Path) -> int:
         folder = Path(runs_dir) / old["run"] if old.get("run") else None
         if folder is not None and not folder.is_dir():
             continue
-        asked = {k: v for k, v in old["run-config"].items()} if folder is None else {}
+        asked = dict(old["run-config"]) if folder is None else {}
         new = record_from_run(
             folder,
             grid=old["grid"],

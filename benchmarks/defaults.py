@@ -33,7 +33,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import add_common_args, print_report, product, run_grid, split
-
 from task.methods import METHODS
 
 GRID = "defaults"

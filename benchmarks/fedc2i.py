@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, print_report, product, run_grid, split  # noqa: E402
+from common import add_common_args, print_report, product, run_grid, split
 
-METHODS = {
+METHODS: dict[str, dict[str, Any]] = {
     "local": {"method": "local"},
     "fedavg": {"method": "fedavg"},
     "fedprox": {"method": "fedprox", "proximal-mu": 0.01},

@@ -2,9 +2,10 @@
 
 Times (on one thread, as a simulated client runs) the client's influence phase of one round
 (leave-one-out losses from the sum + one vmapped evaluation of the M candidates + the class-level
-matrix + mixing) against one round of local training (2 epochs of Adam, batch 32, as in the paper; 1,000 training samples
-per client as in its Digit-5 split, ``--train-samples`` to change), and prints the bytes a client downloads per round with all M models (the paper) and with
-k = 5 sampled peers (``c2i-peers=5``).  Not a federated run: it times the client's own code in-process.
+matrix + mixing) against one round of local training (2 epochs of Adam, batch 32, as in the paper; 1,000
+training samples per client as in its Digit-5 split, ``--train-samples`` to change), and prints the bytes a
+client downloads per round with all M models (the paper) and with k = 5 sampled peers (``c2i-peers=5``).
+Not a federated run: it times the client's own code in-process.
 One raw record per M goes to ``benchmarks/raw/fedc2i-speed/``; the table is ``benchmarks/report.py``'s.
 
 Reproduce: python benchmarks/fedc2i_speed.py [--model c2i-small] [--clients 5,20,50] [--train-samples 200]
@@ -16,6 +17,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,11 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, measurement_record, print_report, write_record  # noqa: E402
-from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states  # noqa: E402
-from task.models import build_model, count_parameters, head_keys  # noqa: E402
-from task.params import to_record  # noqa: E402
-from task.train import train  # noqa: E402
+from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states
+from common import add_common_args, measurement_record, print_report, write_record
+from task.models import build_model, count_parameters, head_keys
+from task.params import to_record
+from task.train import train
 
 
 def influence_round(model, stacked, x, y, heads, bodies):
@@ -78,7 +80,7 @@ def main() -> None:
             local.append(time.perf_counter() - t)
         size_all = to_record({k: v.numpy() for k, v in stacked.items()}).count_bytes()
         size_k = to_record({k: v[: min(5, m)].numpy() for k, v in stacked.items()}).count_bytes()
-        row = {
+        row: dict[str, Any] = {
             "M": m,
             "influence-s": float(np.median(infl)),
             "local-training-s": float(np.median(local)),

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, print_report, product, run_grid, split  # noqa: E402
+from common import add_common_args, print_report, product, run_grid, split
 
-PARTITIONS = {
+PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "pathological", "classes-per-client": 2},
     "dirichlet-0.5": {"partition": "dirichlet", "alpha": 0.5},
     "dirichlet-1.0": {"partition": "dirichlet", "alpha": 1.0},
@@ -48,7 +49,7 @@ def main() -> None:
         "tau": 0.5,
         "beta": max(1, args.rounds // 2),
     }
-    axes = {
+    axes: dict[str, dict[str, dict]] = {
         "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
         "method": {m: {"method": m} for m in split(args.methods)},
     }

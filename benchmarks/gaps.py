@@ -30,7 +30,6 @@ Reproduce: python benchmarks/gaps.py             (36 runs, about an hour on 2 bu
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import re
 import sys
@@ -93,7 +92,7 @@ def _saved_model_accuracies(folder: Path) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     s = parse_settings(json.loads((folder / "config.json").read_text())["run-config"])
-    tiers = [load_file(p) for p in sorted(glob.glob(str(folder / "models" / "server" / "*.safetensors")))]
+    tiers = [load_file(p) for p in sorted((folder / "models" / "server").glob("*.safetensors"))]
     net = build_model(s.model, s.in_channels, s.image_size, s.num_classes, seed=s.seed)
 
     def acc(state, x, y) -> float:
@@ -113,7 +112,7 @@ def _saved_model_accuracies(folder: Path) -> dict[str, Any]:
             m.momentum = 0.1
         return {k: v.clone() for k, v in net.state_dict().items()}
 
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for pid in range(CLIENTS):
         d = load_client_data(s.data, pid, CLIENTS)
         val = [acc(t, d.x_val, d.y_val) for t in tiers]
@@ -190,13 +189,16 @@ def _rows(cells: dict, columns: list[tuple[str, Any]]) -> list[list[str]]:
     seeds = sorted(set.intersection(*(set(cells.get(cell, {})) for _, (cell, _) in columns)))
     values = [[fn(cells[cell][s]) for _, (cell, fn) in columns] for s in seeds]
     digits = [1 if header in COUNTS else 3 for header, _ in columns]
-    rows = [[str(s), *(_fmt(v, nd) for v, nd in zip(vals, digits))] for s, vals in zip(seeds, values)]
+    rows = [
+        [str(s), *(_fmt(v, nd) for v, nd in zip(vals, digits, strict=True))]
+        for s, vals in zip(seeds, values, strict=True)
+    ]
     if len(seeds) > 1:
         means = [
             np.mean([v[i] for v in values]) if all(v[i] is not None for v in values) else None
             for i in range(len(columns))
         ]
-        rows.append(["mean", *(f"**{_fmt(m, nd)}**" for m, nd in zip(means, digits))])
+        rows.append(["mean", *(f"**{_fmt(m, nd)}**" for m, nd in zip(means, digits, strict=True))])
     return rows
 
 
@@ -296,7 +298,11 @@ def rewrite_docs(raw: Path, check: bool) -> bool:
         if not pattern.search(text):
             raise SystemExit(f"{path} has no <!-- gaps:{name} --> ... <!-- /gaps:{name} --> block")
         table = render(name, raw)
-        new = pattern.sub(lambda m, table=table: m.group(1) + table + "\n" + m.group(2), text)
+
+        def between_markers(m: re.Match[str], table: str = table) -> str:
+            return m.group(1) + table + "\n" + m.group(2)
+
+        new = pattern.sub(between_markers, text)
         same &= new == text
         if not check:
             path.write_text(new)

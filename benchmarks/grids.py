@@ -44,7 +44,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -229,7 +229,8 @@ class Selection:
 
     def mean(self, setting: str) -> float | None:
         accs = [self.scores.get(setting, {}).get(s) for s in self.seeds]
-        return None if not accs or any(a is None for a in accs) else sum(accs) / len(accs)  # type: ignore[arg-type]
+        known = [a for a in accs if a is not None]
+        return sum(known) / len(known) if accs and len(known) == len(accs) else None
 
 
 def select(family: Family, row: Row, records: list[dict]) -> Selection:
@@ -332,7 +333,8 @@ def _done(run: Run, raw_dir: Path, retry_failed: bool) -> bool:
 
 class Progress:
     def __init__(self, total: int) -> None:
-        self.total, self.done, self.t0, self.walls = total, 0, time.time(), []
+        self.total, self.done, self.t0 = total, 0, time.time()
+        self.walls: list[float] = []
 
     def line(self, wall: float) -> str:
         self.done += 1
@@ -352,7 +354,15 @@ def _hms(seconds: float) -> str:
 MAX_FAILURES_IN_A_ROW = 5
 
 
-def run_all(runs: list[Run], bench: Bench, raw_dir: Path, progress: Progress) -> None:
+class Runner(Protocol):
+    """What run_all needs of a bench (common.Bench): a grid to record under and a run of one cell."""
+
+    grid: str
+
+    def run(self, cell: dict[str, Any], cfg: dict[str, Any], clients: int) -> dict[str, Any]: ...
+
+
+def run_all(runs: list[Run], bench: Runner, raw_dir: Path, progress: Progress) -> None:
     failures = 0
     for run in runs:
         bench.grid = run.grid  # one SuperLink for every grid of the script
@@ -373,7 +383,7 @@ def check_configs(runs: Iterable[Run]) -> None:
     """Every planned run config parses as the app will parse it (a conflict fails here, not hours later)."""
     from task.config import parse_settings
 
-    problems = {}
+    problems: dict[str, str] = {}
     for run in runs:
         try:
             parse_settings(run.config)
@@ -457,9 +467,10 @@ def main(argv: list[str] | None = None) -> None:
     n_grid_done = _grid_done(design, raw_dir, recorded_grid)
     n_grid = len(planned_grid) - n_grid_done
     per_run = args.seconds_per_run or estimate(raw_dir)
+    families = ", ".join(f"{f.name}: {len(f.rows)} methods x {len(f.cells())} cells" for f in design.values())
     print(
         f"plan: {len(planned_select)} selection runs ({n_sel} to do) and {len(planned_grid)} grid runs "
-        f"(about {n_grid} to do) over {', '.join(f'{f.name}: {len(f.rows)} methods x {len(f.cells())} cells' for f in design.values())}"
+        f"(about {n_grid} to do) over {families}"
     )
     if per_run:
         hours = (n_sel + n_grid) * per_run / 3600
@@ -493,7 +504,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_smoke(design: dict[str, Family], raw_dir: Path) -> None:
-    """The rehearsal's section as RESULTS.md would show it (for its smaller design), its figures drawn in ``raw_dir``."""
+    """The rehearsal's section as RESULTS.md would show it (for its smaller design), its figures in ``raw_dir``."""
     from reporting.figures import draw
     from reporting.grids import figures_grids, render_grids
     from reporting.settings import run_config_defaults

@@ -25,12 +25,13 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, print_report, product, run_grid, split  # noqa: E402
+from common import add_common_args, print_report, product, run_grid, split
 
-PARTITIONS = {
+PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "planted-clusters"},
     "noisy": {"partition": "planted-clusters-noisy"},
     # next-word prediction, 3 synthetic dialects, GPT-2-config causal LM
@@ -46,7 +47,7 @@ PARTITIONS = {
         "optics-min-samples": 2,
     },
 }
-METHODS = {
+METHODS: dict[str, dict[str, Any]] = {
     "local": {"method": "local"},
     "fedavg": {"method": "fedavg"},
     "cfl": {"method": "cfl"},
@@ -115,7 +116,7 @@ def main() -> None:
         "lazy-epochs": args.lazy_epochs,
         "optics-min-samples": max(2, min(5, args.clients // 10)),
     }
-    axes = {
+    axes: dict[str, dict[str, dict]] = {
         "participation": {p: participation(p, args.clients) for p in split(args.participation)},
         "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
         "method": {m: METHODS[m] for m in split(args.methods)},

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import add_common_args, print_report, product, run_grid, split  # noqa: E402
+from common import add_common_args, print_report, product, run_grid, split
 
 PARTITIONS = {
     "synth-10:90": {"dataset": "synth-concept", "mixture": "10:90"},

@@ -17,13 +17,14 @@ import argparse
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RAW
 from reporting import build, build_figures, render_grid
 from reporting.choosing import PAGE, build_page
 from reporting.figures import draw, stored_digest
+
+HERE = Path(__file__).resolve().parent
 
 RESULTS = HERE / "RESULTS.md"
 __all__ = ["PAGE", "RESULTS", "build", "build_figures", "build_page", "main", "render_grid", "stale_figures"]

@@ -39,7 +39,7 @@ def compare(record: dict, summary: dict, rounds: list[dict], tolerance: float) -
             continue
         if a is None or b is None or abs(float(a) - float(b)) > tolerance:
             diffs.append(f"{key}: recorded {a}, now {b}")
-    for r_old, r_new in zip(record.get("rounds", []), rounds):
+    for r_old, r_new in zip(record.get("rounds", []), rounds, strict=False):
         for key in ("personal-acc", "global-acc"):
             a, b = r_old.get(key), (r_new.get("evaluate") or {}).get(key)
             if a is not None and (b is None or abs(a - b) > max(tolerance, 1e-6)):

@@ -30,15 +30,16 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Bench, add_common_args, measurement_record, print_report, split, write_record  # noqa: E402
+from common import Bench, add_common_args, measurement_record, print_report, split, write_record
 
-METHODS = {
+METHODS: dict[str, dict[str, Any]] = {
     "local": {},
     "fedavg": {},
     "fedprox": {},
@@ -59,7 +60,7 @@ METHODS = {
 
 
 def part_overhead(args) -> None:
-    base = {
+    base: dict[str, Any] = {
         "dataset": "digits",
         "partition": "dirichlet",
         "num-server-rounds": 4,

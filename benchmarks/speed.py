@@ -103,7 +103,7 @@ def noop_run(sim: LocalSimulation, clients: int, rounds: int) -> dict[str, Any]:
         run_config_arg(cfg),
     ]
     start = time.monotonic()
-    proc = subprocess.run(cmd, env=sim.env, capture_output=True, text=True, timeout=3600, cwd=NOOP_APP)
+    proc = subprocess.run(cmd, env=sim.env, capture_output=True, text=True, timeout=3600, cwd=NOOP_APP, check=False)
     wall = time.monotonic() - start
     if proc.returncode != 0 or not out_file.exists():
         raise RunFailed(f"no-op run failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
@@ -171,7 +171,9 @@ def part_sim(args) -> None:
                 if "error" in m:
                     print(f"[sim] {n} clients, {method}: FAILED {m['error'][-300:]}", flush=True)
                     continue
-                ratio = median(m["round-seconds"]) / (median(noop["round-seconds"]) + median(m["compute-seconds"]))
+                ratio = statistics.median(m["round-seconds"]) / (
+                    statistics.median(noop["round-seconds"]) + statistics.median(m["compute-seconds"])
+                )
                 print(
                     f"[sim] {n} clients, {method}: median {median(m['round-seconds']):.3f} s per round, "
                     f"compute {median(m['compute-seconds']):.3f} s, ratio {ratio:.2f}, "
@@ -207,10 +209,10 @@ def deployed_run(nodes: int, rounds: int, poll: float) -> dict[str, Any]:
         f"{poll:g}",
     ]
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
     wall = time.monotonic() - start
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    report = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr[-2000:]}
+    report: dict[str, Any] = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr[-2000:]}
     out: dict[str, Any] = {
         "wall-seconds": wall,
         "ok": report.get("ok"),
@@ -255,11 +257,12 @@ def part_compose(args) -> None:
     proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     done: dict[int, float] = {}
     tail: list[str] = []
+    assert proc.stdout is not None  # stdout=PIPE
     for line in proc.stdout:
-        tail = (tail + [line])[-40:]
-        m = ROUND_DONE.search(line)
-        if m and int(m.group(1)) not in done:
-            done[int(m.group(1))] = time.monotonic() - start
+        tail = ([*tail, line])[-40:]
+        found = ROUND_DONE.search(line)
+        if found and int(found.group(1)) not in done:
+            done[int(found.group(1))] = time.monotonic() - start
     code = proc.wait()
     total = time.monotonic() - start
     rounds = sorted(done)

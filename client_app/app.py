@@ -12,14 +12,15 @@ _APP_IMPORT = time.time()  # when this module's own imports start (issue 17: whe
 
 import functools  # noqa: E402
 import os  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from flwr.app import Context, Message, MetricRecord, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp
+from flwr.clientapp import ClientApp  # noqa: E402
 
 from client_app import faults  # noqa: E402
 from client_app.base import ClientMethod  # noqa: E402
-from task.methods import all_queries, load_object, method_spec  # noqa: E402
 from task.config import Settings, parse_settings  # noqa: E402
+from task.methods import all_queries, load_object, method_spec  # noqa: E402
 
 app = ClientApp()
 
@@ -27,8 +28,10 @@ app = ClientApp()
 def _process_start() -> float | None:
     """Unix time this process started (Linux ``/proc``), or None where that is not available."""
     try:
-        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+        )
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
@@ -41,7 +44,7 @@ def stamped(content: RecordDict, handler_start: float, setup_done: float) -> Rec
     """Add the ``timing`` record: when this process started, when this module's imports began and ended,
     when the handler began, finished its set-up (settings, data, client) and ended (unix seconds).  The server
     turns them, with when it pushed the message and pulled the reply, into where a message's time went."""
-    stamps = {
+    stamps: dict[str, int | float | list[int] | list[float]] = {
         "app-import": _APP_IMPORT,
         "app-ready": _APP_READY,
         "handler-start": handler_start,

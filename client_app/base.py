@@ -64,6 +64,10 @@ def _cached_model(
     return net, copy.deepcopy(net.state_dict())
 
 
+#: what a MetricRecord holds (flwr 1.41)
+MetricValue = int | float | list[int] | list[float]
+
+
 class ClientMethod:
     """Base of the client side of a method: a subclass implements :meth:`train` and overrides the evaluation
     hooks it needs (see the module docstring); the base's :meth:`evaluate` serves every method."""
@@ -73,6 +77,8 @@ class ClientMethod:
 
     def __init__(self, context: Context, settings: Settings | None = None) -> None:
         self.context = context
+        self.server_round = 0
+        self.config: dict[str, Any] = {}  # the current message's config (per client, never shared between them)
         self.settings = settings or parse_settings(context.run_config)
         self.options = self.settings.options  # the method's own typed options (task.methods)
         node_cfg = context.node_config
@@ -176,21 +182,21 @@ class ClientMethod:
 
             folder.mkdir(parents=True, exist_ok=True)
             current = int(self.config.get("server-round", 0))
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+            fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
             os.close(fd)
+            tmp = Path(tmp_name)
             try:
-                save_file({k: contiguous(v) for k, v in record_to_numpy(record).items()}, tmp)
-                os.replace(tmp, folder / f"{name}.round-{current:05d}.safetensors")  # a crash leaves earlier rounds
+                save_file({k: contiguous(v) for k, v in record_to_numpy(record).items()}, tmp_name)
+                tmp.replace(folder / f"{name}.round-{current:05d}.safetensors")  # a crash leaves earlier rounds
             finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+                tmp.unlink(missing_ok=True)
             files = self._state_files(folder, name)
             for r in sorted(files)[: -(max(self.settings.checkpoint_every, 1) + 1)]:
                 files[r].unlink(missing_ok=True)
 
     @staticmethod
     def message_arrays(content: RecordDict, key: str = "arrays") -> ArrayRecord | None:
-        return content.array_records[key] if key in content.array_records else None
+        return content.array_records.get(key)
 
     @staticmethod
     def message_config(content: RecordDict) -> dict[str, Any]:
@@ -237,23 +243,20 @@ class ClientMethod:
             **hooks,
         )
 
-    server_round = 0
-    config: dict[str, Any] = {}
-
     def test(self, model: nn.Module, split: str = "test", **kw: Any) -> tuple[float, float]:
         x, y = getattr(self.data, f"x_{split}"), getattr(self.data, f"y_{split}")
         return evaluate(model, x, y, **kw)
 
-    def base_metrics(self) -> dict[str, float | int]:
+    def base_metrics(self) -> dict[str, MetricValue]:
         """partition-id, num-examples, the timed phases so far and the process's peak memory (MB)."""
-        metrics: dict[str, float | int] = {"partition-id": self.partition_id, "num-examples": self.data.num_train}
+        metrics: dict[str, MetricValue] = {"partition-id": self.partition_id, "num-examples": self.data.num_train}
         metrics.update({f"time-{k}": float(v) for k, v in self.timings.items()})
         metrics["peak-rss-mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
         return metrics
 
     @staticmethod
     def reply(
-        metrics: Mapping[str, float | int],
+        metrics: Mapping[str, MetricValue],
         arrays: ArrayRecord | None = None,
         **records: ArrayRecord | MetricRecord | ConfigRecord,
     ) -> RecordDict:
@@ -298,7 +301,7 @@ class ClientMethod:
         glob = self.global_model(content, model)
         if glob is SAME_AS_PERSONAL:
             metrics.update({"global-acc": acc, "global-loss": loss})
-        elif glob is not None:
+        elif isinstance(glob, nn.Module):
             metrics["global-loss"], metrics["global-acc"] = evaluate(glob, x, y)
         metrics.update(self.evaluation_extras(content, model))
         return metrics

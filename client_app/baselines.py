@@ -18,6 +18,8 @@ from flwr.app import RecordDict
 from torch import nn
 
 from client_app.base import SAME_AS_PERSONAL, ClientMethod, load_shared
+from task.methods.baselines import DittoOptions, FedProxOptions, FedRepOptions, MoonOptions
+from task.models import SplitModel
 from task.params import load_record, model_to_record
 from task.train import proximal_term
 
@@ -41,6 +43,8 @@ class FedAvgClient(ClientMethod):
 
 class FedProxClient(FedAvgClient):
     """FedAvg plus ``proximal-mu``/2 ||w - w_global||^2 in the local objective."""
+
+    options: FedProxOptions  # the run-config keys of this method, typed
 
     def extra_loss(self, model: nn.Module):
         reference = {k: p.detach().clone() for k, p in model.named_parameters()}
@@ -102,6 +106,8 @@ class FedPerClient(ClientMethod):
 class FedRepClient(FedPerClient):
     """FedRep: ``head-epochs`` on the head with the body frozen, then ``local-epochs`` on the body."""
 
+    options: FedRepOptions  # the run-config keys of this method, typed
+
     def local_training(self, model: nn.Module) -> dict[str, float]:
         head_params = [p for n, p in model.named_parameters() if n.startswith("head.")]
         body_params = [p for n, p in model.named_parameters() if not n.startswith("head.")]
@@ -122,7 +128,7 @@ def balanced_softmax_loss(class_counts: torch.Tensor):
 class _RoDModel(nn.Module):
     """Generic model + personal head; ``forward`` gives generic logits and remembers the features."""
 
-    def __init__(self, base: nn.Module, num_classes: int) -> None:
+    def __init__(self, base: SplitModel, num_classes: int) -> None:
         super().__init__()
         self.base = base
         self.phead = nn.Linear(base.feature_dim, num_classes).to(next(base.parameters()).device)
@@ -159,6 +165,8 @@ class FedRoDClient(ClientMethod):
         counts = torch.from_numpy(np.bincount(self.data.y_train.numpy(), minlength=self.settings.num_classes))
 
         def personal_head_loss(model: nn.Module, x, y, logits):
+            if rod.last_features is None:
+                raise RuntimeError("FedRoD's personal-head loss runs before a forward pass recorded the features")
             z = rod.last_features.detach()
             return nn.functional.cross_entropy(logits.detach() + rod.phead(z), y)
 
@@ -174,8 +182,8 @@ class FedRoDClient(ClientMethod):
         so the personalized model is one plain network (and is saved as one)."""
         rod = self._model(content)
         with torch.no_grad():
-            rod.base.head.weight += rod.phead.weight
-            rod.base.head.bias += rod.phead.bias
+            rod.base.head.weight.add_(rod.phead.weight)
+            rod.base.head.bias.add_(rod.phead.bias)
         return rod.base
 
     def global_model(self, content: RecordDict, personal: nn.Module) -> nn.Module | None:
@@ -185,6 +193,8 @@ class FedRoDClient(ClientMethod):
 class DittoClient(ClientMethod):
     """Ditto: train the global model as FedAvg, and the personal model v (``context.state['personal']``) for
     ``ditto-epochs`` on loss + ``ditto-lambda``/2 ||v - w_global||^2."""
+
+    options: DittoOptions  # the run-config keys of this method, typed
 
     keeps: ClassVar[Mapping[str, str]] = {"personal": "the personal model v (BatchNorm statistics included)"}
 
@@ -238,7 +248,7 @@ def moon_loss(z: torch.Tensor, z_global: torch.Tensor, z_prev: torch.Tensor, tem
     return (torch.logsumexp(torch.stack([pos, neg], 1), dim=1) - pos).mean()
 
 
-def moon_term(model: nn.Module, feats: dict, previous: dict | None, mu: float, temperature: float):
+def moon_term(model: SplitModel, feats: dict, previous: dict | None, mu: float, temperature: float):
     """``term(x, logits)``: mu times MOON's loss of this batch's features ``feats["z"]`` (set by the forward
     hook) against the round's global model (a frozen copy of ``model`` as it starts) and the client's previous
     local model (``previous``, its state; the global model when there is none yet)."""
@@ -260,6 +270,8 @@ def moon_term(model: nn.Module, feats: dict, previous: dict | None, mu: float, t
 class MoonClient(FedAvgClient):
     """MOON (Li et al.): FedAvg plus the model-contrastive loss; the last local model stays on the node
     (``context.state['moon-prev']``)."""
+
+    options: MoonOptions  # the run-config keys of this method, typed
 
     keeps: ClassVar[Mapping[str, str]] = {
         "moon-prev": "the model after the client's last local training (MOON's negative)"

@@ -124,7 +124,8 @@ class Client2VecClient(ClientMethod):
 
         if self.opts.base == "fedprox":
             prox = proximal_term({k: p.detach().clone() for k, p in model.named_parameters()}, self.opts.proximal_mu)
-            terms.append(lambda x, logits: prox(model, x, None, logits))
+            # the proximal term reads no batch: there are no labels to give it here
+            terms.append(lambda x, logits: prox(model, x, None, logits))  # type: ignore[arg-type]
         elif self.opts.base == "moon":
             terms.append(
                 moon_term(model, feats, self.load_state("moon-prev"), self.opts.moon_mu, self.opts.moon_temperature)

@@ -60,7 +60,7 @@ def corrupt_query_reply(spec: str, partition_id: int, server_round: int, name: s
     """``badbid``: a PI-FL bid naming a tier that does not exist."""
     if name != "bid" or not spec or parse_faults(spec, server_round).get(partition_id) != "badbid":
         return content
-    metrics = dict(content["metrics"])
+    metrics = dict(content.metric_records["metrics"])
     metrics["bid"] = [999]
     content["metrics"] = MetricRecord(metrics)
     return content

@@ -10,11 +10,15 @@ from flwr.app import RecordDict
 
 from client_app.base import ClientMethod
 from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states
+from task.methods.fedc2i import FedC2IOptions
+from task.models import SplitModel
 from task.params import load_record, model_at, model_to_record, stacked_tensors
 
 
 class FedC2IClient(ClientMethod):
-    def _personalized(self, model: torch.nn.Module, stacked: dict[str, torch.Tensor], sizes: list[int]) -> list[float]:
+    options: FedC2IOptions  # the run-config keys of this method, typed
+
+    def _personalized(self, model: SplitModel, stacked: dict[str, torch.Tensor], sizes: list[int]) -> list[float]:
         """Load the personalized model (Eqs. 5-10, variant per ``c2i-variant``) into ``model``; returns lambda.
 
         ``stacked`` holds the k models the server sent, this client's own first; ``sizes`` their clients'
@@ -27,7 +31,7 @@ class FedC2IClient(ClientMethod):
             return [1.0]
         gamma, variant = self.options.gamma, self.options.variant
         heads = self.head_keys(model)
-        bodies = [n for n in self.body_keys(model)]
+        bodies = list(self.body_keys(model))
         gen = torch.Generator().manual_seed(self.seed + 104_729 * self.server_round)
         size = min(self.options.influence_batch_size, len(self.data.y_train))
         idx = torch.randperm(len(self.data.y_train), generator=gen)[:size]
@@ -63,8 +67,11 @@ class FedC2IClient(ClientMethod):
         lam: list[float] = []
         if rec is not None:
             stacked = stacked_tensors(rec, self.device)
-            peers = dict(content.config_records["peer-clients"]) if "peer-clients" in content.config_records else {}
-            sizes = [self.data.num_train, *(int(n) for n in peers.get("num-examples", []))]
+            peers = content.config_records.get("peer-clients")
+            peer_sizes = peers.get("num-examples", []) if peers else []
+            if not isinstance(peer_sizes, list):
+                raise ValueError(f"'peer-clients' needs a list 'num-examples', got {peer_sizes!r}")
+            sizes = [self.data.num_train, *(int(n) for n in peer_sizes)]
             with self.timed("method"):
                 lam = self._personalized(model, stacked, sizes)
         metrics = self.fit(model)

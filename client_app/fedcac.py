@@ -18,12 +18,14 @@ from flwr.app import RecordDict
 
 from client_app.base import ClientMethod
 from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
-from task.methods.fedcac import pack_masks, unpack_masks
+from task.methods.fedcac import FedCACOptions, pack_masks, unpack_masks
 from task.params import load_record, model_to_record, record_to_numpy, to_record
 from task.train import evaluate
 
 
 class FedCACClient(ClientMethod):
+    options: FedCACOptions  # the run-config keys of this method, typed
+
     keeps: ClassVar[Mapping[str, str]] = {
         "model": "the post-training model, BatchNorm statistics included (they never leave the client)",
         "mask": "the packed critical mask of the last local training (Eq. 6)",
@@ -49,7 +51,10 @@ class FedCACClient(ClientMethod):
         keys = [n for n, _ in model.named_parameters()]
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         masks = unpack_masks(packed["bits"], shapes)
-        to_t = lambda rec: {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(rec).items()}  # noqa: E731
+
+        def to_t(rec):
+            return {k: torch.from_numpy(v).to(self.device) for k, v in record_to_numpy(rec).items()}
+
         custom_rec = self.message_arrays(content, "custom")
         with self.timed("method"):
             mixed = merge_customized(

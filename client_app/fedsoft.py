@@ -10,6 +10,7 @@ import torch
 from flwr.app import RecordDict
 
 from client_app.base import ClientMethod
+from task.methods.pifl import FedSoftOptions
 from task.params import load_record, model_at, model_to_record, stacked_tensors
 from task.train import proximal_term
 
@@ -27,6 +28,8 @@ def importance_weights(losses: np.ndarray, sigma: float = SIGMA) -> np.ndarray:
 
 
 class FedSoftClient(ClientMethod):
+    options: FedSoftOptions  # the run-config keys of this method, typed
+
     keeps: ClassVar[Mapping[str, str]] = {"model": "the client's own model, trained towards the centres it is close to"}
 
     def _centres(self, content: RecordDict) -> dict[str, torch.Tensor]:

@@ -5,16 +5,20 @@ See docs/methods/pfedlia.md; its last section says where each section number cit
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from flwr.app import RecordDict
 
-from client_app.base import SAME_AS_PERSONAL, ClientMethod, load_shared
+from client_app.base import SAME_AS_PERSONAL, ClientMethod, MetricValue, load_shared
 from client_app.pfedlia_math import beneficial_peers, lazy_influence_row
+from task.methods.pfedlia import PFedLIAOptions
 from task.params import model_to_record, stacked_tensors
 from task.train import batched_losses, evaluate
 
 
 class PFedLIAClient(ClientMethod):
+    options: PFedLIAOptions  # the run-config keys of this method, typed
+
     def _extra(self) -> dict:
         planted = self.data.meta.get("planted-cluster")
         return {"planted-cluster": int(planted)} if planted is not None else {}
@@ -63,14 +67,18 @@ class PFedLIAClient(ClientMethod):
             stacked = stacked_tensors(content.array_records["lazy"], self.device)
             losses = batched_losses(model, stacked, x, y)
             row = lazy_influence_row(loss0, losses, len(y), self.options.reduction)
-            lazy_clients = content.config_records["lazy-clients"] if "lazy-clients" in content.config_records else {}
-            self_index = int(lazy_clients.get("self-index", -1)) if lazy_clients else -1
-            extra = {}
+            lazy_clients = content.config_records.get("lazy-clients")
+            self_index = lazy_clients.get("self-index", -1) if lazy_clients else -1
+            if not isinstance(self_index, int):
+                raise ValueError(
+                    f"the influence query's 'lazy-clients' needs an integer 'self-index', got {self_index!r}"
+                )
+            extra: dict[str, MetricValue] = {}
             if self.options.mode == "p2p":
                 positive = self.options.p2p_require_positive
                 if self_index < 0:  # a late joiner: not among the lazy models; compare against all of them
                     peers = beneficial_peers(
-                        list(row) + [float("-inf")], len(row), seed=self.seed, require_positive=positive
+                        np.append(row, -np.inf), len(row), seed=self.seed, require_positive=positive
                     )[:-1]
                 else:
                     peers = beneficial_peers(row, self_index, seed=self.seed, require_positive=positive)

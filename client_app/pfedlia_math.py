@@ -38,10 +38,7 @@ def beneficial_peers(row: np.ndarray, self_index: int, seed: int = 0, require_po
     else:
         km = KMeans(n_clusters=2, n_init=10, random_state=seed).fit(values.reshape(-1, 1))
         centers = km.cluster_centers_.ravel()
-        if abs(centers[0] - centers[1]) <= 1e-12:
-            chosen = others
-        else:
-            chosen = others[km.labels_ == int(np.argmax(centers))]
+        chosen = others if abs(centers[0] - centers[1]) <= 1e-12 else others[km.labels_ == int(np.argmax(centers))]
     if require_positive:
         chosen = chosen[row[chosen] > 0]
     return np.sort(np.concatenate([chosen, [self_index]]))

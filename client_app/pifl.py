@@ -12,12 +12,14 @@ import torch
 from flwr.app import RecordDict
 
 from client_app.base import ClientMethod, load_shared
-from task.methods.pifl import bid_policy, mixture_weights
+from task.methods.pifl import PIFLOptions, bid_policy, mixture_weights
 from task.params import model_at, model_to_record, stacked_tensors
 from task.train import evaluate
 
 
 class PIFLClient(ClientMethod):
+    options: PIFLOptions  # the run-config keys of this method, typed
+
     def _tiers(self, content: RecordDict) -> dict[str, torch.Tensor]:
         return stacked_tensors(content.array_records["tiers"], self.device)
 
@@ -39,8 +41,10 @@ class PIFLClient(ClientMethod):
             return super().query(name, content)
         with self.timed("method"):
             accs = self._tier_accuracies(self._tiers(content), self.data.x_val, self.data.y_val)
-            ledger = dict(content.config_records["ledger"]) if "ledger" in content.config_records else {}
-            balance, price = int(ledger.get("balance", 0)), int(ledger.get("price", 1))
+            ledger = content.config_records.get("ledger")
+            balance, price = (ledger.get("balance", 0), ledger.get("price", 1)) if ledger else (0, 1)
+            if not isinstance(balance, int) or not isinstance(price, int):
+                raise ValueError(f"the bid query's 'ledger' needs integer 'balance' and 'price', got {ledger}")
             if self.options.incentive:
                 bid = bid_policy(accs, balance, price, self.options.bid_threshold, self.options.max_bids)
             else:  # PI-FL(NI): one tier uniformly at random

@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flwr.common.config import parse_config_args  # noqa: E402
+from flwr.common.config import parse_config_args
 
-from task.config import parse_settings  # noqa: E402
-from task.data import export_client_file  # noqa: E402
+from task.config import parse_settings
+from task.data import export_client_file
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pflower_deploy.proxy import ProxyPlan, render_site, write_standalone  # noqa: E402
+from pflower_deploy.proxy import ProxyPlan, render_site, write_standalone
 
 
 def main(argv: list[str] | None = None) -> int:

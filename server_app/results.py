@@ -101,13 +101,13 @@ class ResultsWriter:
             ],
         )
         fields = sorted({k for row in rows for k in row}, key=lambda k: (k != "round", k))
-        with open(self.folder / "rounds.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=fields)
-            w.writeheader()
-            w.writerows(rows)
+        with (self.folder / "rounds.csv").open("w", newline="") as fh:
+            rounds_csv = csv.DictWriter(fh, fieldnames=fields)
+            rounds_csv.writeheader()
+            rounds_csv.writerows(rows)
         clients = sorted(strategy.client_eval.items())
         client_fields = sorted({k for _, m in clients for k in m})
-        with open(self.folder / "clients.csv", "w", newline="") as fh:
+        with (self.folder / "clients.csv").open("w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(["client", *client_fields])
             for pid, m in clients:
@@ -139,10 +139,14 @@ class ResultsWriter:
             summary["aborted"] = aborted
         if self.settings.data.dataset == "dialects":  # next-word prediction: perplexity = exp(token CE)
             for key in ("personal", "global"):
-                if summary[f"{key}-loss"] is not None:
-                    summary[f"{key}-perplexity"] = float(np.exp(summary[f"{key}-loss"]))
+                loss = summary[f"{key}-loss"]
+                if loss is not None:
+                    summary[f"{key}-perplexity"] = float(np.exp(float(loss)))
         write_json(self.folder / "summary.json", summary)
-        acc = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+
+        def acc(v: object) -> str:
+            return "n/a" if v is None else f"{v:.4f}"
+
         clustering = f", {summary['clustering']}" if outcome is not None else ""
         return (
             f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "

@@ -9,6 +9,7 @@ Message API like any ``flwr run``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,10 +19,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from pathlib import Path
-from typing import Any
-
 import urllib.request
+from pathlib import Path
+from typing import Any, Self
 
 APP_DIR = Path(__file__).resolve().parents[1]
 CONNECTION = "pflower-local"
@@ -85,7 +85,7 @@ class LocalSimulation:
         env.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
         return env
 
-    def start(self) -> "LocalSimulation":
+    def start(self) -> Self:
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
@@ -108,14 +108,10 @@ class LocalSimulation:
             "--database",
             str(self.home / "state.db"),
         ]
-        self.process = subprocess.Popen(
-            cmd,
-            env=self.env,
-            stdout=open(self.log_path, "w"),
-            stderr=subprocess.STDOUT,
-            cwd=self.home,
-            start_new_session=True,
-        )
+        with self.log_path.open("w") as log:  # the SuperLink writes through its own copy of the descriptor
+            self.process = subprocess.Popen(
+                cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=self.home, start_new_session=True
+            )
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -132,10 +128,8 @@ class LocalSimulation:
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -145,7 +139,7 @@ class LocalSimulation:
         if self._own_dir:
             shutil.rmtree(self.home, ignore_errors=True)
 
-    def __enter__(self) -> "LocalSimulation":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -175,7 +169,9 @@ class LocalSimulation:
             "--run-config",
             run_config_arg(run_config),
         ]
-        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=app_dir)
+        proc = subprocess.run(
+            cmd, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=app_dir, check=False
+        )
         out = proc.stdout + proc.stderr
         if log_path is not None:
             Path(log_path).write_text(out)

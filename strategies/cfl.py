@@ -14,10 +14,13 @@ from flwr.app import RecordDict
 
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.cfl_math import cosine_similarity_matrix, optimal_bipartition, should_split
+from task.methods.pfedlia import CFLOptions
 from task.params import to_record, weighted_average
 
 
 class CFLStrategy(PersonalizedStrategy):
+    options: CFLOptions  # the run-config keys of this method, typed
+
     has_global_model = False
 
     def __init__(self, settings, initial_state, model_info):
@@ -37,7 +40,8 @@ class CFLStrategy(PersonalizedStrategy):
         return {f"cluster-{k}": m for k, m in sorted(self.models.items())}
 
     def _model(self, node_id: int) -> dict[str, np.ndarray]:
-        return self.models[self.cluster_of.get(self.client(node_id), 0)]
+        client = self.client(node_id)
+        return self.models[self.cluster_of.get(client, 0) if client is not None else 0]
 
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         return RecordDict({"arrays": to_record(self._model(node_id))})

@@ -284,7 +284,7 @@ class Client2VecStrategy(PersonalizedStrategy):
         self.c2v.observe(rows)  # H <- gamma H + S(., C^t), C^t = this round's participants
         w = self.c2v.weights(rows, self.opts.aggregation)
         self.global_state = weighted_average([u.arrays for u in updates], w)
-        self.agg_weights[server_round] = {self.index_clients[r]: float(x) for r, x in zip(rows, w)}
+        self.agg_weights[server_round] = {self.index_clients[r]: float(x) for r, x in zip(rows, w, strict=True)}
         return {"c2v-weights": self.agg_weights[server_round]}
 
     # ------------------------------------------------------------------ artefacts

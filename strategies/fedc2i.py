@@ -25,10 +25,13 @@ from flwr.app import ConfigRecord, RecordDict
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import Numbers, ReplySpec
+from task.methods.fedc2i import FedC2IOptions
 from task.params import stacked_record, to_record
 
 
 class FedC2IStrategy(PersonalizedStrategy):
+    options: FedC2IOptions  # the run-config keys of this method, typed
+
     has_global_model = False
 
     def __init__(self, settings, initial_state, model_info):
@@ -86,7 +89,7 @@ class FedC2IStrategy(PersonalizedStrategy):
         rows: dict[int, dict[int, float]] = {}
         for u in updates:
             peers = self.sent_peers.get(u.node_id, [])
-            rows[u.client] = dict(zip([u.client, *peers], u.metrics["influence"]))
+            rows[u.client] = dict(zip([u.client, *peers], u.metrics["influence"], strict=True))
         for u in updates:
             self.store[u.client] = {k: np.array(v) for k, v in u.arrays.items()}
             self.sizes[u.client] = u.num_examples
@@ -117,7 +120,7 @@ class FedC2IStrategy(PersonalizedStrategy):
         chosen = sorted({rounds[0], rounds[len(rounds) // 2], rounds[-1]})
         clients = sorted({p for r in rounds for p in self.influence[r]})
         fig, axes = plt.subplots(1, len(chosen), figsize=(4.2 * len(chosen), 3.8), squeeze=False)
-        for ax, r in zip(axes[0], chosen):
+        for ax, r in zip(axes[0], chosen, strict=True):
             mat = np.full((len(clients), len(clients)), np.nan)
             for i, p in enumerate(clients):
                 for j, q in enumerate(clients):

@@ -32,11 +32,13 @@ from strategies.fedcac_math import (
 )
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import ACCURACY, INT_LIMIT, Arrays, Numbers, ReplySpec, Tensor
-from task.methods.fedcac import packed_length, unpack_masks
+from task.methods.fedcac import FedCACOptions, packed_length, unpack_masks
 from task.params import to_record
 
 
 class FedCACStrategy(PersonalizedStrategy):
+    options: FedCACOptions  # the run-config keys of this method, typed
+
     def __init__(self, settings, initial_state, model_info):
         super().__init__(settings, initial_state, model_info)
         self.param_keys = list(model_info.parameter_keys)  # BN statistics never leave the clients
@@ -124,7 +126,7 @@ class FedCACStrategy(PersonalizedStrategy):
             "collaborators-mean": float(sizes.mean()),
             "collaborators-min": int(sizes.min()),
             "collaborators-max": int(sizes.max()),
-            "collaborators": {int(pid): [int(pids[j]) for j in c] for pid, c in zip(pids, collab)},
+            "collaborators": {int(pid): [int(pids[j]) for j in c] for pid, c in zip(pids, collab, strict=True)},
             "mask-fraction": float(mask_matrix.mean()),
         }
         hist = [u.metrics.get("label-histogram") for u in updates]
@@ -177,7 +179,7 @@ class FedCACStrategy(PersonalizedStrategy):
         chosen = sorted(self.overlaps)
         (folder / "fedcac_overlap.json").write_text(json.dumps({r: self.overlaps[r] for r in chosen}))
         fig, axes = plt.subplots(1, len(chosen), figsize=(4.2 * len(chosen), 3.8), squeeze=False)
-        for ax, r in zip(axes[0], chosen):
+        for ax, r in zip(axes[0], chosen, strict=True):
             entry = self.overlaps[r]
             order = np.argsort(entry["partition-ids"])
             mat = np.array(entry["overlap"])[np.ix_(order, order)]

@@ -30,8 +30,7 @@ def mask_overlap(masks: np.ndarray, chunk: int = 65_536) -> np.ndarray:
         inter += block @ block.T
     sizes = np.diag(inter).copy()
     with np.errstate(divide="ignore", invalid="ignore"):
-        overlap = np.where(sizes[:, None] > 0, inter / np.where(sizes > 0, sizes, 1)[:, None], 0.0)
-    return overlap
+        return np.where(sizes[:, None] > 0, inter / np.where(sizes > 0, sizes, 1)[:, None], 0.0)
 
 
 def off_diagonal(matrix: np.ndarray) -> np.ndarray:

@@ -5,8 +5,8 @@ training points for which centre s has the lowest loss, smoothed by sigma = 1e-4
 For every centre s the server draws ``fedsoft-clients-per-cluster`` clients with probability proportional
 to u_ks * n_k.  A drawn client solves min f_k(w) + lambda/2 sum_s u_ks ||w - c_s||^2 (``fedsoft-lambda``)
 from its own model, and centre s becomes the plain mean of the models of the clients drawn for it (the draw
-already weights them by u_ks n_k).  A client's personalized model is its own model (the u-weighted mix of centres before it first
-trains).
+already weights them by u_ks n_k).  A client's personalized model is its own model (the u-weighted mix of centres
+before it first trains).
 
 See docs/methods/pifl.md; its last section says where each section number cited here is explained.
 """
@@ -24,10 +24,13 @@ from flwr.serverapp import Grid
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.replies import Numbers, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
+from task.methods.pifl import FedSoftOptions
 from task.params import stacked_record, weighted_average
 
 
 class FedSoftStrategy(PersonalizedStrategy):
+    options: FedSoftOptions  # the run-config keys of this method, typed
+
     has_global_model = False
     evaluate_in_train = False  # only the clients drawn for a centre train; every client is evaluated
 
@@ -76,7 +79,7 @@ class FedSoftStrategy(PersonalizedStrategy):
 
     def estimate(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         payload = self._stacked()
-        for r in self.send_query(grid, server_round, "fedsoft_u", {n: payload for n in nodes}):
+        for r in self.send_query(grid, server_round, "fedsoft_u", dict.fromkeys(nodes, payload)):
             self.u[r.client], self.n[r.client] = np.asarray(r.metrics["fedsoft-u"], float), r.num_examples
         self.u_log[server_round] = {c: self.u[c].round(4).tolist() for c in sorted(self.u)}
 
@@ -89,7 +92,7 @@ class FedSoftStrategy(PersonalizedStrategy):
             self.estimate(grid, server_round, nodes)
 
     def sample(self, server_round: int, nodes: list[int]) -> list[int]:
-        known = [self.client(n) for n in self.by_client(nodes) if self.client(n) in self.u]
+        known = [c for c in map(self.client, self.by_client(nodes)) if c is not None and c in self.u]
         self.selected = {}
         for s in range(self.k):
             w = np.array([self.u[c][s] * self.n[c] for c in known])
@@ -105,7 +108,8 @@ class FedSoftStrategy(PersonalizedStrategy):
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         """Every centre, and this client's importance weights (uniform until it has sent its own)."""
         payload = self._stacked()
-        u = self.u.get(self.client(node_id), np.full(self.k, 1.0 / self.k))
+        client = self.client(node_id)
+        u = self.u[client] if client is not None and client in self.u else np.full(self.k, 1.0 / self.k)
         payload["fedsoft"] = ConfigRecord({"u": [float(x) for x in u]})
         return payload
 

@@ -15,10 +15,13 @@ from flwr.app import RecordDict
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.replies import Number, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
+from task.methods.pifl import TierOptions
 from task.params import stacked_record, weighted_average
 
 
 class IFCAStrategy(PersonalizedStrategy):
+    options: TierOptions  # the run-config keys of this method, typed
+
     has_global_model = False
 
     def __init__(self, settings, initial_state, model_info):

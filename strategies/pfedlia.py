@@ -27,10 +27,13 @@ from strategies.base import IDENTIFY, PersonalizedStrategy, Reply, log
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import INT_LIMIT, VALUE_LIMIT, Arrays, Number, Numbers, ReplySpec
+from task.methods.pfedlia import PFedLIAOptions
 from task.params import stack_states, to_record, weighted_average
 
 
 class PFedLIAStrategy(PersonalizedStrategy):
+    options: PFedLIAOptions  # the run-config keys of this method, typed
+
     default_mode = "central"
 
     def __init__(self, settings, initial_state, model_info):
@@ -77,6 +80,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
             setattr(self, name, state[name])
 
     # ------------------------------------------------------------------ what each node trains
+    # a global model only until the clients are clustered: a property where the base has a class attribute
     @property
     def has_global_model(self) -> bool:  # type: ignore[override]
         return not self.clustered
@@ -91,11 +95,13 @@ class PFedLIAStrategy(PersonalizedStrategy):
     def model_for(self, node_id: int) -> dict[str, np.ndarray]:
         if not self.clustered:
             return self.global_state
-        client = self.client(node_id)
+        client, start = self.client(node_id), self.start_model()
+        if client is None:  # a node that never replied: theta_0, as a client outside every cluster
+            return start
         if self.mode == "p2p":
-            return self.personal.get(client, self.theta0)
+            return self.personal.get(client, start)
         label = self.assignment.get(client)
-        return self.cluster_models.get(label, self.theta0) if label is not None else self.theta0
+        return self.cluster_models.get(label, start) if label is not None else start
 
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         cfg = super().round_config(server_round, phase)
@@ -158,7 +164,14 @@ class PFedLIAStrategy(PersonalizedStrategy):
         for client, group in sorted(self.planted.items()):
             if client not in self.assignment:
                 self.assignment[client] = group
-                self.cluster_models.setdefault(group, self.theta0)
+                self.cluster_models.setdefault(group, self.start_model())
+
+    def start_model(self) -> dict[str, np.ndarray]:
+        """theta_0: the warm-up's last global model, where every cluster and personal model starts (set by the
+        clustering round, or restored by a resume)."""
+        if self.theta0 is None:
+            raise RuntimeError("pFedLIA's theta_0 is read before the clustering round set it")
+        return self.theta0
 
     # ------------------------------------------------------------------ aggregation
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
@@ -176,20 +189,22 @@ class PFedLIAStrategy(PersonalizedStrategy):
                         [u.arrays for u in present], [u.num_examples for u in present]
                     )
             return {}
-        for label in sorted({self.assignment.get(u.client) for u in updates} - {None}):
+        for label in sorted({self.assignment[u.client] for u in updates if u.client in self.assignment}):
             group = [u for u in updates if self.assignment.get(u.client) == label]
             self.cluster_models[label] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
         return {}
 
     # ------------------------------------------------------------------ the clustering round
     def _lazy_models(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, dict[str, np.ndarray]]:
-        payloads = {n: RecordDict({"arrays": to_record(self.theta0)}) for n in nodes}
+        payloads = {n: RecordDict({"arrays": to_record(self.start_model())}) for n in nodes}
         return {r.client: r.arrays for r in self.send_query(grid, server_round, "lazy", payloads)}
 
     def _rows(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, tuple[np.ndarray, list[int]]]:
         """client -> (its influence row over the lazy models, its beneficial clients (p2p))."""
+        if self.lazy_stacked is None:
+            raise RuntimeError("pFedLIA scores influence rows before any lazy model was collected")
         lazy = to_record(self.lazy_stacked)
-        base = to_record(self.theta0)
+        base = to_record(self.start_model())
         payloads = {}
         for n in nodes:
             me = self.client(n)
@@ -256,13 +271,13 @@ class PFedLIAStrategy(PersonalizedStrategy):
                     score=o.score,
                     standardize=o.row_standardize,
                 )
-                self.assignment = {c: int(l) for c, l in zip(scored, labels)}
+                self.assignment = {c: int(label) for c, label in zip(scored, labels, strict=True)}
             else:
                 self.sets = {c: sorted(set(rows[c][1]) | {c}) for c in scored}
                 self.assignment = groups_from_sets({c: frozenset(s) for c, s in self.sets.items()})
-                self.personal = {c: self.theta0 for c in scored}
+                self.personal = dict.fromkeys(scored, self.theta0)
             self.clustering["clients-asked"] = len(nodes)
-        self.cluster_models = {label: self.theta0 for label in set(self.assignment.values())}
+        self.cluster_models = dict.fromkeys(set(self.assignment.values()), self.theta0)
         self.clustered = True
         comm = self.exchange.comm.get(server_round, {})
         self.clustering.update(
@@ -305,7 +320,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
         for c, (row, beneficial) in rows.items():
             if self.mode == "p2p":
                 self.sets[c] = sorted(set(beneficial) | {c})
-                self.personal[c] = self.theta0
+                self.personal[c] = self.start_model()
                 self.assignment[c] = -1
             else:
                 cols = [self.lazy_clients.index(m) for m in order]
@@ -329,7 +344,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
 
         out = {
             "clustering": self.clustering,
-            "assignment": {str(c): int(l) for c, l in sorted(self.assignment.items())},
+            "assignment": {str(c): int(label) for c, label in sorted(self.assignment.items())},
             "planted": {str(c): p for c, p in sorted(self.planted.items())},
         }
         if self.sets:

@@ -37,10 +37,10 @@ from strategies.base import PersonalizedStrategy, Reply
 from strategies.pifl_math import TokenLedger, random_tiering, rank_clients, schedule, shapley_scores
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import ACCURACY as SHARE
-from strategies.replies import Numbers, ReplySpec
+from strategies.replies import Number, Numbers, ReplySpec
 from strategies.tier_tables import TierTables
 from task.data import load_centralized
-from task.methods.pifl import MICRO
+from task.methods.pifl import MICRO, PIFLOptions
 from task.models import build_model
 from task.params import load_record, stacked_record, to_record, weighted_average
 
@@ -48,6 +48,8 @@ log = logging.getLogger("flwr.pflower")
 
 
 class PIFLStrategy(PersonalizedStrategy):
+    options: PIFLOptions  # the run-config keys of this method, typed
+
     has_global_model = False
     evaluate_in_train = False  # every client scores every tier after the round; only winners train
 
@@ -60,11 +62,15 @@ class PIFLStrategy(PersonalizedStrategy):
             o.slots_random,
             o.max_bids,
         )
-        self.initial_tokens = int(round(o.initial_tokens * MICRO))
-        self.price = int(round(o.slot_price * MICRO))
-        self.ledger_args = dict(price=self.price, max_refund=o.max_refund, full_use_gain=o.full_use_gain)
+        self.initial_tokens = round(o.initial_tokens * MICRO)
+        self.price = round(o.slot_price * MICRO)
+        self.ledger_args: dict[str, Any] = {
+            "price": self.price,
+            "max_refund": o.max_refund,
+            "full_use_gain": o.full_use_gain,
+        }
         TokenLedger([], self.num_tiers, self.initial_tokens, **self.ledger_args)  # validates the values now
-        self.ledger: TokenLedger | None = None
+        self.ledger: TokenLedger | None = None  # opened when the first round starts (or restored)
         self.tiers = {k: {key: np.array(v) for key, v in self.initial_state.items()} for k in range(self.num_tiers)}
         # everything per client is keyed by client id (partition id)
         self.scores: dict[int, dict[int, float]] = {k: {} for k in range(self.num_tiers)}  # tier -> client -> psi
@@ -161,24 +167,30 @@ class PIFLStrategy(PersonalizedStrategy):
                 bid=Numbers(int, 0, self.num_tiers - 1, max_length=self.max_bids if can_pay else 0, distinct=True)
             )
         if phase == "evaluate":  # each tier model's accuracy on the client's validation split: the tiers' utility
-            return spec.with_metrics(
-                **{
-                    "tier-acc": Numbers(float, 0.0, 1.0, length=self.num_tiers),
-                    "source-a-share": replace(SHARE, required=False),
-                }
-            )
+            evaluated: dict[str, Number | Numbers] = {
+                "tier-acc": Numbers(float, 0.0, 1.0, length=self.num_tiers),
+                "source-a-share": replace(SHARE, required=False),
+            }
+            return spec.with_metrics(**evaluated)
         if phase == "train":
             return spec.with_metrics(**{"source-a-share": replace(SHARE, required=False)})
         return spec
 
+    def open_ledger(self) -> TokenLedger:
+        """The ledger, once the first round opened it (or a resume restored it)."""
+        if self.ledger is None:
+            raise RuntimeError("PI-FL's token ledger is used before the first round opened it")
+        return self.ledger
+
     def collect_bids(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, list[int]]:
         """Every client's bid (client id -> tiers); clients whose reply was rejected are not available."""
         stacked = self.stacked_tiers()
+        ledger = self.open_ledger()
         payloads = {
             n: RecordDict(
                 {
                     "tiers": stacked,
-                    "ledger": ConfigRecord({"balance": self.ledger.balances[self.client_of[n]], "price": self.price}),
+                    "ledger": ConfigRecord({"balance": ledger.balances[self.client_of[n]], "price": self.price}),
                 }
             )
             for n in nodes
@@ -236,11 +248,14 @@ class PIFLStrategy(PersonalizedStrategy):
             weights = np.array([u.num_examples for u in group], float)
             self.tiers[k] = weighted_average([u.arrays for u in group], weights)
             grad = self.mean_gradient(self.tiers[k])
-            flat = lambda s: np.concatenate([np.asarray(s[p], float).ravel() for p in params])  # noqa: E731
+
+            def flat(s):
+                return np.concatenate([np.asarray(s[p], float).ravel() for p in params])
+
             psi = shapley_scores(
                 grad, np.stack([flat(u.arrays) for u in group]), flat(self.tiers[k]), weights / weights.sum()
             )
-            for u, score in zip(group, psi):
+            for u, score in zip(group, psi, strict=True):
                 self.scores[k][u.client] = float(score)
         return {"pifl": {"tier-sizes": {k: len(v) for k, v in self.winners.items()}}}
 
@@ -252,6 +267,7 @@ class PIFLStrategy(PersonalizedStrategy):
         """Settle every tier (pifl.md §2.4): only winners whose training arrived this round are refunded and ranked,
         on this round's scores; the utility is the mean of their own tier accuracies."""
         entry: dict[str, Any] = {"round": server_round, "tiers": {}}
+        ledger = self.open_ledger()
         for k in range(self.num_tiers):
             members = [c for c in self.winners.get(k, []) if c in self.delivered]
             accs = [self._tier_acc[c][k] for c in members if c in self._tier_acc]
@@ -259,30 +275,29 @@ class PIFLStrategy(PersonalizedStrategy):
             ranked = rank_clients(members, self.scores[k], self.counts[k])
             payers = [c for c in self.payers.get(k, []) if c in self.delivered]
             if self.payers.get(k) or server_round > 1:
-                s = self.ledger.settle(k, payers, ranked, utility)
+                s = ledger.settle(k, payers, ranked, utility)
             else:  # round 1: free warm-up, only the utility is recorded
-                self.ledger.best_utility[k] = utility
+                ledger.best_utility[k] = utility
                 s = None
-            shares = [self.source_share.get(c) for c in members]
-            shares = [x for x in shares if x is not None]
+            shares = [x for x in (self.source_share.get(c) for c in members) if x is not None]
             entry["tiers"][k] = {
                 "members": list(self.winners.get(k, [])),
                 "payers": list(self.payers.get(k, [])),
                 "delivered": members,
                 "utility": utility,
-                "pool": self.ledger.pools[k],
+                "pool": ledger.pools[k],
                 "refund-ratio": s.refund_ratio if s else None,
-                "payments": {c: self.price for c in self.payers.get(k, [])},
+                "payments": dict.fromkeys(self.payers.get(k, []), self.price),
                 "refunds": dict(s.refunds) if s else {},
                 "rewards": dict(s.rewards) if s else {},
                 "source-a-share": float(np.mean(shares)) if shares else None,
             }
-        self.ledger.check()  # conservation asserted every round
+        ledger.check()  # conservation asserted every round
         table = self.tier_tables.record(self, server_round, [self.tiers[k] for k in range(self.num_tiers)])
         if table:  # accuracy of each tier model on the source A / B holdouts (paper Tables 1-2)
             entry["tier-table"] = table
-        entry["balances"] = dict(self.ledger.balances)
-        entry["total"] = self.ledger.total()
+        entry["balances"] = dict(ledger.balances)
+        entry["total"] = ledger.total()
         self.ledger_log.append(entry)
         self._tier_acc = {}
 

@@ -59,10 +59,10 @@ class TokenLedger:
         if not 0.0 <= max_refund <= 1.0 or not 0.0 < full_use_gain <= 1.0:
             raise LedgerError("max-refund must be in [0, 1] and full-use-gain in (0, 1]")
         self.balances: dict[int, int] = {int(c): int(initial) for c in clients}
-        self.pools: dict[int, int] = {k: 0 for k in range(num_tiers)}
+        self.pools: dict[int, int] = dict.fromkeys(range(num_tiers), 0)
         self.price, self.max_refund, self.full_use_gain = int(price), float(max_refund), float(full_use_gain)
         self.supply = int(initial) * len(self.balances)
-        self.best_utility: dict[int, float | None] = {k: None for k in range(num_tiers)}
+        self.best_utility: dict[int, float | None] = dict.fromkeys(range(num_tiers))
 
     # ------------------------------------------------------------------ invariants
     def total(self) -> int:
@@ -104,7 +104,7 @@ class TokenLedger:
         for c in payers:
             self.balances[c] -= self.price
             self.pools[tier] += self.price
-        return {c: self.price for c in payers}
+        return dict.fromkeys(payers, self.price)
 
     def settle(self, tier: int, payers: list[int], ranked: list[int], utility: float | None) -> Settlement:
         """Steps 2-4: utility gain, refund to the payers, then the pool by contribution rank.

@@ -142,7 +142,7 @@ class Tensor:
         if arr.dtype != np.dtype(self.dtype):
             return f"has dtype {arr.dtype}, expected {self.dtype}"
         if arr.ndim != len(self.shape) or any(
-            (n not in d) if isinstance(d, Dim) else n != d for n, d in zip(arr.shape, self.shape)
+            (n not in d) if isinstance(d, Dim) else n != d for n, d in zip(arr.shape, self.shape, strict=True)
         ):
             return f"has shape {tuple(arr.shape)}, expected {self.shape}"
         if self.finite and np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
@@ -158,7 +158,7 @@ class Arrays:
     required: bool = True
 
     @staticmethod
-    def like(state: Mapping[str, np.ndarray], keys: list[str] | None = None) -> "Arrays":
+    def like(state: Mapping[str, np.ndarray], keys: list[str] | None = None) -> Arrays:
         """The spec of an ArrayRecord holding ``keys`` of ``state`` with their shapes and dtypes."""
         keys = list(state) if keys is None else keys
         return Arrays({k: Tensor(tuple(np.shape(state[k])), str(np.asarray(state[k]).dtype)) for k in keys})
@@ -181,19 +181,19 @@ class ReplySpec:
     rules: tuple[Rule, ...] = ()
     evaluation: Mapping[str, Number | Numbers] | None = None
 
-    def with_metrics(self, **more: Number | Numbers) -> "ReplySpec":
+    def with_metrics(self, **more: Number | Numbers) -> ReplySpec:
         return replace(self, metrics={**self.metrics, **{k.replace("_", "-"): v for k, v in more.items()}})
 
-    def with_records(self, **more: Arrays) -> "ReplySpec":
+    def with_records(self, **more: Arrays) -> ReplySpec:
         return replace(self, records={**self.records, **more})
 
-    def without_records(self, *names: str) -> "ReplySpec":
+    def without_records(self, *names: str) -> ReplySpec:
         return replace(self, records={k: v for k, v in self.records.items() if k not in names})
 
-    def with_rule(self, rule: Rule) -> "ReplySpec":
+    def with_rule(self, rule: Rule) -> ReplySpec:
         return replace(self, rules=(*self.rules, rule))
 
-    def with_evaluation(self, metrics: Mapping[str, Number | Numbers]) -> "ReplySpec":
+    def with_evaluation(self, metrics: Mapping[str, Number | Numbers]) -> ReplySpec:
         return replace(self, evaluation=dict(metrics))
 
 
@@ -221,7 +221,9 @@ def _parse_metrics(content: RecordDict, name: str, rules: Mapping[str, Number | 
 #: module's imports began and ended, and its handler began, finished its set-up and ended (diagnostics of where
 #: a message's time goes; see strategies/message_timing.py)
 STAMP = Number(float, 0.0, 1e11, required=False)
-TIMING = {k: STAMP for k in ("process-start", "app-import", "app-ready", "handler-start", "setup-done", "handler-end")}
+TIMING = dict.fromkeys(
+    ("process-start", "app-import", "app-ready", "handler-start", "setup-done", "handler-end"), STAMP
+)
 
 
 def parse_reply(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:

@@ -49,7 +49,7 @@ class SourceHoldouts:
 
     def table(self, models: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
         """[{source: accuracy}] per model; empty when there are no holdouts."""
-        out = []
+        out: list[dict[str, Any]] = []
         if not self.sets:
             return out
         for state in models:

@@ -125,7 +125,7 @@ def _tuples(x: Any) -> Any:
 # ---------------------------------------------------------------------------------------------- files
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -154,10 +154,10 @@ def save_checkpoint(
     (tmp / "state.json").write_text(json.dumps(doc))
     final = folder / name
     shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    tmp.replace(final)
     latest_tmp = folder / f".LATEST.tmp-{os.getpid()}"
     latest_tmp.write_text(name)
-    os.replace(latest_tmp, folder / "LATEST")
+    latest_tmp.replace(folder / "LATEST")
     rounds = sorted(p for p in folder.glob("round-*") if p.is_dir())
     for old in rounds[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

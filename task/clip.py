@@ -265,5 +265,5 @@ def cached_embeddings(
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp.npz")
     os.close(fd)
     np.savez(tmp, D=D, L=L)
-    os.replace(tmp, path)
+    Path(tmp).replace(path)
     return D, L, False

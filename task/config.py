@@ -251,7 +251,7 @@ def describe_options() -> str:
     for name, spec in METHODS.items():
         owners.setdefault(spec.options, []).append(name)
     rows, seen = ["| key | default | allowed | used by | help |", "|---|---|---|---|---|"], set()
-    for cls, methods in owners.items():
+    for cls in owners:
         for key, opt in cls.declared().items():
             if key in seen:
                 continue

@@ -133,7 +133,7 @@ def train_dsa_ign(
     """Adam on the summed DSA-IGN loss for ``epochs`` passes over (D, L); returns the per-epoch mean losses."""
     if len(D) != len(L) or len(D) == 0:
         raise ValueError(f"DSA-IGN needs as many label embeddings as image embeddings (>0), got {len(D)} and {len(L)}")
-    d, l = torch.as_tensor(D, dtype=torch.float32), torch.as_tensor(L, dtype=torch.float32)
+    d, lab = torch.as_tensor(D, dtype=torch.float32), torch.as_tensor(L, dtype=torch.float32)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     history = []
@@ -144,7 +144,7 @@ def train_dsa_ign(
         for idx in torch.randperm(len(d), generator=gen).split(batch_size):
             if len(idx) < 2:
                 continue
-            loss, parts = total_loss(net, d[idx], l[idx], orth_mode)
+            loss, parts = total_loss(net, d[idx], lab[idx], orth_mode)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -27,14 +27,14 @@ MANIFEST_VERSION = 1
 
 def _atomic_write(path: Path, write) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
+    tmp = Path(tmp_name)
     try:
-        write(tmp)
-        os.replace(tmp, path)
+        write(tmp_name)
+        tmp.replace(path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
 
 
 def save_model(path: str | Path, state: Mapping[str, Any], manifest: Mapping[str, Any]) -> Path:
@@ -91,7 +91,7 @@ def model_manifest(settings, **extra: Any) -> dict[str, Any]:
             "image-size": settings.image_size,
             "num-classes": settings.num_classes,
         },
-        "run-config": {k: v for k, v in dict(settings.raw).items()},
+        "run-config": dict(settings.raw),
         **extra,
     }
 
@@ -120,7 +120,7 @@ def predict_file(model_path: str | Path, data_path: str | Path) -> dict[str, Any
     ):
         raise ValueError(f"{data_path}: inputs of shape {x.shape[1:]} do not fit the model's {m}")
     labels = predict(model, x)
-    out: dict[str, Any] = {"model": str(model_path), "samples": int(len(x)), "predictions": labels}
+    out: dict[str, Any] = {"model": str(model_path), "samples": len(x), "predictions": labels}
     if y is not None:
         out["accuracy"] = float((labels == y).mean()) if len(y) else None
     return out

@@ -281,11 +281,11 @@ def _input_dim(in_channels: int, image_size: int) -> int:
 
 
 MODELS: dict[str, Callable[[int, int, int], SplitModel]] = {
-    "cnn": lambda c, s, k: SmallCNN(c, s, k),
-    "c2i-cnn": lambda c, s, k: C2ICNN(c, s, k),
-    "lenet": lambda c, s, k: LeNet(c, s, k),
-    "c2i-small": lambda c, s, k: C2ISmall(c, s, k),
-    "pifl-cnn": lambda c, s, k: PIFLCNN(c, s, k),
+    "cnn": SmallCNN,
+    "c2i-cnn": C2ICNN,
+    "lenet": LeNet,
+    "c2i-small": C2ISmall,
+    "pifl-cnn": PIFLCNN,
     "resnet8": lambda c, s, k: ResNet(c, k, [1, 1, 1], [64, 128, 256]),
     "resnet10": lambda c, s, k: ResNet(c, k, [1, 1, 1, 1], [64, 128, 256, 512]),
     "resnet18": lambda c, s, k: ResNet(c, k, [2, 2, 2, 2], [64, 128, 256, 512]),
@@ -382,7 +382,7 @@ class ModelInfo:
         return [k for k in self.shapes if not k.startswith(HEAD_PREFIX)]
 
 
-def describe(model: nn.Module) -> ModelInfo:
+def describe(model: SplitModel) -> ModelInfo:
     """The :class:`ModelInfo` of a built model (on any device, torch's ``meta`` device included)."""
     state = model.state_dict()
     return ModelInfo(
@@ -390,7 +390,7 @@ def describe(model: nn.Module) -> ModelInfo:
         dtypes={k: str(v.dtype).removeprefix("torch.") for k, v in state.items()},
         parameter_keys=tuple(name for name, _ in model.named_parameters()),
         norm_keys=tuple(norm_keys(model)),
-        feature_dim=int(model.head.in_features),
+        feature_dim=model.feature_dim,
     )
 
 
@@ -404,7 +404,7 @@ def model_info(name: str, in_channels: int, image_size: int, num_classes: int) -
             from transformers import GPT2Config
 
             cfg = GPT2Config.from_pretrained(str(Path(name.split(":", 1)[1]).expanduser()), local_files_only=True)
-            model: nn.Module = CausalLM(cfg.vocab_size, in_channels, cfg.n_embd, cfg.n_layer, cfg.n_head)
+            model: SplitModel = CausalLM(cfg.vocab_size, in_channels, cfg.n_embd, cfg.n_layer, cfg.n_head)
         else:
             model = build_model(name, in_channels, image_size, num_classes)
     return describe(model)

@@ -15,7 +15,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 T = TypeVar("T", bound="OptionSet")
 
@@ -88,7 +88,7 @@ class Option:
 def option(
     key: str,
     default: Any,
-    help: str,
+    description: str,
     *,
     minimum: float | None = None,
     maximum: float | None = None,
@@ -96,7 +96,7 @@ def option(
     aliases: Mapping[str, str] | None = None,
 ) -> Any:
     """A dataclass field bound to run-config ``key``."""
-    opt = Option(key, default, help, minimum, maximum, choices, dict(aliases or {}))
+    opt = Option(key, default, description, minimum, maximum, choices, dict(aliases or {}))
     if choices is not None and not set(opt.aliases.values()) <= set(choices):
         raise ValueError(f"aliases of {key!r} must name allowed values {list(choices)}, got {opt.aliases}")
     opt.convert(default)  # a declaration whose default breaks its own rule is a bug
@@ -119,7 +119,7 @@ class OptionSet:
         }
 
     @classmethod
-    def parse(cls: type[T], cfg: Mapping[str, Any], fixed: Mapping[str, Any] | None = None) -> T:
+    def parse(cls, cfg: Mapping[str, Any], fixed: Mapping[str, Any] | None = None) -> Self:
         values = {}
         fixed = dict(fixed or {})
         for f in dataclasses.fields(cls):

@@ -38,7 +38,7 @@ def model_to_record(model: nn.Module, keys: Iterable[str] | None = None) -> Arra
 
 
 def record_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: record[k].numpy() for k in record.keys()}
+    return {k: record[k].numpy() for k in record}
 
 
 def load_record(model: nn.Module, record: ArrayRecord | Mapping[str, np.ndarray], strict_keys: bool = False) -> None:
@@ -62,7 +62,7 @@ def load_record(model: nn.Module, record: ArrayRecord | Mapping[str, np.ndarray]
 
 def reference_shapes(record: ArrayRecord | Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
     if isinstance(record, ArrayRecord):
-        return {k: tuple(record[k].shape) for k in record.keys()}
+        return {k: tuple(record[k].shape) for k in record}
     return {k: tuple(np.shape(v)) for k, v in record.items()}
 
 

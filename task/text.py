@@ -101,10 +101,7 @@ def vocab_size(pretrained: str = "") -> int:
 def encode(lines: list[str], pretrained: str = "") -> np.ndarray:
     """Token ids (N, SEQ_LEN + 1): the first SEQ_LEN + 1 tokens of each line (lines are long enough)."""
     tok = tokenizer(pretrained)
-    if pretrained:
-        ids = [tok(line)["input_ids"] for line in lines]
-    else:
-        ids = [e.ids for e in tok.encode_batch(lines)]
+    ids = [tok(line)["input_ids"] for line in lines] if pretrained else [e.ids for e in tok.encode_batch(lines)]
     rows = [r[: SEQ_LEN + 1] for r in ids if len(r) >= SEQ_LEN + 1]
     return np.asarray(rows, dtype=np.int64)
 

@@ -66,7 +66,7 @@ def train(
     if not trainable or epochs == 0 or len(y) == 0:
         return {"train-loss": 0.0, "train-acc": 0.0, "steps": 0}
     if optimizer == "sgd":
-        opt = torch.optim.SGD(trainable, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        opt: torch.optim.Optimizer = torch.optim.SGD(trainable, lr=lr, momentum=momentum, weight_decay=weight_decay)
     elif optimizer == "adam":  # a fresh optimizer every call (fedc2i.md §6.19)
         opt = torch.optim.Adam(trainable, lr=lr, weight_decay=weight_decay)
     else:

@@ -11,12 +11,19 @@ import numpy as np
 import torch
 from flwr.app import Context, RecordDict
 
-from task.methods import METHODS, load_object
 from task.config import parse_settings
 from task.data import ClientData, load_centralized
+from task.methods import METHODS, load_object
 from task.train import train
 
-BASE_CFG = {"model": "mlp", "partition": "iid", "momentum": 0.0, "batch-size": 16, "lr": 0.1, "local-epochs": 1}
+BASE_CFG: dict[str, bool | float | int | str] = {
+    "model": "mlp",
+    "partition": "iid",
+    "momentum": 0.0,
+    "batch-size": 16,
+    "lr": 0.1,
+    "local-epochs": 1,
+}
 
 
 def digits_of(classes, n_per_class=20, offset=0):

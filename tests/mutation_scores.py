@@ -109,7 +109,7 @@ def collect(mutants_dir: Path, commit: str, only: list[str], path: Path = RESULT
         raise SystemExit(f"no mutmut results (*.py.meta) under {mutants_dir}: run `mutmut run` there first")
     path.parent.mkdir(parents=True, exist_ok=True)
     added = counted = 0
-    with open(path.with_suffix(".lock"), "w") as lock:
+    with path.with_suffix(".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = load(path)
         for meta in metas:
@@ -137,7 +137,7 @@ def collect(mutants_dir: Path, commit: str, only: list[str], path: Path = RESULT
 def equivalents(path: Path = EQUIVALENT) -> dict[str, tuple[str, str]]:
     if not path.exists():
         return {}
-    with open(path, newline="") as f:
+    with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     out = {}
     for row in rows:
@@ -175,11 +175,13 @@ def table(data: dict, equiv: dict[str, tuple[str, str]]) -> tuple[str, list[str]
         else:
             c[status] += 1
     lines = [
-        "| module | mutants | not run | run | caught | of which timeout / crash | survived | gpu-only | no tests | "
-        "equivalent | import-time | score |",
+        (
+            "| module | mutants | not run | run | caught | of which timeout / crash | survived | gpu-only | no tests | "
+            "equivalent | import-time | score |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    totals = Counter()
+    totals: Counter[str] = Counter()
     for module in sorted(per):
         c = per[module]
         total = data["modules"].get(module, c["run"])
@@ -227,8 +229,10 @@ def table(data: dict, equiv: dict[str, tuple[str, str]]) -> tuple[str, list[str]
 def method_summary(data: dict, per: dict[str, Counter], methods: dict = METHOD_MODULES) -> list[str]:
     """One row per method: is every module of it run completely, and is each at or above the target?"""
     out = [
-        f"Target (issue 14 §3): at least {TARGET:.0%} of the non-equivalent mutants caught in every module of every "
-        "method, with every mutant run.",
+        (
+            f"Target (issue 14 §3): at least {TARGET:.0%} of the non-equivalent mutants caught in every module of "
+            "every method, with every mutant run."
+        ),
         "",
         "| method | modules | mutants not run | lowest module score | target met |",
         "|---|---|---|---|---|",
@@ -258,7 +262,7 @@ def render(check: bool) -> int:
     doc = DOC.read_text()
     if BEGIN not in doc or END not in doc:
         raise SystemExit(f"{DOC} has no {BEGIN} ... {END} block to fill")
-    new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{text}\n{END}", doc, flags=re.S)
+    new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: f"{BEGIN}\n{text}\n{END}", doc, flags=re.DOTALL)
     for name in stale:
         print(f"stale: {name} is listed as equivalent but a test kills it; take it out of {EQUIVALENT.name}")
     if check:

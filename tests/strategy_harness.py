@@ -14,11 +14,11 @@ import copy
 import itertools
 import random
 import zlib
-from unittest import mock
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, is_dataclass, replace
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -27,7 +27,6 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 
 from strategies.replies import Arrays, Dim, Number, Numbers, ReplySpec, Tensor
 from task.params import to_record
-
 
 # ---------------------------------------------------------------------------------------------- the grid
 _ids = itertools.count(1)
@@ -58,7 +57,8 @@ def reply_message(src: int, content: RecordDict | None = None, error: str | None
 
 
 class ReplayGrid:
-    """``get_node_ids``, ``send_and_receive`` and ``push_messages`` / ``pull_messages`` over a callback ``respond(message) -> [reply messages]``."""
+    """``get_node_ids``, ``send_and_receive`` and ``push_messages`` / ``pull_messages`` over a callback
+    ``respond(message) -> [reply messages]``."""
 
     def __init__(self, nodes: Iterable[int], respond: Callable[[Any], list[Any]]) -> None:
         self.nodes = list(nodes)
@@ -183,7 +183,7 @@ def _with_metric(key: str, value: Any, record: str = "metrics") -> Callable[[Rec
 def _with_array(record: str, key: str, change: Callable[[np.ndarray | None], np.ndarray | None]):
     def apply(content: RecordDict) -> RecordDict:
         out = copy.deepcopy(content)
-        arrays = {k: out[record][k].numpy() for k in out[record].keys()}
+        arrays = {k: out[record][k].numpy() for k in out[record]}
         new = change(arrays.get(key))
         if new is None:
             arrays.pop(key, None)
@@ -233,7 +233,7 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
         out += [Corruption(f"evaluation {c.what}", c.apply) for c in corruptions(nested, content, "evaluation")]
     metrics = dict(content[record])
     for key, rule in spec.metrics.items():
-        if key in ("partition-id",):
+        if key == "partition-id":
             continue  # identity clashes are tested on their own
         if rule.required:
             out.append(Corruption(f"{key}: missing", _with_metric(key, _MISSING, record)))
@@ -251,7 +251,7 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
             if isinstance(value, list):
                 continue
             rest = [float(v) for v in sample[1:]] if isinstance(value, float) else list(sample[1:])  # one type per list
-            out.append(Corruption(f"{key}: an element {what}", _with_metric(key, [value] + rest, record)))
+            out.append(Corruption(f"{key}: an element {what}", _with_metric(key, [value, *rest], record)))
         if rule.length is not None:
             out.append(
                 Corruption(
@@ -383,27 +383,27 @@ def assert_same_state(a: Any, b: Any, path: str = "strategy") -> None:
     elif isinstance(a, (list, tuple)):
         if len(a) != len(b):
             raise AssertionError(f"{path}: length {len(a)} != {len(b)}")
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_same_state(x, y, f"{path}[{i}]")
     elif a != b:
         raise AssertionError(f"{path}: {str(a)[:120]} != {str(b)[:120]}")
 
 
 __all__ = [
-    "ReplayGrid",
-    "OutgoingMessage",
-    "outgoing_messages",
-    "reply_message",
-    "phase_of",
-    "run_round",
-    "valid_content",
-    "corruptions",
-    "Corruption",
-    "snapshot",
-    "assert_same_state",
     "SUPERLINK_NODE_ID",
-    "replace",
     "Arrays",
+    "Corruption",
+    "OutgoingMessage",
+    "ReplayGrid",
+    "assert_same_state",
+    "corruptions",
+    "outgoing_messages",
+    "phase_of",
+    "replace",
+    "reply_message",
+    "run_round",
+    "snapshot",
+    "valid_content",
 ]
 
 
@@ -463,5 +463,5 @@ def kept_figures(monkeypatch, module) -> list:
         def close(fig):
             figures.append(fig)
 
-    monkeypatch.setattr(module, "pyplot", lambda: Keep())
+    monkeypatch.setattr(module, "pyplot", Keep)
     return figures

@@ -28,7 +28,10 @@ def _baselines_table(recs: list[Rec]) -> str:
 
 def _baselines_claims(recs: list[Rec]) -> list[str]:
     out = []
-    fedavg = lambda part: select(recs, partition=part, method="fedavg")
+
+    def fedavg(part: str) -> list[Rec]:
+        return select(recs, partition=part, method="fedavg")
+
     arms = [
         (NAMES[m], select(recs, partition="pathological", method=m)) for m in ("local", "fedper", "fedrep", "ditto")
     ]

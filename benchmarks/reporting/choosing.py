@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 from grids import FAMILIES, LR, ROUNDS, SEEDS, Family
 
@@ -111,7 +112,7 @@ def judge(arm: list[Rec], local: list[Rec], fedavg: list[Rec], min_seeds: int = 
     if not vs_l.ok or not vs_f.ok:
         return Judgement("unpaired", reason=(vs_l.reason if not vs_l.ok else vs_f.reason) or "", vs_local=vs_l)
     seeds = sorted(shared)
-    margins = [min(dl, df) for dl, df in zip(vs_l.deltas, vs_f.deltas)]  # both in seed order
+    margins = [min(dl, df) for dl, df in zip(vs_l.deltas, vs_f.deltas, strict=True)]  # both in seed order
     acc = [float(PERSONAL(r)) for r in sorted(a, key=lambda r: r["cell"]["seed"])]
     # a run that failed on a seed the references ran beat nobody there
     failed = sorted(
@@ -621,7 +622,8 @@ def defaults_verdict(method: str, recs: list[Rec]) -> str:
     """One method at the defaults against Local and FedAvg there, in words."""
     j = judge(select(recs, method=method), select(recs, method="local"), select(recs, method="fedavg"))
     if j.win:
-        return f"At the defaults it beats both Local and FedAvg on every seed ({mean_range(j.margins, 1, 100, '+')} points)."
+        margins = mean_range(j.margins, 1, 100, "+")
+        return f"At the defaults it beats both Local and FedAvg on every seed ({margins} points)."
     if j.status == "no win":
         return (
             "At the defaults it does not beat both Local and FedAvg on every seed "

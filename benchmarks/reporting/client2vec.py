@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .pairing import paired

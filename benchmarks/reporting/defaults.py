@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .figures import Figure, Line, Panel, per_round, seed_line
@@ -91,8 +92,7 @@ def _claims(recs: list[Rec], methods: list[str], kinds: dict[str, str]) -> list[
         p = paired(select(recs, method=m), fedavg, PERSONAL)
         if p.ok and all(abs(d) <= TIE for d in p.deltas):
             out.append(f"{name(m)} has FedAvg's accuracy in every seed (paired difference 0).")
-        found = [clusters_found(r) for r in ok(select(recs, method=m))]
-        found = [f for f in found if f is not None]
+        found = [f for f in map(clusters_found, ok(select(recs, method=m))) if f is not None]
         if found:
             ones = sum(f == 1 for f in found)
             out.append(

@@ -76,7 +76,8 @@ def render_fedc2i(raw: Path, d: dict[str, Any]) -> str:
         for m in axis(recs, "method", FEDC2I_METHODS)
         if m != "local" and m not in FEDC2I_CNN_ROWS and ok(select(recs, method=m))
     ]
-    best = max(fed, key=lambda m: mean(select(recs, method=m), PERSONAL), default=None)
+    fed_means = {m: score for m in fed if (score := mean(select(recs, method=m), PERSONAL)) is not None}
+    best = max(fed_means, key=fed_means.__getitem__, default=None)
     claims = []
     if best:
         claims.append(f"Best federated method by personal-acc: {best}.")
@@ -87,9 +88,11 @@ def render_fedc2i(raw: Path, d: dict[str, Any]) -> str:
                 + "."
             )
     full = select(recs, method="fedc2i")
-    for ref in ("local", "fedrep", "fedavg"):
-        if ok(full) and ok(select(recs, method=ref)):
-            claims.append(versus("FedC2I", full, NAMES[ref], select(recs, method=ref), PERSONAL) + ".")
+    claims.extend(
+        versus("FedC2I", full, NAMES[ref], select(recs, method=ref), PERSONAL) + "."
+        for ref in ("local", "fedrep", "fedavg")
+        if ok(full) and ok(select(recs, method=ref))
+    )
     if ok(full) and ok(select(recs, method="fedavg")):
         claims.append(
             versus(

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .pairing import versus
@@ -49,16 +50,17 @@ def render_fedcac(raw: Path, d: dict[str, Any]) -> str:
     rows, claims = [], []
     for part in axis(recs, "partition", ["pathological", "dirichlet-0.5", "dirichlet-1.0"]):
         means = {m: mean(select(recs, partition=part, method=m), PERSONAL) for m in methods}
-        best = max((m for m in methods if means[m] is not None), key=lambda m: means[m], default=None)
+        known = {m: v for m, v in means.items() if v is not None}
+        best = max(known, key=known.__getitem__, default=None)
         cells = [mean_std(select(recs, partition=part, method=m), PERSONAL) for m in methods]
-        rows.append([part] + [f"**{c}**" if m == best else c for m, c in zip(methods, cells)])
-        if "fedcac" in methods and best is not None and means["fedcac"] is not None:
-            others = [m for m in methods if m != "fedcac" and means[m] is not None]
-            rival = max(others, key=lambda m: means[m]) if others else None
+        rows.append([part] + [f"**{c}**" if m == best else c for m, c in zip(methods, cells, strict=True)])
+        if "fedcac" in methods and best is not None and "fedcac" in known:
+            others = [m for m in known if m != "fedcac"]
+            rival = max(others, key=known.__getitem__) if others else None
             std = max(np.std(values(select(recs, partition=part, method=m), PERSONAL)) for m in ("fedcac", rival))
             line = f"{part}: best mean {NAMES.get(best, best)}"
             if rival:
-                gap = means["fedcac"] - means[rival]
+                gap = known["fedcac"] - known[rival]
                 within = "within" if abs(gap) <= std else "more than"
                 line += (
                     "; "
@@ -82,4 +84,4 @@ def render_fedcac(raw: Path, d: dict[str, Any]) -> str:
             f"The packed mask a client sends costs 1/{1 / max(ratios):.0f} of the float32 model "
             "(`fedcac_communication.json`)."
         )
-    return "\n\n".join([intro, header(recs, FEDCAC_PAPER, d), md_table(["partition"] + methods, rows), bullets(claims)])
+    return "\n\n".join([intro, header(recs, FEDCAC_PAPER, d), md_table(["partition", *methods], rows), bullets(claims)])

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import digest
 
 from .records import Rec, ok
@@ -112,14 +113,17 @@ def draw(fig: Figure, folder: Path) -> Path:
     rows = max(1, math.ceil(len(fig.panels) / cols))
     width, height = fig.panel_size
     canvas, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), sharey=True, squeeze=False)
-    for ax, panel in zip(axes.flat, fig.panels):
+    for ax, panel in zip(axes.flat, fig.panels, strict=False):
         for i, line in enumerate(panel.lines):
             if line.reference:
                 ax.plot(line.x, line.y, line.style, color="0.55", linewidth=1.0, label=line.label)
                 continue
             if panel.bars:  # dodged so that the bars of close lines stay apart
                 x = [v + 0.24 * (i / max(1, len(panel.lines) - 1) - 0.5) for v in line.x]
-                err = [[y - lo for y, lo in zip(line.y, line.lo)], [hi - y for y, hi in zip(line.y, line.hi)]]
+                err = [
+                    [y - lo for y, lo in zip(line.y, line.lo, strict=True)],
+                    [hi - y for y, hi in zip(line.y, line.hi, strict=True)],
+                ]
                 ax.errorbar(x, line.y, err, fmt=line.style, linewidth=1.3, markersize=4, capsize=2, label=line.label)
                 continue
             (drawn,) = ax.plot(line.x, line.y, line.style, linewidth=1.6, label=line.label)
@@ -134,7 +138,7 @@ def draw(fig: Figure, folder: Path) -> Path:
         ax.tick_params(labelsize=7)
     for ax in axes.flat[len(fig.panels) :]:
         ax.set_visible(False)
-    panel_of = {id(ax): panel for ax, panel in zip(axes.flat, fig.panels)}
+    panel_of = {id(ax): panel for ax, panel in zip(axes.flat, fig.panels, strict=False)}
     for col in range(cols):  # the lowest panel of each column names the x axis
         shown = [ax for ax in axes[:, col] if ax.get_visible()]
         if shown and fig.panels:
@@ -143,7 +147,7 @@ def draw(fig: Figure, folder: Path) -> Path:
         ax.set_ylabel(fig.panels[0].ylabel if fig.panels else "", fontsize=8)
     legend: dict[str, Any] = {}  # one legend for the figure: the same label has the same style in every panel
     for ax in axes.flat:
-        for handle, text in zip(*ax.get_legend_handles_labels()):
+        for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(text, handle)
     inch = 1 / canvas.get_figheight()  # figure coordinates of one inch from the top: title, legend, then panels
     ncol = max(1, min(len(legend), int(canvas.get_figwidth() / 1.4)))  # about 1.4 inches per legend entry
@@ -169,7 +173,7 @@ def stored_digest(path: Path) -> str | None:
     """The data digest a PNG drawn by :func:`draw` carries (None if the file or the chunk is missing)."""
     if not Path(path).exists():
         return None
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
 
     with Image.open(path) as img:
-        return img.text.get(DIGEST_KEY)
+        return img.text.get(DIGEST_KEY) if isinstance(img, PngImagePlugin.PngImageFile) else None

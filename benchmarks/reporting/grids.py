@@ -255,13 +255,15 @@ def figure(fr: FamilyRecords) -> Figure | None:
     ):
         points = fr.axis(axis)
         lines = []
+
+        def at_point(r: Rec, points: list = points) -> dict[float, float]:
+            return {points.index((r["cell"]["samples"], r["cell"]["heterogeneity"])): PERSONAL(r)}
+
         for i, row in enumerate(fam.rows):
             line = seed_line(
                 row.name,
                 [r for s, x in points for r in fr.cell(row.name, s, x)],
-                lambda r, points=points: {
-                    points.index((r["cell"]["samples"], r["cell"]["heterogeneity"])): PERSONAL(r)
-                },
+                at_point,
                 MARKERS[(i + i // len(MARKERS)) % len(MARKERS)] + ("-" if i < len(MARKERS) else "--"),
             )
             if line:

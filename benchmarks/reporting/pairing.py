@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from common import digest
 
 from .records import TIE, Rec, mean, ok

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .pairing import paired, versus
@@ -129,11 +130,13 @@ def _pfedlia_rows(recs: list[Rec], key_metric: str) -> tuple[list[list[Any]], li
                     + (" *" if partial else "")
                 )
                 cost = "—"
-                if m != "oracle" and values(sel, clu("bytes-down-per-client")):
-                    cost = f"{mean(sel, clu('bytes-down-per-client')) / 1e6:.2f} MB, {mean(sel, clu('seconds')):.1f} s"
+                down, secs = mean(sel, clu("bytes-down-per-client")), mean(sel, clu("seconds"))
+                if m != "oracle" and down is not None and secs is not None:
+                    cost = f"{down / 1e6:.2f} MB, {secs:.1f} s"
                 normal = "—"
-                if values(sel, clustering_round) and values(sel, normal_round_seconds):
-                    normal = f"{mean(sel, normal_round_mb):.2f} MB, {mean(sel, normal_round_seconds):.1f} s"
+                normal_mb, normal_secs = mean(sel, normal_round_mb), mean(sel, normal_round_seconds)
+                if values(sel, clustering_round) and normal_mb is not None and normal_secs is not None:
+                    normal = f"{normal_mb:.2f} MB, {normal_secs:.1f} s"
                 metric = [mean_std(sel, PERSONAL)]
                 if key_metric == "perplexity":
                     metric.append(mean_std(sel, summary("personal-perplexity"), 2))
@@ -167,8 +170,7 @@ def _pfedlia_claims(recs: list[Rec]) -> list[str]:
             where = f"{part}, {part_} participation" + (f" (seed {row_seeds[0]} only)" if len(row_seeds) == 1 else "")
             lines = []
             for m in ("pfedlia-central", "pfedlia-p2p"):
-                aris = [ari(r)[0] for r in ok(sel(m))]
-                aris = [v for v in aris if v is not None]
+                aris = [v for v, _ in map(ari, ok(sel(m))) if v is not None]
                 if aris:
                     lines.append(
                         f"{NAMES[m]} ARI per seed "
@@ -177,9 +179,11 @@ def _pfedlia_claims(recs: list[Rec]) -> list[str]:
                     )
             main = next((m for m in ("pfedlia-central", "pfedlia-p2p") if ok(sel(m))), None)
             if main:
-                for ref in ("oracle", "fedavg", "local", "cfl-tuned"):
-                    if ok(sel(ref)):
-                        lines.append(versus(NAMES[main], sel(main), NAMES[ref], sel(ref), PERSONAL))
+                lines.extend(
+                    versus(NAMES[main], sel(main), NAMES[ref], sel(ref), PERSONAL)
+                    for ref in ("oracle", "fedavg", "local", "cfl-tuned")
+                    if ok(sel(ref))
+                )
             cfl = ok(sel("cfl"))
             if cfl:
                 found = [clusters_found(r) for r in cfl]
@@ -292,6 +296,8 @@ def render_dialects(raw: Path, d: dict[str, Any]) -> str:
             for ref in ("fedavg", "oracle", "local"):
                 if ok(select(recs, method=ref)):
                     a, b = mean(sel, ppl), mean(select(recs, method=ref), ppl)
+                    if a is None or b is None:
+                        continue
                     claims.append(
                         f"perplexity {NAMES[m]} {a:.2f} vs {NAMES[ref]} {b:.2f} ({'lower' if a < b else 'not lower'})"
                     )

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .pairing import paired, versus, versus_many
@@ -93,7 +94,7 @@ def render_pifl(raw: Path, d: dict[str, Any]) -> str:
                 tiers = [len((r["artefacts"].get("pifl") or {}).get("tiers", {})) for r in ok(sel)]
                 empty.append(
                     f"{part}: a {NAMES.get(m, m)} tier had no members at the last round in "
-                    f"{sum(len(s) < t for s, t in zip(shares, tiers))} of {plural(len(shares), 'seed')}."
+                    f"{sum(len(s) < t for s, t in zip(shares, tiers, strict=True))} of {plural(len(shares), 'seed')}."
                 )
             else:
                 share = "—"
@@ -127,7 +128,7 @@ def render_pifl(raw: Path, d: dict[str, Any]) -> str:
             + (f" ({', '.join(b[0] for b in won)})" if won else "")
             + "."
         )
-        for part, p, a, b in beats:
+        for part, p, _a, _b in beats:
             if p.ok:
                 spread = (
                     f"mean {pts(p.mean)}, std {p.std * 100:.1f} points; "

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+
 from common import failure_line
 
 Rec = dict[str, Any]
@@ -40,8 +41,8 @@ def error_line(error: str | None) -> str:
     """The line of a failed run's log tail that names its error: the last exception line of a traceback
     (``package.module.SomeConflict: ...``) when there is one, else ``common.failure_line``'s choice (which
     looks for names ending in Error / Exception / Timeout and falls back to the last line)."""
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", l).strip() for l in (error or "").splitlines()]
-    raised = [l for l in lines if _EXCEPTION_LINE.match(l)]
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln).strip() for ln in (error or "").splitlines()]
+    raised = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
     return raised[-1] if raised else failure_line(error)
 
 

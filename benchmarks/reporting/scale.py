@@ -1,4 +1,7 @@
-"""The tables of ``benchmarks/scale.py`` (grids ``scale-floor``, ``scale-overhead``, ``scale-scale``, ``scale-kernels``)."""
+"""The tables of ``benchmarks/scale.py``.
+
+Grids ``scale-floor``, ``scale-overhead``, ``scale-scale`` and ``scale-kernels``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .records import Rec, axis, error_line, ok, select
@@ -141,9 +145,9 @@ def render_scale(raw: Path, d: dict[str, Any]) -> str:
     if over:
         parts += [header(over, [], d), md_table(SPLIT_HEADER, _split_rows(over, SCALE_METHODS))]
         ratios = [(r["cell"]["method"], r["cell"]["clients"], round_split(r)["ratio"]) for r in ok(over)]
-        ratios = [x for x in ratios if x[2] is not None]
-        if ratios:
-            lo, hi = min(ratios, key=lambda x: x[2]), max(ratios, key=lambda x: x[2])
+        known = [(a, b, ratio) for a, b, ratio in ratios if ratio is not None]
+        if known:
+            lo, hi = min(known, key=lambda x: x[2]), max(known, key=lambda x: x[2])
             parts.append(
                 f"- Round / floor ranges from {lo[2]:.2f} ({lo[0]}, {lo[1]} clients) to {hi[2]:.2f} "
                 f"({hi[0]}, {hi[1]} clients) on this deliberately tiny workload."

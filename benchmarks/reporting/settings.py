@@ -179,7 +179,8 @@ def machine_note(recs: list[Rec]) -> str:
     dirty = any((r.get("code") or {}).get("dirty") for r in recs)
     if any("summary" in r for r in recs):
         seconds = sum(r["summary"].get("seconds") or 0 for r in ok(recs))
-        ran = f"{plural(len(recs), 'run')} ({len(recs) - len(ok(recs))} failed), {seconds:,.0f} s of ServerApp time summed"
+        failed = len(recs) - len(ok(recs))
+        ran = f"{plural(len(recs), 'run')} ({failed} failed), {seconds:,.0f} s of ServerApp time summed"
     elif any("wall-seconds" in (r.get("measurements") or {}) for r in recs):
         ran = plural(len(recs), "measurement")
     else:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from common import load_records
 
 from .settings import header, machine_note
@@ -14,6 +15,13 @@ from .text import bullets, md_table, missing, num
 
 def _med(xs: list[float] | None) -> float | None:
     return float(np.median(xs)) if xs else None
+
+
+def _median(xs: list[float]) -> float:
+    """The median of measurements that are there (a ValueError names an empty list)."""
+    if not xs:
+        raise ValueError("median of no measurements")
+    return float(np.median(xs))
 
 
 #: issue 17 also compared rounds with a single-process research library's, from figures quoted in the issue;
@@ -61,7 +69,7 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
     sim = load_records("speed-sim", raw)
     parts.append("### Simulation: pflower against a no-op Flower app")
     if sim:
-        m0 = next((r["measurements"] for r in sim if "run-config" in r["measurements"]), {})
+        m0: dict[str, Any] = next((r["measurements"] for r in sim if "run-config" in r["measurements"]), {})
         cfg = m0.get("run-config", {})
         shown = {k: v for k, v in cfg.items() if k not in ("method", "results-dir", "min-nodes")}
         parts.append(
@@ -100,8 +108,10 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
                 if "error" in m:
                     rows.append([n, r["cell"]["app"], "failed", "", "", "", "", "", ""])
                     continue
-                med, comp = _med(m["round-seconds"]), _med(m["compute-seconds"])
-                ratio = med / (noop_med + comp) if noop_med is not None else None
+                med, compute = _med(m["round-seconds"]), _med(m["compute-seconds"])
+                ratio = None
+                if med is not None and compute is not None and noop_med is not None:
+                    ratio = med / (noop_med + compute)
                 rows.append(
                     [
                         n,
@@ -109,7 +119,7 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
                         num(med, 3),
                         num(float(np.mean(m["round-seconds"])), 3),
                         num(m["round-seconds"][0], 2),
-                        num(comp, 3),
+                        num(compute, 3),
                         num(ratio, 2),
                         f"{m['wall-seconds']:.1f}",
                         num(m.get("personal-acc"), 4),
@@ -162,8 +172,10 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
                 continue
             later = [t.get("train", {}) for t in m["message-timing"][1:]]
             # rounds after the first without an evaluate phase (the last round has one: two messages per node)
-            plain = [x for x, t in list(zip(m["round-seconds"], m["message-timing"]))[1:] if "evaluate" not in t]
-            med = _med(plain or m["round-seconds"])
+            plain = [
+                x for x, t in list(zip(m["round-seconds"], m["message-timing"], strict=True))[1:] if "evaluate" not in t
+            ]
+            med = _median(plain or m["round-seconds"])
             dispatch[(r["cell"]["nodes"], r["cell"]["task-poll-interval"])] = _med(
                 [t["dispatch"] for t in later if "dispatch" in t]
             )
@@ -172,20 +184,21 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
                 + [num(_med([t[c] for t in later if c in t]), 2) for c in comps]
             )
             if ref and r["cell"]["nodes"] == 2 and r["cell"]["task-poll-interval"] < 1:
-                x = med / _med(ref)
+                x = med / _median(ref)
                 claims.append(
                     f"2 nodes: a deployed round (median of the rounds after the first without an evaluate "
                     f"phase) takes {med:.1f} s = {x:.1f}x "
-                    f'`python -c "import torch, flwr"` ({_med(ref):.2f} s in the same run; target '
+                    f'`python -c "import torch, flwr"` ({_median(ref):.2f} s in the same run; target '
                     f"{DEPLOY_TARGET:g}x: {'met' if x <= DEPLOY_TARGET else 'not met'})"
                 )
-                legs = {c: _med([t[c] for t in later if c in t]) for c in ("dispatch", "start-up", "return")}
-                if all(v is not None for v in legs.values()):
-                    flower = sum(legs.values())
+                legs = [_med([t[c] for t in later if c in t]) for c in ("dispatch", "start-up", "return")]
+                known = [v for v in legs if v is not None]
+                if len(known) == len(legs):
+                    flower = sum(known)
                     claims.append(
                         f"2 nodes: Flower's own legs of a message (dispatch + start-up of the fresh "
                         f"`flwr-clientapp` process + return) take {flower:.2f} s = "
-                        f"{flower / _med(ref):.1f}x the import time, before any of pflower's imports or "
+                        f"{flower / _median(ref):.1f}x the import time, before any of pflower's imports or "
                         f"work: flwr 1.41 starts a process per message, its SuperNode sleeps a fixed 3 s "
                         f"after an empty pull and polls for a finished reply every 0.5 s (neither is "
                         f"configurable)"

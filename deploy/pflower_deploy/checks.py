@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -30,14 +31,14 @@ PROBES = Path(__file__).resolve().parent / "probes.py"
 def unregistered_check(c: Cluster) -> None:
     """The SuperNode with the unregistered key must be refused: it exits with an auth error, the SuperLink
     logs the refused activation, and ``flwr supernode list`` shows only the registered nodes."""
-    proc = c.unregistered
-    try:
+    proc, superlink = c.unregistered, c.superlink
+    if proc is None or superlink is None:
+        raise ClusterError("the unregistered-node check needs the SuperLink and the unregistered SuperNode running")
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.popen.wait(timeout=c.args.startup_timeout)
-    except subprocess.TimeoutExpired:
-        pass
     exited = proc.popen.poll()
     log = proc.log.read_text(errors="replace")
-    sl_log = ANSI_RE.sub("", c.superlink.log.read_text(errors="replace"))
+    sl_log = ANSI_RE.sub("", superlink.log.read_text(errors="replace"))
     listed = c.list_nodes()
     listed_ids = {int(n["node-id"]) for n in listed}
     online = sorted(int(n["node-id"]) for n in listed if n.get("status") == "online")
@@ -46,9 +47,9 @@ def unregistered_check(c: Cluster) -> None:
     result = {
         "exit-code": exited,
         "supernode-log": " ".join(
-            l.strip()
-            for l in ANSI_RE.sub("", log).splitlines()
-            if "Exit Code" in l or "Failed to" in l or "code: " in l
+            ln.strip()
+            for ln in ANSI_RE.sub("", log).splitlines()
+            if "Exit Code" in ln or "Failed to" in ln or "code: " in ln
         ),
         "superlink-log": " | ".join(
             f"{m.group(1)} ... {m.group(2)}"
@@ -72,8 +73,8 @@ def unregistered_check(c: Cluster) -> None:
 def cli_error(output: str) -> str:
     """The words of a failed ``flwr`` command (its error box, without the box drawing)."""
     text = ANSI_RE.sub("", output)
-    lines = [re.sub(r"[│╭╮╰╯─]", "", l).strip() for l in text.splitlines()]
-    return " ".join(l for l in lines if l and not l.startswith("Using SuperLink"))[:300]
+    lines = [re.sub(r"[│╭╮╰╯─]", "", ln).strip() for ln in text.splitlines()]
+    return " ".join(ln for ln in lines if ln and not ln.startswith("Using SuperLink"))[:300]
 
 
 def probe(c: Cluster, link: Any, *specs: str) -> dict[str, dict]:
@@ -83,6 +84,7 @@ def probe(c: Cluster, link: Any, *specs: str) -> dict[str, dict]:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
     if r.returncode != 0:
         raise ClusterError(f"probes failed: {r.stderr[-1000:]}")
@@ -129,9 +131,11 @@ def holder_check(c: Cluster) -> None:
     superlink_plain = probe(c, None, f"http:GET:http://127.0.0.1:{c.superlink_port}/health")
     listed = {int(n["node-id"]) for n in c.list_nodes()}
     runs = c.list_runs()
+    if c.superlink is None or c.nginx is None:
+        raise ClusterError("the holder check needs the SuperLink and the proxy running")
     sl_log = ANSI_RE.sub("", c.superlink.log.read_text(errors="replace"))
     holder_control_calls = [
-        l.strip()[-120:] for l in sl_log.splitlines() if "/v1/control/" in l and f"{holder.ns_ip}:" in l
+        ln.strip()[-120:] for ln in sl_log.splitlines() if "/v1/control/" in ln and f"{holder.ns_ip}:" in ln
     ]
     proxy_log = c.nginx.access_log.read_text(errors="replace") if c.nginx.access_log.exists() else ""
     statuses = sorted(
@@ -140,10 +144,16 @@ def holder_check(c: Cluster) -> None:
             for m in re.finditer(
                 rf"^{re.escape(holder.ns_ip)} .*?\"POST (/v1/(?:control|runtime)/[\w-]+) [^\"]*\" (\d+)",
                 proxy_log,
-                re.M,
+                re.MULTILINE,
             )
         }
     )
+    tls: dict[str, dict | str] = {
+        "holder-plain-http": probes[f"http:POST:http://{c.fleet_address(0)}/v1/fleet/activate-node"],
+        "operator-plain-http": next(iter(operator_plain.values())),
+        "superlink-plain-http": next(iter(superlink_plain.values())),
+        "proxy-to-superlink": "https, verified against the CA (proxy_ssl_verify on), 127.0.0.1 only",
+    }
     result = {
         "from": holder.ns,
         "targets": targets,
@@ -154,12 +164,7 @@ def holder_check(c: Cluster) -> None:
         "registered-nodes": len(listed),
         "unknown-ids-listed": sorted(listed - set(c.node_ids.values())),
         "runs-before-operator-run": len(runs),
-        "tls": {
-            "holder-plain-http": probes[f"http:POST:http://{c.fleet_address(0)}/v1/fleet/activate-node"],
-            "operator-plain-http": next(iter(operator_plain.values())),
-            "superlink-plain-http": next(iter(superlink_plain.values())),
-            "proxy-to-superlink": "https, verified against the CA (proxy_ssl_verify on), 127.0.0.1 only",
-        },
+        "tls": tls,
     }
     denied = {"404", "403", "unavailable"}
     failed = [
@@ -168,11 +173,11 @@ def holder_check(c: Cluster) -> None:
         for what, x in a.items()
         if x["exit"] == 0 or not any(d in x["error"].lower() for d in denied)
     ]
-    problems = failed and [f"these succeeded or failed for another reason: {failed}"] or []
+    problems = (failed and [f"these succeeded or failed for another reason: {failed}"]) or []
     wrong = {s: p for s, p in probes.items() if not _refused(s, p)}
     if wrong:
         problems.append(f"probes not refused: {wrong}")
-    for hop, res in result["tls"].items():
+    for hop, res in tls.items():
         if isinstance(res, dict) and res.get("status") not in (None, 400):
             problems.append(f"{hop}: plain HTTP got {res}")
     if listed != set(c.node_ids.values()) or runs or holder_control_calls:
@@ -202,7 +207,10 @@ def check_results(c: Cluster, folder: Path) -> None:
     if not summary_path.exists():
         raise ClusterError(f"{summary_path} missing")
     summary = json.loads(summary_path.read_text())
-    read = lambda name: json.loads((folder / name).read_text()) if (folder / name).exists() else []  # noqa: E731
+
+    def read(name):
+        return json.loads((folder / name).read_text()) if (folder / name).exists() else []
+
     failures, rounds = read("failures.json"), read("rounds.json")
     replies = [
         {

@@ -116,7 +116,13 @@ class Cluster:
         """A ``flwr`` command as the operator (in its namespace, if it has one), or from ``link``'s namespace."""
         cmd = in_ns(link or self.operator, [shutil.which("flwr") or "flwr", *argv])
         return subprocess.run(
-            cmd, env=self.env(home or self.home), cwd=self.work, capture_output=True, text=True, timeout=timeout
+            cmd,
+            env=self.env(home or self.home),
+            cwd=self.work,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
     def extra_node(self) -> int:
@@ -267,7 +273,7 @@ class Cluster:
             "--run-config",
             self.args.run_config,
         ]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode != 0:
             raise ClusterError(f"exporting node data files failed:\n{r.stdout}\n{r.stderr}")
         self.event("data files", folder=str(folder.resolve()), nodes=self.args.nodes)
@@ -388,9 +394,11 @@ class Cluster:
         self.run_proc = Proc("flwr-run", cmd, self.env(self.home), log_path, REPO, pipe=True)
         proc = self.run_proc.popen
         lines: queue.Queue = queue.Queue()
+        stdout = proc.stdout
+        assert stdout is not None  # Proc(pipe=True) pipes stdout
 
         def reader() -> None:
-            for line in proc.stdout:
+            for line in stdout:
                 lines.put(line)
             lines.put(None)
 
@@ -400,13 +408,13 @@ class Cluster:
         killed_at: float | None = None
         restarted = False
         log_offset = 0
-        with open(log_path, "w") as logf:
+        with log_path.open("w") as logf:
             while True:
                 try:
                     line = lines.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
                 except queue.Empty:
                     if time.monotonic() > deadline:
-                        raise ClusterError(f"run did not finish in {a.run_timeout} s")
+                        raise ClusterError(f"run did not finish in {a.run_timeout} s") from None
                     continue
                 if line is None:
                     break

@@ -41,7 +41,7 @@ def unavailable_reason() -> str | None:
         return "network namespaces need root (ip netns add / ip link add); this process is not root"
     if shutil.which("ip") is None:
         return "network namespaces need iproute2's `ip` on PATH"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+    if subprocess.run(["ip", "netns", "list"], capture_output=True, check=False).returncode != 0:
         return "`ip netns list` failed: no network-namespace support here"
     return None
 
@@ -58,8 +58,10 @@ class Namespaces:
         self.made: list[Link] = []
 
     def add(self, link: Link) -> Link:
-        subprocess.run(["ip", "link", "del", link.host_if], capture_output=True)  # leftovers of an earlier run
-        subprocess.run(["ip", "netns", "del", link.ns], capture_output=True)
+        subprocess.run(
+            ["ip", "link", "del", link.host_if], capture_output=True, check=False
+        )  # leftovers of an earlier run
+        subprocess.run(["ip", "netns", "del", link.ns], capture_output=True, check=False)
         steps = [
             ["ip", "netns", "add", link.ns],
             ["ip", "link", "add", link.host_if, "type", "veth", "peer", "name", link.ns_if],
@@ -72,7 +74,7 @@ class Namespaces:
             in_ns(link, ["ip", "route", "add", "default", "via", link.host_ip]),
         ]
         for i, step in enumerate(steps):
-            r = subprocess.run(step, capture_output=True, text=True)
+            r = subprocess.run(step, capture_output=True, text=True, check=False)
             if r.returncode != 0:
                 raise ClusterError(f"{' '.join(step)} failed: {r.stderr.strip()}")
             if i == 0:
@@ -81,6 +83,6 @@ class Namespaces:
 
     def delete_all(self) -> None:
         for link in self.made:
-            subprocess.run(["ip", "link", "del", link.host_if], capture_output=True)
-            subprocess.run(["ip", "netns", "del", link.ns], capture_output=True)
+            subprocess.run(["ip", "link", "del", link.host_if], capture_output=True, check=False)
+            subprocess.run(["ip", "netns", "del", link.ns], capture_output=True, check=False)
         self.made = []

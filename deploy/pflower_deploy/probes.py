@@ -32,6 +32,8 @@ def _error(exc: OSError) -> str:
 
 def http_probe(method: str, url: str, ca: str | None, timeout: float = 5.0) -> dict:
     parts = urlsplit(url)
+    if not parts.hostname:
+        raise ValueError(f"probe URL {url!r} names no host")
     if parts.scheme == "https":
         ctx = ssl.create_default_context(cafile=ca)
         conn: http.client.HTTPConnection = http.client.HTTPSConnection(

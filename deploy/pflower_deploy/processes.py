@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import ssl
@@ -34,44 +35,37 @@ class Proc:
     ) -> None:
         """``pipe``: stdout is a text pipe the caller reads (and copies to ``log`` itself)."""
         self.name, self.cmd, self.log = name, cmd, log
-        out = subprocess.PIPE if pipe else open(log, "ab")
-        self.popen = subprocess.Popen(
-            cmd,
-            env=env,
-            cwd=cwd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            text=pipe or None,
-            errors="replace" if pipe else None,
-        )
-        if not pipe:
-            out.close()
+        with contextlib.ExitStack() as files:  # the child holds its own copy of the log's descriptor
+            out = subprocess.PIPE if pipe else files.enter_context(log.open("ab"))
+            self.popen = subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                text=pipe or None,
+                errors="replace" if pipe else None,
+            )
         self.pid = self.popen.pid
 
     def alive(self) -> bool:
         return self.popen.poll() is None
 
     def signal_group(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM to the process group, SIGKILL after ``grace`` seconds; also reaps the group's leftovers."""
         if self.alive():
             self.signal_group(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
         self.signal_group(signal.SIGKILL)  # children (superexec, clientapp/serverapp, nginx workers) in the group
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def wait_healthy(proc: Proc, url: str, ca: Path, timeout: float) -> None:

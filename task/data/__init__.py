@@ -28,17 +28,17 @@ from task.data.domains import apply_domain, domain_of
 from task.data.files import export_client_file, load_local_file
 from task.data.sources import Centralized, load_centralized
 
-_LAZY = {
-    name: "task.data.partitioners"
-    for name in (
+_LAZY = dict.fromkeys(
+    (
         "PlantedClusterPartitioner",
         "TwoSourcePartitioner",
         "build_partitioner",
         "index_table",
         "partitioner_for",
         "source_shares",
-    )
-}
+    ),
+    "task.data.partitioners",
+)
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: the partitioners (and datasets / flwr-datasets) on first use
@@ -56,15 +56,20 @@ __all__ = [
     "ClientData",
     "DataSettings",
     "DatasetInfo",
+    "PlantedClusterPartitioner",
+    "TwoSourcePartitioner",
     "apply_domain",
+    "build_partitioner",
     "dataset_info",
     "domain_of",
     "export_client_file",
+    "index_table",
     "load_centralized",
     "load_client_data",
     "load_local_file",
     "partition_indices",
+    "partitioner_for",
+    "source_shares",
     "stratified_split",
     "synth_concept",
-    *_LAZY,
 ]

@@ -9,12 +9,14 @@ source code of the data modules), so later processes only read that file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,15 +135,18 @@ def stratified_split(
     train, val, test = [], [], []
     for c in np.unique(labels):
         idx = rng.permutation(np.flatnonzero(labels == c))
-        n_test = int(round(test_fraction * len(idx)))
-        n_val = int(round(val_fraction * len(idx)))
+        n_test = round(test_fraction * len(idx))
+        n_val = round(val_fraction * len(idx))
         if n_test + n_val >= len(idx) and len(idx) > 0:  # keep one for training
             n_val = max(0, len(idx) - 1 - n_test)
             n_test = min(n_test, len(idx) - 1)
         test.append(idx[:n_test])
         val.append(idx[n_test : n_test + n_val])
         train.append(idx[n_test + n_val :])
-    cat = lambda parts: np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)  # noqa: E731
+
+    def cat(parts):
+        return np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)
+
     return cat(train), cat(val), cat(test)
 
 
@@ -217,35 +222,32 @@ def _save(data: ClientData, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {k: getattr(data, k).numpy() for k in _SPLITS if getattr(data, k) is not None}
     info = json.dumps({"num_classes": data.num_classes, "domain": data.domain, "meta": data.meta})
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
     os.close(fd)
+    tmp = Path(tmp_name)
     try:
-        np.savez(tmp, info=np.frombuffer(info.encode(), dtype=np.uint8), **arrays)
-        os.replace(tmp, path)  # atomic: another process never sees half a file
+        np.savez(tmp_name, info=np.frombuffer(info.encode(), dtype=np.uint8), **arrays)
+        tmp.replace(path)  # atomic: another process never sees half a file
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
 
 
 def _load(path: Path) -> ClientData | None:
     try:
         with np.load(path, allow_pickle=False) as z:
             info = json.loads(z["info"].tobytes().decode())
-            t = {k: torch.from_numpy(z[k]) if k in z.files else None for k in _SPLITS}
-    except Exception:  # a damaged cache file is rebuilt, never trusted
+            splits = {k: torch.from_numpy(z[k]) for k in _SPLITS[:6]}  # a file without one is damaged
+            calib = {k: torch.from_numpy(z[k]) if k in z.files else None for k in _SPLITS[6:]}
+    # a damaged cache file (not a zip, truncated, splits or header missing) is rebuilt, never trusted
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
     return ClientData(
-        t["x_train"],
-        t["y_train"],
-        t["x_val"],
-        t["y_val"],
-        t["x_test"],
-        t["y_test"],
-        info["num_classes"],
-        info["domain"],
-        info["meta"],
-        t["x_calib"],
-        t["y_calib"],
+        **splits,
+        num_classes=info["num_classes"],
+        domain=info["domain"],
+        meta=info["meta"],
+        x_calib=calib["x_calib"],
+        y_calib=calib["y_calib"],
     )
 
 
@@ -268,10 +270,8 @@ def load_client_data(
         return cached
     data = _build_client_data(settings, partition_id, num_partitions)
     if path is not None:
-        try:
+        with contextlib.suppress(OSError):  # a read-only or full disk only costs the cache
             _save(data, path)
-        except OSError:  # a read-only or full disk only costs the cache
-            pass
     return data
 
 
@@ -311,7 +311,7 @@ def _build_client_data(settings: DataSettings, partition_id: int, num_partitions
     x_va, y_va = tensors(idx[va])
     x_te, y_te = tensors(test_idx)
     x_ca, y_ca = tensors(calib_idx) if calib_idx is not None else (None, None)
-    meta = {"num-partitions": num_partitions, "partition-id": partition_id}
+    meta: dict[str, int | float] = {"num-partitions": num_partitions, "partition-id": partition_id}
     if isinstance(part, PlantedClusterPartitioner):
         meta["planted-cluster"] = part.cluster_of(partition_id)
     if isinstance(part, TwoSourcePartitioner):
@@ -338,8 +338,8 @@ def _dialect_client(settings: DataSettings, partition_id: int, num_partitions: i
     )
     rng = np.random.default_rng([settings.seed, partition_id])
     order = rng.permutation(len(tokens))
-    n_test = int(round(settings.test_fraction * len(tokens)))
-    n_val = int(round(settings.val_fraction * len(tokens)))
+    n_test = round(settings.test_fraction * len(tokens))
+    n_val = round(settings.val_fraction * len(tokens))
     train = order[n_test + n_val :]
     train = train[
         training_subsample(np.zeros(len(train)), settings.train_samples, subsample_rng(settings, partition_id))

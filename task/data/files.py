@@ -95,7 +95,9 @@ def load_local_file(path: str, settings: DataSettings, partition_id: int) -> Cli
         )
 
     def checked(x: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-        return checked_arrays(x, y, name, settings.dataset, where)
+        x, labels = checked_arrays(x, y, name, settings.dataset, where)
+        assert labels is not None  # labels in, labels out
+        return x, labels
 
     x, y = checked(arrays["x"], arrays["y"], "x")
     if len(y) < 2:
@@ -108,7 +110,10 @@ def load_local_file(path: str, settings: DataSettings, partition_id: int) -> Cli
         tr, va, te = stratified_split(y, settings.test_fraction, settings.val_fraction, rng)
         x_te, y_te = x[te], y[te]
     tr = tr[training_subsample(y[tr], settings.train_samples, subsample_rng(settings, partition_id))]
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a))
+
     meta = {"partition-id": partition_id, "data-path": str(file)}
     return ClientData(t(x[tr]), t(y[tr]), t(x[va]), t(y[va]), t(x_te), t(y_te), info.num_classes, "local", meta)
 

@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 from datasets import Dataset
-from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner, Partitioner
+from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner, PathologicalPartitioner
 
 from task.data.catalogue import MIXTURES, PARTITIONS
 from task.data.sources import Centralized, load_centralized
@@ -182,7 +182,7 @@ class TwoSourcePartitioner(_IndexPartitioner):
             raise ValueError(f"too many clients ({len(shares_a)}) for the data set: fewer than 2 samples each")
         out, pos = [], [0, 0]
         for p in shares_a:
-            n_a = int(round(p * per_client))
+            n_a = round(p * per_client)
             counts = (n_a, per_client - n_a)
             part = []
             for s in (0, 1):
@@ -217,7 +217,7 @@ class TwoSourcePartitioner(_IndexPartitioner):
         out = []
         for i, share in enumerate(q):
             rng = np.random.default_rng([self._seed, i, 7_919])
-            n_a = int(round(share * size))
+            n_a = round(share * size)
             out.append(
                 np.sort(
                     np.concatenate(
@@ -286,9 +286,9 @@ class _SeededDirichlet(DirichletPartitioner):
             seed=seed,
         )
 
-    @Partitioner.dataset.setter  # type: ignore[attr-defined]
+    @Partitioner.dataset.setter
     def dataset(self, value: Dataset) -> None:
-        Partitioner.dataset.fset(self, value)  # type: ignore[attr-defined]
+        Partitioner.dataset.fset(self, value)
         per_client = len(value) // self._num_partitions
         self._min_partition_size = max(2, min(self._min_size_wanted, per_client // 8))
 

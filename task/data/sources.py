@@ -29,10 +29,7 @@ class Centralized:
 
 def _images_to_array(images: list, channels: int) -> np.ndarray:
     arr = np.stack([np.asarray(img, dtype=np.float32) for img in images])
-    if arr.ndim == 3:  # (N, H, W) grey
-        arr = arr[:, None]
-    else:  # (N, H, W, C)
-        arr = arr.transpose(0, 3, 1, 2)
+    arr = arr[:, None] if arr.ndim == 3 else arr.transpose(0, 3, 1, 2)  # (N, H, W) grey or (N, H, W, C)
     if arr.shape[1] != channels:
         arr = arr.mean(axis=1, keepdims=True) if channels == 1 else np.repeat(arr[:, :1], channels, axis=1)
     return arr / 255.0 if arr.max() > 1.0 else arr
@@ -65,6 +62,8 @@ def _load_hf_dataset(info: DatasetInfo, data_dir: str) -> tuple[np.ndarray, np.n
 def _load_torchvision(info: DatasetInfo, root: str) -> tuple[np.ndarray, np.ndarray]:
     import torchvision
 
+    if info.torchvision_name is None:
+        raise ValueError(f"data set {info.name!r} has no torchvision source")
     cls = getattr(torchvision.datasets, info.torchvision_name)
     xs, ys = [], []
     kwargs = dict(info.torchvision_kwargs)

@@ -44,8 +44,10 @@ class FedC2IOptions(OptionSet):
     def conflicts(self, settings) -> list[str]:
         return (
             [
-                "c2i-peers=1 sends a client only its own model, so there is nothing to mix: use 0 (every client) "
-                "or a number >= 2"
+                (
+                    "c2i-peers=1 sends a client only its own model, so there is nothing to mix: use 0 (every client) "
+                    "or a number >= 2"
+                )
             ]
             if self.peers == 1
             else []

@@ -36,11 +36,13 @@ class FedCACOptions(OptionSet):
     )
 
 
+def _on_cpu(mask: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    return mask.cpu() if isinstance(mask, torch.Tensor) else mask
+
+
 def pack_masks(masks: Mapping[str, torch.Tensor | np.ndarray], keys: list[str]) -> np.ndarray:
     """Concatenate the masks in ``keys`` order and pack them 8 per byte (``np.packbits``): n/8 bytes."""
-    flat = [
-        np.asarray(masks[k].cpu() if isinstance(masks[k], torch.Tensor) else masks[k], dtype=bool).ravel() for k in keys
-    ]
+    flat = [np.asarray(_on_cpu(masks[k]), dtype=bool).ravel() for k in keys]
     return np.packbits(np.concatenate(flat) if flat else np.zeros(0, bool))
 
 
@@ -61,7 +63,7 @@ def unpack_masks(packed: np.ndarray, shapes: Mapping[str, tuple[int, ...]]) -> d
         )
     bits = np.unpackbits(packed, count=total).astype(bool)
     out, pos = {}, 0
-    for (name, shape), size in zip(shapes.items(), sizes):
+    for (name, shape), size in zip(shapes.items(), sizes, strict=True):
         out[name] = bits[pos : pos + size].reshape(shape)
         pos += size
     return out

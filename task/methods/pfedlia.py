@@ -38,9 +38,12 @@ class PFedLIAOptions(OptionSet):
     def conflicts(self, settings) -> list[str]:
         if self.warmup_rounds >= settings.num_rounds:
             return [
-                f"warmup-rounds={self.warmup_rounds} is not shorter than num-server-rounds={settings.num_rounds}: "
-                f"the clustering round (round warmup-rounds + 1) would never come and the run would be plain "
-                f"FedAvg; use warmup-rounds < num-server-rounds, e.g. warmup-rounds={max(1, settings.num_rounds // 2)}"
+                (
+                    f"warmup-rounds={self.warmup_rounds} is not shorter than num-server-rounds={settings.num_rounds}: "
+                    "the clustering round (round warmup-rounds + 1) would never come and the run would be plain "
+                    "FedAvg; use warmup-rounds < num-server-rounds, "
+                    f"e.g. warmup-rounds={max(1, settings.num_rounds // 2)}"
+                )
             ]
         return []
 
@@ -51,10 +54,12 @@ def oracle_conflicts(settings) -> list[str]:
     if settings.data.partition.startswith("planted-clusters"):
         return []
     return [
-        f"method 'oracle' clusters the clients by their planted groups, which only partition "
-        f"'planted-clusters' or 'planted-clusters-noisy' has (got partition={settings.data.partition!r}); "
-        f"set --run-config \"method='oracle' partition='planted-clusters'\" (num-clusters sets the groups), "
-        f"or use method 'pfedlia' to find clusters in any data"
+        (
+            "method 'oracle' clusters the clients by their planted groups, which only partition "
+            f"'planted-clusters' or 'planted-clusters-noisy' has (got partition={settings.data.partition!r}); "
+            "set --run-config \"method='oracle' partition='planted-clusters'\" (num-clusters sets the groups), "
+            "or use method 'pfedlia' to find clusters in any data"
+        )
     ]
 
 
@@ -69,7 +74,10 @@ class CFLOptions(OptionSet):
     def conflicts(self, settings) -> list[str]:
         if self.min_rounds > settings.num_rounds:
             return [
-                f"cfl-min-rounds={self.min_rounds} is after the last round (num-server-rounds={settings.num_rounds}):"
-                f" no cluster could ever split; use cfl-min-rounds <= num-server-rounds"
+                (
+                    f"cfl-min-rounds={self.min_rounds} is after the last round "
+                    f"(num-server-rounds={settings.num_rounds}): no cluster could ever split; "
+                    "use cfl-min-rounds <= num-server-rounds"
+                )
             ]
         return []

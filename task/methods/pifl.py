@@ -71,9 +71,11 @@ class PIFLOptions(TierOptions):
         slots = self.slots_performance + self.slots_random
         if slots >= clients:
             return [
-                f"slots-performance + slots-random = {slots} is not less than the {clients} connected clients: every "
-                f"bidder would win every round and the auction would decide nothing; use fewer slots or more "
-                f"clients"
+                (
+                    f"slots-performance + slots-random = {slots} is not less than the {clients} connected clients: "
+                    "every bidder would win every round and the auction would decide nothing; use fewer slots or more "
+                    "clients"
+                )
             ]
         return []
 

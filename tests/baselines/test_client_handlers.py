@@ -52,7 +52,7 @@ def test_train_and_evaluate_reply_what_the_strategy_expects(method):
     assert 0.0 <= ev["personal-acc"] <= 1.0
     assert ("global-acc" in ev) == strat.has_global_model
     # how many samples the accuracy rests on travels with it (benchmarks report it), and the server accepts it
-    x_test, y_test = c.test_split()
+    _x_test, y_test = c.test_split()
     assert ev["test-examples"] == len(y_test) > 0
     assert round(ev["personal-acc"] * len(y_test), 6) == round(ev["personal-acc"] * len(y_test))
     assert strat.gate.check(1, 100, ev_reply, "evaluate", set()) is not None, strat.failures
@@ -71,7 +71,7 @@ def test_fedper_head_stays_on_the_client():
     ctx = context("fedper")
     strat = build_strategy(parse_settings(ctx.run_config))
     reply = client(ctx).train(payload(strat, 1))
-    assert not any(k.startswith("head.") for k in reply["arrays"].keys())
+    assert not any(k.startswith("head.") for k in reply["arrays"])
     head = record_to_numpy(ctx.state["head"])
     assert set(head) == {"head.weight", "head.bias"}
 

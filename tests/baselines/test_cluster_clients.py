@@ -44,7 +44,7 @@ def scores(c, state, split="test"):
 # ------------------------------------------------------------------------------------------ IFCA
 def test_ifca_trains_the_cluster_model_that_fits_its_training_split_best(centres):
     init, low, high = centres
-    c = client("ifca", client_data(HIGH, val_classes=LOW), **{"tiers": 3})
+    c = client("ifca", client_data(HIGH, val_classes=LOW), tiers=3)
     reply = c.train(RecordDict({"tiers": tiers(init, low, high)}))
     assert reply["metrics"]["cluster"] == 2
     trained = as_torch(reply["arrays"])
@@ -53,15 +53,15 @@ def test_ifca_trains_the_cluster_model_that_fits_its_training_split_best(centres
 
 
 def test_ifca_evaluates_the_cluster_chosen_on_the_validation_split_or_else_the_training_split(centres):
-    init, low, high = centres
-    disagree = client("ifca", client_data(HIGH, val_classes=LOW, test_classes=LOW), **{"tiers": 2})
+    _init, low, high = centres
+    disagree = client("ifca", client_data(HIGH, val_classes=LOW, test_classes=LOW), tiers=2)
     ev = disagree.evaluate(RecordDict({"tiers": tiers(high, low)}))["metrics"]
     assert ev["cluster"] == 1  # chosen on the validation split (0-4), not on the training split (5-9)
     loss, acc = scores(disagree, low)
     assert ev["personal-acc"] == pytest.approx(acc) and ev["personal-loss"] == pytest.approx(loss)
     data = client_data(HIGH, val_classes=LOW)
     data.x_val, data.y_val = data.x_val[:0], data.y_val[:0]
-    no_val = client("ifca", data, **{"tiers": 2})
+    no_val = client("ifca", data, tiers=2)
     assert no_val.evaluate(RecordDict({"tiers": tiers(high, low)}))["metrics"]["cluster"] == 0
 
 
@@ -76,12 +76,12 @@ def test_importance_weights_are_shares_of_best_fitted_points_floored_at_sigma():
 
 
 def test_fedsoft_client_reports_the_share_of_its_points_each_centre_fits_best(centres):
-    init, low, high = centres
+    _init, low, high = centres
     x_lo, y_lo = digits_of(LOW, 24, 0)
     x_hi, y_hi = digits_of(HIGH, 8, 0)
     data = client_data(LOW)
     data.x_train, data.y_train = torch.cat([x_lo, x_hi]), torch.cat([y_lo, y_hi])
-    c = client("fedsoft", data, **{"tiers": 2})
+    c = client("fedsoft", data, tiers=2)
     u = np.array(c.query("fedsoft_u", RecordDict({"tiers": tiers(low, high)}))["metrics"]["fedsoft-u"])
     per_point = []
     for s in (low, high):
@@ -101,7 +101,9 @@ def test_fedsoft_client_reports_the_share_of_its_points_each_centre_fits_best(ce
 
 def soft_content(states, u=None):
     content = RecordDict({"tiers": tiers(*states)})
-    cfg = {}
+    cfg: dict[
+        str, int | float | str | bytes | bool | list[int] | list[float] | list[str] | list[bytes] | list[bool]
+    ] = {}
     if u is not None:
         cfg["u"] = list(u)
     if cfg:
@@ -110,8 +112,8 @@ def soft_content(states, u=None):
 
 
 def test_fedsoft_starts_from_the_u_weighted_mixture_of_the_centres(centres):
-    init, low, high = centres
-    c = client("fedsoft", client_data(HIGH), **{"tiers": 2})
+    _init, low, high = centres
+    c = client("fedsoft", client_data(HIGH), tiers=2)
     ev = c.evaluate(soft_content([low, high], u=[1.0, 3.0]))["metrics"]  # weights normalised: 0.25 / 0.75
     mixed = {k: 0.25 * low[k] + 0.75 * high[k] if low[k].is_floating_point() else high[k] for k in low}
     loss, acc = scores(c, mixed)

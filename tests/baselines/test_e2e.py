@@ -75,7 +75,7 @@ def test_bad_replies_are_rejected_and_the_run_goes_on(simulation):
         {"method": "fedavg", "num-server-rounds": 2, "min-nodes": 4, "fault": "nan@1,shape@2,crash@3"}, num_supernodes=4
     )
     failures = json.loads((Path(summary["results"]) / "failures.json").read_text())
-    reasons = {(f["round"], f["phase"]): [] for f in failures}
+    reasons: dict[tuple[int, str], list[str]] = {(f["round"], f["phase"]): [] for f in failures}
     for f in failures:
         reasons[(f["round"], f["phase"])].append(f["reason"])
     for rnd in (1, 2):
@@ -116,5 +116,7 @@ def test_a_run_whose_every_reply_fails_the_same_way_stops_with_that_reason(simul
     assert "round 1: every train reply failed for the same reason" in text and "does not exist" in text
     from server_app.runner import results_folder_from_output
 
-    summary = json.loads((results_folder_from_output(err.value.output) / "summary.json").read_text())
+    folder = results_folder_from_output(err.value.output)
+    assert folder is not None, err.value.output
+    summary = json.loads((folder / "summary.json").read_text())
     assert summary["rounds"] == 1 and "does not exist" in summary["aborted"]

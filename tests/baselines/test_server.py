@@ -82,7 +82,7 @@ def good_arrays(s):
 
 def test_reply_validation_rejects_and_logs():
     s = strategy("fedavg")
-    seen = set()
+    seen: set[int] = set()
     ok = s.gate.check(1, 11, content_with(good_arrays(s), pid=1), "train", seen)
     assert ok is not None and ok.num_examples == 10 and ok.client == 1
     # duplicate
@@ -112,7 +112,7 @@ def test_reply_validation_rejects_and_logs():
 def test_a_rejected_reply_does_not_touch_the_global_model():
     s = strategy("fedavg")
     before = {k: v.copy() for k, v in s.global_state.items()}
-    seen = set()
+    seen: set[int] = set()
     bad = {
         k: np.full(shape, np.nan, s.initial_state[k].dtype)
         if s.initial_state[k].dtype.kind == "f"

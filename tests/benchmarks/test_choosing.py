@@ -12,14 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks"
-sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import grids
 from common import _fingerprint, write_record
 from reporting import choosing
 from reporting.grids import FamilyRecords
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
 
 ROWS = ("local", "fedavg", "fedcac", "pifl")
 ACC_OF = {"local": 0.60, "fedavg": 0.70, "fedcac": 0.75, "pifl": 0.65}  # a method's accuracy when a test sets none

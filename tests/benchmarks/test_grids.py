@@ -12,14 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import grids
 import report
 from common import _fingerprint, write_record
 from reporting import figures
 from reporting import grids as report_grids
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def tiny() -> dict[str, grids.Family]:
@@ -34,7 +35,7 @@ MACHINE = {"cores": 2, "memory-gib": 24, "gpu": False, "python": "3.11", "flwr":
 def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=(9, 9, 9), error=None, config=None, wall=30.0):
     clients = {
         "columns": ["client", "num-examples", "personal-acc", "test-examples"],
-        "rows": [[i, n, acc, t] for i, (n, t) in enumerate(zip(num_examples, test_examples))],
+        "rows": [[i, n, acc, t] for i, (n, t) in enumerate(zip(num_examples, test_examples, strict=False))],
     }
     return {
         "schema": 1,
@@ -61,7 +62,7 @@ def write_selection(raw, fam, scores: dict[str, list[float]], seeds=(0, 1)):
     """``scores[row]``: one validation accuracy per setting of the row (the same for every seed + a seed offset)."""
     for row in fam.rows:
         for s in seeds:
-            for setting, base in zip(row.settings(fam.lrs), scores[row.name]):
+            for setting, base in zip(row.settings(fam.lrs), scores[row.name], strict=False):
                 cell = {"method": row.name, "setting": grids.setting_label(setting), "seed": s}
                 write_record(
                     record(fam.select_grid, cell, base + 0.001 * s, config={"evaluate-split": "validation"}), raw
@@ -87,7 +88,7 @@ def test_every_planned_run_config_is_one_the_app_accepts():
         grids.check_configs(grids.selection_runs(fam, [0]) + grids.grid_runs(fam, chosen, [0], True))
         grids.check_configs(grids.grid_runs(fam, chosen, [0], False))
     bad = replace(design["label-skew"], rows=(grids.Row("pifl", {"method": "pifl"}, "tiers", (2, 11)),))
-    with pytest.raises(SystemExit, match="label-skew / pifl: .*tiers=11"):
+    with pytest.raises(SystemExit, match=r"label-skew / pifl: .*tiers=11"):
         grids.check_configs(grids.selection_runs(bad, [0]))
 
 
@@ -337,7 +338,7 @@ def test_runs_with_a_record_are_skipped_and_failed_ones_rerun_only_when_asked(tm
     plan += ["--select-seeds", "0", "--seeds", "0", "--seconds-per-run", "10"]
     grids.main(plan)
     assert "plan: 8 selection runs (3 to do)" in capsys.readouterr().out
-    grids.main(plan + ["--retry-failed"])
+    grids.main([*plan, "--retry-failed"])
     assert "plan: 8 selection runs (6 to do)" in capsys.readouterr().out
 
 

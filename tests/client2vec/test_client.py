@@ -297,7 +297,7 @@ def test_federated_dsa_ign_trains_with_the_runs_batch_orthogonality_and_a_per_ro
 
     data = client_data(HIGH, n=4)
     opts = {**cfg, "c2v-ign-local-epochs": 2, "c2v-ign-lr": 0.01, "c2v-ign-batch": 4, "c2v-orth-mode": "diag"}
-    net, content = ign_record()
+    _net, content = ign_record()
     content["config"] = ConfigRecord({"server-round": 5})
     c = client("client2vec", data, **opts)
     c.begin(content)
@@ -375,7 +375,7 @@ def test_case_study_iii_step_is_eq4(start, cfg, w, normalize, mean, detach, dtyp
         z, logits, aux, torch.from_numpy(BETA), normalize=normalize, mean_over_clients=mean, detach_distill=detach
     )
     named = dict(model.named_parameters()) | {"c2v." + k: p for k, p in aux.named_parameters()}
-    grads = dict(zip(named, torch.autograd.grad(loss, list(named.values()))))
+    grads = dict(zip(named, torch.autograd.grad(loss, list(named.values())), strict=True))
     for k, p in named.items():
         torch.testing.assert_close(got[k], (p - lr * grads[k]).detach(), rtol=1e-4, atol=1e-5)
 

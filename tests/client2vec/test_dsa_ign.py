@@ -117,11 +117,11 @@ def test_flags_accept_true_or_false_strings_and_nonsense_is_refused():
     assert Client2VecOptions.parse({"c2v-sampling": "TRUE"}).sampling is True
     assert Client2VecOptions.parse({"c2v-sampling": "False"}).sampling is False
     assert Client2VecOptions.parse({"c2v-local": "false"}).local is False
-    with pytest.raises(ValueError, match="c2v-local.*true or false"):
+    with pytest.raises(ValueError, match=r"c2v-local.*true or false"):
         Client2VecOptions.parse({"c2v-local": "perhaps"})
-    with pytest.raises(ValueError, match="c2v-ign-epochs.*int"):
+    with pytest.raises(ValueError, match=r"c2v-ign-epochs.*int"):
         Client2VecOptions.parse({"c2v-ign-epochs": "many"})
-    with pytest.raises(ValueError, match="c2v-orth-mode.*one of"):
+    with pytest.raises(ValueError, match=r"c2v-orth-mode.*one of"):
         Client2VecOptions.parse({"c2v-orth-mode": "l2"})
 
 
@@ -318,7 +318,7 @@ def test_each_sample_is_encoded_on_its_own_tokens():
         batch = net(d)
         for i in range(5):
             alone = net(d[i : i + 1])
-            for got, ref in zip(batch, alone):
+            for got, ref in zip(batch, alone, strict=True):
                 torch.testing.assert_close(got[i : i + 1], ref, rtol=1e-5, atol=1e-6)
 
 
@@ -417,12 +417,12 @@ def test_loss_closed_forms():
 def test_total_loss_is_finite_and_differentiable_and_training_lowers_it():
     net = build_ign(IGNConfig(ff=64, dropout=0.0), 0)
     d = torch.nn.functional.normalize(torch.randn(32, 512), dim=1)
-    l = torch.nn.functional.normalize(torch.randn(32, 512), dim=1)
-    loss, parts = total_loss(net, d, l)
+    labels = torch.nn.functional.normalize(torch.randn(32, 512), dim=1)
+    loss, parts = total_loss(net, d, labels)
     loss.backward()
     assert np.isfinite(loss.item()) and all(np.isfinite(v) for v in parts.values())
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in net.parameters())
-    hist = train_dsa_ign(net, d.numpy(), l.numpy(), epochs=15, batch_size=16)
+    hist = train_dsa_ign(net, d.numpy(), labels.numpy(), epochs=15, batch_size=16)
     assert hist[-1]["total"] < hist[0]["total"]
 
 
@@ -435,7 +435,7 @@ def test_client_index_is_order_free_and_label_half_is_histogram_map():
     D, L = rng.standard_normal((50, 512)).astype(np.float32), T[y]
     bf, bl = client_index(net, D, L)
     perm = rng.permutation(50)
-    bf2, bl2 = client_index(net, D[perm], L[perm])
+    bf2, _bl2 = client_index(net, D[perm], L[perm])
     np.testing.assert_allclose(bf, bf2, atol=1e-5)
     pi = np.bincount(y, minlength=10) / 50
     np.testing.assert_allclose(bl, pi @ T, atol=1e-5)

@@ -104,7 +104,7 @@ def test_client2vec_federated_mode_fedprox_without_local_loss(simulation, tmp_pa
         num_supernodes=m,
     )
     assert summary["rounds"] == 2 and summary["failures"] == 0
-    folder, index, info, rounds = _artefacts(summary)
+    _folder, index, info, rounds = _artefacts(summary)
     assert sorted(index["partition_id"].tolist()) == list(range(m))
     assert len(info["dsa-ign-losses"]) == 2  # two federated DSA-IGN rounds
     comm = rounds[0]["extra"]["comm"]

@@ -41,7 +41,7 @@ def test_embeddings_are_cached_on_disk(tmp_path):
     enc = SyntheticEncoder(512, 1)
     x, y = torch.rand(6, 1, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2])
     D, L, hit = cached_embeddings(enc, "k", x, y, ["a", "b", "c"], tmp_path)
-    D2, L2, hit2 = cached_embeddings(enc, "k", x, y, ["a", "b", "c"], tmp_path)
+    D2, _L2, hit2 = cached_embeddings(enc, "k", x, y, ["a", "b", "c"], tmp_path)
     assert not hit and hit2 and len(list(tmp_path.glob("*.npz"))) == 1
     np.testing.assert_array_equal(D, D2)
     np.testing.assert_array_equal(L[0], L[3])

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 import torch
-import torch._dynamo  # noqa: F401  # the DSA-IGN's first Adam imports it (seconds): once at collection, not per test
+import torch._dynamo  # the DSA-IGN's first Adam imports it (seconds): once at collection, not per test
 
 from strategies.base import Reply
 from strategies.client2vec_math import (
@@ -58,7 +58,7 @@ def test_similarity_to_a_cohort_is_the_size_weighted_mean_of_both_halves():
     for i in range(5):
         expected = sum(n[j] * (cos(bf[i], bf[j]) + cos(bl[i], bl[j])) for j in cohort) / (2 * n[cohort].sum())
         assert got[i] == pytest.approx(expected)
-    with pytest.raises(ValueError, match="^similarity to an empty cohort is undefined$"):
+    with pytest.raises(ValueError, match=r"^similarity to an empty cohort is undefined$"):
         similarity_to_set(cosine_matrix(bf), cosine_matrix(bl), n, [])
     for bad in (np.array([10.0, -1.0, 5.0, 1.0, 1.0]), np.zeros(5)):
         with pytest.raises(ValueError, match="sample counts"):
@@ -90,7 +90,7 @@ def test_sampling_probabilities_are_a_softmax_of_similarity_over_tau_without_the
     np.testing.assert_allclose(sampling_probabilities(s, 1.0, np.zeros(4, bool)), sampling_probabilities(s, 1.0))
     tiny = sampling_probabilities(np.array([1.0, 0.999, -1.0]), 1e-3)  # exp(1000): no overflow
     assert np.isfinite(tiny).all() and tiny.sum() == pytest.approx(1.0) and tiny[0] > tiny[1] > tiny[2]
-    with pytest.raises(ValueError, match="^every client is blocked; nothing to sample$"):  # the whole reason
+    with pytest.raises(ValueError, match=r"^every client is blocked; nothing to sample$"):  # the whole reason
         sampling_probabilities(s, 1.0, np.ones(4, bool))
     for tau in (0.0, -1.0):
         with pytest.raises(ValueError, match="c2v-tau"):
@@ -378,7 +378,7 @@ def sent(grid, phase, server_round=None):
 
 
 def arrays(content, record="arrays"):
-    return {k: content[record][k].numpy() for k in content[record].keys()}
+    return {k: content[record][k].numpy() for k in content[record]}
 
 
 def assert_state_equal(got, expected):
@@ -487,14 +487,14 @@ def test_the_index_phase_time_is_recorded_in_the_round_that_ran_it(monkeypatch):
 def test_without_any_upload_the_dsa_ign_cannot_be_trained():
     strat = c2v()
     silent = Recorder(lambda r, n, phase, c: [] if phase == "c2v_embed" else None)
-    with pytest.raises(RuntimeError, match="^no node uploaded usable embeddings; the DSA-IGN cannot be trained$"):
+    with pytest.raises(RuntimeError, match=r"^no node uploaded usable embeddings; the DSA-IGN cannot be trained$"):
         drive(strat, NODES, 1, silent)
 
 
 def test_without_any_index_reply_the_run_stops_before_round_one():
     strat = c2v()
     silent = Recorder(lambda r, n, phase, c: [] if phase == "c2v_index" else None)
-    with pytest.raises(RuntimeError, match="^no node returned a usable client index; see failures.json$"):
+    with pytest.raises(RuntimeError, match=r"^no node returned a usable client index; see failures.json$"):
         drive(strat, NODES, 1, silent)
     assert strat.c2v is None and strat.index_clients == []
 
@@ -547,7 +547,9 @@ def test_federated_dsa_ign_is_fedavg_over_a_fraction_of_the_nodes_for_each_of_it
         got = replies[3 * (r - 1) : 3 * r]
         n = np.array([int(c["metrics"]["num-examples"]) for c in got], dtype=float)
         current = {
-            k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), got)).astype(np.float32)
+            k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), got, strict=True)).astype(
+                np.float32
+            )
             for k in current
         }
         losses.append(float(np.mean([c["metrics"]["ign-loss"] for c in got])))
@@ -560,7 +562,7 @@ def test_federated_dsa_ign_is_fedavg_over_a_fraction_of_the_nodes_for_each_of_it
     assert progress[0] == f"[client2vec] federated DSA-IGN round 1/{rounds}: 0/3 replies, mean local loss nan"
     assert progress[1:] == [
         f"[client2vec] federated DSA-IGN round {r}/{rounds}: 3/3 replies, mean local loss {x:.4f}"
-        for r, x in zip(range(2, rounds + 1), losses)
+        for r, x in zip(range(2, rounds + 1), losses, strict=False)
     ]
 
 
@@ -654,11 +656,11 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
         H = gamma * H + S
         p = n[rows] / n[rows].sum() * np.exp(H[rows] / lam)
         p /= p.sum()
-        assert strat.agg_weights[t] == pytest.approx(dict(zip(rows.tolist(), p)))
+        assert strat.agg_weights[t] == pytest.approx(dict(zip(rows.tolist(), p, strict=False)))
         assert strat.history[t - 1].extra["c2v-weights"] == strat.agg_weights[t]
         updates = rec.by_client("train", t)
         assert [int(c["metrics"]["partition-id"]) for c in updates] == rows.tolist()
-        model = {k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(p, updates)) for k in model}
+        model = {k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(p, updates, strict=False)) for k in model}
     assert_state_close(strat.global_state, model)
 
 
@@ -730,7 +732,7 @@ def test_arms_without_index_sampling_draw_the_same_uniform_cohorts_and_the_plain
             updates = rec.by_client("train", 4)
             n = np.array([int(c["metrics"]["num-examples"]) for c in updates], dtype=float)
             expected = {
-                k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), updates))
+                k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(n / n.sum(), updates, strict=False))
                 for k in strat.global_state
             }
             assert_state_close(strat.global_state, expected)
@@ -826,7 +828,7 @@ def test_a_federated_dsa_ign_reply_is_the_whole_network_and_its_local_loss():
         (3, reply(3, None)),
         (4, reply(4, 2 * LOSS_LIMIT)),
         (5, reply(5, -2 * LOSS_LIMIT)),
-        (6, reply(6, 1.0, {k: v for k, v in list(state.items())[1:]})),
+        (6, reply(6, 1.0, dict(list(state.items())[1:]))),
     ):
         assert strat.gate.check(1, nid, content, "c2v_ign", set()) is None
     assert "ign-loss" in strat.failures[0]["reason"]
@@ -930,7 +932,7 @@ def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similari
     left, right = (ax.get_position() for ax in panels)
     assert left.x1 < right.x0 and left.y0 == pytest.approx(right.y0)  # side by side
     for ax, sim, half in zip(
-        panels, (strat.c2v.sim_f, strat.c2v.sim_l), ("feature half cos(beta_f)", "label half cos(beta_l)")
+        panels, (strat.c2v.sim_f, strat.c2v.sim_l), ("feature half cos(beta_f)", "label half cos(beta_l)"), strict=False
     ):
         assert ax.get_title() == half and ax.get_xlabel() == "client (ordered by domain)"
         (image,) = ax.get_images()
@@ -1074,9 +1076,9 @@ def test_strategy_aggregates_with_index_weights_and_carries_the_projection():
     h = 0.5 * h_before + strat.c2v.similarity(rows)
     expected_w = aggregation_weights(h[rows], strat.c2v.n[rows], 1.0)
     for k, v in strat.global_state.items():
-        manual = sum(w * u.arrays[k].astype(np.float64) for w, u in zip(expected_w, updates))
+        manual = sum(w * u.arrays[k].astype(np.float64) for w, u in zip(expected_w, updates, strict=False))
         np.testing.assert_allclose(v, manual, rtol=1e-5, atol=1e-6)
-    assert strat.agg_weights[2] == pytest.approx(dict(zip([1, 3, 4], expected_w)))
+    assert strat.agg_weights[2] == pytest.approx(dict(zip([1, 3, 4], expected_w, strict=False)))
 
 
 def test_strategy_rejects_bad_index_replies_with_a_reason():

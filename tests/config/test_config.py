@@ -1,9 +1,12 @@
 """Bad input gets a clear error naming the key and the allowed values."""
 
+import re
+
 import pytest
 
 from task.config import parse_settings
 from task.data import DataSettings, load_client_data
+from task.methods.pifl import PIFLOptions
 
 
 def test_defaults_parse():
@@ -67,7 +70,10 @@ def test_defaults_parse():
         ({"method": "pifl", "tiers": 3}, r"tiers=3 is more than min-nodes=2"),
         (
             {"method": "fedbn", "model": "mlp"},
-            r"model 'mlp' \(run-config key 'model'\) has none.*use one that has: \['cnn', 'resnet8', 'resnet10', 'resnet18'\]",
+            (
+                r"model 'mlp' \(run-config key 'model'\) has none.*"
+                r"use one that has: \['cnn', 'resnet8', 'resnet10', 'resnet18'\]"
+            ),
         ),
         ({"partition": "pathological", "classes-per-client": 11}, r"classes-per-client=11 exceeds the 10 classes"),
         ({"partition": "planted-clusters", "num-clusters": 12}, r"num-clusters=12 exceeds the 10 labels"),
@@ -134,7 +140,7 @@ def test_pifl_ni_runs_with_the_defaults_flower_passes():
     settings = parse_settings(
         {**defaults, "method": "pifl-ni", "slots-performance": 1, "slots-random": 0, "min-nodes": 4}
     )
-    assert settings.options.incentive is False
+    assert isinstance(settings.options, PIFLOptions) and settings.options.incentive is False
 
 
 def test_a_method_spec_can_refuse_settings_without_an_options_class_of_its_own(monkeypatch):
@@ -196,14 +202,14 @@ ORACLE_NEEDS = (
     ],
 )
 def test_a_method_on_data_it_cannot_use_says_exactly_what_it_needs(cfg, message):
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
         parse_settings(cfg)
     assert str(err.value) == message
 
 
 def test_every_impossible_setting_of_a_run_is_named_at_once():
     cfg = {"method": "pifl", "dataset": "dialects", "partition": "planted-clusters", "tiers": 3}
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match=r"^slots-performance \+ slots-random must be >= 1") as err:
         parse_settings({**cfg, "slots-random": 0, "slots-performance": 0})
     said = str(err.value)
     assert said.startswith("slots-performance + slots-random must be >= 1")

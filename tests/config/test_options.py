@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def declared() -> dict[str, list[Option]]:
     out: dict[str, list[Option]] = {}
-    for cls in (RunOptions, *OPTION_SETS):
+    classes: tuple[type[OptionSet], ...] = (RunOptions, *OPTION_SETS)
+    for cls in classes:
         for key, opt in cls.declared().items():
             out.setdefault(key, []).append(opt)
     return out
@@ -95,7 +96,7 @@ def test_values_convert_and_fixed_values_win():
     assert Example.parse({"mode": "a"}, fixed={"mode": "b"}).mode == "b"
     with pytest.raises(ConfigConflict, match="'mode' is 'c', but this method fixes it to 'b'"):
         Example.parse({"mode": "c"}, fixed={"mode": "b"})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="run-config key 'bad' must be an integer >= 1, got 0"):
         option("bad", 0, "a default outside its own range", minimum=1)
 
 
@@ -114,7 +115,7 @@ def test_an_unknown_method_is_refused_naming_the_key_the_value_and_every_method(
     from task.methods import method_spec
 
     assert method_spec("client2vec") is METHODS["client2vec"]
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="unknown method 'fedavgg'") as err:
         method_spec("fedavgg")
     message = str(err.value)
     assert "'fedavgg'" in message and "'method'" in message

@@ -38,7 +38,7 @@ def assert_disjoint(parts, total):
 
 def test_digits_embedded(digits):
     assert digits.x.shape == (1797, 1, 8, 8) and digits.y.shape == (1797,)
-    assert 0.0 <= digits.x.min() and digits.x.max() <= 1.0
+    assert digits.x.min() >= 0.0 and digits.x.max() <= 1.0
     noisy = load_centralized("digits", noise_std=0.7)
     assert noisy.x.std() > digits.x.std()
     np.testing.assert_array_equal(noisy.x, load_centralized("digits", noise_std=0.7).x)
@@ -65,8 +65,8 @@ def test_dirichlet_is_seeded(digits):
     a = all_parts(make("dirichlet", 10, digits.y, alpha=0.5, seed=3), 10)
     b = all_parts(make("dirichlet", 10, digits.y, alpha=0.5, seed=3), 10)
     c = all_parts(make("dirichlet", 10, digits.y, alpha=0.5, seed=4), 10)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -115,7 +115,7 @@ def test_two_source_mixture_shares(digits, mixture, expected):
     for g in goals:  # goal data is only evaluated on: never trained on, no sample twice in one client's set,
         assert not trained & set(g.tolist()) and len(set(g.tolist())) == len(g)  # but shared across clients
         assert len(g) == part.goal_size == 200
-    for pid, (p, g) in enumerate(zip(parts, goals)):
+    for pid, (p, g) in enumerate(zip(parts, goals, strict=True)):
         share_a = np.mean(digits.y[p] < 5)
         goal_a = np.mean(digits.y[g] < 5)
         want = expected[0] if pid < 5 else expected[1]
@@ -126,7 +126,7 @@ def test_two_source_mixture_shares(digits, mixture, expected):
 def test_source_shares_linear_and_random():
     np.testing.assert_allclose(source_shares("linear", 4, 0), [0.125, 0.375, 0.625, 0.875])
     r = source_shares("random", 50, 1)
-    assert ((0 <= r) & (r <= 1)).all() and r.std() > 0.1
+    assert ((r >= 0) & (r <= 1)).all() and r.std() > 0.1
     np.testing.assert_array_equal(r, source_shares("random", 50, 1))
     with pytest.raises(ValueError, match="mixture"):
         source_shares("50:50", 4, 0)
@@ -174,10 +174,10 @@ def test_data_copies_add_jittered_samples(digits):
 def test_synth_concept_sources_conflict_and_mix_per_client():
     from task.data import synth_concept
 
-    x, y, source = synth_concept(num_samples=4000)
+    x, y, _source = synth_concept(num_samples=4000)
     assert x.shape == (4000, 10) and set(np.unique(y)) == {0, 1}
     # the two sources label the same inputs differently: a model of one source is wrong on the other
-    x2, y2, _ = synth_concept(num_samples=4000)
+    _x2, y2, _ = synth_concept(num_samples=4000)
     np.testing.assert_array_equal(y, y2)  # deterministic
     s = DataSettings(dataset="synth-concept", partition="two-source", mixture="30:70")
     first, last = load_client_data(s, 0, 10), load_client_data(s, 9, 10)

@@ -44,8 +44,9 @@ def run_cluster(workdir: Path, *args: str, timeout: float = 900) -> dict:
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        check=False,
     )
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     assert lines, f"no JSON report (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     report = json.loads(lines[-1])
     assert proc.returncode == 0 and report["ok"], (
@@ -106,7 +107,8 @@ def test_supernodes_trained_on_their_own_data_files(cluster, node_files):
 
     from task.data import DataSettings, load_local_file
 
-    rows = {int(float(r["partition-id"])): r for r in csv.DictReader(open(Path(cluster["results"]) / "clients.csv"))}
+    with (Path(cluster["results"]) / "clients.csv").open() as fh:
+        rows = {int(float(r["partition-id"])): r for r in csv.DictReader(fh)}
     for pid in (0, 1):
         expected = load_local_file(str(node_files / f"node-{pid}.npz"), DataSettings(), pid).num_train
         assert int(float(rows[pid]["num-examples"])) == expected

@@ -165,7 +165,7 @@ def test_each_client_keeps_its_own_statistics_while_the_rest_is_averaged_by_exam
     # round 2: both start from the average, each with its own normalisation layers (and keeps them)
     payload = record_to_numpy(s.payload(1, 2, "train")["arrays"])
     assert sorted(payload) == sorted(s.shared_keys())
-    for i, (name, data) in enumerate(datasets.items()):
+    for name, data in datasets.items():
         msg = RecordDict({"arrays": to_record(payload), "config": ConfigRecord({"server-round": 2})})
         c = client("fedbn", data, ctx=ctxs[name], **{"local-epochs": 0})
         model = c.personal_model(msg)

@@ -53,12 +53,12 @@ def test_the_server_averages_every_shared_layer_by_training_examples():
     examples = [10, 30, 5]
     replies = [
         Reply(n, n, e, {"num-examples": e, "partition-id": n}, {"arrays": a})
-        for n, (a, e) in enumerate(zip(states, examples))
+        for n, (a, e) in enumerate(zip(states, examples, strict=True))
     ]
     s.aggregate(1, replies)
     assert sorted(s.global_state) == sorted(s.shared_keys())
     for k in s.shared_keys():
-        expected = sum(e * a[k] for a, e in zip(states, examples)) / sum(examples)
+        expected = sum(e * a[k] for a, e in zip(states, examples, strict=True)) / sum(examples)
         np.testing.assert_allclose(s.global_state[k], expected, rtol=1e-5, atol=1e-6)
     sent = record_to_numpy(s.payload(1, 2, "train")["arrays"])
     assert all(np.array_equal(sent[k], s.global_state[k]) for k in s.shared_keys())

@@ -79,8 +79,8 @@ def ce(client, state, x, y):
 
 
 def power_ratio(losses, gamma):
-    l = np.asarray(losses, dtype=np.float64) ** gamma
-    return l / l.sum()
+    powered = np.asarray(losses, dtype=np.float64) ** gamma
+    return powered / powered.sum()
 
 
 def mean_of(states, idx, name):
@@ -95,7 +95,7 @@ def naive_lambda(client, states, gamma):
     for i in range(k):
         others = [j for j in range(k) if j != i]
         state = {
-            n: (own[n] if n.startswith("head.") or not v.is_floating_point() else mean_of(states, others, n))
+            n: (v if n.startswith("head.") or not v.is_floating_point() else mean_of(states, others, n))
             for n, v in own.items()
         }
         losses.append(ce(client, state, x, y))
@@ -205,7 +205,7 @@ def test_the_influence_batch_holds_influence_batch_size_training_samples_drawn_a
     """fedc2i.md §6.10: one batch of ``influence-batch-size`` samples per round, drawn anew every round (seeded: the
     same round gives the same batch, fedc2i.md §7 test 14)."""
     states = received_models(make_client(), 3)
-    whole, _ = run_train(make_client(), payload(states))
+    _whole, _ = run_train(make_client(), payload(states))
     small = make_client(**{"influence-batch-size": 3})
     by_round = {r: run_train(small, payload(states, server_round=r))[1]["influence"] for r in (2, 3)}
     assert by_round[2] == run_train(make_client(**{"influence-batch-size": 3}), payload(states))[1]["influence"]

@@ -1,7 +1,8 @@
 """What FedC2I's client math must do (fedc2i.md §2.2, §6.3, §7), checked against naive re-computations.
 
 Each expectation is rebuilt here the slow, obvious way (an explicit leave-one-out model per client, a
-classifier edited row by row, the power ratio l^gamma / sum l^gamma), independently of the vectorised code; the invariants of fedc2i.md §7 are checked on small hand-made models.
+classifier edited row by row, the power ratio l^gamma / sum l^gamma), independently of the vectorised code; the
+invariants of fedc2i.md §7 are checked on small hand-made models.
 """
 
 import numpy as np
@@ -59,8 +60,8 @@ def batch(seed=1, n=24):
 
 
 def power_ratio(losses, gamma):
-    l = np.asarray(losses, dtype=np.float64) ** gamma
-    return l / l.sum()
+    powered = np.asarray(losses, dtype=np.float64) ** gamma
+    return powered / powered.sum()
 
 
 def test_leave_one_out_with_two_models_is_the_other_model_and_one_model_is_refused():
@@ -210,7 +211,7 @@ def _influence(models, own, gamma=5.0):
 def test_a_peer_identical_to_the_client_gets_the_clients_weight():
     a, b, c = (build_model("c2i-small", 1, 8, 10, seed=s) for s in (0, 1, 2))
     twin = build_model("c2i-small", 1, 8, 10, seed=0)
-    lam, losses = _influence([a, b, twin, c], own=0)
+    lam, _losses = _influence([a, b, twin, c], own=0)
     torch.testing.assert_close(lam[0], lam[2])
     assert torch.isclose(lam.sum(), torch.tensor(1.0))
 
@@ -233,7 +234,7 @@ def test_a_much_worse_peer_gets_less_weight():
             p.mul_(5.0)
     models = [good, *peers, bad]
     heads = head_keys(good)
-    lam, losses = influence_vector(
+    lam, _losses = influence_vector(
         good, stacked_models(models), {h: good.state_dict()[h] for h in heads}, x, y, 5.0, heads
     )
     # leaving the bad peer out gives the LOWEST loss, so it gets the least weight
@@ -253,7 +254,7 @@ def test_influence_matrix_columns_sum_to_one_and_mixing_changes_the_classifier()
     w, b = weights[0].clone(), biases[0].clone()
     w[1], b[1] = loo_w[1], loo_b[1]
     torch.testing.assert_close(losses[2, 1], nn.functional.cross_entropy(feats @ w.T + b, y))
-    mixed_w, mixed_b = mix_classifier(weights, biases, big_lambda)
+    mixed_w, _mixed_b = mix_classifier(weights, biases, big_lambda)
     assert not torch.allclose(mixed_w, weights[0])
     # the printed Eq. 10 (client's own row phi_{m,c} in the sum) is a no-op: it returns the own classifier
     printed_w = torch.einsum("mc,cd->cd", big_lambda, weights[0])

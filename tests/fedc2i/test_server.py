@@ -1,9 +1,9 @@
 """What the FedC2I server must do (fedc2i.md §2.3, §2.5, §6.13, §6.20, §7; docs/methods/fedc2i.md "Messages",
 "Options", "Artefacts"): store every client's latest model without averaging, send each client its own stored
 model first and then its peers' (all of them, or ``c2i-peers - 1`` drawn per round), check the influence vector
-against what was sent, and log the influence rows.  Replies are made by hand, without a client, except in the last tests, where the
-real clients answer (round one from the common model, then everyone receives everyone; ``c2i-peers`` bounds the
-download), and the options the strategy refuses."""
+against what was sent, and log the influence rows.  Replies are made by hand, without a client, except in the last
+tests, where the real clients answer (round one from the common model, then everyone receives everyone;
+``c2i-peers`` bounds the download), and the options the strategy refuses."""
 
 from __future__ import annotations
 
@@ -219,7 +219,7 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
             strat,
             rnd,
             ids if rnd < 6 else ids[:2],
-            influence=lambda c, k: [0.1 * c + 0.05 * rnd, 1 - 0.1 * c - 0.05 * rnd],
+            influence=lambda c, k, rnd=rnd: [0.1 * c + 0.05 * rnd, 1 - 0.1 * c - 0.05 * rnd],
         )
     strat.write_artifacts(tmp_path)
     logged = json.loads((tmp_path / "fedc2i_influence.json").read_text())
@@ -233,7 +233,7 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
     panels = [ax for ax in fig.axes if ax.get_images()]
     assert len(panels) == 3 and len(fig.axes) == 6  # one panel per chosen round, each with its colour bar
     assert np.isnan(np.ma.filled(panels[2].get_images()[0].get_array(), np.nan)[2]).all()
-    for ax, rnd in zip(panels, (1, 4, 6)):  # first, middle and last round
+    for ax, rnd in zip(panels, (1, 4, 6), strict=True):  # first, middle and last round
         assert f"round {rnd}" in ax.get_title()
         assert "peer" in ax.get_xlabel() and "client" in ax.get_ylabel()
         (image,) = ax.get_images()
@@ -309,7 +309,7 @@ def test_the_heat_map_ticks_are_client_ids_also_for_many_clients(tmp_path, monke
 def test_c2i_peers_of_one_is_refused_with_the_values_that_work():
     """docs Options: ``c2i-peers=1`` would send a client only its own model (nothing to mix); the start-up check
     says why and which values to use instead."""
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="c2i-peers=1 sends a client only its own model") as err:
         strategy(**{"c2i-peers": 1})
     assert (
         "c2i-peers=1 sends a client only its own model, so there is nothing to mix: "
@@ -371,7 +371,7 @@ def test_round_one_starts_from_the_common_model_then_everyone_receives_everyone(
 
 
 def test_peer_sampling_bounds_the_download():
-    strat, payloads = run({"method": "fedc2i", "partition": "iid", "c2i-peers": 2}, rounds=2, n=5)
+    _strat, payloads = run({"method": "fedc2i", "partition": "iid", "c2i-peers": 2}, rounds=2, n=5)
     assert payloads[(2, 0)]["peers"]["head.bias"].shape[0] == 2
     full, _ = run({"method": "fedc2i", "partition": "iid"}, rounds=2, n=5)
     assert payloads[(2, 0)]["peers"].count_bytes() < 0.5 * full.payload(10, 3, "train")["peers"].count_bytes()

@@ -19,7 +19,14 @@ from task.methods.fedcac import unpack_masks
 from task.params import to_record
 from task.train import evaluate
 
-CFG = {"method": "fedcac", "tau": 0.5, "beta": 10, "partition": "pathological", "local-epochs": 3, "seed": 0}
+CFG: dict[str, bool | float | int | str] = {
+    "method": "fedcac",
+    "tau": 0.5,
+    "beta": 10,
+    "partition": "pathological",
+    "local-epochs": 3,
+    "seed": 0,
+}
 
 
 def first_round(cfg=CFG, n=3):
@@ -148,7 +155,7 @@ def test_first_contact_evaluates_the_common_model_with_w_bar_and_has_no_trained_
 def test_without_the_servers_models_a_trained_client_evaluates_its_own_post_training_model(after_round_one):
     """Nothing to mix (no w_bar, no u_i in the message): the personalized model is the client's own model
     from its last local training, and there is no global model to score."""
-    settings, strat, ctxs, cls, _ = after_round_one
+    settings, _strat, ctxs, cls, _ = after_round_one
     client = cls(ctxs[1], settings)
     own = client.load_state("model")
     m = client.evaluate(with_config(RecordDict(), 2))["metrics"]

@@ -118,7 +118,8 @@ def test_collaborators_invariant_under_affine_maps_and_flipped_by_the_literal_fo
     ours = collaborators(o, overlap_threshold(o, 1, 10), 1, 10)
     affine = 3.0 * o + 0.7
     assert all(
-        np.array_equal(a, b) for a, b in zip(ours, collaborators(affine, overlap_threshold(affine, 1, 10), 1, 10))
+        np.array_equal(a, b)
+        for a, b in zip(ours, collaborators(affine, overlap_threshold(affine, 1, 10), 1, 10), strict=False)
     )
     for i, c in enumerate(ours):
         assert set(c) and all((j < 3) == (i < 3) for j in c)  # corrected: own group
@@ -163,7 +164,7 @@ def test_aggregation_rules():
     # Eq. 9 weighted: unequal weights, against the weighted mean computed here row by row (the plain mean is
     # [3, 6]; a weighting bug cannot give the expected [4, 8])
     weights = [1, 2, 5]
-    expected = sum(w * row for w, row in zip(weights, params)) / sum(weights)
+    expected = sum(w * row for w, row in zip(weights, params, strict=False)) / sum(weights)
     np.testing.assert_allclose(expected, [4.0, 8.0])
     np.testing.assert_allclose(global_average(params, np.array(weights)), expected)
     np.testing.assert_allclose(global_average(params, np.array([0.5, 1.0, 2.5])), expected)  # only shares count

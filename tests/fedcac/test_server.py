@@ -42,7 +42,6 @@ def strategy_round(rounds=1, n=3, all_critical=False, **cfg):
             if all_critical:  # tau = 1: every mask all ones, every overlap 1
                 bits = content["mask"]["bits"].numpy()
                 content["mask"] = to_record({"bits": np.full_like(bits, 255)})
-        return None
 
     drive(strat, nodes, rounds, answer)
     return strat, sent
@@ -92,7 +91,6 @@ def play(strat, nodes, rounds, sent):
                 "bits": bits,
                 "hist": list(content["metrics"].get("label-histogram", [])),
             }
-        return None
 
     drive(strat, nodes, rounds, answer)
 
@@ -114,14 +112,14 @@ def expected_round(strat, sent, rnd, beta, clients):
     }
     wbar = params.mean(0)
     u = {c: params[[clients.index(d) for d in [c, *collab[c]]]].mean(0) for c in clients}
-    split = (
-        lambda flat: {
+
+    def split(flat):
+        sizes = [int(np.prod(strat.param_shapes[k])) for k in keys]
+        return {
             k: v.reshape(strat.param_shapes[k])
-            for k, v in zip(  # noqa: E731
-                keys, np.split(flat, np.cumsum([int(np.prod(strat.param_shapes[k])) for k in keys])[:-1])
-            )
+            for k, v in zip(keys, np.split(flat, np.cumsum(sizes)[:-1]), strict=True)
         }
-    )
+
     return {
         "overlap": o,
         "threshold": thr,
@@ -175,7 +173,7 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
         )
         assert diag["mask-fraction"] == pytest.approx(exp["mask-fraction"], rel=1e-12)
         if rnd == 1:
-            assert 0 < min(sizes) and max(sizes) < 3  # the planted groups: collaborators, but not everyone
+            assert min(sizes) > 0 and max(sizes) < 3  # the planted groups: collaborators, but not everyone
         hist = np.array([sent[(rnd, c)]["hist"] for c in clients], float)
         unit = hist / np.linalg.norm(hist, axis=1, keepdims=True)
         cos = unit @ unit.T
@@ -275,7 +273,7 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
     heat, lines = figures
     panels = [ax for ax in heat.axes if ax.get_images()]
     assert len(panels) == 3 and len(heat.axes) == 6  # one panel per chosen round, each with its colour bar
-    for ax, rnd in zip(panels, (1, beta, rounds)):
+    for ax, rnd in zip(panels, (1, beta, rounds), strict=False):
         assert f"round {rnd}" in ax.get_title() and "overlap" in ax.get_title()
         assert ax.get_xlabel() == "client" and ax.get_ylabel() == "client"
         (image,) = ax.get_images()
@@ -289,7 +287,7 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
             inside = [t for t in ticks if -0.5 <= t <= 3.5]
             assert len(inside) >= 2 and all(float(t).is_integer() for t in inside)
     bars = [ax for ax in heat.axes if not ax.get_images()]
-    for ax, bar in zip(panels, bars):  # each colour bar is a thin strip beside its panel
+    for ax, bar in zip(panels, bars, strict=False):  # each colour bar is a thin strip beside its panel
         assert bar.get_position().width < 0.1 * ax.get_position().width
         assert bar.get_position().x0 >= ax.get_position().x1
     assert plt.imread(tmp_path / "fedcac_overlap.png").shape[:2] == (380, 1260)  # 100 dpi
@@ -463,7 +461,7 @@ def test_after_beta_critical_parameters_stay_local():
     assert diags[-1]["collaborators-max"] == 0
     settings_ = parse_settings(cfg)
     client = load_object(METHODS["fedcac"].client)(ctxs[1], settings_)
-    own = {k: v for k, v in client.load_state("model").items()}
+    own = dict(client.load_state("model").items())
     mask = unpack_masks(client.load_state("mask")["bits"], strat.param_shapes)
     sent, kept = start_of_round(strat, ctxs[1], cfg, 11, 3)
     assert any(mask[k].any() for k in mask) and not all(mask[k].all() for k in mask)  # both sources are checked
@@ -549,7 +547,6 @@ def test_empty_masks_make_no_collaborators():
     def answer(rnd, node, phase, content):  # tau = 0 on every client: empty masks
         if phase == "train":
             content["mask"] = to_record({"bits": np.zeros(n_bits, np.uint8)})
-        return None
 
     drive(strat, nodes, 1, answer)
     diag = strat.history[0].extra["fedcac"]

@@ -120,12 +120,12 @@ def test_bodies_stay_personal_while_the_heads_meet(states):
     low, high = as_torch(ctxs["low"].state["body"]), as_torch(ctxs["high"].state["body"])
     assert any(not torch.allclose(low[k], high[k]) for k in low)  # each client keeps its own body
     n = np.array([r.num_examples for r in replies], float)
-    expected = sum(r.arrays["head.weight"] * w for r, w in zip(replies, n)) / n.sum()
+    expected = sum(r.arrays["head.weight"] * w for r, w in zip(replies, n, strict=True)) / n.sum()
     np.testing.assert_allclose(s.global_state["head.weight"], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_a_message_that_carries_local_layers_is_refused_with_the_reason(states):
-    init, high = states
+    _init, high = states
     ctx = context("lgfedavg")
     with pytest.raises(ValueError, match="keeps the local layers on the client"):
         client("lgfedavg", client_data(HIGH), ctx=ctx).train(message(high))

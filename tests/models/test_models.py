@@ -63,6 +63,7 @@ def test_small_cnn_matches_spec_size():
 
 def test_c2i_cnn_matches_paper_flatten():
     model = build_model("c2i-cnn", 3, 64, 10)
+    assert isinstance(model.fc1, torch.nn.Linear)
     assert model.fc1.in_features == 64 * 13 * 13  # paper Table 7
 
 
@@ -72,7 +73,7 @@ def test_seeded_build_is_reproducible():
 
 
 def test_bad_model_names():
-    with pytest.raises(ValueError, match="unknown model 'vgg'.*allowed"):
+    with pytest.raises(ValueError, match=r"unknown model 'vgg'.*allowed"):
         build_model("vgg", 1, 8, 10)
     with pytest.raises(ValueError, match="needs image inputs"):
         build_model("cnn", 10, 0, 2)

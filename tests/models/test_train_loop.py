@@ -66,7 +66,7 @@ def test_momentum_carries_the_previous_step_within_one_call():
     g1 = grads(ref, x, y)
     with torch.no_grad():
         for n, p in ref.named_parameters():
-            p -= lr * g1[n]
+            p.sub_(lr * g1[n])
     g2 = grads(ref, x, y)
     w0 = params(model())
     train(net, x, y, epochs=2, batch_size=len(y), lr=lr, momentum=mu)
@@ -119,7 +119,7 @@ def test_the_extra_loss_sees_each_batch_with_its_labels_and_logits():
     rows = []
     for xb, yb, logits, own in calls:
         torch.testing.assert_close(logits, own)  # the logits of this batch
-        for xi, yi in zip(xb, yb):
+        for xi, yi in zip(xb, yb, strict=True):
             (i,) = [k for k in range(len(x)) if torch.equal(x[k], xi)]
             assert int(y[i]) == int(yi)  # each input with its own label
             rows.append(i)
@@ -128,7 +128,10 @@ def test_the_extra_loss_sees_each_batch_with_its_labels_and_logits():
 
 def test_the_extra_loss_is_added_to_the_objective():
     x, y = data()
-    extra = lambda m: 2.0 * (m.head.weight**2).sum()  # noqa: E731
+
+    def extra(m):
+        return 2.0 * (m.head.weight**2).sum()
+
     net, ref = model(), model()
     g = grads(ref, x, y, extra)
     w0 = params(ref)
@@ -211,9 +214,10 @@ def test_nothing_to_train_returns_zeros_and_bad_settings_are_refused():
         p.requires_grad_(False)
     assert train(frozen, x, y) == zero
     assert train(net, x, y, params=[]) == zero
-    for kw in ({"epochs": -1}, {"batch_size": 0}):
-        with pytest.raises(ValueError, match="local-epochs"):
-            train(net, x, y, **kw)
+    with pytest.raises(ValueError, match="local-epochs"):
+        train(net, x, y, epochs=-1)
+    with pytest.raises(ValueError, match="local-epochs"):
+        train(net, x, y, batch_size=0)
 
 
 def test_max_steps_stops_an_epoch_early():
@@ -229,7 +233,7 @@ def test_max_steps_caps_the_steps_of_the_whole_call_across_epochs(max_steps):
     # the same steps as a run that stops there by itself: the same seeded batches, nothing after the cap
     epochs, rest = divmod(max_steps, 3)
     train(reference, x, y, epochs=epochs + (rest > 0), batch_size=4, lr=0.1, max_steps=max_steps if rest else None)
-    assert all(torch.equal(p, q) for p, q in zip(capped.parameters(), reference.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(capped.parameters(), reference.parameters(), strict=True))
 
 
 def test_training_is_seeded_by_its_seed():
@@ -238,8 +242,8 @@ def test_training_is_seeded_by_its_seed():
     train(a, x, y, epochs=1, batch_size=5, lr=0.1, seed=3)
     train(b, x, y, epochs=1, batch_size=5, lr=0.1, seed=3)
     train(c, x, y, epochs=1, batch_size=5, lr=0.1, seed=4)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
-    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters(), strict=True))
 
 
 def test_batches_cover_every_index_once_in_order_or_shuffled():
@@ -278,7 +282,8 @@ def test_proximal_term_is_half_mu_squared_distance_over_the_named_parameters():
     ref = {n: p.detach() + 0.5 for n, p in net.named_parameters() if n.startswith("head.")}
     term = proximal_term(ref, mu=0.4)
     n_head = sum(p.numel() for p in net.head.parameters())
-    value = term(net, None, None, torch.zeros(1))
+    no_batch = torch.empty(0)  # the term reads no batch
+    value = term(net, no_batch, no_batch, torch.zeros(1))
     assert float(value) == pytest.approx(0.5 * 0.4 * n_head * 0.25, rel=1e-5)
     value.backward()
     assert net.body.weight.grad is None
@@ -317,7 +322,7 @@ def test_defaults_are_the_run_configs_declared_defaults():
         optimizer="sgd",
     )
     assert out_implicit == out_explicit
-    assert all(torch.equal(p, q) for p, q in zip(implicit.parameters(), explicit.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(implicit.parameters(), explicit.parameters(), strict=True))
     assert out_implicit["steps"] == d["local-epochs"] * math.ceil(45 / d["batch-size"])
 
 
@@ -351,19 +356,25 @@ class _Held:
         return self.t.to(device, **kw)
 
 
+def _grad_of(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None, "the backward pass left this parameter without a gradient"
+    return p.grad.clone()
+
+
 def test_every_batch_is_moved_to_the_models_device():
     """Module docstring of train(): tensors go to the model's device batch by batch, so the data can stay on the
     CPU (DESIGN: clients train on the local GPU).  No GPU here: the test checks the device each input and label
     batch is sent to, and that training on moved batches is training on the data."""
     x, y = data(n=10)
-    moves = []
+    moves: list[str | torch.device | None] = []
     net, ref = model(), model()
-    out = train(net, _Held(x, moves), _Held(y, moves), epochs=1, batch_size=4, lr=0.1)
+    # _Held is a stand-in for data kept on another device: it has the Tensor methods train() calls, not the type
+    out = train(net, _Held(x, moves), _Held(y, moves), epochs=1, batch_size=4, lr=0.1)  # type: ignore[arg-type]
     device = next(net.parameters()).device
     assert len(moves) == 2 * 3  # inputs and labels of three batches
     assert all(m is not None and torch.device(m) == device for m in moves)
     assert out == train(ref, x, y, epochs=1, batch_size=4, lr=0.1)
-    assert all(torch.equal(p, q) for p, q in zip(net.parameters(), ref.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(net.parameters(), ref.parameters(), strict=True))
 
 
 class _TwoBranch(nn.Module):
@@ -386,8 +397,8 @@ def test_a_parameter_a_step_does_not_reach_is_not_moved_by_that_step():
     for branch in ("a", "b"):
         ref.zero_grad()
         nn.functional.cross_entropy(getattr(ref, branch)(x[:4]), y[:4]).backward()
-        grad.update({n: p.grad.clone() for n, p in ref.named_parameters() if n.startswith(branch)})
-    calls = []
+        grad.update({n: _grad_of(p) for n, p in ref.named_parameters() if n.startswith(branch)})
+    calls: list[int] = []
 
     def forward(xb):
         calls.append(len(calls))
@@ -416,9 +427,10 @@ def test_proximal_term_is_made_on_the_models_device():
     it has nothing to sum ('meta' stands in for a GPU: no GPU here)."""
     net = model().to("meta")
     logits = torch.zeros(2, 3, device="meta")
-    assert proximal_term({}, 0.3)(net, None, None, logits).device == torch.device("meta")
+    no_batch = torch.empty(0)  # the term reads no batch
+    assert proximal_term({}, 0.3)(net, no_batch, no_batch, logits).device == torch.device("meta")
     ref = {n: p.detach() for n, p in net.named_parameters()}
-    assert proximal_term(ref, 0.3)(net, None, None, logits).device == torch.device("meta")
+    assert proximal_term(ref, 0.3)(net, no_batch, no_batch, logits).device == torch.device("meta")
 
 
 def test_batched_losses_are_each_states_own_eval_mode_loss():

@@ -63,7 +63,7 @@ def test_influence_row_is_scored_on_the_validation_split(lazy_models):
 
 
 def test_influence_row_is_measured_from_the_warm_up_model_it_is_sent(lazy_models):
-    theta0, low, high = lazy_models
+    _theta0, low, high = lazy_models
     data = client_data(LOW)
     c = client("pfedlia", data)
     row = np.array(c.query("lia", lia_content(low, [low, high], self_index=0))["metrics"]["lia-row"])
@@ -140,7 +140,7 @@ def test_a_late_joiner_keeps_only_positive_peers_under_require_positive(lazy_mod
 
 
 def test_lazy_training_starts_from_the_sent_model_and_runs_lazy_epochs_on_the_training_split(lazy_models):
-    theta0, low, high = lazy_models
+    theta0, low, _high = lazy_models
     data = client_data(HIGH)
     none = client("pfedlia", data, **{"lazy-epochs": 1, "lr": 0.0}).query(
         "lazy", RecordDict({"arrays": to_record(numpy_state(low))})
@@ -171,7 +171,7 @@ def test_the_client_also_answers_identify():
 
 
 def test_train_trains_the_sent_model_and_reports_the_planted_cluster(lazy_models):
-    theta0, low, high = lazy_models
+    theta0, _low, _high = lazy_models
     data = client_data(HIGH)
     data.meta["planted-cluster"] = 3
     c = client("pfedlia", data, **{"local-epochs": 3})
@@ -192,7 +192,7 @@ def test_train_trains_the_sent_model_and_reports_the_planted_cluster(lazy_models
 
 
 def test_evaluate_scores_the_sent_model_and_calls_it_global_only_during_warm_up(lazy_models):
-    theta0, low, high = lazy_models
+    _theta0, low, _high = lazy_models
     data = client_data(LOW)
     c = client("pfedlia", data)
     model = c.reset_model()
@@ -214,7 +214,7 @@ def test_a_train_message_evaluates_the_previous_round_and_calls_it_global_only_i
     """docs/methods/pfedlia.md "Evaluation": a round evaluated inside the next round's train message is the model
     the client starts that round from; `evaluated-clustered` (not `clustered`, which describes the round being
     trained) says whether that model is from before the clustering, i.e. the one global model."""
-    theta0, low, _ = lazy_models
+    _theta0, low, _ = lazy_models
     data = client_data(LOW)
     c = client("pfedlia", data)
     model = c.reset_model()

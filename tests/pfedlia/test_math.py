@@ -255,7 +255,9 @@ def test_noise_points_join_the_cluster_of_their_nearest_clustered_point():
 
 def test_the_noise_mode_reaches_the_clustering():
     rng = np.random.default_rng(0)
-    rows = np.vstack([rng.normal(0, 0.1, (4, 2)), rng.normal(0, 0.1, (4, 2)) + [50, 0], [[25, 40]]])  # + an outlier
+    rows = np.vstack(
+        [rng.normal(0, 0.1, (4, 2)), rng.normal(0, 0.1, (4, 2)) + np.array([50, 0]), [[25, 40]]]
+    )  # + an outlier
     np.testing.assert_array_equal(cluster_influence(rows, min_samples=3), [0, 0, 0, 0, 1, 1, 1, 1, 0])
     np.testing.assert_array_equal(
         cluster_influence(rows, min_samples=3, noise="singleton"), [0, 0, 0, 0, 1, 1, 1, 1, 2]
@@ -339,7 +341,7 @@ def test_bipartition_separates_opposed_groups_and_needs_two_clients():
     )
     left, right = optimal_bipartition(cosine_similarity_matrix(u))
     assert {tuple(left.tolist()), tuple(right.tolist())} == {(0, 1), (2, 3, 4)}
-    with pytest.raises(ValueError, match="^a bipartition needs at least two clients$"):
+    with pytest.raises(ValueError, match=r"^a bipartition needs at least two clients$"):
         optimal_bipartition(np.ones((1, 1)))
 
 

@@ -275,7 +275,7 @@ def test_clients_missing_from_the_clustering_round_join_the_cluster_their_row_fa
     assert asked[late_lazy]["lazy-clients"]["self-index"] == -1
     assert asked[late_row]["lazy-clients"]["self-index"] == lazy_ids.index(late_row)
     for c in (late_lazy, late_row):
-        for k, v in fed.payload(3, "lia", c, "lazy").items():
+        for v in fed.payload(3, "lia", c, "lazy").values():
             np.testing.assert_array_equal(v.reshape(len(lazy_ids), -1)[:, 0], [lazy_value(j) for j in lazy_ids])
     assert same_partition(s.assignment, PLANTED) and set(s.assignment) == set(CLIENTS)
     for c in (late_lazy, late_row):
@@ -418,12 +418,12 @@ def test_oracle_node_connecting_after_the_clustering_round_founds_its_group_if_n
     """A node that connects after the clustering round is asked for its group before it trains; when nobody is in
     that group yet, the group's model starts from theta_0 and is then its FedAvg like every other cluster model."""
     late, first = 31, [3, 11, 25]  # 31 is the only client of planted group 1 here
-    fed = Federation(method="oracle", clients=first + [late], identify_planted=True)
-    fed.present = {1: first, 2: first, 3: first + [late]}
+    fed = Federation(method="oracle", clients=[*first, late], identify_planted=True)
+    fed.present = {1: first, 2: first, 3: [*first, late]}
     fed.run()
     s = fed.strategy
     assert [(r, c) for r, p, c, _ in fed.sent if p == "identify"] == [(3, late)]
-    assert s.assignment == {c: PLANTED[c] for c in first + [late]}
+    assert s.assignment == {c: PLANTED[c] for c in [*first, late]}
     assert_holds(fed.payload(3, "train", late), fedavg(first, 1))  # theta_0
     models = s.server_models()
     assert sorted(models) == ["cluster-0", "cluster-1"]
@@ -435,11 +435,11 @@ def test_oracle_client_that_does_not_say_its_group_when_asked_joins_it_with_its_
     """A node that connects late and does not answer the identify query with its group is sent theta_0; its train
     reply says its group, which it joins (here founds) at once: its update is that group's model."""
     late, first = 31, [3, 11, 25]
-    fed = Federation(method="oracle", clients=first + [late])
-    fed.present = {1: first, 2: first, 3: first + [late]}
+    fed = Federation(method="oracle", clients=[*first, late])
+    fed.present = {1: first, 2: first, 3: [*first, late]}
     fed.run()
     s = fed.strategy
-    assert s.assignment == {c: PLANTED[c] for c in first + [late]}
+    assert s.assignment == {c: PLANTED[c] for c in [*first, late]}
     models = s.server_models()
     assert sorted(models) == ["cluster-0", "cluster-1"]
     assert_holds(models["cluster-1"], fedavg([late], 3))
@@ -505,9 +505,9 @@ def test_artifacts_hold_the_clustering_and_the_influence_matrix_in_cluster_order
     assert ax.images[0].get_clim() == (-lim, lim) and ax.images[0].get_cmap().name == "RdBu"
     # one horizontal and one vertical line between the two clusters
     boundary = sum(1 for c in CLIENTS if s.assignment[c] == s.assignment[order[0]]) - 0.5
-    lines = [(tuple(l.get_xdata()), tuple(l.get_ydata())) for l in ax.lines]
+    lines = [(tuple(ln.get_xdata()), tuple(ln.get_ydata())) for ln in ax.lines]
     assert sorted(lines) == sorted([((0, 1), (boundary, boundary)), ((boundary, boundary), (0, 1))])
-    assert all(l.get_color() == "k" and l.get_linewidth() == 0.6 for l in ax.lines)
+    assert all(ln.get_color() == "k" and ln.get_linewidth() == 0.6 for ln in ax.lines)
     assert "ARI 1.0" in ax.get_title() and ax.get_title().startswith("lazy influence (rows: scoring client)")
     assert ax.get_xlabel() == "lazy model of client" and ax.get_ylabel() == "client"
     assert len(fig.axes) == 2  # the colour bar
@@ -564,7 +564,7 @@ def test_heatmap_separates_a_cluster_of_one_first_row_and_says_ari_n_a_without_p
     s = fed.strategy
     assert s.assignment[3] == 0 and sorted(s.assignment.values()).count(0) == 1
     ax = _figure_of(s, tmp_path, monkeypatch).axes[0]
-    horizontal = sorted(l.get_ydata()[0] for l in ax.lines if tuple(l.get_xdata()) == (0, 1))
+    horizontal = sorted(ln.get_ydata()[0] for ln in ax.lines if tuple(ln.get_xdata()) == (0, 1))
     order = sorted(CLIENTS, key=lambda c: (s.assignment[c], c))
     labels = [s.assignment[c] for c in order]
     assert horizontal == [k - 0.5 for k in range(1, len(labels)) if labels[k] != labels[k - 1]]
@@ -636,7 +636,7 @@ def test_a_lia_reply_is_a_finite_row_over_the_lazy_models_and_distinct_indices_i
     s = Federation(**{"lia-mode": "p2p"}).strategy
     s.lazy_clients = [3, 8, 11, 20]
     ok_row = [-5.0, 0.5, 1e3, -1e3]
-    good = [dict(beneficial=[]), dict(beneficial=[0, 3]), dict(beneficial=[0, 1, 2, 3])]
+    good = [{"beneficial": []}, {"beneficial": [0, 3]}, {"beneficial": [0, 1, 2, 3]}]
     for extra in good:
         assert _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": ok_row}, **extra)), extra
     assert _accepts(
@@ -644,7 +644,7 @@ def test_a_lia_reply_is_a_finite_row_over_the_lazy_models_and_distinct_indices_i
     )
     bad_rows = [
         ok_row[:3],
-        ok_row + [1.0],
+        [*ok_row, 1.0],
         [-2 * VALUE_LIMIT, 0.0, 0.0, 0.0],
         [2 * VALUE_LIMIT, 0.0, 0.0, 0.0],
         [float("nan"), 0.0, 0.0, 0.0],
@@ -666,10 +666,9 @@ def test_a_train_reply_may_name_its_planted_cluster_a_lazy_reply_carries_the_who
     base = valid_content(spec, 3, seed=5)
 
     def with_planted(value):
-        out = RecordDict(
+        return RecordDict(
             {"metrics": MetricRecord({**dict(base["metrics"]), "planted-cluster": value}), "arrays": base["arrays"]}
         )
-        return out
 
     plain = RecordDict(
         {
@@ -706,12 +705,12 @@ def _one_outlier(i, j):  # client 31 scores like nobody else: an OPTICS noise po
     "option, influence_of, expected",
     [
         ({"lia-score": "sign"}, _by_sign_only, {c: PLANTED[c] for c in CLIENTS}),
-        ({"lia-score": "raw"}, _by_sign_only, {c: 0 for c in CLIENTS}),
+        ({"lia-score": "raw"}, _by_sign_only, dict.fromkeys(CLIENTS, 0)),
         ({"lia-row-standardize": True}, _offset_rows, {c: PLANTED[c] for c in CLIENTS}),
         ({"lia-row-standardize": False}, _offset_rows, {3: 0, 8: 0, 11: 1, 20: 1, 25: 2, 31: 2}),
         ({"lia-noise": "singleton"}, _one_outlier, {**{c: PLANTED[c] for c in CLIENTS}, 31: 2}),
         ({"lia-noise": "nearest"}, _one_outlier, {**{c: PLANTED[c] for c in CLIENTS}, 31: 0}),
-        ({"optics-min-samples": 5}, influence, {c: 0 for c in CLIENTS}),
+        ({"optics-min-samples": 5}, influence, dict.fromkeys(CLIENTS, 0)),
     ],
 )
 def test_the_clustering_options_reach_optics(option, influence_of, expected):
@@ -777,8 +776,10 @@ def test_a_clustering_round_nobody_answers_moves_to_the_next_round(phase, caplog
         fed = Federation(rounds=3, silent={(2, phase, c) for c in CLIENTS}).run()
     query = {"lazy": "the lazy-training query", "lia": "the influence query"}[phase]
     assert [r.getMessage() for r in caplog.records if "moves to the next round" in r.getMessage()] == [
-        f"[pfedlia] round 2: no client answered {query}; the clustering round moves to the next round "
-        "(see failures.json)"
+        (
+            f"[pfedlia] round 2: no client answered {query}; the clustering round moves to the next round "
+            "(see failures.json)"
+        )
     ]
     s = fed.strategy
     assert s.clustered and s.clustering["round"] == 3

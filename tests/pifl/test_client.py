@@ -122,7 +122,7 @@ def test_the_client_still_answers_identify_and_refuses_an_unknown_query(tier_mod
 # ------------------------------------------------------------------------------------------ training
 def test_a_winner_trains_the_tier_model_it_was_sent(tier_models):
     # pifl.md §2.2 step 4: local training of the tier model it was selected for, returning the weights and n_c
-    init, low, high = tier_models
+    init, low, _high = tier_models
     c = client("pifl", client_data(LOW))
     content = RecordDict(
         {
@@ -171,7 +171,7 @@ def evaluate_reply(c, tiers):
 def test_the_mixture_weights_come_from_the_calibration_half_of_the_goal_data(tier_models):
     # pifl.md §2.2 step 3 (Eq. 4): upsilon_ck = a_ck / sum_j a_cj with a on the goal data's calibration half, P_c =
     # sum_k upsilon_ck omega_k; the validation split (HIGH here) and the held-out goal half do not choose the weights
-    init, low, high = tier_models
+    _init, low, high = tier_models
     c = client("pifl", goal_data(calib_classes=LOW, test_classes=HIGH))
     m = evaluate_reply(c, stacked(high, low))
     a = [accuracy(c, s, c.data.x_calib, c.data.y_calib) for s in (high, low)]
@@ -194,7 +194,7 @@ def test_the_mixture_weights_come_from_the_calibration_half_of_the_goal_data(tie
 
 def test_one_tier_model_or_one_hot_weights_give_that_tier_model(tier_models):
     # pifl.md §7 client-logic tests: P_c equals M_k under one-hot weights and equals M_1 when K = 1
-    init, low, high = tier_models
+    _init, low, _high = tier_models
     c = client("pifl", goal_data(calib_classes=LOW, test_classes=LOW), tiers=1)
     model = c.personal_model(RecordDict({"tiers": stacked(low)}))
     for k, v in model.state_dict().items():
@@ -213,10 +213,10 @@ def test_on_a_node_data_file_the_test_split_is_halved_calibration_first(tier_mod
     xh, yh = digits_of(HIGH, 11, 120)
     d.x_test, d.y_test = torch.cat([xl, xh]), torch.cat([yl, yh])  # 50 LOW then 55 HIGH: halves at 52
     c = client("pifl", d)
-    (xc, yc), (xe, ye) = c.goal_splits()
+    (_xc, yc), (xe, ye) = c.goal_splits()
     assert len(yc) == 52 and len(ye) == 53
     torch.testing.assert_close(torch.cat([yc, ye]), d.y_test)
-    x, y = c.test_split()
+    _x, y = c.test_split()
     torch.testing.assert_close(y, ye)
     m = evaluate_reply(c, stacked(high, low))
     assert m["mixture-weights"][1] > 0.8  # calibrated on the (mostly LOW) first half
@@ -247,14 +247,14 @@ def test_on_a_partition_of_the_embedded_data_the_validation_split_calibrates_and
 
 def test_a_calibration_split_is_used_as_is_and_the_test_split_is_the_held_out_half(tier_models):
     c = client("pifl", goal_data(calib_classes=HIGH, test_classes=LOW))
-    (xc, yc), (xe, ye) = c.goal_splits()
+    (_xc, yc), (_xe, ye) = c.goal_splits()
     assert yc is c.data.y_calib and ye is c.data.y_test and c.test_split()[1] is c.data.y_test
 
 
 def test_scoring_the_tiers_for_a_bid_is_accounted_as_method_work(tier_models):
     # the client's replies split its wall time by phase (time-train, time-method): scoring every tier model for
     # the bid (Eq. 3, Alg. 1) is PI-FL's own client work, so the bid reply reports it as time-method
-    init, low, high = tier_models
+    _init, low, high = tier_models
     c = client("pifl", client_data(LOW))
     content = bid_message(stacked(high, low))
     c.begin(content)
@@ -265,7 +265,7 @@ def test_scoring_the_tiers_for_a_bid_is_accounted_as_method_work(tier_models):
 def test_the_mixture_is_accounted_as_method_work_in_the_next_reply(tier_models):
     # scoring the tiers on the goal data and mixing them (Eq. 4) is method work too, reported as time-method (the
     # evaluate reply's timings are taken before its evaluation, so the next reply carries it)
-    init, low, high = tier_models
+    _init, low, high = tier_models
     c = client("pifl", goal_data(calib_classes=LOW, test_classes=HIGH))
     assert not any(k.startswith("time-") for k in evaluate_reply(c, stacked(high, low)))  # nothing timed before
     content = RecordDict({"config": ConfigRecord({"server-round": 4})})

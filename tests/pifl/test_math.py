@@ -1,6 +1,7 @@
 """PI-FL's math (pifl.md §2.2-§2.5): the token economy (conservation under random play, refunds and rank rewards,
 hostile input rejected), the scheduler, the Shapley scores and the client's bid policy and mixture weights."""
 
+import itertools
 import random
 
 import numpy as np
@@ -26,7 +27,7 @@ def play_round(ledger, bids, utilities, scores, counts, rng, n_perf, n_rand, dro
     tiers = len(ledger.pools)
     available = {c: [t for t in bids.get(c, []) if ledger.can_pay(c)] for c in ledger.balances if c not in dropouts}
     winners, payers = schedule(
-        available, tiers, {k: scores for k in range(tiers)}, {k: counts for k in range(tiers)}, n_perf, n_rand, rng
+        available, tiers, dict.fromkeys(range(tiers), scores), dict.fromkeys(range(tiers), counts), n_perf, n_rand, rng
     )
     charged = {}
     for k in range(tiers):
@@ -159,7 +160,7 @@ def test_client_bid_policy_and_mixture():
 
 def test_a_bid_is_the_best_tiers_at_or_above_the_threshold_up_to_max_bids():
     # pifl.md §2.2: B_c = {k : a_ck >= T_h} ∪ {argmax a}, truncated to the max_bids highest-scoring tiers
-    pay = dict(balance=MICRO, price=MICRO)
+    pay = {"balance": MICRO, "price": MICRO}
     assert bid_policy([0.95, 0.92], **pay) == [0]  # default max_bids = 1: the argmax only
     assert bid_policy([0.95, 0.9], **pay, threshold=0.9, max_bids=2) == [0, 1]  # a_ck == T_h qualifies
     assert bid_policy([0.95, 0.89], **pay, threshold=0.9, max_bids=2) == [0]
@@ -200,18 +201,18 @@ def test_a_ledger_starts_every_client_at_b0_with_empty_pools_and_no_best_utility
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(initial=True),
-        dict(initial=1.5),
-        dict(initial=-1),
-        dict(price=False),
-        dict(price=-MICRO),
-        dict(price=0),
-        dict(price=2.0),
-        dict(max_refund=-0.01),
-        dict(max_refund=1.01),
-        dict(full_use_gain=0.0),
-        dict(full_use_gain=-0.1),
-        dict(full_use_gain=1.01),
+        {"initial": True},
+        {"initial": 1.5},
+        {"initial": -1},
+        {"price": False},
+        {"price": -MICRO},
+        {"price": 0},
+        {"price": 2.0},
+        {"max_refund": -0.01},
+        {"max_refund": 1.01},
+        {"full_use_gain": 0.0},
+        {"full_use_gain": -0.1},
+        {"full_use_gain": 1.01},
     ],
 )
 def test_ledger_parameters_outside_their_ranges_are_refused(kwargs):
@@ -223,13 +224,13 @@ def test_ledger_parameters_outside_their_ranges_are_refused(kwargs):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(initial=0),
-        dict(initial=np.int64(3 * MICRO), price=np.int32(MICRO)),
-        dict(price=1),
-        dict(max_refund=0.0),
-        dict(max_refund=1.0),
-        dict(full_use_gain=1.0),
-        dict(full_use_gain=1e-6),
+        {"initial": 0},
+        {"initial": np.int64(3 * MICRO), "price": np.int32(MICRO)},
+        {"price": 1},
+        {"max_refund": 0.0},
+        {"max_refund": 1.0},
+        {"full_use_gain": 1.0},
+        {"full_use_gain": 1e-6},
     ],
 )
 def test_ledger_parameters_at_the_edges_of_their_ranges_are_accepted(kwargs):
@@ -339,7 +340,7 @@ def test_the_refund_ratio_falls_linearly_from_eta_at_no_gain_to_zero_at_gamma():
     assert settled(0.4, 0.5, full_use_gain=0.5).utility_gain == pytest.approx(0.25)  # (0.5 - 0.4) / 0.4
     ratios = [settled(0.5, u, max_refund=0.8, full_use_gain=0.2).refund_ratio for u in np.linspace(0.3, 0.7, 41)]
     assert all(0.0 <= r <= 0.8 + 1e-12 for r in ratios)  # within [0, eta_R] (up to float rounding)
-    assert all(a >= b - 1e-12 for a, b in zip(ratios, ratios[1:])) and ratios[0] == pytest.approx(0.8)  # monotone
+    assert all(a >= b - 1e-12 for a, b in itertools.pairwise(ratios)) and ratios[0] == pytest.approx(0.8)  # monotone
 
 
 def test_the_refund_is_floor_theta_pool_in_equal_shares_to_the_payers_only():
@@ -363,7 +364,7 @@ def test_with_the_full_refund_every_payer_gets_its_price_back():
     ledger.charge(1, [0, 1, 3])
     s = ledger.settle(1, [0, 1, 3], [3, 0, 1], utility=0.7)
     assert s.refunds == {0: MICRO, 1: MICRO, 3: MICRO} and set(s.rewards.values()) == {0}
-    assert ledger.balances == {c: 5 * MICRO for c in range(4)} and ledger.pools[1] == 0
+    assert ledger.balances == dict.fromkeys(range(4), 5 * MICRO) and ledger.pools[1] == 0
 
 
 def test_the_rank_reward_pays_alpha_over_beta_of_the_pool_by_reverse_rank():
@@ -389,7 +390,7 @@ def test_rank_rewards_never_rise_down_the_ranking_and_leave_less_than_n_units(n,
     ledger.pools[0] = ledger.supply = pool  # a pool carried over from earlier rounds
     s = ledger.settle(0, [], list(range(n)), utility=None)
     rewards = [s.rewards[c] for c in range(n)]
-    assert all(a >= b for a, b in zip(rewards, rewards[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(rewards))
     assert 0 <= pool - sum(rewards) < n and s.pool_after == pool - sum(rewards)
     for pos, r in enumerate(rewards):  # alpha / beta of the pool, rounded down
         assert r == (n - pos) * pool // (n * (n + 1) // 2)
@@ -426,7 +427,8 @@ def test_settling_a_tier_without_winners_moves_nothing_and_other_tiers_are_untou
 # ---------------------------------------------------------------- the Profiler (App. A, pifl.md §2.3)
 def test_on_a_linear_loss_the_shapley_estimate_is_the_leave_one_out_gain_times_one_minus_lambda():
     # Eqs. 39-47: without client i the normalised aggregate is W_M - lambda_i (W_i - W_M) / (1 - lambda_i); on a
-    # linear loss L(W) = g.W the first-order estimate is exact up to that factor: psi_i = (1 - lambda_i) (L(W_-i) - L(W_M))
+    # linear loss L(W) = g.W the first-order estimate is exact up to that factor:
+    # psi_i = (1 - lambda_i) (L(W_-i) - L(W_M))
     rng = np.random.default_rng(3)
     updates = rng.normal(size=(5, 7))
     weights = np.array([0.05, 0.15, 0.2, 0.25, 0.35])
@@ -545,7 +547,7 @@ def test_one_slot_per_tier_and_as_many_tiers_as_nodes_are_allowed(perf, rand, ti
 
 def test_a_tier_without_slots_or_more_tiers_than_nodes_is_refused_at_start_up():
 
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="slots-performance") as err:
         parse_settings({"method": "pifl", "slots-performance": 0, "slots-random": 0})
     assert str(err.value) == "slots-performance + slots-random must be >= 1: a tier with no slot never trains"
     with pytest.raises(ValueError, match=r"tiers=4 is more than min-nodes=3"):

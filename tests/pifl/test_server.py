@@ -106,14 +106,14 @@ def test_round_one_is_a_free_warm_up_on_a_random_partition_that_records_the_util
     members = [c for k in (0, 1) for c in strat.winners[k]]
     assert sorted(members) == [0, 1, 2, 3] and all(len(strat.winners[k]) == 2 for k in (0, 1))
     assert strat.payers == {0: [], 1: []}
-    assert strat.ledger.balances == {c: 100 * MICRO for c in range(4)} and strat.ledger.pools == {0: 0, 1: 0}
+    assert strat.ledger.balances == dict.fromkeys(range(4), 100 * MICRO) and strat.ledger.pools == {0: 0, 1: 0}
     for k in (0, 1):
         entry = strat.ledger_log[0]["tiers"][k]
         assert entry["payments"] == {} and entry["refunds"] == {} and entry["rewards"] == {}
         assert entry["refund-ratio"] is None
         expected = np.mean([TIER_ACC[c][k] for c in strat.winners[k]])
         assert entry["utility"] == pytest.approx(expected) and strat.ledger.best_utility[k] == pytest.approx(expected)
-        assert strat.counts[k] == {c: 1 for c in strat.winners[k]}
+        assert strat.counts[k] == dict.fromkeys(strat.winners[k], 1)
     assert strat.ledger_log[0]["total"] == 400 * MICRO
 
 
@@ -134,7 +134,7 @@ def test_from_round_two_winning_bidders_pay_into_their_tier_and_are_settled_on_i
     assert set(strat.winners[0]) <= {0, 1, 2} and len(strat.winners[0]) == 2 and strat.payers[0] == strat.winners[0]
     assert strat.winners[1] == [3] and strat.payers[1] == []  # drafted for free
     entry = strat.ledger_log[1]["tiers"][0]
-    assert entry["payments"] == {c: 2_500_000 for c in strat.winners[0]} and entry["refund-ratio"] == 0.0
+    assert entry["payments"] == dict.fromkeys(strat.winners[0], 2500000) and entry["refund-ratio"] == 0.0
     assert entry["utility"] == pytest.approx(0.9)
     ranked = sorted(strat.winners[0], key=lambda c: -strat.scores[0][c])  # the better Shapley score gets 2/3
     assert [entry["rewards"][c] for c in ranked] == [3_333_333, 1_666_666] and entry["pool"] == 1
@@ -142,7 +142,7 @@ def test_from_round_two_winning_bidders_pay_into_their_tier_and_are_settled_on_i
         assert strat.ledger.balances[c] == 100 * MICRO - 2_500_000 + entry["rewards"][c]
     assert strat.ledger.balances[3] == 100 * MICRO and strat.ledger.total() == 400 * MICRO
     # the bid query told every client its balance and the price, with all tiers
-    for rnd, client, content in sent(grid, "bid"):
+    for rnd, _client, content in sent(grid, "bid"):
         assert rnd == 2 and dict(content["ledger"]) == {"balance": 100 * MICRO, "price": 2_500_000}
         assert all(v.shape[0] == 2 for v in record_to_numpy(content["tiers"]).values())
     assert sorted(c for _, c, _ in sent(grid, "bid")) == [0, 1, 2, 3]
@@ -219,7 +219,7 @@ def test_each_tier_is_the_example_weighted_average_of_its_winners_and_they_are_s
         group = strat.winners[k]
         lam = np.array([sizes[c] for c in group], float) / sum(sizes[c] for c in group)
         for key, v in strat.tiers[k].items():
-            expected = base[key] + sum(w * offset[c][key].astype(float) for w, c in zip(lam, group))
+            expected = base[key] + sum(w * offset[c][key].astype(float) for w, c in zip(lam, group, strict=True))
             np.testing.assert_allclose(v, expected, rtol=1e-5, atol=1e-5)
         assert sorted(strat.scores[k]) == sorted(group)
         psi = np.array([strat.scores[k][c] for c in group])
@@ -365,7 +365,7 @@ def expected_table(settings, num_partitions, models):
 
 def assert_table(table, expected):
     assert len(table) == len(expected)
-    for row, exp in zip(table, expected):
+    for row, exp in zip(table, expected, strict=False):
         assert row == pytest.approx(exp, abs=1e-12)
 
 
@@ -417,7 +417,7 @@ def test_the_table_gives_every_models_accuracy_on_each_source_holdout():
         states.append({k: v.detach().numpy().copy() for k, v in m.state_dict().items()})
     table = holdouts.table(states)
     assert len(table) == 2
-    for state, row in zip(states, table):
+    for state, row in zip(states, table, strict=True):
         load_record(model, state)
         assert row == {name: pytest.approx(evaluate(model, x, y)[1]) for name, (x, y) in holdouts.sets.items()}
     assert table[0] != table[1]
@@ -473,8 +473,8 @@ def test_cluster_models_start_as_the_common_model_plus_small_seeded_noise_except
     }
     models = distinct_starting_models(state, 3, seed=4)
     assert len(models) == 3
-    for key in state:
-        np.testing.assert_array_equal(models[0][key], state[key])  # copy 0 is the common model itself
+    for key, value in state.items():
+        np.testing.assert_array_equal(models[0][key], value)  # copy 0 is the common model itself
     for m in models:
         assert {k: v.dtype for k, v in m.items()} == {k: v.dtype for k, v in state.items()}
         np.testing.assert_array_equal(m["steps"], state["steps"])  # integers are not perturbed
@@ -484,7 +484,7 @@ def test_cluster_models_start_as_the_common_model_plus_small_seeded_noise_except
         assert 0.005 < (models[j]["b"] - state["b"]).std() < 0.015
     assert not np.array_equal(models[1]["w"], models[2]["w"])  # the copies diverge from each other too
     again = distinct_starting_models(state, 3, seed=4)
-    assert all(np.array_equal(a[k], b[k]) for a, b in zip(models, again) for k in state)  # reproducible
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(models, again, strict=True) for k in state)  # reproducible
     other = distinct_starting_models(state, 3, seed=5)
     assert not np.array_equal(other[1]["w"], models[1]["w"])
     assert len(distinct_starting_models(state, 1, seed=0)) == 1
@@ -576,7 +576,7 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
                 np.testing.assert_array_equal(v, evaluated[r - 1][key][k])
     best = {k: np.mean([ledger_acc(1, c, k) for c in log[0]["tiers"][k]["members"]]) for k in (0, 1)}
     ratios = []
-    balances, pools = {c: 100 * MICRO for c in range(4)}, {0: 0, 1: 0}
+    balances, pools = dict.fromkeys(range(4), 100 * MICRO), {0: 0, 1: 0}
     for e in log[1:]:
         for k in (0, 1):
             t = e["tiers"][k]
@@ -590,10 +590,10 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
             assert t["refund-ratio"] == pytest.approx(ratio)
             ratios.append(ratio)
             best[k] = max(best[k], utility)
-            assert t["payments"] == {c: price for c in members}
+            assert t["payments"] == dict.fromkeys(members, price)
             pool = pools[k] + price * len(members)
             share = int(np.floor(ratio * pool + 1e-6)) // len(members)
-            assert t["refunds"] == {c: share for c in members}
+            assert t["refunds"] == dict.fromkeys(members, share)
             rest = pool - share * len(members)
             n = len(members)
             assert sorted(t["rewards"].values(), reverse=True) == [
@@ -670,7 +670,7 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
     log = strat.ledger_log
     clients = sorted(log[-1]["balances"])
     assert late in clients and len(ax1.lines) == len(clients)
-    for line, c in zip(ax1.lines, clients):
+    for line, c in zip(ax1.lines, clients, strict=True):
         assert list(line.get_xdata()) == [1, 2, 3]
         expected = [e["balances"][c] / MICRO if c in e["balances"] else np.nan for e in log]
         np.testing.assert_allclose(line.get_ydata(), expected)
@@ -680,7 +680,7 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
     )
     assert all(line.get_linewidth() == 0.8 for line in ax1.lines)  # thin: one line per client
     assert ax2.get_title() == "tier membership: mean share of source A" and ax2.get_xlabel() == "round"
-    assert [l.get_label() for l in ax2.lines] == ["tier 0", "tier 1"] and ax2.get_ylim() == (0, 1)
+    assert [ln.get_label() for ln in ax2.lines] == ["tier 0", "tier 1"] and ax2.get_ylim() == (0, 1)
     for k, line in enumerate(ax2.lines):
         shares = [e["tiers"][k]["source-a-share"] for e in log]
         assert list(line.get_xdata()) == [1, 2, 3] and line.get_marker() == "o"
@@ -695,7 +695,7 @@ def test_a_run_without_rounds_writes_an_empty_ledger_and_no_plot(tmp_path):
     assert not (tmp_path / "pifl_ledger.png").exists()
 
 
-# ------------------------------------------------------------------------------------------ the Profiler on the server set
+# ------------------------------------------------------------------------------------- the Profiler on the server set
 def test_the_server_set_is_an_iid_sample_of_server_set_size_distinct_samples_of_the_data_set():
     # pifl.md §2.1: the Profiler holds a small IID server test set (server-set-size samples), the same in every round
     from task.data import load_centralized

@@ -21,8 +21,8 @@ SOURCES = sorted(
     for p in (ROOT / folder).rglob("*.py")
     if p.relative_to(ROOT).as_posix() != "tests/benchmarks/test_report.py"
 )
-DOCS = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
-NUMBERS = r"((?:(?:§[\d.]*\d|A\d+)(?:[-–/]§?[\d.]*\d)?(?:,? (?:and |/ )?)?)+)"
+DOCS = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+NUMBERS = r"((?:(?:§[\d.]*\d|A\d+)(?:[-\u2013/]§?[\d.]*\d)?(?:,? (?:and |/ )?)?)+)"  # \u2013: an en dash
 CITATION = re.compile(r"\b(" + "|".join(PAGES) + r")\.md\)? " + NUMBERS)
 
 
@@ -40,7 +40,7 @@ def table_numbers(page: str) -> set[str]:
     text = (ROOT / "docs" / "methods" / f"{page}.md").read_text()
     table = text[text.index("## Section numbers cited in the code") :]
     numbers: set[str] = set()
-    for label in re.findall(r"^\| ([^|]+) \|", table, re.M):
+    for label in re.findall(r"^\| ([^|]+) \|", table, re.MULTILINE):
         for low, high in re.findall(r"§([\d.]*\d)(?:-§([\d.]*\d))?", label):
             numbers.add(low)
             if high:  # §2.2-§2.5

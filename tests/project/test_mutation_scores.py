@@ -14,7 +14,7 @@ def _meta(root, module, codes):
 
 
 def _row(text, module):
-    line = next(l for l in text.splitlines() if l.startswith(f"| {module} |"))
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"| {module} |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     return dict(
         zip(
@@ -33,6 +33,7 @@ def _row(text, module):
                 "score",
             ],
             cells,
+            strict=True,
         )
     )
 
@@ -111,7 +112,7 @@ def test_a_method_meets_the_target_only_with_every_module_run_and_each_at_90_per
     _meta(mutants, "m/b.py", {f"m.b.x_f__mutmut_{i}": (1 if i <= 8 else 0) for i in range(1, 11)})
     ms.collect(mutants, "abc", [], path=results)
     data = ms.load(results)
-    per = {}
+    per: dict[str, ms.Counter[str]] = {}
     for rec in data["mutants"].values():
         c = per.setdefault(rec["module"], ms.Counter())
         c["run"] += 1

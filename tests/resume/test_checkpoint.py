@@ -52,7 +52,8 @@ def test_objects_are_refused_both_ways(obj):
     """A state() holds plain values; restore() rebuilds its objects, so a file never names a class to create."""
     with pytest.raises(TypeError):
         to_tree({"x": obj})
-    for evil in ({"$object": "os:system", "fields": {}}, {"$module": {}}, {"$tensor": {"$array": "a0"}}):
+    evils: list[dict] = [{"$object": "os:system", "fields": {}}, {"$module": {}}, {"$tensor": {"$array": "a0"}}]
+    for evil in evils:
         with pytest.raises(CheckpointError, match="unknown node"):
             from_tree(evil, {"a0": np.zeros(1)})
 
@@ -98,4 +99,6 @@ def test_zero_dimensional_arrays_keep_their_shape_through_the_files(tmp_path):
     assert {k: v.shape for k, v in back["stored"].items()} == {k: tuple(v.shape) for k, v in bn.state_dict().items()}
     fresh = torch.nn.BatchNorm1d(3)
     fresh.load_state_dict({k: torch.from_numpy(v) for k, v in back["stored"].items()})
-    assert int(fresh.num_batches_tracked) == 1 and torch.equal(fresh.running_mean, bn.running_mean)
+    assert fresh.num_batches_tracked is not None and int(fresh.num_batches_tracked) == 1
+    assert fresh.running_mean is not None and bn.running_mean is not None
+    assert torch.equal(fresh.running_mean, bn.running_mean)

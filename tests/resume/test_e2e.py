@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from task.config import parse_settings
 from task.data import load_client_data
 from task.export import load_model, predict_file
 from task.methods import METHODS
+from task.methods.pifl import PIFLOptions
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +36,7 @@ ROUNDS, STOP_AFTER, KILL_AFTER = 4, 1, 2
 #: the defaults a user gets, sized down: rounds, nodes and seed only (the default model and optimiser stay)
 SMALL = {"num-server-rounds": ROUNDS, "min-nodes": CLIENTS, "seed": 3}
 #: what a method needs beyond SMALL to reach its defining phases within ROUNDS rounds
-NEEDS = {
+NEEDS: dict[str, dict[str, Any]] = {
     "pfedlia": {"warmup-rounds": 1},  # the default warm-up (5) is longer than the run; clustering in round 2
     "oracle": {"warmup-rounds": 1, "partition": "planted-clusters", "num-clusters": 2},  # needs planted groups
     "cfl": {"cfl-min-rounds": 2},  # may split within the run (from round 2)
@@ -61,7 +63,7 @@ def rounds(folder: Path) -> list[dict]:
 
 
 def clients(folder: Path) -> list[dict]:
-    with open(folder / "clients.csv") as fh:
+    with (folder / "clients.csv").open() as fh:
         return [{k: v for k, v in row.items() if "time" not in k and "rss" not in k} for row in csv.DictReader(fh)]
 
 
@@ -161,7 +163,9 @@ def test_a_run_stopped_then_killed_and_resumed_ends_like_the_uninterrupted_one(s
         )
     if method == "pifl":  # tokens are conserved across the resume, round by round as without it
         ledger = json.loads((folder / "pifl_ledger.json").read_text())
-        supply = CLIENTS * parse_settings(cfg).options.initial_tokens * ledger["micro-tokens-per-token"]
+        options = parse_settings(cfg).options
+        assert isinstance(options, PIFLOptions)
+        supply = CLIENTS * options.initial_tokens * ledger["micro-tokens-per-token"]
         assert all(e["total"] == supply for e in ledger["rounds"])
         assert ledger == json.loads((ref_folder / "pifl_ledger.json").read_text())
     # every client's personalized model, from its files, scores on its own test data what the run reported

@@ -3,6 +3,8 @@ crash ``stop-after`` simulates, and the server's saved models."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -68,7 +70,7 @@ def test_stop_after_crashes_after_its_round_but_never_after_the_last():
     s = settings(**{"stop-after": 3})
     stop_if_asked(s, 2, 5, None)
     with pytest.raises(SimulatedCrash, match="resume-from='/runs/x'"):
-        stop_if_asked(s, 3, 5, "/runs/x")
+        stop_if_asked(s, 3, 5, Path("/runs/x"))
     stop_if_asked(s, 3, 3, None)  # the run ends there anyway
     stop_if_asked(settings(), 3, 5, None)
 

@@ -31,7 +31,7 @@ def drive(cfg: dict, rounds: int = 2, edit=None):
         seed = zlib.crc32(f"{server_round}/{phase}/{node}".encode())
         content = valid_content(strategy.reply_spec(phase, node), CLIENT_OF[node], seed)
         if edit is not None:
-            metrics = dict(content["metrics"])
+            metrics = dict(content.metric_records["metrics"])
             edit(server_round, phase, CLIENT_OF[node], metrics)
             content["metrics"] = MetricRecord(metrics)
         return [reply_message(node, content)]

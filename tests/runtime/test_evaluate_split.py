@@ -98,7 +98,7 @@ def test_selection_runs_of_every_method_never_touch_a_test_split(name, poisoned_
     strategy, grid, replies = run_with_real_clients(name, "validation")
     assert not strategy.failures, strategy.failures
     assert {phase_of(m) for m in grid.sent} >= {"train"}
-    evaluations = [dict(r["metrics"]) for r, m in zip(replies, grid.sent) if phase_of(m) == "evaluate"]
+    evaluations = [dict(r["metrics"]) for r, m in zip(replies, grid.sent, strict=True) if phase_of(m) == "evaluate"]
     evaluations += [dict(r["evaluation"]) for r in replies if "evaluation" in r.metric_records]
     assert evaluations, "the run evaluated nothing"
     for ev in evaluations:
@@ -147,7 +147,7 @@ def test_a_flower_run_at_the_defaults_trains_on_the_cap_and_scores_on_validation
     asked["val-fraction"] = 0.3  # not the test share (0.2), so that the two splits differ in size
     summary = simulation.run(asked, num_supernodes=3)
     assert summary["failures"] == 0 and summary["clients"] == 3 and 0.0 <= summary["personal-acc"] <= 1.0
-    with open(Path(summary["results"]) / "clients.csv", newline="") as fh:
+    with (Path(summary["results"]) / "clients.csv").open(newline="") as fh:
         rows = {int(r["client"]): r for r in csv.DictReader(fh)}
     settings = parse_settings(asked)
     for pid, row in rows.items():

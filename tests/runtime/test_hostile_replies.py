@@ -100,7 +100,7 @@ def run(name: str, tamper=None):
     return strategy, log
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def clean(name: str):
     strategy, log = run(name)
     return snapshot(strategy), log, len(strategy.failures)
@@ -119,8 +119,7 @@ def _hostile_cases(log):
     """(reply index, description, how the reply is replaced, how it is replaced in the reference run)."""
     cases, heard = [], []
     for i, node, phase, spec, content in log:
-        for c in corruptions(spec, content):
-            cases.append((i, f"{phase} from node {node}: {c.what}", c.apply, None))
+        cases.extend((i, f"{phase} from node {node}: {c.what}", c.apply, None) for c in corruptions(spec, content))
         cases.append((i, f"{phase} from node {node}: sent twice", "duplicate", "once"))
         for other in [n for n in heard if n != node][:1]:  # a partition id the server already knows as another's
 

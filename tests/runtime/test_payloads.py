@@ -58,8 +58,8 @@ def test_every_message_carries_the_global_model_of_its_round(method, key):
             for m in messages:
                 got = _arrays(m.content[key])
                 assert set(got) == set(expected)
-                for k in expected:
-                    np.testing.assert_array_equal(got[k], expected[k])
+                for k, value in expected.items():
+                    np.testing.assert_array_equal(got[k], value)
             arrays, _ = strategy.aggregate_train(server_round, train)
             changed = any(not np.array_equal(strategy.global_state[k], expected[k]) for k in expected)
             assert changed, "the replies differ from the model sent, so aggregation must move it"

@@ -1,5 +1,6 @@
 """The Ray backend settings the README documents: client resources, and joining an existing Ray cluster."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -48,6 +49,7 @@ def test_existing_ray_cluster_via_ray_address(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
+        check=False,
     )
     assert start.returncode == 0, start.stdout + start.stderr
     old = os.environ.get("RAY_ADDRESS")
@@ -66,10 +68,10 @@ def test_existing_ray_cluster_via_ray_address(tmp_path):
             os.environ["RAY_ADDRESS"] = old
         # stop only this cluster's processes (by the temp dir in their command lines), never other Ray sessions
         for sig in (signal.SIGTERM, signal.SIGKILL):  # gcs_server outlived SIGTERM here: finish with SIGKILL
-            for pid in subprocess.run(["pgrep", "-f", ray_dir], capture_output=True, text=True).stdout.split():
-                try:
+            for pid in subprocess.run(
+                ["pgrep", "-f", ray_dir], capture_output=True, text=True, check=False
+            ).stdout.split():
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), sig)
-                except ProcessLookupError:
-                    pass
             time.sleep(2)
         shutil.rmtree(ray_dir, ignore_errors=True)

@@ -26,7 +26,7 @@ def test_an_evaluation_rides_on_the_next_rounds_train_messages_only_when_it_is_d
         for r in range(1, 5):
             run_round(strategy, grid, r)
     elapsed = time.perf_counter() - start
-    configs = {}
+    configs: dict[tuple[int, str], list[dict]] = {}
     for m in grid.sent:
         cfg = m.content["config"]
         configs.setdefault((int(cfg["server-round"]), phase_of(m)), []).append(dict(cfg))
@@ -37,5 +37,5 @@ def test_an_evaluation_rides_on_the_next_rounds_train_messages_only_when_it_is_d
         assert asks == ({(True, 2)} if (rnd, phase) == (3, "train") else {(None, None)}), (rnd, phase)
     evaluated = [r.server_round for r in strategy.history if "personal-acc" in r.evaluate]
     assert evaluated == [2, 4]  # round 2 by round 3's train replies, the last round by its own phase
-    for r in strategy.history:
-        assert 0 < r.extra["server-seconds"] < elapsed
+    for log in strategy.history:
+        assert 0 < log.extra["server-seconds"] < elapsed

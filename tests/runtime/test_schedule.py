@@ -9,12 +9,12 @@ from strategies.schedule import EvaluationSchedule
 from task.config import parse_settings
 
 
-def schedule(evaluate_in_train: bool = True, **cfg) -> EvaluationSchedule:
-    return EvaluationSchedule(parse_settings({"num-server-rounds": 6, **cfg}), evaluate_in_train)
+def schedule(cfg: dict | None = None, evaluate_in_train: bool = True) -> EvaluationSchedule:
+    return EvaluationSchedule(parse_settings({"num-server-rounds": 6, **(cfg or {})}), evaluate_in_train)
 
 
 def test_every_eval_every_rounds_and_the_last_are_evaluated():
-    s = schedule(**{"eval-every": 4})
+    s = schedule({"eval-every": 4})
     assert [r for r in range(1, 7) if s.evaluates(r)] == [4, 6]
     assert [r for r in range(1, 7) if schedule().evaluates(r)] == [1, 2, 3, 4, 5, 6]
     s.last_round = 9  # a strategy's start may move the last round
@@ -22,13 +22,13 @@ def test_every_eval_every_rounds_and_the_last_are_evaluated():
 
 
 def test_an_evaluation_rides_on_the_next_train_messages_only_where_every_client_trains_and_is_evaluated():
-    s = schedule(**{"eval-every": 2})
+    s = schedule({"eval-every": 2})
     assert [r for r in range(1, 7) if s.rides_on_next_train(r)] == [2, 4]  # never the last round
     assert [r for r in range(1, 7) if s.has_evaluate_phase(r)] == [6]
     for other in (
-        schedule(False),
-        schedule(**{"fraction-train": 0.5}),
-        schedule(**{"fraction-evaluate": 0.5}),
+        schedule(evaluate_in_train=False),
+        schedule({"fraction-train": 0.5}),
+        schedule({"fraction-evaluate": 0.5}),
     ):
         assert not any(other.rides_on_next_train(r) for r in range(1, 7))
         assert all(other.has_evaluate_phase(r) for r in range(1, 7))
@@ -44,12 +44,12 @@ def test_an_evaluation_rides_on_the_next_train_messages_only_where_every_client_
     ],
 )
 def test_models_are_saved_after_the_last_round_every_save_every_and_with_save_best_after_every_evaluation(cfg, saved):
-    s = schedule(**cfg)
+    s = schedule(cfg)
     assert [r for r in range(1, 7) if s.saves_models(r)] == saved
 
 
 def test_a_deferred_evaluation_goes_with_the_next_round_only():
-    s = schedule(**{"save-best": True})
+    s = schedule({"save-best": True})
     assert s.start_round() == 0 and s.config(1, "train") == {}
     s.defer(1)
     assert s.start_round() == 1 and s.pending == 0
@@ -59,7 +59,7 @@ def test_a_deferred_evaluation_goes_with_the_next_round_only():
 
 
 def test_an_evaluate_message_says_to_save_when_its_round_saves():
-    s = schedule(**{"save-every": 3})
+    s = schedule({"save-every": 3})
     assert s.config(3, "evaluate") == {"save-model": True, "save-best": False}
     assert s.config(2, "evaluate") == {} and s.config(3, "train") == {}
     s.fused = 3  # round 4's train messages carry round 3's evaluation: saved as round 3's model

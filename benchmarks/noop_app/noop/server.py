@@ -1,8 +1,10 @@
 """The ServerApp: every round a train message to every node (and an evaluate message in the last round, as
-pflower sends), each carrying ``payload-shapes`` float32 arrays (or one of ``payload-floats``); writes the seconds of each round to ``results-file``."""
+pflower sends), each carrying ``payload-shapes`` float32 arrays (or one of ``payload-floats``); writes the seconds
+of each round to ``results-file``."""
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -33,17 +35,18 @@ def main(grid: Grid, context: Context) -> None:
     while len(nodes) < int(cfg["min-nodes"]) and time.monotonic() - start < 300:
         nodes = sorted(grid.get_node_ids())
         time.sleep(0.1)
-    out = {"nodes": len(nodes), "rounds": [], "wait-for-nodes": time.monotonic() - start}
+    seconds: list[dict[str, float]] = []
+    out = {"nodes": len(nodes), "rounds": seconds, "wait-for-nodes": time.monotonic() - start}
     for r in range(1, rounds + 1):
         t0 = time.monotonic()
         ok = _phase(grid, nodes, MessageType.TRAIN, r, shapes)
         if r == rounds and cfg["evaluate-last"]:
             ok += _phase(grid, nodes, MessageType.EVALUATE, r, shapes)
-        out["rounds"].append({"round": r, "seconds": time.monotonic() - t0, "replies": ok})
+        seconds.append({"round": r, "seconds": time.monotonic() - t0, "replies": ok})
     if cfg["results-file"]:
-        with open(str(cfg["results-file"]), "w") as fh:
+        with Path(str(cfg["results-file"])).open("w") as fh:
             json.dump(out, fh)
     print(
         f"noop: {rounds} rounds, {len(nodes)} nodes, median "
-        f"{sorted(x['seconds'] for x in out['rounds'])[rounds // 2]:.3f} s per round"
+        f"{sorted(x['seconds'] for x in seconds)[rounds // 2]:.3f} s per round"
     )

@@ -1,0 +1,57 @@
+"""CI runs the README's set-up commands exactly as written, and the test command enforces lint, format and types."""
+
+import os
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's first shell block (the set-up section), comments and blank lines left out."""
+    block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    assert block, "README.md has no ```bash block"
+    return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_ci_runs_the_readme_commands_verbatim():
+    commands = readme_commands()
+    assert len(commands) == 2, commands
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    for command in commands:
+        # CI may keep a copy of the output (`2>&1 | tee log`), but runs the command itself unchanged
+        ran = [line for line in ci_lines if line == command or line.startswith(f"{command} 2>&1 | tee ")]
+        assert ran, f".ci/run does not run the README's command as written: {command}"
+    assert "set -euo pipefail" in ci_lines, ".ci/run must stop at the first failing command"
+
+
+def fake_tools(folder: Path, failing: str) -> Path:
+    """Executables named like the test command's tools that log their arguments; `failing` exits with status 1."""
+    log = folder / "calls.log"
+    for tool in ("pip", "ruff", "mypy", "python"):
+        script = folder / tool
+        status = 1 if tool == failing else 0
+        script.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{log}"\nexit {status}\n')
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return log
+
+
+@pytest.mark.parametrize("failing", ["ruff", "mypy", ""])
+def test_the_test_command_lints_formats_and_type_checks_before_pytest(tmp_path, failing):
+    test_command = readme_commands()[1]
+    log = fake_tools(tmp_path, failing)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    done = subprocess.run(["bash", "-c", test_command], env=env, cwd=tmp_path, check=False)
+    calls = [call.strip() for call in log.read_text().splitlines()]
+    if failing:
+        assert done.returncode != 0, f"a failing {failing} did not fail the test command"
+        assert not any(call.startswith("python -m pytest") for call in calls), "pytest ran after a failing check"
+    else:
+        assert done.returncode == 0
+        assert calls.index("ruff check .") < calls.index("python -m pytest")
+        assert calls.index("ruff format --check .") < calls.index("python -m pytest")
+        assert calls.index("mypy") < calls.index("python -m pytest")
