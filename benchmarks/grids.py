@@ -52,7 +52,10 @@ from common import RAW, Bench, add_common_args, cell_name, load_records, print_r
 
 #: the learning rates every method is tuned over (SGD with the default momentum 0.9; the app's default is 0.05)
 LR = (0.01, 0.05)
-SELECT_SEEDS = (0, 1)
+#: selection runs every setting at one seed: the committed selection (96 runs) was made so, to keep the compute of
+#: both families to a few hours on 2 cores; a second seed would double it and could change the chosen settings,
+#: which would leave the grid runs made with the first choice unused
+SELECT_SEEDS = (0,)
 SEEDS = (0, 1, 2)
 ROUNDS = 20
 CLIENTS = 10
