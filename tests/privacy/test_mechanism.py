@@ -40,12 +40,13 @@ def sample_std_tolerance(n: int, std: float) -> float:
     return 6 * std / math.sqrt(2 * n)
 
 
+@settings(deadline=None)
 @given(UPDATES)
 def test_update_norm_is_the_norm_of_the_whole_update_flattened(update):
     assert update_norm(update) == pytest.approx(float(np.linalg.norm(flat(update))), rel=1e-9, abs=1e-12)
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(UPDATES, CLIPS)
 def test_every_clipped_update_is_within_the_clip_norm_and_keeps_its_direction(update, clip):
     clipped = clip_update(update, clip)
@@ -134,6 +135,7 @@ def test_local_release_adds_noise_of_std_sigma_clip_to_the_clipped_change():
     assert abs(noise.std() - expected) < sample_std_tolerance(noise.size, expected)
 
 
+@settings(max_examples=50, deadline=None)
 @given(st.lists(UPDATES.filter(lambda u: len(u) >= 1), min_size=1, max_size=4))
 def test_no_noise_and_no_clipping_is_the_plain_unweighted_mean(updates):
     keys = list(updates[0])
