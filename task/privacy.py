@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,6 +42,46 @@ MODES = ("off", "central", "local")
 
 class PrivacyConfigError(ValueError):
     """A differential-privacy setting that cannot be used (the message says which and what is allowed)."""
+
+
+@dataclass(frozen=True)
+class PrivacySupport:
+    """The DP modes a method supports besides ``off``, and why it cannot give the others (docs/privacy.md)."""
+
+    modes: tuple[str, ...] = ()
+    why_not: str = ""
+
+
+#: central DP on the averaged shared part; local DP, possible for the same methods, is not implemented yet
+CENTRAL = PrivacySupport(("central",), "local DP is not implemented for it yet")
+
+
+def privacy_conflicts(
+    method: str, mode: str, clip: float, noise_multiplier: float, delta: float, support: PrivacySupport
+) -> list[str]:
+    """Why the run's ``dp-*`` settings cannot work with ``method`` (empty: they can); checked at start-up."""
+    if mode == "off":
+        return []
+    if mode not in support.modes:
+        reason = (
+            f"dp-mode={mode!r} is not available for method {method!r}: {support.why_not} (docs/privacy.md lists "
+            "which method supports which mode; dp-mode='off' runs without differential privacy)"
+        )
+        return [reason]
+    problems = []
+    if clip == 0 and noise_multiplier > 0:
+        problems.append(
+            f"dp-noise-multiplier={noise_multiplier} needs a clip bound dp-clip > 0 (0: no clipping): noise on "
+            "unbounded updates gives no guarantee"
+        )
+    if not 0 < delta < 1:
+        problems.append(f"dp-delta must be strictly between 0 and 1, got {delta}")
+    return problems
+
+
+def clip_bound(dp_clip: float) -> float:
+    """The clip norm of run-config ``dp-clip``: 0 means no clipping (an infinite bound)."""
+    return math.inf if dp_clip == 0 else float(dp_clip)
 
 
 # ---------------------------------------------------------------------------------------------- checks
