@@ -49,7 +49,7 @@ class PrivacySupport:
     """The DP modes a method supports besides ``off``, and why it cannot give the others (docs/privacy.md)."""
 
     modes: tuple[str, ...] = ()
-    why_not: str = ""
+    why_not: str = "it declares no differential-privacy mode (privacy= on its registry entry)"
 
 
 #: central DP on the averaged shared part; local DP, possible for the same methods, is not implemented yet
