@@ -152,3 +152,8 @@ def test_impossible_accounting_settings_are_refused(kwargs, match):
     args = {"noise_multiplier": 1.0, "rounds": 3, "delta": 1e-5, "population": 10, "cohort": 5, **kwargs}
     with pytest.raises(PrivacyConfigError, match=match):
         central_epsilon(**args)
+
+
+def test_a_negative_number_of_releases_is_refused():
+    with pytest.raises(PrivacyConfigError, match=r"^releases must be >= 0, got -1$"):
+        local_epsilon(1.0, -1, 1e-5)

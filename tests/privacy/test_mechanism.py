@@ -3,6 +3,7 @@ L2 norm at most the clip norm and keeps its direction, the noise has the declare
 σ·C on one client's local release) and is drawn once, and no noise with no clipping changes nothing."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -179,3 +180,46 @@ def test_noise_without_a_clip_norm_is_refused():
     with pytest.raises(PrivacyConfigError, match="finite dp-clip"):
         central_noise_std(1.0, math.inf, 3)
     assert central_noise_std(0.0, math.inf, 3) == 0.0
+
+
+def test_every_function_keeps_float32_arrays_float32():
+    """Models travel as float32: a release in float64 would double the message and no longer load as sent."""
+    rng = np.random.default_rng(0)
+    model = {"w": rng.normal(size=(8, 4)).astype(np.float32)}
+    reference = {"w": np.zeros((8, 4), np.float32)}
+    assert model_delta(model, reference)["w"].dtype == np.float32
+    assert add_gaussian_noise(model, 0.5, rng)["w"].dtype == np.float32
+    assert noisy_mean([model, model], 1.0, 1.0, rng)["w"].dtype == np.float32
+    assert local_release(model, reference, 1.0, 1.0, rng)["w"].dtype == np.float32
+
+
+def test_the_mean_is_summed_in_double_precision():
+    """A large update does not swallow a small one (float32 would lose the 1 next to 1e8)."""
+    updates = [{"w": np.array([v], np.float32)} for v in (1e8, 1.0, -1e8)]
+    released = noisy_mean(updates, 0.0, math.inf, np.random.default_rng(0))
+    assert released["w"][0] == pytest.approx(1 / 3, rel=1e-6)
+
+
+@pytest.mark.parametrize("std", [-1.0, math.inf, math.nan])
+def test_a_noise_std_that_is_negative_or_not_finite_is_refused(std):
+    with pytest.raises(PrivacyConfigError, match=r"^the noise std must be finite and >= 0, got"):
+        add_gaussian_noise({"w": np.zeros(3)}, std, np.random.default_rng(0))
+
+
+def test_errors_say_what_was_wrong_and_what_is_allowed():
+    integer = (
+        "differential privacy clips and noises floating-point arrays only; ['n'] are not (integer buffers such as "
+        "BatchNorm's num_batches_tracked count the batches a client trained: keep them out of what a client sends "
+        "under DP)"
+    )
+    with pytest.raises(PrivacyConfigError, match=f"^{re.escape(integer)}$"):
+        clip_update({"n": np.array(3)}, 1.0)
+    with pytest.raises(PrivacyConfigError, match=r"^w: shape \(3,\) differs from the reference's \(4,\)$"):
+        model_delta({"w": np.zeros(3)}, {"w": np.zeros(4)})
+    with pytest.raises(PrivacyConfigError, match=r"^the noisy mean needs at least one client, got 0$"):
+        central_noise_std(1.0, 1.0, 0)
+    with pytest.raises(PrivacyConfigError, match=r"^the noisy mean needs at least one client update$"):
+        noisy_mean([], 1.0, 1.0, np.random.default_rng(0))
+    unbounded = "without a bound on the update, noise of any scale gives no guarantee"
+    with pytest.raises(PrivacyConfigError, match=f"{re.escape(unbounded)}$"):
+        local_noise_std(1.0, math.inf)
