@@ -13,7 +13,7 @@ from client_app.privacy import clipped_reply
 from strategies.history import RoundLog
 from strategies.privacy import account, central_round
 from task.params import record_to_numpy, to_record
-from task.privacy import central_epsilon, local_epsilon, update_norm
+from task.privacy import PrivacyConfigError, central_epsilon, local_epsilon, update_norm
 
 
 def settings(**kw):
@@ -96,3 +96,26 @@ def test_noised_running_variances_are_projected_back_to_zero_or_more():
     new, _ = central_round(state, replies, ["bn.running_var", "w"], settings(), 1, variances=["bn.running_var"])
     assert new["bn.running_var"].min() == 0.0 and (new["bn.running_var"] > 0.05).any()  # noisy, never negative
     assert new["w"].min() < 0  # other arrays keep their noise as drawn
+
+
+def test_a_message_without_a_model_cannot_be_clipped_against():
+    reply = RecordDict({"arrays": to_record({"w": np.zeros(3, np.float32)})})
+    with pytest.raises(PrivacyConfigError, match=r"^central DP clips the reply against the model the message brought"):
+        clipped_reply(reply, RecordDict(), 1.0)
+
+
+def test_a_float32_model_stays_float32_and_the_round_says_what_it_released():
+    state = {"w": np.zeros(50, np.float32), "bn.running_var": np.ones(50, np.float32)}
+    replies = [{"w": np.full(50, 0.01, np.float32), "bn.running_var": np.ones(50, np.float32)}]
+    new, released = central_round(state, replies, ["w", "bn.running_var"], settings(), 1, ["bn.running_var"])
+    assert new["w"].dtype == np.float32 and new["bn.running_var"].dtype == np.float32
+    assert released["mode"] == "central"
+    assert account([RoundLog(1)], released, settings(dp_delta=1e-6), 4, 4)["delta"] == 1e-6
+
+
+def test_the_worst_sampling_rate_is_the_highest_share_of_clients_not_the_largest_cohort():
+    s = settings()
+    history = [RoundLog(1), RoundLog(2)]
+    history[0].extra["dp"] = account(history[:1], {}, s, population=20, cohort=5)  # a quarter of 20
+    now = account(history, {}, s, population=10, cohort=4)  # 40 % of 10: the worse rate
+    assert now["epsilon"] == pytest.approx(central_epsilon(1.0, 2, 1e-5, 10, 4))
