@@ -150,9 +150,9 @@ def model_delta(model: Mapping[str, np.ndarray], reference: Mapping[str, np.ndar
 
 
 def central_noise_std(noise_multiplier: float, clip: float, num_clients: int) -> float:
-    """Std of the noise on the **mean** of ``m`` clipped updates (central DP): ``σ · C / m``.
+    """Std of the noise on the **mean** of ``m`` clipped updates (central DP): ``sigma · C / m``.
 
-    The same as noise ``σ · C`` on their sum (DP-FedAvg, McMahan et al. 2018, with the fixed denominator ``m``);
+    The same as noise ``sigma · C`` on their sum (DP-FedAvg, McMahan et al. 2018, with the fixed denominator ``m``);
     Flower's ``compute_stdv`` has the same formula.
     """
     if num_clients < 1:
@@ -161,9 +161,9 @@ def central_noise_std(noise_multiplier: float, clip: float, num_clients: int) ->
 
 
 def local_noise_std(noise_multiplier: float, clip: float) -> float:
-    """Std of the noise one client adds to its own clipped update (local DP): ``σ · C``.
+    """Std of the noise one client adds to its own clipped update (local DP): ``sigma · C``.
 
-    No noise (σ = 0) is 0 whatever the clip norm; noise needs a finite clip norm to have a scale.
+    No noise (sigma = 0) is 0 whatever the clip norm; noise needs a finite clip norm to have a scale.
     """
     noise_multiplier, clip = check_noise_multiplier(noise_multiplier), check_clip(clip)
     if noise_multiplier == 0:
@@ -197,7 +197,7 @@ def noisy_mean(
     clip: float,
     rng: np.random.Generator,
 ) -> dict[str, np.ndarray]:
-    """Central DP's release: ``(1/m) Σ_i Δ_i + N(0, (σ C / m)² I)`` over the ``m`` clipped updates of a round.
+    """Central DP's release: ``(1/m) Σ_i Δ_i + N(0, (sigma C / m)² I)`` over the ``m`` clipped updates of a round.
 
     The mean is unweighted: a weight per client (e.g. its number of examples) would change each client's
     sensitivity and itself reveal the client's data size.  The updates must already be clipped to ``clip``
@@ -227,7 +227,7 @@ def local_release(
     clip: float,
     rng: np.random.Generator,
 ) -> dict[str, np.ndarray]:
-    """Local DP's release of one client's model: ``w_ref + clip(w - w_ref, C) + N(0, (σ C)² I)``.
+    """Local DP's release of one client's model: ``w_ref + clip(w - w_ref, C) + N(0, (sigma C)² I)``.
 
     ``reference`` must be known to everyone who sees the release without the client's data (the model the
     client was sent, or its own previous release), otherwise the release is not a Gaussian mechanism of the
@@ -257,11 +257,11 @@ def _rdp_epsilon(noise_multiplier: float, count: int, delta: float, population: 
 def central_epsilon(noise_multiplier: float, rounds: int, delta: float, population: int, cohort: int) -> float:
     """Epsilon at ``delta`` after ``rounds`` noised means of ``cohort`` of ``population`` clients (central DP).
 
-    ``cohort == population``: the Gaussian mechanism with noise multiplier σ, add-or-remove-one-client neighbours,
+    ``cohort == population``: the Gaussian mechanism with noise multiplier sigma, add-or-remove-one-client neighbours,
     no amplification.  ``cohort < population`` (drawn uniformly without replacement every round): the sampled
-    Gaussian mechanism at rate ``cohort / population`` with replace-one neighbours and noise multiplier σ / 2
+    Gaussian mechanism at rate ``cohort / population`` with replace-one neighbours and noise multiplier sigma / 2
     (module docstring), or the same Gaussian without amplification where that bound is lower (cohorts close to the
-    population).  0 rounds: 0; σ = 0 (no noise): infinity.
+    population).  0 rounds: 0; sigma = 0 (no noise): infinity.
     """
     noise_multiplier, delta = check_noise_multiplier(noise_multiplier), check_delta(delta)
     if rounds < 0:
@@ -285,8 +285,8 @@ def central_epsilon(noise_multiplier: float, rounds: int, delta: float, populati
 def local_epsilon(noise_multiplier: float, releases: int, delta: float) -> float:
     """Epsilon at ``delta`` of one client after ``releases`` local-DP releases of its model.
 
-    Each release is the Gaussian mechanism with noise std σ·C on a change that moves by up to 2·C between any two
-    data sets of the client: noise multiplier σ / 2, composed ``releases`` times, no amplification.
+    Each release is the Gaussian mechanism with noise std sigma·C on a change that moves by up to 2·C between any two
+    data sets of the client: noise multiplier sigma / 2, composed ``releases`` times, no amplification.
     """
     noise_multiplier, delta = check_noise_multiplier(noise_multiplier), check_delta(delta)
     if releases < 0:

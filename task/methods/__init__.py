@@ -138,7 +138,10 @@ METHODS: dict[str, MethodSpec] = {
         options=FedCACOptions,
         description="critical-parameter masks, mask-overlap collaborators (tau, beta)",
         privacy=PrivacySupport(
-            why_not="its clients send critical-parameter masks and the server picks each client's collaborators by their overlap; neither is noised"
+            why_not=(
+                "its clients send critical-parameter masks and the server picks each client's collaborators by their "
+                "overlap; neither is noised"
+            )
         ),
     ),
     "fedc2i": _m(
@@ -149,7 +152,10 @@ METHODS: dict[str, MethodSpec] = {
         options=FedC2IOptions,
         description="leave-one-out influence, per-client mixing of all models (gamma, c2i-peers)",
         privacy=PrivacySupport(
-            why_not="every client receives the other clients' whole models, which only local DP (noise added before a model leaves) protects; local DP is not implemented for it yet"
+            why_not=(
+                "every client receives the other clients' whole models, which only local DP (noise added before a "
+                "model leaves) protects; local DP is not implemented for it yet"
+            )
         ),
     ),
     "pfedlia": _m(
@@ -161,7 +167,11 @@ METHODS: dict[str, MethodSpec] = {
         queries=("lazy", "lia"),
         description="lazy-influence clustering after a FedAvg warm-up (lia-mode central|p2p)",
         privacy=PrivacySupport(
-            why_not="its clustering round shows every client's lazily trained model to all peers (local DP, not implemented for it yet) and sends un-noised influence scores"
+            why_not=(
+                "its clustering round shows every client's lazily trained model to all peers (local DP, not "
+                "implemented "
+                "for it yet) and sends un-noised influence scores"
+            )
         ),
     ),
     "oracle": _m(

@@ -1,6 +1,6 @@
 """What the differential-privacy mechanism must do (docs/privacy.md, task/privacy.py): every clipped update has
-L2 norm at most the clip norm and keeps its direction, the noise has the declared scale (σ·C/m on a central mean,
-σ·C on one client's local release) and is drawn once, and no noise with no clipping changes nothing."""
+L2 norm at most the clip norm and keeps its direction, the noise has the declared scale (sigma·C/m on a central mean,
+sigma·C on one client's local release) and is drawn once, and no noise with no clipping changes nothing."""
 
 import math
 import re
@@ -86,7 +86,7 @@ def test_a_negative_or_infinite_noise_multiplier_is_refused(sigma):
 
 
 def test_noise_scales():
-    """σ·C/m on the mean of m clipped updates (the same as σ·C on their sum), σ·C on one client's release."""
+    """sigma·C/m on the mean of m clipped updates (the same as sigma·C on their sum), sigma·C on one release."""
     assert central_noise_std(2.0, 0.5, 4) == pytest.approx(2.0 * 0.5 / 4)
     assert local_noise_std(2.0, 0.5) == pytest.approx(2.0 * 0.5)
     with pytest.raises(PrivacyConfigError):
@@ -113,7 +113,7 @@ def test_noise_is_drawn_from_the_given_generator():
 
 
 def test_noisy_mean_adds_noise_of_std_sigma_clip_over_m_once():
-    """m identical clipped updates: what the release adds to their mean is N(0, (σC/m)²) - noise added a second
+    """m identical clipped updates: what the release adds to their mean is N(0, (sigmaC/m)²) - noise added a second
     time, per client, or scaled by the sum instead of the mean would be off by a factor sqrt(2), sqrt(m) or m."""
     m, sigma, clip = 5, 1.3, 0.8
     base = clip_update({"w": np.linspace(-1, 1, 120_000), "b": np.ones(30_000)}, clip)
