@@ -18,12 +18,12 @@ from task.privacy import PrivacyConfigError, clip_update, model_delta
 def clipped_reply(reply: RecordDict, message: RecordDict, clip: float) -> RecordDict:
     """``reply`` with its ``arrays`` clipped to L2 distance ``clip`` from the message's ``arrays``, integer arrays
     left out; a reply without arrays is returned as it is."""
-    if "arrays" not in reply:
+    if "arrays" not in reply.array_records:
         return reply
-    if "arrays" not in message:
+    if "arrays" not in message.array_records:
         raise PrivacyConfigError("central DP clips the reply against the model the message brought, but it had none")
-    sent = record_to_numpy(reply["arrays"])
-    reference = record_to_numpy(message["arrays"])
+    sent = record_to_numpy(reply.array_records["arrays"])
+    reference = record_to_numpy(message.array_records["arrays"])
     floating = {k: v for k, v in sent.items() if np.issubdtype(v.dtype, np.floating)}
     change = clip_update(model_delta(floating, reference), clip)
     reply["arrays"] = to_record({k: (reference[k] + change[k]).astype(v.dtype) for k, v in floating.items()})

@@ -26,7 +26,7 @@ def test_a_reply_leaves_clipped_around_the_model_the_message_brought_without_int
     trained = {"w": sent["w"] + 0.5, "bn.num_batches_tracked": np.array(8)}  # update of norm ~12
     message = RecordDict({"arrays": to_record(sent), "config": ConfigRecord({"server-round": 1})})
     reply = clipped_reply(RecordDict({"arrays": to_record(trained)}), message, 0.7)
-    out = record_to_numpy(reply["arrays"])
+    out = record_to_numpy(reply.array_records["arrays"])
     assert sorted(out) == ["w"] and out["w"].dtype == np.float32
     assert update_norm({"w": out["w"].astype(np.float64) - sent["w"]}) == pytest.approx(0.7, rel=1e-4)
     np.testing.assert_allclose(out["w"] - sent["w"], np.full_like(sent["w"], 0.7 / math.sqrt(600)), rtol=1e-3)
@@ -36,7 +36,7 @@ def test_a_small_update_leaves_as_it_is():
     sent = {"w": np.zeros(4, np.float32)}
     trained = {"w": np.array([0.1, 0.0, -0.1, 0.0], np.float32)}
     reply = clipped_reply(RecordDict({"arrays": to_record(trained)}), RecordDict({"arrays": to_record(sent)}), 1.0)
-    np.testing.assert_array_equal(record_to_numpy(reply["arrays"])["w"], trained["w"])
+    np.testing.assert_array_equal(record_to_numpy(reply.array_records["arrays"])["w"], trained["w"])
 
 
 def test_the_server_adds_noise_of_std_sigma_clip_over_m_to_the_unweighted_mean_once():

@@ -109,7 +109,7 @@ def test_noise_is_drawn_from_the_given_generator():
     x = {"a": np.zeros(50)}
     same = [add_gaussian_noise(x, 1.0, np.random.default_rng(3))["a"] for _ in range(2)]
     other = add_gaussian_noise(x, 1.0, np.random.default_rng(4))["a"]
-    assert np.array_equal(*same) and not np.array_equal(same[0], other)
+    assert np.array_equal(same[0], same[1]) and not np.array_equal(same[0], other)
 
 
 def test_noisy_mean_adds_noise_of_std_sigma_clip_over_m_once():
