@@ -135,6 +135,13 @@ class ResultsWriter:
         outcome = clustering_outcome(strategy)
         if outcome is not None:
             summary["clusters"], summary["clustering"] = outcome
+        privacy = ""
+        if self.settings.dp_mode != "off":  # the (epsilon, delta) after the last noised round (0: none yet)
+            released = [r.extra["dp"] for r in strategy.history if "dp" in r.extra]
+            last = released[-1] if released else {"epsilon": 0.0, "delta": self.settings.dp_delta}
+            summary.update({"dp-mode": self.settings.dp_mode, "epsilon": last["epsilon"], "delta": last["delta"]})
+            summary["dp-neighbours"] = last.get("neighbours")
+            privacy = f", ({last['epsilon']:.3g}, {last['delta']:g})-DP ({self.settings.dp_mode})"
         if aborted:
             summary["aborted"] = aborted
         if self.settings.data.dataset == "dialects":  # next-word prediction: perplexity = exp(token CE)
@@ -152,7 +159,7 @@ class ResultsWriter:
             f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "
             f"{summary['rounds']} rounds, {summary['clients']} clients{clustering}, personalized acc "
             f"{acc(summary['personal-acc'])}, global acc {acc(summary['global-acc'])}, "
-            f"{summary['failures']} rejected replies, {seconds:.1f} s"
+            f"{summary['failures']} rejected replies{privacy}, {seconds:.1f} s"
             + (f", ABORTED: {aborted}" if aborted else "")
             + f" -> {self.folder}"
         )

@@ -54,6 +54,7 @@ from strategies.exchange import MessageExchange, NodeWaitTimeout, RunAborted, wa
 from strategies.gate import Reply, ReplyGate
 from strategies.history import RoundLog, accuracies, evaluation_metrics, progress_line, train_metrics
 from strategies.persistence import checkpoint_due, save_server_models, stop_if_asked, write_checkpoint
+from strategies.privacy import account, central_round
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, InvalidReply, ReplySpec, parse_reply
 from strategies.schedule import EvaluationSchedule
 from task.config import Settings
@@ -102,6 +103,7 @@ class PersonalizedStrategy(Strategy):
         self._identify_all = False  # after a resume: ask every node who it is before the first round
         self._t0 = self._round_start = time.monotonic()
         self._first_round = 1
+        self._dp_sample = (1, 1)  # this round's (population, cohort size), for differential privacy's accountant
 
     # ------------------------------------------------------------------ hooks for methods
     def shared_keys(self) -> list[str]:
@@ -113,7 +115,7 @@ class PersonalizedStrategy(Strategy):
         in ``arrays`` (and the evaluation the message asked for); evaluate replies the personalized accuracy;
         queries only the client's identity."""
         if phase == "train":
-            keys = self.shared_keys()
+            keys = self.released_keys()
             spec = TRAIN.with_records(arrays=Arrays.like(self.initial_state, keys)) if keys else TRAIN
             if self.schedule.fused:  # the node was asked for the evaluation of its previous round's model
                 evaluation = self.reply_spec("evaluate", node_id).metrics
@@ -150,7 +152,15 @@ class PersonalizedStrategy(Strategy):
         return self.draw(nodes, self.cohort_size(len(nodes), self.settings.fraction_train))
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
-        """Default: example-weighted average of the shared keys (FedAvg).  Returns extra history entries."""
+        """Default: example-weighted average of the shared keys (FedAvg); under central DP the unweighted mean of
+        the clipped updates plus noise (:mod:`strategies.privacy`).  Returns extra history entries."""
+        if updates and self.settings.dp_mode == "central" and self.released_keys():
+            keys = self.released_keys()
+            variances = [k for k in keys if k in self.model_info.buffer_keys and k.endswith("running_var")]
+            self.global_state, released = central_round(
+                self.global_state, [u.arrays for u in updates], keys, self.settings, server_round, variances
+            )
+            return {"dp": account(self.history, released, self.settings, *self._dp_sample)}
         if updates and self.shared_keys():
             self.global_state = weighted_average([u.arrays for u in updates], [u.num_examples for u in updates])
         return {}
@@ -183,6 +193,14 @@ class PersonalizedStrategy(Strategy):
         """Put back what :meth:`state` returned, into a strategy freshly built from the same settings."""
 
     # ------------------------------------------------------------------ for methods: state, clients, sampling
+    def released_keys(self) -> list[str]:
+        """The shared keys a train reply carries: all of them, but under differential privacy only floating-point
+        arrays (an integer buffer such as BatchNorm's ``num_batches_tracked`` counts a client's batches)."""
+        keys = self.shared_keys()
+        if self.settings.dp_mode == "off":
+            return keys
+        return [k for k in keys if np.issubdtype(np.asarray(self.initial_state[k]).dtype, np.floating)]
+
     @property
     def global_state(self) -> dict[str, np.ndarray]:
         """The shared model (the shared keys of the common initial model until the first aggregation)."""
@@ -309,6 +327,7 @@ class PersonalizedStrategy(Strategy):
             self._identify_all = False
         self.prepare_round(grid, server_round, nodes)
         cohort = self.sample(server_round, nodes)
+        self._dp_sample = (len(nodes), len(cohort))  # (population, cohort) for the accountant
         self.schedule.start_round()
         return self._messages(server_round, arrays, config, cohort, "train", MessageType.TRAIN)
 

@@ -18,6 +18,8 @@ from task.data import DATASETS, DOMAINS, MIXTURES, PARTITIONS, DataSettings, dat
 from task.methods import METHODS, method_spec
 from task.models import IMAGE_ONLY, MODELS
 from task.options import ConfigConflict, OptionSet, option
+from task.privacy import MODES as DP_MODES
+from task.privacy import privacy_conflicts
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,17 @@ class RunOptions(OptionSet):
         "testing resume: the ServerApp stops as if it crashed after this round's checkpoint (0: off)",
         minimum=0,
     )
+    # client-level differential privacy (docs/privacy.md: which method supports which mode)
+    dp_mode: str = option(
+        "dp-mode", "off", "differential privacy: off, central (noise on the server's mean) or local", choices=DP_MODES
+    )
+    dp_clip: float = option(
+        "dp-clip", 1.0, "DP: L2 bound on each client's update (0: no clipping, only without noise)", minimum=0.0
+    )
+    dp_noise_multiplier: float = option(
+        "dp-noise-multiplier", 1.0, "DP: noise std over the clip bound (central: on the sum)", minimum=0.0
+    )
+    dp_delta: float = option("dp-delta", 1e-5, "DP: the delta epsilon is reported at", minimum=0.0, maximum=1.0)
 
 
 @dataclass(frozen=True)
@@ -137,6 +150,10 @@ class Settings:
     resume_from: str = ""
     stop_after: int = 0
     evaluate_split: str = "test"
+    dp_mode: str = "off"
+    dp_clip: float = 1.0
+    dp_noise_multiplier: float = 1.0
+    dp_delta: float = 1e-5
     #: the method's own option set (task.methods), parsed from the same run config
     options: OptionSet = field(default_factory=OptionSet, compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -238,6 +255,9 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
     }
     settings = Settings(method=run.method, data=data, model=model, options=options, raw=dict(cfg), **common)
     problems = data_conflicts(run) + options.conflicts(settings) + (spec.conflicts(settings) if spec.conflicts else [])
+    problems += privacy_conflicts(
+        run.method, run.dp_mode, run.dp_clip, run.dp_noise_multiplier, run.dp_delta, spec.privacy
+    )
     if problems:
         raise ConfigConflict("; ".join(problems))
     return settings

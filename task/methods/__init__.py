@@ -25,6 +25,7 @@ from task.methods.fedcac import FedCACOptions
 from task.methods.pfedlia import CFLOptions, PFedLIAOptions, oracle_conflicts
 from task.methods.pifl import FedSoftOptions, PIFLOptions, TierOptions
 from task.options import OptionSet
+from task.privacy import CENTRAL, PrivacySupport
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class MethodSpec:
     #: settings -> why they cannot work with this method (none: []); checked at start-up with the options'
     #: own ``conflicts``, so a method without options of its own needs no options class to refuse a model
     conflicts: Callable[[Any], list[str]] | None = None
+    #: the differential-privacy modes it supports (run-config ``dp-mode``) and why not the others (docs/privacy.md)
+    privacy: PrivacySupport = field(default_factory=PrivacySupport)
 
 
 def _m(module: str, strategy: str, client_module: str, client: str, **kw: Any) -> MethodSpec:
@@ -45,8 +48,19 @@ def _m(module: str, strategy: str, client_module: str, client: str, **kw: Any) -
 
 
 METHODS: dict[str, MethodSpec] = {
-    "local": _m("baselines", "LocalStrategy", "baselines", "LocalClient", description="each client trains alone"),
-    "fedavg": _m("baselines", "FedAvgStrategy", "baselines", "FedAvgClient", description="one global model"),
+    "local": _m(
+        "baselines",
+        "LocalStrategy",
+        "baselines",
+        "LocalClient",
+        description="each client trains alone",
+        privacy=PrivacySupport(
+            why_not="no model leaves a client, so there is nothing for differential privacy to protect"
+        ),
+    ),
+    "fedavg": _m(
+        "baselines", "FedAvgStrategy", "baselines", "FedAvgClient", description="one global model", privacy=CENTRAL
+    ),
     "fedprox": _m(
         "baselines",
         "FedProxStrategy",
@@ -54,8 +68,16 @@ METHODS: dict[str, MethodSpec] = {
         "FedProxClient",
         options=FedProxOptions,
         description="FedAvg with a proximal term (proximal-mu)",
+        privacy=CENTRAL,
     ),
-    "fedper": _m("baselines", "FedPerStrategy", "baselines", "FedPerClient", description="shared body, personal head"),
+    "fedper": _m(
+        "baselines",
+        "FedPerStrategy",
+        "baselines",
+        "FedPerClient",
+        description="shared body, personal head",
+        privacy=CENTRAL,
+    ),
     "fedrep": _m(
         "baselines",
         "FedRepStrategy",
@@ -63,6 +85,7 @@ METHODS: dict[str, MethodSpec] = {
         "FedRepClient",
         options=FedRepOptions,
         description="shared body, personal head trained first (head-epochs)",
+        privacy=CENTRAL,
     ),
     "lgfedavg": _m(
         "lgfedavg",
@@ -70,6 +93,7 @@ METHODS: dict[str, MethodSpec] = {
         "lgfedavg",
         "LGFedAvgClient",
         description="LG-FedAvg: local body (representation), shared head (FedPer's mirror)",
+        privacy=CENTRAL,
     ),
     "fedbn": _m(
         "fedbn",
@@ -78,6 +102,7 @@ METHODS: dict[str, MethodSpec] = {
         "FedBNClient",
         conflicts=fedbn.conflicts,
         description="FedBN: local normalisation layers (BatchNorm and statistics), FedAvg of everything else",
+        privacy=CENTRAL,
     ),
     "fedrod": _m(
         "baselines",
@@ -85,6 +110,7 @@ METHODS: dict[str, MethodSpec] = {
         "baselines",
         "FedRoDClient",
         description="balanced-softmax generic model + personal head",
+        privacy=CENTRAL,
     ),
     "ditto": _m(
         "baselines",
@@ -93,6 +119,7 @@ METHODS: dict[str, MethodSpec] = {
         "DittoClient",
         options=DittoOptions,
         description="global model + regularised personal model (ditto-lambda)",
+        privacy=CENTRAL,
     ),
     "moon": _m(
         "baselines",
@@ -101,6 +128,7 @@ METHODS: dict[str, MethodSpec] = {
         "MoonClient",
         options=MoonOptions,
         description="MOON: FedAvg + model-contrastive loss (moon-mu, moon-temperature)",
+        privacy=CENTRAL,
     ),
     "fedcac": _m(
         "fedcac",
@@ -109,6 +137,12 @@ METHODS: dict[str, MethodSpec] = {
         "FedCACClient",
         options=FedCACOptions,
         description="critical-parameter masks, mask-overlap collaborators (tau, beta)",
+        privacy=PrivacySupport(
+            why_not=(
+                "its clients send critical-parameter masks and the server picks each client's collaborators by their "
+                "overlap; neither is noised"
+            )
+        ),
     ),
     "fedc2i": _m(
         "fedc2i",
@@ -117,6 +151,12 @@ METHODS: dict[str, MethodSpec] = {
         "FedC2IClient",
         options=FedC2IOptions,
         description="leave-one-out influence, per-client mixing of all models (gamma, c2i-peers)",
+        privacy=PrivacySupport(
+            why_not=(
+                "every client receives the other clients' whole models, which only local DP (noise added before a "
+                "model leaves) protects; local DP is not implemented for it yet"
+            )
+        ),
     ),
     "pfedlia": _m(
         "pfedlia",
@@ -126,6 +166,13 @@ METHODS: dict[str, MethodSpec] = {
         options=PFedLIAOptions,
         queries=("lazy", "lia"),
         description="lazy-influence clustering after a FedAvg warm-up (lia-mode central|p2p)",
+        privacy=PrivacySupport(
+            why_not=(
+                "its clustering round shows every client's lazily trained model to all peers (local DP, not "
+                "implemented "
+                "for it yet) and sends un-noised influence scores"
+            )
+        ),
     ),
     "oracle": _m(
         "pfedlia",
@@ -135,6 +182,7 @@ METHODS: dict[str, MethodSpec] = {
         options=PFedLIAOptions,
         conflicts=oracle_conflicts,
         description="per-cluster FedAvg on the planted groups after the same warm-up",
+        privacy=PrivacySupport(why_not="a simulation baseline whose clients report the planted group of their data"),
     ),
     "cfl": _m(
         "cfl",
@@ -143,6 +191,7 @@ METHODS: dict[str, MethodSpec] = {
         "ClusterModelClient",
         options=CFLOptions,
         description="clustered FL (Sattler et al.): bipartition on update cosine similarity",
+        privacy=PrivacySupport(why_not="the server splits clusters on the clients' un-noised individual updates"),
     ),
     "pifl": _m(
         "pifl",
@@ -152,6 +201,9 @@ METHODS: dict[str, MethodSpec] = {
         options=PIFLOptions,
         queries=("bid",),
         description="tiers, token auctions and one-shot personalization (tiers, slot-price)",
+        privacy=PrivacySupport(
+            why_not="clients send un-noised bids and per-tier accuracies, and the server scores each winner's update"
+        ),
     ),
     "pifl-ni": _m(
         "pifl",
@@ -162,6 +214,9 @@ METHODS: dict[str, MethodSpec] = {
         queries=("bid",),
         fixed={"pifl-incentive": False},
         description="PI-FL without incentive: random bids",
+        privacy=PrivacySupport(
+            why_not="clients send un-noised per-tier accuracies, and the server scores each winner's update"
+        ),
     ),
     "ifca": _m(
         "ifca",
@@ -170,6 +225,7 @@ METHODS: dict[str, MethodSpec] = {
         "IFCAClient",
         options=TierOptions,
         description="IFCA: K cluster models, each client takes the one with the lowest loss (tiers)",
+        privacy=PrivacySupport(why_not="each client reports, un-noised, which cluster model fits its data best"),
     ),
     "fedsoft": _m(
         "fedsoft",
@@ -179,6 +235,9 @@ METHODS: dict[str, MethodSpec] = {
         options=FedSoftOptions,
         queries=("fedsoft_u",),
         description="FedSoft: soft clustering, proximal updates towards the centres (tiers, fedsoft-*)",
+        privacy=PrivacySupport(
+            why_not="each client reports its soft cluster membership, un-noised, and the server samples clients by it"
+        ),
     ),
     "client2vec": _m(
         "client2vec",
@@ -188,6 +247,9 @@ METHODS: dict[str, MethodSpec] = {
         options=Client2VecOptions,
         queries=("c2v_embed", "c2v_ign", "c2v_index"),
         description="CLIP client index; index-aware sampling, aggregation, local loss (c2v-*)",
+        privacy=PrivacySupport(
+            why_not="clients upload CLIP embeddings of their training images and their client index, un-noised"
+        ),
     ),
 }
 

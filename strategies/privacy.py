@@ -1,0 +1,101 @@
+"""The server's half of central differential privacy (docs/privacy.md, task/privacy.py).
+
+One round: each client's update is its reply minus the model the server sent (clients clipped it already; the
+server clips again, so one client that skipped it cannot break the bound for the others), the updates are
+averaged **without weights**, Gaussian noise of std ``sigma * C / m`` is added once to that mean, and the
+accountant's epsilon after all noised rounds so far goes into the round's history as ``extra["dp"]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from task.privacy import (
+    central_epsilon,
+    central_noise_std,
+    clip_bound,
+    clip_update,
+    local_epsilon,
+    model_delta,
+    noisy_mean,
+    update_norm,
+)
+
+#: a tag in the noise generator's seed, so DP noise never repeats another of the run's random streams
+NOISE_STREAM = 27
+
+
+def noise_generator(seed: int, server_round: int) -> np.random.Generator:
+    """The round's noise: seeded by the run's seed and the round, so a run (and a resumed run) repeats."""
+    return np.random.default_rng([int(seed), int(server_round), NOISE_STREAM])
+
+
+def central_round(
+    global_state: Mapping[str, np.ndarray],
+    replies: Sequence[Mapping[str, np.ndarray]],
+    keys: Sequence[str],
+    settings: Any,
+    server_round: int,
+    variances: Sequence[str] = (),
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(the new shared model, what the round released) from the round's valid replies (``keys`` of each).
+
+    ``variances`` (BatchNorm's running variances) cannot be negative: noise can push them below 0, so they are
+    projected back to 0 after the noise, a post-processing that costs no privacy.
+    """
+    clip = clip_bound(settings.dp_clip)
+    reference = {k: global_state[k] for k in keys}
+    deltas = [model_delta({k: r[k] for k in keys}, reference) for r in replies]
+    largest = max(update_norm(d) for d in deltas)
+    update = noisy_mean(
+        [clip_update(d, clip) for d in deltas],
+        settings.dp_noise_multiplier,
+        clip,
+        noise_generator(settings.seed, server_round),
+    )
+    new_state = dict(global_state)
+    new_state.update({k: (reference[k] + update[k]).astype(reference[k].dtype) for k in keys})
+    for k in variances:
+        new_state[k] = np.maximum(new_state[k], 0).astype(new_state[k].dtype)
+    released = {
+        "mode": "central",
+        "clients": len(replies),
+        "noise-std": central_noise_std(settings.dp_noise_multiplier, clip, len(replies)),
+        "largest-update-norm": largest,
+    }
+    return new_state, released
+
+
+def account(history: Sequence[Any], released: dict[str, Any], settings: Any, population: int, cohort: int) -> dict:
+    """``released`` with the run's epsilon after this round (a cohort of ``cohort`` of ``population`` clients),
+    composed over every noised round in ``history`` and this one.
+
+    While every round had every client: add-or-remove-one neighbours, no amplification.  Once any round drew a
+    cohort: replace-one neighbours (the only relation fixed-size sampling is analysed under) for all rounds,
+    each counted at the highest sampling rate any of them had, which can only overstate epsilon.
+    """
+    earlier = [r.extra["dp"] for r in history if "dp" in r.extra]
+    samples = [(e["cohort"], e["population"]) for e in earlier] + [(cohort, population)]
+    rounds, sigma, delta = len(samples), settings.dp_noise_multiplier, settings.dp_delta
+    if all(c == p for c, p in samples):
+        epsilon, neighbours = central_epsilon(sigma, rounds, delta, population, population), "add-or-remove-one"
+    else:
+        worst_cohort, worst_population = max(samples, key=lambda cp: cp[0] / cp[1])
+        epsilon = (
+            central_epsilon(sigma, rounds, delta, worst_population, worst_cohort)
+            if worst_cohort < worst_population
+            else local_epsilon(sigma, rounds, delta)  # the replace-one Gaussian without amplification
+        )
+        neighbours = "replace-one"
+    return {
+        **released,
+        "cohort": cohort,
+        "population": population,
+        "noised-rounds": rounds,
+        "neighbours": neighbours,
+        "epsilon": epsilon,
+        "delta": delta,
+    }

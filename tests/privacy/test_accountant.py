@@ -1,0 +1,159 @@
+"""What the accountant must report (task/privacy.py, docs/privacy.md): an (epsilon, delta) that is a sound upper
+bound - never below the exact privacy curve of the mechanism pflower runs - and not looser than the classical
+Rényi-DP bound; amplification only where clients are sampled; more rounds or less noise never lower epsilon.
+
+Published formulas and values used:
+- exact privacy curve of the Gaussian mechanism (Balle & Wang 2018, "Improving the Gaussian mechanism for
+  differential privacy", Theorem 8): with mu = sensitivity / std, delta(eps) = Phi(mu/2 - eps/mu) - e^eps
+  Phi(-mu/2 - eps/mu); r compositions with the same noise multiplier sigma are one Gaussian mechanism with
+  mu = sqrt(r) / sigma (Dong, Roth & Su 2022, "Gaussian differential privacy", Corollary 3.3);
+- classical RDP bound (Mironov 2017, "Rényi differential privacy", Propositions 3 and 7): the Gaussian mechanism is
+  (alpha, alpha / (2 sigma^2))-RDP, so r rounds give eps <= rho + 2 sqrt(rho log(1/delta)) with rho = r / (2 sigma^2)
+  at the best order;
+- Abadi et al. 2016, "Deep learning with differential privacy", Section 3.1: the Poisson-sampled Gaussian with
+  q = 0.01, sigma = 4, 10,000 steps, delta = 1e-5 is (1.26, 1e-5)-DP by their moments accountant.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from task.privacy import PrivacyConfigError, central_epsilon, local_epsilon
+
+CASES = [(1.0, 1, 1e-5), (1.0, 10, 1e-5), (2.0, 50, 1e-5), (0.8, 3, 1e-3), (5.0, 100, 1e-6), (1.5, 200, 1e-5)]
+
+
+def exact_gaussian_epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
+    """The exact epsilon of ``rounds`` Gaussian mechanisms of noise multiplier sigma (Balle & Wang 2018, Thm 8)."""
+    mu = math.sqrt(rounds) / noise_multiplier
+
+    def excess(eps):
+        return norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * norm.cdf(-mu / 2 - eps / mu) - delta
+
+    high = 1.0
+    while excess(high) > 0:
+        high *= 2
+    return brentq(excess, 0.0, high, xtol=1e-10)
+
+
+def classical_rdp_epsilon(noise_multiplier: float, rounds: int, delta: float) -> float:
+    """Mironov 2017's bound at the best order: rho + 2 sqrt(rho log(1/delta)), rho = rounds / (2 sigma^2)."""
+    rho = rounds / (2 * noise_multiplier**2)
+    return rho + 2 * math.sqrt(rho * math.log(1 / delta))
+
+
+@pytest.mark.parametrize("sigma,rounds,delta", CASES)
+def test_central_epsilon_with_every_client_is_that_of_the_gaussian_mechanism_of_sigma(sigma, rounds, delta):
+    """Every client in every round: the mean moves by at most C/m when one client's data is added or removed,
+    the noise has std sigma C/m, so it is the Gaussian mechanism with noise multiplier sigma."""
+    eps = central_epsilon(sigma, rounds, delta, population=8, cohort=8)
+    assert exact_gaussian_epsilon(sigma, rounds, delta) <= eps <= classical_rdp_epsilon(sigma, rounds, delta)
+
+
+@pytest.mark.parametrize("sigma,rounds,delta", CASES)
+def test_local_epsilon_is_that_of_the_gaussian_mechanism_of_half_sigma(sigma, rounds, delta):
+    """One client's release against any other data set of that client: the clipped change moves by up to 2C and
+    the noise has std sigma C, so the noise multiplier is sigma / 2 (which epsilon of sigma would understate)."""
+    eps = local_epsilon(sigma, rounds, delta)
+    assert exact_gaussian_epsilon(sigma / 2, rounds, delta) <= eps <= classical_rdp_epsilon(sigma / 2, rounds, delta)
+
+
+def test_the_pinned_accountant_is_within_the_published_moments_accountant_value():
+    """Abadi et al. 2016, Sec. 3.1: q = 0.01, sigma = 4, T = 10,000, delta = 1e-5 gives eps ~ 1.26 by the moments
+    accountant.  The RDP accountant pflower uses (Flower's, on dp-accounting) is tighter, so at most that; and it
+    stays above the central-limit value of the same mechanism (Bu et al. 2020, "Deep learning with Gaussian
+    differential privacy": mu = q sqrt(T (e^{1/sigma^2} - 1))), which is asymptotically exact."""
+    from flwr.serverapp import GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod
+
+    q, sigma, steps, delta, population = 0.01, 4.0, 10_000, 1e-5, 60_000
+    accountant = RdpAccountant(
+        PrivacyConfig(delta, population, NeighboringRelation.ADD_OR_REMOVE_ONE, SamplingMethod.POISSON)
+    )
+    accountant.compose(GaussianPrivacyEvent(sigma, int(q * population), population), count=steps)
+    eps = accountant.get_epsilon(delta)
+    mu_clt = q * math.sqrt(steps * (math.exp(1 / sigma**2) - 1))
+    assert exact_gaussian_epsilon(1 / mu_clt, 1, delta) < eps <= 1.26
+
+
+def sampled_round_lower_bound(noise_multiplier: float, rate: float, delta: float) -> float:
+    """The exact epsilon of one round for one pair of neighbouring runs, so a lower bound on any sound epsilon.
+
+    Replace-one neighbours with the cohort drawn without replacement at ``rate``: client i's clipped update is +C
+    in one run and -C in the other, every other client's is 0.  Client i is in the cohort with probability
+    ``rate``; the released sum is then N(0, (sigma C)^2) with probability 1 - rate and N(+-C, (sigma C)^2) otherwise
+    (in units of C below).  delta(eps) = integral of max(0, p - e^eps q), solved for eps (Balle et al. 2018,
+    "Privacy amplification by subsampling", the hockey-stick divergence of the two mixtures).
+    """
+    x = np.linspace(-40 * noise_multiplier - 2, 40 * noise_multiplier + 2, 400_001)
+    rest = (1 - rate) * norm.pdf(x, 0, noise_multiplier)
+    p, q = rest + rate * norm.pdf(x, 1, noise_multiplier), rest + rate * norm.pdf(x, -1, noise_multiplier)
+
+    def excess(eps):
+        return float(np.sum(np.maximum(0.0, p - math.exp(eps) * q)) * (x[1] - x[0])) - delta
+
+    return 0.0 if excess(0.0) <= 0 else brentq(excess, 0.0, 200.0, xtol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "sigma,population,cohort,delta",
+    [(1.0, 10, 3, 1e-5), (0.5, 10, 5, 1e-5), (2.0, 100, 10, 1e-3), (1.0, 1000, 999, 1e-5)],
+)
+def test_a_sampled_round_is_never_reported_below_its_exact_privacy_loss(sigma, population, cohort, delta):
+    """A cohort of 999 in 1,000 is barely amplified: its exact loss is close to the unsampled replace-one Gaussian
+    (noise multiplier sigma / 2), which counting the run's sigma against replace-one neighbours would understate."""
+    eps = central_epsilon(sigma, 1, delta, population, cohort)
+    assert eps >= sampled_round_lower_bound(sigma, cohort / population, delta)
+
+
+def test_sampling_a_cohort_amplifies_but_never_beyond_the_unsampled_bound():
+    """A cohort drawn without replacement (replace-one neighbours, noise multiplier sigma / 2): epsilon grows with
+    the cohort and never exceeds the same mechanism without sampling (the local-DP accounting of sigma)."""
+    sigma, rounds, delta, population = 1.0, 20, 1e-5, 100
+    unsampled = local_epsilon(sigma, rounds, delta)
+    eps = [central_epsilon(sigma, rounds, delta, population, cohort) for cohort in (1, 10, 60, 99)]
+    assert all(e <= unsampled + 1e-9 for e in eps)
+    assert eps == sorted(eps) and eps[0] < eps[-1]
+    assert eps[1] < unsampled / 2  # a tenth of the clients per round: a real amplification
+
+
+@pytest.mark.parametrize("population,cohort", [(10, 10), (10, 3)])
+def test_epsilon_grows_with_rounds_and_shrinks_with_noise_and_delta(population, cohort):
+    by_rounds = [central_epsilon(1.0, r, 1e-5, population, cohort) for r in (1, 5, 20)]
+    assert all(a < b for a, b in itertools.pairwise(by_rounds))
+    by_sigma = [central_epsilon(s, 10, 1e-5, population, cohort) for s in (0.5, 1.0, 4.0)]
+    assert all(a > b for a, b in itertools.pairwise(by_sigma))
+    by_delta = [central_epsilon(1.0, 10, d, population, cohort) for d in (1e-8, 1e-3)]
+    assert all(a > b for a, b in itertools.pairwise(by_delta))
+    by_releases = [local_epsilon(1.0, r, 1e-5) for r in (1, 3, 10)]
+    assert all(a < b for a, b in itertools.pairwise(by_releases))
+
+
+def test_no_rounds_cost_nothing_and_no_noise_gives_no_guarantee():
+    assert central_epsilon(1.0, 0, 1e-5, 10, 10) == 0.0 and local_epsilon(1.0, 0, 1e-5) == 0.0
+    assert central_epsilon(0.0, 3, 1e-5, 10, 4) == math.inf and local_epsilon(0.0, 1, 1e-5) == math.inf
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"delta": 0.0}, "dp-delta"),
+        ({"delta": 1.0}, "dp-delta"),
+        ({"noise_multiplier": -1.0}, "dp-noise-multiplier"),
+        ({"rounds": -1}, "rounds"),
+        ({"cohort": 11}, "cohort"),
+        ({"cohort": 0}, "cohort"),
+    ],
+)
+def test_impossible_accounting_settings_are_refused(kwargs, match):
+    args = {"noise_multiplier": 1.0, "rounds": 3, "delta": 1e-5, "population": 10, "cohort": 5, **kwargs}
+    with pytest.raises(PrivacyConfigError, match=match):
+        central_epsilon(**args)
+
+
+def test_a_negative_number_of_releases_is_refused():
+    with pytest.raises(PrivacyConfigError, match=r"^releases must be >= 0, got -1$"):
+        local_epsilon(1.0, -1, 1e-5)

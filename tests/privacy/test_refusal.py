@@ -1,0 +1,85 @@
+"""Which method runs with which DP mode is decided at start-up: a method without a guarantee refuses any
+``dp-mode`` but ``off`` with its reason, and impossible DP settings are refused before round 1 (docs/privacy.md)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from task.config import parse_settings
+from task.methods import METHODS
+from task.options import ConfigConflict
+
+CENTRAL = sorted(m for m, spec in METHODS.items() if "central" in spec.privacy.modes)
+NO_GUARANTEE = sorted(m for m, spec in METHODS.items() if not spec.privacy.modes)
+
+
+def test_the_fedavg_family_supports_central_dp_and_the_others_do_not():
+    assert sorted(["fedavg", "fedprox", "moon", "ditto", "fedrod", "fedper", "fedrep", "lgfedavg", "fedbn"]) == CENTRAL
+    assert "fedc2i" in NO_GUARANTEE and "client2vec" in NO_GUARANTEE and "local" in NO_GUARANTEE
+
+
+@pytest.mark.parametrize("method", NO_GUARANTEE)
+def test_a_method_without_a_guarantee_refuses_dp_with_its_reason(method):
+    with pytest.raises(ConfigConflict) as err:
+        parse_settings({"method": method, "dp-mode": "central", **_runnable(method)})
+    message = str(err.value)
+    assert f"dp-mode='central' is not available for method {method!r}" in message
+    assert METHODS[method].privacy.why_not in message
+    assert message.endswith(
+        "(docs/privacy.md lists which method supports which mode; dp-mode='off' runs without differential privacy)"
+    )
+
+
+@pytest.mark.parametrize("method", CENTRAL)
+def test_central_dp_starts_for_the_methods_that_declare_it(method):
+    settings = parse_settings({"method": method, "dp-mode": "central"})
+    assert settings.dp_mode == "central" and settings.dp_clip == 1.0 and settings.dp_delta == 1e-5
+
+
+def test_local_dp_is_refused_until_a_method_implements_it():
+    with pytest.raises(ConfigConflict, match="local DP is not implemented"):
+        parse_settings({"method": "fedavg", "dp-mode": "local"})
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        ({"dp-clip": 0.0}, "needs a clip bound dp-clip > 0 .*: noise on unbounded updates gives no guarantee$"),
+        ({"dp-delta": 0.0}, "dp-delta must be strictly between 0 and 1"),
+        ({"dp-delta": 1.0}, "dp-delta must be strictly between 0 and 1"),
+    ],
+)
+def test_impossible_dp_settings_are_refused_at_start_up(extra, match):
+    with pytest.raises(ConfigConflict, match=match):
+        parse_settings({"method": "fedavg", "dp-mode": "central", **extra})
+
+
+def test_no_noise_without_clipping_is_allowed_and_dp_off_ignores_the_dp_keys():
+    assert parse_settings({"dp-mode": "central", "dp-clip": 0.0, "dp-noise-multiplier": 0.0}).dp_clip == 0.0
+    assert parse_settings({"method": "fedcac", "dp-clip": 0.0}).dp_mode == "off"
+
+
+def test_an_unknown_mode_is_refused_naming_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"dp-mode.*one of \['off', 'central', 'local'\]"):
+        parse_settings({"dp-mode": "global"})
+
+
+def test_docs_privacy_has_one_row_per_method_with_its_mode():
+    """docs/privacy.md's table: a row for every value of ``method``, whose last column names the modes the
+    registry declares (or says none)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    for method, spec in METHODS.items():
+        row = next((line for line in text.splitlines() if re.match(rf"^\| `{re.escape(method)}`[ |,]", line)), None)
+        row = row or next(line for line in text.splitlines() if re.match(rf"^\| `[a-z-]+`, `{method}` \|", line))
+        last = row.rstrip(" |").rsplit("|", 1)[1]
+        for mode in ("central", "local"):
+            if mode in spec.privacy.modes:
+                assert f"**{mode}**" in last, (method, last)
+        if not spec.privacy.modes:
+            assert last.strip().startswith("none"), (method, last)
+
+
+def _runnable(method):
+    """Settings a method needs to start at all (so that the DP refusal is what stops it)."""
+    return {"partition": "planted-clusters"} if method == "oracle" else {}
