@@ -51,6 +51,22 @@ def context(method, pid=0, n=4, **cfg) -> Context:
     )
 
 
+def node_contexts(cfg, n: int) -> list[Context]:
+    """A fresh Context per node of an ``n``-node federation (node ids 10, 11, ...), each with exactly ``cfg`` as
+    its run config: what Flower gives the ClientApps of one run, for tests that drive a strategy and its clients
+    without the runtime."""
+    return [
+        Context(
+            run_id=1,
+            node_id=10 + i,
+            node_config={"partition-id": i, "num-partitions": n},
+            state=RecordDict(),
+            run_config=cfg,
+        )
+        for i in range(n)
+    ]
+
+
 def client(method, data: ClientData | None = None, ctx: Context | None = None, **cfg):
     """The client; with ``ctx`` its node state is kept (later rounds of the same node), ``cfg`` still applies."""
     if ctx is None:

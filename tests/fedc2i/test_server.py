@@ -11,12 +11,13 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from server_app.app import build_strategy
 from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.params import record_to_numpy, to_record
+from tests.client_kit import node_contexts
 
 NODE = 100  # node id of client i is NODE + i
 
@@ -335,16 +336,7 @@ def test_no_influence_weight_may_exceed_one():
 def run(cfg, rounds=2, n=4):
     settings = parse_settings(cfg)
     strat = build_strategy(settings)
-    ctxs = [
-        Context(
-            run_id=1,
-            node_id=10 + i,
-            node_config={"partition-id": i, "num-partitions": n},
-            state=RecordDict(),
-            run_config=cfg,
-        )
-        for i in range(n)
-    ]
+    ctxs = node_contexts(cfg, n)
     cls = load_object(METHODS["fedc2i"].client)
     replies = {}
     for rnd in range(1, rounds + 1):

@@ -18,6 +18,7 @@ from task.methods import METHODS, load_object
 from task.methods.fedcac import unpack_masks
 from task.params import to_record
 from task.train import evaluate
+from tests.client_kit import node_contexts
 
 CFG: dict[str, bool | float | int | str] = {
     "method": "fedcac",
@@ -33,16 +34,7 @@ def first_round(cfg=CFG, n=3):
     """Round 1 of n clients through the strategy's own payloads and aggregation (no Flower runtime)."""
     settings = parse_settings(cfg)
     strat = build_strategy(settings)
-    ctxs = [
-        Context(
-            run_id=1,
-            node_id=10 + i,
-            node_config={"partition-id": i, "num-partitions": n},
-            state=RecordDict(),
-            run_config=cfg,
-        )
-        for i in range(n)
-    ]
+    ctxs = node_contexts(cfg, n)
     cls = load_object(METHODS["fedcac"].client)
     ups = []
     for i, ctx in enumerate(ctxs):

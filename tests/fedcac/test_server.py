@@ -6,7 +6,7 @@ partial participation, and its own evaluation metric.
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from server_app.app import build_strategy
 from strategies.base import Reply
@@ -21,6 +21,7 @@ from task.methods import METHODS, load_object
 from task.methods.fedcac import unpack_masks
 from task.models import build_model
 from task.params import record_to_numpy, to_record
+from tests.client_kit import node_contexts
 from tests.strategy_harness import drive
 from tests.strategy_harness import kept_figures as harness_kept_figures
 
@@ -410,16 +411,7 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
 def run_rounds(cfg, rounds, n=4):
     settings_ = parse_settings(cfg)
     strat = build_strategy(settings_)
-    ctxs = [
-        Context(
-            run_id=1,
-            node_id=10 + i,
-            node_config={"partition-id": i, "num-partitions": n},
-            state=RecordDict(),
-            run_config=cfg,
-        )
-        for i in range(n)
-    ]
+    ctxs = node_contexts(cfg, n)
     cls = load_object(METHODS["fedcac"].client)
     diags = []
     for rnd in range(1, rounds + 1):
