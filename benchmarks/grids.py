@@ -488,18 +488,24 @@ def main(argv: list[str] | None = None) -> None:
         if args.phase in ("all", "select"):
             run_all([r for r in planned_select if not _done(r, raw_dir, args.retry_failed)], bench, raw_dir, progress)
         if args.phase in ("all", "grid"):
-            for middle in (True, False):
-                runs = []
-                for fam in design.values():
-                    chosen = {}
-                    for name, sel in selections(fam, raw_dir).items():
-                        if sel.chosen is None:
-                            if middle:
-                                print(f"{fam.name} / {name}: no grid runs yet: {sel.reason}")
-                            continue
-                        chosen[name] = sel.chosen
-                    runs += grid_runs(fam, chosen, seeds, middle)
-                run_all([r for r in runs if not _done(r, raw_dir, args.retry_failed)], bench, raw_dir, progress)
+            chosen_by_family = {}
+            for fam in design.values():
+                chosen = {}
+                for name, sel in selections(fam, raw_dir).items():
+                    if sel.chosen is None:
+                        print(f"{fam.name} / {name}: no grid runs yet: {sel.reason}")
+                        continue
+                    chosen[name] = sel.chosen
+                chosen_by_family[fam.name] = chosen
+            # the middle cell at every seed first, then the axes seed by seed across the families, so that a run
+            # stopped part-way leaves whole seeds of every family rather than one family's axes and nothing else
+            for middle, seed_groups in ((True, [seeds]), (False, [[s] for s in seeds])):
+                for group in seed_groups:
+                    runs = [
+                        r for fam in design.values() for r in grid_runs(fam, chosen_by_family[fam.name], group, middle)
+                    ]
+                    todo = [r for r in runs if not _done(r, raw_dir, args.retry_failed)]
+                    run_all(todo, bench, raw_dir, progress)
     if args.smoke:
         print_smoke(design, raw_dir)
     else:
