@@ -17,16 +17,36 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, is_dataclass, replace
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 from unittest import mock
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
 
+from server_app.app import build_strategy
+from strategies.base import PersonalizedStrategy
 from strategies.replies import Arrays, Dim, Number, Numbers, ReplySpec, Tensor
+from task.config import Settings
 from task.params import to_record
+
+# ---------------------------------------------------------------------------------------------- the strategy
+S = TypeVar("S", bound=PersonalizedStrategy)
+
+
+def build_as(kind: type[S], settings: Settings) -> S:
+    """``build_strategy(settings)``, checked to be a ``kind``: a test that reads a method's own state (its ledger,
+    its clusters) says which strategy class it expects, and fails with the class it got if the registry disagrees."""
+    strategy = build_strategy(settings)
+    if not isinstance(strategy, kind):
+        raise AssertionError(
+            f"method {settings.method!r} builds a {type(strategy).__name__}, not the {kind.__name__} this test reads"
+        )
+    return strategy
+
 
 # ---------------------------------------------------------------------------------------------- the grid
 _ids = itertools.count(1)
@@ -56,7 +76,37 @@ def reply_message(src: int, content: RecordDict | None = None, error: str | None
     )
 
 
-class ReplayGrid:
+class GridDouble(Grid):
+    """Base of the test doubles of Flower's ``Grid``: a Grid the strategies accept, outside any Flower run.  The
+    strategies only list nodes and push / pull messages (``strategies.exchange``); the rest of the interface says
+    it is not there instead of pretending."""
+
+    def set_run(self, run: Run) -> None:
+        raise NotImplementedError(f"a {type(self).__name__} belongs to no Flower run")
+
+    @property
+    def run(self) -> Run:
+        raise NotImplementedError(f"a {type(self).__name__} belongs to no Flower run")
+
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
+        raise NotImplementedError("the strategies build their messages themselves (see outgoing_messages())")
+
+    def get_node_ids(self) -> list[int]:
+        raise NotImplementedError(f"a {type(self).__name__} lists no nodes")
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        raise NotImplementedError(f"a {type(self).__name__} takes no messages")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        raise NotImplementedError(f"a {type(self).__name__} has no replies")
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        raise NotImplementedError(f"a {type(self).__name__} has no replies")
+
+
+class ReplayGrid(GridDouble):
     """``get_node_ids``, ``send_and_receive`` and ``push_messages`` / ``pull_messages`` over a callback
     ``respond(message) -> [reply messages]``."""
 
@@ -64,18 +114,19 @@ class ReplayGrid:
         self.nodes = list(nodes)
         self.respond = respond
         self.sent: list[Any] = []
+        self._pending: list[Any] = []
 
     def get_node_ids(self) -> list[int]:
         return list(self.nodes)
 
-    def send_and_receive(self, messages, timeout=None):
+    def send_and_receive(self, messages: Iterable[Any], *, timeout: float | None = None) -> list[Any]:
         out = []
         for m in messages:
             self.sent.append(m)
             out.extend(self.respond(m))
         return out
 
-    def push_messages(self, messages):
+    def push_messages(self, messages: Iterable[Any]) -> list[str]:
         """Flower's Grid API as the strategy's own exchange uses it: push now; each reply names the message it
         answers (as Flower's do), and the next pull returns them all."""
         self._pending, answered = [], []
@@ -88,8 +139,8 @@ class ReplayGrid:
                 answered.append(m.metadata.message_id)
         return answered  # a message nobody answers is a silent node: waiting for it would only wait out the timeout
 
-    def pull_messages(self, message_ids):
-        out, self._pending = getattr(self, "_pending", []), []
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Any]:
+        out, self._pending = self._pending, []
         return out
 
 
@@ -123,7 +174,12 @@ def _number(rule: Number | Numbers, rng: random.Random) -> float | int:
 def _value(rule: Number | Numbers, rng: random.Random) -> Any:
     if isinstance(rule, Number):
         return _number(rule, rng)
-    n = rule.length if rule.length is not None else rng.randint(0, rule.max_length)
+    if rule.length is not None:
+        n = rule.length
+    elif rule.max_length is not None:
+        n = rng.randint(0, rule.max_length)
+    else:  # Numbers refuses to be declared without either
+        raise ValueError(f"{rule} declares neither a length nor a max_length")
     if rule.total is not None:
         w = np.array([rng.random() + 0.05 for _ in range(n)])
         return [float(v) for v in w / w.sum()]
@@ -145,7 +201,8 @@ def _array(tensor: Tensor, dims: dict[int, int], rng: np.random.Generator) -> np
 
 def valid_content(spec: ReplySpec, client: int, seed: int, num_examples: int | None = None) -> RecordDict:
     """A reply that satisfies ``spec`` for ``client`` (deterministic for a seed)."""
-    rng, nrng, dims = random.Random(seed), np.random.default_rng(seed), {}
+    rng, nrng = random.Random(seed), np.random.default_rng(seed)
+    dims: dict[int, int] = {}
     metrics = {k: _value(rule, rng) for k, rule in spec.metrics.items()}
     metrics["partition-id"] = client
     metrics["num-examples"] = num_examples if num_examples is not None else 10 + client
@@ -169,7 +226,7 @@ class Corruption:
 def _with_metric(key: str, value: Any, record: str = "metrics") -> Callable[[RecordDict], RecordDict]:
     def apply(content: RecordDict) -> RecordDict:
         out = copy.deepcopy(content)
-        metrics = dict(out[record])
+        metrics: dict[str, Any] = dict(out.metric_records[record])
         if value is _MISSING:
             metrics.pop(key, None)
         else:
@@ -180,15 +237,30 @@ def _with_metric(key: str, value: Any, record: str = "metrics") -> Callable[[Rec
     return apply
 
 
-def _with_array(record: str, key: str, change: Callable[[np.ndarray | None], np.ndarray | None]):
+def _with_array(
+    record: str, key: str, change: Callable[[np.ndarray], np.ndarray | None]
+) -> Callable[[RecordDict], RecordDict]:
+    """``change`` gets the array ``key`` of ``record`` and returns its replacement (None: the array is dropped)."""
+
     def apply(content: RecordDict) -> RecordDict:
         out = copy.deepcopy(content)
-        arrays = {k: out[record][k].numpy() for k in out[record]}
-        new = change(arrays.get(key))
+        arrays = {k: v.numpy() for k, v in out.array_records[record].items()}
+        new = change(arrays[key])
         if new is None:
             arrays.pop(key, None)
         else:
             arrays[key] = new
+        out[record] = to_record(arrays)
+        return out
+
+    return apply
+
+
+def _with_extra_array(record: str, key: str, value: np.ndarray) -> Callable[[RecordDict], RecordDict]:
+    def apply(content: RecordDict) -> RecordDict:
+        out = copy.deepcopy(content)
+        arrays = {k: v.numpy() for k, v in out.array_records[record].items()}
+        arrays[key] = value
         out[record] = to_record(arrays)
         return out
 
@@ -231,7 +303,7 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
         out.append(Corruption("record evaluation: missing", _without_record("evaluation")))
         nested = ReplySpec(metrics=spec.evaluation)
         out += [Corruption(f"evaluation {c.what}", c.apply) for c in corruptions(nested, content, "evaluation")]
-    metrics = dict(content[record])
+    metrics = content.metric_records[record]
     for key, rule in spec.metrics.items():
         if key == "partition-id":
             continue  # identity clashes are tested on their own
@@ -281,9 +353,7 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
         if rec.required:
             out.append(Corruption(f"record {name}: missing", _without_record(name)))
         out.append(
-            Corruption(
-                f"record {name}: an extra array", _with_array(name, "unexpected", lambda _: np.zeros(1, np.float32))
-            )
+            Corruption(f"record {name}: an extra array", _with_extra_array(name, "unexpected", np.zeros(1, np.float32)))
         )
         for key, tensor in rec.tensors.items():
             out.append(Corruption(f"{name}/{key}: missing", _with_array(name, key, lambda _: None)))
@@ -301,7 +371,7 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
             if np.issubdtype(np.dtype(tensor.dtype), np.floating) and tensor.finite:
                 for what, bad in (("NaN", np.nan), ("inf", np.inf)):
 
-                    def put(a, bad=bad):
+                    def put(a: np.ndarray, bad: float = bad) -> np.ndarray:
                         a = a.copy()
                         if a.size:
                             a.flat[a.size // 2] = bad
@@ -393,9 +463,11 @@ __all__ = [
     "SUPERLINK_NODE_ID",
     "Arrays",
     "Corruption",
+    "GridDouble",
     "OutgoingMessage",
     "ReplayGrid",
     "assert_same_state",
+    "build_as",
     "corruptions",
     "outgoing_messages",
     "phase_of",
@@ -442,7 +514,7 @@ def drive(
 def with_metrics(content: RecordDict, **values: Any) -> RecordDict:
     """A copy of ``content`` with metrics replaced (keyword names with '_' for '-')."""
     out = copy.deepcopy(content)
-    metrics = dict(out["metrics"])
+    metrics: dict[str, Any] = dict(out.metric_records["metrics"])
     metrics.update({k.replace("_", "-"): v for k, v in values.items()})
     out["metrics"] = MetricRecord(metrics)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -318,9 +319,10 @@ class FakeBench:
     """Stands in for common.Bench: records what it was asked to run and answers with a record (failed if told)."""
 
     def __init__(self, fail: bool = False) -> None:
-        self.grid, self.fail, self.ran = "grids", fail, []
+        self.grid, self.fail = "grids", fail
+        self.ran: list[dict[str, Any]] = []
 
-    def run(self, cell, cfg, clients):
+    def run(self, cell: dict[str, Any], cfg: dict[str, Any], clients: int) -> dict[str, Any]:
         self.ran.append(cell)
         return record(self.grid, cell, 0.5, error="RuntimeError: the SuperLink is gone" if self.fail else None)
 

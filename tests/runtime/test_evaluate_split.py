@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, MetricRecord, RecordDict
+from flwr.app import Context, MetricRecord, RecordDict, UserConfig
 
 import client_app.base as client_base
 from server_app.app import build_strategy
@@ -20,7 +20,7 @@ from tests.runtime.test_hostile_replies import CLIENT_OF, COMMON, NODES, SCENARI
 from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, run_round
 
 # Oracle clusters on planted groups; everything else on the default partition
-DATA = {"oracle": {"partition": "planted-clusters", "num-clusters": 2}}
+DATA: dict[str, UserConfig] = {"oracle": {"partition": "planted-clusters", "num-clusters": 2}}
 OUT_OF_RANGE = 10_000
 
 
@@ -65,7 +65,7 @@ def answer(client, kind: str, content: RecordDict) -> RecordDict:
 
 def run_with_real_clients(name: str, split: str):
     method, extra, rounds = SCENARIOS[name]
-    cfg = {**COMMON, "method": method, "num-server-rounds": rounds, **extra, **DATA.get(method, {})}
+    cfg: UserConfig = {**COMMON, "method": method, "num-server-rounds": rounds, **extra, **DATA.get(method, {})}
     cfg.update({"evaluate-split": split, "val-fraction": 0.2})
     settings = parse_settings(cfg)
     strategy = build_strategy(settings)

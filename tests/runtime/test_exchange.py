@@ -8,7 +8,9 @@ are counted per round and phase, and a state carried by many messages of a phase
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from strategies import exchange as exchange_module
 from strategies.exchange import MessageExchange, content_bytes
 from task.params import to_record
-from tests.strategy_harness import outgoing_messages
+from tests.strategy_harness import GridDouble, outgoing_messages
 
 STAMPS = {"handler-start": 103.0, "setup-done": 103.5, "handler-end": 105.0}
 
@@ -27,7 +29,8 @@ class Clock:
     """time.time / time.monotonic / time.sleep of the exchange module, under the test's control."""
 
     def __init__(self, monkeypatch, start: float = 100.0) -> None:
-        self.now, self.slept = start, []
+        self.now = start
+        self.slept: list[float] = []
         monkeypatch.setattr(exchange_module.time, "time", lambda: self.now)
         monkeypatch.setattr(exchange_module.time, "monotonic", lambda: self.now)
         monkeypatch.setattr(exchange_module.time, "sleep", self.sleep)
@@ -37,24 +40,36 @@ class Clock:
         self.now += seconds
 
 
-class SlowGrid:
-    """Each message's reply becomes available ``delays[message id]`` seconds after the push (never when absent)."""
+class SlowGrid(GridDouble):
+    """Each message's reply comes from the node it was sent to and becomes available ``delays[message id]`` seconds
+    after the push (never when absent)."""
 
     def __init__(self, clock: Clock, delays: dict[str, float]) -> None:
-        self.clock, self.delays, self.pulls, self.pushed = clock, delays, 0, None
+        self.clock, self.delays, self.pulls = clock, delays, 0
+        self.pushed: float | None = None
+        self.addressee: dict[str, int] = {}
 
-    def push_messages(self, messages):
+    def push_messages(self, messages: Iterable[Any]) -> list[str]:
         self.pushed = self.clock.now
+        messages = list(messages)
+        self.addressee.update({m.metadata.message_id: m.metadata.dst_node_id for m in messages})
         return [m.metadata.message_id for m in messages]
 
-    def pull_messages(self, ids):
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Any]:
         self.pulls += 1
-        ready = [i for i in ids if i in self.delays and self.clock.now - self.pushed >= self.delays[i]]
-        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i, src_node_id=0)) for i in ready]
+        if self.pushed is None:
+            return []
+        waited = self.clock.now - self.pushed
+        ready = [i for i in message_ids if i in self.delays and waited >= self.delays[i]]
+        return [
+            SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i, src_node_id=self.addressee[i]))
+            for i in ready
+        ]
 
 
-def sent(*ids: str):
-    return [SimpleNamespace(metadata=SimpleNamespace(message_id=i)) for i in ids]
+def sent(*ids: str) -> list[Any]:
+    """Messages as the exchange reads them (an id and the node they go to), one per id, all to node 0."""
+    return [SimpleNamespace(metadata=SimpleNamespace(message_id=i, dst_node_id=0)) for i in ids]
 
 
 def test_replies_are_pulled_often_while_the_phase_is_young_and_the_last_one_soon_after_it_came(monkeypatch):
@@ -96,16 +111,17 @@ def test_push_and_pull_times_split_the_message_and_are_forgotten_when_the_phase_
     ids = [m.metadata.message_id for m in messages]
     grid.delays = {ids[0]: 6.0}
     (reply,) = ex.send(grid, messages)
-    reply.metadata.src_node_id = 5
+    assert reply.metadata.src_node_id == 5  # the reply of the first message, sent to node 5
     ex.note_timing("train", reply, {"handler-start": 102.0, "setup-done": 102.5, "handler-end": 105.0})
     summary = ex.timing_summary("train")
+    assert summary is not None
     assert summary["messages"] == 1 and summary["dispatch"] == 2.0 and summary["work"] == 2.5
     assert 6.0 <= summary["total"] <= 6.0 + ex.poll_seconds  # pulled one wait after it was there (push at 100)
     assert summary["return"] == pytest.approx(summary["total"] + 100.0 - 105.0)
     assert ex.timing_summary("train") is None  # the rows were handed over once
     assert ex.close_phase(1, "train", [reply]) == [6]  # node 6 never answered
     ex.note_timing("train", reply, STAMPS)  # after the phase: no push / pull time is left for that message
-    assert set(ex.timing_summary("train")) == {"messages", "setup", "work", "fresh-processes", "handler-sum"}
+    assert set(ex.timing_summary("train") or {}) == {"messages", "setup", "work", "fresh-processes", "handler-sum"}
 
 
 def test_the_outbox_names_the_node_behind_a_superlink_error_and_the_silent_ones():

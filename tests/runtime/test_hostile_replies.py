@@ -14,9 +14,11 @@ import copy
 import functools
 import itertools
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from flwr.app import MetricRecord
+from flwr.app import MetricRecord, RecordDict, UserConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,10 +39,10 @@ from tests.strategy_harness import (
 
 NODES = [1003, 7, 42, 555]  # Flower's node ids are arbitrary; clients are their partition ids
 CLIENT_OF = {n: i for i, n in enumerate(NODES)}
-COMMON = {"dataset": "digits", "model": "mlp", "min-nodes": 4, "local-epochs": 1}
+COMMON: UserConfig = {"dataset": "digits", "model": "mlp", "min-nodes": 4, "local-epochs": 1}
 
 # (method, extra run config, rounds): every method, with settings that reach its defining phases quickly
-SCENARIOS = {
+SCENARIOS: dict[str, tuple[str, UserConfig, int]] = {
     "local": ("local", {}, 2),
     "fedavg": ("fedavg", {"fraction-train": 0.5}, 2),
     "fedprox": ("fedprox", {}, 1),
@@ -79,7 +81,8 @@ def run(name: str, tamper=None):
     """Run a scenario; ``tamper(i, node, phase, content) -> list of reply contents or None`` edits reply i."""
     method, extra, rounds = SCENARIOS[name]  # the last round has an evaluate phase, earlier ones ride on train
     strategy = build_strategy(parse_settings({**COMMON, "method": method, "num-server-rounds": rounds, **extra}))
-    counter, seen = itertools.count(), {}
+    counter = itertools.count()
+    seen: dict[tuple[int, str, int], int] = {}
     log = []
 
     def respond(msg):
@@ -117,15 +120,17 @@ def test_valid_replies_are_all_accepted_and_runs_are_reproducible(name):
 
 def _hostile_cases(log):
     """(reply index, description, how the reply is replaced, how it is replaced in the reference run)."""
-    cases, heard = [], []
+    # how: a Corruption's apply, or "duplicate"; reference: "once" (the reply counted once) or None (never sent)
+    cases: list[tuple[int, str, Callable[[RecordDict], RecordDict] | str, str | None]] = []
+    heard: list[int] = []
     for i, node, phase, spec, content in log:
         cases.extend((i, f"{phase} from node {node}: {c.what}", c.apply, None) for c in corruptions(spec, content))
         cases.append((i, f"{phase} from node {node}: sent twice", "duplicate", "once"))
         for other in [n for n in heard if n != node][:1]:  # a partition id the server already knows as another's
 
-            def clash(content, other=other):
+            def clash(content: RecordDict, other: int = other) -> RecordDict:
                 out = copy.deepcopy(content)
-                m = dict(out["metrics"])
+                m: dict[str, Any] = dict(out.metric_records["metrics"])
                 m["partition-id"] = CLIENT_OF[other]
                 out["metrics"] = MetricRecord(m)
                 return out

@@ -177,5 +177,7 @@ def test_a_run_whose_min_nodes_never_connect_ends_and_says_why(simulation):
     out = err.value.output
     assert "waiting for nodes: 2 connected, min-nodes=3 required" in out
     assert "gave up waiting for nodes after 8 s (node-wait-timeout): 2 connected, min-nodes=3 required" in out
-    summary = json.loads((results_folder_from_output(out) / "summary.json").read_text())
+    folder = results_folder_from_output(out)
+    assert folder is not None, f"the output names no results folder:\n{out}"
+    summary = json.loads((folder / "summary.json").read_text())
     assert summary["rounds"] == 0 and "min-nodes=3" in summary["aborted"] and "num-supernodes" in summary["aborted"]

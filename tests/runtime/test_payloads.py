@@ -61,6 +61,7 @@ def test_every_message_carries_the_global_model_of_its_round(method, key):
                 for k, value in expected.items():
                     np.testing.assert_array_equal(got[k], value)
             arrays, _ = strategy.aggregate_train(server_round, train)
+            assert arrays is not None, "every reply was valid, so the round has a model"
             changed = any(not np.array_equal(strategy.global_state[k], expected[k]) for k in expected)
             assert changed, "the replies differ from the model sent, so aggregation must move it"
             evaluate = grid.send_and_receive(strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid))
