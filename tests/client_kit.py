@@ -1,6 +1,6 @@
 """Helpers for calling a method's client handlers directly (no Flower runtime) on hand-chosen data.
 
-``client(method, data, **run_config)`` builds the method's client class with a hand-built Context and then
+``client(method, data, ctx, **run_config)`` builds the method's client class with a hand-built Context and then
 swaps in ``data`` (a ClientData), so a test decides exactly what the training, validation and test splits
 hold, e.g. a validation split that disagrees with the training split.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import Context, RecordDict
+from flwr.app import Context, RecordDict, UserConfigValue
 
 from task.config import parse_settings
 from task.data import ClientData, load_centralized
@@ -26,7 +26,7 @@ BASE_CFG: dict[str, bool | float | int | str] = {
 }
 
 
-def digits_of(classes, n_per_class=20, offset=0):
+def digits_of(classes, n_per_class=20, offset=0) -> tuple[torch.Tensor, torch.Tensor]:
     """(x, y) tensors: ``n_per_class`` digits of each class in ``classes``, starting at the ``offset``-th."""
     d = load_centralized("digits")
     idx = np.concatenate([np.flatnonzero(d.y == c)[offset : offset + n_per_class] for c in classes])
@@ -67,8 +67,10 @@ def node_contexts(cfg, n: int) -> list[Context]:
     ]
 
 
-def client(method, data: ClientData | None = None, ctx: Context | None = None, **cfg):
-    """The client; with ``ctx`` its node state is kept (later rounds of the same node), ``cfg`` still applies."""
+def client(method: str, data: ClientData | None = None, ctx: Context | None = None, /, **cfg: UserConfigValue):
+    """The client; with ``ctx`` its node state is kept (later rounds of the same node), ``cfg`` still applies.
+
+    ``data`` and ``ctx`` are positional so that every keyword is a run-config key (``**{"local-epochs": 2}``)."""
     if ctx is None:
         ctx = context(method, **cfg)
     elif cfg:

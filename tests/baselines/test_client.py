@@ -76,15 +76,15 @@ def test_fedprox_pulls_the_local_model_towards_the_global_one(states):
 def test_local_model_never_leaves_the_client_and_is_what_it_evaluates(states):
     init, low, _high = states
     ctx = context("local")
-    c = client("local", client_data(HIGH), ctx=ctx)
+    c = client("local", client_data(HIGH), ctx)
     reply = c.train(arrays(low))  # whatever the server sends is ignored
     assert "arrays" not in reply
     own = as_torch(ctx.state["model"])
     assert dist(own, init) < dist(own, low)  # trained from the initial model, not from the sent one
     assert reply["metrics"]["trained-acc"] == pytest.approx(acc_of(c, own)[1])
-    ev = client("local", client_data(HIGH), ctx=ctx).evaluate(arrays(low))["metrics"]
+    ev = client("local", client_data(HIGH), ctx).evaluate(arrays(low))["metrics"]
     assert ev["personal-acc"] == pytest.approx(acc_of(c, own)[1]) and "global-acc" not in ev
-    client("local", client_data(HIGH), ctx=ctx).train(RecordDict())
+    client("local", client_data(HIGH), ctx).train(RecordDict())
     assert dist(as_torch(ctx.state["model"]), own) > 0  # the second round continues from the stored model
     fresh_eval = client("local", client_data(HIGH)).evaluate(RecordDict())["metrics"]
     assert fresh_eval["personal-acc"] == pytest.approx(acc_of(c, init)[1])  # nothing stored: the initial model
@@ -94,18 +94,18 @@ def test_local_model_never_leaves_the_client_and_is_what_it_evaluates(states):
 def test_fedper_sends_the_body_and_keeps_its_head(states):
     init, low, high = states
     ctx = context("fedper")
-    c = client("fedper", client_data(HIGH), ctx=ctx)
+    c = client("fedper", client_data(HIGH), ctx)
     body = [k for k in init if not k.startswith("head.")]
     reply = c.train(arrays(low, body))
     assert sorted(reply["arrays"].keys()) == sorted(body)
     head = as_torch(ctx.state["head"])
     assert sorted(head) == ["head.bias", "head.weight"]
     # evaluation: the server's body with this client's stored head
-    ev = client("fedper", client_data(HIGH), ctx=ctx).evaluate(arrays(high, body))["metrics"]
+    ev = client("fedper", client_data(HIGH), ctx).evaluate(arrays(high, body))["metrics"]
     expected = acc_of(c, {**{k: high[k] for k in body}, **head})
     assert ev["personal-acc"] == pytest.approx(expected[1]) and ev["personal-loss"] == pytest.approx(expected[0])
     # next round trains from the stored head, not the initial one
-    reply2 = client("fedper", client_data(HIGH), ctx=ctx, **{"local-epochs": 0}).train(arrays(high, body))
+    reply2 = client("fedper", client_data(HIGH), ctx, **{"local-epochs": 0}).train(arrays(high, body))
     assert all(torch.equal(as_torch(ctx.state["head"])[k], head[k]) for k in head)
     assert reply2["metrics"]["trained-acc"] == pytest.approx(expected[1])
 
@@ -115,7 +115,7 @@ def test_fedrep_trains_the_head_with_the_body_frozen_then_the_body(states, head_
     init, low, _high = states
     ctx = context("fedrep")
     body = [k for k in init if not k.startswith("head.")]
-    c = client("fedrep", client_data(HIGH), ctx=ctx, **{"head-epochs": head_epochs, "local-epochs": body_epochs})
+    c = client("fedrep", client_data(HIGH), ctx, **{"head-epochs": head_epochs, "local-epochs": body_epochs})
     reply = c.train(arrays(low, body))
     sent_body = as_torch(reply["arrays"])
     head = as_torch(ctx.state["head"])
@@ -138,14 +138,14 @@ def test_fedrod_shares_the_generic_model_and_keeps_a_personal_head(states):
     init, low, _high = states
     ctx = context("fedrod")
     data = client_data(HIGH)
-    c = client("fedrod", data, ctx=ctx, **{"local-epochs": 2})
+    c = client("fedrod", data, ctx, **{"local-epochs": 2})
     reply = c.train(arrays(low))
     generic = as_torch(reply["arrays"])
     assert sorted(generic) == sorted(init)  # the personal head is not sent
     phead = as_torch(ctx.state["phead"])
     assert sorted(phead) == ["bias", "weight"] and float(phead["weight"].abs().sum()) > 0  # trained from zeros
     # evaluation: personalized = generic logits + personal head; global = generic model alone
-    ev = client("fedrod", data, ctx=ctx).evaluate(arrays(generic))["metrics"]
+    ev = client("fedrod", data, ctx).evaluate(arrays(generic))["metrics"]
     model = c.reset_model()
     model.load_state_dict(generic)
     with torch.no_grad():
@@ -178,17 +178,17 @@ def test_ditto_trains_a_personal_model_near_the_global_one_and_sends_the_global_
     data = client_data(HIGH)
     ctxs = {lam: context("ditto") for lam in (0.0, 5.0)}
     for lam, ctx in ctxs.items():
-        client("ditto", data, ctx=ctx, **{"ditto-lambda": lam, "ditto-epochs": 3}).train(arrays(low))
+        client("ditto", data, ctx, **{"ditto-lambda": lam, "ditto-epochs": 3}).train(arrays(low))
     near, free = as_torch(ctxs[5.0].state["personal"]), as_torch(ctxs[0.0].state["personal"])
     assert dist(near, low) < 0.8 * dist(free, low)
-    c = client("ditto", data, ctx=ctxs[0.0], **{"ditto-lambda": 0.0})
+    c = client("ditto", data, ctxs[0.0], **{"ditto-lambda": 0.0})
     reply = c.train(arrays(low))
     sent = as_torch(reply["arrays"])
     fedavg = as_torch(client("fedavg", data).train(arrays(low))["arrays"])
     assert dist(sent, fedavg) < 1e-5  # the global part is plain FedAvg training
     personal = as_torch(ctxs[0.0].state["personal"])
     assert reply["metrics"]["trained-acc"] == pytest.approx(acc_of(c, personal)[1])
-    ev = client("ditto", data, ctx=ctxs[0.0]).evaluate(arrays(high))["metrics"]
+    ev = client("ditto", data, ctxs[0.0]).evaluate(arrays(high))["metrics"]
     assert ev["personal-acc"] == pytest.approx(acc_of(c, personal)[1])
     assert ev["global-acc"] == pytest.approx(acc_of(c, high)[1])
     fresh = client("ditto", data).evaluate(arrays(high))["metrics"]  # no personal model yet: the global one
@@ -201,9 +201,9 @@ def test_ditto_personal_model_continues_from_the_stored_one(states):
     init, low, _high = states
     ctx = context("ditto")
     data = client_data(HIGH)
-    client("ditto", data, ctx=ctx, **{"ditto-epochs": 2}).train(arrays(low))
+    client("ditto", data, ctx, **{"ditto-epochs": 2}).train(arrays(low))
     first = as_torch(ctx.state["personal"])
-    client("ditto", data, ctx=ctx, **{"ditto-epochs": 0}).train(arrays(init))
+    client("ditto", data, ctx, **{"ditto-epochs": 0}).train(arrays(init))
     assert dist(as_torch(ctx.state["personal"]), first) == 0.0
 
 

@@ -2,15 +2,17 @@
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict, UserConfig
 
 from server_app.app import build_strategy
+from strategies.ifca import IFCAStrategy
 from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.params import record_to_numpy
+from tests.strategy_harness import build_as
 
 BASELINES = ["local", "fedavg", "fedprox", "fedper", "fedrep", "fedrod", "ditto"]
-CFG = {"num-server-rounds": 2, "local-epochs": 1, "partition": "pathological", "classes-per-client": 2}
+CFG: UserConfig = {"num-server-rounds": 2, "local-epochs": 1, "partition": "pathological", "classes-per-client": 2}
 
 
 def context(method, pid=0, n=5, **extra):
@@ -102,12 +104,12 @@ def test_missing_partition_in_node_config_is_a_clear_error():
 
 
 def test_ifca_client_picks_the_cluster_with_the_lowest_loss():
-    cfg = {"method": "ifca", "tiers": 3, "partition": "iid"}
+    cfg: UserConfig = {"method": "ifca", "tiers": 3, "partition": "iid"}
     ctx = Context(
         run_id=1, node_id=5, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(), run_config=cfg
     )
     settings = parse_settings(cfg)
-    strat = build_strategy(settings)
+    strat = build_as(IFCAStrategy, settings)
     strat.models[2] = {k: v.copy() for k, v in strat.models[2].items()}
     # make cluster 1 a model already trained on this client's data: it must be chosen
     cls = load_object(METHODS["ifca"].client)
@@ -118,6 +120,7 @@ def test_ifca_client_picks_the_cluster_with_the_lowest_loss():
     reply = cls(ctx, settings).train(payload(strat, 1))
     assert reply["metrics"]["cluster"] == 1
     update = strat.gate.check(1, 5, reply, "train", set())
+    assert update is not None, strat.failures
     assert strat.aggregate(1, [update])["ifca"]["cluster-sizes"] == [0, 1, 0]
 
 

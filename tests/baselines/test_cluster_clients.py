@@ -133,15 +133,15 @@ def test_fedsoft_proximal_term_pulls_towards_the_mixture_and_the_model_stays_on_
     trained = {}
     for lam in (0.0, 5.0):
         ctx = context("fedsoft", **{"tiers": 2, "local-epochs": 3, "fedsoft-lambda": lam})
-        reply = client("fedsoft", data, ctx=ctx).train(soft_content([low, high], u=[0.5, 0.5]))
+        reply = client("fedsoft", data, ctx).train(soft_content([low, high], u=[0.5, 0.5]))
         trained[lam] = as_torch(reply["arrays"])
         assert all(torch.equal(as_torch(ctx.state["model"])[k], trained[lam][k]) for k in trained[lam])
     assert dist(trained[5.0], ref) < 0.8 * dist(trained[0.0], ref)
     # later rounds continue from the stored own model, whatever the centres are now
     ctx = context("fedsoft", **{"tiers": 2, "local-epochs": 1})
-    client("fedsoft", data, ctx=ctx).train(soft_content([low, high], u=[0.5, 0.5]))
+    client("fedsoft", data, ctx).train(soft_content([low, high], u=[0.5, 0.5]))
     own = as_torch(ctx.state["model"])
-    c = client("fedsoft", data, ctx=ctx)
+    c = client("fedsoft", data, ctx)
     ev = c.evaluate(soft_content([init, init], u=[0.5, 0.5]))["metrics"]
     assert ev["personal-loss"] == pytest.approx(scores(c, own)[0], rel=1e-6)
 

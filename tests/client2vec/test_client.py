@@ -63,16 +63,16 @@ def test_embedding_upload_is_a_sample_of_the_clients_own_image_and_label_embeddi
 
 def test_embedding_cache_is_keyed_by_partition_and_by_a_nodes_own_file(cfg, tmp_path):
     a, b = client_data(LOW, n=4), client_data(HIGH, n=4)
-    first = client("client2vec", a, ctx=context("client2vec", pid=0, **cfg)).embeddings()[0]
-    other_partition = client("client2vec", b, ctx=context("client2vec", pid=1, **cfg)).embeddings()[0]
+    first = client("client2vec", a, context("client2vec", pid=0, **cfg)).embeddings()[0]
+    other_partition = client("client2vec", b, context("client2vec", pid=1, **cfg)).embeddings()[0]
     np.testing.assert_allclose(other_partition, reference_embeddings(b)[0], atol=1e-6)
     np.testing.assert_allclose(first, reference_embeddings(a)[0], atol=1e-6)
     for name, data in (("a.npz", a), ("b.npz", b)):  # same partition id, each node its own file
         path = tmp_path / name
         np.savez(path, x=data.x_train.numpy(), y=data.y_train.numpy())
         data.meta["data-path"] = str(path)
-    got_a = client("client2vec", a, ctx=context("client2vec", pid=2, **cfg)).embeddings()[0]
-    got_b = client("client2vec", b, ctx=context("client2vec", pid=2, **cfg)).embeddings()[0]
+    got_a = client("client2vec", a, context("client2vec", pid=2, **cfg)).embeddings()[0]
+    got_b = client("client2vec", b, context("client2vec", pid=2, **cfg)).embeddings()[0]
     np.testing.assert_allclose(got_a, reference_embeddings(a)[0], atol=1e-6)
     np.testing.assert_allclose(got_b, reference_embeddings(b)[0], atol=1e-6)
 
@@ -191,7 +191,7 @@ def test_fedprox_base_pulls_towards_the_global_model(start, cfg):
 def test_moon_keeps_the_last_local_model_and_its_contrastive_term_changes_the_update(start, cfg):
     data = client_data(HIGH)
     ctx = context("moon", **{**cfg, "moon-mu": 5.0})
-    reply = client("moon", data, ctx=ctx).train(train_content(start))
+    reply = client("moon", data, ctx).train(train_content(start))
     got = as_torch(reply["arrays"])
     prev = as_torch(ctx.state["moon-prev"])
     assert all(torch.equal(prev[k], got[k]) for k in got)  # the previous local model for the next round
@@ -204,7 +204,7 @@ def test_moon_keeps_the_last_local_model_and_its_contrastive_term_changes_the_up
         < 1e-5
     )
     # second round with a stored previous model: the negative pair is no longer the global model itself
-    second = as_torch(client("moon", data, ctx=ctx).train(train_content(start))["arrays"])
+    second = as_torch(client("moon", data, ctx).train(train_content(start))["arrays"])
     first_again = as_torch(client("moon", data, **{**cfg, "moon-mu": 5.0}).train(train_content(start))["arrays"])
     # round one: no previous local model yet, it is the global one, so the term is constant (log 2)
     assert dist(first_again, plain, keys) < 1e-5
@@ -335,8 +335,8 @@ def test_moon_base_is_the_moon_client_round_after_round(start, cfg):
     run = {**cfg, "moon-mu": 5.0, "local-epochs": 2}
     c2v_ctx, moon_ctx = context("client2vec", **{**run, "c2v-base": "moon"}), context("moon", **run)
     for _ in range(2):
-        got = as_torch(client("client2vec", data, ctx=c2v_ctx).train(train_content(start))["arrays"])
-        ref = as_torch(client("moon", data, ctx=moon_ctx).train(train_content(start))["arrays"])
+        got = as_torch(client("client2vec", data, c2v_ctx).train(train_content(start))["arrays"])
+        ref = as_torch(client("moon", data, moon_ctx).train(train_content(start))["arrays"])
         assert sorted(got) == sorted(ref) and dist(got, ref, [k for k in ref if ref[k].is_floating_point()]) < 1e-6
         prev = as_torch(c2v_ctx.state["moon-prev"])
         assert all(torch.equal(prev[k], got[k]) for k in got)
@@ -396,8 +396,8 @@ def test_a_nodes_file_read_with_other_data_settings_is_encoded_again(cfg, tmp_pa
     np.savez(path, x=a.x_train.numpy(), y=a.y_train.numpy())
     for data in (a, b):
         data.meta["data-path"] = str(path)
-    got_a = client("client2vec", a, ctx=context("client2vec", pid=2, **cfg)).embeddings()[0]
-    got_b = client("client2vec", b, ctx=context("client2vec", pid=2, **{**cfg, "val-fraction": 0.2})).embeddings()[0]
+    got_a = client("client2vec", a, context("client2vec", pid=2, **cfg)).embeddings()[0]
+    got_b = client("client2vec", b, context("client2vec", pid=2, **{**cfg, "val-fraction": 0.2})).embeddings()[0]
     np.testing.assert_allclose(got_a, reference_embeddings(a)[0], atol=1e-6)
     np.testing.assert_allclose(got_b, reference_embeddings(b)[0], atol=1e-6)
 

@@ -8,16 +8,17 @@ import re
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict, UserConfig
 
 from server_app.app import build_strategy
+from strategies.gate import Reply
 from task.config import parse_settings
 from task.data import ClientData
 from task.params import record_to_numpy, to_record
 from task.train import evaluate
 from tests.client_kit import client, client_data, context, digits_of, numpy_state, trained_state
 
-CNN = {"model": "cnn"}
+CNN: UserConfig = {"model": "cnn"}
 BN = [f"conv.{i}.{k}" for i in (1, 4) for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")]
 ALL = list(range(10))
 
@@ -70,7 +71,7 @@ def states():
 def test_the_client_sends_every_other_layer_and_keeps_its_normalisation_layers(states):
     init, fitted = states
     ctx = context("fedbn", **CNN)
-    reply = client("fedbn", client_data(ALL), ctx=ctx, **{"local-epochs": 0}).train(message(shared_of(fitted)))
+    reply = client("fedbn", client_data(ALL), ctx, **{"local-epochs": 0}).train(message(shared_of(fitted)))
     assert sorted(reply["arrays"].keys()) == sorted(shared_of(init))
     # no training: the reply is what it was sent, and the normalisation layers it keeps are the initial ones
     assert same(as_torch(reply["arrays"]), shared_of(fitted))
@@ -81,9 +82,9 @@ def test_a_message_without_arrays_gives_the_initial_shared_layers_with_the_own_n
     init, _ = states
     ctx = context("fedbn", **CNN)
     data = inverted(client_data(ALL))
-    client("fedbn", data, ctx=ctx, **{"local-epochs": 1}).train(message(shared_of(init)))
+    client("fedbn", data, ctx, **{"local-epochs": 1}).train(message(shared_of(init)))
     own = as_torch(ctx.state["norm"])
-    c = client("fedbn", data, ctx=ctx)
+    c = client("fedbn", data, ctx)
     model = c.personal_model(RecordDict({"config": ConfigRecord({"server-round": 2})}))
     state = model.state_dict()
     assert same(own, {k: state[k] for k in BN}) and same(shared_of(init), shared_of(state))
@@ -92,7 +93,7 @@ def test_a_message_without_arrays_gives_the_initial_shared_layers_with_the_own_n
 def test_the_reply_reports_the_training_and_the_trained_model_with_its_own_normalisation_layers(states):
     init, _ = states
     ctx = context("fedbn", **CNN)
-    c = client("fedbn", client_data(ALL), ctx=ctx, **{"local-epochs": 1})
+    c = client("fedbn", client_data(ALL), ctx, **{"local-epochs": 1})
     reply = c.train(message(shared_of(init)))
     metrics = reply["metrics"]
     assert {"train-loss", "train-acc", "num-examples", "partition-id"} <= set(metrics.keys())
@@ -107,13 +108,13 @@ def test_local_training_updates_the_normalisation_layers_and_the_next_round_star
     init, fitted = states
     ctx = context("fedbn", **CNN)
     data = client_data(ALL)
-    reply = client("fedbn", data, ctx=ctx, **{"local-epochs": 2}).train(message(shared_of(init)))
+    reply = client("fedbn", data, ctx, **{"local-epochs": 2}).train(message(shared_of(init)))
     own = as_torch(ctx.state["norm"])
     for k in BN:  # every array of both layers moved: affine weight and bias, running statistics, the batch count
         assert not torch.equal(own[k].reshape(init[k].shape), init[k]), k
     assert any(not torch.equal(as_torch(reply["arrays"])[k], init[k]) for k in shared_of(init))  # the rest trained
     # round 2 without training: the kept normalisation layers are the client's own, the rest is what it was sent
-    reply = client("fedbn", data, ctx=ctx, **{"local-epochs": 0}).train(message(shared_of(fitted), rnd=2))
+    reply = client("fedbn", data, ctx, **{"local-epochs": 0}).train(message(shared_of(fitted), rnd=2))
     assert same(own, as_torch(ctx.state["norm"]))
     assert same(as_torch(reply["arrays"]), shared_of(fitted))
 
@@ -122,9 +123,9 @@ def test_the_personalized_model_is_the_sent_layers_with_the_own_normalisation_la
     init, fitted = states
     ctx = context("fedbn", **CNN)
     data = inverted(client_data(ALL))
-    client("fedbn", data, ctx=ctx, **{"local-epochs": 2}).train(message(shared_of(init)))
+    client("fedbn", data, ctx, **{"local-epochs": 2}).train(message(shared_of(init)))
     own = as_torch(ctx.state["norm"])
-    c = client("fedbn", data, ctx=ctx)
+    c = client("fedbn", data, ctx)
     loss, acc = accuracy(c, {**shared_of(fitted), **{k: v.reshape(init[k].shape) for k, v in own.items()}})
     assert loss != pytest.approx(accuracy(c, {**shared_of(fitted), **bn_of(init)})[0])  # the own layers matter
     ev = c.evaluate(message(shared_of(fitted)))["metrics"]
@@ -132,7 +133,7 @@ def test_the_personalized_model_is_the_sent_layers_with_the_own_normalisation_la
     assert "global-acc" not in ev and "global-loss" not in ev  # no model every client uses as it is
     # the evaluation that rides on the next round's train message scores the same model, before training
     train_msg = message(shared_of(fitted), rnd=3, evaluate=True, **{"evaluate-round": 2})
-    c = client("fedbn", data, ctx=ctx)
+    c = client("fedbn", data, ctx)
     c.begin(train_msg)
     fused = c.evaluation(train_msg)
     assert fused["personal-acc"] == pytest.approx(acc) and fused["personal-loss"] == pytest.approx(loss)
@@ -149,11 +150,12 @@ def test_each_client_keeps_its_own_statistics_while_the_rest_is_averaged_by_exam
     s = build_strategy(parse_settings({"method": "fedbn", **CNN}))
     datasets = {"original": client_data(ALL, n=10), "inverted": inverted(client_data(ALL, n=20))}
     ctxs = {name: context("fedbn", pid=i, **CNN) for i, name in enumerate(datasets)}
-    replies = []
+    replies: list[Reply] = []
     for i, (name, data) in enumerate(datasets.items()):
-        r = client("fedbn", data, ctx=ctxs[name], **{"local-epochs": 1}).train(message(shared_of(init)))
-        replies.append(s.gate.check(1, 10 + i, r, "train", set()))
-    assert all(r is not None for r in replies), s.failures  # real client replies pass the strategy's reply spec
+        r = client("fedbn", data, ctxs[name], **{"local-epochs": 1}).train(message(shared_of(init)))
+        checked = s.gate.check(1, 10 + i, r, "train", set())
+        assert checked is not None, s.failures  # real client replies pass the strategy's reply spec
+        replies.append(checked)
     assert [r.num_examples for r in replies] == [100, 200]
     s.aggregate(1, replies)
     for k in s.shared_keys():
@@ -163,11 +165,11 @@ def test_each_client_keeps_its_own_statistics_while_the_rest_is_averaged_by_exam
     # the inverted digits are bright where the others are dark: the first layer's statistics are far apart
     assert not torch.allclose(own["original"]["conv.1.running_mean"], own["inverted"]["conv.1.running_mean"], atol=0.1)
     # round 2: both start from the average, each with its own normalisation layers (and keeps them)
-    payload = record_to_numpy(s.payload(1, 2, "train")["arrays"])
+    payload = record_to_numpy(s.payload(1, 2, "train").array_records["arrays"])
     assert sorted(payload) == sorted(s.shared_keys())
     for name, data in datasets.items():
         msg = RecordDict({"arrays": to_record(payload), "config": ConfigRecord({"server-round": 2})})
-        c = client("fedbn", data, ctx=ctxs[name], **{"local-epochs": 0})
+        c = client("fedbn", data, ctxs[name], **{"local-epochs": 0})
         model = c.personal_model(msg)
         assert same({k: v for k, v in model.state_dict().items() if k in BN}, own[name])
         assert same({k: v for k, v in model.state_dict().items() if k not in BN}, as_torch(to_record(payload)))
@@ -183,7 +185,7 @@ def test_a_message_that_carries_a_normalisation_layer_is_refused_with_the_reason
         "'conv.1.num_batches_tracked', 'conv.1.running_mean']; only the other layers may come from the server"
     )
     with pytest.raises(ValueError, match=re.escape(why) + "$"):
-        client("fedbn", client_data(ALL), ctx=ctx).train(message(init))
+        client("fedbn", client_data(ALL), ctx).train(message(init))
     assert "norm" not in ctx.state.array_records
 
 
@@ -193,12 +195,12 @@ def test_the_normalisation_layers_survive_a_node_restart_through_the_state_folde
     data = client_data(ALL)
     ctx = context("fedbn", **CNN)
     msg = message(shared_of(init), **where)
-    c = client("fedbn", data, ctx=ctx, **{"local-epochs": 1})
+    c = client("fedbn", data, ctx, **{"local-epochs": 1})
     c.begin(msg)
     c.train(msg)
     own = as_torch(ctx.state["norm"])
     restarted = context("fedbn", **CNN)  # a new process of the same node: nothing in context.state
-    c = client("fedbn", data, ctx=restarted, **{"local-epochs": 0})
+    c = client("fedbn", data, restarted, **{"local-epochs": 0})
     msg = message(shared_of(fitted), rnd=2, **where)
     c.begin(msg)
     c.train(msg)

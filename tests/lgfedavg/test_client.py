@@ -57,7 +57,7 @@ def strategy(**cfg):
 def test_the_client_sends_the_head_and_keeps_its_body(states):
     init, high = states
     ctx = context("lgfedavg")
-    c = client("lgfedavg", client_data(HIGH), ctx=ctx, **{"local-epochs": 0})
+    c = client("lgfedavg", client_data(HIGH), ctx, **{"local-epochs": 0})
     reply = c.train(message(head_of(high)))
     assert sorted(reply["arrays"].keys()) == ["head.bias", "head.weight"]
     body = as_torch(ctx.state["body"])
@@ -71,12 +71,12 @@ def test_local_training_updates_both_parts_and_the_next_round_starts_from_the_st
     init, high = states
     ctx = context("lgfedavg")
     data = client_data(HIGH)
-    reply = client("lgfedavg", data, ctx=ctx, **{"local-epochs": 2}).train(message(head_of(init)))
+    reply = client("lgfedavg", data, ctx, **{"local-epochs": 2}).train(message(head_of(init)))
     trained_body = as_torch(ctx.state["body"])
     assert any(not torch.equal(trained_body[k], init[k]) for k in trained_body)  # the body was trained
     assert any(not torch.equal(as_torch(reply["arrays"])[k], init[k]) for k in head_of(init))  # so was the head
     # round 2 without training: the stored body is kept, the head comes from the message
-    client("lgfedavg", data, ctx=ctx, **{"local-epochs": 0}).train(message(head_of(high), rnd=2))
+    client("lgfedavg", data, ctx, **{"local-epochs": 0}).train(message(head_of(high), rnd=2))
     assert all(torch.equal(as_torch(ctx.state["body"])[k], trained_body[k]) for k in trained_body)
 
 
@@ -84,16 +84,16 @@ def test_the_personalized_model_is_the_own_body_under_the_sent_head(states):
     init, high = states
     ctx = context("lgfedavg")
     data = client_data(HIGH)
-    client("lgfedavg", data, ctx=ctx, **{"local-epochs": 2}).train(message(head_of(init)))
+    client("lgfedavg", data, ctx, **{"local-epochs": 2}).train(message(head_of(init)))
     own_body = as_torch(ctx.state["body"])
-    c = client("lgfedavg", data, ctx=ctx)
+    c = client("lgfedavg", data, ctx)
     loss, acc = accuracy(c, {**own_body, **head_of(high)})
     ev = c.evaluate(message(head_of(high)))["metrics"]
     assert ev["personal-acc"] == pytest.approx(acc) and ev["personal-loss"] == pytest.approx(loss)
     assert "global-acc" not in ev  # no model every client uses
     # the evaluation that rides on the next round's train message scores the same model, before training
     train_msg = message(head_of(high), rnd=3, evaluate=True, **{"evaluate-round": 2})
-    c = client("lgfedavg", data, ctx=ctx)
+    c = client("lgfedavg", data, ctx)
     c.begin(train_msg)
     fused = c.evaluation(train_msg)
     assert fused["personal-acc"] == pytest.approx(acc) and fused["personal-loss"] == pytest.approx(loss)
@@ -111,9 +111,7 @@ def test_bodies_stay_personal_while_the_heads_meet(states):
     s = strategy()
     replies = []
     for i, (name, classes) in enumerate((("low", LOW), ("high", HIGH))):
-        r = client("lgfedavg", client_data(classes), ctx=ctxs[name], **{"local-epochs": 2}).train(
-            message(head_of(init))
-        )
+        r = client("lgfedavg", client_data(classes), ctxs[name], **{"local-epochs": 2}).train(message(head_of(init)))
         replies.append(s.gate.check(1, 10 + i, r, "train", set()))
     assert all(r is not None for r in replies), s.failures  # real client replies pass the strategy's reply spec
     s.aggregate(1, replies)
@@ -128,7 +126,7 @@ def test_a_message_that_carries_local_layers_is_refused_with_the_reason(states):
     _init, high = states
     ctx = context("lgfedavg")
     with pytest.raises(ValueError, match="keeps the local layers on the client"):
-        client("lgfedavg", client_data(HIGH), ctx=ctx).train(message(high))
+        client("lgfedavg", client_data(HIGH), ctx).train(message(high))
     assert "body" not in ctx.state.array_records
 
 
@@ -137,7 +135,7 @@ def test_batchnorm_statistics_stay_local_with_the_cnn():
     bn = [k for k in s.model_info.keys if "running_" in k or "num_batches" in k]
     assert bn and not set(bn) & set(s.shared_keys())
     ctx = context("lgfedavg", model="cnn")
-    reply = client("lgfedavg", ctx=ctx).train(
+    reply = client("lgfedavg", None, ctx).train(
         RecordDict({"arrays": s.payload(1, 1, "train")["arrays"], "config": ConfigRecord({"server-round": 1})})
     )
     assert sorted(reply["arrays"].keys()) == sorted(s.model_info.head_keys)

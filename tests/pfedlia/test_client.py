@@ -7,7 +7,7 @@ other digits than its training split must find the peer trained on its validatio
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict, UserConfig
 
 from server_app.app import build_strategy
 from task.config import parse_settings
@@ -17,6 +17,7 @@ from task.train import evaluate
 from tests.client_kit import client, client_data, digits_of, numpy_state, trained_state
 
 LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
+STRICT_P2P: UserConfig = {"lia-mode": "p2p", "p2p-require-positive": True}
 
 
 # ------------------------------------------------------------------------------------------ client handlers
@@ -98,7 +99,8 @@ def test_p2p_require_positive_is_read_from_the_run_config(lazy_models):
     # every lazy model equals theta_0 but one: scores [0, 0, 0, x>0]; self 0; top group {3}
     lazies = [theta0, theta0, theta0, low]
     for flag, expected in ((False, [0, 3]), (True, [0, 3])):
-        c = client("pfedlia", client_data(LOW), **{"lia-mode": "p2p", "p2p-require-positive": flag})
+        cfg: UserConfig = {"lia-mode": "p2p", "p2p-require-positive": flag}
+        c = client("pfedlia", client_data(LOW), **cfg)
         assert list(c.query("lia", lia_content(theta0, lazies, 0))["metrics"]["beneficial"]) == expected
     # a row whose top group is negative too: the plain 2-means keeps it, require-positive drops it
     high_val = client_data(LOW, val_classes=HIGH)
@@ -108,9 +110,7 @@ def test_p2p_require_positive_is_read_from_the_run_config(lazy_models):
     plain = client("pfedlia", high_val, **{"lia-mode": "p2p"}).query("lia", lia_content(theta0, lazies, 3))
     row = plain["metrics"]["lia-row"]
     assert row[2] < row[0] < 0  # the case this test needs
-    strict = client("pfedlia", high_val, **{"lia-mode": "p2p", "p2p-require-positive": True}).query(
-        "lia", lia_content(theta0, lazies, 3)
-    )
+    strict = client("pfedlia", high_val, **STRICT_P2P).query("lia", lia_content(theta0, lazies, 3))
     assert list(plain["metrics"]["beneficial"]) == [0, 1, 3]
     assert list(strict["metrics"]["beneficial"]) == [3]
 
@@ -133,9 +133,7 @@ def test_a_late_joiner_keeps_only_positive_peers_under_require_positive(lazy_mod
     plain = client("pfedlia", high_val, **{"lia-mode": "p2p"}).query("lia", lia_content(theta0, lazies))["metrics"]
     assert max(plain["lia-row"]) < 0  # the case this test needs
     assert list(plain["beneficial"]) == [1, 3]
-    strict = client("pfedlia", high_val, **{"lia-mode": "p2p", "p2p-require-positive": True}).query(
-        "lia", lia_content(theta0, lazies)
-    )["metrics"]
+    strict = client("pfedlia", high_val, **STRICT_P2P).query("lia", lia_content(theta0, lazies))["metrics"]
     assert list(strict["beneficial"]) == []
 
 

@@ -100,12 +100,12 @@ def test_without_incentive_each_client_bids_for_one_tier_uniformly_at_random(tie
     tiers = stacked(tier_models[2], tier_models[1], tier_models[0])
     picks = []
     for pid in range(4):
-        c = client("pifl-ni", client_data(LOW), ctx=context("pifl-ni", pid=pid))
+        c = client("pifl-ni", client_data(LOW), context("pifl-ni", pid=pid))
         picks += [ask(c, bid_message(tiers, rnd=r))[0] for r in range(2, 32)]
     assert all(len(p) == 1 and 0 <= p[0] < 3 for p in picks)
     counts = np.bincount([p[0] for p in picks], minlength=3)
     assert counts.min() > 20  # 120 draws: each tier about 40 times, not the most accurate one only
-    c = client("pifl-ni", client_data(LOW), ctx=context("pifl-ni", pid=1))
+    c = client("pifl-ni", client_data(LOW), context("pifl-ni", pid=1))
     again = [ask(c, bid_message(tiers, rnd=r))[0] for r in range(2, 32)]
     assert again == picks[30:60]  # reproducible from the run's seed
 
