@@ -10,6 +10,7 @@ See docs/methods/fedcac.md; its last section says where each section number cite
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 def mask_overlap(masks: np.ndarray, chunk: int = 65_536) -> np.ndarray:
@@ -81,8 +82,9 @@ def collaboration_matrix(collab: list[np.ndarray]) -> np.ndarray:
     return a / a.sum(axis=1, keepdims=True)
 
 
-def global_average(params: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-    """Eq. 9: ``w_bar`` = mean of the N x n parameter matrix (uniform, or weighted by ``weights``)."""
+def global_average(params: np.ndarray, weights: ArrayLike | None = None) -> np.ndarray:
+    """Eq. 9: ``w_bar`` = mean of the N x n parameter matrix (uniform, or weighted by ``weights``, one number per row
+    in any array-like form)."""
     if weights is None:
         return params.mean(axis=0)
     w = np.asarray(weights, dtype=np.float64)

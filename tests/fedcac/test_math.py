@@ -107,13 +107,13 @@ def test_collaborators_invariant_under_affine_maps_and_flipped_by_the_literal_fo
     rng = np.random.default_rng(1)
     base = random_masks(rng, 2, 400, 0.5)
     # two planted groups: clients share most of their group's mask
-    masks = []
+    rows = []
     for g in (0, 0, 0, 1, 1, 1):
         m = base[g].copy()
         flip = rng.choice(400, 30, replace=False)
         m[flip] = ~m[flip]
-        masks.append(m)
-    masks = np.array(masks)
+        rows.append(m)
+    masks = np.array(rows)
     o = mask_overlap(masks)
     ours = collaborators(o, overlap_threshold(o, 1, 10), 1, 10)
     affine = 3.0 * o + 0.7
@@ -261,7 +261,7 @@ def test_masks_are_made_on_the_scores_device():
 
 
 def test_pack_accepts_any_binary_dtype_and_round_trips():
-    masks = {
+    masks: dict[str, np.ndarray | torch.Tensor] = {
         "a": np.array([1.0, 0.0, 1.0]),
         "b": torch.tensor([[0, 1], [1, 1]], dtype=torch.uint8),
         "c": torch.tensor([True, False]),

@@ -4,25 +4,30 @@ received, the options that reach the collaborator sets, the mask each reply must
 partial participation, and its own evaluation metric.
 """
 
+from collections.abc import Iterable
+from typing import Any
+
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from server_app.app import build_strategy
 from strategies.base import Reply
+from strategies.fedcac import FedCACStrategy
 from strategies.fedcac_math import (
     collaborators,
     mask_overlap,
     overlap_threshold,
 )
 from strategies.plots import pyplot
+from strategies.replies import Numbers
 from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.methods.fedcac import unpack_masks
 from task.models import build_model
 from task.params import record_to_numpy, to_record
 from tests.client_kit import node_contexts
-from tests.strategy_harness import drive
+from tests.strategy_harness import build_as, drive
 from tests.strategy_harness import kept_figures as harness_kept_figures
 
 pyplot()  # matplotlib on Agg, loaded with the module: the artefact tests below plot
@@ -33,7 +38,7 @@ pyplot()  # matplotlib on Agg, loaded with the module: the artefact tests below 
 
 def strategy_round(rounds=1, n=3, all_critical=False, **cfg):
     nodes = {i + 1: i for i in range(n)}
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": n, **cfg}))
+    strat = build_as(FedCACStrategy, parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": n, **cfg}))
     sent = {}
 
     def answer(rnd, node, phase, content):
@@ -77,7 +82,10 @@ def planted_bits(n, client, server_round):
     return np.packbits(base)
 
 
-def play(strat, nodes, rounds, sent):
+Sent = dict[tuple[int, int], dict[str, Any]]  # (round, client) -> what its train reply carried
+
+
+def play(strat: FedCACStrategy, nodes: dict[int, int], rounds: int | Iterable[int], sent: Sent) -> None:
     """Drive ``rounds`` of ``strat``; ``sent[(round, client)]`` keeps what each client's train reply carried."""
 
     def answer(rnd, node, phase, content):
@@ -141,7 +149,8 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
     w_bar (Eq. 9) and each client's u_i (Eq. 10); the next train message carries w_bar and u_i, and the round's
     diagnostics report exactly these numbers."""
     beta = 2
-    strat = build_strategy(
+    strat = build_as(
+        FedCACStrategy,
         parse_settings(
             {
                 "method": "fedcac",
@@ -151,9 +160,10 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
                 "fedcac-diagnostics": True,
                 "num-server-rounds": 3,
             }
-        )
+        ),
     )
-    sent, clients = {}, sorted(NODES.values())
+    sent: Sent = {}
+    clients = sorted(NODES.values())
     assert strat.param_keys == list(strat.param_shapes) and strat.shared_keys() == strat.param_keys
     train_arrays = strat.reply_spec("train", 21).records["arrays"].tensors
     assert {k: t.shape for k, t in train_arrays.items()} == strat.param_shapes
@@ -175,7 +185,7 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
         assert diag["mask-fraction"] == pytest.approx(exp["mask-fraction"], rel=1e-12)
         if rnd == 1:
             assert min(sizes) > 0 and max(sizes) < 3  # the planted groups: collaborators, but not everyone
-        hist = np.array([sent[(rnd, c)]["hist"] for c in clients], float)
+        hist = np.array([sent[(rnd, c)]["hist"] for c in clients], np.float64)
         unit = hist / np.linalg.norm(hist, axis=1, keepdims=True)
         cos = unit @ unit.T
         pairs = [cos[i, clients.index(d)] for i, c in enumerate(clients) for d in exp["collab"][c]]
@@ -191,11 +201,12 @@ def test_each_round_the_server_computes_eq7_to_eq10_over_the_replies_it_received
         assert strat.max_mask_bytes == -(-exp["n"] // 8)
         for node, c in NODES.items():  # what the next train message and this round's evaluation carry
             for payload in (strat.payload(node, rnd + 1, "train"), strat.payload(node, rnd, "evaluate")):
-                for k, v in payload["global"].items():
+                sent_global, sent_custom = payload.array_records["global"], payload.array_records["custom"]
+                for k, v in sent_global.items():
                     assert v.numpy().dtype == np.float32
                     np.testing.assert_allclose(v.numpy(), exp["wbar"][k], rtol=1e-5, atol=1e-6)
-                    np.testing.assert_allclose(payload["custom"][k].numpy(), exp["u"][c][k], rtol=1e-5, atol=1e-6)
-                assert set(payload["global"]) == set(payload["custom"]) == set(strat.param_keys)
+                    np.testing.assert_allclose(sent_custom[k].numpy(), exp["u"][c][k], rtol=1e-5, atol=1e-6)
+                assert set(sent_global) == set(sent_custom) == set(strat.param_keys)
             assert "custom" not in strat.payload(node, rnd + 2, "train") and "custom" not in strat.payload(
                 node, rnd + 1, "evaluate"
             )
@@ -210,7 +221,9 @@ def test_the_train_reply_must_carry_one_bit_per_parameter_and_with_diagnostics_a
     from task.methods.fedcac import packed_length as bytes_for
 
     for diagnostics in (False, True):
-        strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "fedcac-diagnostics": diagnostics}))
+        strat = build_as(
+            FedCACStrategy, parse_settings({"method": "fedcac", "model": "mlp", "fedcac-diagnostics": diagnostics})
+        )
         spec = strat.reply_spec("train", 1)
         (bits,) = spec.records["mask"].tensors.values()
         assert list(spec.records["mask"].tensors) == ["bits"]
@@ -218,6 +231,7 @@ def test_the_train_reply_must_carry_one_bit_per_parameter_and_with_diagnostics_a
         assert set(spec.records["arrays"].tensors) == set(strat.param_keys)
         hist = spec.metrics.get("label-histogram")
         if diagnostics:
+            assert isinstance(hist, Numbers)  # one count per class: a list
             assert hist.kind is int and hist.minimum == 0 and hist.length == strat.settings.num_classes
             assert hist.maximum >= 10**9
         else:
@@ -246,10 +260,11 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
 
     figures = kept_figures(monkeypatch)
     beta, rounds = 2, 4
-    strat = build_strategy(
-        parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": beta, "num-server-rounds": rounds})
+    strat = build_as(
+        FedCACStrategy,
+        parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": beta, "num-server-rounds": rounds}),
     )
-    sent = {}
+    sent: Sent = {}
     play(strat, NODES, rounds, sent)
     strat.write_artifacts(tmp_path)
 
@@ -334,7 +349,7 @@ def test_a_run_shorter_than_beta_shows_its_first_and_last_round_and_one_without_
 
     figures = kept_figures(monkeypatch)
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: None)  # the content is what counts here
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 5}))
+    strat = build_as(FedCACStrategy, parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 5}))
     strat.write_artifacts(tmp_path)
     assert json.loads((tmp_path / "fedcac_rounds.json").read_text()) == []
     comm = json.loads((tmp_path / "fedcac_communication.json").read_text())
@@ -350,8 +365,8 @@ def test_a_run_shorter_than_beta_shows_its_first_and_last_round_and_one_without_
 def test_a_round_with_a_single_participant_has_no_pair_no_collaborator_and_u_i_is_its_own_model():
     """fedcac.md §2.6 with one participant: there is no pair, so the threshold is unreachable, nobody collaborates, the
     overlap statistics of the round are 0 (no pair to average) and u_i = w_bar = the client's own model."""
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 1, "beta": 3}))
-    sent = {}
+    strat = build_as(FedCACStrategy, parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 1, "beta": 3}))
+    sent: Sent = {}
     play(strat, {7: 3}, 1, sent)
     diag = strat.history[-1].extra["fedcac"]
     assert diag["threshold"] == float("inf") and diag["collaborators"] == {3: []}
@@ -371,7 +386,7 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
 
     figures = kept_figures(monkeypatch)
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: None)  # the figure's content counts here
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))
+    strat = build_as(FedCACStrategy, parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))
     n = sum(int(np.prod(s)) for s in strat.param_shapes.values())
     rng = np.random.default_rng(5)
     order = [3, 1, 2, 0]
@@ -391,7 +406,7 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
         ]
 
     strat.aggregate(1, replies())
-    in_order = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))
+    in_order = build_as(FedCACStrategy, parse_settings({"method": "fedcac", "model": "mlp", "beta": 5}))
     in_order.aggregate(1, sorted(replies(), key=lambda r: r.client))
     for c in order:
         for k in strat.param_keys:
@@ -410,7 +425,7 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
 # ---------------------------------------------------------------- client + strategy without Flower's runtime
 def run_rounds(cfg, rounds, n=4):
     settings_ = parse_settings(cfg)
-    strat = build_strategy(settings_)
+    strat = build_as(FedCACStrategy, settings_)
     ctxs = node_contexts(cfg, n)
     cls = load_object(METHODS["fedcac"].client)
     diags = []
@@ -480,9 +495,9 @@ def test_bad_mask_is_rejected_and_logged():
 
 def test_bad_fedcac_config():
     with pytest.raises(ValueError, match="'beta' must be an integer >= 1"):
-        build_strategy(parse_settings({"method": "fedcac", "beta": 0}))
+        build_as(FedCACStrategy, parse_settings({"method": "fedcac", "beta": 0}))
     with pytest.raises(ValueError, match=r"'tau' must be a number in \[0, 1\]"):
-        build_strategy(parse_settings({"method": "fedcac", "tau": 1.5}))
+        build_as(FedCACStrategy, parse_settings({"method": "fedcac", "tau": 1.5}))
 
 
 def test_collaborators_on_planted_label_groups_share_labels_more_than_random_pairs():
@@ -507,8 +522,9 @@ def test_a_client_that_missed_a_round_gets_no_stale_customized_model():
     from tests.strategy_harness import drive
 
     nodes = {71: 0, 5: 1, 909: 2, 44: 3}
-    strat = build_strategy(
-        parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 10, "num-server-rounds": 4})
+    strat = build_as(
+        FedCACStrategy,
+        parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 10, "num-server-rounds": 4}),
     )
     sent = {}
 
@@ -533,8 +549,9 @@ def test_empty_masks_make_no_collaborators():
     from tests.strategy_harness import drive
 
     nodes = {1: 0, 2: 1, 3: 2}
-    strat = build_strategy(parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 3, "beta": 10}))
-    n_bits = strat.reply_spec("train", 1).records["mask"].tensors["bits"].shape[0]
+    strat = build_as(FedCACStrategy, parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 3, "beta": 10}))
+    (n_bits,) = strat.reply_spec("train", 1).records["mask"].tensors["bits"].shape
+    assert isinstance(n_bits, int)  # the packed mask's length is fixed by the model
 
     def answer(rnd, node, phase, content):  # tau = 0 on every client: empty masks
         if phase == "train":
