@@ -90,7 +90,7 @@ class TokenLedger:
             raise LedgerError(f"unknown tier {tier!r}; tiers are {sorted(self.pools)}")
         return int(tier)
 
-    def charge(self, tier: int, payers: Iterable[int]) -> dict[int, int]:
+    def charge(self, tier: int | np.integer, payers: Iterable[int]) -> dict[int, int]:
         """Step 1 (Eqs. 6-7): every payer pays the flat price into the tier's pool; all-or-nothing."""
         tier = self._tier(tier)
         payers = list(payers)
@@ -106,7 +106,7 @@ class TokenLedger:
             self.pools[tier] += self.price
         return dict.fromkeys(payers, self.price)
 
-    def settle(self, tier: int, payers: list[int], ranked: list[int], utility: float | None) -> Settlement:
+    def settle(self, tier: int | np.integer, payers: list[int], ranked: list[int], utility: float | None) -> Settlement:
         """Steps 2-4: utility gain, refund to the payers, then the pool by contribution rank.
 
         ``payers`` are the clients to refund and ``ranked`` the clients to reward, best first (the Profiler's

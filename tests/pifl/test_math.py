@@ -19,7 +19,7 @@ from strategies.pifl_math import (
     shapley_scores,
 )
 from task.config import parse_settings
-from task.methods.pifl import MICRO, bid_policy, mixture_weights
+from task.methods.pifl import MICRO, PIFLOptions, bid_policy, mixture_weights
 
 
 def play_round(ledger, bids, utilities, scores, counts, rng, n_perf, n_rand, dropouts):
@@ -29,7 +29,7 @@ def play_round(ledger, bids, utilities, scores, counts, rng, n_perf, n_rand, dro
     winners, payers = schedule(
         available, tiers, dict.fromkeys(range(tiers), scores), dict.fromkeys(range(tiers), counts), n_perf, n_rand, rng
     )
-    charged = {}
+    charged: dict[int, set[int]] = {}  # client -> the tiers it paid for
     for k in range(tiers):
         before = dict(ledger.balances)
         ledger.charge(k, payers[k])
@@ -58,7 +58,8 @@ def test_random_play_conserves_tokens_and_never_charges_a_non_bidder(
 ):
     rng = random.Random(seed)
     ledger = TokenLedger(range(n_clients), n_tiers, initial, price, max_refund, full_gain)
-    scores, counts = {}, {}
+    scores: dict[int, float] = {}
+    counts: dict[int, int] = {}
     for _ in range(rounds):
         bids = {c: rng.sample(range(n_tiers), rng.randint(0, 1)) for c in range(n_clients)}  # max-bids 1
         dropouts = {c for c in range(n_clients) if rng.random() < 0.2}
@@ -115,15 +116,15 @@ def test_rejected_operations_change_nothing():
     with pytest.raises(LedgerError, match="non-negative integer"):
         TokenLedger(range(2), 1, initial=-5)
     with pytest.raises(LedgerError, match="non-negative integer"):
-        TokenLedger(range(2), 1, price=0.5)
+        TokenLedger(range(2), 1, price=0.5)  # type: ignore[arg-type]  # the guard against a float price is the test
     assert (ledger.balances, ledger.pools) == before
 
 
 def test_scheduler_rules():
     rng = random.Random(0)
     scores = {1: 0.9, 2: 0.5, 3: 0.1, 4: -0.2, 5: 0.3}
-    winners = schedule_tier([1, 2, 3, 4, 5], scores, {}, 2, 1, rng)
-    assert {1, 2} <= set(winners) and len(winners) == 3
+    drawn = schedule_tier([1, 2, 3, 4, 5], scores, {}, 2, 1, rng)
+    assert {1, 2} <= set(drawn) and len(drawn) == 3
     assert schedule_tier([3, 4], scores, {}, 2, 1, rng) == [3, 4]
     bids = {c: [0] for c in (1, 2, 3, 4, 5)} | {c: [] for c in (6, 7, 8, 9)}
     winners, payers = schedule(bids, 2, {0: scores}, {}, 2, 1, rng)
@@ -523,7 +524,7 @@ def test_round_one_is_a_random_partition_of_every_client_when_the_slots_allow(n,
 def test_round_one_samples_at_most_the_slots_from_each_group_and_is_random_and_order_free():
     tiers = random_tiering(list(range(12)), 2, 2, random.Random(0))
     assert all(len(t) == 2 for t in tiers.values()) and not set(tiers[0]) & set(tiers[1])
-    where = {c: set() for c in range(12)}
+    where: dict[int, set[int]] = {c: set() for c in range(12)}
     for seed in range(30):
         for k, t in random_tiering(list(range(12)), 2, 6, random.Random(seed)).items():
             for c in t:
@@ -542,6 +543,7 @@ def test_one_slot_per_tier_and_as_many_tiers_as_nodes_are_allowed(perf, rand, ti
     s = parse_settings(
         {"method": "pifl", "slots-performance": perf, "slots-random": rand, "tiers": tiers, "min-nodes": min_nodes}
     )
+    assert isinstance(s.options, PIFLOptions)
     assert (s.options.slots_performance, s.options.slots_random, s.options.tiers) == (perf, rand, tiers)
 
 
@@ -577,7 +579,7 @@ def test_every_rejected_ledger_operation_says_exactly_why():
         "initial must be a non-negative integer number of micro-tokens, got -1",
     )
     refused(
-        lambda: TokenLedger(range(2), 1, price=0.5),
+        lambda: TokenLedger(range(2), 1, price=0.5),  # type: ignore[arg-type]  # the guard against a float is the test
         "price must be a non-negative integer number of micro-tokens, got 0.5",
     )
     refused(lambda: TokenLedger(range(2), 1, price=0), "price must be > 0")

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from server_app.app import build_strategy
+from strategies.fedsoft import FedSoftStrategy
+from strategies.pifl import PIFLStrategy
 from strategies.pifl_math import (
     LedgerError,
     TokenLedger,
@@ -21,7 +23,7 @@ from task.methods.pifl import MICRO
 from task.models import build_model
 from task.params import load_record, record_to_numpy, to_record
 from task.train import evaluate
-from tests.strategy_harness import drive, with_metrics
+from tests.strategy_harness import build_as, drive, with_metrics
 
 NODES = {901: 0, 17: 1, 4242: 2, 333: 3}  # node id -> partition id
 NO_AUCTION = "the auction would decide nothing"
@@ -264,7 +266,7 @@ def test_a_tier_whose_winners_all_failed_does_not_stop_the_next_tier_from_being_
 
 def test_the_utility_counts_only_the_tiers_winners_that_delivered():
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
-    failed = {}
+    failed: dict[int, bool] = {}
 
     def answer(rnd, node, phase, content):
         c = NODES[node]
@@ -466,7 +468,7 @@ def test_a_run_without_sources_records_no_table_and_a_restored_one_rebuilds_its_
 # ------------------------------------------------------------------------------------------ IFCA / FedSoft starts
 def test_cluster_models_start_as_the_common_model_plus_small_seeded_noise_except_the_first():
     rng = np.random.default_rng(0)
-    state = {
+    state: dict[str, np.ndarray] = {
         "w": rng.normal(size=(200, 50)).astype(np.float32),
         "b": np.zeros(50, np.float64),
         "steps": np.array([7, 8], np.int64),
@@ -610,7 +612,7 @@ def test_every_rounds_ledger_entry_is_the_settlement_of_spec_2_4_and_adds_up_to_
     # Omega_kc (pifl.md §2.3) counts every round client c won a slot of tier k; each round's history names the tier
     # sizes
     for k in (0, 1):
-        tally = {}
+        tally: dict[int, int] = {}
         for e in log:
             for c in e["tiers"][k]["members"]:
                 tally[c] = tally.get(c, 0) + 1
@@ -742,6 +744,15 @@ def test_the_server_set_is_drawn_from_the_runs_own_data_noise_and_local_copy_inc
     assert len(x) == 30 and None not in picked and y.tolist() == local.y[picked].tolist()
 
 
+def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient after a backward pass, in double precision."""
+    out = {}
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"{name} got no gradient from the loss"
+        out[name] = p.grad.double()
+    return out
+
+
 def test_each_winners_score_is_the_first_order_shapley_estimate_at_its_new_tier_model():
     # pifl.md §2.3 / App. A: psi_kc = -lambda_c (W_c - W_M)^T g, g the mean cross-entropy gradient of the new tier model
     # W_M on the server set; computed for every tier of the round (each with its own gradient)
@@ -754,7 +765,7 @@ def test_each_winners_score_is_the_first_order_shapley_estimate_at_its_new_tier_
         load_record(model, strat.tiers[k])
         model.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        grad = {n: p.grad.double() for n, p in model.named_parameters()}
+        grad = gradients(model)
         group = strat.winners[k]
         lam = {c: sizes[c] / sum(sizes[g] for g in group) for c in group}
         for c in group:
@@ -855,7 +866,7 @@ def test_a_tier_drafted_after_round_one_is_settled_and_keeps_its_best_utility():
 def test_the_utility_is_the_mean_over_the_winners_whose_evaluation_arrived():
     # pifl.md §2.4 step 2: Acc_k is the mean a_ck over the tier's winners; one whose evaluate reply was lost is left out
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
-    lost = []
+    lost: list[int] = []
 
     def answer(rnd, node, phase, content):
         c = NODES[node]
@@ -874,7 +885,7 @@ def test_the_utility_is_the_mean_over_the_winners_whose_evaluation_arrived():
 def test_a_two_source_run_logs_each_rounds_tier_table_with_its_ledger_entry():
     # pifl.md's tier tables (the paper's Tables 1-2): every round, each tier model's accuracy on the source A and B
     # holdouts
-    strat = build_strategy(two_source(**{"slots-performance": 1, "slots-random": 1, "server-set-size": 50}))
+    strat = build_as(PIFLStrategy, two_source(**{"slots-performance": 1, "slots-random": 1, "server-set-size": 50}))
     drive(strat, NODES, 2)
     for e in strat.ledger_log:
         table = e["tier-table"]
@@ -928,7 +939,8 @@ def test_a_fedsoft_centre_is_the_plain_mean_of_the_clients_drawn_for_it():
     # FedSoft (Ruan & Joe-Wong, Algorithm 1; pifl.md §5): the server draws the clients of centre s with probability
     # proportional to u_ks n_k and sets c_s to the plain 1/K mean of their models; weighting them by u_ks n_k once more
     # would count the importance twice (here it would pull every centre towards client 1, the largest)
-    strat = build_strategy(
+    strat = build_as(
+        FedSoftStrategy,
         parse_settings(
             {
                 "method": "fedsoft",
@@ -939,7 +951,7 @@ def test_a_fedsoft_centre_is_the_plain_mean_of_the_clients_drawn_for_it():
                 "fedsoft-clients-per-cluster": 2,
                 "fedsoft-estimate-every": 1,
             }
-        )
+        ),
     )
     for rnd in (1, 2, 3):
         drive(strat, NODES, [rnd], fedsoft_answers)
@@ -1017,7 +1029,7 @@ def test_a_round_without_evaluation_refunds_nothing():
 
 def test_a_winner_whose_training_failed_gets_no_refund_and_no_reward():
     strat = pifl_one_slot()
-    failed = {}
+    failed: dict[int, bool] = {}
 
     def answer(rnd, node, phase, content):
         if phase == "bid":
