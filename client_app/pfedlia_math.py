@@ -10,7 +10,7 @@ from sklearn.cluster import KMeans
 
 
 def lazy_influence_row(
-    loss_warmup: torch.Tensor | float, losses_lazy: torch.Tensor, num_val: int, reduction: str = "sum"
+    loss_warmup: torch.Tensor | float, losses_lazy: torch.Tensor | np.ndarray, num_val: int, reduction: str = "sum"
 ) -> np.ndarray:
     """Eq. 1 (with theta_j read as the lazy model): ``I(i, j) = sum_{z in val_i} L(z, theta_0) - L(z, theta_j)``.
 

@@ -3,15 +3,26 @@ its own round loop against scripted clients, warm up with FedAvg, collect the la
 cluster them (central) or group the beneficial sets (peer-to-peer), run FedAvg per cluster and place late joiners."""
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
 
 from server_app.app import build_strategy
+from strategies.pfedlia import PFedLIAStrategy
+from strategies.replies import Numbers
 from task.config import parse_settings
 from task.params import record_to_numpy, to_record
-from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, run_round, valid_content
+from tests.strategy_harness import (
+    ReplayGrid,
+    build_as,
+    outgoing_messages,
+    phase_of,
+    reply_message,
+    run_round,
+    valid_content,
+)
 
 
 @pytest.mark.parametrize("rounds", [2, 3, 4, 7])
@@ -72,7 +83,8 @@ class Federation:
         identify_planted=False,
         **cfg,
     ):
-        self.strategy = build_strategy(
+        self.strategy = build_as(
+            PFedLIAStrategy,
             parse_settings(
                 {
                     "dataset": "digits",
@@ -86,7 +98,7 @@ class Federation:
                     **({"partition": "planted-clusters"} if method == "oracle" else {}),
                     **cfg,
                 }
-            )
+            ),
         )
         self.silent = set(silent)  # (round, phase, client) that send nothing
         self.beneficial = beneficial or (
@@ -107,7 +119,7 @@ class Federation:
         content = valid_content(
             self.strategy.reply_spec(phase, msg.metadata.dst_node_id), client, seed=rnd * 100 + client
         )
-        metrics = dict(content["metrics"])
+        metrics: dict[str, Any] = dict(content.metric_records["metrics"])
         metrics["num-examples"] = EXAMPLES[client]
         metrics.pop("planted-cluster", None)
         if phase == "identify" and self.identify_planted:
@@ -116,11 +128,17 @@ class Federation:
             if self.planted:
                 metrics["planted-cluster"] = PLANTED[client]
             content["arrays"] = to_record(
-                {k: np.full_like(v, trained_value(rnd, client)) for k, v in record_to_numpy(content["arrays"]).items()}
+                {
+                    k: np.full_like(v, trained_value(rnd, client))
+                    for k, v in record_to_numpy(content.array_records["arrays"]).items()
+                }
             )
         elif phase == "lazy":
             content["arrays"] = to_record(
-                {k: np.full_like(v, lazy_value(client)) for k, v in record_to_numpy(content["arrays"]).items()}
+                {
+                    k: np.full_like(v, lazy_value(client))
+                    for k, v in record_to_numpy(content.array_records["arrays"]).items()
+                }
             )
         elif phase == "lia":
             lazy_ids = list(msg.content["lazy-clients"]["client-ids"])
@@ -324,7 +342,7 @@ def test_p2p_sets_are_the_clients_beneficial_peers_by_client_id_plus_itself(p2p)
     plus i itself; identical sets share one group label (pfedlia.md §2.6)."""
     s = p2p.strategy
     assert s.sets == P2P_SETS
-    groups = {}
+    groups: dict[tuple[int, ...], int] = {}
     for c in CLIENTS:
         groups.setdefault(tuple(P2P_SETS[c]), len(groups))
     assert same_partition(s.assignment, {c: groups[tuple(P2P_SETS[c])] for c in CLIENTS})
@@ -354,8 +372,10 @@ def test_p2p_lia_replies_may_carry_only_indices_of_lazy_models():
     s = fed.strategy
     s.lazy_clients = CLIENTS[:4]
     rule = s.reply_spec("lia", NODE[CLIENTS[0]]).metrics
-    assert rule["lia-row"].length == 4
-    assert rule["beneficial"].maximum == 3 and rule["beneficial"].max_length == 4 and rule["beneficial"].distinct
+    row, peers = rule["lia-row"], rule["beneficial"]
+    assert isinstance(row, Numbers) and isinstance(peers, Numbers)  # both are lists
+    assert row.length == 4
+    assert peers.maximum == 3 and peers.max_length == 4 and peers.distinct
     assert "beneficial" not in Federation().strategy.reply_spec("lia", NODE[CLIENTS[0]]).metrics
 
 
@@ -636,7 +656,7 @@ def test_a_lia_reply_is_a_finite_row_over_the_lazy_models_and_distinct_indices_i
     s = Federation(**{"lia-mode": "p2p"}).strategy
     s.lazy_clients = [3, 8, 11, 20]
     ok_row = [-5.0, 0.5, 1e3, -1e3]
-    good = [{"beneficial": []}, {"beneficial": [0, 3]}, {"beneficial": [0, 1, 2, 3]}]
+    good: list[dict[str, list[int]]] = [{"beneficial": []}, {"beneficial": [0, 3]}, {"beneficial": [0, 1, 2, 3]}]
     for extra in good:
         assert _accepts(s, "lia", 3, _metrics_reply(3, **{"lia-row": ok_row}, **extra)), extra
     assert _accepts(
@@ -664,17 +684,13 @@ def test_a_train_reply_may_name_its_planted_cluster_a_lazy_reply_carries_the_who
     s = Federation().strategy
     spec = s.reply_spec("train", NODE[3])
     base = valid_content(spec, 3, seed=5)
+    metrics, arrays = base.metric_records["metrics"], base.array_records["arrays"]
 
     def with_planted(value):
-        return RecordDict(
-            {"metrics": MetricRecord({**dict(base["metrics"]), "planted-cluster": value}), "arrays": base["arrays"]}
-        )
+        return RecordDict({"metrics": MetricRecord({**metrics, "planted-cluster": value}), "arrays": arrays})
 
     plain = RecordDict(
-        {
-            "metrics": MetricRecord({k: v for k, v in base["metrics"].items() if k != "planted-cluster"}),
-            "arrays": base["arrays"],
-        }
+        {"metrics": MetricRecord({k: v for k, v in metrics.items() if k != "planted-cluster"}), "arrays": arrays}
     )
     assert _accepts(s, "train", 3, plain) and _accepts(s, "train", 3, with_planted(0))
     assert _accepts(s, "train", 3, with_planted(7))
