@@ -138,6 +138,7 @@ def test_forward_is_the_spec_architecture_z_first_half_u_second_half_d_tilde_pro
     assert net.n_tokens == 4  # 2 * 16 / 8
     d = torch.randn(3, 16)
     z, u, d_hat = net(d)
+    assert net.pos is not None  # SMALL keeps the positional embedding
     tokens = torch.cat([d, d], 1).reshape(3, 4, 8) + net.pos
     out = net.encoder(tokens).reshape(3, 32)
     torch.testing.assert_close(z, out[:, :16])
@@ -446,7 +447,8 @@ def test_options_reject_bad_values_naming_the_key():
     from task.config import parse_settings
 
     base = {"method": "client2vec"}
-    assert parse_settings(base).options.base == "fedavg"
+    options = parse_settings(base).options
+    assert isinstance(options, Client2VecOptions) and options.base == "fedavg"
     for key, value in (("c2v-base", "feddyn"), ("c2v-tau", -1.0), ("c2v-sampling", "maybe"), ("c2v-encoder", "vit")):
         with pytest.raises(ValueError, match=key):
             parse_settings({**base, key: value})

@@ -308,7 +308,8 @@ def test_a_cohort_of_one_client_with_one_sample_has_a_similarity():
 
 def test_the_default_sampling_temperature_is_the_specs_one():
     """client2vec.md §3: tau = 1.0 by default (Global mode), so p = softmax(S(., C^{t-1}))."""
-    s = C2VServerState(*[np.random.default_rng(1).normal(size=(6, 4)) for _ in range(2)], np.full(6, 10.0))
+    beta = np.random.default_rng(1).normal(size=(6, 4))
+    s = C2VServerState(beta, beta.copy(), np.full(6, 10.0))  # one draw for both parts
     s.observe([2])
     e = np.exp(s.similarity([2]))
     np.testing.assert_allclose(s.probabilities(2), e / e.sum())
@@ -626,9 +627,12 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
 
     def cohorts(t_):
         state = C2VServerState(bf, bl, n, tau=t_, gamma=gamma, lambda1=lam, seed=seed)
-        return [
-            state.observe(c) or c.tolist() for c in (state.sample(t, 2, use_index=True) for t in range(1, rounds + 1))
-        ]
+        drawn = []
+        for t in range(1, rounds + 1):
+            cohort = state.sample(t, 2, use_index=True)
+            state.observe(cohort)
+            drawn.append(cohort.tolist())
+        return drawn
 
     assert cohorts(tau) != cohorts(1.0), "the setting must make tau change the cohorts"
     H = np.zeros(6)

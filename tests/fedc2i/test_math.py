@@ -41,10 +41,12 @@ def tiny_models(m, seed=0):
     models = []
     for i in range(m):
         net = TinyBN()
+        mean, var, count = net.bn.running_mean, net.bn.running_var, net.bn.num_batches_tracked
+        assert mean is not None and var is not None and count is not None  # BatchNorm tracks running statistics
         with torch.no_grad():
-            net.bn.running_mean.normal_(0, 1)
-            net.bn.running_var.uniform_(0.5, 3.0)
-            net.bn.num_batches_tracked.fill_(10 + i)
+            mean.normal_(0, 1)
+            var.uniform_(0.5, 3.0)
+            count.fill_(10 + i)
         models.append(net)
     return models
 
@@ -230,8 +232,8 @@ def test_a_much_worse_peer_gets_less_weight():
         p.load_state_dict(good.state_dict())
     bad = build_model("c2i-small", 1, 8, 10, seed=9)
     with torch.no_grad():
-        for p in bad.parameters():
-            p.mul_(5.0)
+        for w in bad.parameters():
+            w.mul_(5.0)
     models = [good, *peers, bad]
     heads = head_keys(good)
     lam, _losses = influence_vector(

@@ -16,6 +16,7 @@ from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from server_app.app import build_strategy
 from task.config import parse_settings
 from task.methods import METHODS, load_object
+from task.methods.fedc2i import FedC2IOptions
 from task.params import record_to_numpy, to_record
 from tests.client_kit import node_contexts
 
@@ -388,6 +389,7 @@ def test_bad_fedc2i_config():
 )
 def test_the_variants_old_spellings_still_run_with_a_deprecation_warning(old, new):
     with pytest.warns(FutureWarning, match=f"'c2i-variant': '{old}' is deprecated, use '{new}'"):
-        assert parse_settings({"method": "fedc2i", "c2i-variant": old}).options.variant == new
+        options = parse_settings({"method": "fedc2i", "c2i-variant": old}).options
+    assert isinstance(options, FedC2IOptions) and options.variant == new
     with pytest.raises(ValueError, match="c2i-variant"):  # only the exact old spelling is an alias
         parse_settings({"method": "fedc2i", "c2i-variant": old.swapcase()})
