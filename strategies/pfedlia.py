@@ -170,7 +170,10 @@ class PFedLIAStrategy(PersonalizedStrategy):
         """theta_0: the warm-up's last global model, where every cluster and personal model starts (set by the
         clustering round, or restored by a resume)."""
         if self.theta0 is None:
-            raise RuntimeError("pFedLIA's theta_0 is read before the clustering round set it")
+            raise RuntimeError(
+                "pFedLIA's theta_0 is read before the clustering round set it; it exists once the clustering round "
+                "(the first after the warm-up rounds) has started or a resume has restored it"
+            )
         return self.theta0
 
     # ------------------------------------------------------------------ aggregation

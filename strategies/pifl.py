@@ -179,7 +179,10 @@ class PIFLStrategy(PersonalizedStrategy):
     def open_ledger(self) -> TokenLedger:
         """The ledger, once the first round opened it (or a resume restored it)."""
         if self.ledger is None:
-            raise RuntimeError("PI-FL's token ledger is used before the first round opened it")
+            raise RuntimeError(
+                "PI-FL's token ledger is used before the first round opened it; it exists once round 1 has started "
+                "(prepare_round) or a resume has restored it"
+            )
         return self.ledger
 
     def collect_bids(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, list[int]]:

@@ -875,3 +875,25 @@ def test_bad_pfedlia_config():
         build_strategy(parse_settings({"method": "pfedlia", "lia-mode": "both"}))
     with pytest.raises(ValueError, match="warmup-rounds"):
         build_strategy(parse_settings({"method": "pfedlia", "warmup-rounds": 0}))
+
+
+def test_theta_0_read_before_the_clustering_round_set_it_is_an_error_that_says_when_it_exists():
+    """theta_0 (the warm-up's result) is set by the clustering round (or restored by a resume); reading it earlier
+    must fail loudly instead of handing out a model that is not there, and say when it exists."""
+    fed = Federation(rounds=2)  # warm-up-rounds 1: round 2 is the clustering round
+    s = fed.strategy
+    grid = ReplayGrid([NODE[c] for c in CLIENTS], fed.respond)
+    with outgoing_messages():
+        run_round(s, grid, 1)
+        assert not s.clustered
+        with pytest.raises(RuntimeError) as err:
+            s.start_model()
+        message = str(err.value)
+        assert "theta_0" in message and "before the clustering round set it" in message  # what was wrong
+        assert "first after the warm-up rounds" in message and "resume" in message  # when it is there
+        run_round(s, grid, 2)
+    assert s.clustered
+    assert_holds(s.start_model(), fedavg(CLIENTS, 1))
+    resumed = Federation(rounds=3).strategy
+    resumed.resume(s.checkpoint_state(), 2)
+    assert_holds(resumed.start_model(), fedavg(CLIENTS, 1))  # restored without a clustering round

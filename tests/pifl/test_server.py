@@ -1057,3 +1057,22 @@ def test_a_late_joiner_brings_its_own_tokens_and_joins_only_once():
     with pytest.raises(LedgerError, match="client 7 is already in the ledger"):
         ledger.add_client(7, 10 * MICRO)
     assert ledger.balances[7] == 40 * MICRO and ledger.supply == 240 * MICRO
+
+
+# ---------------------------------------------------------------- the ledger exists from the first round on
+def test_the_ledger_used_before_the_first_round_opened_it_is_an_error_that_says_when_it_exists():
+    """The ledger is opened when round 1 starts (or restored by a resume); a use before that must fail loudly
+    instead of settling on a ledger that is not there, and say when the ledger exists."""
+    strat = pifl()
+    for too_early in (strat.open_ledger, lambda: strat.on_round_end(1)):
+        with pytest.raises(RuntimeError) as err:
+            too_early()
+        message = str(err.value)
+        assert "ledger" in message and "before the first round opened it" in message  # what was wrong
+        assert "once round 1 has started" in message and "resume" in message  # when it is there
+    drive(strat, NODES, 1)
+    opened = strat.open_ledger()
+    assert opened is strat.ledger and sorted(opened.balances) == sorted(NODES.values())
+    resumed = pifl()
+    resumed.resume(strat.checkpoint_state(), 1)
+    assert resumed.open_ledger().balances == opened.balances  # restored without a round
