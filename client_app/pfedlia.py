@@ -69,7 +69,7 @@ class PFedLIAClient(ClientMethod):
             row = lazy_influence_row(loss0, losses, len(y), self.options.reduction)
             lazy_clients = content.config_records.get("lazy-clients")
             self_index = lazy_clients.get("self-index", -1) if lazy_clients else -1
-            if not isinstance(self_index, int):
+            if isinstance(self_index, bool) or not isinstance(self_index, int):  # a bool is no index
                 raise ValueError(
                     f"the influence query's 'lazy-clients' needs an integer 'self-index', got {self_index!r}"
                 )

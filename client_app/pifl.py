@@ -43,7 +43,12 @@ class PIFLClient(ClientMethod):
             accs = self._tier_accuracies(self._tiers(content), self.data.x_val, self.data.y_val)
             ledger = content.config_records.get("ledger")
             balance, price = (ledger.get("balance", 0), ledger.get("price", 1)) if ledger else (0, 1)
-            if not isinstance(balance, int) or not isinstance(price, int):
+            if (
+                isinstance(balance, bool)  # a bool is no amount
+                or isinstance(price, bool)
+                or not isinstance(balance, int)
+                or not isinstance(price, int)
+            ):
                 raise ValueError(f"the bid query's 'ledger' needs integer 'balance' and 'price', got {ledger}")
             if self.options.incentive:
                 bid = bid_policy(accs, balance, price, self.options.bid_threshold, self.options.max_bids)

@@ -9,6 +9,8 @@ the power ratio ``l^gamma / sum_j l^gamma``.  The influence batch is made the wh
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -275,3 +277,18 @@ def test_the_lambda_g_ablation_scores_classes_with_the_global_extractor(variant,
     if not own_extractor_matters:
         for k in out[0]:
             torch.testing.assert_close(out[0][k], out[1][k], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [PEER_SIZES[0], "37,311", 2.5])
+def test_peer_sizes_that_are_not_a_list_are_refused_naming_the_key(bad):
+    """The server sends the peers' training-set sizes as one list (one entry per peer model); anything else is a
+    malformed message, refused with the key and what arrived instead of being read as sizes."""
+    client = make_client()
+    states = received_models(client, 2)
+    run_train(client, payload(states))  # the well-formed message is answered
+    content = payload(states)
+    content["peer-clients"] = ConfigRecord({"client-ids": [1], "num-examples": bad})
+    allowed = "'peer-clients' needs a list 'num-examples'"
+    with pytest.raises(ValueError, match=re.escape(allowed)) as err:
+        run_train(client, content)
+    assert repr(bad) in str(err.value)  # what arrived

@@ -4,6 +4,8 @@ The lazy-influence row is Eq. 1 on the client's *validation* split: a client who
 other digits than its training split must find the peer trained on its validation digits helpful.
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -324,3 +326,16 @@ def test_influence_row_sign_same_labels_positive_disjoint_labels_negative():
     assert row[2] > 0 and row[0] > 0  # a peer trained on my labels (and I myself) help
     assert row[1] < 0 and row[3] < 0  # disjoint-label peers hurt
     assert list(reply["metrics"]["beneficial"]) == [0, 2]
+
+
+@pytest.mark.parametrize("bad", [1.5, "0", [0], True])
+def test_an_influence_query_whose_self_index_is_not_an_integer_is_refused_naming_the_key(lazy_models, bad):
+    """The server names the receiver's own lazy model by an integer index (-1: none); anything else is a malformed
+    message, refused with the key and what arrived instead of being truncated into someone else's index."""
+    theta0, low, high = lazy_models
+    c = client("pfedlia", client_data(LOW), **{"lia-mode": "p2p"})
+    c.query("lia", lia_content(theta0, [low, high], 0))  # the well-formed message is answered
+    allowed = "'lazy-clients' needs an integer 'self-index'"
+    with pytest.raises(ValueError, match=re.escape(allowed)) as err:
+        c.query("lia", lia_content(theta0, [low, high], bad))
+    assert repr(bad) in str(err.value)  # what arrived

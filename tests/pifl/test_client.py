@@ -4,6 +4,8 @@ into its one-shot personalized model (Eq. 4) with weights from the calibration p
 
 The tier models are fitted to known digits (LOW = 0-4, HIGH = 5-9), so the right choices are known in advance."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -322,3 +324,19 @@ def test_integer_buffers_of_the_tier_models_are_kept_as_they_are_not_mixed():
     assert list(evaluate_reply(c, stacked(tiers[1]))["mixture-weights"]) == [1.0]
     for k, v in out.items():
         torch.testing.assert_close(v, tiers[1][k])
+
+
+@pytest.mark.parametrize(
+    "key, bad",
+    [("balance", 1.5), ("balance", "100"), ("balance", True), ("price", 0.5), ("price", [MICRO]), ("price", b"\x01")],
+)
+def test_a_bid_query_whose_ledger_is_not_two_integers_is_refused_naming_the_keys(tier_models, key, bad):
+    """The server's ledger record is read as integer micro-tokens; anything else is a malformed message, refused with
+    the keys that must be integers and what arrived, instead of being rounded into a bid."""
+    _, low, high = tier_models
+    c = client("pifl", client_data(LOW))
+    ask(c, bid_message(stacked(low, high)))  # the well-formed message is answered
+    allowed = "'ledger' needs integer 'balance' and 'price'"
+    with pytest.raises(ValueError, match=re.escape(allowed)) as err:
+        ask(c, bid_message(stacked(low, high), **{key: bad}))
+    assert repr(bad) in str(err.value)  # what arrived
