@@ -1,10 +1,12 @@
 """The reply gate (strategies/gate.py): only replies that match their phase's spec and fit the node's identity
 get through; everything else, silent nodes included, is recorded with its reason, and a phase in which every
-reply failed for the same reason stops the run."""
+reply failed for the same reason stops the run.  Nodes are ordered and drawn by the client id they reported, and
+the arrays Flower hands the strategy must be exactly its shared model."""
 
 from __future__ import annotations
 
 import math
+import random
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +15,7 @@ from flwr.app import MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 
 from strategies.exchange import MessageExchange, content_bytes
-from strategies.gate import ReplyGate, RunAborted, gist, short_reason
+from strategies.gate import ReplyGate, RunAborted, cohort_size, gist, shared_model, short_reason
 from strategies.replies import BASE, TRAIN, Arrays, Tensor
 from task.params import to_record
 from tests.strategy_harness import outgoing_messages
@@ -134,3 +136,61 @@ def test_failure_reasons_are_compared_without_their_numbers_and_shown_in_one_lin
         "the data set is missing"
     )
     assert short_reason("  first line\nsecond line") == "first line" and short_reason("") == ""
+
+
+def identified(client_of: dict[int, int]) -> ReplyGate:
+    """A gate that has admitted one reply from each node of ``client_of`` (node id -> client id)."""
+    g = gate()
+    g.admit(1, "train", [reply(node, content(client)) for node, client in client_of.items()])
+    return g
+
+
+def test_nodes_are_ordered_by_client_id_and_the_unknown_ones_come_last_by_node_id():
+    g = identified({40: 0, 7: 2, 11: 1})
+    assert g.by_client([7, 99, 40, 3, 11]) == [40, 11, 7, 3, 99]
+    assert g.unknown([7, 99, 40, 3]) == [99, 3]
+    assert gate().unknown([5, 4]) == [5, 4] and gate().by_client([5, 4]) == [4, 5]
+
+
+def test_a_seed_draws_the_same_clients_whatever_node_ids_they_have():
+    clients = list(range(8))
+    first = identified({100 + c: c for c in clients})
+    second = identified({900 - 7 * c: c for c in clients})  # the same clients on other nodes, another node order
+    for k in range(1, len(clients)):
+        drawn = first.draw(random.Random(3), list(first.client_of), k)
+        again = second.draw(random.Random(3), list(reversed(second.client_of)), k)
+        assert [first.client_of[n] for n in drawn] == [second.client_of[n] for n in again]
+        assert len(drawn) == k and drawn == first.by_client(drawn)  # k distinct nodes, in client-id order
+    seeds = {tuple(first.draw(random.Random(seed), list(first.client_of), 3)) for seed in range(10)}
+    assert len(seeds) > 1  # the draw does depend on the seed
+    every = list(first.client_of)
+    rng = random.Random(3)
+    assert first.draw(rng, every, len(every)) == first.by_client(every) == first.draw(rng, every, len(every) + 1)
+    assert rng.random() == random.Random(3).random()  # drawing everyone uses nothing of the generator
+
+
+@pytest.mark.parametrize("available,fraction,size", [(10, 0.25, 2), (10, 0.26, 3), (10, 1.0, 10), (3, 0.01, 1)])
+def test_a_cohort_is_the_rounded_fraction_of_the_available_nodes_at_least_one(available, fraction, size):
+    assert cohort_size(available, fraction) == size
+    assert cohort_size(available, 2.0) == available  # never more than there are
+
+
+def test_the_arrays_flower_hands_the_strategy_must_be_exactly_its_finite_shared_model():
+    model = {"w": np.ones((2, 3), np.float32), "b": np.zeros(3, np.float32), "steps": np.array(4, np.int64)}
+    shared = {"w": np.full((2, 3), 0.5, np.float32), "b": np.arange(3, dtype=np.float32)}
+    got = shared_model(to_record(shared), model, ["w", "b"])
+    assert got.keys() == shared.keys()
+    for k, v in shared.items():
+        np.testing.assert_array_equal(got[k], v)
+        assert got[k].dtype == v.dtype
+    assert shared_model(to_record({}), model, []) == {}
+    wrong = [
+        {**shared, "steps": model["steps"]},  # more than the shared keys
+        {"w": shared["w"]},  # fewer
+        {**shared, "w": shared["w"][:1]},  # another shape
+        {**shared, "b": shared["b"].astype(np.float64)},  # another dtype
+        {**shared, "b": np.array([0.0, math.inf, 1.0], np.float32)},  # not finite
+    ]
+    for arrays in wrong:
+        with pytest.raises(ValueError, match="not this method's shared model"):
+            shared_model(to_record(arrays), model, ["w", "b"])
