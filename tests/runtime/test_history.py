@@ -36,6 +36,8 @@ def test_means_are_over_the_replies_that_carry_a_metric_plain_or_weighted_by_exa
     assert mean_metrics(replies, ["personal-acc"], weighted=True) == pytest.approx({"personal-acc": 0.5})
     zero = [reply(0, personal_acc=0.2), reply(0, personal_acc=0.4)]  # no examples at all: the plain mean
     assert mean_metrics(zero, ["personal-acc"], weighted=True) == pytest.approx({"personal-acc": 0.3})
+    one = [reply(1, personal_acc=0.2), reply(0, personal_acc=0.6)]  # a single example in all: it alone counts
+    assert mean_metrics(one, ["personal-acc"], weighted=True) == pytest.approx({"personal-acc": 0.2})
     assert mean_metrics([], ["personal-acc"]) == {}
 
 
@@ -82,6 +84,7 @@ def test_the_progress_line_gives_the_accuracies_or_how_the_round_was_evaluated_a
     resumed = progress_line("fedavg", 8, 10, 2, 110.0, {}, "not evaluated this round")  # rounds 7-8 after a resume
     assert resumed == "[fedavg] round 8/10 done: not evaluated this round | 10.0 s/round, ETA 20 s"
     assert progress_line("x", 1, 1, 0, 130.0, {}, "-").endswith("0.0 s/round, ETA 0 s")  # no round yet: no division
+    assert progress_line("x", 1, 4, 1, 118.0, {}, "-").endswith("12.0 s/round, ETA 36 s")  # the first round alone
 
 
 def test_an_evaluation_goes_to_its_own_round_and_keeps_each_clients_last_numeric_metrics():
@@ -103,21 +106,22 @@ def test_a_late_evaluation_is_logged_with_the_round_whose_train_replies_brought_
 
 
 def test_server_seconds_add_up_in_the_round_in_progress_and_other_keys_apart():
-    rounds = [RoundLog(1), RoundLog(2)]
+    rounds = [RoundLog(1), RoundLog(2), RoundLog(3)]
     add_seconds(rounds, 0.25)
     add_seconds(rounds, 0.5)
     add_seconds(rounds, 2.0, key="index-seconds")
-    assert rounds[1].extra == {"server-seconds": 0.75, "index-seconds": 2.0} and rounds[0].extra == {}
+    assert rounds[-1].extra == {"server-seconds": 0.75, "index-seconds": 2.0}
+    assert rounds[0].extra == rounds[1].extra == {}  # earlier rounds are closed
     add_seconds([], 1.0)  # before the first round there is nothing to add to
 
 
 def test_message_timing_is_recorded_per_phase_in_the_round_in_progress():
-    rounds = [RoundLog(1), RoundLog(2)]
+    rounds = [RoundLog(1), RoundLog(2), RoundLog(3)]
     note_timing(rounds, "train", {"total": 1.5})
     note_timing(rounds, "identify", {"total": 0.5})
     note_timing(rounds, "evaluate", None)  # no reply carried stamps
-    assert rounds[1].extra == {"message-timing": {"train": {"total": 1.5}, "identify": {"total": 0.5}}}
-    assert rounds[0].extra == {}
+    assert rounds[-1].extra == {"message-timing": {"train": {"total": 1.5}, "identify": {"total": 0.5}}}
+    assert rounds[0].extra == rounds[1].extra == {}
     note_timing([], "train", {"total": 1.0})  # before the first round: nothing to record it in
 
 
