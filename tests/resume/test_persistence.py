@@ -3,6 +3,9 @@ crash ``stop-after`` simulates, the server's saved models, and a strategy's stat
 
 from __future__ import annotations
 
+import re
+import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,7 @@ from strategies.persistence import (
     stop_if_asked,
     write_checkpoint,
 )
-from task.checkpoint import CheckpointError
+from task.checkpoint import CheckpointError, save_checkpoint, to_tree
 from task.config import parse_settings
 from task.export import read_manifest
 
@@ -54,7 +57,9 @@ def test_the_meta_holds_every_key_but_the_resumable_ones_as_the_options_read_the
     with pytest.warns(FutureWarning):
         old = settings(**{"c2i-variant": "Lambda-only"})
     new = settings(**{"c2i-variant": "class-level-averaged-extractor"})
-    assert checkpoint_meta(old) == checkpoint_meta(new)  # a deprecated spelling is the same run
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the spelling was warned about once, when the run config was read
+        assert checkpoint_meta(old) == checkpoint_meta(new)  # a deprecated spelling is the same run
 
 
 def test_a_written_checkpoint_reads_back_and_a_foreign_or_finished_one_is_refused(tmp_path):
@@ -63,15 +68,33 @@ def test_a_written_checkpoint_reads_back_and_a_foreign_or_finished_one_is_refuse
     done, back = read_checkpoint(tmp_path, settings(**{"resume-from": str(tmp_path)}))
     assert done == 2 and back["base"] == state["base"]
     np.testing.assert_array_equal(back["method"]["store"][0], np.arange(3.0))
-    with pytest.raises(CheckpointError, match=r"run-config keys \['gamma'\] differ"):
+    folder = re.escape(repr(str(tmp_path)))  # each refusal names the folder
+    with pytest.raises(CheckpointError, match=rf"{folder}: run-config keys \['gamma'\] differ"):
         read_checkpoint(tmp_path, settings(gamma=1.0))
-    with pytest.raises(CheckpointError, match="finished its 2 rounds"):
+    with pytest.raises(CheckpointError, match=rf"{folder}: the run already finished its 2 rounds"):
         read_checkpoint(tmp_path, settings(**{"num-server-rounds": 2}))
     write_checkpoint(tmp_path, 3, {"something": 1}, settings())
-    with pytest.raises(CheckpointError, match="holds no strategy state"):
+    with pytest.raises(CheckpointError, match=rf"checkpoint of {folder} holds no strategy state"):
         read_checkpoint(tmp_path, settings())
     with pytest.raises(CheckpointError, match="no such results folder"):
         read_checkpoint(tmp_path / "missing", settings())
+
+
+def test_writing_a_checkpoint_reports_the_seconds_it_took(tmp_path):
+    start = time.perf_counter()
+    seconds = write_checkpoint(tmp_path, 1, {"base": {}, "method": {"w": np.zeros(1000)}}, settings())
+    assert 0 <= seconds <= time.perf_counter() - start
+
+
+def test_a_checkpoint_from_before_an_option_existed_resumes_however_the_option_is_set(tmp_path):
+    meta = checkpoint_meta(settings())
+    del meta["run-config"]["gamma"]  # written by a version that did not know the key
+    save_checkpoint(tmp_path / "checkpoints", 2, *to_tree({"base": {}, "method": {}}), meta)
+    for gamma in (0.5, 2.0):
+        assert read_checkpoint(tmp_path, settings(gamma=gamma))[0] == 2
+    del meta["run-config"]  # nor any run-config key
+    save_checkpoint(tmp_path / "checkpoints", 3, *to_tree({"base": {}, "method": {}}), meta)
+    assert read_checkpoint(tmp_path, settings(gamma=2.0))[0] == 3
 
 
 def test_stop_after_crashes_after_its_round_but_never_after_the_last():
