@@ -178,7 +178,7 @@ def test_after_a_round_models_and_checkpoints_are_written_when_due_and_stop_afte
         if r < 4:
             after_round(s, r)
             continue
-        with pytest.raises(SimulatedCrash, match="stop-after=4"):
+        with pytest.raises(SimulatedCrash, match=re.escape("stop-after=4") + ".*" + re.escape(f"='{s.results_dir}'")):
             after_round(s, r)
     if not with_folder:
         assert not any(tmp_path.iterdir()) and all("checkpoint-seconds" not in r.extra for r in s.history)
@@ -190,3 +190,13 @@ def test_after_a_round_models_and_checkpoints_are_written_when_due_and_stop_afte
     assert done == 4 and len(saved["base"]["history"]) == 4  # the crash came after the round's checkpoint
     manifest = read_manifest(run / "models" / "server" / "global")
     assert manifest["round"] == 4  # save-every 4: round 4's model, not round 2's
+
+
+def test_the_last_round_the_loop_was_given_is_checkpointed_too(tmp_path):
+    s = counting(**{"checkpoint-every": 2, "num-server-rounds": 3})
+    s.results_dir = tmp_path
+    s.schedule.last_round = 5  # start's num_rounds: the run's last round
+    for r in range(1, 6):
+        s.history.append(RoundLog(r))
+        after_round(s, r)
+    assert [r.server_round for r in s.history if "checkpoint-seconds" in r.extra] == [2, 4, 5]
