@@ -84,7 +84,7 @@ def test_a_second_reply_of_the_same_node_in_a_phase_is_a_duplicate():
     g = gate()
     got = g.admit(1, "train", [reply(5, content(0)), reply(5, content(0, n=99))])
     assert [r.num_examples for r in got] == [10]
-    assert [f["reason"] for f in g.failures] == ["duplicate reply from the same node"]
+    assert [(f["phase"], f["reason"]) for f in g.failures] == [("train", "duplicate reply from the same node")]
     assert g.admit(2, "train", [reply(5, content(0))]) != []  # a new phase: the node may answer again
 
 
@@ -132,10 +132,14 @@ def test_a_replys_timing_is_handed_to_the_exchange_and_taken_out_of_its_metrics(
 def test_failure_reasons_are_compared_without_their_numbers_and_shown_in_one_line():
     assert gist("node 12345 at 0xdeadbeef1 failed") == gist("node 7 at 0xcafebabe2 failed")
     assert gist("no data") != gist("no memory")
+    assert gist("process ABCDEF0123 lost") == gist("process FEDCBA9876 lost")  # upper-case hex ids too
     assert short_reason("Traceback (most recent call last):\n  ...\nMessage: the data set is missing'>") == (
         "the data set is missing"
     )
     assert short_reason("  first line\nsecond line") == "first line" and short_reason("") == ""
+    nested = "Message: loading failed\nTraceback ...\nMessage: no GPU on node X'>"  # the client's own is the last
+    assert short_reason(nested) == "no GPU on node X"
+    assert short_reason("Message: a\nMessage: b\nMessage: c") == "c"
 
 
 def identified(client_of: dict[int, int]) -> ReplyGate:
@@ -194,3 +198,13 @@ def test_the_arrays_flower_hands_the_strategy_must_be_exactly_its_finite_shared_
     for arrays in wrong:
         with pytest.raises(ValueError, match="not this method's shared model"):
             shared_model(to_record(arrays), model, ["w", "b"])
+
+
+def test_each_reply_is_checked_against_the_spec_of_its_own_node():
+    arrays_from = {5}  # only node 5 is asked for arrays (a method may ask each node for something else)
+    g = ReplyGate(MessageExchange(60.0), lambda phase, node: SPEC if node in arrays_from else BASE)
+    bare = RecordDict({"metrics": MetricRecord({"num-examples": 3, "partition-id": 1})})
+    got = g.admit(1, "train", [reply(5, content(0)), reply(6, bare), reply(7, content(2))])
+    assert [(r.node_id, sorted(r.records)) for r in got] == [(5, ["arrays"]), (6, []), (7, [])]
+    assert [r.node_id for r in g.admit(2, "train", [reply(5, bare), reply(6, bare)])] == [6]
+    assert [f["node-id"] for f in g.failures] == [5]  # node 5's reply lacks what its spec asks
