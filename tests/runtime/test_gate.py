@@ -77,6 +77,7 @@ def test_a_node_keeps_its_client_id_and_a_client_id_keeps_its_node():
         7: "partition-id 0 is already used by node 5 (each node needs its own)",
     }
     assert g.failures[0]["client"] == 0  # a known node's failure names its client
+    assert [(f["round"], f["phase"]) for f in g.failures] == [(2, "train"), (2, "train")]
     assert g.client_of == {5: 0, 6: 1} and g.node_of == {0: 5, 1: 6}
 
 
