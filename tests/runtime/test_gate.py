@@ -181,7 +181,11 @@ def test_a_cohort_is_the_rounded_fraction_of_the_available_nodes_at_least_one(av
 
 
 def test_the_arrays_flower_hands_the_strategy_must_be_exactly_its_finite_shared_model():
-    model = {"w": np.ones((2, 3), np.float32), "b": np.zeros(3, np.float32), "steps": np.array(4, np.int64)}
+    model: dict[str, np.ndarray] = {
+        "w": np.ones((2, 3), np.float32),
+        "b": np.zeros(3, np.float32),
+        "steps": np.array(4, np.int64),
+    }
     shared = {"w": np.full((2, 3), 0.5, np.float32), "b": np.arange(3, dtype=np.float32)}
     got = shared_model(to_record(shared), model, ["w", "b"])
     assert got.keys() == shared.keys()
@@ -189,7 +193,7 @@ def test_the_arrays_flower_hands_the_strategy_must_be_exactly_its_finite_shared_
         np.testing.assert_array_equal(got[k], v)
         assert got[k].dtype == v.dtype
     assert shared_model(to_record({}), model, []) == {}
-    wrong = [
+    wrong: list[dict[str, np.ndarray]] = [
         {**shared, "steps": model["steps"]},  # more than the shared keys
         {"w": shared["w"]},  # fewer
         {**shared, "w": shared["w"][:1]},  # another shape
