@@ -113,6 +113,8 @@ def test_a_phase_whose_every_reply_failed_for_one_reason_stops_the_run():
     assert g.admit(5, "train", different) == []  # different reasons: the next round may fare better
     assert g.admit(6, "train", [reply(1, error="no data"), reply(2, content(0))]) != []
     assert g.admit(7, "train", []) == []  # nobody answered at all: the silent nodes are recorded, no abort
+    with pytest.raises(RunAborted, match="round 8: every evaluate reply failed"):  # earlier phases' reasons aside
+        g.admit(8, "evaluate", [reply(1, error="out of memory"), reply(2, error="out of memory")])
 
 
 def test_a_replys_timing_is_handed_to_the_exchange_and_taken_out_of_its_metrics():
@@ -213,3 +215,10 @@ def test_each_reply_is_checked_against_the_spec_of_its_own_node():
     assert [(r.node_id, sorted(r.records)) for r in got] == [(5, ["arrays"]), (6, []), (7, [])]
     assert [r.node_id for r in g.admit(2, "train", [reply(5, bare), reply(6, bare)])] == [6]
     assert [f["node-id"] for f in g.failures] == [5]  # node 5's reply lacks what its spec asks
+
+
+def test_a_rejected_reply_is_logged_with_its_round_phase_node_and_reason(caplog):
+    g = gate()
+    with caplog.at_level("WARNING", logger="flwr.pflower"):
+        g.admit(3, "evaluate", [reply(12, error="disk full"), reply(13, content(0))])
+    assert "round 3 evaluate: reply from node 12 rejected: error reply: disk full" in caplog.messages
