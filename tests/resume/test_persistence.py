@@ -69,6 +69,8 @@ def test_a_written_checkpoint_reads_back_and_a_foreign_or_finished_one_is_refuse
     assert done == 2 and back["base"] == state["base"]
     np.testing.assert_array_equal(back["method"]["store"][0], np.arange(3.0))
     folder = re.escape(repr(str(tmp_path)))  # each refusal names the folder
+    with pytest.raises(CheckpointError, match=rf"resume-from {folder} is a fedc2i run of model mlp on digits; this"):
+        read_checkpoint(tmp_path, settings(method="fedavg"))
     with pytest.raises(CheckpointError, match=rf"{folder}: run-config keys \['gamma'\] differ"):
         read_checkpoint(tmp_path, settings(gamma=1.0))
     with pytest.raises(CheckpointError, match=rf"{folder}: the run already finished its 2 rounds"):

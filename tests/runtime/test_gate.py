@@ -102,6 +102,12 @@ def test_error_replies_and_silent_nodes_are_recorded_under_their_own_node():
     got = {f["node-id"]: f["reason"] for f in g.failures}
     assert got[7] == "error reply: Error: Node Unavailable" and got[8] == "error reply: client raised ValueError"
     assert got[9] == "no reply within 120 s (round-timeout)"
+    assert {f["phase"] for f in g.failures} == {"train"}
+    unlimited = gate(timeout=0.0)  # no time limit of its own: the phase ended with the round's
+    with outgoing_messages():
+        unlimited.exchange.address(4, "evaluate", "evaluate", {5: RecordDict()})
+    unlimited.admit(4, "evaluate", [])
+    assert unlimited.failures[0]["reason"] == "no reply within the round's time limit (round-timeout)"
 
 
 def test_a_phase_whose_every_reply_failed_for_one_reason_stops_the_run():
