@@ -11,7 +11,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from server_app.results import ResultsWriter, resolve_results_path
 from strategies.base import PersonalizedStrategy, RunAborted
-from strategies.persistence import read_checkpoint
+from strategies.persistence import read_checkpoint, resume
 from task.config import Settings, parse_settings
 from task.methods import load_object, method_spec
 from task.models import build_model, describe
@@ -37,7 +37,7 @@ def resume_point(settings: Settings, strategy: PersonalizedStrategy) -> tuple[Pa
     checkpoint, or a run with no round left fail here, before anything is written."""
     folder = resolve_results_path(settings.resume_from)
     done, state = read_checkpoint(folder, settings)
-    strategy.resume(state, done)
+    resume(strategy, state, done)
     return folder, done
 
 

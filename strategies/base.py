@@ -1,21 +1,23 @@
 """The personalized base every strategy here stands on: the hooks a method overrides and the round loop.
 
-:class:`PersonalizedStrategy` is a ``flwr.serverapp.strategy.Strategy`` (Message API) composed of four parts,
-each in its own module: the message exchange (:mod:`strategies.exchange`: push, pull, time-outs, the outbox,
-message timing, bytes), the reply gate (:mod:`strategies.gate`: every reply checked against its phase's reply
-spec, client ids bound by partition id, failures), the evaluation schedule (:mod:`strategies.schedule`: what
-rides on which message, when models are saved) and persistence (:mod:`strategies.persistence`: checkpoints
-and resuming).  Per-client state is keyed by **client id** (the ``partition-id`` a node reports), never by
-Flower's node id.  When the server must choose among nodes it has not heard from yet (sampling, PI-FL's tiers)
-it first asks them who they are (``query.identify``), so that a seed draws the same clients in every run.
+:class:`PersonalizedStrategy` is a ``flwr.serverapp.strategy.Strategy`` (Message API) composed of parts, each
+in its own module: the message exchange (:mod:`strategies.exchange`: push, pull, time-outs, the outbox,
+message timing, bytes), the reply gate (:mod:`strategies.gate`: every reply checked against its phase's
+reply spec, client ids bound by partition id, failures, nodes ordered and drawn by client id), the
+evaluation schedule (:mod:`strategies.schedule`: what rides on which message, when models are saved), the
+history (:mod:`strategies.history`: what each round recorded) and persistence (:mod:`strategies.persistence`:
+the server's models, checkpoints, :func:`~strategies.persistence.resume`).  Per-client state is keyed by
+**client id** (the ``partition-id`` a node reports), never by Flower's node id.  When the server must choose
+among nodes it has not heard from yet (sampling, PI-FL's tiers) it first asks them who they are
+(``query.identify``), so that a seed draws the same clients in every run.
 
 Flower's contract.  :meth:`start` honours ``Strategy.start``: its arguments (``initial_arrays`` is the shared
 model the run starts from, ``timeout`` the wait for each phase's replies, ``train_config`` / ``evaluate_config``
 go into every train / evaluate message's config, ``evaluate_fn`` is called before the first round and after
-each round) and its ``Result``.  A resumed strategy (:meth:`resume`) runs the rounds after its checkpoint.  The
-four phase methods keep Flower's abstract signatures (Flower's loop and type checkers call them so) and use
-every argument: ``arrays`` is the shared model the phase sends (it becomes :attr:`global_state`, and messages
-carry that very record), ``config`` is merged into each message's config.  Each node gets its own content from
+each round) and its ``Result``.  A resumed strategy runs the rounds after its checkpoint.  The four phase
+methods keep Flower's abstract signatures (Flower's loop and type checkers call them so) and use every
+argument: ``arrays`` is the shared model the phase sends (it becomes :attr:`global_state`, and messages carry
+that very record), ``config`` is merged into each message's config.  Each node gets its own content from
 :meth:`payload`, which is where a personalized method differs from Flower's broadcast.
 
 A method overrides these hooks, and nothing else of the base:
@@ -32,16 +34,18 @@ A method overrides these hooks, and nothing else of the base:
 - :meth:`server_models`, :meth:`write_artifacts` - the method's models and files in the results folder;
 - :meth:`clustering_outcome` - how many clusters a clustering method ended with (the run's summary);
 - :meth:`state`, :meth:`restore` - what of the method a checkpoint holds, and putting it back.
+
+and uses, besides the settings and the model: :attr:`global_state`, :attr:`history`, :attr:`rng`, the gate's
+:attr:`client_of` / :attr:`node_of` / :meth:`client`, :meth:`by_client`, :meth:`cohort_size`, :meth:`draw`,
+:meth:`send_query`, :meth:`record_of`, :meth:`server_time`.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import resource
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -50,27 +54,27 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from strategies.exchange import MessageExchange, NodeWaitTimeout, RunAborted, wait_for_nodes
-from strategies.gate import Reply, ReplyGate
-from strategies.history import RoundLog, accuracies, evaluation_metrics, progress_line, train_metrics
-from strategies.persistence import checkpoint_due, save_server_models, stop_if_asked, write_checkpoint
+from strategies.exchange import MessageExchange, RunAborted, wait_for_nodes
+from strategies.gate import Reply, ReplyGate, cohort_size, shared_model
+from strategies.history import (
+    RoundLog,
+    add_seconds,
+    close_round,
+    late_evaluation_line,
+    note_timing,
+    progress_line,
+    record_evaluation,
+    train_metrics,
+)
+from strategies.persistence import after_round
 from strategies.privacy import account, central_round
-from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, InvalidReply, ReplySpec, parse_reply
+from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, ReplySpec
 from strategies.schedule import EvaluationSchedule
 from task.config import Settings
 from task.models import ModelInfo
 from task.params import to_record, weighted_average
 
-__all__ = [
-    "IDENTIFY",
-    "NodeWaitTimeout",
-    "PersonalizedStrategy",
-    "Reply",
-    "RoundLog",
-    "RunAborted",
-    "log",
-    "wait_for_nodes",
-]
+__all__ = ["IDENTIFY", "PersonalizedStrategy", "Reply", "RunAborted", "log"]
 
 IDENTIFY = "identify"
 log = logging.getLogger("flwr.pflower")
@@ -93,6 +97,8 @@ class PersonalizedStrategy(Strategy):
         self.model_info = model_info  # keys, shapes, dtypes, body / head / normalisation keys of the model
         self.exchange = MessageExchange(settings.round_timeout)
         self.gate = ReplyGate(self.exchange, self.reply_spec)
+        #: the gate's node id -> client id, client id -> its node, rejected replies and silent nodes (the same objects)
+        self.client_of, self.node_of, self.failures = self.gate.client_of, self.gate.node_of, self.gate.failures
         self.schedule = EvaluationSchedule(settings, self.evaluate_in_train)
         self.rng = random.Random(settings.seed)
         self.history: list[RoundLog] = []
@@ -100,7 +106,7 @@ class PersonalizedStrategy(Strategy):
         self.results_dir: Path | None = None
         self.rounds_done = 0  # the last complete round (a resumed strategy continues after it)
         self._global_state: dict[str, np.ndarray] | None = None
-        self._identify_all = False  # after a resume: ask every node who it is before the first round
+        self.identify_everyone = False  # set on resume: ask every node who it is before the next round
         self._t0 = self._round_start = time.monotonic()
         self._first_round = 1
         self._dp_sample = (1, 1)  # this round's (population, cohort size), for differential privacy's accountant
@@ -212,20 +218,6 @@ class PersonalizedStrategy(Strategy):
     def global_state(self, value: dict[str, np.ndarray]) -> None:
         self._global_state = value
 
-    @property
-    def client_of(self) -> dict[int, int]:
-        """Node id -> the client id it reported."""
-        return self.gate.client_of
-
-    @property
-    def node_of(self) -> dict[int, int]:
-        """Client id -> the node currently speaking for it."""
-        return self.gate.node_of
-
-    @property
-    def failures(self) -> list[dict[str, Any]]:
-        return self.gate.failures
-
     def client(self, node_id: int) -> int | None:
         """The client id behind ``node_id`` (None until the node has replied once)."""
         return self.gate.client_of.get(node_id)
@@ -234,18 +226,19 @@ class PersonalizedStrategy(Strategy):
         """``state`` as an ArrayRecord, converted once per phase however many messages carry it."""
         return self.exchange.record_of(state)
 
-    @staticmethod
-    def cohort_size(available: int, fraction: float) -> int:
-        return min(available, max(1, round(fraction * available)))
+    cohort_size = staticmethod(cohort_size)
 
     def by_client(self, nodes: Iterable[int]) -> list[int]:
         """``nodes`` ordered by client id (nodes not identified yet last, by node id)."""
-        return sorted(nodes, key=lambda n: (n not in self.client_of, self.client_of.get(n, 0), n))
+        return self.gate.by_client(nodes)
 
     def draw(self, nodes: list[int], k: int) -> list[int]:
-        """``k`` of ``nodes`` drawn with the run's generator in client-id order (all of them when k >= len)."""
-        ordered = self.by_client(nodes)
-        return ordered if k >= len(ordered) else self.by_client(self.rng.sample(ordered, k))
+        """``k`` of ``nodes`` drawn with the run's generator by client id (all of them when k >= len)."""
+        return self.gate.draw(self.rng, nodes, k)
+
+    def server_time(self, seconds: float) -> None:
+        """Add ``seconds`` of server work to the round's ``server-seconds``."""
+        add_seconds(self.history, seconds)
 
     def available_nodes(self, grid: Grid) -> list[int]:
         """The connected nodes, once there are ``min-nodes`` of them (:func:`wait_for_nodes`)."""
@@ -255,7 +248,7 @@ class PersonalizedStrategy(Strategy):
 
     def identify(self, grid: Grid, server_round: int, nodes: list[int]) -> list[Reply]:
         """Ask nodes that never replied which client they are (a tiny ``query.identify``); their valid replies."""
-        unknown = [n for n in nodes if n not in self.client_of]
+        unknown = self.gate.unknown(nodes)
         return self.send_query(grid, server_round, IDENTIFY, {n: RecordDict() for n in unknown}) if unknown else []
 
     def send_query(self, grid: Grid, server_round: int, name: str, payloads: Mapping[int, RecordDict]) -> list[Reply]:
@@ -271,9 +264,7 @@ class PersonalizedStrategy(Strategy):
         try:
             return self.gate.admit(server_round, phase, replies)
         finally:
-            timing = self.exchange.timing_summary(phase)
-            if timing and self.history:
-                self.history[-1].extra.setdefault("message-timing", {})[phase] = timing
+            note_timing(self.history, phase, self.exchange.timing_summary(phase))
 
     # ------------------------------------------------------------------ Flower's Strategy API
     def summary(self) -> None:
@@ -322,9 +313,9 @@ class PersonalizedStrategy(Strategy):
         self._round_start = time.monotonic()
         nodes = self.available_nodes(grid)  # before the round is logged: a run that gives up here has no round r
         self.history.append(RoundLog(server_round))
-        if self._identify_all or self.wants_client_ids(server_round, nodes):
+        if self.identify_everyone or self.wants_client_ids(server_round, nodes):
             self.identify(grid, server_round, nodes)
-            self._identify_all = False
+            self.identify_everyone = False
         self.prepare_round(grid, server_round, nodes)
         cohort = self.sample(server_round, nodes)
         self._dp_sample = (len(nodes), len(cohort))  # (population, cohort) for the accountant
@@ -338,7 +329,8 @@ class PersonalizedStrategy(Strategy):
         updates = self.receive(server_round, "train", replies)
         if self.schedule.fused:  # the previous round's evaluation came with these replies
             evaluated = [Reply(u.node_id, u.client, u.num_examples, u.metrics.pop("evaluation")) for u in updates]
-            self.record_evaluation(self.schedule.fused, evaluated)
+            metrics = self.record_evaluation(self.schedule.fused, evaluated)
+            log.info(late_evaluation_line(self.name, self.schedule.fused, metrics))
             self.schedule.fused = 0
         extra = self.aggregate(server_round, updates) if updates else {}
         if not updates:
@@ -369,33 +361,23 @@ class PersonalizedStrategy(Strategy):
             self.record_evaluation(server_round, self.receive(server_round, "evaluate", replies))
             metrics = self.history[-1].evaluate
         self.on_round_end(server_round)
-        extra = self.history[-1].extra
-        extra["comm"] = self.exchange.comm.pop(server_round, {})
-        extra["seconds"] = time.monotonic() - self._round_start
-        extra["server-peak-rss-mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-        if self.schedule.saves_models(server_round) and self.results_dir is not None:
-            save_server_models(self.results_dir, self.settings, server_round, self.server_models())
-        self.rounds_done = server_round
-        if self.schedule.rides_on_next_train(server_round):
-            how = "evaluated with the next round's train messages"
-        else:
-            how = "no evaluation replies" if self.schedule.evaluates(server_round) else "not evaluated this round"
-        ran = server_round - self._first_round + 1
+        close_round(self.history[-1], self.exchange.comm.pop(server_round, {}), time.monotonic() - self._round_start)
+        self.rounds_done, ran = server_round, server_round - self._first_round + 1
+        how = self.schedule.how_evaluated(server_round)
         log.info(progress_line(self.name, server_round, self.schedule.last_round, ran, self._t0, metrics, how))
-        if self.results_dir is not None and checkpoint_due(self.settings, server_round, self.schedule.last_round):
-            seconds = write_checkpoint(self.results_dir, server_round, self.checkpoint_state(), self.settings)
-            extra["checkpoint-seconds"] = seconds
-        stop_if_asked(self.settings, server_round, self.schedule.last_round, self.results_dir)
+        after_round(self, server_round)  # models, checkpoint, stop-after (strategies.persistence)
         return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
 
     # ------------------------------------------------------------------ the round's pieces
     def _messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int], phase: str, kind: str
     ) -> list[Message]:
-        """The phase's messages: Flower's ``arrays`` becomes the global model (and is the record sent as it),
-        each node's :meth:`payload`, ``config`` under the base's round config."""
+        """The phase's messages: Flower's ``arrays`` (``start``'s ``initial_arrays``, then what ``aggregate_train``
+        returned) becomes the global model and is the record sent as it; each node's :meth:`payload`, ``config``
+        under the base's round config."""
         start = time.perf_counter()
-        self._take_global(arrays)
+        if model := shared_model(arrays, self.initial_state, self.shared_keys()):  # exactly the shared keys
+            self.global_state = model
         payloads = {}
         with self.exchange.sharing_records({id(self.global_state): (self.global_state, arrays)}):
             for node in nodes:
@@ -405,63 +387,8 @@ class PersonalizedStrategy(Strategy):
         self.server_time(time.perf_counter() - start)
         return messages
 
-    def _take_global(self, arrays: ArrayRecord) -> None:
-        """Flower's ``arrays`` (``start``'s ``initial_arrays``, then what ``aggregate_train`` returned) become the
-        global model: exactly the shared keys, with the model's shapes and dtypes, finite."""
-        spec = ReplySpec(records={"arrays": Arrays.like(self.initial_state, self.shared_keys())})
-        try:
-            _, records = parse_reply(RecordDict({"arrays": arrays}), spec)
-        except InvalidReply as err:
-            raise ValueError(f"the arrays given to the strategy are not this method's shared model: {err}") from None
-        if records["arrays"]:
-            self.global_state = {k: np.array(v) for k, v in records["arrays"].items()}
-
-    def record_evaluation(self, server_round: int, updates: list[Reply]) -> None:
-        """Round ``server_round``'s evaluation replies: each client's last metrics, the round's means, the
-        method's :meth:`on_evaluated`."""
-        for u in updates:
-            self.client_eval[u.client] = {k: float(v) for k, v in u.metrics.items() if isinstance(v, (int, float))}
-        metrics = evaluation_metrics(updates)
-        next(r for r in self.history if r.server_round == server_round).evaluate = metrics
+    def record_evaluation(self, server_round: int, updates: list[Reply]) -> dict[str, float]:
+        """Round ``server_round``'s evaluation replies into the history, then the method's :meth:`on_evaluated`."""
+        metrics = record_evaluation(self.history, self.client_eval, server_round, updates)
         self.on_evaluated(server_round, updates)
-        if server_round != self.history[-1].server_round:
-            accs = accuracies(metrics) or "no evaluation replies"
-            log.info(
-                "[%s] round %d evaluated (with round %d's train replies): %s",
-                self.name,
-                server_round,
-                server_round + 1,
-                accs,
-            )
-
-    def server_time(self, seconds: float) -> None:
-        """Add ``seconds`` of server work to the round's ``server-seconds``."""
-        if self.history:
-            extra = self.history[-1].extra
-            extra["server-seconds"] = extra.get("server-seconds", 0.0) + seconds
-
-    # ------------------------------------------------------------------ checkpoints and resume
-    def checkpoint_state(self) -> dict[str, Any]:
-        """What a checkpoint holds: the base's part and the method's :meth:`state`."""
-        base = {
-            "history": [asdict(r) for r in self.history],
-            "failures": self.failures,
-            "client-eval": self.client_eval,
-            "rng": self.rng,
-            "pending-evaluation": self.schedule.pending,
-            "global": self._global_state,
-        }
-        return {"base": base, "method": self.state()}
-
-    def resume(self, saved: Mapping[str, Any], rounds_done: int) -> None:
-        """Continue after round ``rounds_done`` from a checkpoint's state (:meth:`checkpoint_state`).  Node ids
-        change between runs (simulation), so every node is asked who it is before the first round."""
-        base = saved["base"]
-        self.history = [RoundLog(**r) for r in base["history"]]
-        self.gate.failures[:] = base["failures"]
-        self.client_eval = dict(base["client-eval"])
-        self.rng = base["rng"]
-        self.schedule.pending = int(base["pending-evaluation"])
-        self._global_state = base["global"]
-        self.restore(saved["method"])
-        self.rounds_done, self._identify_all = rounds_done, True
+        return metrics

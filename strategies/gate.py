@@ -13,21 +13,26 @@ Every rejected reply and every node that never answered is recorded in :attr:`Re
 reason (``failures.json``); the round goes on without it, and nothing of the strategy's state changes.
 When a phase had replies, none was valid and all failed for the same reason (every client lacks the data
 set, say), :class:`RunAborted` stops the run: the remaining rounds would fail the same way.
+
+Since the gate knows which client each node is, it also orders and draws nodes by client id
+(:meth:`ReplyGate.by_client`, :meth:`ReplyGate.draw`): a seed then draws the same clients in every run, whatever
+node ids Flower gave them.  :func:`shared_model` checks the arrays Flower hands the strategy the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from strategies.exchange import MessageExchange, RunAborted, content_bytes
-from strategies.replies import InvalidReply, ReplySpec, parse_reply
+from strategies.replies import Arrays, InvalidReply, ReplySpec, parse_reply
 
 log = logging.getLogger("flwr.pflower")
 
@@ -59,6 +64,22 @@ def short_reason(reason: str) -> str:
         reason = reason.rsplit("Message: ", 1)[1]
     lines = [line.strip() for line in reason.splitlines() if line.strip()]
     return (lines[0] if lines else reason).rstrip("'>").strip()
+
+
+def cohort_size(available: int, fraction: float) -> int:
+    """How many of ``available`` nodes a ``fraction`` of them is: rounded, at least one, at most all."""
+    return min(available, max(1, round(fraction * available)))
+
+
+def shared_model(arrays: ArrayRecord, model: Mapping[str, np.ndarray], keys: list[str]) -> dict[str, np.ndarray]:
+    """Flower's ``arrays`` as the shared model: exactly ``keys`` of ``model``, with its shapes and dtypes, finite
+    (:class:`ValueError` otherwise)."""
+    spec = ReplySpec(records={"arrays": Arrays.like(model, keys)})
+    try:
+        _, records = parse_reply(RecordDict({"arrays": arrays}), spec)
+    except InvalidReply as err:
+        raise ValueError(f"the arrays given to the strategy are not this method's shared model: {err}") from None
+    return {k: np.array(v) for k, v in records["arrays"].items()}
 
 
 class ReplyGate:
@@ -142,3 +163,17 @@ class ReplyGate:
         if node in self.client_of:
             entry["client"] = self.client_of[node]
         self.failures.append(entry)
+
+    # ------------------------------------------------------------------ nodes by client id
+    def unknown(self, nodes: Iterable[int]) -> list[int]:
+        """The nodes of ``nodes`` that never sent a valid reply (their client id is not known yet)."""
+        return [n for n in nodes if n not in self.client_of]
+
+    def by_client(self, nodes: Iterable[int]) -> list[int]:
+        """``nodes`` ordered by client id (nodes not identified yet last, by node id)."""
+        return sorted(nodes, key=lambda n: (n not in self.client_of, self.client_of.get(n, 0), n))
+
+    def draw(self, rng: random.Random, nodes: list[int], k: int) -> list[int]:
+        """``k`` of ``nodes`` drawn with ``rng`` in client-id order, ordered by client id (all when k >= len)."""
+        ordered = self.by_client(nodes)
+        return ordered if k >= len(ordered) else self.by_client(rng.sample(ordered, k))

@@ -1,8 +1,9 @@
 """The run's history: one :class:`RoundLog` per round (``rounds.json`` / ``rounds.csv``), the round's metric
-means over the replies, and the progress line logged after every round."""
+means over the replies, what the server spent on it, and the lines logged about it."""
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -80,3 +81,45 @@ def progress_line(
         f"[{name}] round {server_round}/{last_round} done: {accuracies(metrics) or how} | "
         f"{per_round:.1f} s/round, ETA {eta:.0f} s"
     )
+
+
+def record_evaluation(
+    rounds: Sequence[RoundLog], client_eval: dict[int, dict[str, float]], server_round: int, updates: Sequence[Any]
+) -> dict[str, float]:
+    """Round ``server_round``'s evaluation replies (:class:`strategies.gate.Reply`): each client's last numeric
+    metrics into ``client_eval`` (client id -> metrics), the round's :func:`evaluation_metrics` into its
+    :class:`RoundLog`, which it returns."""
+    for u in updates:
+        client_eval[u.client] = {k: float(v) for k, v in u.metrics.items() if isinstance(v, (int, float))}
+    metrics = evaluation_metrics(updates)
+    next(r for r in rounds if r.server_round == server_round).evaluate = metrics
+    return metrics
+
+
+def late_evaluation_line(name: str, server_round: int, metrics: dict[str, float]) -> str:
+    """The line logged when round ``server_round``'s evaluation came with the next round's train replies."""
+    evaluated = accuracies(metrics) or "no evaluation replies"
+    return f"[{name}] round {server_round} evaluated (with round {server_round + 1}'s train replies): {evaluated}"
+
+
+def add_seconds(rounds: Sequence[RoundLog], seconds: float, key: str = "server-seconds") -> None:
+    """Add ``seconds`` to the round in progress's ``key`` (default: ``server-seconds``, the server's own work);
+    nothing before the first round."""
+    if rounds:
+        extra = rounds[-1].extra
+        extra[key] = extra.get(key, 0.0) + seconds
+
+
+def note_timing(rounds: Sequence[RoundLog], phase: str, timing: dict[str, float] | None) -> None:
+    """Where the time of ``phase``'s messages went (:mod:`strategies.message_timing`), into the round in
+    progress's ``message-timing`` (nothing when no reply carried stamps, or before the first round)."""
+    if timing and rounds:
+        rounds[-1].extra.setdefault("message-timing", {})[phase] = timing
+
+
+def close_round(entry: RoundLog, comm: dict[str, int], seconds: float) -> None:
+    """A round's last entries: its bytes per phase and direction (``comm``), its wall-clock ``seconds`` and the
+    server's peak resident memory so far."""
+    entry.extra["comm"] = comm
+    entry.extra["seconds"] = seconds
+    entry.extra["server-peak-rss-mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -7,6 +7,9 @@ waiting for the next round's train messages, the global model) and the method's 
 declares with ``state()`` / ``restore()`` next to its logic.  Nothing derivable is saved: names and shapes
 come from the model, options from the run config, node ids change between runs anyway.
 
+:func:`checkpoint_state` gathers what a checkpoint holds and :func:`resume` puts it back into a strategy freshly
+built from the same settings; :func:`after_round` is what the round loop asks of persistence after each round.
+
 ``resume-from`` names the results folder of an interrupted run: its checkpoint must be of the same method,
 model and data set, and every run-config key but those in :data:`RESUMABLE_CHANGES` must be unchanged.
 ``stop-after`` stops the ServerApp after a round's checkpoint as a crash would (:class:`SimulatedCrash`), to
@@ -16,12 +19,18 @@ test resuming.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from strategies.history import RoundLog
 from task.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, to_tree
 from task.config import RunOptions, Settings
 from task.export import model_manifest, save_model
+
+if TYPE_CHECKING:
+    from strategies.base import PersonalizedStrategy
 
 #: run-config keys that may differ between an interrupted run and its resumption
 RESUMABLE_CHANGES = frozenset(
@@ -115,3 +124,45 @@ def save_server_models(results: Path, settings: Settings, server_round: int, mod
     for name, state in models.items():
         manifest = model_manifest(settings, round=server_round, **{"server-model": name})
         save_model(results / "models" / "server" / name, state, manifest)
+
+
+def checkpoint_state(strategy: PersonalizedStrategy) -> dict[str, Any]:
+    """What a checkpoint of ``strategy`` holds: the base's part (history, failures, each client's last evaluation,
+    the sampling generator, an evaluation waiting for the next round's train messages, the global model) and
+    the method's own ``state()``."""
+    base = {
+        "history": [asdict(r) for r in strategy.history],
+        "failures": strategy.gate.failures,
+        "client-eval": strategy.client_eval,
+        "rng": strategy.rng,
+        "pending-evaluation": strategy.schedule.pending,
+        "global": strategy.global_state,
+    }
+    return {"base": base, "method": strategy.state()}
+
+
+def resume(strategy: PersonalizedStrategy, saved: Mapping[str, Any], rounds_done: int) -> None:
+    """Put a checkpoint's state (:func:`checkpoint_state`) into ``strategy``, freshly built from the same settings,
+    so that it continues after round ``rounds_done``.  Node ids change between runs (simulation), so every node
+    is asked who it is before the next round."""
+    base = saved["base"]
+    strategy.history = [RoundLog(**r) for r in base["history"]]
+    strategy.gate.failures[:] = base["failures"]
+    strategy.client_eval = dict(base["client-eval"])
+    strategy.rng = base["rng"]
+    strategy.schedule.pending = int(base["pending-evaluation"])
+    strategy.global_state = base["global"]
+    strategy.restore(saved["method"])
+    strategy.rounds_done, strategy.identify_everyone = rounds_done, True
+
+
+def after_round(strategy: PersonalizedStrategy, server_round: int) -> None:
+    """After round ``server_round`` of a run with a results folder: the server's models when the schedule saves
+    them, the checkpoint when due (the seconds it took into the round's history), then ``stop-after``'s crash."""
+    results, settings, last = strategy.results_dir, strategy.settings, strategy.schedule.last_round
+    if results is not None and strategy.schedule.saves_models(server_round):
+        save_server_models(results, settings, server_round, strategy.server_models())
+    if results is not None and checkpoint_due(settings, server_round, last):
+        seconds = write_checkpoint(results, server_round, checkpoint_state(strategy), settings)
+        strategy.history[-1].extra["checkpoint-seconds"] = seconds
+    stop_if_asked(settings, server_round, last, results)

@@ -51,6 +51,12 @@ class EvaluationSchedule:
         """Round ``server_round`` sends evaluate messages of its own."""
         return self.evaluates(server_round) and not self.rides_on_next_train(server_round)
 
+    def how_evaluated(self, server_round: int) -> str:
+        """What the progress line says of round ``server_round`` when it has no accuracies to show."""
+        if self.rides_on_next_train(server_round):
+            return "evaluated with the next round's train messages"
+        return "no evaluation replies" if self.evaluates(server_round) else "not evaluated this round"
+
     def saves_models(self, server_round: int) -> bool:
         """Models are saved after ``server_round``."""
         return self.save_models and (

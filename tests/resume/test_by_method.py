@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from server_app.app import build_strategy
-from strategies.persistence import read_checkpoint
+from strategies.persistence import checkpoint_state, read_checkpoint, resume
 from task.config import parse_settings
 from tests.runtime.test_hostile_replies import COMMON, SCENARIOS
 from tests.strategy_harness import assert_same_state, drive, snapshot
@@ -82,11 +82,11 @@ def test_a_resumed_method_ends_in_the_state_of_the_uninterrupted_run(name, round
     assert done == stop_after
 
     resumed = build_strategy(settings)
-    resumed.resume(saved, done)
+    resume(resumed, saved, done)
     resumed.results_dir = tmp_path / "b"
     drive(resumed, NEW_NODES, range(stop_after + 1, rounds + 1), as_a_client_would)
 
     assert [r.server_round for r in resumed.history] == list(range(1, rounds + 1))
     assert resumed.failures == [] and whole.failures == []
-    assert_same_state(snapshot(comparable(whole.checkpoint_state())), snapshot(comparable(resumed.checkpoint_state())))
+    assert_same_state(snapshot(comparable(checkpoint_state(whole))), snapshot(comparable(checkpoint_state(resumed))))
     assert artefacts(resumed, tmp_path / "resumed") == artefacts(whole, tmp_path / "whole")

@@ -1,25 +1,36 @@
 """Persistence (strategies/persistence.py): when checkpoints are written, what a resumed run must agree on, the
-crash ``stop-after`` simulates, and the server's saved models."""
+crash ``stop-after`` simulates, the server's saved models, and a strategy's state written and put back."""
 
 from __future__ import annotations
 
+import re
+import time
+import warnings
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from server_app.app import build_strategy
+from strategies.base import PersonalizedStrategy
+from strategies.history import RoundLog
 from strategies.persistence import (
     RESUMABLE_CHANGES,
     SimulatedCrash,
+    after_round,
     checkpoint_due,
     checkpoint_meta,
+    checkpoint_state,
     read_checkpoint,
+    resume,
     save_server_models,
     stop_if_asked,
     write_checkpoint,
 )
-from task.checkpoint import CheckpointError
+from task.checkpoint import CheckpointError, save_checkpoint, to_tree
 from task.config import parse_settings
 from task.export import read_manifest
 
@@ -46,7 +57,9 @@ def test_the_meta_holds_every_key_but_the_resumable_ones_as_the_options_read_the
     with pytest.warns(FutureWarning):
         old = settings(**{"c2i-variant": "Lambda-only"})
     new = settings(**{"c2i-variant": "class-level-averaged-extractor"})
-    assert checkpoint_meta(old) == checkpoint_meta(new)  # a deprecated spelling is the same run
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the spelling was warned about once, when the run config was read
+        assert checkpoint_meta(old) == checkpoint_meta(new)  # a deprecated spelling is the same run
 
 
 def test_a_written_checkpoint_reads_back_and_a_foreign_or_finished_one_is_refused(tmp_path):
@@ -55,15 +68,35 @@ def test_a_written_checkpoint_reads_back_and_a_foreign_or_finished_one_is_refuse
     done, back = read_checkpoint(tmp_path, settings(**{"resume-from": str(tmp_path)}))
     assert done == 2 and back["base"] == state["base"]
     np.testing.assert_array_equal(back["method"]["store"][0], np.arange(3.0))
-    with pytest.raises(CheckpointError, match=r"run-config keys \['gamma'\] differ"):
+    folder = re.escape(repr(str(tmp_path)))  # each refusal names the folder
+    with pytest.raises(CheckpointError, match=rf"resume-from {folder} is a fedc2i run of model mlp on digits; this"):
+        read_checkpoint(tmp_path, settings(method="fedavg"))
+    with pytest.raises(CheckpointError, match=rf"{folder}: run-config keys \['gamma'\] differ"):
         read_checkpoint(tmp_path, settings(gamma=1.0))
-    with pytest.raises(CheckpointError, match="finished its 2 rounds"):
+    with pytest.raises(CheckpointError, match=rf"{folder}: the run already finished its 2 rounds"):
         read_checkpoint(tmp_path, settings(**{"num-server-rounds": 2}))
     write_checkpoint(tmp_path, 3, {"something": 1}, settings())
-    with pytest.raises(CheckpointError, match="holds no strategy state"):
+    with pytest.raises(CheckpointError, match=rf"checkpoint of {folder} holds no strategy state"):
         read_checkpoint(tmp_path, settings())
     with pytest.raises(CheckpointError, match="no such results folder"):
         read_checkpoint(tmp_path / "missing", settings())
+
+
+def test_writing_a_checkpoint_reports_the_seconds_it_took(tmp_path):
+    start = time.perf_counter()
+    seconds = write_checkpoint(tmp_path, 1, {"base": {}, "method": {"w": np.zeros(1000)}}, settings())
+    assert 0 <= seconds <= time.perf_counter() - start
+
+
+def test_a_checkpoint_from_before_an_option_existed_resumes_however_the_option_is_set(tmp_path):
+    meta = checkpoint_meta(settings())
+    del meta["run-config"]["gamma"]  # written by a version that did not know the key
+    save_checkpoint(tmp_path / "checkpoints", 2, *to_tree({"base": {}, "method": {}}), meta)
+    for gamma in (0.5, 2.0):
+        assert read_checkpoint(tmp_path, settings(gamma=gamma))[0] == 2
+    del meta["run-config"]  # nor any run-config key
+    save_checkpoint(tmp_path / "checkpoints", 3, *to_tree({"base": {}, "method": {}}), meta)
+    assert read_checkpoint(tmp_path, settings(gamma=2.0))[0] == 3
 
 
 def test_stop_after_crashes_after_its_round_but_never_after_the_last():
@@ -83,3 +116,89 @@ def test_the_server_models_are_saved_with_their_manifest(tmp_path):
         np.testing.assert_array_equal(load_file(str(path.with_suffix(".safetensors")))["w"], state["w"])
         manifest = read_manifest(path)
         assert manifest["round"] == 4 and manifest["server-model"] == name and manifest["method"] == "fedc2i"
+
+
+class Counting(PersonalizedStrategy):
+    """A method with state of its own: how many evaluations it saw."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.seen = 0
+
+    def state(self) -> dict[str, Any]:
+        return {"seen": self.seen}
+
+    def restore(self, state) -> None:
+        self.seen = state["seen"]
+
+
+def counting(**over) -> Counting:
+    s = parse_settings({"method": "fedavg", "model": "mlp", "num-server-rounds": 6, **over})
+    like = build_strategy(s)
+    return Counting(s, like.initial_state, like.model_info)
+
+
+def midway() -> Counting:
+    """A strategy after three rounds: history, a failure, evaluations, a used generator, an evaluation waiting for
+    the next round's train messages, an aggregated global model, state of the method."""
+    s = counting()
+    s.history = [RoundLog(r, train={"train-loss": 1.0 / r}, extra={"seconds": r}) for r in (1, 2, 3)]
+    s.gate.client_of[70] = 4
+    s.gate.reject(3, 70, "train", "error reply: out of memory")
+    s.client_eval = {4: {"personal-acc": 0.5}, 1: {"personal-acc": 0.75}}
+    s.rng.random()
+    s.schedule.defer(3)
+    s.global_state = {k: v + 1 for k, v in s.global_state.items()}
+    s.seen = 5
+    return s
+
+
+def test_a_checkpointed_strategy_is_put_back_as_it_was_and_continues_after_its_round(tmp_path):
+    s = midway()
+    write_checkpoint(tmp_path, 3, checkpoint_state(s), s.settings)
+    done, saved = read_checkpoint(tmp_path, counting(**{"resume-from": str(tmp_path)}).settings)
+    back = counting()
+    resume(back, saved, done)
+    assert back.rounds_done == 3 and back.identify_everyone  # node ids change between runs: ask them all again
+    assert [asdict(r) for r in back.history] == [asdict(r) for r in s.history]
+    assert back.failures == s.failures and back.client_eval == s.client_eval and back.seen == 5
+    assert back.schedule.pending == 3 and back.rng.random() == s.rng.random()
+    assert back.global_state.keys() == s.global_state.keys()
+    for k, v in s.global_state.items():
+        np.testing.assert_array_equal(back.global_state[k], v)
+    back.gate.reject(4, 71, "train", "no reply within 1 s (round-timeout)")
+    assert [f["round"] for f in back.failures] == [3, 4]  # the run's failures go on in the same list
+    assert back.client_of == {}  # who each node is is not saved: the nodes are new
+
+
+@pytest.mark.parametrize("with_folder", [True, False])
+def test_after_a_round_models_and_checkpoints_are_written_when_due_and_stop_after_stops(tmp_path, with_folder):
+    s = counting(**{"checkpoint-every": 2, "save-every": 4, "stop-after": 4})
+    s.results_dir = tmp_path / "run" if with_folder else None
+    for r in range(1, 5):
+        s.history.append(RoundLog(r))
+        if r < 4:
+            after_round(s, r)
+            continue
+        with pytest.raises(SimulatedCrash, match=re.escape("stop-after=4") + ".*" + re.escape(f"='{s.results_dir}'")):
+            after_round(s, r)
+    if not with_folder:
+        assert not any(tmp_path.iterdir()) and all("checkpoint-seconds" not in r.extra for r in s.history)
+        return
+    run = tmp_path / "run"
+    due = [r.server_round for r in s.history if "checkpoint-seconds" in r.extra]
+    assert due == [2, 4] and all(r.extra["checkpoint-seconds"] >= 0 for r in s.history if r.server_round in due)
+    done, saved = read_checkpoint(run, counting(**{"resume-from": str(run)}).settings)
+    assert done == 4 and len(saved["base"]["history"]) == 4  # the crash came after the round's checkpoint
+    manifest = read_manifest(run / "models" / "server" / "global")
+    assert manifest["round"] == 4  # save-every 4: round 4's model, not round 2's
+
+
+def test_the_last_round_the_loop_was_given_is_checkpointed_too(tmp_path):
+    s = counting(**{"checkpoint-every": 2, "num-server-rounds": 3})
+    s.results_dir = tmp_path
+    s.schedule.last_round = 5  # start's num_rounds: the run's last round
+    for r in range(1, 6):
+        s.history.append(RoundLog(r))
+        after_round(s, r)
+    assert [r.server_round for r in s.history if "checkpoint-seconds" in r.extra] == [2, 4, 5]

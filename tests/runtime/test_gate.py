@@ -1,10 +1,12 @@
 """The reply gate (strategies/gate.py): only replies that match their phase's spec and fit the node's identity
 get through; everything else, silent nodes included, is recorded with its reason, and a phase in which every
-reply failed for the same reason stops the run."""
+reply failed for the same reason stops the run.  Nodes are ordered and drawn by the client id they reported, and
+the arrays Flower hands the strategy must be exactly its shared model."""
 
 from __future__ import annotations
 
 import math
+import random
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +15,7 @@ from flwr.app import MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 
 from strategies.exchange import MessageExchange, content_bytes
-from strategies.gate import ReplyGate, RunAborted, gist, short_reason
+from strategies.gate import ReplyGate, RunAborted, cohort_size, gist, shared_model, short_reason
 from strategies.replies import BASE, TRAIN, Arrays, Tensor
 from task.params import to_record
 from tests.strategy_harness import outgoing_messages
@@ -75,6 +77,7 @@ def test_a_node_keeps_its_client_id_and_a_client_id_keeps_its_node():
         7: "partition-id 0 is already used by node 5 (each node needs its own)",
     }
     assert g.failures[0]["client"] == 0  # a known node's failure names its client
+    assert [(f["round"], f["phase"]) for f in g.failures] == [(2, "train"), (2, "train")]
     assert g.client_of == {5: 0, 6: 1} and g.node_of == {0: 5, 1: 6}
 
 
@@ -82,7 +85,7 @@ def test_a_second_reply_of_the_same_node_in_a_phase_is_a_duplicate():
     g = gate()
     got = g.admit(1, "train", [reply(5, content(0)), reply(5, content(0, n=99))])
     assert [r.num_examples for r in got] == [10]
-    assert [f["reason"] for f in g.failures] == ["duplicate reply from the same node"]
+    assert [(f["phase"], f["reason"]) for f in g.failures] == [("train", "duplicate reply from the same node")]
     assert g.admit(2, "train", [reply(5, content(0))]) != []  # a new phase: the node may answer again
 
 
@@ -99,6 +102,12 @@ def test_error_replies_and_silent_nodes_are_recorded_under_their_own_node():
     got = {f["node-id"]: f["reason"] for f in g.failures}
     assert got[7] == "error reply: Error: Node Unavailable" and got[8] == "error reply: client raised ValueError"
     assert got[9] == "no reply within 120 s (round-timeout)"
+    assert {f["phase"] for f in g.failures} == {"train"}
+    unlimited = gate(timeout=0.0)  # no time limit of its own: the phase ended with the round's
+    with outgoing_messages():
+        unlimited.exchange.address(4, "evaluate", "evaluate", {5: RecordDict()})
+    unlimited.admit(4, "evaluate", [])
+    assert unlimited.failures[0]["reason"] == "no reply within the round's time limit (round-timeout)"
 
 
 def test_a_phase_whose_every_reply_failed_for_one_reason_stops_the_run():
@@ -110,6 +119,8 @@ def test_a_phase_whose_every_reply_failed_for_one_reason_stops_the_run():
     assert g.admit(5, "train", different) == []  # different reasons: the next round may fare better
     assert g.admit(6, "train", [reply(1, error="no data"), reply(2, content(0))]) != []
     assert g.admit(7, "train", []) == []  # nobody answered at all: the silent nodes are recorded, no abort
+    with pytest.raises(RunAborted, match="round 8: every evaluate reply failed"):  # earlier phases' reasons aside
+        g.admit(8, "evaluate", [reply(1, error="out of memory"), reply(2, error="out of memory")])
 
 
 def test_a_replys_timing_is_handed_to_the_exchange_and_taken_out_of_its_metrics():
@@ -130,7 +141,90 @@ def test_a_replys_timing_is_handed_to_the_exchange_and_taken_out_of_its_metrics(
 def test_failure_reasons_are_compared_without_their_numbers_and_shown_in_one_line():
     assert gist("node 12345 at 0xdeadbeef1 failed") == gist("node 7 at 0xcafebabe2 failed")
     assert gist("no data") != gist("no memory")
+    assert gist("process ABCDEF0123 lost") == gist("process FEDCBA9876 lost")  # upper-case hex ids too
     assert short_reason("Traceback (most recent call last):\n  ...\nMessage: the data set is missing'>") == (
         "the data set is missing"
     )
     assert short_reason("  first line\nsecond line") == "first line" and short_reason("") == ""
+    nested = "Message: loading failed\nTraceback ...\nMessage: no GPU on node X'>"  # the client's own is the last
+    assert short_reason(nested) == "no GPU on node X"
+    assert short_reason("Message: a\nMessage: b\nMessage: c") == "c"
+
+
+def identified(client_of: dict[int, int]) -> ReplyGate:
+    """A gate that has admitted one reply from each node of ``client_of`` (node id -> client id)."""
+    g = gate()
+    g.admit(1, "train", [reply(node, content(client)) for node, client in client_of.items()])
+    return g
+
+
+def test_nodes_are_ordered_by_client_id_and_the_unknown_ones_come_last_by_node_id():
+    g = identified({40: 0, 7: 2, 11: 1})
+    assert g.by_client([7, 99, 40, 3, 11]) == [40, 11, 7, 3, 99]
+    assert g.unknown([7, 99, 40, 3]) == [99, 3]
+    assert gate().unknown([5, 4]) == [5, 4] and gate().by_client([5, 4]) == [4, 5]
+
+
+def test_a_seed_draws_the_same_clients_whatever_node_ids_they_have():
+    clients = list(range(8))
+    first = identified({100 + c: c for c in clients})
+    second = identified({900 - 7 * c: c for c in clients})  # the same clients on other nodes, another node order
+    for k in range(1, len(clients)):
+        drawn = first.draw(random.Random(3), list(first.client_of), k)
+        again = second.draw(random.Random(3), list(reversed(second.client_of)), k)
+        assert [first.client_of[n] for n in drawn] == [second.client_of[n] for n in again]
+        assert len(drawn) == k and drawn == first.by_client(drawn)  # k distinct nodes, in client-id order
+    seeds = {tuple(first.draw(random.Random(seed), list(first.client_of), 3)) for seed in range(10)}
+    assert len(seeds) > 1  # the draw does depend on the seed
+    every = list(first.client_of)
+    rng = random.Random(3)
+    assert first.draw(rng, every, len(every)) == first.by_client(every) == first.draw(rng, every, len(every) + 1)
+    assert rng.random() == random.Random(3).random()  # drawing everyone uses nothing of the generator
+
+
+@pytest.mark.parametrize("available,fraction,size", [(10, 0.25, 2), (10, 0.26, 3), (10, 1.0, 10), (3, 0.01, 1)])
+def test_a_cohort_is_the_rounded_fraction_of_the_available_nodes_at_least_one(available, fraction, size):
+    assert cohort_size(available, fraction) == size
+    assert cohort_size(available, 2.0) == available  # never more than there are
+
+
+def test_the_arrays_flower_hands_the_strategy_must_be_exactly_its_finite_shared_model():
+    model: dict[str, np.ndarray] = {
+        "w": np.ones((2, 3), np.float32),
+        "b": np.zeros(3, np.float32),
+        "steps": np.array(4, np.int64),
+    }
+    shared = {"w": np.full((2, 3), 0.5, np.float32), "b": np.arange(3, dtype=np.float32)}
+    got = shared_model(to_record(shared), model, ["w", "b"])
+    assert got.keys() == shared.keys()
+    for k, v in shared.items():
+        np.testing.assert_array_equal(got[k], v)
+        assert got[k].dtype == v.dtype
+    assert shared_model(to_record({}), model, []) == {}
+    wrong: list[dict[str, np.ndarray]] = [
+        {**shared, "steps": model["steps"]},  # more than the shared keys
+        {"w": shared["w"]},  # fewer
+        {**shared, "w": shared["w"][:1]},  # another shape
+        {**shared, "b": shared["b"].astype(np.float64)},  # another dtype
+        {**shared, "b": np.array([0.0, math.inf, 1.0], np.float32)},  # not finite
+    ]
+    for arrays in wrong:
+        with pytest.raises(ValueError, match="not this method's shared model"):
+            shared_model(to_record(arrays), model, ["w", "b"])
+
+
+def test_each_reply_is_checked_against_the_spec_of_its_own_node():
+    arrays_from = {5}  # only node 5 is asked for arrays (a method may ask each node for something else)
+    g = ReplyGate(MessageExchange(60.0), lambda phase, node: SPEC if node in arrays_from else BASE)
+    bare = RecordDict({"metrics": MetricRecord({"num-examples": 3, "partition-id": 1})})
+    got = g.admit(1, "train", [reply(5, content(0)), reply(6, bare), reply(7, content(2))])
+    assert [(r.node_id, sorted(r.records)) for r in got] == [(5, ["arrays"]), (6, []), (7, [])]
+    assert [r.node_id for r in g.admit(2, "train", [reply(5, bare), reply(6, bare)])] == [6]
+    assert [f["node-id"] for f in g.failures] == [5]  # node 5's reply lacks what its spec asks
+
+
+def test_a_rejected_reply_is_logged_with_its_round_phase_node_and_reason(caplog):
+    g = gate()
+    with caplog.at_level("WARNING", logger="flwr.pflower"):
+        g.admit(3, "evaluate", [reply(12, error="disk full"), reply(13, content(0))])
+    assert "round 3 evaluate: reply from node 12 rejected: error reply: disk full" in caplog.messages

@@ -1,5 +1,6 @@
 """The run's history (strategies/history.py): a round's metric means over its replies, plain and weighted by
-training examples, the maxima of its timings, and the progress line logged after it."""
+training examples, the maxima of its timings, each client's last evaluation, what the server spent on a round,
+and the lines logged about it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,23 @@ from types import SimpleNamespace
 import pytest
 
 from strategies import history
-from strategies.history import accuracies, evaluation_metrics, mean_metrics, progress_line, train_metrics
+from strategies.history import (
+    RoundLog,
+    accuracies,
+    add_seconds,
+    close_round,
+    evaluation_metrics,
+    late_evaluation_line,
+    mean_metrics,
+    note_timing,
+    progress_line,
+    record_evaluation,
+    train_metrics,
+)
 
 
-def reply(n: int, **metrics):
-    return SimpleNamespace(num_examples=n, metrics={k.replace("_", "-"): v for k, v in metrics.items()})
+def reply(n: int, client: int = 0, **metrics):
+    return SimpleNamespace(num_examples=n, client=client, metrics={k.replace("_", "-"): v for k, v in metrics.items()})
 
 
 def test_means_are_over_the_replies_that_carry_a_metric_plain_or_weighted_by_examples():
@@ -23,6 +36,8 @@ def test_means_are_over_the_replies_that_carry_a_metric_plain_or_weighted_by_exa
     assert mean_metrics(replies, ["personal-acc"], weighted=True) == pytest.approx({"personal-acc": 0.5})
     zero = [reply(0, personal_acc=0.2), reply(0, personal_acc=0.4)]  # no examples at all: the plain mean
     assert mean_metrics(zero, ["personal-acc"], weighted=True) == pytest.approx({"personal-acc": 0.3})
+    one = [reply(1, personal_acc=0.2), reply(0, personal_acc=0.6)]  # a single example in all: it alone counts
+    assert mean_metrics(one, ["personal-acc"], weighted=True) == pytest.approx({"personal-acc": 0.2})
     assert mean_metrics([], ["personal-acc"]) == {}
 
 
@@ -69,3 +84,54 @@ def test_the_progress_line_gives_the_accuracies_or_how_the_round_was_evaluated_a
     resumed = progress_line("fedavg", 8, 10, 2, 110.0, {}, "not evaluated this round")  # rounds 7-8 after a resume
     assert resumed == "[fedavg] round 8/10 done: not evaluated this round | 10.0 s/round, ETA 20 s"
     assert progress_line("x", 1, 1, 0, 130.0, {}, "-").endswith("0.0 s/round, ETA 0 s")  # no round yet: no division
+    assert progress_line("x", 1, 4, 1, 118.0, {}, "-").endswith("12.0 s/round, ETA 36 s")  # the first round alone
+
+
+def test_an_evaluation_goes_to_its_own_round_and_keeps_each_clients_last_numeric_metrics():
+    rounds = [RoundLog(1), RoundLog(2)]
+    client_eval = {7: {"personal-acc": 0.1}, 8: {"personal-acc": 0.3}}
+    first = [reply(1, client=7, personal_acc=0.5, note="text"), reply(3, client=9, personal_acc=0.9, correct=3)]
+    means = record_evaluation(rounds, client_eval, 1, first)  # round 1's evaluation, come with round 2's replies
+    assert means == evaluation_metrics(first) and rounds[0].evaluate == means and rounds[1].evaluate == {}
+    assert client_eval == {7: {"personal-acc": 0.5}, 8: {"personal-acc": 0.3}, 9: {"personal-acc": 0.9, "correct": 3.0}}
+    assert isinstance(client_eval[9]["correct"], float)  # numbers kept as floats
+    assert record_evaluation(rounds, client_eval, 2, []) == {"num-replies": 0} == rounds[1].evaluate
+    assert set(client_eval) == {7, 8, 9}  # a round nobody answered forgets no one
+
+
+def test_a_late_evaluation_is_logged_with_the_round_whose_train_replies_brought_it():
+    line = late_evaluation_line("ditto", 4, {"personal-acc": 0.75, "num-replies": 2})
+    assert line == "[ditto] round 4 evaluated (with round 5's train replies): personal-acc 0.7500"
+    assert late_evaluation_line("ditto", 1, {"num-replies": 0}).endswith("train replies): no evaluation replies")
+
+
+def test_server_seconds_add_up_in_the_round_in_progress_and_other_keys_apart():
+    rounds = [RoundLog(1), RoundLog(2), RoundLog(3)]
+    add_seconds(rounds, 0.25)
+    add_seconds(rounds, 0.5)
+    add_seconds(rounds, 2.0, key="index-seconds")
+    assert rounds[-1].extra == {"server-seconds": 0.75, "index-seconds": 2.0}
+    assert rounds[0].extra == rounds[1].extra == {}  # earlier rounds are closed
+    add_seconds([], 1.0)  # before the first round there is nothing to add to
+
+
+def test_message_timing_is_recorded_per_phase_in_the_round_in_progress():
+    rounds = [RoundLog(1), RoundLog(2), RoundLog(3)]
+    note_timing(rounds, "train", {"total": 1.5})
+    note_timing(rounds, "identify", {"total": 0.5})
+    note_timing(rounds, "evaluate", None)  # no reply carried stamps
+    assert rounds[-1].extra == {"message-timing": {"train": {"total": 1.5}, "identify": {"total": 0.5}}}
+    assert rounds[0].extra == rounds[1].extra == {}
+    note_timing([], "train", {"total": 1.0})  # before the first round: nothing to record it in
+
+
+def test_a_closed_round_has_its_bytes_seconds_and_the_servers_peak_memory_in_mb():
+    def peak_mb() -> float:  # Linux reports ru_maxrss in KiB
+        return history.resource.getrusage(history.resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+    entry = RoundLog(3, extra={"server-seconds": 0.5})
+    before = peak_mb()
+    close_round(entry, {"train-bytes-down": 10, "train-bytes-up": 4}, 2.5)
+    assert entry.extra["comm"] == {"train-bytes-down": 10, "train-bytes-up": 4} and entry.extra["seconds"] == 2.5
+    assert entry.extra["server-seconds"] == 0.5  # what the round recorded before stays
+    assert before <= entry.extra["server-peak-rss-mb"] <= peak_mb()

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from strategies.base import NodeWaitTimeout, RunAborted, wait_for_nodes
+from strategies.exchange import NodeWaitTimeout, RunAborted, wait_for_nodes
 from task.config import describe_options, parse_settings
 
 

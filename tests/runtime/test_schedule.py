@@ -1,5 +1,6 @@
 """The evaluation schedule (strategies/schedule.py): which rounds are evaluated, which evaluations ride on the
-next round's train messages, when models are saved, and what each message's config says about it."""
+next round's train messages, when models are saved, what each message's config says about it, and how the
+progress line describes a round without accuracies."""
 
 from __future__ import annotations
 
@@ -64,3 +65,13 @@ def test_an_evaluate_message_says_to_save_when_its_round_saves():
     assert s.config(2, "evaluate") == {} and s.config(3, "train") == {}
     s.fused = 3  # round 4's train messages carry round 3's evaluation: saved as round 3's model
     assert s.config(4, "train") == {"evaluate": True, "evaluate-round": 3, "save-model": True, "save-best": False}
+
+
+def test_the_progress_line_says_how_a_round_without_accuracies_was_evaluated():
+    fused, apart = schedule({"eval-every": 2}), schedule({"eval-every": 2}, evaluate_in_train=False)
+    assert [fused.how_evaluated(r) for r in (1, 2, 6)] == [
+        "not evaluated this round",
+        "evaluated with the next round's train messages",
+        "no evaluation replies",  # the last round has its own evaluate phase: nobody answered it
+    ]
+    assert apart.how_evaluated(2) == "no evaluation replies" and apart.how_evaluated(3) == "not evaluated this round"

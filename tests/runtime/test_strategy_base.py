@@ -8,6 +8,7 @@ import pytest
 from flwr.app import ConfigRecord, MetricRecord
 
 from server_app.app import build_strategy
+from strategies.persistence import checkpoint_state, resume
 from task.config import parse_settings
 from task.params import to_record
 from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, valid_content
@@ -107,7 +108,7 @@ def test_a_resumed_strategy_starts_after_its_last_round(tmp_path):
     with outgoing_messages():
         s.start(answering(s), to_record(s.global_state), num_rounds=1, timeout=60)
     resumed = strategy(**{"num-server-rounds": 3})
-    resumed.resume(s.checkpoint_state(), s.rounds_done)
+    resume(resumed, checkpoint_state(s), s.rounds_done)
     grid = answering(resumed)
     with outgoing_messages():
         result = resumed.start(grid, to_record(resumed.global_state), num_rounds=3, timeout=60)
