@@ -9,6 +9,7 @@ train handler does with the reply), on the default model (``cnn``, with BatchNor
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -23,7 +24,7 @@ from strategies.history import RoundLog
 from strategies.privacy import account_local
 from task.config import parse_settings
 from task.methods import METHODS, load_object
-from task.params import record_to_numpy, stacked_record
+from task.params import record_to_numpy, stacked_record, to_record
 from task.privacy import local_epsilon, update_norm
 from tests.client_kit import node_contexts
 
@@ -192,3 +193,39 @@ def test_every_clients_epsilon_composes_its_releases_round_by_round():
     assert [d["clients"] for d in dp] == [3, 0, 3, 3]
     assert [d["epsilon"] for d in dp] == pytest.approx([local_epsilon(0.8, r, 1e-6) for r in (1, 2, 3, 4)])
     assert all(d["noise-std"] == pytest.approx(0.8 * 0.5) and d["delta"] == 1e-6 for d in dp)
+
+
+def test_running_variances_leave_at_zero_or_above_however_large_the_noise():
+    """Noise far larger than a variance would make about half of them negative; they are cut at 0 (everything else
+    keeps its noise, negative values included)."""
+    out, _ = release(make_client(**{"dp-clip": 1.0, "dp-noise-multiplier": 20.0}), message(received(make_client())))
+    variances = [k for k in out if k.endswith("running_var")]
+    others = np.concatenate([out[k].ravel() for k in out if k not in variances])
+    assert variances and all((out[k] >= 0).all() for k in variances)
+    assert any((out[k] == 0).any() for k in variances)  # cut, not redrawn or shifted
+    assert (others < 0).mean() > 0.3
+
+
+@pytest.mark.parametrize("mode", ["off", "central", "local"])
+def test_the_clientapps_privacy_step_follows_the_runs_dp_mode(mode):
+    """The same train reply of a FedAvg-style message (``arrays``) under each mode: off leaves it as it is (integer
+    buffers included); central clips it around the message's model without noise; local would need the method's
+    release reference, which a method without local DP does not name."""
+    rng = np.random.default_rng(0)
+    sent = {"w": rng.normal(size=(40, 25)).astype(np.float32), "bn.num_batches_tracked": np.array(3)}
+    trained = {"w": sent["w"] + 0.2, "bn.num_batches_tracked": np.array(9)}  # change of norm ~6.3
+    content = RecordDict({"arrays": to_record(sent), "config": ConfigRecord({"server-round": 1})})
+    method = SimpleNamespace(settings=parse_settings({"method": "fedavg", "dp-mode": "off", "dp-clip": 0.4}))
+    method.settings = dataclasses.replace(method.settings, dp_mode=mode)
+    method.release_reference = lambda content: (_ for _ in ()).throw(NotImplementedError("no reference"))
+    reply = RecordDict({"arrays": to_record(trained)})
+    if mode == "local":
+        with pytest.raises(NotImplementedError, match="no reference"):
+            private_reply(method, reply, content)
+        return
+    out = record_to_numpy(private_reply(method, reply, content).array_records["arrays"])
+    if mode == "off":
+        assert sorted(out) == sorted(trained) and all(np.array_equal(out[k], trained[k]) for k in trained)
+    else:
+        assert sorted(out) == ["w"]
+        np.testing.assert_allclose(out["w"] - sent["w"], np.full_like(sent["w"], 0.4 / math.sqrt(1000)), rtol=1e-3)
