@@ -19,10 +19,9 @@ from flwr.clientapp import ClientApp  # noqa: E402
 
 from client_app import faults  # noqa: E402
 from client_app.base import ClientMethod  # noqa: E402
-from client_app.privacy import clipped_reply  # noqa: E402
+from client_app.privacy import private_reply  # noqa: E402
 from task.config import Settings, parse_settings  # noqa: E402
 from task.methods import all_queries, load_object, method_spec  # noqa: E402
-from task.privacy import clip_bound  # noqa: E402
 
 app = ClientApp()
 
@@ -92,8 +91,7 @@ def train(msg: Message, context: Context) -> Message:
     evaluation = method.evaluation(msg.content) if method.config.get("evaluate") else None
     method.timings.clear()  # the reply's time-train / time-method are the local update's
     content = method.train(msg.content)
-    if method.settings.dp_mode == "central":  # the update leaves clipped; the server adds the noise
-        content = clipped_reply(content, msg.content, clip_bound(method.settings.dp_clip))
+    content = private_reply(method, content, msg.content)  # under dp-mode central / local: clipped (and noised)
     if evaluation is not None:
         content["evaluation"] = MetricRecord(evaluation)
     content = faults.corrupt_train_reply(

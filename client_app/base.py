@@ -14,7 +14,9 @@ A method overrides these hooks, and nothing else of the base:
 - :meth:`ClientMethod.evaluation_extras` - method-specific evaluation metrics;
 - :meth:`ClientMethod.test_split` - the data the personalized model is scored on (default: the test split;
   with run-config ``evaluate-split='validation'`` the client's data holds its validation split there instead);
-- :meth:`ClientMethod.query` - extra phases (``query.<name>``).
+- :meth:`ClientMethod.query` - extra phases (``query.<name>``);
+- :meth:`ClientMethod.release_reference` - what a train reply's model is released against under local
+  differential privacy (only for a method that declares ``local``, docs/privacy.md).
 
 The base's :meth:`ClientMethod.evaluate` scores the personalized (and global) model, saves the personalized
 model when the server asks (``save-model``) and answers the same way when the evaluation rides on a train
@@ -337,6 +339,15 @@ class ClientMethod:
         """The evaluate handler: the personalized model's (and the global model's) accuracy on the test split."""
         self.begin(content)
         return self.reply({**self.base_metrics(), **self.evaluation(content)})
+
+    def release_reference(self, content: RecordDict) -> dict[str, np.ndarray]:
+        """Under ``dp-mode='local'``: the model the train reply's model is released against (its change from it is
+        clipped and noised).  It must not depend on this client's data except through its earlier releases (e.g.
+        its own previous release), otherwise the release is not a Gaussian mechanism of the clipped change alone.
+        A method declares ``local`` in its registry entry only with this hook overridden."""
+        raise NotImplementedError(
+            f"method {self.settings.method!r} names no reference for local differential privacy (release_reference)"
+        )
 
     def query(self, name: str, content: RecordDict) -> RecordDict:
         """Extra phases; every method answers ``identify`` (who this client is: its partition id and size)."""

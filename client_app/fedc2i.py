@@ -1,10 +1,14 @@
 """FedC2I client (fedc2i.md §2.2, §2.5): leave-one-out influence on one batch, personalized mixing of the
 received models, local training, reply with the trained model and the influence vector.
 
+Under ``dp-mode='local'`` the reply's model is released against the client's own previous release, which the
+server sends back first in ``peers`` (the common initial model in round 1): docs/privacy.md says why that reference.
+
 See docs/methods/fedc2i.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from flwr.app import RecordDict
 
@@ -12,7 +16,7 @@ from client_app.base import ClientMethod
 from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states
 from task.methods.fedc2i import FedC2IOptions
 from task.models import SplitModel
-from task.params import load_record, model_at, model_to_record, stacked_tensors
+from task.params import load_record, model_at, model_to_record, record_to_numpy, stacked_tensors
 
 
 class FedC2IClient(ClientMethod):
@@ -80,6 +84,17 @@ class FedC2IClient(ClientMethod):
             {**self.base_metrics(), **metrics, "trained-acc": acc, "influence": [float(v) for v in lam]},
             model_to_record(model),
         )
+
+    def release_reference(self, content: RecordDict) -> dict[str, np.ndarray]:
+        """The client's own previous release: the first of the models a train message stacks (docs/privacy.md).
+
+        It is what the server stored from this client's last reply (its last noised release, or the common initial
+        model before the first), so it depends on the client's data only through what the client already released.
+        """
+        peers = self.message_arrays(content, "peers")
+        if peers is None:
+            raise ValueError("local DP releases FedC2I's model against the client's own, first in 'peers': none came")
+        return {k: v[0] for k, v in record_to_numpy(peers).items()}
 
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
         """This client's own latest model (fedc2i.md §6.12): ``arrays`` of an evaluate message, or the first of the

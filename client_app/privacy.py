@@ -1,18 +1,36 @@
-"""The client's half of central differential privacy (docs/privacy.md, task/privacy.py).
+"""The client's half of client-level differential privacy (docs/privacy.md, task/privacy.py).
 
-Under ``dp-mode='central'`` a train reply's ``arrays`` leave the client clipped: ``w_ref + clip(w - w_ref, C)``,
-with ``w_ref`` the shared model the message brought (``arrays`` of the message), so what the server averages has
-norm at most ``dp-clip`` around a model it sent itself.  Integer arrays (BatchNorm's ``num_batches_tracked``, which
-counts the batches the client trained) stay home.  The noise is the server's (once, on the mean).
+- ``dp-mode='central'``: a train reply's ``arrays`` leave the client clipped: ``w_ref + clip(w - w_ref, C)``, with
+  ``w_ref`` the shared model the message brought (``arrays`` of the message), so what the server averages has norm
+  at most ``dp-clip`` around a model it sent itself.  The noise is the server's (once, on the mean).
+- ``dp-mode='local'``: a train reply's ``arrays`` are a local release, ``w_ref + clip(w - w_ref, C) + N(0, (sigma
+  C)^2 I)``, with ``w_ref`` what the method names as its release reference (:meth:`ClientMethod.release_reference`,
+  e.g. FedC2I's own previous release, which the message brought back).  The noise is drawn from the operating
+  system's entropy, never from the run's ``seed``: the run config travels to the server and to every client, so
+  noise seeded by it could be regenerated and subtracted by anyone who sees the release.  BatchNorm's running
+  variances are set to ``max(v, 0)`` after the noise (post-processing: it costs no privacy).
+
+In both modes integer arrays (BatchNorm's ``num_batches_tracked``, which counts the batches the client trained)
+stay home.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
 
 from task.params import record_to_numpy, to_record
-from task.privacy import PrivacyConfigError, clip_update, model_delta
+from task.privacy import PrivacyConfigError, clip_bound, clip_update, local_release, model_delta
+
+#: the suffix of the arrays that are variances (BatchNorm's running variances): kept >= 0 after the noise
+VARIANCE_SUFFIX = "running_var"
+
+
+def _floating(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: v for k, v in arrays.items() if np.issubdtype(v.dtype, np.floating)}
 
 
 def clipped_reply(reply: RecordDict, message: RecordDict, clip: float) -> RecordDict:
@@ -22,9 +40,45 @@ def clipped_reply(reply: RecordDict, message: RecordDict, clip: float) -> Record
         return reply
     if "arrays" not in message.array_records:
         raise PrivacyConfigError("central DP clips the reply against the model the message brought, but it had none")
-    sent = record_to_numpy(reply.array_records["arrays"])
+    floating = _floating(record_to_numpy(reply.array_records["arrays"]))
     reference = record_to_numpy(message.array_records["arrays"])
-    floating = {k: v for k, v in sent.items() if np.issubdtype(v.dtype, np.floating)}
     change = clip_update(model_delta(floating, reference), clip)
     reply["arrays"] = to_record({k: (reference[k] + change[k]).astype(v.dtype) for k, v in floating.items()})
+    return reply
+
+
+def noise_source() -> np.random.Generator:
+    """A generator seeded from the operating system's entropy: local DP's noise must be secret to the client."""
+    return np.random.default_rng()
+
+
+def released_reply(
+    reply: RecordDict,
+    reference: Mapping[str, np.ndarray],
+    noise_multiplier: float,
+    clip: float,
+    rng: np.random.Generator,
+) -> RecordDict:
+    """``reply`` with its ``arrays`` replaced by their local release around ``reference`` (``local_release``):
+    floating-point arrays only, running variances kept >= 0; a reply without arrays is returned as it is."""
+    if "arrays" not in reply.array_records:
+        return reply
+    floating = _floating(record_to_numpy(reply.array_records["arrays"]))
+    released = local_release(floating, reference, noise_multiplier, clip, rng)
+    for k in released:
+        if k.endswith(VARIANCE_SUFFIX):
+            released[k] = np.maximum(released[k], 0).astype(released[k].dtype)
+    reply["arrays"] = to_record(released)
+    return reply
+
+
+def private_reply(method: Any, reply: RecordDict, message: RecordDict) -> RecordDict:
+    """What of the train ``reply`` of ``method`` (a ClientMethod) may leave under the run's ``dp-mode``."""
+    settings = method.settings
+    clip = clip_bound(settings.dp_clip)
+    if settings.dp_mode == "central":  # the update leaves clipped; the server adds the noise
+        return clipped_reply(reply, message, clip)
+    if settings.dp_mode == "local":  # clipped and noised here, before it leaves
+        reference = method.release_reference(message)
+        return released_reply(reply, reference, settings.dp_noise_multiplier, clip, noise_source())
     return reply

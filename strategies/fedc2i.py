@@ -9,6 +9,10 @@ gets itself plus k - 1 peers sampled per round (seeded), so its download is O(k)
 Clients that have not replied yet are not offered as peers (in round 1 every client starts from the common
 initial model).  Everything is keyed by client id (partition id), so a seed gives the same peers in every run.
 
+Under ``dp-mode='local'`` each reply's model is the client's local release (clipped and noised on the client,
+without integer buffers, which keep the initial model's values here); the server forwards peers' ids without their
+training-set sizes, and accounts every client's epsilon (docs/privacy.md).
+
 See docs/methods/fedc2i.md; its last section says where each section number cited here is explained.
 """
 
@@ -24,6 +28,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.plots import integer_ticks, pyplot
+from strategies.privacy import account_local
 from strategies.replies import Numbers, ReplySpec
 from task.methods.fedc2i import FedC2IOptions
 from task.params import stacked_record, to_record
@@ -41,6 +46,7 @@ class FedC2IStrategy(PersonalizedStrategy):
         self.num_peers = self.options.peers
         self.sent_peers: dict[int, list[int]] = {}  # node id -> the other clients it was sent (this round only)
         self.influence: dict[int, dict[int, dict[int, float]]] = {}  # round -> client -> peer client -> weight
+        self.releases = 0  # the valid train replies of this round (local DP: the releases the server received)
 
     def state(self) -> dict[str, Any]:
         return {"store": self.store, "sizes": self.sizes, "influence": self.influence}
@@ -71,10 +77,11 @@ class FedC2IStrategy(PersonalizedStrategy):
         self.sent_peers[node_id] = peers
         models = [self.own_model(node_id), *(self.store[c] for c in peers)]
         payload = RecordDict({"peers": stacked_record(models, self.model_info.keys)})
-        if peers:  # the other clients' ids and training-set sizes, in the order of their models
-            payload["peer-clients"] = ConfigRecord(
-                {"client-ids": [int(c) for c in peers], "num-examples": [int(self.sizes[c]) for c in peers]}
-            )
+        if peers:  # the other clients' ids and training-set sizes (not under local DP), in the order of their models
+            about: dict[str, Any] = {"client-ids": [int(c) for c in peers]}
+            if self.settings.dp_mode != "local":
+                about["num-examples"] = [int(self.sizes[c]) for c in peers]
+            payload["peer-clients"] = ConfigRecord(about)
         return payload
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
@@ -90,17 +97,25 @@ class FedC2IStrategy(PersonalizedStrategy):
         for u in updates:
             peers = self.sent_peers.get(u.node_id, [])
             rows[u.client] = dict(zip([u.client, *peers], u.metrics["influence"], strict=True))
-        for u in updates:
-            self.store[u.client] = {k: np.array(v) for k, v in u.arrays.items()}
+        for u in updates:  # arrays a reply leaves out under DP (integer buffers) keep the initial model's values
+            self.store[u.client] = {k: np.array(u.arrays.get(k, self.initial_state[k])) for k in self.initial_state}
             self.sizes[u.client] = u.num_examples
         self.influence[server_round] = rows
         self_weights = [row[c] for c, row in rows.items()]
+        self.releases = len(updates)
         return {
             "fedc2i": {
                 "self-influence-mean": float(np.mean(self_weights)) if self_weights else None,
                 "peers-per-client": float(np.mean([len(r) for r in rows.values()])) if rows else 0.0,
-            }
+            },
         }
+
+    def on_round_end(self, server_round: int) -> None:
+        """Under local DP: every client's epsilon after this round, also when no reply of the round was valid
+        (the clients released all the same)."""
+        if self.settings.dp_mode == "local":
+            self.history[-1].extra["dp"] = account_local(self.history, self.releases, self.settings)
+        self.releases = 0
 
     def write_artifacts(self, folder: Path) -> None:
         plt = pyplot()

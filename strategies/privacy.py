@@ -1,9 +1,12 @@
-"""The server's half of central differential privacy (docs/privacy.md, task/privacy.py).
+"""The server's half of client-level differential privacy (docs/privacy.md, task/privacy.py).
 
-One round: each client's update is its reply minus the model the server sent (clients clipped it already; the
-server clips again, so one client that skipped it cannot break the bound for the others), the updates are
+Central mode, one round: each client's update is its reply minus the model the server sent (clients clipped it
+already; the server clips again, so one client that skipped it cannot break the bound for the others), the updates are
 averaged **without weights**, Gaussian noise of std ``sigma * C / m`` is added once to that mean, and the
 accountant's epsilon after all noised rounds so far goes into the round's history as ``extra["dp"]``.
+
+Local mode: the clients clipped and noised their models themselves; the server only accounts
+(:func:`account_local`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from task.privacy import (
     clip_bound,
     clip_update,
     local_epsilon,
+    local_noise_std,
     model_delta,
     noisy_mean,
     update_norm,
@@ -97,5 +101,27 @@ def account(history: Sequence[Any], released: dict[str, Any], settings: Any, pop
         "noised-rounds": rounds,
         "neighbours": neighbours,
         "epsilon": epsilon,
+        "delta": delta,
+    }
+
+
+def account_local(history: Sequence[Any], clients: int, settings: Any) -> dict[str, Any]:
+    """What a local-DP round released, with every client's epsilon after it (``extra["dp"]``).
+
+    ``history`` holds every round so far, this one last.  A client releases at most one model per round, so after
+    r rounds no client has released more than r times: ``local_epsilon(sigma, r, delta)`` bounds every client's
+    epsilon.  Every round counts, also one whose replies were all rejected (they left their clients all the same);
+    a client that was not sent a train message in some round released less.  ``clients`` is the number of valid
+    releases this round received.
+    """
+    releases = len(history)
+    sigma, delta = settings.dp_noise_multiplier, settings.dp_delta
+    return {
+        "mode": "local",
+        "clients": clients,
+        "noise-std": local_noise_std(sigma, clip_bound(settings.dp_clip)),
+        "releases": releases,
+        "neighbours": "replace-one-data-set",
+        "epsilon": local_epsilon(sigma, releases, delta),
         "delta": delta,
     }

@@ -152,10 +152,12 @@ METHODS: dict[str, MethodSpec] = {
         options=FedC2IOptions,
         description="leave-one-out influence, per-client mixing of all models (gamma, c2i-peers)",
         privacy=PrivacySupport(
+            ("local",),
             why_not=(
-                "every client receives the other clients' whole models, which only local DP (noise added before a "
-                "model leaves) protects; local DP is not implemented for it yet"
-            )
+                "the server never averages: it forwards every client's own model to the other clients, so there is no "
+                "mean for central noise to hide a client in; only local DP (dp-mode='local', noise added on the "
+                "client before its model leaves) protects it"
+            ),
         ),
     ),
     "pfedlia": _m(
@@ -168,9 +170,9 @@ METHODS: dict[str, MethodSpec] = {
         description="lazy-influence clustering after a FedAvg warm-up (lia-mode central|p2p)",
         privacy=PrivacySupport(
             why_not=(
-                "its clustering round shows every client's lazily trained model to all peers (local DP, not "
-                "implemented "
-                "for it yet) and sends un-noised influence scores"
+                "its clustering round shows every client's lazily trained model to all peers (local DP could cover "
+                "that, but is not implemented for it) and the server clusters on un-noised lazy-influence rows, so "
+                "the cluster model every client receives depends on its peers' data without noise"
             )
         ),
     ),

@@ -42,13 +42,16 @@ class FedC2IOptions(OptionSet):
     )
 
     def conflicts(self, settings) -> list[str]:
-        return (
-            [
-                (
-                    "c2i-peers=1 sends a client only its own model, so there is nothing to mix: use 0 (every client) "
-                    "or a number >= 2"
-                )
-            ]
-            if self.peers == 1
-            else []
-        )
+        problems = []
+        if self.peers == 1:
+            problems.append(
+                "c2i-peers=1 sends a client only its own model, so there is nothing to mix: use 0 (every client) "
+                "or a number >= 2"
+            )
+        if self.variant == "class-level-averaged-extractor" and settings.dp_mode == "local":
+            problems.append(
+                "c2i-variant='class-level-averaged-extractor' weights the peers' extractors by their training-set "
+                "sizes, which local DP does not forward to peers (a size is not noised): use another c2i-variant, "
+                f"one of {[v for v in VARIANTS if v != 'class-level-averaged-extractor']}"
+            )
+        return problems

@@ -11,12 +11,14 @@ from task.methods import METHODS
 from task.options import ConfigConflict
 
 CENTRAL = sorted(m for m, spec in METHODS.items() if "central" in spec.privacy.modes)
+LOCAL = sorted(m for m, spec in METHODS.items() if "local" in spec.privacy.modes)
 NO_GUARANTEE = sorted(m for m, spec in METHODS.items() if not spec.privacy.modes)
 
 
-def test_the_fedavg_family_supports_central_dp_and_the_others_do_not():
+def test_the_fedavg_family_supports_central_dp_fedc2i_local_dp_and_the_others_neither():
     assert sorted(["fedavg", "fedprox", "moon", "ditto", "fedrod", "fedper", "fedrep", "lgfedavg", "fedbn"]) == CENTRAL
-    assert "fedc2i" in NO_GUARANTEE and "client2vec" in NO_GUARANTEE and "local" in NO_GUARANTEE
+    assert LOCAL == ["fedc2i"]
+    assert "pfedlia" in NO_GUARANTEE and "client2vec" in NO_GUARANTEE and "local" in NO_GUARANTEE
 
 
 @pytest.mark.parametrize("method", NO_GUARANTEE)
@@ -37,9 +39,35 @@ def test_central_dp_starts_for_the_methods_that_declare_it(method):
     assert settings.dp_mode == "central" and settings.dp_clip == 1.0 and settings.dp_delta == 1e-5
 
 
-def test_local_dp_is_refused_until_a_method_implements_it():
-    with pytest.raises(ConfigConflict, match="local DP is not implemented"):
-        parse_settings({"method": "fedavg", "dp-mode": "local"})
+@pytest.mark.parametrize("method", sorted(set(METHODS) - set(LOCAL)))
+def test_a_method_without_local_dp_refuses_it_with_its_reason(method):
+    with pytest.raises(ConfigConflict) as err:
+        parse_settings({"method": method, "dp-mode": "local", **_runnable(method)})
+    reason = f"dp-mode='local' is not available for method {method!r}: {METHODS[method].privacy.why_not}"
+    assert reason in str(err.value)
+
+
+def test_fedc2i_refuses_central_dp_because_it_forwards_single_clients_models():
+    with pytest.raises(ConfigConflict) as err:
+        parse_settings({"method": "fedc2i", "dp-mode": "central"})
+    assert "dp-mode='central' is not available for method 'fedc2i': the server never averages" in str(err.value)
+    assert "only local DP (dp-mode='local'" in str(err.value)
+
+
+@pytest.mark.parametrize("method", LOCAL)
+def test_local_dp_starts_for_the_methods_that_declare_it(method):
+    settings = parse_settings({"method": method, "dp-mode": "local"})
+    assert settings.dp_mode == "local" and settings.dp_noise_multiplier == 1.0
+
+
+def test_fedc2i_under_local_dp_refuses_the_ablation_that_weights_peers_by_their_sizes():
+    with pytest.raises(ConfigConflict) as err:
+        parse_settings({"method": "fedc2i", "dp-mode": "local", "c2i-variant": "class-level-averaged-extractor"})
+    message = str(err.value)
+    assert "training-set sizes, which local DP does not forward to peers" in message
+    for variant in ("full", "client-level", "class-level-own-extractor"):
+        assert repr(variant) in message
+        assert parse_settings({"method": "fedc2i", "dp-mode": "local", "c2i-variant": variant}).dp_mode == "local"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,53 @@
+"""Local differential privacy end to end through Flower (docs/privacy.md): FedC2I with the defaults a user gets
+plus ``dp-mode='local'`` releases every client's model clipped and noised on the client, and reports every client's
+(epsilon, delta) round by round and in the summary; no noise and no clipping is the run without DP."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from server_app.runner import summary_line
+from task.privacy import local_epsilon
+
+pytestmark = pytest.mark.slow
+
+
+def test_fedc2i_with_the_defaults_and_local_dp(simulation):
+    summary = simulation.run({"method": "fedc2i", "dp-mode": "local", "num-server-rounds": 2, "min-nodes": 4})
+    assert summary["rounds"] == 2 and summary["clients"] == 4 and summary["failures"] == 0
+    expected = [local_epsilon(1.0, r, 1e-5) for r in (1, 2)]
+    assert summary["dp-mode"] == "local" and summary["delta"] == 1e-5
+    assert summary["epsilon"] == pytest.approx(expected[-1]) and summary["dp-neighbours"] == "replace-one-data-set"
+    line = summary_line(summary["log"])
+    assert line is not None and f"({expected[-1]:.3g}, 1e-05)-DP (local)" in line
+    rounds = json.loads((Path(summary["results"]) / "rounds.json").read_text())
+    dp = [r["extra"]["dp"] for r in rounds]
+    assert [d["releases"] for d in dp] == [1, 2]
+    assert [d["epsilon"] for d in dp] == pytest.approx(expected)
+    assert all(d["clients"] == 4 and d["noise-std"] == pytest.approx(1.0 * 1.0) for d in dp)
+
+
+def client_models(summary):
+    folder = Path(summary["results"]) / "models" / "clients"
+    return {p.stem: load_file(str(p)) for p in sorted(folder.glob("client-*.safetensors"))}
+
+
+def test_no_noise_and_no_clipping_is_the_run_without_dp(simulation):
+    base = {"method": "fedc2i", "num-server-rounds": 2, "min-nodes": 4}
+    plain = simulation.run(base)
+    private = simulation.run({**base, "dp-mode": "local", "dp-clip": 0.0, "dp-noise-multiplier": 0.0})
+    assert private["epsilon"] == math.inf  # no noise: no guarantee, and the summary says so
+    models = [client_models(s) for s in (plain, private)]
+    assert sorted(models[0]) == sorted(models[1]) and len(models[0]) == 4
+    for name, model in models[0].items():
+        floating = [k for k, v in model.items() if np.issubdtype(v.dtype, np.floating)]
+        assert len(floating) >= 10
+        for k in floating:
+            np.testing.assert_allclose(models[1][name][k], model[k], rtol=1e-4, atol=1e-5, err_msg=f"{name} {k}")
+    rounds = [json.loads((Path(s["results"]) / "rounds.json").read_text()) for s in (plain, private)]
+    for a, b in zip(*rounds, strict=True):
+        assert b["evaluate"]["personal-acc"] == pytest.approx(a["evaluate"]["personal-acc"], abs=0.01)
