@@ -67,7 +67,7 @@ from strategies.history import (
     train_metrics,
 )
 from strategies.persistence import after_round
-from strategies.privacy import account, central_round
+from strategies.privacy import account, central_round, noise_secret
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, ReplySpec
 from strategies.schedule import EvaluationSchedule
 from task.config import Settings
@@ -101,6 +101,8 @@ class PersonalizedStrategy(Strategy):
         self.client_of, self.node_of, self.failures = self.gate.client_of, self.gate.node_of, self.gate.failures
         self.schedule = EvaluationSchedule(settings, self.evaluate_in_train)
         self.rng = random.Random(settings.seed)
+        #: the seed of central DP's noise, known to the server only (never the run's seed, which clients receive)
+        self.noise_secret = noise_secret()
         self.history: list[RoundLog] = []
         self.client_eval: dict[int, dict[str, float]] = {}  # client id -> last evaluate metrics
         self.results_dir: Path | None = None
@@ -164,7 +166,13 @@ class PersonalizedStrategy(Strategy):
             keys = self.released_keys()
             variances = [k for k in keys if k in self.model_info.buffer_keys and k.endswith("running_var")]
             self.global_state, released = central_round(
-                self.global_state, [u.arrays for u in updates], keys, self.settings, server_round, variances
+                self.global_state,
+                [u.arrays for u in updates],
+                keys,
+                self.settings,
+                server_round,
+                self.noise_secret,
+                variances,
             )
             return {"dp": account(self.history, released, self.settings, *self._dp_sample)}
         if updates and self.shared_keys():

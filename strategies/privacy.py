@@ -11,6 +11,7 @@ Local mode: the clients clipped and noised their models themselves; the server o
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,9 +33,17 @@ from task.privacy import (
 NOISE_STREAM = 27
 
 
-def noise_generator(seed: int, server_round: int) -> np.random.Generator:
-    """The round's noise: seeded by the run's seed and the round, so a run (and a resumed run) repeats."""
-    return np.random.default_rng([int(seed), int(server_round), NOISE_STREAM])
+def noise_secret() -> str:
+    """A fresh secret for the server's DP noise (128 bits from the operating system, as hex).  Not the run's
+    ``seed``: every client receives the run config, so noise drawn from it could be regenerated and subtracted.
+    The strategy keeps the secret in its checkpoint (server-side), so a resumed run draws the same noise for a
+    round it repeats: a repeated round releases the same model again, not a second noisy view of it."""
+    return secrets.token_hex(16)
+
+
+def noise_generator(secret: str, server_round: int) -> np.random.Generator:
+    """The round's noise: seeded by the server's secret (:func:`noise_secret`) and the round."""
+    return np.random.default_rng([int(secret, 16), int(server_round), NOISE_STREAM])
 
 
 def central_round(
@@ -43,6 +52,7 @@ def central_round(
     keys: Sequence[str],
     settings: Any,
     server_round: int,
+    secret: str,
     variances: Sequence[str] = (),
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(the new shared model, what the round released) from the round's valid replies (``keys`` of each).
@@ -58,7 +68,7 @@ def central_round(
         [clip_update(d, clip) for d in deltas],
         settings.dp_noise_multiplier,
         clip,
-        noise_generator(settings.seed, server_round),
+        noise_generator(secret, server_round),
     )
     new_state = dict(global_state)
     new_state.update({k: (reference[k] + update[k]).astype(reference[k].dtype) for k in keys})

@@ -11,9 +11,12 @@ from flwr.app import ConfigRecord, RecordDict
 
 from client_app.privacy import clipped_reply
 from strategies.history import RoundLog
-from strategies.privacy import account, central_round
+from strategies.privacy import account, central_round, noise_secret
 from task.params import record_to_numpy, to_record
 from task.privacy import PrivacyConfigError, central_epsilon, local_epsilon, update_norm
+
+#: a fixed server secret, so that a test's noise repeats
+SECRET = "0123456789abcdef0123456789abcdef"
 
 
 def settings(**kw):
@@ -44,7 +47,7 @@ def test_the_server_adds_noise_of_std_sigma_clip_over_m_to_the_unweighted_mean_o
     global_state = {"w": np.zeros(n), "count": np.array(5)}
     replies = [{"w": np.full(n, 0.001 * (i + 1))} for i in range(m)]  # norms 0.45 .. 1.8: the last two clipped
     s = settings(dp_clip=1.0, dp_noise_multiplier=0.8)
-    new, released = central_round(global_state, replies, ["w"], s, server_round=3)
+    new, released = central_round(global_state, replies, ["w"], s, server_round=3, secret=SECRET)
     clipped = [min(1.0, 1.0 / (0.001 * (i + 1) * math.sqrt(n))) * 0.001 * (i + 1) for i in range(m)]
     noise = new["w"] - np.mean(clipped)
     expected = 0.8 * 1.0 / m
@@ -55,18 +58,29 @@ def test_the_server_adds_noise_of_std_sigma_clip_over_m_to_the_unweighted_mean_o
     assert released["largest-update-norm"] == pytest.approx(0.004 * math.sqrt(n))
 
 
-def test_the_same_round_of_the_same_run_draws_the_same_noise():
+def test_the_same_round_under_the_same_secret_draws_the_same_noise_and_another_round_or_secret_other_noise():
     state, replies = {"w": np.zeros(1000)}, [{"w": np.full(1000, 0.01)}]
-    a, _ = central_round(state, replies, ["w"], settings(), 2)
-    b, _ = central_round(state, replies, ["w"], settings(), 2)
-    c, _ = central_round(state, replies, ["w"], settings(), 3)
+    a, _ = central_round(state, replies, ["w"], settings(), 2, SECRET)
+    b, _ = central_round(state, replies, ["w"], settings(), 2, SECRET)
+    c, _ = central_round(state, replies, ["w"], settings(), 3, SECRET)
+    d, _ = central_round(state, replies, ["w"], settings(), 2, noise_secret())
     assert np.array_equal(a["w"], b["w"]) and not np.array_equal(a["w"], c["w"])
+    assert not np.array_equal(a["w"], d["w"])
+
+
+def test_the_noise_cannot_be_regenerated_from_the_run_config():
+    # every client receives the run config (its seed among it): two servers with the same settings must not draw
+    # the same noise, or a client could subtract it from the released mean
+    state, replies = {"w": np.zeros(1000)}, [{"w": np.full(1000, 0.01)}]
+    a, _ = central_round(state, replies, ["w"], settings(seed=7), 1, noise_secret())
+    b, _ = central_round(state, replies, ["w"], settings(seed=7), 1, noise_secret())
+    assert not np.array_equal(a["w"], b["w"])
 
 
 def test_no_noise_and_no_clipping_is_the_unweighted_mean():
     state = {"w": np.array([1.0, 2.0])}
     replies = [{"w": np.array([3.0, 2.0])}, {"w": np.array([1.0, 8.0])}, {"w": np.array([2.0, 5.0])}]
-    new, _ = central_round(state, replies, ["w"], settings(dp_clip=0.0, dp_noise_multiplier=0.0), 1)
+    new, _ = central_round(state, replies, ["w"], settings(dp_clip=0.0, dp_noise_multiplier=0.0), 1, SECRET)
     np.testing.assert_allclose(new["w"], [2.0, 5.0])
 
 
@@ -93,7 +107,7 @@ def test_epsilon_counts_every_noised_round_at_the_highest_sampling_rate():
 def test_noised_running_variances_are_projected_back_to_zero_or_more():
     state = {"bn.running_var": np.full(5000, 0.05), "w": np.zeros(5000)}
     replies = [{"bn.running_var": np.full(5000, 0.05), "w": np.zeros(5000)}]
-    new, _ = central_round(state, replies, ["bn.running_var", "w"], settings(), 1, variances=["bn.running_var"])
+    new, _ = central_round(state, replies, ["bn.running_var", "w"], settings(), 1, SECRET, variances=["bn.running_var"])
     assert new["bn.running_var"].min() == 0.0 and (new["bn.running_var"] > 0.05).any()  # noisy, never negative
     assert new["w"].min() < 0  # other arrays keep their noise as drawn
 
@@ -107,7 +121,7 @@ def test_a_message_without_a_model_cannot_be_clipped_against():
 def test_a_float32_model_stays_float32_and_the_round_says_what_it_released():
     state = {"w": np.zeros(50, np.float32), "bn.running_var": np.ones(50, np.float32)}
     replies = [{"w": np.full(50, 0.01, np.float32), "bn.running_var": np.ones(50, np.float32)}]
-    new, released = central_round(state, replies, ["w", "bn.running_var"], settings(), 1, ["bn.running_var"])
+    new, released = central_round(state, replies, ["w", "bn.running_var"], settings(), 1, SECRET, ["bn.running_var"])
     assert new["w"].dtype == np.float32 and new["bn.running_var"].dtype == np.float32
     assert released["mode"] == "central"
     assert account([RoundLog(1)], released, settings(dp_delta=1e-6), 4, 4)["delta"] == 1e-6

@@ -171,6 +171,17 @@ def test_a_checkpointed_strategy_is_put_back_as_it_was_and_continues_after_its_r
     assert back.client_of == {}  # who each node is is not saved: the nodes are new
 
 
+def test_a_resumed_strategy_draws_central_dp_noise_from_the_secret_of_the_run_it_resumes(tmp_path):
+    # a repeated round must release the same noised model again, not a second noisy view of the same mean
+    s = midway()
+    fresh = counting()
+    assert fresh.noise_secret != s.noise_secret  # every run draws its own
+    write_checkpoint(tmp_path, 3, checkpoint_state(s), s.settings)
+    done, saved = read_checkpoint(tmp_path, counting(**{"resume-from": str(tmp_path)}).settings)
+    resume(fresh, saved, done)
+    assert fresh.noise_secret == s.noise_secret
+
+
 @pytest.mark.parametrize("with_folder", [True, False])
 def test_after_a_round_models_and_checkpoints_are_written_when_due_and_stop_after_stops(tmp_path, with_folder):
     s = counting(**{"checkpoint-every": 2, "save-every": 4, "stop-after": 4})
