@@ -22,6 +22,7 @@ A method overrides these hooks, and nothing else of the base:
 
 - :meth:`shared_keys` - which state keys the server aggregates and broadcasts;
 - :meth:`reply_spec` - what a reply of a phase must carry (see :mod:`strategies.replies`);
+- :meth:`disclosure` - what every message type carries out of a client and into it (:mod:`strategies.disclosure`);
 - :meth:`round_config`, :meth:`payload` - what one node receives;
 - :meth:`prepare_round` - extra phases (queries) before the round's cohort is drawn;
 - :meth:`wants_client_ids` - whether the cohort depends on which client each node is;
@@ -50,12 +51,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from strategies.disclosure import Disclosure, Part, sent, stacked
 from strategies.exchange import MessageExchange, NodeWaitTimeout, RunAborted, wait_for_nodes
 from strategies.gate import Reply, ReplyGate
 from strategies.history import RoundLog, accuracies, evaluation_metrics, progress_line, train_metrics
 from strategies.persistence import checkpoint_due, save_server_models, stop_if_asked, write_checkpoint
 from strategies.privacy import account, central_round
-from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, InvalidReply, ReplySpec, parse_reply
+from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Dim, InvalidReply, ReplySpec, parse_reply
 from strategies.schedule import EvaluationSchedule
 from task.config import Settings
 from task.models import ModelInfo
@@ -122,6 +124,50 @@ class PersonalizedStrategy(Strategy):
                 spec = spec.with_evaluation({k: v for k, v in evaluation.items() if k not in BASE.metrics})
             return spec
         return EVALUATE if phase == "evaluate" else BASE
+
+    def disclosure(self) -> dict[str, Disclosure]:
+        """What each message type of this run carries (``train``, ``evaluate``, ``query.<name>``): every record a
+        client's reply sends and every record the message brings, with what of it comes from other clients
+        (docs/privacy.md; a recording of the run must match it exactly).  Default: each phase's reply spec, and
+        the global model (the shared keys, averaged over the cohort) with every train and evaluate message."""
+        receives = {"config": self.config_part()}
+        if self.shared_keys():
+            receives["arrays"] = self.model_part("the global model: the shared keys averaged over the clients")
+        return {
+            MessageType.TRAIN: Disclosure(
+                self.sends("train", {"arrays": "its trained model's shared keys"}), receives, "how its data moved them"
+            ),
+            MessageType.EVALUATE: Disclosure(self.sends("evaluate"), receives, "how well the models fit its data"),
+            f"{MessageType.QUERY}.{IDENTIFY}": Disclosure(
+                self.sends(IDENTIFY), {"config": self.config_part()}, "which client it is"
+            ),
+        }
+
+    def sends(self, phase: str, what: Mapping[str, str] | None = None) -> dict[str, Part]:
+        """What a reply of ``phase`` carries: the records of its reply spec (``what``: record -> in words), the
+        optional timing stamps, and with a train reply the optional evaluation of the client's previous model."""
+        evaluation = None
+        if phase == "train":
+            evaluation = {k: v for k, v in self.reply_spec("evaluate", -1).metrics.items() if k not in BASE.metrics}
+        return sent(self.reply_spec(phase, -1), what, evaluation)
+
+    def model_part(
+        self, what: str, keys: Iterable[str] | None = None, count: int | Dim | None = None, **kw: Any
+    ) -> Part:
+        """An ArrayRecord of ``keys`` of the model (default the shared keys) derived from other clients; with
+        ``count``, that many models stacked (:func:`strategies.disclosure.stacked`)."""
+        arrays = Arrays.like(self.initial_state, list(self.shared_keys() if keys is None else keys))
+        kw.setdefault("from_peers", True)
+        return Part(what, arrays=arrays if count is None else stacked(arrays, count), **kw)
+
+    def config_part(self, **more: bool) -> Part:
+        """The ``config`` record every message carries: the round, the phase, where the client keeps its state
+        and models, what to evaluate and save (:meth:`round_config`), and a method's ``more`` entries."""
+        optional = ("run-key", "state-dir", "model-dir", "evaluate", "evaluate-round", "save-model", "save-best")
+        return Part(
+            "the server's instructions (nothing about other clients)",
+            entries={"server-round": True, "phase": True, **dict.fromkeys(optional, False), **more},
+        )
 
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         """The config of every message: the round and phase; where clients keep state and models (a node's own

@@ -93,3 +93,14 @@ def client_file(state_dir: str, run_key: str, partition_id: int) -> Path | None:
     if not state_dir or not run_key:
         return None
     return Path(state_dir).expanduser() / run_key / f"client-{partition_id}" / CLIENT_FILE
+
+
+def read_run(folder: Path) -> tuple[list[dict[str, Any]], dict[int, list[dict[str, Any]]]]:
+    """A simulated run's recordings: the server's, and each client's by partition id (in simulation the clients'
+    state folders are under the results folder, ``client-state/<run-key>/client-<id>/``)."""
+    server = read(folder / SERVER_FILE)
+    clients = {
+        int(path.parent.name.removeprefix("client-")): read(path)
+        for path in sorted((folder / "client-state").glob(f"*/client-*/{CLIENT_FILE}"))
+    }
+    return server, clients
