@@ -124,8 +124,10 @@ class PFedLIAStrategy(PersonalizedStrategy):
         """Warm-up and per-cluster rounds as FedAvg (the model of the client's cluster).  The clustering round:
         ``query.lazy`` sends the warm-up model and gets back a lazily trained whole model; ``query.lia`` sends
         every client's lazy model with their client ids and gets back the influence row (peer-to-peer: also the
-        beneficial peers)."""
+        beneficial peers).  The Oracle has no clustering queries."""
         out = super().disclosure()
+        if self.mode == "oracle":  # the Oracle clusters by the planted groups its clients report: no lazy models
+            return out
         start = self.model_part("the warm-up model (the clients' average)")
         out["query.lazy"] = Disclosure(
             self.sends("lazy", {"arrays": "its lazily trained whole model"}),
