@@ -24,7 +24,7 @@ class RecordingGrid(Grid):
     def __init__(self, grid: Grid, path: Path) -> None:
         self.grid = grid
         self.path = path
-        self._rounds: dict[str, int | None] = {}  # message id -> the round its config named (for its reply)
+        self._sent: dict[str, tuple[str, int | None]] = {}  # message id -> its type and round (for its reply)
 
     def set_run(self, run: Any) -> None:  # Flower's Run (its class lives in an internal module)
         self.grid.set_run(run)
@@ -48,7 +48,7 @@ class RecordingGrid(Grid):
         for message, mid in zip(messages, ids, strict=True):
             meta = message.metadata
             server_round = recording.message_round(message.content)
-            self._rounds[mid] = server_round
+            self._sent[mid] = (meta.message_type, server_round)
             lines.append(
                 recording.entry(recording.PUSHED, meta.message_type, meta.dst_node_id, server_round, message.content)
             )
@@ -62,10 +62,8 @@ class RecordingGrid(Grid):
             if reply.has_error():
                 continue
             meta = reply.metadata
-            server_round = self._rounds.pop(meta.reply_to_message_id, None)
-            lines.append(
-                recording.entry(recording.PULLED, meta.message_type, meta.src_node_id, server_round, reply.content)
-            )
+            kind, server_round = self._sent.pop(meta.reply_to_message_id, ("unknown", None))
+            lines.append(recording.entry(recording.PULLED, kind, meta.src_node_id, server_round, reply.content))
         if lines:
             recording.append(self.path, lines)
         return replies
