@@ -8,7 +8,7 @@ writing a line for every message pushed to a node and every reply pulled from on
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ class RecordingGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
         ids = list(self.grid.push_messages(messages))
-        lines = []
+        lines: list[Mapping[str, Any]] = []
         for message, mid in zip(messages, ids, strict=True):
             meta = message.metadata
             server_round = recording.message_round(message.content)
@@ -57,7 +57,7 @@ class RecordingGrid(Grid):
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         replies = list(self.grid.pull_messages(message_ids))
-        lines = []
+        lines: list[Mapping[str, Any]] = []
         for reply in replies:
             if reply.has_error():
                 continue

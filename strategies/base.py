@@ -42,7 +42,7 @@ import random
 import resource
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,13 +143,18 @@ class PersonalizedStrategy(Strategy):
             ),
         }
 
-    def sends(self, phase: str, what: Mapping[str, str] | None = None) -> dict[str, Part]:
+    def sends(self, phase: str, what: Mapping[str, str] | None = None, unread: Iterable[str] = ()) -> dict[str, Part]:
         """What a reply of ``phase`` carries: the records of its reply spec (``what``: record -> in words), the
-        optional timing stamps, and with a train reply the optional evaluation of the client's previous model."""
+        optional timing stamps, with a train reply the optional evaluation of the client's previous model, and
+        ``unread``: metrics the client sends that the server does not read (they leave the node all the same)."""
         evaluation = None
         if phase == "train":
             evaluation = {k: v for k, v in self.reply_spec("evaluate", -1).metrics.items() if k not in BASE.metrics}
-        return sent(self.reply_spec(phase, -1), what, evaluation)
+        parts = sent(self.reply_spec(phase, -1), what, evaluation)
+        if unread:
+            metrics = parts["metrics"]
+            parts["metrics"] = replace(metrics, entries={**(metrics.entries or {}), **dict.fromkeys(unread, True)})
+        return parts
 
     def model_part(
         self, what: str, keys: Iterable[str] | None = None, count: int | Dim | None = None, **kw: Any

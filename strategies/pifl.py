@@ -169,7 +169,7 @@ class PIFLStrategy(PersonalizedStrategy):
         tiers = self.model_part("every tier's model: the average of the tier's winners", count=self.num_tiers)
         config = {"config": self.config_part()}
         out["query.bid"] = Disclosure(
-            self.sends("bid"),
+            self.sends("bid", unread=["tier-acc"]),  # the bid's reasons: each tier's accuracy on its validation split
             {**config, "tiers": tiers, "ledger": Part("its token balance and the slot price", entries=LEDGER)},
             "which tiers its data is worth paying for",
         )
@@ -182,7 +182,10 @@ class PIFLStrategy(PersonalizedStrategy):
             },
             "how its data moved the tier model",
         )
-        out["evaluate"] = Disclosure(self.sends("evaluate"), {**config, "tiers": tiers}, "every tier's fit to its data")
+        # the server reads tier-acc; the accuracy of every tier on the client's goal split and the weights of its
+        # personalized mixture come along unread
+        evaluated = self.sends("evaluate", unread=["tier-goal-acc", "mixture-weights"])
+        out["evaluate"] = Disclosure(evaluated, {**config, "tiers": tiers}, "every tier's fit to its data")
         return out
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:

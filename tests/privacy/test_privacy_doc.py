@@ -8,12 +8,15 @@ from pathlib import Path
 import pytest
 
 from server_app.disclosure import BEGIN, END, declarations, declared_table
+from strategies.replies import BASE, EVALUATE, TRAIN
 from task.methods import METHODS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"
 #: records of every message (the server's instructions, the model) and of every reply (its metrics, the model);
 #: what ``arrays`` holds is in the generated table
 EVERYWHERE = {"config", "metrics", "timing", "evaluation", "arrays"}
+#: the metrics of every reply, listed once in the section "What every method sends"
+COMMON = set(BASE.metrics) | set(TRAIN.metrics) | set(EVALUATE.metrics)
 #: the rows that say "as <method>" name the method by its display name
 DISPLAY = {"FedAvg": "fedavg", "FedPer": "fedper", "pFedLIA's warm-up and per-cluster rounds": "pfedlia"}
 
@@ -69,6 +72,8 @@ def test_a_row_names_what_its_method_declares(declared, method):
             assert f"`{kind}`" in server, f"{method}: the row does not name {kind}"
         for name in d.sends.keys() - EVERYWHERE:
             assert f"`{name}`" in server, f"{method}: the row does not name the record `{name}` ({kind})"
+        for name in set(d.sends["metrics"].entries or {}) - COMMON:
+            assert f"`{name}`" in server, f"{method}: the row does not name the metric `{name}` ({kind})"
         for name, part in d.receives.items():
             if part.from_peers and name not in EVERYWHERE:
                 assert f"`{name}`" in peers, f"{method}: the row does not name the received record `{name}`"
