@@ -44,14 +44,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from strategies.disclosure import Disclosure, Part, sent, stacked
+from strategies.disclosure import Disclosure, Part, Unread, sent, stacked
 from strategies.exchange import MessageExchange, NodeWaitTimeout, RunAborted, wait_for_nodes
 from strategies.gate import Reply, ReplyGate
 from strategies.history import RoundLog, accuracies, evaluation_metrics, progress_line, train_metrics
@@ -86,6 +86,9 @@ class PersonalizedStrategy(Strategy):
     #: whether a round's evaluation may ride on the next round's train messages (one message per client and
     #: round); methods that train only some clients, or settle after evaluation, keep an evaluate phase
     evaluate_in_train = True
+    #: phase -> metrics the method's clients send that the server does not read (they leave the node all the same;
+    #: :meth:`disclosure` declares them)
+    unread_metrics: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     def __init__(self, settings: Settings, initial_state: Mapping[str, np.ndarray], model_info: ModelInfo) -> None:
         self.settings = settings
@@ -143,17 +146,19 @@ class PersonalizedStrategy(Strategy):
             ),
         }
 
-    def sends(self, phase: str, what: Mapping[str, str] | None = None, unread: Iterable[str] = ()) -> dict[str, Part]:
+    def sends(self, phase: str, what: Mapping[str, str] | None = None) -> dict[str, Part]:
         """What a reply of ``phase`` carries: the records of its reply spec (``what``: record -> in words), the
-        optional timing stamps, with a train reply the optional evaluation of the client's previous model, and
-        ``unread``: metrics the client sends that the server does not read (they leave the node all the same)."""
+        metrics the method's clients send unread (:attr:`unread_metrics`), the optional timing stamps and, with a
+        train reply, the optional evaluation of the client's previous model."""
         evaluation = None
         if phase == "train":
             evaluation = {k: v for k, v in self.reply_spec("evaluate", -1).metrics.items() if k not in BASE.metrics}
+            evaluation.update(dict.fromkeys(self.unread_metrics.get("evaluate", ()), Unread()))
         parts = sent(self.reply_spec(phase, -1), what, evaluation)
-        if unread:
+        if phase in self.unread_metrics:
             metrics = parts["metrics"]
-            parts["metrics"] = replace(metrics, entries={**(metrics.entries or {}), **dict.fromkeys(unread, True)})
+            unread = dict.fromkeys(self.unread_metrics[phase], True)
+            parts["metrics"] = replace(metrics, entries={**(metrics.entries or {}), **unread})
         return parts
 
     def model_part(

@@ -65,6 +65,13 @@ class Disclosure:
     reveals: str = ""
 
 
+@dataclass(frozen=True)
+class Unread:
+    """A metric a client sends that the server does not read: declared, always present."""
+
+    required: bool = True
+
+
 def entries(rules: Mapping[str, Any]) -> dict[str, bool]:
     """A reply spec's metric rules as entry names -> required."""
     return {name: bool(getattr(rule, "required", True)) for name, rule in rules.items()}

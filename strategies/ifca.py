@@ -6,8 +6,9 @@ See docs/methods/pifl.md; its last section says where each section number cited 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import RecordDict
@@ -24,6 +25,8 @@ class IFCAStrategy(PersonalizedStrategy):
     options: TierOptions  # the run-config keys of this method, typed
 
     has_global_model = False
+    #: sent, not read: an evaluation names the cluster model that fits the client's validation split best
+    unread_metrics: ClassVar[Mapping[str, tuple[str, ...]]] = {"evaluate": ("cluster",)}
 
     def __init__(self, settings, initial_state, model_info):
         super().__init__(settings, initial_state, model_info)

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -55,6 +56,12 @@ class PIFLStrategy(PersonalizedStrategy):
 
     has_global_model = False
     evaluate_in_train = False  # every client scores every tier after the round; only winners train
+    #: sent, not read: with a bid each tier's accuracy on the validation split (the bid's reasons); with an
+    #: evaluation each tier's accuracy on the goal split and the weights of the personalized mixture
+    unread_metrics: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "bid": ("tier-acc",),
+        "evaluate": ("tier-goal-acc", "mixture-weights"),
+    }
 
     def __init__(self, settings, initial_state, model_info):
         super().__init__(settings, initial_state, model_info)
@@ -169,7 +176,7 @@ class PIFLStrategy(PersonalizedStrategy):
         tiers = self.model_part("every tier's model: the average of the tier's winners", count=self.num_tiers)
         config = {"config": self.config_part()}
         out["query.bid"] = Disclosure(
-            self.sends("bid", unread=["tier-acc"]),  # the bid's reasons: each tier's accuracy on its validation split
+            self.sends("bid"),
             {**config, "tiers": tiers, "ledger": Part("its token balance and the slot price", entries=LEDGER)},
             "which tiers its data is worth paying for",
         )
@@ -182,10 +189,7 @@ class PIFLStrategy(PersonalizedStrategy):
             },
             "how its data moved the tier model",
         )
-        # the server reads tier-acc; the accuracy of every tier on the client's goal split and the weights of its
-        # personalized mixture come along unread
-        evaluated = self.sends("evaluate", unread=["tier-goal-acc", "mixture-weights"])
-        out["evaluate"] = Disclosure(evaluated, {**config, "tiers": tiers}, "every tier's fit to its data")
+        out["evaluate"] = Disclosure(self.sends("evaluate"), {**config, "tiers": tiers}, "every tier's fit to its data")
         return out
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:

@@ -20,10 +20,12 @@ pytestmark = pytest.mark.slow
 NODES = 3
 #: two rounds; the user's defaults otherwise, with fewer training samples per client for speed
 SHRUNK = {"num-server-rounds": 2, "min-nodes": NODES, "train-samples": 40, "record-messages": True}
-#: pFedLIA and the Oracle cluster after their FedAvg warm-up: with two rounds the warm-up must be one round (the
-#: default, 5, is refused at start-up with two rounds), so the clustering round (query.lazy, query.lia) is run
+#: Settings that must shrink with the rounds.  pFedLIA and the Oracle cluster after their FedAvg warm-up: with two
+#: rounds the warm-up must be one round (the default, 5, is refused at start-up with two rounds), so the clustering
+#: round (query.lazy, query.lia) is run
 WARMUP = {"warmup-rounds": 1}
-SETTINGS = {"pfedlia": WARMUP, "oracle": WARMUP}
+#: CFL may split clusters from round cfl-min-rounds on (the default, 5, is refused with two rounds)
+SETTINGS = {"pfedlia": WARMUP, "oracle": WARMUP, "cfl": {"cfl-min-rounds": 2}}
 #: phases only another mode of the method uses (Client2Vec's DSA-IGN is trained in Global mode by default)
 OTHER_MODE = {"client2vec": {"c2v_ign"}}
 
