@@ -12,7 +12,9 @@ _APP_IMPORT = time.time()  # when this module's own imports start (issue 17: whe
 
 import functools  # noqa: E402
 import os  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 from flwr.app import Context, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
@@ -35,7 +37,7 @@ def recorder_mod(msg: Message, context: Context, call_next) -> Message:
     except ValueError:  # a bad run config: the handler failed with the reason already
         return reply
     if record:
-        config = msg.content.config_records.get("config", {})
+        config: Mapping[str, Any] = msg.content.config_records.get("config") or {}
         path = recording.client_file(
             str(context.node_config.get("state-dir", config.get("state-dir", ""))),
             str(config.get("run-key", "")),

@@ -150,7 +150,7 @@ class PersonalizedStrategy(Strategy):
         """What a reply of ``phase`` carries: the records of its reply spec (``what``: record -> in words), the
         metrics the method's clients send unread (:attr:`unread_metrics`), the optional timing stamps and, with a
         train reply, the optional evaluation of the client's previous model."""
-        evaluation = None
+        evaluation: dict[str, Any] | None = None
         if phase == "train":
             evaluation = {k: v for k, v in self.reply_spec("evaluate", -1).metrics.items() if k not in BASE.metrics}
             evaluation.update(dict.fromkeys(self.unread_metrics.get("evaluate", ()), Unread()))

@@ -15,7 +15,7 @@ folder the server suggests), so in deployment a node's recording stays on that n
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ def entry(direction: str, message_type: str, node: int, server_round: int | None
     }
 
 
-def append(path: Path, entries: list[Mapping[str, Any]]) -> None:
+def append(path: Path, entries: Iterable[Mapping[str, Any]]) -> None:
     """Append ``entries`` to ``path`` as JSON lines (the folder is created)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:

@@ -4,10 +4,12 @@ and every reply pulled, the ClientApp's mod every message received and every rep
 
 import json
 from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 
 from client_app.app import recorder_mod
 from server_app.recorder import RecordingGrid
@@ -39,9 +41,9 @@ def _reply_content() -> RecordDict:
 def test_the_grid_wrapper_records_every_message_pushed_and_reply_pulled(tmp_path):
     path = tmp_path / recording.SERVER_FILE
     inner = ReplayGrid([5, 6], lambda m: [reply_message(m.metadata.dst_node_id, _reply_content())])
-    grid = RecordingGrid(inner, path)
+    grid = RecordingGrid(cast(Grid, inner), path)
     assert list(grid.get_node_ids()) == [5, 6]
-    messages = [OutgoingMessage(_content(3), "train", node) for node in (5, 6)]
+    messages = [cast(Message, OutgoingMessage(_content(3), "train", node)) for node in (5, 6)]
     replies = list(grid.send_and_receive(messages, timeout=5))
     assert len(replies) == 2 and inner.sent == messages  # passed through unchanged
     lines = recording.read(path)
@@ -64,7 +66,8 @@ def test_the_grid_wrapper_records_every_message_pushed_and_reply_pulled(tmp_path
 def test_a_failed_reply_is_not_recorded_as_sent_content(tmp_path):
     path = tmp_path / recording.SERVER_FILE
     inner = ReplayGrid([5], lambda m: [reply_message(5, error="crashed")])
-    RecordingGrid(inner, path).send_and_receive([OutgoingMessage(_content(1), "evaluate", 5)], timeout=1)
+    message = cast(Message, OutgoingMessage(_content(1), "evaluate", 5))
+    RecordingGrid(cast(Grid, inner), path).send_and_receive([message], timeout=1)
     assert [e["direction"] for e in recording.read(path)] == ["pushed"]
 
 
@@ -88,8 +91,8 @@ def _served(content: RecordDict):
 
 
 def _message_config(tmp_path, content: RecordDict) -> RecordDict:
-    content["config"]["state-dir"] = str(tmp_path / "suggested")
-    content["config"]["run-key"] = "run-1"
+    content.config_records["config"]["state-dir"] = str(tmp_path / "suggested")
+    content.config_records["config"]["run-key"] = "run-1"
     return content
 
 
