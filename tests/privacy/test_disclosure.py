@@ -117,3 +117,37 @@ def test_the_two_sides_must_agree(fedavg):
     assert disagreements([pushed, pulled], [received, more])  # the client sent what the server did not record
     assert disagreements([pushed, pulled], [received])  # the server pulled what no client recorded sending
     assert disagreements([pushed, pulled], [received, {**replied, "node": 8}])
+
+
+def test_options_that_change_the_messages_change_the_declaration():
+    from server_app.disclosure import declarations
+
+    plain, _ = declarations("fedcac")
+    diagnosed, _ = declarations("fedcac", **{"fedcac-diagnostics": True})
+    assert plain["train"].sends["metrics"].entries is not None
+    assert "label-histogram" not in plain["train"].sends["metrics"].entries
+    assert diagnosed["train"].sends["metrics"].entries == {
+        **plain["train"].sends["metrics"].entries,
+        "label-histogram": True,
+    }
+    bounded, _ = declarations("fedc2i", **{"c2i-peers": 2})
+    peers = bounded["train"].receives["peers"].arrays
+    assert peers is not None
+    assert {t.shape[0] for t in peers.tensors.values()} == {Dim(1, 2)}  # at most k models in one message
+    p2p, _ = declarations("pfedlia", **{"lia-mode": "p2p"})
+    assert (
+        p2p["query.lia"].sends["metrics"].entries is not None
+        and "beneficial" in p2p["query.lia"].sends["metrics"].entries
+    )
+    no_local, _ = declarations("client2vec", **{"c2v-local": False})
+    assert "c2v" not in no_local["train"].receives
+
+
+def test_under_central_dp_a_train_reply_declares_no_integer_buffer():
+    from server_app.disclosure import declarations
+
+    declared, info = declarations("fedavg", **{"dp-mode": "central"})
+    arrays = declared["train"].sends["arrays"].arrays
+    assert arrays is not None
+    counters = [k for k in info.keys if not info.dtypes[k].startswith("float")]
+    assert counters and not set(counters) & set(arrays.tensors)  # num_batches_tracked stays on the client
