@@ -151,3 +151,26 @@ def test_under_central_dp_a_train_reply_declares_no_integer_buffer():
     assert arrays is not None
     counters = [k for k in info.keys if not info.dtypes[k].startswith("float")]
     assert counters and not set(counters) & set(arrays.tensors)  # num_batches_tracked stays on the client
+
+
+def test_an_array_missing_from_a_declared_record_is_caught(fedavg):
+    bad = line(fedavg["train"].sends, "sent", "train")
+    key = min(bad["content"]["arrays"]["arrays"])
+    del bad["content"]["arrays"]["arrays"][key]
+    assert any(f"lacks declared arrays ['{key}']" in p for p in mismatches(fedavg, [bad]))
+
+
+def test_a_line_of_unknown_direction_is_reported(fedavg):
+    bad = {**line(fedavg["train"].sends, "sent", "train"), "direction": "forwarded"}
+    assert mismatches(fedavg, [bad]) == ["forwarded train (round 1, node 7): unknown direction 'forwarded'"]
+
+
+def test_a_disagreement_says_which_side_recorded_what(fedavg):
+    pushed = line(fedavg["train"].receives, "pushed", "train", node=3)
+    assert disagreements([pushed], []) == [
+        "the server recorded 1 x pushed train to/from node 3 that no client recorded"
+    ]
+    sent_line = line(fedavg["train"].sends, "sent", "train", node=4)
+    assert disagreements([], [sent_line, sent_line]) == [
+        "clients recorded 2 x sent train at node 4 that the server did not record"
+    ]
