@@ -30,10 +30,11 @@ SETTINGS = {"pfedlia": WARMUP, "oracle": WARMUP, "cfl": {"cfl-min-rounds": 2}}
 OTHER_MODE = {"client2vec": {"c2v_ign"}}
 
 #: FedAvg, the five paper methods: each a different message pattern (peers' whole models, lazy models and influence
-#: rows, masks and customized models, bids and tiers, embeddings and indices).  A Flower run costs 15-60 s here (2
-#: shared cores), so the other baselines, whose messages are FedAvg's with another key set (FedPer, FedRep,
-#: LG-FedAvg, FedBN), none (Local), stacked cluster models (IFCA, FedSoft, CFL) or the same as a method above
-#: (FedProx, MOON, Ditto, FedRoD, Oracle, PI-FL without incentive), run with ``-m extended``.
+#: rows, masks and customized models, bids and tiers, embeddings and indices).  A Flower run of this size costs
+#: 15-20 s on an idle 2-core machine and was measured at 55-85 s on a shared, loaded one, so the other baselines,
+#: whose messages are FedAvg's with another key set (FedPer, FedRep, LG-FedAvg, FedBN), none (Local), stacked
+#: cluster models (IFCA, FedSoft, CFL) or the same as a method above (FedProx, MOON, Ditto, FedRoD, Oracle, PI-FL
+#: without incentive), run with ``-m extended``.
 DEFAULT_RUN = ("fedavg", "fedc2i", "pfedlia", "fedcac", "pifl", "client2vec")
 
 
