@@ -44,14 +44,14 @@ def _methods():
 
 @pytest.mark.parametrize("method", _methods())
 def test_what_each_party_sends_and_receives_is_what_the_method_declares(simulation, method):
-    config = {"method": method, **SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {})}
-    summary = simulation.run(config, num_supernodes=NODES)
+    options = {**SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {})}
+    summary = simulation.run({"method": method, **options}, num_supernodes=NODES)
     assert summary["rounds"] == 2 and summary["failures"] == 0
     server, clients = read_run(Path(summary["results"]))
     assert sorted(clients) == list(range(NODES))  # every node recorded, on its own
     on_clients = [line for lines in clients.values() for line in lines]
     assert disagreements(server, on_clients) == []
-    declared, _ = declarations(method, **config)
+    declared, _ = declarations(method, **options)
     assert mismatches(declared, server) == []
     used = {line["type"] for line in server}
     assert {line["round"] for line in server} == {1, 2} and "train" in used
