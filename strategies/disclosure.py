@@ -269,7 +269,7 @@ def table(declared: Mapping[str, Mapping[str, Disclosure]], info: Mapping[str, M
             ]
             peers = [_record(name, part, info[method]) for name, part in d.receives.items() if part.from_peers]
             rows.append(
-                f"| `{method}` | `{kind}` | {'; '.join(s for s in sends if s) or 'metrics only'} | "
+                f"| {method} | `{kind}` | {'; '.join(s for s in sends if s) or 'metrics only'} | "
                 f"{'; '.join(peers) or 'nothing'} |"
             )
     return "\n".join(rows)
