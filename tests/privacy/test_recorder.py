@@ -25,7 +25,8 @@ SHRUNK = {"num-server-rounds": 2, "min-nodes": NODES, "train-samples": 40, "reco
 #: round (query.lazy, query.lia) is run
 WARMUP = {"warmup-rounds": 1}
 #: CFL may split clusters from round cfl-min-rounds on (the default, 5, is refused with two rounds)
-SETTINGS = {"pfedlia": WARMUP, "oracle": WARMUP, "cfl": {"cfl-min-rounds": 2}}
+#: The Oracle's planted groups need at least one node each (the default num-clusters, 5, exceeds the nodes).
+SETTINGS = {"pfedlia": WARMUP, "oracle": {**WARMUP, "num-clusters": NODES}, "cfl": {"cfl-min-rounds": 2}}
 #: phases only another mode of the method uses (Client2Vec's DSA-IGN is trained in Global mode by default)
 OTHER_MODE = {"client2vec": {"c2v_ign"}}
 
