@@ -12,7 +12,9 @@ _APP_IMPORT = time.time()  # when this module's own imports start (issue 17: whe
 
 import functools  # noqa: E402
 import os  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 from flwr.app import Context, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
@@ -20,10 +22,36 @@ from flwr.clientapp import ClientApp  # noqa: E402
 from client_app import faults  # noqa: E402
 from client_app.base import ClientMethod  # noqa: E402
 from client_app.privacy import private_reply  # noqa: E402
+from task import recording  # noqa: E402
 from task.config import Settings, parse_settings  # noqa: E402
 from task.methods import all_queries, load_object, method_spec  # noqa: E402
 
-app = ClientApp()
+
+def recorder_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower mod: with run-config ``record-messages``, every message this node receives and every reply it sends,
+    described (types, keys, shapes, never values), into the node's own state folder (:mod:`task.recording`)."""
+    reply = call_next(msg, context)
+    try:
+        record = _settings(tuple(sorted(context.run_config.items()))).record_messages
+    except ValueError:  # a bad run config: the handler failed with the reason already
+        return reply
+    if record:
+        config: Mapping[str, Any] = msg.content.config_records.get("config") or {}
+        path = recording.client_file(
+            str(context.node_config.get("state-dir", config.get("state-dir", ""))),
+            str(config.get("run-key", "")),
+            int(context.node_config.get("partition-id", -1)),
+        )
+        if path is not None:
+            kind, node, rnd = msg.metadata.message_type, context.node_id, recording.message_round(msg.content)
+            lines = [recording.entry(recording.RECEIVED, kind, node, rnd, msg.content)]
+            if not reply.has_error():
+                lines.append(recording.entry(recording.SENT, kind, node, rnd, reply.content))
+            recording.append(path, lines)
+    return reply
+
+
+app = ClientApp(mods=[recorder_mod])
 
 
 def _process_start() -> float | None:

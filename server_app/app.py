@@ -9,6 +9,7 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from server_app.recorder import RecordingGrid
 from server_app.results import ResultsWriter, resolve_results_path
 from strategies.base import PersonalizedStrategy, RunAborted
 from strategies.persistence import read_checkpoint, resume
@@ -16,6 +17,7 @@ from task.config import Settings, parse_settings
 from task.methods import load_object, method_spec
 from task.models import build_model, describe
 from task.params import state_to_numpy, to_record
+from task.recording import SERVER_FILE
 
 app = ServerApp()
 log = logging.getLogger("flwr.pflower")
@@ -56,6 +58,8 @@ def main(grid: Grid, context: Context) -> None:
     else:
         writer = ResultsWriter(settings, context.run_id)
     strategy.results_dir = writer.folder
+    if settings.record_messages:  # audit: every message pushed and every reply pulled (docs/privacy.md)
+        grid = RecordingGrid(grid, writer.folder / SERVER_FILE)
     start = time.monotonic()
     aborted = None
     try:

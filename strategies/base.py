@@ -24,6 +24,7 @@ A method overrides these hooks, and nothing else of the base:
 
 - :meth:`shared_keys` - which state keys the server aggregates and broadcasts;
 - :meth:`reply_spec` - what a reply of a phase must carry (see :mod:`strategies.replies`);
+- :meth:`disclosure` - what every message type carries out of a client and into it (:mod:`strategies.disclosure`);
 - :meth:`round_config`, :meth:`payload` - what one node receives;
 - :meth:`prepare_round` - extra phases (queries) before the round's cohort is drawn;
 - :meth:`wants_client_ids` - whether the cohort depends on which client each node is;
@@ -46,14 +47,16 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from strategies.disclosure import Disclosure, Part, Unread, sent, stacked
 from strategies.exchange import MessageExchange, RunAborted, wait_for_nodes
 from strategies.gate import Reply, ReplyGate, cohort_size, shared_model
 from strategies.history import (
@@ -68,7 +71,7 @@ from strategies.history import (
 )
 from strategies.persistence import after_round
 from strategies.privacy import account, central_round, noise_secret
-from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, ReplySpec
+from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Dim, ReplySpec
 from strategies.schedule import EvaluationSchedule
 from task.config import Settings
 from task.models import ModelInfo
@@ -88,6 +91,9 @@ class PersonalizedStrategy(Strategy):
     #: whether a round's evaluation may ride on the next round's train messages (one message per client and
     #: round); methods that train only some clients, or settle after evaluation, keep an evaluate phase
     evaluate_in_train = True
+    #: phase -> metrics the method's clients send that the server does not read (they leave the node all the same;
+    #: :meth:`disclosure` declares them)
+    unread_metrics: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     def __init__(self, settings: Settings, initial_state: Mapping[str, np.ndarray], model_info: ModelInfo) -> None:
         self.settings = settings
@@ -130,6 +136,57 @@ class PersonalizedStrategy(Strategy):
                 spec = spec.with_evaluation({k: v for k, v in evaluation.items() if k not in BASE.metrics})
             return spec
         return EVALUATE if phase == "evaluate" else BASE
+
+    def disclosure(self) -> dict[str, Disclosure]:
+        """What each message type of this run carries (``train``, ``evaluate``, ``query.<name>``): every record a
+        client's reply sends and every record the message brings, with what of it comes from other clients
+        (docs/privacy.md; a recording of the run must match it exactly).  Default: each phase's reply spec, and
+        the global model (the shared keys, averaged over the cohort) with every train and evaluate message."""
+        receives = {"config": self.config_part()}
+        if self.shared_keys():
+            receives["arrays"] = self.model_part("the global model: the shared keys averaged over the clients")
+        return {
+            MessageType.TRAIN: Disclosure(
+                self.sends("train", {"arrays": "its trained model's shared keys"}), receives, "how its data moved them"
+            ),
+            MessageType.EVALUATE: Disclosure(self.sends("evaluate"), receives, "how well the models fit its data"),
+            f"{MessageType.QUERY}.{IDENTIFY}": Disclosure(
+                self.sends(IDENTIFY), {"config": self.config_part()}, "which client it is"
+            ),
+        }
+
+    def sends(self, phase: str, what: Mapping[str, str] | None = None) -> dict[str, Part]:
+        """What a reply of ``phase`` carries: the records of its reply spec (``what``: record -> in words), the
+        metrics the method's clients send unread (:attr:`unread_metrics`), the optional timing stamps and, with a
+        train reply, the optional evaluation of the client's previous model."""
+        evaluation: dict[str, Any] | None = None
+        if phase == "train":
+            evaluation = {k: v for k, v in self.reply_spec("evaluate", -1).metrics.items() if k not in BASE.metrics}
+            evaluation.update(dict.fromkeys(self.unread_metrics.get("evaluate", ()), Unread()))
+        parts = sent(self.reply_spec(phase, -1), what, evaluation)
+        if phase in self.unread_metrics:
+            metrics = parts["metrics"]
+            unread = dict.fromkeys(self.unread_metrics[phase], True)
+            parts["metrics"] = replace(metrics, entries={**(metrics.entries or {}), **unread})
+        return parts
+
+    def model_part(
+        self, what: str, keys: Iterable[str] | None = None, count: int | Dim | None = None, **kw: Any
+    ) -> Part:
+        """An ArrayRecord of ``keys`` of the model (default the shared keys) derived from other clients; with
+        ``count``, that many models stacked (:func:`strategies.disclosure.stacked`)."""
+        arrays = Arrays.like(self.initial_state, list(self.shared_keys() if keys is None else keys))
+        kw.setdefault("from_peers", True)
+        return Part(what, arrays=arrays if count is None else stacked(arrays, count), **kw)
+
+    def config_part(self, **more: bool) -> Part:
+        """The ``config`` record every message carries: the round, the phase, where the client keeps its state
+        and models, what to evaluate and save (:meth:`round_config`), and a method's ``more`` entries."""
+        optional = ("run-key", "state-dir", "model-dir", "evaluate", "evaluate-round", "save-model", "save-best")
+        return Part(
+            "the server's instructions (nothing about other clients)",
+            entries={"server-round": True, "phase": True, **dict.fromkeys(optional, False), **more},
+        )
 
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         """The config of every message: the round and phase; where clients keep state and models (a node's own

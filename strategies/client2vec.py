@@ -32,6 +32,7 @@ from flwr.serverapp import Grid
 
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.client2vec_math import C2VServerState
+from strategies.disclosure import PER_CLIENT, Disclosure, Part
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import LOSS_LIMIT, Arrays, Dim, Number, ReplySpec, Tensor
 from task.dsa_ign import build_ign, torch_threads, train_dsa_ign
@@ -260,6 +261,48 @@ class Client2VecStrategy(PersonalizedStrategy):
         rows = self.c2v.sample(server_round, k, self.opts.sampling, available)
         self.cohorts[server_round] = [self.index_clients[r] for r in rows]
         return [self.node_of[self.index_clients[r]] for r in rows]
+
+    def config_part(self, **more: bool) -> Part:
+        """Every message also says whether the local index-aware loss applies (``c2v-local``)."""
+        return super().config_part(**{"c2v-local": True}, **more)
+
+    def disclosure(self) -> dict[str, Disclosure]:
+        """Index phase (round 1), Global mode: ``query.c2v_embed`` uploads up to ``c2v-ign-upload`` CLIP embeddings
+        of its training images with their label embeddings; Federated mode: ``query.c2v_ign`` trains the DSA-IGN
+        it is sent and returns it.  ``query.c2v_index``: its client index (feature and label halves).  Train:
+        the trained model; with ``c2v-local`` the message brings every client's feature index."""
+        out = super().disclosure()
+        ign = Part(
+            "the DSA-IGN (trained on the clients' embeddings)",
+            arrays=Arrays.like(state_to_numpy(self.ign.state_dict())),
+            from_peers=True,
+        )
+        config = {"config": self.config_part()}
+        out["query.c2v_embed"] = Disclosure(
+            self.sends("c2v_embed", {"arrays": "CLIP embeddings of its training images (D) and of their labels (L)"}),
+            config,
+            "embeddings close to its images and its label distribution",
+        )
+        out["query.c2v_ign"] = Disclosure(
+            self.sends("c2v_ign", {"arrays": "the DSA-IGN after training on its embeddings"}),
+            {**config, "ign": ign},
+            "an update computed on its embeddings",
+        )
+        out["query.c2v_index"] = Disclosure(
+            self.sends("c2v_index", {"arrays": "its client index: feature half and label half"}),
+            {**config, "ign": ign},
+            "its feature distribution and (invertibly) its label histogram",
+        )
+        train = dict(out["train"].receives)
+        if self.opts.local:
+            train["c2v"] = Part(
+                "every client's feature index B_f",
+                arrays=Arrays({"B_f": Tensor((PER_CLIENT, self.opts.ign.dim))}),
+                required=False,
+                from_peers=True,
+            )
+        out["train"] = Disclosure(out["train"].sends, train, out["train"].reveals)
+        return out
 
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         cfg = super().round_config(server_round, phase)

@@ -27,9 +27,10 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
 from strategies.base import PersonalizedStrategy, Reply
+from strategies.disclosure import PER_CLIENT, Disclosure, Part
 from strategies.plots import integer_ticks, pyplot
 from strategies.privacy import account_local
-from strategies.replies import Numbers, ReplySpec
+from strategies.replies import Dim, Numbers, ReplySpec
 from task.methods.fedc2i import FedC2IOptions
 from task.params import stacked_record, to_record
 
@@ -83,6 +84,29 @@ class FedC2IStrategy(PersonalizedStrategy):
                 about["num-examples"] = [int(self.sizes[c]) for c in peers]
             payload["peer-clients"] = ConfigRecord(about)
         return payload
+
+    def disclosure(self) -> dict[str, Disclosure]:
+        """Out: the whole trained model and the influence vector over the models it was sent.  In (train): its
+        own latest model stacked with the latest whole model of every other client (``c2i-peers`` bounds how
+        many), their client ids and (not under local DP) training-set sizes; (evaluate) its own latest model only."""
+        count = Dim(1, self.num_peers) if self.num_peers else PER_CLIENT
+        sizes = self.settings.dp_mode != "local"  # under local DP peers get each other's ids only
+        peers = {
+            "config": self.config_part(),
+            "peers": self.model_part("its own latest model, then each peer's latest whole model", count=count),
+            "peer-clients": Part(
+                "the peers' client ids" + (" and training-set sizes" if sizes else " (no sizes under local DP)"),
+                entries={"client-ids": True, "num-examples": True} if sizes else {"client-ids": True},
+                required=False,
+                from_peers=True,
+            ),
+        }
+        own = {"config": self.config_part(), "arrays": self.model_part("its own latest model", from_peers=False)}
+        what = {"arrays": "its whole trained model"}
+        out = super().disclosure()
+        out["train"] = Disclosure(self.sends("train", what), peers, "its model, and which peers' data resemble its own")
+        out["evaluate"] = Disclosure(self.sends("evaluate"), own, out["evaluate"].reveals)
+        return out
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

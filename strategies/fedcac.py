@@ -21,6 +21,7 @@ import numpy as np
 from flwr.app import RecordDict
 
 from strategies.base import PersonalizedStrategy, Reply
+from strategies.disclosure import Disclosure
 from strategies.fedcac_math import (
     collaborator_label_similarity,
     collaborators,
@@ -80,6 +81,23 @@ class FedCACStrategy(PersonalizedStrategy):
                 **{"label-histogram": Numbers(int, 0, INT_LIMIT, length=self.settings.num_classes)}
             )
         return spec
+
+    def disclosure(self) -> dict[str, Disclosure]:
+        """Out: the trainable parameters (BatchNorm statistics stay home) and the critical mask (with
+        ``fedcac-diagnostics``, the label histogram too).  In: the average, and the client's customized model:
+        the average over the collaborators its mask's overlap chose."""
+        receives = {
+            "config": self.config_part(),
+            "global": self.model_part("the average of the participants' trainable parameters"),
+            "custom": self.model_part(
+                "its customized model: the average over the collaborators its mask chose", required=False
+            ),
+        }
+        what = {"arrays": "its trained parameters", "mask": "its critical-parameter mask, one bit per parameter"}
+        out = super().disclosure()
+        out["train"] = Disclosure(self.sends("train", what), receives, "which parameters its data makes sensitive")
+        out["evaluate"] = Disclosure(self.sends("evaluate"), receives, out["evaluate"].reveals)
+        return out
 
     def fresh_custom(self, node_id: int, server_round: int) -> dict[str, np.ndarray] | None:
         """u_i for the client behind ``node_id`` if it was computed in round ``server_round`` (else None)."""

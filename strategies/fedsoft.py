@@ -22,6 +22,7 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from strategies.base import PersonalizedStrategy, Reply
+from strategies.disclosure import Disclosure, Part
 from strategies.replies import Numbers, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
 from task.methods.pifl import FedSoftOptions
@@ -70,6 +71,21 @@ class FedSoftStrategy(PersonalizedStrategy):
 
     def _stacked(self) -> RecordDict:
         return RecordDict({"tiers": stacked_record(self.models, self.model_info.keys)})
+
+    def disclosure(self) -> dict[str, Disclosure]:
+        """Every message brings every centre; ``query.fedsoft_u`` returns u, the share of the client's training
+        points each centre fits best; train and evaluate messages also bring the client's own u back."""
+        out = super().disclosure()
+        centres = {
+            "config": self.config_part(),
+            "tiers": self.model_part("every centre: the mean of the models drawn for it", count=self.k),
+        }
+        receives = {**centres, "fedsoft": Part("its own importance weights u", entries={"u": True})}
+        what = {"arrays": "its trained model"}
+        out["query.fedsoft_u"] = Disclosure(self.sends("fedsoft_u"), centres, "a soft cluster membership of its data")
+        out["train"] = Disclosure(self.sends("train", what), receives, out["train"].reveals)
+        out["evaluate"] = Disclosure(self.sends("evaluate"), receives, out["evaluate"].reveals)
+        return out
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

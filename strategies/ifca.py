@@ -6,13 +6,15 @@ See docs/methods/pifl.md; its last section says where each section number cited 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import RecordDict
 
 from strategies.base import PersonalizedStrategy, Reply
+from strategies.disclosure import Disclosure
 from strategies.replies import Number, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
 from task.methods.pifl import TierOptions
@@ -23,6 +25,8 @@ class IFCAStrategy(PersonalizedStrategy):
     options: TierOptions  # the run-config keys of this method, typed
 
     has_global_model = False
+    #: sent, not read: an evaluation names the cluster model that fits the client's validation split best
+    unread_metrics: ClassVar[Mapping[str, tuple[str, ...]]] = {"evaluate": ("cluster",)}
 
     def __init__(self, settings, initial_state, model_info):
         super().__init__(settings, initial_state, model_info)
@@ -43,6 +47,18 @@ class IFCAStrategy(PersonalizedStrategy):
 
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         return RecordDict({"tiers": stacked_record(self.models, self.model_info.keys)})
+
+    def disclosure(self) -> dict[str, Disclosure]:
+        """Every message brings all K cluster models; a train reply says which one fits the client best."""
+        out = super().disclosure()
+        receives = {
+            "config": self.config_part(),
+            "tiers": self.model_part("every cluster model: the average of its members", count=self.k),
+        }
+        what = {"arrays": "its trained model (of the cluster it chose)"}
+        out["train"] = Disclosure(self.sends("train", what), receives, "which group its data belongs to")
+        out["evaluate"] = Disclosure(self.sends("evaluate"), receives, out["evaluate"].reveals)
+        return out
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

@@ -24,6 +24,7 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from strategies.base import IDENTIFY, PersonalizedStrategy, Reply, log
+from strategies.disclosure import PER_CLIENT, Disclosure, Part
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import INT_LIMIT, VALUE_LIMIT, Arrays, Number, Numbers, ReplySpec
@@ -113,6 +114,41 @@ class PFedLIAStrategy(PersonalizedStrategy):
 
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         return RecordDict({"arrays": to_record(self.model_for(node_id))})
+
+    def config_part(self, **more: bool) -> Part:
+        """Every message also says whether the clients are clustered yet (and whether an evaluation riding on a
+        train message is of a clustered model)."""
+        return super().config_part(clustered=True, **{"evaluated-clustered": False}, **more)
+
+    def disclosure(self) -> dict[str, Disclosure]:
+        """Warm-up and per-cluster rounds as FedAvg (the model of the client's cluster).  The clustering round:
+        ``query.lazy`` sends the warm-up model and gets back a lazily trained whole model; ``query.lia`` sends
+        every client's lazy model with their client ids and gets back the influence row (peer-to-peer: also the
+        beneficial peers).  The Oracle has no clustering queries."""
+        out = super().disclosure()
+        if self.mode == "oracle":  # the Oracle clusters by the planted groups its clients report: no lazy models
+            return out
+        start = self.model_part("the warm-up model (the clients' average)")
+        out["query.lazy"] = Disclosure(
+            self.sends("lazy", {"arrays": "its lazily trained whole model"}),
+            {"config": self.config_part(), "arrays": start},
+            "a model trained on its data alone",
+        )
+        out["query.lia"] = Disclosure(
+            self.sends("lia"),
+            {
+                "config": self.config_part(),
+                "arrays": start,
+                "lazy": self.model_part("every client's lazily trained whole model", count=PER_CLIENT),
+                "lazy-clients": Part(
+                    "the lazy models' client ids, and which one is its own",
+                    entries={"client-ids": True, "self-index": True},
+                    from_peers=True,
+                ),
+            },
+            "which peers' data resemble its own",
+        )
+        return out
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

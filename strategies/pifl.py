@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from strategies.base import PersonalizedStrategy, Reply
+from strategies.disclosure import Disclosure, Part
 from strategies.pifl_math import TokenLedger, random_tiering, rank_clients, schedule, shapley_scores
 from strategies.plots import integer_ticks, pyplot
 from strategies.replies import ACCURACY as SHARE
@@ -45,6 +47,8 @@ from task.models import build_model
 from task.params import load_record, stacked_record, to_record, weighted_average
 
 log = logging.getLogger("flwr.pflower")
+#: the ``ledger`` record of a bid message
+LEDGER = {"balance": True, "price": True}
 
 
 class PIFLStrategy(PersonalizedStrategy):
@@ -52,6 +56,12 @@ class PIFLStrategy(PersonalizedStrategy):
 
     has_global_model = False
     evaluate_in_train = False  # every client scores every tier after the round; only winners train
+    #: sent, not read: with a bid each tier's accuracy on the validation split (the bid's reasons); with an
+    #: evaluation each tier's accuracy on the goal split and the weights of the personalized mixture
+    unread_metrics: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "bid": ("tier-acc",),
+        "evaluate": ("tier-goal-acc", "mixture-weights"),
+    }
 
     def __init__(self, settings, initial_state, model_info):
         super().__init__(settings, initial_state, model_info)
@@ -157,6 +167,30 @@ class PIFLStrategy(PersonalizedStrategy):
 
     def server_models(self) -> dict[str, dict[str, np.ndarray]]:
         return {f"tier-{k}": self.tiers[k] for k in range(self.num_tiers)}
+
+    def disclosure(self) -> dict[str, Disclosure]:
+        """``query.bid``: every tier model (FedAvg of its winners) and the client's token balance and the price
+        go out; its bid comes back.  Train: the model of the tier it won goes out, its trained model comes back.
+        Evaluate: every tier model goes out; each one's accuracy on its validation split comes back."""
+        out = super().disclosure()
+        tiers = self.model_part("every tier's model: the average of the tier's winners", count=self.num_tiers)
+        config = {"config": self.config_part()}
+        out["query.bid"] = Disclosure(
+            self.sends("bid"),
+            {**config, "tiers": tiers, "ledger": Part("its token balance and the slot price", entries=LEDGER)},
+            "which tiers its data is worth paying for",
+        )
+        out["train"] = Disclosure(
+            self.sends("train", {"arrays": "its trained tier model"}),
+            {
+                **config,
+                "arrays": self.model_part("the model of the tier it won"),
+                "tier": Part("the tier it won", entries={"tier": True}),
+            },
+            "how its data moved the tier model",
+        )
+        out["evaluate"] = Disclosure(self.sends("evaluate"), {**config, "tiers": tiers}, "every tier's fit to its data")
+        return out
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

@@ -107,6 +107,12 @@ class RunOptions(OptionSet):
         "testing resume: the ServerApp stops as if it crashed after this round's checkpoint (0: off)",
         minimum=0,
     )
+    record_messages: bool = option(
+        "record-messages",
+        False,
+        "audit: record every message's records (keys, shapes, dtypes, metric names; no values) as JSON lines: the "
+        "server's in its results folder, each client's in its own state folder (docs/privacy.md)",
+    )
     # client-level differential privacy (docs/privacy.md: which method supports which mode)
     dp_mode: str = option(
         "dp-mode", "off", "differential privacy: off, central (noise on the server's mean) or local", choices=DP_MODES
@@ -154,6 +160,7 @@ class Settings:
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
     dp_delta: float = 1e-5
+    record_messages: bool = False
     #: the method's own option set (task.methods), parsed from the same run config
     options: OptionSet = field(default_factory=OptionSet, compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)

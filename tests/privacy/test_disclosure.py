@@ -1,0 +1,189 @@
+"""The check of a message recording against a method's declaration (strategies/disclosure.py) catches every way
+a client could reveal more than declared: an extra array, an extra metric, an undeclared record (a peer's model),
+a bigger or differently typed array, an undeclared message type; and the two sides' recordings must agree."""
+
+import copy
+
+import pytest
+
+from server_app.app import build_strategy
+from strategies.disclosure import Disclosure, Part, disagreements, mismatches, sent
+from strategies.replies import BASE, Arrays, Dim, Tensor
+from task.config import parse_settings
+
+
+def _fits(tensor: Tensor) -> list:
+    return [[d.low if isinstance(d, Dim) else d for d in tensor.shape], tensor.dtype]
+
+
+def line(parts, direction: str, kind: str, node: int = 7) -> dict:
+    """A recorded line holding every record of ``parts``, as the declaration allows it."""
+    content: dict = {"arrays": {}, "metrics": {}, "configs": {}}
+    for name, part in parts.items():
+        if part.arrays is not None:
+            content["arrays"][name] = {k: _fits(t) for k, t in part.arrays.tensors.items()}
+        else:
+            where = "configs" if name in ("config", "peer-clients", "tier", "ledger") else "metrics"
+            content[where][name] = sorted(part.entries)
+    return {"direction": direction, "type": kind, "node": node, "round": 1, "content": content}
+
+
+@pytest.fixture(scope="module")
+def fedavg():
+    return build_strategy(parse_settings({"method": "fedavg"})).disclosure()
+
+
+def test_a_recording_that_holds_what_is_declared_matches(fedavg):
+    train = fedavg["train"]
+    assert mismatches(fedavg, [line(train.sends, "sent", "train"), line(train.receives, "received", "train")]) == []
+
+
+def test_an_extra_array_in_a_reply_is_caught(fedavg):
+    bad = line(fedavg["train"].sends, "pulled", "train")
+    bad["content"]["arrays"]["arrays"]["secret"] = [[3], "float32"]
+    assert any("undeclared arrays ['secret']" in p for p in mismatches(fedavg, [bad]))
+
+
+def test_an_extra_metric_in_a_reply_is_caught(fedavg):
+    bad = line(fedavg["evaluate"].sends, "sent", "evaluate")
+    bad["content"]["metrics"]["metrics"].append("label-histogram")
+    assert any("undeclared entries ['label-histogram']" in p for p in mismatches(fedavg, [bad]))
+
+
+def test_a_peer_model_that_is_not_declared_is_caught(fedavg):
+    bad = line(fedavg["train"].receives, "pushed", "train")
+    bad["content"]["arrays"]["peers"] = copy.deepcopy(bad["content"]["arrays"]["arrays"])
+    assert any("record 'peers' (arrays) is not declared" in p for p in mismatches(fedavg, [bad]))
+
+
+def test_a_larger_or_retyped_array_is_caught(fedavg):
+    bad = line(fedavg["train"].sends, "sent", "train")
+    key = next(iter(bad["content"]["arrays"]["arrays"]))
+    shape, _ = bad["content"]["arrays"]["arrays"][key]
+    bad["content"]["arrays"]["arrays"][key] = [[2, *shape], "float64"]
+    problems = mismatches(fedavg, [bad])
+    assert any(f"array {key!r} has shape" in p for p in problems)
+    assert any(f"array {key!r} has dtype float64" in p for p in problems)
+
+
+def test_a_missing_required_record_or_entry_is_caught(fedavg):
+    bad = line(fedavg["train"].sends, "sent", "train")
+    del bad["content"]["arrays"]["arrays"]
+    bad["content"]["metrics"]["metrics"].remove("num-examples")
+    problems = mismatches(fedavg, [bad])
+    assert any("required record 'arrays' is missing" in p for p in problems)
+    assert any("lacks required entries ['num-examples']" in p for p in problems)
+
+
+def test_an_undeclared_message_type_is_caught(fedavg):
+    bad = line(fedavg["query.identify"].sends, "sent", "query.lazy")
+    assert any("message type 'query.lazy' is not declared" in p for p in mismatches(fedavg, [bad]))
+
+
+def test_a_metric_record_declared_as_arrays_is_caught():
+    declared = {"query.x": Disclosure(sends={"vector": Part("a vector", arrays=Arrays({"v": Tensor((4,))}))})}
+    bad = {"direction": "sent", "type": "query.x", "node": 1, "content": {"metrics": {"vector": ["v"]}}}
+    assert any("record 'vector' is metrics, declared as arrays" in p for p in mismatches(declared, [bad]))
+
+
+def test_a_variable_dimension_is_checked_against_its_bounds():
+    declared = {"query.x": Disclosure(sends={"rows": Part("rows", arrays=Arrays({"D": Tensor((Dim(1, 8), 2))}))})}
+    rec = {"direction": "sent", "type": "query.x", "node": 1}
+    assert mismatches(declared, [{**rec, "content": {"arrays": {"rows": {"D": [[8, 2], "float32"]}}}}]) == []
+    assert mismatches(declared, [{**rec, "content": {"arrays": {"rows": {"D": [[9, 2], "float32"]}}}}])
+
+
+def test_a_part_declares_arrays_or_entries():
+    with pytest.raises(ValueError, match="either arrays or entries"):
+        Part("nothing")
+    with pytest.raises(ValueError, match="either arrays or entries"):
+        Part("both", arrays=Arrays({}), entries={})
+
+
+def test_sent_lists_the_reply_spec_metrics_with_their_required_flags():
+    parts = sent(BASE)
+    assert parts["metrics"].entries == {k: rule.required for k, rule in BASE.metrics.items()}
+    assert not parts["timing"].required and "evaluation" not in parts
+
+
+def test_the_two_sides_must_agree(fedavg):
+    pushed = line(fedavg["train"].receives, "pushed", "train")
+    received = {**pushed, "direction": "received"}
+    pulled = line(fedavg["train"].sends, "pulled", "train")
+    replied = {**pulled, "direction": "sent"}
+    assert disagreements([pushed, pulled], [received, replied]) == []
+    more = copy.deepcopy(replied)
+    more["content"]["arrays"]["extra"] = {"x": [[1], "float32"]}
+    assert disagreements([pushed, pulled], [received, more])  # the client sent what the server did not record
+    assert disagreements([pushed, pulled], [received])  # the server pulled what no client recorded sending
+    assert disagreements([pushed, pulled], [received, {**replied, "node": 8}])
+
+
+def test_options_that_change_the_messages_change_the_declaration():
+    from server_app.disclosure import declarations
+
+    plain, _ = declarations("fedcac")
+    diagnosed, _ = declarations("fedcac", **{"fedcac-diagnostics": True})
+    assert plain["train"].sends["metrics"].entries is not None
+    assert "label-histogram" not in plain["train"].sends["metrics"].entries
+    assert diagnosed["train"].sends["metrics"].entries == {
+        **plain["train"].sends["metrics"].entries,
+        "label-histogram": True,
+    }
+    bounded, _ = declarations("fedc2i", **{"c2i-peers": 2})
+    peers = bounded["train"].receives["peers"].arrays
+    assert peers is not None
+    assert {t.shape[0] for t in peers.tensors.values()} == {Dim(1, 2)}  # at most k models in one message
+    p2p, _ = declarations("pfedlia", **{"lia-mode": "p2p"})
+    assert (
+        p2p["query.lia"].sends["metrics"].entries is not None
+        and "beneficial" in p2p["query.lia"].sends["metrics"].entries
+    )
+    no_local, _ = declarations("client2vec", **{"c2v-local": False})
+    assert "c2v" not in no_local["train"].receives
+
+
+def test_under_central_dp_a_train_reply_declares_no_integer_buffer():
+    from server_app.disclosure import declarations
+
+    declared, info = declarations("fedavg", **{"dp-mode": "central"})
+    arrays = declared["train"].sends["arrays"].arrays
+    assert arrays is not None
+    counters = [k for k in info.keys if not info.dtypes[k].startswith("float")]
+    assert counters and not set(counters) & set(arrays.tensors)  # num_batches_tracked stays on the client
+
+
+def test_under_local_dp_fedc2i_declares_released_models_without_counters_and_peers_without_sizes():
+    from server_app.disclosure import declarations
+
+    plain, _ = declarations("fedc2i")
+    declared, info = declarations("fedc2i", **{"dp-mode": "local"})
+    arrays = declared["train"].sends["arrays"].arrays
+    assert arrays is not None
+    counters = [k for k in info.keys if not info.dtypes[k].startswith("float")]
+    assert counters and not set(counters) & set(arrays.tensors)  # num_batches_tracked stays on the client
+    assert plain["train"].receives["peer-clients"].entries == {"client-ids": True, "num-examples": True}
+    assert declared["train"].receives["peer-clients"].entries == {"client-ids": True}
+
+
+def test_an_array_missing_from_a_declared_record_is_caught(fedavg):
+    bad = line(fedavg["train"].sends, "sent", "train")
+    key = min(bad["content"]["arrays"]["arrays"])
+    del bad["content"]["arrays"]["arrays"][key]
+    assert any(f"lacks declared arrays ['{key}']" in p for p in mismatches(fedavg, [bad]))
+
+
+def test_a_line_of_unknown_direction_is_reported(fedavg):
+    bad = {**line(fedavg["train"].sends, "sent", "train"), "direction": "forwarded"}
+    assert mismatches(fedavg, [bad]) == ["forwarded train (round 1, node 7): unknown direction 'forwarded'"]
+
+
+def test_a_disagreement_says_which_side_recorded_what(fedavg):
+    pushed = line(fedavg["train"].receives, "pushed", "train", node=3)
+    assert disagreements([pushed], []) == [
+        "the server recorded 1 x pushed train to/from node 3 that no client recorded"
+    ]
+    sent_line = line(fedavg["train"].sends, "sent", "train", node=4)
+    assert disagreements([], [sent_line, sent_line]) == [
+        "clients recorded 2 x sent train at node 4 that the server did not record"
+    ]

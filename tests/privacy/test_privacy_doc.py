@@ -1,0 +1,81 @@
+"""docs/privacy.md agrees with what the methods declare (their strategies' ``disclosure()``): its generated table is
+the declarations' table, and its hand-written per-method table names every message type and record a method
+declares, and says "nothing" exactly where a client receives nothing derived from other clients."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from server_app.disclosure import BEGIN, END, declarations, declared_table
+from strategies.replies import BASE, EVALUATE, TRAIN
+from task.methods import METHODS
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "privacy.md"
+#: records of every message (the server's instructions, the model) and of every reply (its metrics, the model);
+#: what ``arrays`` holds is in the generated table
+EVERYWHERE = {"config", "metrics", "timing", "evaluation", "arrays"}
+#: the metrics of every reply, listed once in the section "What every method sends"
+COMMON = set(BASE.metrics) | set(TRAIN.metrics) | set(EVALUATE.metrics)
+#: the rows that say "as <method>" name the method by its display name
+DISPLAY = {"FedAvg": "fedavg", "FedPer": "fedper", "pFedLIA's warm-up and per-cluster rounds": "pfedlia"}
+
+
+def _rows() -> dict[str, list[str]]:
+    """method -> its cells in the "Per method" table (a row may hold several methods)."""
+    text = DOC.read_text()
+    section = text[text.index("## Per method") : text.index("### Declared per message type")]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            for method in re.findall(r"`([^`]+)`", cells[0]):
+                rows[method] = cells[1:]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def declared():
+    return {m: declarations(m)[0] for m in METHODS}
+
+
+def test_the_generated_table_is_the_declarations_table():
+    text = DOC.read_text()
+    assert BEGIN in text and END in text, "docs/privacy.md lost the markers of its generated table"
+    inside = text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip()
+    assert inside == declared_table(), "regenerate it: python -m server_app.disclosure --write docs/privacy.md"
+
+
+def test_every_method_has_a_row():
+    assert set(_rows()) == set(METHODS)
+
+
+def test_every_method_declares_exactly_its_message_types(declared):
+    for method, by_type in declared.items():
+        queries = {f"query.{q}" for q in METHODS[method].queries}
+        assert set(by_type) == {"train", "evaluate", "query.identify"} | queries, method
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_a_row_names_what_its_method_declares(declared, method):
+    server, peers, *_ = _rows()[method]
+    own = declared[method]
+    referred = next((DISPLAY[name] for name in DISPLAY if server.startswith(f"as {name}")), None)
+    if referred is not None:  # "as FedAvg": the same records go out and come in
+        other = declared[referred]
+        for kind in own.keys() & other.keys():
+            assert own[kind].sends.keys() == other[kind].sends.keys(), (method, kind)
+            assert own[kind].receives.keys() == other[kind].receives.keys(), (method, kind)
+        return
+    for kind, d in own.items():
+        if kind.startswith("query.") and kind != "query.identify":
+            assert f"`{kind}`" in server, f"{method}: the row does not name {kind}"
+        for name in d.sends.keys() - EVERYWHERE:
+            assert f"`{name}`" in server, f"{method}: the row does not name the record `{name}` ({kind})"
+        for name in set(d.sends["metrics"].entries or {}) - COMMON:
+            assert f"`{name}`" in server, f"{method}: the row does not name the metric `{name}` ({kind})"
+        for name, part in d.receives.items():
+            if part.from_peers and name not in EVERYWHERE:
+                assert f"`{name}`" in peers, f"{method}: the row does not name the received record `{name}`"
+    from_peers = any(p.from_peers for d in own.values() for p in d.receives.values())
+    assert (peers == "nothing") == (not from_peers), f"{method}: receives {'something' if from_peers else 'nothing'}"
