@@ -68,6 +68,11 @@ def test_the_same_round_under_the_same_secret_draws_the_same_noise_and_another_r
     assert not np.array_equal(a["w"], d["w"])
 
 
+def test_the_servers_secret_is_a_hex_string_of_at_least_128_bits():
+    secret = noise_secret()
+    assert len(secret) >= 32 and int(secret, 16) >= 0
+
+
 def test_the_noise_cannot_be_regenerated_from_the_run_config():
     # every client receives the run config (its seed among it): two servers with the same settings must not draw
     # the same noise, or a client could subtract it from the released mean

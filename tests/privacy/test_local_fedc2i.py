@@ -193,6 +193,9 @@ def test_every_clients_epsilon_composes_its_releases_round_by_round():
     assert [d["clients"] for d in dp] == [3, 0, 3, 3]
     assert [d["epsilon"] for d in dp] == pytest.approx([local_epsilon(0.8, r, 1e-6) for r in (1, 2, 3, 4)])
     assert all(d["noise-std"] == pytest.approx(0.8 * 0.5) and d["delta"] == 1e-6 for d in dp)
+    # what rounds.json says of a round: its mode and the neighbouring relation the epsilon is for, by name
+    assert sorted(dp[0]) == ["clients", "delta", "epsilon", "mode", "neighbours", "noise-std", "releases"]
+    assert (dp[0]["mode"], dp[0]["neighbours"]) == ("local", "replace-one-data-set")
 
 
 def test_running_variances_leave_at_zero_or_above_however_large_the_noise():
