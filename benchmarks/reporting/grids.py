@@ -272,7 +272,13 @@ def figure(fr: FamilyRecords) -> Figure | None:
         panels.append(Panel(title, lines, xlabel, "test accuracy", names, bars=True))
     if not any(p.lines for p in panels):
         return None
-    seeds = plural(len(seeds_of(fr.grid_recs)), "seed")
+    per_point: dict[tuple, set] = {}
+    for r in fr.grid_recs:
+        c = r["cell"]
+        per_point.setdefault((c["method"], c["samples"], c["heterogeneity"]), set()).add(c["seed"])
+    counts = sorted({len(v) for v in per_point.values()})
+    # a partial grid has more seeds at some points (the middle cell first) than at others: say so
+    seeds = plural(counts[0], "seed") if len(counts) == 1 else f"{counts[0]}-{counts[-1]} seeds per point"
     title = f"{fam.title}: each method at its selected setting (mean over {seeds}, bars = min-max)"
     return Figure(f"grids-{fam.name}.png", title, panels, columns=2, panel_size=(4.8, 3.4))
 
