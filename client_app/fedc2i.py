@@ -3,10 +3,15 @@ received models, local training, reply with the trained model and the influence 
 
 Under ``dp-mode='local'`` the reply's model is released against the client's own previous release, which the
 server sends back first in ``peers`` (the common initial model in round 1): docs/privacy.md says why that reference.
+The client keeps the model it trained at home (state ``model``): peers and the server see only its noised releases,
+while its own next mixing and its personalized model use what it trained (its own data costs it no privacy).
 
 See docs/methods/fedc2i.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -21,6 +26,14 @@ from task.params import load_record, model_at, model_to_record, record_to_numpy,
 
 class FedC2IClient(ClientMethod):
     options: FedC2IOptions  # the run-config keys of this method, typed
+    keeps: ClassVar[Mapping[str, str]] = {
+        "model": "under dp-mode='local' only: the model this client trained last, before its noised release (its "
+        "own in the next mixing and its personalized model; peers see only the release)"
+    }
+
+    def _home(self) -> dict[str, np.ndarray] | None:
+        """Under local DP, the model this client trained last, kept at home; None otherwise (or before round 1)."""
+        return self.load_state("model") if self.settings.dp_mode == "local" else None
 
     def _personalized(self, model: SplitModel, stacked: dict[str, torch.Tensor], sizes: list[int]) -> list[float]:
         """Load the personalized model (Eqs. 5-10, variant per ``c2i-variant``) into ``model``; returns lambda.
@@ -71,6 +84,8 @@ class FedC2IClient(ClientMethod):
         lam: list[float] = []
         if rec is not None:
             stacked = stacked_tensors(rec, self.device)
+            if (home := self._home()) is not None:  # its own un-noised model, not its release, is first
+                stacked = {n: torch.cat([torch.as_tensor(home[n]).to(v)[None], v[1:]]) for n, v in stacked.items()}
             peers = content.config_records.get("peer-clients")
             peer_sizes = peers.get("num-examples", []) if peers else []
             if not isinstance(peer_sizes, list):
@@ -79,6 +94,8 @@ class FedC2IClient(ClientMethod):
             with self.timed("method"):
                 lam = self._personalized(model, stacked, sizes)
         metrics = self.fit(model)
+        if self.settings.dp_mode == "local":
+            self.save_state("model", model.state_dict())
         _, acc = self.test(model)
         return self.reply(
             {**self.base_metrics(), **metrics, "trained-acc": acc, "influence": [float(v) for v in lam]},
@@ -97,11 +114,13 @@ class FedC2IClient(ClientMethod):
         return {k: v[0] for k, v in record_to_numpy(peers).items()}
 
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
-        """This client's own latest model (fedc2i.md §6.12): ``arrays`` of an evaluate message, or the first of the
-        models a train message stacks."""
+        """This client's own latest model (fedc2i.md §6.12): under local DP the one it kept at home, else ``arrays``
+        of an evaluate message, or the first of the models a train message stacks."""
         model = self.reset_model()
         rec = self.message_arrays(content)
-        if rec is not None:
+        if (home := self._home()) is not None:
+            model.load_state_dict({k: torch.as_tensor(v) for k, v in home.items()})
+        elif rec is not None:
             load_record(model, rec)
         elif (peers := self.message_arrays(content, "peers")) is not None:
             model.load_state_dict(model_at(stacked_tensors(peers, self.device), 0))

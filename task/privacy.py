@@ -233,9 +233,12 @@ def local_release(
     client was sent, or its own previous release), otherwise the release is not a Gaussian mechanism of the
     clipped change alone.
     """
-    change = clip_update(model_delta(model, reference), clip)
+    # in float64, so that a release without clipping and noise is the model itself, not a rounding of it
+    wide = {k: np.asarray(v, dtype=np.float64) for k, v in model.items()}
+    ref = {k: np.asarray(reference[k], dtype=np.float64) for k in model if k in reference}
+    change = clip_update(model_delta(wide, ref), clip)
     noisy = add_gaussian_noise(change, local_noise_std(noise_multiplier, clip), rng)
-    return {k: (np.asarray(reference[k]) + noisy[k]).astype(np.asarray(model[k]).dtype) for k in model}
+    return {k: (ref[k] + noisy[k]).astype(np.asarray(model[k]).dtype) for k in model}
 
 
 # ---------------------------------------------------------------------------------------------- accountant

@@ -11,6 +11,7 @@ import torch
 
 from server_app.app import build_strategy
 from strategies.fedsoft import FedSoftStrategy
+from strategies.persistence import checkpoint_state, resume
 from strategies.pifl import PIFLStrategy
 from strategies.pifl_math import (
     LedgerError,
@@ -1074,5 +1075,5 @@ def test_the_ledger_used_before_the_first_round_opened_it_is_an_error_that_says_
     opened = strat.open_ledger()
     assert opened is strat.ledger and sorted(opened.balances) == sorted(NODES.values())
     resumed = pifl()
-    resumed.resume(strat.checkpoint_state(), 1)
+    resume(resumed, checkpoint_state(strat), 1)
     assert resumed.open_ledger().balances == opened.balances  # restored without a round

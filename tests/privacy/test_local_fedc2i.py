@@ -232,3 +232,46 @@ def test_the_clientapps_privacy_step_follows_the_runs_dp_mode(mode):
     else:
         assert sorted(out) == ["w"]
         np.testing.assert_allclose(out["w"] - sent["w"], np.full_like(sent["w"], 0.4 / math.sqrt(1000)), rtol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------- what stays home
+def test_the_client_evaluates_and_mixes_what_it_trained_not_its_noised_release():
+    """Under local DP only the release leaves: the client keeps what it trained, evaluates that as its personalized
+    model (not the release the server sends back), and starts its next mixing from it.  With noise of std 5 the
+    release is far from the trained model, so a client that used the release would be caught."""
+    client = make_client(**{"dp-noise-multiplier": 5.0, "dp-clip": 1.0})
+    states = received(client, k=1)
+    first = message(states, 1)
+    client.begin(first)
+    reply = client.train(first)
+    trained = record_to_numpy(reply.array_records["arrays"])
+    out = record_to_numpy(private_reply(client, reply, first).array_records["arrays"])
+    assert max(float(np.abs(out[k] - trained[k]).max()) for k in floating(out)) > 1.0  # the release is noised
+    evaluate = RecordDict({"arrays": to_record(out), "config": ConfigRecord({"server-round": 1})})
+    client.begin(evaluate)
+    personal = {k: v.detach().numpy() for k, v in client.personal_model(evaluate).state_dict().items()}
+    for k, v in trained.items():
+        np.testing.assert_allclose(personal[k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+    # round 2, no local training: the model it replies is what it started from - its own, which must be the trained
+    # model and not the release that came back first in 'peers'
+    again = make_client(**{"dp-noise-multiplier": 5.0, "dp-clip": 1.0, "local-epochs": 0})
+    again.context = client.context
+    second = message([{**states[0], **out}], 2)
+    again.begin(second)
+    start = record_to_numpy(again.train(second).array_records["arrays"])
+    for k in floating(trained):
+        np.testing.assert_allclose(start[k], trained[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+def test_without_local_dp_nothing_is_kept_and_the_evaluated_model_is_the_one_the_server_sent():
+    client = make_client(**{"dp-mode": "off"})
+    content = message(received(client, k=1), 1)
+    client.begin(content)
+    client.train(content)
+    assert "model" not in client.context.state.array_records
+    sent = received(client, k=1, seed=3)[0]
+    evaluate = RecordDict({"arrays": to_record(sent), "config": ConfigRecord({"server-round": 1})})
+    client.begin(evaluate)
+    personal = client.personal_model(evaluate).state_dict()
+    for k, v in sent.items():
+        np.testing.assert_allclose(personal[k].numpy(), v, err_msg=k)
