@@ -241,9 +241,8 @@ class PFedLIAStrategy(PersonalizedStrategy):
         self.releases = len(updates)
         if self.clustered and self.mode == "oracle":  # a client that gave its group only now joins it at once
             self._join_planted_groups()
-        if not self.clustered:
-            if updates:
-                self.global_state = self.average(updates)
+        if not self.clustered:  # the base calls aggregate only with valid replies
+            self.global_state = self.average(updates)
             return {}
         if self.mode == "p2p":
             trained = {u.client: u for u in updates}
