@@ -291,3 +291,29 @@ def test_the_declaration_says_the_lazy_model_is_a_release_without_counters():
     lazy = "its lazily trained whole model"
     assert declared["query.lazy"].sends["arrays"].what == lazy + " (its local release around the warm-up model)"
     assert plain["query.lazy"].sends["arrays"].what == lazy
+
+
+def test_the_clustering_queries_declare_in_words_what_comes_from_whom():
+    """The words docs/privacy.md and the recorder's reports use for pFedLIA's clustering round (the structure is
+    checked against recordings in tests/privacy/test_recorder.py)."""
+    from server_app.disclosure import declarations
+
+    declared, _ = declarations("pfedlia", **{"dp-mode": "local"})
+    lazy, lia = declared["query.lazy"], declared["query.lia"]
+    assert lazy.reveals == "a model trained on its data alone"
+    assert lia.reveals == "which peers' data resemble its own"
+    theta0 = "the warm-up model (the clients' average)"
+    assert {n: p.what for n, p in lazy.receives.items() if n != "config"} == {"arrays": theta0}
+    assert {n: (p.what, p.from_peers) for n, p in lia.receives.items() if n != "config"} == {
+        "arrays": (theta0, True),
+        "lazy": ("every client's lazily trained whole model", True),
+        "lazy-clients": ("the lazy models' client ids, and which one is its own", True),
+    }
+    assert lia.receives["lazy-clients"].entries == {"client-ids": True, "self-index": True}
+    assert lia.receives["lazy-clients"].required
+    for d in (lazy, lia):
+        assert d.receives["config"].entries is not None and d.receives["config"].entries["clustered"] is True
+        assert d.receives["config"].entries["evaluated-clustered"] is False
+    assert "arrays" not in lia.sends and set(lia.sends["metrics"].entries or {}) >= {"lia-row"}
+    oracle, _ = declarations("oracle", **{"dp-mode": "local", "partition": "planted-clusters"})
+    assert not any(kind.startswith("query.l") for kind in oracle)
