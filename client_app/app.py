@@ -134,15 +134,22 @@ def evaluate(msg: Message, context: Context) -> Message:
     return Message(content=stamped(method.evaluate(msg.content), start, setup), reply_to=msg)
 
 
+def query_reply(method: ClientMethod, name: str, content: RecordDict) -> RecordDict:
+    """The method's reply to ``query.<name>``; a query that releases a model other clients see (declared in the
+    method's ``released_queries``, e.g. pFedLIA's lazy model) leaves under the run's ``dp-mode`` as a train reply
+    does: clipped, and under local DP noised, around the method's ``release_reference``."""
+    reply = method.query(name, content)
+    if name in method.released_queries:
+        reply = private_reply(method, reply, content)
+    return reply
+
+
 def _query_handler(name: str):
     def handler(msg: Message, context: Context) -> Message:
         method, start, setup = started(msg, context)
+        content = query_reply(method, name, msg.content)
         content = faults.corrupt_query_reply(
-            method.settings.fault,
-            method.partition_id,
-            method.server_round,
-            name,
-            stamped(method.query(name, msg.content), start, setup),
+            method.settings.fault, method.partition_id, method.server_round, name, stamped(content, start, setup)
         )
         return Message(content=content, reply_to=msg)
 

@@ -16,7 +16,8 @@ A method overrides these hooks, and nothing else of the base:
   with run-config ``evaluate-split='validation'`` the client's data holds its validation split there instead);
 - :meth:`ClientMethod.query` - extra phases (``query.<name>``);
 - :meth:`ClientMethod.release_reference` - what a train reply's model is released against under local
-  differential privacy (only for a method that declares ``local``, docs/privacy.md).
+  differential privacy (only for a method that declares ``local``, docs/privacy.md); a query whose reply's model
+  leaves the same way is named in :attr:`ClientMethod.released_queries`.
 
 The base's :meth:`ClientMethod.evaluate` scores the personalized (and global) model, saves the personalized
 model when the server asks (``save-model``) and answers the same way when the evaluation rides on a train
@@ -76,6 +77,9 @@ class ClientMethod:
 
     #: what this method keeps between rounds: state name -> what it holds (nothing by default)
     keeps: ClassVar[Mapping[str, str]] = {}
+    #: the queries whose reply's ``arrays`` leave like a train reply's under differential privacy (clipped, and
+    #: under local DP released around :meth:`release_reference`); e.g. pFedLIA's ``lazy``, a model other clients see
+    released_queries: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, context: Context, settings: Settings | None = None) -> None:
         self.context = context
@@ -341,9 +345,10 @@ class ClientMethod:
         return self.reply({**self.base_metrics(), **self.evaluation(content)})
 
     def release_reference(self, content: RecordDict) -> dict[str, np.ndarray]:
-        """Under ``dp-mode='local'``: the model the train reply's model is released against (its change from it is
-        clipped and noised).  It must not depend on this client's data except through its earlier releases (e.g.
-        its own previous release), otherwise the release is not a Gaussian mechanism of the clipped change alone.
+        """Under ``dp-mode='local'``: the model the train reply's model (and the model of a reply to one of
+        :attr:`released_queries`) is released against (its change from it is clipped and noised).  It must not
+        depend on this client's data except through its earlier releases (e.g. its own previous release), otherwise
+        the release is not a Gaussian mechanism of the clipped change alone.
         A method declares ``local`` in its registry entry only with this hook overridden."""
         raise NotImplementedError(
             f"method {self.settings.method!r} names no reference for local differential privacy (release_reference)"

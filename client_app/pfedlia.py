@@ -1,9 +1,17 @@
 """pFedLIA client (pfedlia.md §2.4, §2.5): FedAvg-style training of the model it is sent, lazy training of
 the warm-up model, and its row of the lazy-influence matrix (plus its beneficial peers, peer-to-peer).
 
+Under ``dp-mode='local'`` every model that leaves the client is a local release around the model the message
+brought (``release_reference``): a train reply's around the server's (cluster) average it started from, the lazy
+model (``query.lazy``, shown to every peer) around the warm-up model theta_0.  The client keeps nothing at home: its
+personalized model is the (cluster) model the server sends, as without DP, and its influence row scores every lazy
+model as its peers see it, its own release included (docs/privacy.md, "Local DP in pFedLIA").
+
 See docs/methods/pfedlia.md; its last section says where each section number cited here is explained."""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -12,12 +20,13 @@ from flwr.app import RecordDict
 from client_app.base import SAME_AS_PERSONAL, ClientMethod, MetricValue, load_shared
 from client_app.pfedlia_math import beneficial_peers, lazy_influence_row
 from task.methods.pfedlia import PFedLIAOptions
-from task.params import model_to_record, stacked_tensors
+from task.params import model_to_record, record_to_numpy, stacked_tensors
 from task.train import batched_losses, evaluate
 
 
 class PFedLIAClient(ClientMethod):
     options: PFedLIAOptions  # the run-config keys of this method, typed
+    released_queries: ClassVar[tuple[str, ...]] = ("lazy",)  # the lazy model is shown to every peer
 
     def _extra(self) -> dict:
         planted = self.data.meta.get("planted-cluster")
@@ -37,6 +46,14 @@ class PFedLIAClient(ClientMethod):
         model is from: a train message's evaluation is of the previous round's model)."""
         key = "evaluated-clustered" if self.config.get("evaluate") else "clustered"
         return None if bool(self.config.get(key, True)) else SAME_AS_PERSONAL
+
+    def release_reference(self, content: RecordDict) -> dict[str, np.ndarray]:
+        """The model the message brought (``arrays``): a train message's (cluster) average, which the server built
+        from releases only, or the lazy query's warm-up model theta_0 (docs/privacy.md, "Local DP in pFedLIA")."""
+        rec = self.message_arrays(content)
+        if rec is None:
+            raise ValueError("local DP releases pFedLIA's model against the model the message brought: it had none")
+        return record_to_numpy(rec)
 
     def query(self, name: str, content: RecordDict) -> RecordDict:
         if name == "identify":  # the Oracle baseline learns the planted group from it (simulation data only)

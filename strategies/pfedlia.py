@@ -9,6 +9,12 @@ clusters the matrix with OPTICS (noise reassigned); peer-to-peer mode uses the c
 Afterwards each cluster (central/oracle) or each client's beneficial set (p2p) runs FedAvg from theta_0.
 Clients that connect after the clustering round score the stored lazy models and join (pfedlia.md §2.8).
 
+Under ``dp-mode='local'`` every model a client sends (train replies and its lazy model) is its local release,
+without integer buffers (they keep the initial model's values here); the server averages the releases **without
+weights** (a size-weighted average would make what peers receive depend on un-noised training-set sizes) and
+accounts every client's epsilon over its releases: one per round plus its lazy model (docs/privacy.md, "Local DP in
+pFedLIA").  The influence rows, the clustering and the metrics are not covered.
+
 See docs/methods/pfedlia.md; its last section says where each section number cited here is explained.
 """
 
@@ -27,6 +33,7 @@ from strategies.base import IDENTIFY, PersonalizedStrategy, Reply, log
 from strategies.disclosure import PER_CLIENT, Disclosure, Part
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
 from strategies.plots import integer_ticks, pyplot
+from strategies.privacy import account_local
 from strategies.replies import INT_LIMIT, VALUE_LIMIT, Arrays, Number, Numbers, ReplySpec
 from task.methods.pfedlia import PFedLIAOptions
 from task.params import stack_states, to_record, weighted_average
@@ -55,6 +62,8 @@ class PFedLIAStrategy(PersonalizedStrategy):
         self.matrix_clients: list[int] = []  # row i of the influence matrix was scored by matrix_clients[i]
         self.planted: dict[int, int] = {}
         self.clustering: dict[str, Any] = {}
+        self.lazy_queries = 0  # how often the lazy model was asked for (local DP: each is a release of its client)
+        self.releases = 0  # the valid train replies of this round (local DP: the releases the server received)
 
     #: what a resumed run needs: the clustering, every cluster's (or client's) model and the lazy models late
     #: joiners score
@@ -71,6 +80,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
         "matrix_clients",
         "planted",
         "clustering",
+        "lazy_queries",
     )
 
     def state(self) -> dict[str, Any]:
@@ -129,8 +139,9 @@ class PFedLIAStrategy(PersonalizedStrategy):
         if self.mode == "oracle":  # the Oracle clusters by the planted groups its clients report: no lazy models
             return out
         start = self.model_part("the warm-up model (the clients' average)")
+        local = " (its local release around the warm-up model)" if self.settings.dp_mode == "local" else ""
         out["query.lazy"] = Disclosure(
-            self.sends("lazy", {"arrays": "its lazily trained whole model"}),
+            self.sends("lazy", {"arrays": "its lazily trained whole model" + local}),
             {"config": self.config_part(), "arrays": start},
             "a model trained on its data alone",
         )
@@ -154,8 +165,8 @@ class PFedLIAStrategy(PersonalizedStrategy):
         spec = super().reply_spec(phase, node_id)
         if phase in ("train", IDENTIFY):  # the planted group (simulation data only) comes with both
             return spec.with_metrics(**{"planted-cluster": Number(int, 0, INT_LIMIT, required=False)})
-        if phase == "lazy":
-            return spec.with_records(arrays=Arrays.like(self.initial_state))
+        if phase == "lazy":  # as a train reply: under DP without integer buffers
+            return spec.with_records(arrays=Arrays.like(self.initial_state, self.released_keys()))
         if phase == "lia":
             n = len(self.lazy_clients)
             spec = spec.with_metrics(**{"lia-row": Numbers(float, -VALUE_LIMIT, VALUE_LIMIT, length=n)})
@@ -213,30 +224,52 @@ class PFedLIAStrategy(PersonalizedStrategy):
         return self.theta0
 
     # ------------------------------------------------------------------ aggregation
+    def complete(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A reply's model with every key of the model: arrays a release leaves out under DP (integer buffers such
+        as ``num_batches_tracked``) keep the initial model's values."""
+        return {k: arrays[k] if k in arrays else np.array(self.initial_state[k]) for k in self.initial_state}
+
+    def average(self, updates: list[Reply]) -> dict[str, np.ndarray]:
+        """FedAvg of the replies' models, weighted by their training-set sizes; under local DP unweighted, so that
+        the average is a post-processing of the releases alone (a size is not noised)."""
+        local = self.settings.dp_mode == "local"
+        weights = [1 if local else u.num_examples for u in updates]
+        return weighted_average([self.complete(u.arrays) for u in updates], weights)
+
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         self._note_planted(updates)
+        self.releases = len(updates)
         if self.clustered and self.mode == "oracle":  # a client that gave its group only now joins it at once
             self._join_planted_groups()
-        if not self.clustered:
-            return super().aggregate(server_round, updates)
+        if not self.clustered:  # the base calls aggregate only with valid replies
+            self.global_state = self.average(updates)
+            return {}
         if self.mode == "p2p":
             trained = {u.client: u for u in updates}
             for client, members in self.sets.items():
                 present = [trained[j] for j in members if j in trained]
                 if present:
-                    self.personal[client] = weighted_average(
-                        [u.arrays for u in present], [u.num_examples for u in present]
-                    )
+                    self.personal[client] = self.average(present)
             return {}
         for label in sorted({self.assignment[u.client] for u in updates if u.client in self.assignment}):
-            group = [u for u in updates if self.assignment.get(u.client) == label]
-            self.cluster_models[label] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
+            self.cluster_models[label] = self.average([u for u in updates if self.assignment.get(u.client) == label])
         return {}
+
+    def on_round_end(self, server_round: int) -> None:
+        """Under local DP: every client's epsilon after this round, composed over one release per round and one
+        per lazy query (also a round whose replies were all rejected: the clients released all the same)."""
+        if self.settings.dp_mode == "local":
+            self.history[-1].extra["dp"] = account_local(
+                self.history, self.releases, self.settings, extra=self.lazy_queries
+            )
+        self.releases = 0
 
     # ------------------------------------------------------------------ the clustering round
     def _lazy_models(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, dict[str, np.ndarray]]:
         payloads = {n: RecordDict({"arrays": to_record(self.start_model())}) for n in nodes}
-        return {r.client: r.arrays for r in self.send_query(grid, server_round, "lazy", payloads)}
+        if payloads:  # every client asked releases its lazy model, whether or not its reply is admitted
+            self.lazy_queries += 1
+        return {r.client: self.complete(r.arrays) for r in self.send_query(grid, server_round, "lazy", payloads)}
 
     def _rows(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, tuple[np.ndarray, list[int]]]:
         """client -> (its influence row over the lazy models, its beneficial clients (p2p))."""

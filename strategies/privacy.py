@@ -115,16 +115,17 @@ def account(history: Sequence[Any], released: dict[str, Any], settings: Any, pop
     }
 
 
-def account_local(history: Sequence[Any], clients: int, settings: Any) -> dict[str, Any]:
+def account_local(history: Sequence[Any], clients: int, settings: Any, extra: int = 0) -> dict[str, Any]:
     """What a local-DP round released, with every client's epsilon after it (``extra["dp"]``).
 
-    ``history`` holds every round so far, this one last.  A client releases at most one model per round, so after
-    r rounds no client has released more than r times: ``local_epsilon(sigma, r, delta)`` bounds every client's
-    epsilon.  Every round counts, also one whose replies were all rejected (they left their clients all the same);
-    a client that was not sent a train message in some round released less.  ``clients`` is the number of valid
-    releases this round received.
+    ``history`` holds every round so far, this one last.  A client releases at most one model per round in its
+    train reply, so after r rounds no client has released more than r times, plus ``extra`` releases outside the
+    train replies so far (pFedLIA's lazy model, one per lazy query): ``local_epsilon(sigma, r + extra, delta)``
+    bounds every client's epsilon.  Every round counts, also one whose replies were all rejected (they left their
+    clients all the same); a client that was not sent a train message in some round released less.  ``clients`` is
+    the number of valid train releases this round received.
     """
-    releases = len(history)
+    releases = len(history) + extra
     sigma, delta = settings.dp_noise_multiplier, settings.dp_delta
     return {
         "mode": "local",

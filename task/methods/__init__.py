@@ -169,11 +169,13 @@ METHODS: dict[str, MethodSpec] = {
         queries=("lazy", "lia"),
         description="lazy-influence clustering after a FedAvg warm-up (lia-mode central|p2p)",
         privacy=PrivacySupport(
+            ("local",),
             why_not=(
-                "its clustering round shows every client's lazily trained model to all peers (local DP could cover "
-                "that, but is not implemented for it) and the server clusters on un-noised lazy-influence rows, so "
-                "the cluster model every client receives depends on its peers' data without noise"
-            )
+                "its clustering round shows every client's lazily trained model to all peers, which no server-side "
+                "noise can hide, and the server clusters on un-noised lazy-influence rows, so which clients a cluster "
+                "model averages depends on its peers' data without noise; only local DP (dp-mode='local', every model "
+                "noised on the client before it leaves) protects the models"
+            ),
         ),
     ),
     "oracle": _m(
@@ -184,7 +186,14 @@ METHODS: dict[str, MethodSpec] = {
         options=PFedLIAOptions,
         conflicts=oracle_conflicts,
         description="per-cluster FedAvg on the planted groups after the same warm-up",
-        privacy=PrivacySupport(why_not="a simulation baseline whose clients report the planted group of their data"),
+        privacy=PrivacySupport(
+            ("local",),
+            why_not=(
+                "a simulation baseline that averages each planted group's models: the clients report the planted "
+                "group of their data, un-noised, and the server groups them by it; only local DP (dp-mode='local', "
+                "as pFedLIA's train replies) protects the models"
+            ),
+        ),
     ),
     "cfl": _m(
         "cfl",

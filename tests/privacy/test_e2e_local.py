@@ -1,7 +1,8 @@
-"""Local differential privacy end to end through Flower (docs/privacy.md): FedC2I with the defaults a user gets
-plus ``dp-mode='local'`` releases every client's model clipped and noised on the client, and reports every client's
-(epsilon, delta) round by round and in the summary; no noise and no clipping is the run without DP."""
+"""Local differential privacy end to end through Flower (docs/privacy.md): FedC2I and pFedLIA with the defaults a
+user gets plus ``dp-mode='local'`` release every client's model clipped and noised on the client, and report every
+client's (epsilon, delta) round by round and in the summary; no noise and no clipping is the run without DP."""
 
+import json
 import math
 from pathlib import Path
 
@@ -21,6 +22,20 @@ def test_fedc2i_with_the_defaults_and_local_dp(simulation):
     dp = reported_dp(summary, "local", "replace-one-data-set", expected)
     assert [d["releases"] for d in dp] == [1, 2]
     assert all(d["clients"] == 4 and d["noise-std"] == pytest.approx(1.0 * 1.0) for d in dp)
+
+
+def test_pfedlia_with_the_defaults_and_local_dp(simulation):
+    """Round 1 is the warm-up, round 2 the clustering round: every client releases its lazy model and its train
+    reply there, so after round 2 each has released three times."""
+    summary = simulation.run(
+        {"method": "pfedlia", "dp-mode": "local", "num-server-rounds": 2, "warmup-rounds": 1, "min-nodes": 4}
+    )
+    expected = [local_epsilon(1.0, r, 1e-5) for r in (1, 3)]
+    dp = reported_dp(summary, "local", "replace-one-data-set", expected)
+    assert [d["releases"] for d in dp] == [1, 3]
+    assert all(d["clients"] == 4 and d["noise-std"] == pytest.approx(1.0 * 1.0) for d in dp)
+    rounds = json.loads((Path(summary["results"]) / "rounds.json").read_text())
+    assert rounds[1]["extra"]["clustering"]["round"] == 2  # the clustering round ran, on the released lazy models
 
 
 def client_models(summary):

@@ -15,10 +15,26 @@ LOCAL = sorted(m for m, spec in METHODS.items() if "local" in spec.privacy.modes
 NO_GUARANTEE = sorted(m for m, spec in METHODS.items() if not spec.privacy.modes)
 
 
-def test_the_fedavg_family_supports_central_dp_fedc2i_local_dp_and_the_others_neither():
+def test_the_fedavg_family_supports_central_dp_the_methods_that_show_single_models_local_dp():
     assert sorted(["fedavg", "fedprox", "moon", "ditto", "fedrod", "fedper", "fedrep", "lgfedavg", "fedbn"]) == CENTRAL
-    assert LOCAL == ["fedc2i"]
-    assert "pfedlia" in NO_GUARANTEE and "client2vec" in NO_GUARANTEE and "local" in NO_GUARANTEE
+    assert LOCAL == ["fedc2i", "oracle", "pfedlia"]
+    assert "client2vec" in NO_GUARANTEE and "local" in NO_GUARANTEE and "cfl" in NO_GUARANTEE
+
+
+@pytest.mark.parametrize("method", sorted(set(METHODS) - set(CENTRAL)))
+def test_a_method_without_central_dp_refuses_it_with_its_reason(method):
+    with pytest.raises(ConfigConflict) as err:
+        parse_settings({"method": method, "dp-mode": "central", **_runnable(method)})
+    reason = f"dp-mode='central' is not available for method {method!r}: {METHODS[method].privacy.why_not}"
+    assert reason in str(err.value)
+
+
+def test_pfedlia_refuses_central_dp_because_the_server_clusters_on_un_noised_influence_rows():
+    with pytest.raises(ConfigConflict) as err:
+        parse_settings({"method": "pfedlia", "dp-mode": "central"})
+    message = str(err.value)
+    assert "dp-mode='central' is not available for method 'pfedlia'" in message
+    assert "clusters on un-noised lazy-influence rows" in message and "only local DP (dp-mode='local'" in message
 
 
 @pytest.mark.parametrize("method", NO_GUARANTEE)
@@ -56,7 +72,7 @@ def test_fedc2i_refuses_central_dp_because_it_forwards_single_clients_models():
 
 @pytest.mark.parametrize("method", LOCAL)
 def test_local_dp_starts_for_the_methods_that_declare_it(method):
-    settings = parse_settings({"method": method, "dp-mode": "local"})
+    settings = parse_settings({"method": method, "dp-mode": "local", **_runnable(method)})
     assert settings.dp_mode == "local" and settings.dp_noise_multiplier == 1.0
 
 
