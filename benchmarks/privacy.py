@@ -129,17 +129,24 @@ def noise_multiplier_for(
     if not (target > 0 and math.isfinite(target)):
         raise ValueError(f"the target epsilon must be finite and > 0, got {target}")
     lo, hi = 1e-3, 1.0
-    while epsilon(hi) > target:  # hi: enough noise
+    eps_hi = epsilon(hi)
+    while eps_hi > target:  # hi: enough noise
         lo, hi = hi, hi * 2
+        eps_hi = epsilon(hi)
         if hi > 1e6:
             raise ValueError(f"no noise multiplier up to 1e6 reaches epsilon {target}")
     if epsilon(lo) <= target:
         raise ValueError(f"epsilon {target} is reached with almost no noise (multiplier {lo}): nothing to search")
+    # invariant: epsilon(lo) > target >= epsilon(hi); stop well inside the tolerance, before rounding up
     for _ in range(200):
-        if epsilon(hi) >= target * (1 - tolerance / 2):  # well inside the tolerance before rounding up
+        if eps_hi >= target * (1 - tolerance / 2):
             break
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if epsilon(mid) > target else (lo, mid)
+        eps_mid = epsilon(mid)
+        if eps_mid > target:
+            lo = mid
+        else:
+            hi, eps_hi = mid, eps_mid
     sigma = round_up(hi, digits)
     if not target * (1 - tolerance) <= epsilon(sigma) <= target:
         raise ValueError(f"multiplier {sigma} gives epsilon {epsilon(sigma)}, not within {tolerance:%} below {target}")
