@@ -140,6 +140,12 @@ def _claims(recs: list[Rec]) -> list[str]:
                 + (", ".join(above) if above else "none")
                 + "."
             )
+    noise = _noise(recs)
+    if noise:
+        out.append(
+            "Noise std added to every coordinate of a release (weights, biases and BatchNorm statistics), against "
+            "the clip bound `dp-clip` on the norm of a client's whole update: " + "; ".join(noise) + "."
+        )
     targets = [r for r in ok(recs) if (r.get("dp-target") or {}).get("epsilon") is not None]
     over = [r for r in targets if (r["summary"].get("epsilon") or math.inf) > r["dp-target"]["epsilon"] * (1 + 1e-9)]
     if targets:
@@ -153,29 +159,72 @@ def _claims(recs: list[Rec]) -> list[str]:
     return out
 
 
+def _noise(recs: list[Rec]) -> list[str]:
+    """Per DP mode, the noise std per coordinate at each target: central sigma*C/m on the mean of the m clients'
+    updates, local sigma*C on each client's release (task/privacy.py)."""
+    out = []
+    for mode in ("central", "local"):
+        at: dict[str, set[str]] = {}
+        clip: set[float] = set()
+        for r in recs:
+            cfg = r["run-config"]
+            if cfg.get("dp-mode") != mode or not cfg.get("dp-noise-multiplier") or cfg.get("dp-clip") is None:
+                continue
+            m = r["num-supernodes"] if mode == "central" else 1
+            std = cfg["dp-noise-multiplier"] * cfg["dp-clip"] / m
+            at.setdefault(r["cell"]["epsilon"], set()).add(f"{std:.3g}")
+            clip.add(cfg["dp-clip"])
+        if at:
+            how = (
+                "on the mean of the round's updates: dp-noise-multiplier x dp-clip / clients"
+                if mode == "central"
+                else "on each release: dp-noise-multiplier x dp-clip"
+            )
+            values_ = ", ".join(
+                f"{' / '.join(sorted(v))} at ε={e}" for e, v in sorted(at.items(), key=lambda x: float(x[0]))
+            )
+            out.append(f"{mode} ({how}, dp-clip={' / '.join(f'{c:g}' for c in sorted(clip))}): {values_}")
+    return out
+
+
+def setting(recs: list[Rec], d: dict[str, Any]) -> str:
+    """The data and run size the records share (from their run configs, else the defaults ``d``)."""
+
+    def one(key: str) -> str:
+        vals = sorted({str(r["run-config"].get(key)) for r in recs if r.get("run-config")}) or [str(d.get(key))]
+        return " / ".join(vals)
+
+    clients = " / ".join(str(n) for n in sorted({r["num-supernodes"] for r in recs})) or "—"
+    return (
+        f"{one('dataset')}, {one('partition')} (alpha {one('alpha')}), {clients} clients, "
+        f"{one('num-server-rounds')} rounds"
+    )
+
+
 def render_privacy(raw: Path, d: dict[str, Any]) -> str:
     recs = load_records(GRID, raw)
     intro = (
-        "Personalized accuracy against the client-level privacy budget ε on the default digits partition "
-        "(Dirichlet 0.5, 10 clients, 10 rounds), every method at the defaults a user gets from `flwr run . "
-        "--run-config \"method='X'\"` with only the DP keys set: `dp-mode` (FedAvg and Ditto `central`, FedC2I "
-        "`local`: the mode each supports) and `dp-noise-multiplier`; `dp-clip` and `dp-delta` are the defaults. "
-        "No method is tuned, for DP or otherwise (the same tuning budget for every method: none); `min-nodes=10` "
-        "makes every round wait for all ten nodes, as in the defaults table. For each target ε the noise "
+        "Personalized accuracy against the client-level privacy budget ε on the default partition "
+        f"({setting(recs, d)}), every method at the defaults a user gets from `flwr run . --run-config "
+        "\"method='X'\"` with only the DP keys set: `dp-mode` (FedAvg and Ditto `central`, FedC2I `local`: the "
+        "mode each supports) and `dp-noise-multiplier`; `dp-clip` and `dp-delta` are the defaults. No method is "
+        "tuned, for DP or otherwise (the same tuning budget for every method: none); `min-nodes` set to the number "
+        "of nodes makes every round wait for all of them, as in the defaults table. For each target ε the noise "
         "multiplier is the one the runs' own accountant (`task/privacy.py`) needs to reach it at these settings "
-        "(bisection, rounded up: the ε reached is at most the target); ∞ is the run without DP. FedCAC supports no "
-        "DP mode: its DP runs were asked for all the same, and its row shows the refusal the run stopped with. "
+        "(bisection, rounded up: the ε reached is at most the target); ∞ is the run without DP. FedCAC supports "
+        "no DP mode: its DP runs were asked for all the same, and its row shows the refusal the run stopped with. "
         "Local (no model leaves a client, so it needs no DP and refuses it) is the reference without any "
         "release.\n\n"
         "**Central and local ε are not the same guarantee** "
-        f"([docs/privacy.md]({PRIVACY_DOC}#differential-privacy)). Central (FedAvg, Ditto): the server adds the "
-        "noise to the unweighted mean of the clipped updates, so it must be trusted: it still sees each clipped "
-        "update, and the guarantee holds against everyone who sees only the noised averages (other clients and "
-        "readers of the results); Ditto's personal model is not released. Local (FedC2I): each client noises the "
-        "model it releases, so the guarantee holds against every peer and any coalition of peers, and against the "
-        "server for the models, but not for FedC2I's influence vector and metrics, which the server receives "
-        f"un-noised ([Local DP in FedC2I]({PRIVACY_DOC}#local-dp-in-fedc2i)). A local ε is therefore the "
-        "stronger statement at the same number, and costs more noise for it.\n\n"
+        f"([docs/privacy.md]({PRIVACY_DOC}#differential-privacy)). Central (FedAvg, Ditto) needs a trusted server: "
+        "the server adds the noise once, to the unweighted mean of the clipped updates, and still sees each "
+        "clipped update; the guarantee holds against everyone who sees only the noised averages (other clients "
+        "and readers of the results), for one client's data added or removed. Ditto's personal model is not "
+        "released. Local (FedC2I): each client noises the model it releases, so the guarantee holds against every "
+        "peer and any coalition of peers, and against the server for the models, for any other data set of the "
+        "client; it does not cover FedC2I's influence vector and metrics, which the server receives un-noised "
+        f"([Local DP in FedC2I]({PRIVACY_DOC}#local-dp-in-fedc2i)). The same ε thus protects against more "
+        "observers under local DP, and costs more noise there.\n\n"
         "Columns: the multiplier of the run config; ε reached: the accountant's ε after the last round, from the "
         "runs' `summary.json`; accuracy: each client's model on its own test split, mean over clients, last round, "
         "mean (min-max) over seeds; Δ: the method at this ε minus the same method without DP on the same seed, in "
@@ -233,7 +282,7 @@ def figures_privacy(raw: Path) -> list[Figure]:
         lines.append(Line(local.label, xs, local.y * len(xs), local.lo * len(xs), local.hi * len(xs), "-", True))
     labels = [*finite, INF]
     panel = BrokenAxisPanel(
-        "personalized accuracy against ε",
+        setting(recs, {}),
         lines,
         "ε (log scale; ∞: no DP)",
         "personalized accuracy",
@@ -242,7 +291,7 @@ def figures_privacy(raw: Path) -> list[Figure]:
         xtick_at=[x(e) for e in labels],
         break_at=(top + at_inf) / 2,
     )
-    seeds = sorted({len(ok(select(recs, method=m, epsilon=e))) for m in methods(recs) for e in epsilons(recs)} - {0})
-    n = "-".join(str(s) for s in (seeds[0], seeds[-1]) if s) if seeds and seeds[0] != seeds[-1] else str(seeds[0])
-    title = f"Personalized accuracy against ε, default digits partition ({n} seeds per point, bars = min-max)"
+    counts = sorted({len(ok(select(recs, method=m, epsilon=e))) for m in methods(recs) for e in epsilons(recs)} - {0})
+    n = f"{counts[0]}-{counts[-1]} seeds" if counts[0] != counts[-1] else plural(counts[0], "seed")
+    title = f"Personalized accuracy against ε ({n} per point, bars: min-max)"
     return [Figure(FIGURE, title, [panel], columns=1, panel_size=(6.4, 3.6))]
