@@ -188,9 +188,11 @@ class OpenClipEncoder:
 def _register_tiny(open_clip) -> None:
     if TINY_MODEL in open_clip.list_models():
         return
-    folder = Path(tempfile.mkdtemp(prefix="pflower-clip-cfg-"))
-    (folder / f"{TINY_MODEL}.json").write_text(json.dumps(TINY_CONFIG))
-    open_clip.add_model_config(folder)
+    # open_clip reads the file when it is added and keeps the config: the folder can go (one per process had
+    # been left in the temporary directory)
+    with tempfile.TemporaryDirectory(prefix="pflower-clip-cfg-") as folder:
+        (Path(folder) / f"{TINY_MODEL}.json").write_text(json.dumps(TINY_CONFIG))
+        open_clip.add_model_config(folder)
 
 
 def describe_open_clip(model_name: str, weights: str, normalize: bool) -> str:

@@ -45,3 +45,22 @@ def test_embeddings_are_cached_on_disk(tmp_path):
     assert not hit and hit2 and len(list(tmp_path.glob("*.npz"))) == 1
     np.testing.assert_array_equal(D, D2)
     np.testing.assert_array_equal(L[0], L[3])
+
+
+def test_registering_the_tiny_model_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """Every process that builds the tiny encoder registers its config with open_clip: the model must be known
+    afterwards, and nothing may be left in the temporary directory (one folder per process had been)."""
+    import tempfile
+
+    import open_clip
+    import open_clip.factory
+
+    from task.clip import TINY_MODEL, _register_tiny
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(open_clip.factory, "_MODEL_CONFIGS", {})  # a fresh process: nothing registered yet
+    assert TINY_MODEL not in open_clip.list_models()
+    _register_tiny(open_clip)
+    assert TINY_MODEL in open_clip.list_models()
+    assert list(tmp_path.iterdir()) == []
+    OpenClipEncoder(TINY_MODEL, "", True)  # and it builds from the registered config

@@ -2,7 +2,6 @@
 plus ``dp-mode='central'`` releases clipped updates and reports (epsilon, delta) round by round and in the summary;
 no noise and no clipping is the run without DP; a method without a guarantee refuses DP at start-up."""
 
-import json
 import math
 from pathlib import Path
 
@@ -10,24 +9,18 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from server_app.runner import RunFailed, summary_line
+from server_app.runner import RunFailed
 from task.privacy import central_epsilon
+from tests.privacy.dp_run import reported_dp, same_accuracy_every_round
 
 pytestmark = pytest.mark.slow
 
 
 def test_fedavg_with_the_defaults_and_central_dp(simulation):
     summary = simulation.run({"method": "fedavg", "dp-mode": "central", "num-server-rounds": 2, "min-nodes": 4})
-    assert summary["rounds"] == 2 and summary["clients"] == 4 and summary["failures"] == 0
     expected = [central_epsilon(1.0, r, 1e-5, population=4, cohort=4) for r in (1, 2)]
-    assert summary["dp-mode"] == "central" and summary["delta"] == 1e-5
-    assert summary["epsilon"] == pytest.approx(expected[-1]) and summary["dp-neighbours"] == "add-or-remove-one"
-    line = summary_line(summary["log"])
-    assert line is not None and f"({expected[-1]:.3g}, 1e-05)-DP (central)" in line
-    rounds = json.loads((Path(summary["results"]) / "rounds.json").read_text())
-    dp = [r["extra"]["dp"] for r in rounds]
+    dp = reported_dp(summary, "central", "add-or-remove-one", expected)
     assert [d["noised-rounds"] for d in dp] == [1, 2]
-    assert [d["epsilon"] for d in dp] == pytest.approx(expected)
     for d in dp:  # every client clipped its update to dp-clip = 1 before it left; noise sigma C / m on the mean
         assert d["clients"] == 4 and d["largest-update-norm"] <= 1.0 + 1e-5
         assert d["noise-std"] == pytest.approx(1.0 * 1.0 / 4)
@@ -45,9 +38,7 @@ def test_no_noise_and_no_clipping_is_the_run_without_dp(simulation):
     assert len(floating) >= 10
     for k in floating:
         np.testing.assert_allclose(models[1][k], models[0][k], rtol=1e-4, atol=1e-5, err_msg=k)
-    rounds = [json.loads((Path(s["results"]) / "rounds.json").read_text()) for s in (plain, private)]
-    for a, b in zip(*rounds, strict=True):
-        assert b["evaluate"]["personal-acc"] == pytest.approx(a["evaluate"]["personal-acc"], abs=0.01)
+    same_accuracy_every_round(plain, private)
 
 
 def test_a_method_without_a_guarantee_refuses_dp_at_start_up(simulation):

@@ -2,7 +2,6 @@
 plus ``dp-mode='local'`` releases every client's model clipped and noised on the client, and reports every client's
 (epsilon, delta) round by round and in the summary; no noise and no clipping is the run without DP."""
 
-import json
 import math
 from pathlib import Path
 
@@ -10,24 +9,17 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from server_app.runner import summary_line
 from task.privacy import local_epsilon
+from tests.privacy.dp_run import reported_dp, same_accuracy_every_round
 
 pytestmark = pytest.mark.slow
 
 
 def test_fedc2i_with_the_defaults_and_local_dp(simulation):
     summary = simulation.run({"method": "fedc2i", "dp-mode": "local", "num-server-rounds": 2, "min-nodes": 4})
-    assert summary["rounds"] == 2 and summary["clients"] == 4 and summary["failures"] == 0
     expected = [local_epsilon(1.0, r, 1e-5) for r in (1, 2)]
-    assert summary["dp-mode"] == "local" and summary["delta"] == 1e-5
-    assert summary["epsilon"] == pytest.approx(expected[-1]) and summary["dp-neighbours"] == "replace-one-data-set"
-    line = summary_line(summary["log"])
-    assert line is not None and f"({expected[-1]:.3g}, 1e-05)-DP (local)" in line
-    rounds = json.loads((Path(summary["results"]) / "rounds.json").read_text())
-    dp = [r["extra"]["dp"] for r in rounds]
+    dp = reported_dp(summary, "local", "replace-one-data-set", expected)
     assert [d["releases"] for d in dp] == [1, 2]
-    assert [d["epsilon"] for d in dp] == pytest.approx(expected)
     assert all(d["clients"] == 4 and d["noise-std"] == pytest.approx(1.0 * 1.0) for d in dp)
 
 
@@ -48,6 +40,4 @@ def test_no_noise_and_no_clipping_is_the_run_without_dp(simulation):
         assert len(floating) >= 10
         for k in floating:
             np.testing.assert_allclose(models[1][name][k], model[k], rtol=1e-4, atol=1e-5, err_msg=f"{name} {k}")
-    rounds = [json.loads((Path(s["results"]) / "rounds.json").read_text()) for s in (plain, private)]
-    for a, b in zip(*rounds, strict=True):
-        assert b["evaluate"]["personal-acc"] == pytest.approx(a["evaluate"]["personal-acc"], abs=0.01)
+    same_accuracy_every_round(plain, private)

@@ -157,10 +157,10 @@ def test_no_noise_and_no_clipping_releases_the_model_itself():
     # a model's float32 arrays come back bit for bit in float32 (the release is not a rounding of the model:
     # peers of a run without noise and clipping see exactly what they would see without DP)
     small = {k: (v / 100).astype(np.float32) for k, v in model.items()}
-    released = local_release(small, {k: v.astype(np.float32) for k, v in reference.items()}, 0.0, math.inf, rng)
-    for k, value in small.items():
-        assert released[k].dtype == np.float32
-        np.testing.assert_array_equal(released[k], value)
+    narrow = local_release(small, {k: v.astype(np.float32) for k, v in reference.items()}, 0.0, math.inf, rng)
+    for k, exact in small.items():
+        assert narrow[k].dtype == np.float32
+        np.testing.assert_array_equal(narrow[k], exact)
 
 
 def test_the_mean_weights_every_client_alike():
