@@ -251,7 +251,13 @@ def render_privacy(raw: Path, d: dict[str, Any]) -> str:
         f"`{FIGURE}`: personalized accuracy against ε (log scale), mean over seeds with min-max bars; ∞ (no DP) "
         "is set apart beyond the dashed rule; grey: Local."
     )
-    return "\n\n".join([intro, header(recs, [], d), table, bullets([*notes, *_claims(recs)]), figure])
+    # the DP keys vary by row and are the table's columns: the settings line names them once
+    shown = ("dp-mode", "dp-noise-multiplier")
+    plain = [{**r, "run-config": {k: v for k, v in r["run-config"].items() if k not in shown}} for r in recs]
+    lines = header(plain, [], d).split("\n")
+    dp = "`dp-mode` and `dp-noise-multiplier` differ from the defaults as the table's columns say."
+    lines.insert(1 + any(line.startswith("Settings that differ") for line in lines), dp)
+    return "\n\n".join([intro, "\n".join(lines), table, bullets([*notes, *_claims(recs)]), figure])
 
 
 def figures_privacy(raw: Path) -> list[Figure]:
