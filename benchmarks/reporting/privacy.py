@@ -9,6 +9,7 @@ run (FedCAC) gets one row with the refusal, as the run reported it.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from .figures import BrokenAxisPanel, Figure, Line, seed_line
 from .pairing import delta_cell, paired
 from .records import PERSONAL, Rec, axis, error_line, mean, ok, select, summary, values
 from .settings import header
-from .text import NAMES, bullets, md_table, mean_range, missing, plural, pts
+from .text import NAMES, bullets, md_table, mean_range, missing, plural, pts, value_range
 
 GRID = "privacy"
 COMMAND = "python benchmarks/privacy.py"
@@ -140,6 +141,22 @@ def _claims(recs: list[Rec]) -> list[str]:
                 + (", ".join(above) if above else "none")
                 + "."
             )
+    for m in methods(recs):
+        for e in epsilons(recs):
+            sel = ok(select(recs, method=m, epsilon=e))
+            rejected = [r for r in sel if (r.get("failures") or {}).get("count")]
+            if not rejected:
+                continue
+            n = sum(r["failures"]["count"] for r in rejected)
+            evaluated = [r["rounds"][-1].get("eval-clients") for r in sel if r.get("rounds")]
+            evaluated = [c for c in evaluated if c is not None]
+            reason = re.sub(r"got [-+0-9.e]+", "got ...", rejected[0]["failures"]["first"][0])
+            out.append(
+                f"{name(m)} at ε={_eps(e)}: the server's reply gate rejected {n} {'reply' if n == 1 else 'replies'} in "
+                f"{len(rejected)} of {plural(len(sel), 'run')} (e.g. {reason}); its accuracy is the mean over the "
+                f"clients evaluated in the last round: {value_range(evaluated)} of "
+                f"{' / '.join(str(c) for c in sorted({r['num-supernodes'] for r in sel}))}."
+            )
     noise = _noise(recs)
     if noise:
         out.append(
@@ -191,7 +208,8 @@ def setting(recs: list[Rec], d: dict[str, Any]) -> str:
     """The data and run size the records share (from their run configs, else the defaults ``d``)."""
 
     def one(key: str) -> str:
-        vals = sorted({str(r["run-config"].get(key)) for r in recs if r.get("run-config")}) or [str(d.get(key))]
+        vals = sorted({str(r["run-config"].get(key, d.get(key))) for r in recs if r.get("run-config")})
+        vals = vals or [str(d.get(key))]
         return " / ".join(vals)
 
     clients = " / ".join(str(n) for n in sorted({r["num-supernodes"] for r in recs})) or "—"
