@@ -14,7 +14,7 @@ Record schema (``SCHEMA``; every key is always present, ``None`` where it does n
 - ``run-config``: the run's full run config (``config.json``); ``overrides``: the keys it set away from the
   defaults of the code that ran; ``resolved-model``: the model ``model=auto`` resolved to
 - ``summary``: the essentials of ``summary.json`` (final accuracies and losses, perplexity, clients, failures,
-  seconds)
+  seconds; under differential privacy the mode and the accountant's ``epsilon`` and ``delta`` after the last round)
 - ``rounds``: per round: accuracies (personalized, global, after local training), seconds, server seconds,
   bytes down / up (all phases; and the train phase alone), clients that trained / evaluated, mean local
   training and method seconds per client, peak memory, and the cohort where the strategy logs one
@@ -313,6 +313,9 @@ def record_from_run(
         "global-loss",
         "personal-perplexity",
         "global-perplexity",
+        "dp-mode",
+        "epsilon",
+        "delta",
     )
     return {
         "schema": SCHEMA,

@@ -41,7 +41,20 @@ from typing import Any
 
 from common import RAW
 
-from . import baselines, client2vec, defaults, fedc2i, fedc2i_speed, fedcac, grids, pfedlia, pifl, scale, speed
+from . import (
+    baselines,
+    client2vec,
+    defaults,
+    fedc2i,
+    fedc2i_speed,
+    fedcac,
+    grids,
+    pfedlia,
+    pifl,
+    privacy,
+    scale,
+    speed,
+)
 from .figures import Figure
 from .settings import PYPROJECT, run_config_defaults
 
@@ -82,6 +95,12 @@ SECTIONS = [
         [g for f in grids.FAMILIES.values() for g in (f.select_grid, f.grid)],
         grids.render_grids,
         figures=grids.figures_grids,
+    ),
+    Section(
+        "Personalized accuracy against the privacy budget epsilon (issue 27)",
+        ["privacy"],
+        privacy.render_privacy,
+        figures=privacy.figures_privacy,
     ),
     Section("Baselines on digits (issue 2)", ["baselines-clean", "baselines-noisy"], baselines.render_baselines),
     Section("FedC2I on feature-shift digits (issue 4)", ["fedc2i"], fedc2i.render_fedc2i),

@@ -48,6 +48,16 @@ class Panel:
 
 
 @dataclass
+class BrokenAxisPanel(Panel):
+    """A panel whose x positions are named at ``xtick_at`` (``xticks`` gives the names), with the points beyond
+    ``break_at`` set apart: a dashed rule at the break, and each line's last point before it joined to its points
+    beyond it by a dotted segment only (e.g. epsilon on a log axis, and infinity, no privacy, beyond it)."""
+
+    xtick_at: list[float] = field(default_factory=list)
+    break_at: float | None = None
+
+
+@dataclass
 class Figure:
     """A figure saved as ``file`` beside RESULTS.md (referenced from it as ``![...](file)``)."""
 
@@ -124,13 +134,22 @@ def draw(fig: Figure, folder: Path) -> Path:
                     [y - lo for y, lo in zip(line.y, line.lo, strict=True)],
                     [hi - y for y, hi in zip(line.y, line.hi, strict=True)],
                 ]
-                ax.errorbar(x, line.y, err, fmt=line.style, linewidth=1.3, markersize=4, capsize=2, label=line.label)
+                brk = panel.break_at if isinstance(panel, BrokenAxisPanel) else None
+                if brk is None:
+                    ax.errorbar(
+                        x, line.y, err, fmt=line.style, linewidth=1.3, markersize=4, capsize=2, label=line.label
+                    )
+                    continue
+                _broken_errorbars(ax, line, x, err, brk)
                 continue
             (drawn,) = ax.plot(line.x, line.y, line.style, linewidth=1.6, label=line.label)
             if line.lo != line.hi:
                 ax.fill_between(line.x, line.lo, line.hi, color=drawn.get_color(), alpha=0.2, linewidth=0)
+        if isinstance(panel, BrokenAxisPanel) and panel.break_at is not None:
+            ax.axvline(panel.break_at, color="0.6", linestyle="--", linewidth=0.8)
         if panel.xticks:
-            ax.set_xticks(range(len(panel.xticks)), panel.xticks)
+            at = panel.xtick_at if isinstance(panel, BrokenAxisPanel) and panel.xtick_at else range(len(panel.xticks))
+            ax.set_xticks(list(at), panel.xticks)
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(panel.title, fontsize=9)
@@ -167,6 +186,28 @@ def draw(fig: Figure, folder: Path) -> Path:
     canvas.savefig(path, dpi=90, metadata={DIGEST_KEY: fig.digest(), "Software": None})
     plt.close(canvas)
     return path
+
+
+def _broken_errorbars(ax: Any, line: Line, x: list[float], err: list[list[float]], brk: float) -> None:
+    """``line`` as error bars, its points before ``brk`` joined by its style, those beyond it by a dotted segment."""
+    parts = [[j for j, v in enumerate(line.x) if v < brk], [j for j, v in enumerate(line.x) if v >= brk]]
+    color = None
+    for n, part in enumerate(p for p in parts if p):
+        drawn = ax.errorbar(
+            [x[j] for j in part],
+            [line.y[j] for j in part],
+            [[err[0][j] for j in part], [err[1][j] for j in part]],
+            fmt=line.style,
+            color=color,
+            linewidth=1.3,
+            markersize=4,
+            capsize=2,
+            label=line.label if n == 0 else None,
+        )
+        color = drawn[0].get_color()
+    if parts[0] and parts[1]:
+        a, b = parts[0][-1], parts[1][0]
+        ax.plot([x[a], x[b]], [line.y[a], line.y[b]], ":", color=color, linewidth=1.0)
 
 
 def stored_digest(path: Path) -> str | None:
