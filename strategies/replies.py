@@ -20,8 +20,12 @@ from flwr.app import RecordDict
 
 #: largest value accepted for counts (num-examples) and identifiers (partition ids)
 INT_LIMIT = 2**31 - 1
-#: bounds of plausible values: anything beyond is a broken or hostile client, not a measurement
-LOSS_LIMIT = 1e9
+#: bounds of plausible values: anything beyond is a broken or hostile client, not a measurement.  A loss is
+#: computed from float32 logits, so an honest one is finite and at most float32's largest value, however far off
+#: the model is (a model noised for differential privacy at a small epsilon gives honest cross-entropies of 1e12
+#: and more: a tighter bound rejected those replies and stopped such runs).  Weighted means of such values over
+#: any number of clients stay far inside float64.
+LOSS_LIMIT = float(np.finfo(np.float32).max)
 SECONDS_LIMIT = 1e7
 MEMORY_LIMIT_MB = 1e9
 VALUE_LIMIT = 1e15  # any other real quantity (e.g. an influence score summed over a validation split)

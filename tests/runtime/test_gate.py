@@ -228,3 +228,25 @@ def test_a_rejected_reply_is_logged_with_its_round_phase_node_and_reason(caplog)
     with caplog.at_level("WARNING", logger="flwr.pflower"):
         g.admit(3, "evaluate", [reply(12, error="disk full"), reply(13, content(0))])
     assert "round 3 evaluate: reply from node 12 rejected: error reply: disk full" in caplog.messages
+
+
+@pytest.mark.parametrize("key", ["train-loss", "personal-loss", "global-loss"])
+def test_an_honest_loss_of_a_far_off_model_passes_and_only_impossible_ones_are_refused(key):
+    """A model noised for differential privacy at a small epsilon gives cross-entropies of 1e12 and more: those
+    are measurements, so the gate must let them through (it once stopped such runs), while a loss no float32
+    model can produce (beyond float32's largest value, infinite, NaN or negative) is refused."""
+    from strategies.replies import EVALUATE, parse_reply
+
+    spec = TRAIN if key == "train-loss" else EVALUATE
+    extra = {} if key == "train-loss" else {"personal-acc": 0.1, "personal-loss": 1.0}
+
+    def sent(loss: float) -> RecordDict:
+        return RecordDict({"metrics": MetricRecord({"num-examples": 5, "partition-id": 0, **extra, key: loss})})
+
+    largest = float(np.finfo(np.float32).max)
+    for honest in (6.5e12, 1e30, largest):
+        metrics, _ = parse_reply(sent(honest), spec)
+        assert metrics[key] == honest
+    for impossible in (float(np.nextafter(largest, math.inf)), math.inf, math.nan, -1e-3):
+        with pytest.raises(ValueError, match=key):
+            parse_reply(sent(impossible), spec)
