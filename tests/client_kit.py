@@ -98,3 +98,23 @@ def trained_state(model, x, y, epochs=15, lr=0.1, seed=0):
 
 def numpy_state(state):
     return {k: v.detach().cpu().numpy().copy() for k, v in state.items()}
+
+
+def distinct_states(client, k=3, seed=0, spread=0.3) -> list[dict[str, torch.Tensor]]:
+    """k distinct states of a client's network, as peers' models it could receive (own first): float tensors
+    moved apart (noise of std ``spread`` times one plus their mean magnitude), BatchNorm statistics rescaled and
+    the integer ``num_batches_tracked`` different per model."""
+    g = torch.Generator().manual_seed(seed)
+    base = client.reset_model().state_dict()
+    states = []
+    for i in range(k):
+        s = {}
+        for name, v in base.items():
+            if not v.is_floating_point():
+                s[name] = torch.full_like(v, 5 + 3 * i)
+            elif name.endswith("running_var"):
+                s[name] = v * (0.5 + torch.rand(v.shape, generator=g))
+            else:
+                s[name] = v + spread * torch.randn(v.shape, generator=g) * (1 + v.abs().mean())
+        states.append(s)
+    return states

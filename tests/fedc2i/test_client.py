@@ -21,6 +21,7 @@ from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.models import build_model
 from task.params import record_to_numpy, stacked_record, to_record
+from tests.client_kit import distinct_states
 
 PEER_SIZES = [37, 311]  # the peers' training-set sizes the server reports (unequal on purpose)
 
@@ -31,25 +32,6 @@ def make_client(**cfg):
         run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(), run_config=cfg
     )
     return load_object(METHODS["fedc2i"].client)(ctx, parse_settings(cfg))
-
-
-def received_models(client, k=3, seed=0):
-    """k distinct states of the client's network (own first): float tensors moved apart, BN statistics and the
-    integer ``num_batches_tracked`` different per model."""
-    g = torch.Generator().manual_seed(seed)
-    base = client.reset_model().state_dict()
-    states = []
-    for i in range(k):
-        s = {}
-        for name, v in base.items():
-            if not v.is_floating_point():
-                s[name] = torch.full_like(v, 5 + 3 * i)
-            elif name.endswith("running_var"):
-                s[name] = v * (0.5 + torch.rand(v.shape, generator=g))
-            else:
-                s[name] = v + 0.3 * torch.randn(v.shape, generator=g) * (1 + v.abs().mean())
-        states.append(s)
-    return states
 
 
 def payload(states, sizes=None, server_round=2):
@@ -153,7 +135,7 @@ def test_a_client_starts_from_the_mix_of_everyone_it_was_sent_not_from_its_own_m
     fedc2i.md §7 test 2: gamma = 0 gives lambda = Lambda = 1/M, so the personalized extractor and classifier are the
     uniform mean of the received models (M = 2 works, fedc2i.md §7 test 10); the influence it reports is uniform."""
     client = make_client(gamma=0.0)
-    states = received_models(client, k)
+    states = distinct_states(client, k)
     arrays, metrics = run_train(client, payload(states))
     np.testing.assert_allclose(metrics["influence"], [1 / k] * k, rtol=1e-6)
     expected = mixed(states, [1 / k] * k, list(states[0]))
@@ -167,7 +149,7 @@ def test_full_fedc2i_mixes_the_extractor_by_lambda_and_each_class_row_by_its_col
     swapped (Eqs. 7-9), each class row mixed by its column (Eq. 10 corrected); the reply carries lambda."""
     gamma = 5.0
     client = make_client(gamma=gamma)
-    states = received_models(client, 3)
+    states = distinct_states(client, 3)
     arrays, metrics = run_train(client, payload(states))
     lam = naive_lambda(client, states, gamma)
     np.testing.assert_allclose(metrics["influence"], lam, rtol=1e-4, atol=1e-6)
@@ -185,7 +167,7 @@ def test_the_ablations_build_the_model_table_3_describes(variant):
     keeps the client's own extractor; both Lambda variants mix the classifier by Eq. 10."""
     gamma = 5.0
     client = make_client(gamma=gamma, **{"c2i-variant": variant})
-    states = received_models(client, 3)
+    states = distinct_states(client, 3)
     arrays, metrics = run_train(client, payload(states))
     lam = naive_lambda(client, states, gamma)
     np.testing.assert_allclose(metrics["influence"], lam, rtol=1e-4, atol=1e-6)
@@ -206,7 +188,7 @@ def test_the_ablations_build_the_model_table_3_describes(variant):
 def test_the_influence_batch_holds_influence_batch_size_training_samples_drawn_afresh_each_round():
     """fedc2i.md §6.10: one batch of ``influence-batch-size`` samples per round, drawn anew every round (seeded: the
     same round gives the same batch, fedc2i.md §7 test 14)."""
-    states = received_models(make_client(), 3)
+    states = distinct_states(make_client(), 3)
     _whole, _ = run_train(make_client(), payload(states))
     small = make_client(**{"influence-batch-size": 3})
     by_round = {r: run_train(small, payload(states, server_round=r))[1]["influence"] for r in (2, 3)}
@@ -219,7 +201,7 @@ def test_the_influence_batch_holds_influence_batch_size_training_samples_drawn_a
 def test_in_round_one_a_client_alone_keeps_its_model_and_reports_full_self_influence():
     """fedc2i.md §6.13 (docs: round 1 sends each client only its own initial model): nothing to mix, lambda = [1]."""
     client = make_client()
-    states = received_models(client, 1)
+    states = distinct_states(client, 1)
     arrays, metrics = run_train(client, payload(states, server_round=1))
     assert list(metrics["influence"]) == [1.0]
     assert_states_close(arrays, states[0], atol=0)
@@ -230,7 +212,7 @@ def test_the_reply_reports_the_trained_models_test_accuracy():
     the influence computation and mixing is timed as the method's own client work (``time-method``, beside
     ``time-train``; client_app/base.py ``timed``)."""
     client = make_client(**{"local-epochs": 1})
-    states = received_models(client, 2)
+    states = distinct_states(client, 2)
     arrays, metrics = run_train(client, payload(states))
     net = client.reset_model()
     net.load_state_dict(arrays)
@@ -243,7 +225,7 @@ def test_the_personal_model_is_the_clients_own_stored_model():
     """fedc2i.md §6.12 (docs "The personalized model"): ``arrays`` of an evaluate message, else the first model of a
     train message's stack, else the common initial model."""
     client = make_client()
-    states = received_models(client, 3)
+    states = distinct_states(client, 3)
     own = client.personal_model(payload(states)).state_dict()
     assert_states_close(own, states[0], atol=0)
     ev = RecordDict({"arrays": to_record(states[1])})
@@ -284,7 +266,7 @@ def test_peer_sizes_that_are_not_a_list_are_refused_naming_the_key(bad):
     """The server sends the peers' training-set sizes as one list (one entry per peer model); anything else is a
     malformed message, refused with the key and what arrived instead of being read as sizes."""
     client = make_client()
-    states = received_models(client, 2)
+    states = distinct_states(client, 2)
     run_train(client, payload(states))  # the well-formed message is answered
     content = payload(states)
     content["peer-clients"] = ConfigRecord({"client-ids": [1], "num-examples": bad})

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from client_app.privacy import private_reply
@@ -26,7 +25,7 @@ from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.params import record_to_numpy, stacked_record, to_record
 from task.privacy import local_epsilon, update_norm
-from tests.client_kit import node_contexts
+from tests.client_kit import distinct_states, node_contexts, numpy_state
 
 CLIENT_CFG = {"method": "fedc2i", "partition": "iid", "dp-mode": "local", "lr": 0.5}
 
@@ -40,21 +39,8 @@ def make_client(**cfg):
 
 
 def received(client, k=3, seed=0):
-    """k models of the client's network (its own previous release first), moved apart; integer buffers differ."""
-    g = torch.Generator().manual_seed(seed)
-    base = client.reset_model().state_dict()
-    states = []
-    for i in range(k):
-        s = {}
-        for name, v in base.items():
-            if not v.is_floating_point():
-                s[name] = torch.full_like(v, 5 + 3 * i).numpy()
-            elif name.endswith("running_var"):
-                s[name] = (v * (0.5 + torch.rand(v.shape, generator=g))).numpy()
-            else:
-                s[name] = (v + 0.1 * torch.randn(v.shape, generator=g)).numpy()
-        states.append(s)
-    return states
+    """k models of the client's network (its own previous release first), as numpy arrays."""
+    return [numpy_state(s) for s in distinct_states(client, k, seed, spread=0.1)]
 
 
 def message(states, server_round=2):
