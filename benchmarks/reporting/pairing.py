@@ -81,6 +81,13 @@ def same_data_on_shared_columns(a: Rec, b: Rec, training_only: bool = False) -> 
     return digest(rows(a)) == digest(rows(b))
 
 
+def _clients_without_data(rec: Rec) -> list[Any]:
+    """Clients whose data columns the record lacks (a client whose every reply the gate rejected has no size)."""
+    cols = rec["clients"]["columns"]
+    data = [cols.index(c) for c in rec["fingerprint"].get("data-columns") or [] if c in cols and c != "client"]
+    return [row[0] for row in rec["clients"]["rows"] if any(row[i] is None for i in data)]
+
+
 def pairing_problem(a: Rec, b: Rec, draws: bool, training_only: bool = False) -> str | None:
     """Why runs ``a`` and ``b`` are not a pair (None when they are): same data (``training_only``: the same
     training data, test splits aside), and same draws if ``draws``."""
@@ -90,6 +97,9 @@ def pairing_problem(a: Rec, b: Rec, draws: bool, training_only: bool = False) ->
     if training_only and not same_data_on_shared_columns(a, b, training_only):
         return "the runs' training data differ"
     if not training_only and fa["data"] != fb["data"] and not same_data_on_shared_columns(a, b):
+        if unrecorded := [rec for rec in (a, b) if _clients_without_data(rec)]:
+            n = max(len(_clients_without_data(rec)) for rec in unrecorded)
+            return f"a run does not know the data of {n} client{'s' if n > 1 else ''} (their replies were rejected)"
         return "the runs' data differ (data fingerprints disagree)"
     if draws:
         if fa.get("draws") is None or fb.get("draws") is None:

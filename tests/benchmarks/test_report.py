@@ -385,6 +385,18 @@ def test_a_record_with_an_extra_data_column_still_pairs_on_the_columns_both_have
     assert pairing.pairing_problem(ids_only, old, draws=False) is not None
 
 
+def test_runs_whose_clients_lost_their_replies_are_refused_as_a_pair_with_that_reason():
+    """A run in which the gate rejected every train reply of a client does not record that client's data: the
+    pair is refused (the means cover different data) and the reason says why, not that the data differ."""
+    full = _with_clients(["client", "num-examples", "test-examples"], [[0, 50, 20], [1, 60, 25], [2, 70, 30]])
+    lost = _with_clients(["client", "num-examples", "test-examples"], [[0, 50, 20], [1, None, 25], [2, None, 30]])
+    for a, b in ((lost, full), (full, lost)):
+        assert pairing.pairing_problem(a, b, draws=False) == (
+            "a run does not know the data of 2 clients (their replies were rejected)"
+        )
+    assert pairing.pairing_problem(full, full, draws=False) is None
+
+
 # --------------------------------------------------------------------------- every method at its defaults
 def _defaults_grid(tmp_path, accs, rounds=None, data=None, errors=(), artefacts=None):
     """Write a defaults grid: ``accs[method]`` = final personalized accuracy per seed; ``rounds[method]`` = per seed,
