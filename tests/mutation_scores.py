@@ -119,6 +119,10 @@ def collect(mutants_dir: Path, commit: str, only: list[str], path: Path = RESULT
                 continue
             if not only or any(fnmatch.fnmatch(k, g) for k in codes for g in only):
                 data["modules"][module] = len(codes)
+                # a verdict for a mutant the module no longer has (the code changed and mutmut renumbered) goes
+                gone = [k for k, v in data["mutants"].items() if v["module"] == module and k not in codes]
+                for name in gone:
+                    del data["mutants"][name]
             for name, code in codes.items():
                 if code is None or (only and not any(fnmatch.fnmatch(name, g) for g in only)):
                     continue

@@ -93,6 +93,21 @@ def test_later_verdicts_replace_earlier_ones(tmp_path):
     }
 
 
+def test_a_verdict_for_a_mutant_the_module_no_longer_has_is_dropped(tmp_path):
+    """After a change, mutmut renumbers a function's mutants: a verdict for a number that no longer exists would
+    count as run although nothing was (the table showed -1 mutants not run)."""
+    mutants, results = tmp_path / "mutants", tmp_path / "r.json"
+    _meta(mutants, "task/t.py", {"task.t.x_f__mutmut_1": 1, "task.t.x_f__mutmut_2": 1, "task.t.x_g__mutmut_1": 1})
+    _meta(mutants, "task/u.py", {"task.u.x_h__mutmut_1": 1})
+    ms.collect(mutants, "old", [], path=results)
+    _meta(mutants, "task/t.py", {"task.t.x_f__mutmut_1": 0, "task.t.x_g__mutmut_1": None})
+    ms.collect(mutants, "new", ["task.t.x_f*"], path=results)
+    kept = ms.load(results)["mutants"]
+    assert sorted(kept) == ["task.t.x_f__mutmut_1", "task.t.x_g__mutmut_1", "task.u.x_h__mutmut_1"]
+    assert kept["task.t.x_g__mutmut_1"]["commit"] == "old"  # not run this time, still there: kept as it was
+    assert _row(ms.table(ms.load(results), {})[0], "task/t.py")["not run"] == "0"
+
+
 def test_bad_equivalents_file_and_empty_folder_are_refused(tmp_path):
     bad = tmp_path / "e.csv"
     bad.write_text("mutant,kind,reason\ntask.t.x_f__mutmut_1,maybe,because\n")
