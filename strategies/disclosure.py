@@ -238,10 +238,14 @@ def describe_arrays(arrays: Arrays, info: ModelInfo, what: str = "") -> str:
         if len(counts) == 1:
             count = counts.pop()
             return f"{'one per client (N)' if count == PER_CLIENT else count} x {name}"
-    shown = ", ".join(f"`{k}` {_dims(t.shape)} {t.dtype}" for k, t in tensors.items() if k not in info.shapes)
-    if set(info.keys) < set(tensors):
-        return f"the whole model and {shown}"
-    return shown if len(tensors) <= SHOWN else f"{what} ({len(tensors)} arrays)"
+
+    def shown(keys: Iterable[str]) -> str:
+        return ", ".join(f"`{k}` {_dims(tensors[k].shape)} {tensors[k].dtype}" for k in keys)
+
+    extras = [k for k in tensors if k not in info.shapes]
+    if extras and set(info.keys) < set(tensors) and all(tensors[k].shape == tuple(info.shapes[k]) for k in info.keys):
+        return f"the whole model and {shown(extras)}"
+    return shown(tensors) if len(tensors) <= SHOWN else f"{what} ({len(tensors)} arrays)"
 
 
 def _record(name: str, part: Part, info: ModelInfo, skip: Iterable[str] = ()) -> str:

@@ -187,3 +187,141 @@ def test_a_disagreement_says_which_side_recorded_what(fedavg):
     assert disagreements([], [sent_line, sent_line]) == [
         "clients recorded 2 x sent train at node 4 that the server did not record"
     ]
+
+
+# ----------------------------------------------------------------------------- what a failing check says, exactly
+ONE = {"direction": "sent", "type": "query.x", "node": 5, "round": 2}
+WHERE = "sent query.x (round 2, node 5)"
+
+
+def _declared(**tensors: Tensor) -> dict[str, Disclosure]:
+    return {"query.x": Disclosure(sends={"rows": Part("rows", arrays=Arrays(tensors))})}
+
+
+def _arrays(**arrays) -> dict:
+    return {**ONE, "content": {"arrays": {"rows": arrays}}}
+
+
+def test_many_undeclared_or_missing_arrays_are_named_five_at_a_time():
+    """The first five (sorted) are named, and '...' says there are more; exactly five get no '...'."""
+    declared = _declared(**{f"d{i}": Tensor((2,)) for i in range(7)})
+    extra = {f"e{i}": [[2], "float32"] for i in range(6)}
+    assert mismatches(declared, [_arrays(**extra)]) == [
+        f"{WHERE}: record 'rows' has undeclared arrays ['e0', 'e1', 'e2', 'e3', 'e4'] ...",
+        f"{WHERE}: record 'rows' lacks declared arrays ['d0', 'd1', 'd2', 'd3', 'd4'] ...",
+    ]
+    five = {f"d{i}": [[2], "float32"] for i in range(2)} | {f"e{i}": [[2], "float32"] for i in range(5)}
+    assert mismatches(declared, [_arrays(**five)]) == [
+        f"{WHERE}: record 'rows' has undeclared arrays ['e0', 'e1', 'e2', 'e3', 'e4']",
+        f"{WHERE}: record 'rows' lacks declared arrays ['d2', 'd3', 'd4', 'd5', 'd6']",
+    ]
+
+
+def test_a_wrong_shape_or_dtype_is_reported_with_what_was_declared():
+    declared = _declared(w=Tensor((Dim(1, 8), 3)), b=Tensor((3,), "int64"))
+    assert mismatches(declared, [_arrays(w=[[8, 3], "float32"], b=[[3], "int64"])]) == []
+    assert mismatches(declared, [_arrays(w=[[1, 3], "float32"], b=[[3], "int64"])]) == []
+    assert mismatches(declared, [_arrays(w=[[0, 3], "float32"], b=[[3], "float32"])]) == [
+        f"{WHERE}: record 'rows': array 'b' has dtype float32, declared int64",
+        f"{WHERE}: record 'rows': array 'w' has shape (0, 3), declared (1..8, 3)",
+    ]
+    assert mismatches(declared, [_arrays(w=[[9, 3], "float32"], b=[[3, 1], "int64"])]) == [
+        f"{WHERE}: record 'rows': array 'b' has shape (3, 1), declared (3,)",
+        f"{WHERE}: record 'rows': array 'w' has shape (9, 3), declared (1..8, 3)",
+    ]
+    # fewer dimensions than declared: a prefix that fits is not enough
+    assert mismatches(declared, [_arrays(w=[[4], "float32"], b=[[], "int64"])]) == [
+        f"{WHERE}: record 'rows': array 'b' has shape (), declared (3,)",
+        f"{WHERE}: record 'rows': array 'w' has shape (4,), declared (1..8, 3)",
+    ]
+
+
+def test_records_and_entries_are_reported_by_name_kind_and_requirement():
+    declared = {
+        "query.x": Disclosure(
+            sends={
+                "rows": Part("rows", arrays=Arrays({"w": Tensor((2,))})),
+                "metrics": Part("stats", entries={"a": True, "b": False}),
+                "extra": Part("optional", entries={"c": True}, required=False),
+            }
+        )
+    }
+    fine = {"arrays": {"rows": {"w": [[2], "float32"]}}, "metrics": {"metrics": ["a"]}}
+    assert mismatches(declared, [{**ONE, "content": fine}]) == []
+    bad = {"arrays": {"metrics": {"w": [[2], "float32"]}}, "metrics": {"extra": ["d"]}, "configs": {"cfg": ["x"]}}
+    assert mismatches(declared, [{**ONE, "content": bad}]) == [
+        f"{WHERE}: record 'metrics' is arrays, declared as entries",
+        f"{WHERE}: record 'extra' has undeclared entries ['d']",
+        f"{WHERE}: record 'extra' lacks required entries ['c']",
+        f"{WHERE}: record 'cfg' (configs) is not declared",
+        f"{WHERE}: required record 'rows' is missing",
+    ]
+    assert mismatches(declared, [{**ONE, "type": "query.y", "content": fine}]) == [
+        "sent query.y (round 2, node 5): message type 'query.y' is not declared"
+    ]
+
+
+def test_every_direction_is_checked_against_its_own_side():
+    """What leaves a client (sent, pulled) is checked against ``sends``, what reaches it (received, pushed)
+    against ``receives``."""
+    declared = {
+        "train": Disclosure(
+            sends={"up": Part("up", entries={"u": True})}, receives={"down": Part("down", entries={"d": True})}
+        )
+    }
+    up = {"metrics": {"up": ["u"]}}
+    down = {"configs": {"down": ["d"]}}
+    for direction, good, wrong in (("sent", up, down), ("pulled", up, down), ("received", down, up)):
+        line_ = {"direction": direction, "type": "train", "node": 1, "round": 1}
+        assert mismatches(declared, [{**line_, "content": good}]) == [], direction
+        assert len(mismatches(declared, [{**line_, "content": wrong}])) == 2, direction
+    pushed = {"direction": "pushed", "type": "train", "node": 1, "round": 1}
+    assert mismatches(declared, [{**pushed, "content": down}]) == []
+
+
+def test_the_two_sides_disagree_when_the_same_message_carried_other_content(fedavg):
+    """Messages are matched by direction, type, node and what they carried: the same message type to the same
+    node with other content is one disagreement each way, and a pull matches a send, not a receive."""
+    pushed = line(fedavg["train"].receives, "pushed", "train", node=3)
+    received = line(fedavg["train"].receives, "received", "train", node=3)
+    assert disagreements([pushed], [received]) == []
+    other = copy.deepcopy(received)
+    other["content"]["configs"]["config"].append("extra")
+    assert disagreements([pushed], [other]) == [
+        "the server recorded 1 x pushed train to/from node 3 that no client recorded",
+        "clients recorded 1 x received train at node 3 that the server did not record",
+    ]
+    pulled = {**pushed, "direction": "pulled"}
+    assert disagreements([pulled], [received]) == [
+        "the server recorded 1 x pulled train to/from node 3 that no client recorded",
+        "clients recorded 1 x received train at node 3 that the server did not record",
+    ]
+    assert disagreements([pushed, pushed], [received]) == [
+        "the server recorded 1 x pushed train to/from node 3 that no client recorded"
+    ]
+
+
+def test_an_array_record_is_described_by_the_models_key_sets_or_array_by_array():
+    from strategies.disclosure import PER_CLIENT, describe_arrays, stacked
+    from task.models import ModelInfo
+
+    info = ModelInfo(
+        shapes={"body.w": (2, 3), "head.w": (4, 2)},
+        dtypes={"body.w": "float32", "head.w": "float32"},
+        parameter_keys=("body.w", "head.w"),
+        norm_keys=(),
+        feature_dim=2,
+    )
+    whole = Arrays({k: Tensor(s) for k, s in info.shapes.items()})
+    assert describe_arrays(whole, info) == "the whole model"
+    assert describe_arrays(Arrays({"head.w": Tensor((4, 2))}), info) == "the head"
+    assert describe_arrays(stacked(whole, PER_CLIENT), info) == "one per client (N) x the whole model"
+    assert describe_arrays(stacked(whole, 3), info) == "3 x the whole model"
+    mixed = Arrays({"body.w": Tensor((3, 2, 3)), "head.w": Tensor((2, 4, 2))})  # stacked unevenly: no count
+    assert describe_arrays(mixed, info, "models") == "`body.w` 3 x 2 x 3 float32, `head.w` 2 x 4 x 2 float32"
+    more = Arrays({**whole.tensors, "P": Tensor((PER_CLIENT, 5)), "h": Tensor((), "int64")})
+    assert describe_arrays(more, info) == "the whole model and `P` N x 5 float32, `h` scalar int64"
+    five = Arrays({f"v{i}": Tensor((i + 1,)) for i in range(5)})
+    assert describe_arrays(five, info, "vectors") == "vectors (5 arrays)"
+    four = Arrays({f"v{i}": Tensor((i + 1,)) for i in range(4)})
+    assert describe_arrays(four, info, "vectors") == "`v0` 1 float32, `v1` 2 float32, `v2` 3 float32, `v3` 4 float32"
