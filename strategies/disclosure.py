@@ -226,7 +226,7 @@ def key_set(keys: Iterable[str], info: ModelInfo) -> str | None:
     return next((name for name, ks in names.items() if keys == set(ks)), None)
 
 
-def describe_arrays(arrays: Arrays, info: ModelInfo, what: str = "") -> str:
+def describe_arrays(arrays: Arrays, info: ModelInfo, what: str) -> str:
     """An ArrayRecord in words: a model key set (stacked: how many of it), the whole model and more arrays, a
     few arrays by shape and dtype, or ``what`` and how many arrays."""
     tensors = arrays.tensors

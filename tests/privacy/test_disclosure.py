@@ -94,10 +94,10 @@ def test_a_variable_dimension_is_checked_against_its_bounds():
 
 
 def test_a_part_declares_arrays_or_entries():
-    with pytest.raises(ValueError, match="either arrays or entries"):
+    with pytest.raises(ValueError, match=r"^a Part declares either arrays or entries, not neither$"):
         Part("nothing")
-    with pytest.raises(ValueError, match="either arrays or entries"):
-        Part("both", arrays=Arrays({}), entries={})
+    with pytest.raises(ValueError, match=r"^a Part declares either arrays or entries, not both$"):
+        Part("both", arrays=Arrays({"w": Tensor((1,))}), entries={})
 
 
 def test_sent_lists_the_reply_spec_metrics_with_their_required_flags():
@@ -313,15 +313,78 @@ def test_an_array_record_is_described_by_the_models_key_sets_or_array_by_array()
         feature_dim=2,
     )
     whole = Arrays({k: Tensor(s) for k, s in info.shapes.items()})
-    assert describe_arrays(whole, info) == "the whole model"
-    assert describe_arrays(Arrays({"head.w": Tensor((4, 2))}), info) == "the head"
-    assert describe_arrays(stacked(whole, PER_CLIENT), info) == "one per client (N) x the whole model"
-    assert describe_arrays(stacked(whole, 3), info) == "3 x the whole model"
+    assert describe_arrays(whole, info, "models") == "the whole model"
+    assert describe_arrays(Arrays({"head.w": Tensor((4, 2))}), info, "models") == "the head"
+    assert describe_arrays(stacked(whole, PER_CLIENT), info, "models") == "one per client (N) x the whole model"
+    assert describe_arrays(stacked(whole, 3), info, "models") == "3 x the whole model"
     mixed = Arrays({"body.w": Tensor((3, 2, 3)), "head.w": Tensor((2, 4, 2))})  # stacked unevenly: no count
     assert describe_arrays(mixed, info, "models") == "`body.w` 3 x 2 x 3 float32, `head.w` 2 x 4 x 2 float32"
     more = Arrays({**whole.tensors, "P": Tensor((PER_CLIENT, 5)), "h": Tensor((), "int64")})
-    assert describe_arrays(more, info) == "the whole model and `P` N x 5 float32, `h` scalar int64"
+    assert describe_arrays(more, info, "models") == "the whole model and `P` N x 5 float32, `h` scalar int64"
     five = Arrays({f"v{i}": Tensor((i + 1,)) for i in range(5)})
     assert describe_arrays(five, info, "vectors") == "vectors (5 arrays)"
     four = Arrays({f"v{i}": Tensor((i + 1,)) for i in range(4)})
     assert describe_arrays(four, info, "vectors") == "`v0` 1 float32, `v1` 2 float32, `v2` 3 float32, `v3` 4 float32"
+
+
+def test_sent_describes_every_record_and_keeps_what_is_optional_optional():
+    from strategies.disclosure import entries, stacked
+    from strategies.replies import Number
+
+    spec = BASE.with_records(arrays=Arrays({"w": Tensor((2,))}), extra=Arrays({"v": Tensor((3,))}, required=False))
+    parts = sent(spec, {"arrays": "its model"}, evaluation={"personal-acc": Number(float, 0, 1)})
+    assert parts["arrays"].what == "its model" and parts["extra"].what == "extra"  # unnamed: its record's name
+    assert all(isinstance(p.what, str) and p.what for p in parts.values())
+    assert {n: p.required for n, p in parts.items()} == {
+        "metrics": True,
+        "timing": False,
+        "arrays": True,
+        "extra": False,
+        "evaluation": False,
+    }
+    declared = {"train": Disclosure(sends=parts)}
+    only_required = {"arrays": {"arrays": {"w": [[2], "float32"]}}, "metrics": {"metrics": sorted(BASE.metrics)}}
+    assert mismatches(declared, [{**ONE, "type": "train", "content": only_required}]) == []
+    # a rule object without a `required` flag is a required entry
+    assert entries({"a": object(), "b": Number(float, 0, 1, required=False)}) == {"a": True, "b": False}
+    optional = stacked(Arrays({"c": Tensor((2,), "int64")}, required=False), 3)
+    assert optional.required is False and optional.tensors["c"] == Tensor((3, 2), "int64")
+
+
+def test_one_bad_record_or_line_does_not_hide_the_next():
+    """Every problem of a line and of every later line is reported, not only the first one."""
+    declared = _declared(w=Tensor((2,)))
+    content = {
+        "arrays": {"odd": {"x": [[1], "float32"]}, "rows": {"w": [[3], "float32"]}, "zz": {"y": [[1], "float32"]}},
+        "metrics": {"m1": ["a"], "m2": ["b"]},
+    }
+    problems = [
+        f"{WHERE}: record 'odd' (arrays) is not declared",
+        f"{WHERE}: record 'rows': array 'w' has shape (3,), declared (2,)",
+        f"{WHERE}: record 'zz' (arrays) is not declared",
+        f"{WHERE}: record 'm1' (metrics) is not declared",
+        f"{WHERE}: record 'm2' (metrics) is not declared",
+    ]
+    assert mismatches(declared, [{**ONE, "content": content}]) == problems
+    wrong_kind = {"metrics": {"rows": ["w"]}, "configs": {"rows2": ["w"]}}
+    unknown = {**ONE, "type": "query.z", "content": {}}
+    lines = [unknown, {**ONE, "direction": "lost", "content": {}}, {**ONE, "content": content}]
+    assert mismatches(declared, [*lines, {**ONE, "content": wrong_kind}]) == [
+        "sent query.z (round 2, node 5): message type 'query.z' is not declared",
+        "lost query.x (round 2, node 5): unknown direction 'lost'",
+        *problems,
+        f"{WHERE}: record 'rows' is metrics, declared as arrays",
+        f"{WHERE}: record 'rows2' (configs) is not declared",
+    ]
+    six = {f"d{i}": Tensor((2,)) for i in range(6)}
+    assert mismatches(_declared(**six), [_arrays()]) == [
+        f"{WHERE}: record 'rows' lacks declared arrays ['d0', 'd1', 'd2', 'd3', 'd4'] ..."
+    ]
+
+
+def test_the_two_sides_match_whatever_order_their_recorders_wrote_the_content_in(fedavg):
+    pushed = line(fedavg["train"].receives, "pushed", "train", node=3)
+    received = line(fedavg["train"].receives, "received", "train", node=3)
+    received["content"] = dict(reversed(list(received["content"].items())))
+    assert list(received["content"]) != list(pushed["content"])
+    assert disagreements([pushed], [received]) == []
