@@ -148,7 +148,8 @@ def test_only_the_lazy_query_releases_a_model_and_the_others_reply_as_without_dp
 
 def test_a_message_without_a_model_is_refused():
     client = make_client()
-    with pytest.raises(ValueError, match=r"^local DP releases pFedLIA's model against the model the message brought: it had none$"):
+    refusal = r"^local DP releases pFedLIA's model against the model the message brought: it had none$"
+    with pytest.raises(ValueError, match=refusal):
         client.release_reference(RecordDict({"config": ConfigRecord({"server-round": 1})}))
 
 
