@@ -388,3 +388,17 @@ def test_the_two_sides_match_whatever_order_their_recorders_wrote_the_content_in
     received["content"] = dict(reversed(list(received["content"].items())))
     assert list(received["content"]) != list(pushed["content"])
     assert disagreements([pushed], [received]) == []
+
+
+def test_a_record_of_the_wrong_kind_does_not_hide_the_records_after_it():
+    declared = {
+        "query.x": Disclosure(
+            sends={"a": Part("a", entries={"x": True}), "b": Part("b", arrays=Arrays({"w": Tensor((2,))}))}
+        )
+    }
+    content = {"metrics": {"b": ["w"], "c": ["y"]}, "configs": {"a": ["x", "z"]}}
+    assert mismatches(declared, [{**ONE, "content": content}]) == [
+        f"{WHERE}: record 'b' is metrics, declared as arrays",
+        f"{WHERE}: record 'c' (metrics) is not declared",
+        f"{WHERE}: record 'a' has undeclared entries ['z']",
+    ]
