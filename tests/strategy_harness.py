@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import random
 import zlib
 from collections.abc import Callable, Iterable
@@ -286,7 +287,8 @@ def _bad_numbers(rule: Number) -> list[tuple[str, Any]]:
         ("-inf", float("-inf")),
         ("a list", [1.0, 2.0]),
         ("huge", 1e308 if rule.kind is float else 2**62),
-        ("above the maximum", rule.maximum + (1 if rule.kind is int else 0.5)),
+        # the next number above the maximum (adding 0.5 to a maximum as large as float32's would change nothing)
+        ("above the maximum", rule.maximum + 1 if rule.kind is int else math.nextafter(rule.maximum, math.inf)),
         ("below the minimum", rule.minimum - 1),
     ]
     if rule.minimum >= 0:
