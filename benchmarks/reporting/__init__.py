@@ -29,7 +29,8 @@ figure (``figures.py``: lines with a seed band, drawn to ``benchmarks/<file>.png
 referenced from the text as ``![...](<file>.png)``; ``reporting/defaults.py`` does both.
 
 ``choosing.py`` is not a section: it renders the generated block of ``docs/choosing-a-method.md`` (who wins where,
-by how much, at what cost) from the grids' and defaults' records; ``report.py`` writes and checks it with RESULTS.md.
+by how much, at what cost) from the grids' and defaults' records, and, with ``headlines.py``, whether each paper's
+own claim held in the benchmark built for its method; ``report.py`` writes and checks it with RESULTS.md.
 """
 
 from __future__ import annotations

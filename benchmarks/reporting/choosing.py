@@ -31,6 +31,7 @@ from common import load_records
 from grids import FAMILIES, LR, ROUNDS, SEEDS, Family
 
 from .grids import FamilyRecords
+from .headlines import render_claims
 from .pairing import Paired, paired
 from .records import PERSONAL, TIE, Rec, error_line, ok, seeds_of, select
 from .settings import run_config_defaults
@@ -632,8 +633,14 @@ def defaults_verdict(method: str, recs: list[Rec]) -> str:
     return f"At the defaults: {j.text()}."
 
 
-def summary(frs: list[FamilyRecords], raw: Path) -> str:
-    """Where each of the five papers' methods wins, over every family that runs it, and at the defaults."""
+def _of(judged: dict[tuple[int, str], dict[str, Judgement]], method: str) -> list[Judgement]:
+    """``method``'s judgements over the cells of one family."""
+    return [by_row[method] for by_row in judged.values() if method in by_row]
+
+
+def summary(frs: list[FamilyRecords], raw: Path, claims: dict[str, str]) -> str:
+    """Where each of the five papers' methods wins, over every family that runs it, and at the defaults; for one
+    that wins nowhere, whether its paper's own claim held in the closest setting we built (``claims``)."""
     defaults = load_records(DEFAULTS_GRID, raw)
     lines = []
     for method, name in PAPERS.items():
@@ -643,7 +650,12 @@ def summary(frs: list[FamilyRecords], raw: Path) -> str:
             if method in {r.name for r in fr.family.rows}
         ]
         text = " ".join(found) if found else f"**{name}** is in no grid family."
-        lines.append(f"{text} {defaults_verdict(method, defaults)}")
+        text += f" {defaults_verdict(method, defaults)}"
+        if method in claims and not any(
+            j.win for fr in frs if method in {r.name for r in fr.family.rows} for j in _of(judgements(fr), method)
+        ):
+            text += f" Its paper's own claim, tested in the setting closest to the paper's: {claims[method]} (below)."
+        lines.append(text)
     return "\n".join(f"- {line}" for line in lines)
 
 
@@ -652,6 +664,7 @@ def render_choosing(raw: Path, design: dict[str, Family] | None = None) -> str:
     design = design or FAMILIES
     frs = [FamilyRecords.load(f, Path(raw)) for f in design.values()]
     missing = not_measured(design, frs, Path(raw))
+    claims_section, claims = render_claims(Path(raw))
     parts = [
         (
             f"Learning rates tuned: {', '.join(map(str, LR))}; a win needs at least {MIN_SEEDS} seeds shared with "
@@ -659,7 +672,8 @@ def render_choosing(raw: Path, design: dict[str, Family] | None = None) -> str:
         ),
         "## Not measured yet\n\n"
         + ("\n".join(f"- {m}" for m in missing) if missing else "Every planned cell has its seeds' results."),
-        "## The five papers' methods in short\n\n" + summary(frs, Path(raw)),
+        "## The five papers' methods in short\n\n" + summary(frs, Path(raw), claims),
+        "## The papers' own claims, tested once more\n\n" + claims_section,
         *(render_family(fr) for fr in frs),
         render_defaults(Path(raw)),
         "## What leaves a client (from the code)",
