@@ -45,6 +45,7 @@ from common import OUT, RAW, Bench, add_common_args, load_records, write_record
 ROOT = Path(__file__).resolve().parents[1]
 GRID = "defaults-gaps"
 CLIENTS = 10
+SMALL = {"train-samples": 25, "feature-shift": 2, "partition": "iid", "val-fraction": 0.2, "num-server-rounds": 20}
 CELLS: dict[str, tuple[str, dict[str, Any]]] = {
     "local": ("local", {}),
     "fedavg": ("fedavg", {}),
@@ -59,6 +60,13 @@ CELLS: dict[str, tuple[str, dict[str, Any]]] = {
     "pifl slots-performance=9": ("pifl", {"slots-performance": 9}),
     "pifl-ni": ("pifl-ni", {}),
     "fedsoft fedsoft-clients-per-cluster=10": ("fedsoft", {"fedsoft-clients-per-cluster": 10}),
+    # the feature-shift grid's cell where FedC2I collapses (benchmarks/grids.py: 25 training samples per client,
+    # two domains, 20 rounds), at the settings the grid ran there, and two changes of the local phase
+    "local 25 samples": ("local", SMALL),
+    "fedavg 25 samples": ("fedavg", SMALL),
+    "fedc2i 25 samples": ("fedc2i", SMALL),
+    "fedc2i 25 samples local-epochs=2": ("fedc2i", {**SMALL, "local-epochs": 2}),
+    "fedc2i 25 samples batch-size=25": ("fedc2i", {**SMALL, "batch-size": 25}),
 }
 
 
