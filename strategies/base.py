@@ -1,44 +1,34 @@
 """The personalized base every strategy here stands on: the hooks a method overrides and the round loop.
 
 :class:`PersonalizedStrategy` is a ``flwr.serverapp.strategy.Strategy`` (Message API) composed of parts, each
-in its own module: the message exchange (:mod:`strategies.exchange`: push, pull, time-outs, the outbox,
-message timing, bytes), the reply gate (:mod:`strategies.gate`: every reply checked against its phase's
-reply spec, client ids bound by partition id, failures, nodes ordered and drawn by client id), the
-evaluation schedule (:mod:`strategies.schedule`: what rides on which message, when models are saved), the
-history (:mod:`strategies.history`: what each round recorded) and persistence (:mod:`strategies.persistence`:
-the server's models, checkpoints, :func:`~strategies.persistence.resume`).  Per-client state is keyed by
-**client id** (the ``partition-id`` a node reports), never by Flower's node id.  When the server must choose
-among nodes it has not heard from yet (sampling, PI-FL's tiers) it first asks them who they are
-(``query.identify``), so that a seed draws the same clients in every run.
+in its own module: the message exchange (:mod:`strategies.exchange`: push, pull, time-outs, message timing,
+bytes), the reply gate (:mod:`strategies.gate`: every reply checked against its phase's reply spec, client ids
+bound by partition id, failures, nodes ordered and drawn by client id), the evaluation schedule
+(:mod:`strategies.schedule`: what rides on which message, when models are saved), the history
+(:mod:`strategies.history`) and persistence (:mod:`strategies.persistence`: the server's models, checkpoints,
+resume).  What a method calls besides its hooks (the shared model, clients and sampling, extra phases, the parts
+of its disclosure) is :class:`strategies.services.StrategyServices`.  Per-client state is keyed by **client id**
+(the ``partition-id`` a node reports), never by Flower's node id; when the server must choose among nodes it has
+not heard from yet it first asks them who they are (``query.identify``), so that a seed draws the same clients
+in every run.
 
 Flower's contract.  :meth:`start` honours ``Strategy.start``: its arguments (``initial_arrays`` is the shared
 model the run starts from, ``timeout`` the wait for each phase's replies, ``train_config`` / ``evaluate_config``
 go into every train / evaluate message's config, ``evaluate_fn`` is called before the first round and after
-each round) and its ``Result``.  A resumed strategy runs the rounds after its checkpoint.  The four phase
-methods keep Flower's abstract signatures (Flower's loop and type checkers call them so) and use every
-argument: ``arrays`` is the shared model the phase sends (it becomes :attr:`global_state`, and messages carry
-that very record), ``config`` is merged into each message's config.  Each node gets its own content from
-:meth:`payload`, which is where a personalized method differs from Flower's broadcast.
+each round) and its ``Result``; a resumed strategy runs the rounds after its checkpoint.  The four phase methods
+keep Flower's signatures and use every argument: ``arrays`` is the shared model the phase sends (it becomes
+:attr:`global_state`, and messages carry that very record), ``config`` is merged into each message's config.
+Each node gets its own content from :meth:`payload`, which is where a personalized method differs from Flower's
+broadcast.
 
-A method overrides these hooks, and nothing else of the base:
-
-- :meth:`shared_keys` - which state keys the server aggregates and broadcasts;
-- :meth:`reply_spec` - what a reply of a phase must carry (see :mod:`strategies.replies`);
-- :meth:`disclosure` - what every message type carries out of a client and into it (:mod:`strategies.disclosure`);
-- :meth:`round_config`, :meth:`payload` - what one node receives;
-- :meth:`prepare_round` - extra phases (queries) before the round's cohort is drawn;
-- :meth:`wants_client_ids` - whether the cohort depends on which client each node is;
-- :meth:`sample` - the round's cohort;
-- :meth:`aggregate` - what happens with the round's valid train replies;
-- :meth:`on_evaluated` - what happens with the round's valid evaluate replies (after the common metrics);
-- :meth:`on_round_end` - after evaluation of every round;
-- :meth:`server_models`, :meth:`write_artifacts` - the method's models and files in the results folder;
-- :meth:`clustering_outcome` - how many clusters a clustering method ended with (the run's summary);
-- :meth:`state`, :meth:`restore` - what of the method a checkpoint holds, and putting it back.
-
-and uses, besides the settings and the model: :attr:`global_state`, :attr:`history`, :attr:`rng`, the gate's
-:attr:`client_of` / :attr:`node_of` / :meth:`client`, :meth:`by_client`, :meth:`cohort_size`, :meth:`draw`,
-:meth:`send_query`, :meth:`record_of`, :meth:`server_time`.
+A method overrides these hooks, and nothing else of the base: :meth:`shared_keys` (what the server aggregates
+and broadcasts), :meth:`reply_spec` (what a reply of a phase must carry, :mod:`strategies.replies`),
+:meth:`disclosure` (what every message type carries out of a client and into it, :mod:`strategies.disclosure`),
+:meth:`round_config` and :meth:`payload` (what one node receives), :meth:`prepare_round` (extra phases before
+the cohort is drawn), :meth:`wants_client_ids`, :meth:`sample` (the cohort), :meth:`aggregate` (the valid train
+replies), :meth:`on_evaluated`, :meth:`on_round_end`, :meth:`server_models` and :meth:`write_artifacts` (its
+models and files), :meth:`clustering_outcome` (for the run's summary), :meth:`state` and :meth:`restore` (what
+a checkpoint holds of it).
 """
 
 from __future__ import annotations
@@ -47,7 +37,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -56,34 +45,32 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from strategies.disclosure import Disclosure, Part, Unread, sent, stacked
-from strategies.exchange import MessageExchange, RunAborted, wait_for_nodes
-from strategies.gate import Reply, ReplyGate, cohort_size, shared_model
+from strategies.disclosure import Disclosure
+from strategies.exchange import MessageExchange, RunAborted
+from strategies.gate import Reply, ReplyGate, shared_model
 from strategies.history import (
     RoundLog,
-    add_seconds,
     close_round,
     late_evaluation_line,
-    note_timing,
     progress_line,
     record_evaluation,
     train_metrics,
 )
 from strategies.persistence import after_round
-from strategies.privacy import account, central_round, noise_secret
-from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Dim, ReplySpec
+from strategies.privacy import central_aggregate, noise_secret
+from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, ReplySpec
 from strategies.schedule import EvaluationSchedule
+from strategies.services import IDENTIFY, StrategyServices
 from task.config import Settings
 from task.models import ModelInfo
 from task.params import to_record, weighted_average
 
 __all__ = ["IDENTIFY", "PersonalizedStrategy", "Reply", "RunAborted", "log"]
 
-IDENTIFY = "identify"
 log = logging.getLogger("flwr.pflower")
 
 
-class PersonalizedStrategy(Strategy):
+class PersonalizedStrategy(StrategyServices, Strategy):
     """Round loop, client identities and reply validation shared by all methods (see the module docstring)."""
 
     #: whether the server holds a global model whose accuracy clients report as ``global-acc``
@@ -117,7 +104,8 @@ class PersonalizedStrategy(Strategy):
         self.identify_everyone = False  # set on resume: ask every node who it is before the next round
         self._t0 = self._round_start = time.monotonic()
         self._first_round = 1
-        self._dp_sample = (1, 1)  # this round's (population, cohort size), for differential privacy's accountant
+        #: this round's (population, cohort size), for differential privacy's accountant
+        self.dp_sample = (1, 1)
 
     # ------------------------------------------------------------------ hooks for methods
     def shared_keys(self) -> list[str]:
@@ -155,39 +143,6 @@ class PersonalizedStrategy(Strategy):
             ),
         }
 
-    def sends(self, phase: str, what: Mapping[str, str] | None = None) -> dict[str, Part]:
-        """What a reply of ``phase`` carries: the records of its reply spec (``what``: record -> in words), the
-        metrics the method's clients send unread (:attr:`unread_metrics`), the optional timing stamps and, with a
-        train reply, the optional evaluation of the client's previous model."""
-        evaluation: dict[str, Any] | None = None
-        if phase == "train":
-            evaluation = {k: v for k, v in self.reply_spec("evaluate", -1).metrics.items() if k not in BASE.metrics}
-            evaluation.update(dict.fromkeys(self.unread_metrics.get("evaluate", ()), Unread()))
-        parts = sent(self.reply_spec(phase, -1), what, evaluation)
-        if phase in self.unread_metrics:
-            metrics = parts["metrics"]
-            unread = dict.fromkeys(self.unread_metrics[phase], True)
-            parts["metrics"] = replace(metrics, entries={**(metrics.entries or {}), **unread})
-        return parts
-
-    def model_part(
-        self, what: str, keys: Iterable[str] | None = None, count: int | Dim | None = None, **kw: Any
-    ) -> Part:
-        """An ArrayRecord of ``keys`` of the model (default the shared keys) derived from other clients; with
-        ``count``, that many models stacked (:func:`strategies.disclosure.stacked`)."""
-        arrays = Arrays.like(self.initial_state, list(self.shared_keys() if keys is None else keys))
-        kw.setdefault("from_peers", True)
-        return Part(what, arrays=arrays if count is None else stacked(arrays, count), **kw)
-
-    def config_part(self, **more: bool) -> Part:
-        """The ``config`` record every message carries: the round, the phase, where the client keeps its state
-        and models, what to evaluate and save (:meth:`round_config`), and a method's ``more`` entries."""
-        optional = ("run-key", "state-dir", "model-dir", "evaluate", "evaluate-round", "save-model", "save-best")
-        return Part(
-            "the server's instructions (nothing about other clients)",
-            entries={"server-round": True, "phase": True, **dict.fromkeys(optional, False), **more},
-        )
-
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         """The config of every message: the round and phase; where clients keep state and models (a node's own
         node config wins); whether to evaluate (train) and to save the personalized model."""
@@ -220,18 +175,7 @@ class PersonalizedStrategy(Strategy):
         """Default: example-weighted average of the shared keys (FedAvg); under central DP the unweighted mean of
         the clipped updates plus noise (:mod:`strategies.privacy`).  Returns extra history entries."""
         if updates and self.settings.dp_mode == "central" and self.released_keys():
-            keys = self.released_keys()
-            variances = [k for k in keys if k in self.model_info.buffer_keys and k.endswith("running_var")]
-            self.global_state, released = central_round(
-                self.global_state,
-                [u.arrays for u in updates],
-                keys,
-                self.settings,
-                server_round,
-                self.noise_secret,
-                variances,
-            )
-            return {"dp": account(self.history, released, self.settings, *self._dp_sample)}
+            return central_aggregate(self, server_round, updates)
         if updates and self.shared_keys():
             self.global_state = weighted_average([u.arrays for u in updates], [u.num_examples for u in updates])
         return {}
@@ -262,74 +206,6 @@ class PersonalizedStrategy(Strategy):
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Put back what :meth:`state` returned, into a strategy freshly built from the same settings."""
-
-    # ------------------------------------------------------------------ for methods: state, clients, sampling
-    def released_keys(self) -> list[str]:
-        """The shared keys a train reply carries: all of them, but under differential privacy only floating-point
-        arrays (an integer buffer such as BatchNorm's ``num_batches_tracked`` counts a client's batches)."""
-        keys = self.shared_keys()
-        if self.settings.dp_mode == "off":
-            return keys
-        return [k for k in keys if np.issubdtype(np.asarray(self.initial_state[k]).dtype, np.floating)]
-
-    @property
-    def global_state(self) -> dict[str, np.ndarray]:
-        """The shared model (the shared keys of the common initial model until the first aggregation)."""
-        if self._global_state is None:
-            self._global_state = {k: np.array(self.initial_state[k]) for k in self.shared_keys()}
-        return self._global_state
-
-    @global_state.setter
-    def global_state(self, value: dict[str, np.ndarray]) -> None:
-        self._global_state = value
-
-    def client(self, node_id: int) -> int | None:
-        """The client id behind ``node_id`` (None until the node has replied once)."""
-        return self.gate.client_of.get(node_id)
-
-    def record_of(self, state: Mapping[str, Any]) -> ArrayRecord:
-        """``state`` as an ArrayRecord, converted once per phase however many messages carry it."""
-        return self.exchange.record_of(state)
-
-    cohort_size = staticmethod(cohort_size)
-
-    def by_client(self, nodes: Iterable[int]) -> list[int]:
-        """``nodes`` ordered by client id (nodes not identified yet last, by node id)."""
-        return self.gate.by_client(nodes)
-
-    def draw(self, nodes: list[int], k: int) -> list[int]:
-        """``k`` of ``nodes`` drawn with the run's generator by client id (all of them when k >= len)."""
-        return self.gate.draw(self.rng, nodes, k)
-
-    def server_time(self, seconds: float) -> None:
-        """Add ``seconds`` of server work to the round's ``server-seconds``."""
-        add_seconds(self.history, seconds)
-
-    def available_nodes(self, grid: Grid) -> list[int]:
-        """The connected nodes, once there are ``min-nodes`` of them (:func:`wait_for_nodes`)."""
-        return wait_for_nodes(
-            grid, self.settings.min_nodes, timeout=self.settings.node_wait_timeout, known=self.node_of
-        )
-
-    def identify(self, grid: Grid, server_round: int, nodes: list[int]) -> list[Reply]:
-        """Ask nodes that never replied which client they are (a tiny ``query.identify``); their valid replies."""
-        unknown = self.gate.unknown(nodes)
-        return self.send_query(grid, server_round, IDENTIFY, {n: RecordDict() for n in unknown}) if unknown else []
-
-    def send_query(self, grid: Grid, server_round: int, name: str, payloads: Mapping[int, RecordDict]) -> list[Reply]:
-        """Extra phase: send ``query.<name>`` with each node's own payload; return the replies that match
-        ``reply_spec(name, node)``, ordered by client id (the others are recorded in failures)."""
-        for content in payloads.values():
-            content["config"] = self.round_config(server_round, name)
-        messages = self.exchange.address(server_round, name, f"{MessageType.QUERY}.{name}", payloads)
-        return self.receive(server_round, name, self.exchange.send(grid, messages))
-
-    def receive(self, server_round: int, phase: str, replies: Iterable[Message]) -> list[Reply]:
-        """The phase's valid replies (:class:`ReplyGate`), and where its messages' time went into the history."""
-        try:
-            return self.gate.admit(server_round, phase, replies)
-        finally:
-            note_timing(self.history, phase, self.exchange.timing_summary(phase))
 
     # ------------------------------------------------------------------ Flower's Strategy API
     def summary(self) -> None:
@@ -383,7 +259,7 @@ class PersonalizedStrategy(Strategy):
             self.identify_everyone = False
         self.prepare_round(grid, server_round, nodes)
         cohort = self.sample(server_round, nodes)
-        self._dp_sample = (len(nodes), len(cohort))  # (population, cohort) for the accountant
+        self.dp_sample = (len(nodes), len(cohort))  # (population, cohort) for the accountant
         self.schedule.start_round()
         return self._messages(server_round, arrays, config, cohort, "train", MessageType.TRAIN)
 

@@ -83,6 +83,24 @@ def central_round(
     return new_state, released
 
 
+def central_aggregate(strategy: Any, server_round: int, updates: Sequence[Any]) -> dict[str, Any]:
+    """Central DP's round on ``strategy`` (a :class:`strategies.base.PersonalizedStrategy`): its global model becomes
+    the unweighted mean of the clipped updates plus noise (:func:`central_round`); returns the history entry with
+    the run's privacy spent so far (:func:`account`, with the round's population and cohort)."""
+    keys = strategy.released_keys()
+    variances = [k for k in keys if k in strategy.model_info.buffer_keys and k.endswith("running_var")]
+    strategy.global_state, released = central_round(
+        strategy.global_state,
+        [u.arrays for u in updates],
+        keys,
+        strategy.settings,
+        server_round,
+        strategy.noise_secret,
+        variances,
+    )
+    return {"dp": account(strategy.history, released, strategy.settings, *strategy.dp_sample)}
+
+
 def account(history: Sequence[Any], released: dict[str, Any], settings: Any, population: int, cohort: int) -> dict:
     """``released`` with the run's epsilon after this round (a cohort of ``cohort`` of ``population`` clients),
     composed over every noised round in ``history`` and this one.
