@@ -14,6 +14,10 @@ on this data:
 - ``fedsoft fedsoft-clients-per-cluster=10``: every client is drawn for every centre, so every client trains
   every round.
 
+And the one cell of the feature-shift grid where FedC2I collapses (25 training samples per client, two domains,
+20 rounds: ``SMALL``), at the settings the grid ran there: Local, FedAvg and FedC2I, and FedC2I with two local
+epochs or with one full batch per epoch (table ``fedc2i-small``; these five cells ran on seeds 0 and 1).
+
 After each run the script measures, from the run's saved models and artefacts (no further training):
 FedC2I's mean self-influence and largest peer weight per round; for PI-FL each client's mixture (Eq. 4), its best
 single tier by validation accuracy and every tier on its test split; for FedSoft how often each client trained.
@@ -22,7 +26,7 @@ These go into the run's raw record (``analysis``), in ``benchmarks/raw/defaults-
 The tables of docs/methods/fedc2i.md and docs/methods/pifl.md ("At the defaults on digits") are generated from
 those records between ``<!-- gaps:<name> -->`` markers.
 
-Reproduce: python benchmarks/gaps.py             (36 runs, about an hour on 2 busy cores)
+Reproduce: python benchmarks/gaps.py             (54 runs, about 80 minutes on 2 busy cores)
            python benchmarks/gaps.py --cells fedc2i,fedavg --seeds 0 --raw-dir /tmp/raw   (reduced)
            python benchmarks/gaps.py --report    (rewrite the docs' tables from the records; --check: compare only)
 """
@@ -250,6 +254,21 @@ def render(name: str, raw: Path = RAW) -> str:
             ("FedAvg local-epochs=2", ("fedavg local-epochs=2", _acc)),
             ("FedAvg local-epochs=2 after its local epochs", ("fedavg local-epochs=2", _trained_acc_last)),
         ]
+    elif name == "fedc2i-small":
+        cols = [
+            ("FedC2I", ("fedc2i 25 samples", _acc)),
+            ("FedAvg", ("fedavg 25 samples", _acc)),
+            ("Local", ("local 25 samples", _acc)),
+            ("FedAvg after its local epoch", ("fedavg 25 samples", _trained_acc_last)),
+            (
+                "FedC2I, BatchNorm statistics recomputed",
+                ("fedc2i 25 samples", _clients_mean("personal-batchnorm-recomputed")),
+            ),
+            ("self-influence, last round", ("fedc2i 25 samples", lambda r: _last(r["analysis"]["self-influence"]))),
+            ("largest peer weight", ("fedc2i 25 samples", lambda r: _last(r["analysis"]["top-peer-influence"]))),
+            ("FedC2I local-epochs=2", ("fedc2i 25 samples local-epochs=2", _acc)),
+            ("FedC2I batch-size=25 (one step per epoch)", ("fedc2i 25 samples batch-size=25", _acc)),
+        ]
     elif name == "pifl":
         cols = [
             ("PI-FL", ("pifl", _acc)),
@@ -290,6 +309,7 @@ def render(name: str, raw: Path = RAW) -> str:
 DOCS = {
     "fedc2i": ROOT / "docs/methods/fedc2i.md",
     "fedc2i-training": ROOT / "docs/methods/fedc2i.md",
+    "fedc2i-small": ROOT / "docs/methods/fedc2i.md",
     "pifl": ROOT / "docs/methods/pifl.md",
     "pifl-ni": ROOT / "docs/methods/pifl.md",
     "fedsoft": ROOT / "docs/methods/pifl.md",
