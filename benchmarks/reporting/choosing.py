@@ -29,6 +29,7 @@ import numpy as np
 
 from common import load_records
 from grids import FAMILIES, LR, ROUNDS, SEEDS, Family
+from task.methods.fedc2i import DEPRECATED_VARIANTS
 
 from .grids import FamilyRecords
 from .headlines import render_claims
@@ -471,6 +472,8 @@ def paper_lines(fr: FamilyRecords, judged: dict[tuple[int, str], dict[str, Judge
         if method not in PAPERS:
             continue
         name = PAPERS[method] if row.name == method else f"{PAPERS[method]} ablation `{row.name}`"
+        if variant := row.config.get("c2i-variant"):  # the grid's rows kept the variants' earlier spellings
+            name += f" (`c2i-variant='{DEPRECATED_VARIANTS.get(variant, variant)}'`)"
         js = {c: judged[c][row.name] for c in cells}
         decided = [c for c in cells if js[c].status in ("win", "no win")]
         wins = [c for c in decided if js[c].win]
