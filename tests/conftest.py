@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -10,12 +11,17 @@ if str(ROOT) not in sys.path:
 
 torch.set_num_threads(1)
 
+# no test here is timed (speed targets live in the benchmark scripts): Hypothesis' per-example deadline would
+# only turn a loaded machine (two test workers, a benchmark beside them) into a flaky failure
+settings.register_profile("pflower", deadline=None)
+settings.load_profile("pflower")
+
 if ROOT.name == "mutants":
     # mutation testing (tests/MUTATION.md) runs these tests from mutants/: one failing example kills a mutant, so
     # skip Hypothesis' shrinking (minutes per killed mutant, which mutmut then reports as a timeout)
-    from hypothesis import Phase, settings
+    from hypothesis import Phase
 
-    settings.register_profile("mutmut", phases=[Phase.explicit, Phase.generate], database=None)
+    settings.register_profile("mutmut", phases=[Phase.explicit, Phase.generate], database=None, deadline=None)
     settings.load_profile("mutmut")
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from task.privacy import central_epsilon, local_epsilon
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs every deployment test in turn: they share network namespace names and the machine's nginx
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deploy")]
 
 TOOLS = ("flower-superlink", "flower-supernode", "flwr", "openssl", "ssh-keygen")
 missing = [t for t in TOOLS if shutil.which(t) is None]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs every deployment test in turn: they share network namespace names and the machine's nginx
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deploy")]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "local_cluster.py"

@@ -52,6 +52,7 @@ def test_the_test_command_lints_formats_and_type_checks_before_pytest(tmp_path, 
         assert not any(call.startswith("python -m pytest") for call in calls), "pytest ran after a failing check"
     else:
         assert done.returncode == 0
-        assert calls.index("ruff check .") < calls.index("python -m pytest")
-        assert calls.index("ruff format --check .") < calls.index("python -m pytest")
-        assert calls.index("mypy") < calls.index("python -m pytest")
+        [pytest_call] = [i for i, call in enumerate(calls) if call.startswith("python -m pytest")]
+        assert calls.index("ruff check .") < pytest_call
+        assert calls.index("ruff format --check .") < pytest_call
+        assert calls.index("mypy") < pytest_call
