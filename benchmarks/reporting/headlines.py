@@ -67,15 +67,20 @@ def against(
     return " ".join(parts[:2]) + "".join(parts[2:]), held
 
 
-def _fedcac(raw: Path) -> list[Check]:
-    recs = load_records("fedcac", raw)
+def _by_partition(raw: Path, method: str, name: str, order: list[str]) -> list[Check]:
+    """``method`` against its claim's baselines in each partition of its benchmark (grid ``method``)."""
+    recs = load_records(method, raw)
     checks = []
-    for part in axis(recs, "partition", ["pathological", "dirichlet-0.5", "dirichlet-1.0"]):
+    for part in axis(recs, "partition", order):
         sel = select(recs, partition=part)
-        refs = [(n, select(sel, method=m)) for m, n in BASELINES["fedcac"] if select(sel, method=m)]
-        text, held = against("FedCAC", select(sel, method="fedcac"), refs, PERSONAL)
+        refs = [(n, select(sel, method=m)) for m, n in BASELINES[method] if select(sel, method=m)]
+        text, held = against(name, select(sel, method=method), refs, PERSONAL)
         checks.append(Check(part, text, held))
     return checks
+
+
+def _fedcac(raw: Path) -> list[Check]:
+    return _by_partition(raw, "fedcac", "FedCAC", ["pathological", "dirichlet-0.5", "dirichlet-1.0"])
 
 
 def _pfedlia(raw: Path) -> list[Check]:
@@ -102,14 +107,7 @@ def _pfedlia(raw: Path) -> list[Check]:
 
 
 def _pifl(raw: Path) -> list[Check]:
-    recs = load_records("pifl", raw)
-    checks = []
-    for part in axis(recs, "partition", ["synth-10:90", "digits-10:90"]):
-        sel = select(recs, partition=part)
-        refs = [(n, select(sel, method=m)) for m, n in BASELINES["pifl"] if select(sel, method=m)]
-        text, held = against("PI-FL", select(sel, method="pifl"), refs, PERSONAL)
-        checks.append(Check(part, text, held))
-    return checks
+    return _by_partition(raw, "pifl", "PI-FL", ["synth-10:90", "digits-10:90"])
 
 
 def _client2vec(raw: Path) -> list[Check]:
