@@ -68,8 +68,14 @@ class RunFailed(RuntimeError):
 class LocalSimulation:
     """A private SuperLink in simulation mode; use as a context manager."""
 
-    def __init__(self, workdir: str | Path | None = None, startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self, workdir: str | Path | None = None, startup_timeout: float = 60.0, num_cpus: int | None = 1
+    ) -> None:
+        """``num_cpus``: the CPUs each simulated client asks Ray for (``client-resources-num-cpus``), which sets how
+        many clients run at a time (1, the README's command: as many as cores); None leaves Flower's own default (2,
+        what a bare ``flwr run .`` gets: one client at a time on two cores, and one Ray worker to start, not two)."""
         self._own_dir = workdir is None
+        self.num_cpus = num_cpus
         self.home = Path(workdir or tempfile.mkdtemp(prefix="pflower-flwr-"))
         self.port = free_port()
         self.health_port = free_port()
@@ -151,13 +157,15 @@ class LocalSimulation:
         num_supernodes: int = 4,
         timeout: float = 1200.0,
         app_dir: Path = APP_DIR,
-        num_cpus: int = 1,
+        num_cpus: int | None = None,
         log_path: Path | None = None,
     ) -> dict[str, Any]:
-        """Submit one run, follow it to the end, and return its ``summary.json`` (plus ``log``)."""
+        """Submit one run, follow it to the end, and return its ``summary.json`` (plus ``log``); ``num_cpus``
+        overrides the instance's client resources for this run."""
         if "results-dir" not in run_config:
             run_config = {**run_config, "results-dir": str(self.home / "results")}
-        fed = f"num-supernodes={num_supernodes} client-resources-num-cpus={int(num_cpus)}"
+        cpus = self.num_cpus if num_cpus is None else num_cpus
+        fed = f"num-supernodes={num_supernodes}" + ("" if cpus is None else f" client-resources-num-cpus={int(cpus)}")
         cmd = [
             shutil.which("flwr") or "flwr",
             "run",

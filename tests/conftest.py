@@ -27,8 +27,12 @@ if ROOT.name == "mutants":
 
 @pytest.fixture(scope="session")
 def simulation():
-    """A private SuperLink in simulation mode for end-to-end runs, stopped by pid at the end."""
+    """A private SuperLink in simulation mode for end-to-end runs, stopped by pid at the end.  Its runs get
+    Flower's default client resources (two CPUs per client), as a bare ``flwr run .`` does: on two cores one Ray
+    worker runs the clients one at a time, which starts in about three quarters of the time two workers take.  A
+    run's results do not depend on it; the README's command and the benchmarks ask for one CPU per client
+    (tests/runtime/test_ray_backend.py runs that way)."""
     from server_app.runner import LocalSimulation
 
-    with LocalSimulation() as sim:
+    with LocalSimulation(num_cpus=None) as sim:
         yield sim
