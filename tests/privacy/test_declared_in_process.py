@@ -1,7 +1,7 @@
 """What each party sends and receives is what the method declares, checked in one process and for every method.
 
 tests/privacy/test_recorder.py checks a method's declaration against a Flower run with the message recorder on;
-those runs are slow, so only six methods run there by default.  Here the same check runs for every method without
+those runs are slow, so only two methods run there by default.  Here the same check runs for every method without
 Flower's runtime: the strategy's own round loop (``start``) talks through the server's recording Grid wrapper to
 a stand-in Grid whose nodes are the real ClientApp handlers (``client_app.app``: train, evaluate, queries), behind
 the client's recording mod, on the user's default settings shrunk in nodes, rounds and training samples.  A

@@ -30,13 +30,13 @@ SETTINGS = {"pfedlia": WARMUP, "oracle": {**WARMUP, "num-clusters": NODES}, "cfl
 #: phases only another mode of the method uses (Client2Vec's DSA-IGN is trained in Global mode by default)
 OTHER_MODE = {"client2vec": {"c2v_ign"}}
 
-#: FedAvg, the five paper methods: each a different message pattern (peers' whole models, lazy models and influence
-#: rows, masks and customized models, bids and tiers, embeddings and indices).  A Flower run of this size costs
-#: 15-20 s on an idle 2-core machine and was measured at 55-85 s on a shared, loaded one, so the other baselines,
-#: whose messages are FedAvg's with another key set (FedPer, FedRep, LG-FedAvg, FedBN), none (Local), stacked
-#: cluster models (IFCA, FedSoft, CFL) or the same as a method above (FedProx, MOON, Ditto, FedRoD, Oracle, PI-FL
-#: without incentive), run with ``-m extended``.
-DEFAULT_RUN = ("fedavg", "fedc2i", "pfedlia", "fedcac", "pifl", "client2vec")
+#: Every method's declaration is checked against its real clients' messages in one process, fast
+#: (tests/privacy/test_declared_in_process.py); what only a Flower run adds is the wiring: the recording mod as a
+#: Flower mod, the Grid wrapper around Flower's Grid, Flower's transport and the clients' state folders.  Two methods
+#: check it by default: FedC2I (every client receives its peers' whole models, stacked) and pFedLIA (train, evaluate
+#: and two queries, a lazy model and influence rows).  A Flower run of this size costs 15-35 s here, so the others
+#: run with ``-m extended``.
+DEFAULT_RUN = ("fedc2i", "pfedlia")
 
 
 def _methods():
