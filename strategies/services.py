@@ -67,12 +67,10 @@ class StrategyServices:
             parts["metrics"] = replace(metrics, entries={**(metrics.entries or {}), **unread})
         return parts
 
-    def model_part(
-        self, what: str, keys: Iterable[str] | None = None, count: int | Dim | None = None, **kw: Any
-    ) -> Part:
-        """An ArrayRecord of ``keys`` of the model (default the shared keys) derived from other clients; with
-        ``count``, that many models stacked (:func:`strategies.disclosure.stacked`)."""
-        arrays = Arrays.like(self.initial_state, list(self.shared_keys() if keys is None else keys))
+    def model_part(self, what: str, count: int | Dim | None = None, **kw: Any) -> Part:
+        """An ArrayRecord of the model's shared keys derived from other clients; with ``count``, that many models
+        stacked (:func:`strategies.disclosure.stacked`)."""
+        arrays = Arrays.like(self.initial_state, list(self.shared_keys()))
         kw.setdefault("from_peers", True)
         return Part(what, arrays=arrays if count is None else stacked(arrays, count), **kw)
 

@@ -53,8 +53,9 @@ def handler(message_type: str):
     return client_app._query_handler(message_type.removeprefix("query."))
 
 
-def run_in_process(method: str, tmp_path) -> tuple[list[dict], dict[int, list[dict]], dict]:
-    """Two rounds of ``method`` with ``NODES`` real clients; (the server's recording, each client's, run config)."""
+def run_in_process(method: str, tmp_path) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
+    """Two rounds of ``method`` with ``NODES`` real clients; (the strategy after them, the server's recording, each
+    client's, the run config)."""
     config = {"method": method, **SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {})}
     strategy = build_strategy(parse_settings(config))
     strategy.results_dir = tmp_path / "run"
@@ -87,12 +88,12 @@ def run_in_process(method: str, tmp_path) -> tuple[list[dict], dict[int, list[di
             timeout=strategy.settings.round_timeout,
         )
     server, clients = read_run(strategy.results_dir)
-    return server, clients, config
+    return strategy, server, clients, config
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_message_of_a_run_with_real_clients_is_what_the_method_declares(method, tmp_path):
-    server, clients, config = run_in_process(method, tmp_path)
+    _, server, clients, config = run_in_process(method, tmp_path)
     assert sorted(clients) == list(range(NODES))  # every client recorded what it received and sent
     assert disagreements(server, [line for lines in clients.values() for line in lines]) == []
     declared = build_strategy(parse_settings(config)).disclosure()
@@ -100,3 +101,34 @@ def test_every_message_of_a_run_with_real_clients_is_what_the_method_declares(me
     used = {line["type"] for line in server}
     assert {line["round"] for line in server} == {1, 2} and "train" in used
     assert {q for q in METHODS[method].queries if f"query.{q}" not in used} == OTHER_MODE.get(method, set())
+
+
+def without_entry(line: dict, kind: str, record: str, entry: str) -> dict:
+    out = copy.deepcopy(line)
+    out["content"][kind][record] = [e for e in out["content"][kind][record] if e != entry]
+    return out
+
+
+@pytest.mark.parametrize("method", ["fedavg", "pfedlia"])
+def test_every_message_declares_its_round_and_phase_as_always_sent(method, tmp_path):
+    """The round and the phase are in the config of every message the server sends (train, evaluate, queries): a
+    message without either does not match the declaration."""
+    _, server, _, config = run_in_process(method, tmp_path)
+    declared = build_strategy(parse_settings(config)).disclosure()
+    pushed = {line["type"]: line for line in server if line["direction"] == "pushed"}
+    assert len(pushed) >= 2
+    for line in pushed.values():
+        for entry in ("server-round", "phase"):
+            assert mismatches(declared, [without_entry(line, "configs", "config", entry)]), (line["type"], entry)
+
+
+@pytest.mark.parametrize("method,phase,metric", [("ifca", "evaluate", "cluster"), ("pifl", "bid", "tier-acc")])
+def test_a_metric_the_server_does_not_read_is_still_declared_as_always_sent(method, phase, metric, tmp_path):
+    """IFCA's clients report the cluster they chose and PI-FL's bids each tier's accuracy, which the server does not
+    read: declared all the same, as sent in every reply, so a reply without it does not match."""
+    strategy, server, _, config = run_in_process(method, tmp_path)
+    assert metric in strategy.unread_metrics[phase]
+    declared = build_strategy(parse_settings(config)).disclosure()
+    replies = [line for line in server if line["direction"] == "pulled" and line["type"] in (phase, f"query.{phase}")]
+    assert replies and all(metric in line["content"]["metrics"]["metrics"] for line in replies)
+    assert mismatches(declared, [without_entry(replies[0], "metrics", "metrics", metric)])

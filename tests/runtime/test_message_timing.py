@@ -92,3 +92,18 @@ def test_the_client_stamps_its_reply_in_the_order_things_happened():
     assert metrics["timing"] == pytest.approx(stamps)
     row = breakdown(stamps["handler-start"] - 1.0, metrics["timing"], stamps["handler-end"] + 0.5)
     assert row["setup"] == pytest.approx(0.001, abs=1e-5) and row["return"] == pytest.approx(0.5, abs=1e-5)
+
+
+def test_every_phase_of_a_round_with_real_clients_says_where_its_messages_time_went(tmp_path):
+    """Two rounds of pFedLIA (train, evaluate and two queries) with its real clients in one process: each round's
+    history holds, for every phase whose messages it sent, the breakdown of those messages' time, one per client."""
+    from tests.privacy.test_declared_in_process import NODES, run_in_process
+
+    strategy, server, _, _ = run_in_process("pfedlia", tmp_path)
+    for server_round, entry in enumerate(strategy.history, start=1):
+        sent = {line["type"].removeprefix("query.") for line in server if line["round"] == server_round}
+        timing = entry.extra["message-timing"]
+        assert set(timing) == sent and {"train", "evaluate", "lazy", "lia"} >= sent
+        for row in timing.values():
+            assert row["messages"] == NODES
+            assert 0 <= row["work"] <= row["total"]
