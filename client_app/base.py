@@ -208,10 +208,6 @@ class ClientMethod:
     def message_config(content: RecordDict) -> dict[str, Any]:
         return dict(content.config_records["config"]) if "config" in content.config_records else {}
 
-    @staticmethod
-    def round_of(content: RecordDict) -> int:
-        return int(ClientMethod.message_config(content).get("server-round", 0))
-
     def begin(self, content: RecordDict) -> None:
         """Read what every message's config says (round, where to keep state and models)."""
         self.config = self.message_config(content)

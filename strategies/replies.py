@@ -191,9 +191,6 @@ class ReplySpec:
     def with_records(self, **more: Arrays) -> ReplySpec:
         return replace(self, records={**self.records, **more})
 
-    def without_records(self, *names: str) -> ReplySpec:
-        return replace(self, records={k: v for k, v in self.records.items() if k not in names})
-
     def with_rule(self, rule: Rule) -> ReplySpec:
         return replace(self, rules=(*self.rules, rule))
 

@@ -53,10 +53,10 @@ def handler(message_type: str):
     return client_app._query_handler(message_type.removeprefix("query."))
 
 
-def run_in_process(method: str, tmp_path) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
-    """Two rounds of ``method`` with ``NODES`` real clients; (the strategy after them, the server's recording, each
-    client's, the run config)."""
-    config = {"method": method, **SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {})}
+def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
+    """Two rounds (``SHRUNK``) of ``method`` with ``NODES`` real clients (``extra``: more run config); (the
+    strategy after them, the server's recording, each client's, the run config)."""
+    config = {"method": method, **SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {}), **extra}
     strategy = build_strategy(parse_settings(config))
     strategy.results_dir = tmp_path / "run"
     strategy.results_dir.mkdir()
@@ -84,7 +84,7 @@ def run_in_process(method: str, tmp_path) -> tuple[Any, list[dict], dict[int, li
         strategy.start(
             grid=grid,
             initial_arrays=to_record(strategy.global_state),
-            num_rounds=2,
+            num_rounds=int(config["num-server-rounds"]),
             timeout=strategy.settings.round_timeout,
         )
     server, clients = read_run(strategy.results_dir)

@@ -167,3 +167,18 @@ def test_a_hostile_reply_leaves_the_state_as_if_the_node_had_not_answered(name, 
     except AssertionError as err:
         raise AssertionError(f"{what}: {err}") from None
     assert any(f["round"] >= 1 for f in hostile.failures), what
+
+
+def test_a_real_client_whose_bid_names_no_tier_is_refused_in_the_round_of_the_fault_and_the_run_goes_on(tmp_path):
+    """The ``fault`` run config reaches the ClientApp's query handler: PI-FL's client 1 bids for a tier that does
+    not exist in round 3 (``badbid@1:3``); the gate refuses that bid, naming it, and only that one: client 1's bid
+    of round 2 (the first with tiers to bid for) and every other client's are taken, and the three rounds finish."""
+    from tests.privacy.test_declared_in_process import NODE_IDS, run_in_process
+
+    strategy, server, _, _ = run_in_process("pifl", tmp_path, fault="badbid@1:3", **{"num-server-rounds": 3})
+    bid_rounds = {line["round"] for line in server if line["type"] == "query.bid" and line["direction"] == "pushed"}
+    assert bid_rounds == {2, 3}
+    refused = [f for f in strategy.gate.failures if f["phase"] == "bid"]
+    assert [(f["round"], NODE_IDS[f["node-id"]]) for f in refused] == [(3, 1)]
+    assert "metric 'bid'" in refused[0]["reason"]
+    assert len(strategy.history) == 3
