@@ -21,6 +21,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid
 
 import client_app.app as client_app
+from client_app.faults import InjectedFault
 from server_app.app import build_strategy
 from server_app.disclosure import NEEDS
 from server_app.recorder import RecordingGrid
@@ -40,6 +41,8 @@ class Reply:
     Flower only builds inside a running app."""
 
     def __init__(self, content: RecordDict, reply_to: Any) -> None:
+        if reply_to is None:  # Flower would take it for a new message, which a ClientApp cannot send
+            raise TypeError("a ClientApp's reply must name the message it answers (reply_to)")
         self.content = content
         self.reply_to = reply_to
 
@@ -76,7 +79,11 @@ def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict]
         received = SimpleNamespace(  # the node's own copy, as after Flower's transport
             content=copy.deepcopy(message.content), metadata=SimpleNamespace(message_type=kind)
         )
-        reply = client_app.recorder_mod(cast(Message, received), contexts[node], handler(kind))
+        try:
+            reply = client_app.recorder_mod(cast(Message, received), contexts[node], handler(kind))
+        except InjectedFault as err:  # Flower turns an exception in a handler into an error reply (any other one
+            # fails the test here)
+            return [reply_message(node, error=f"{type(err).__name__}: {err}")]
         return [reply_message(node, reply.content)]
 
     grid = RecordingGrid(cast(Grid, ReplayGrid(NODE_IDS, respond)), strategy.results_dir / SERVER_FILE)

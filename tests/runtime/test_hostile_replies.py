@@ -182,3 +182,17 @@ def test_a_real_client_whose_bid_names_no_tier_is_refused_in_the_round_of_the_fa
     assert [(f["round"], NODE_IDS[f["node-id"]]) for f in refused] == [(3, 1)]
     assert "metric 'bid'" in refused[0]["reason"]
     assert len(strategy.history) == 3
+
+
+def test_a_real_client_that_crashes_in_one_round_is_left_out_of_that_round_only(tmp_path):
+    """``crash@1:2``: client 1's handlers raise in round 2 only (an error reply); the gate records each of its
+    failed messages of round 2, naming the crash, and the run finishes with client 1 back in the other round."""
+    from tests.privacy.test_declared_in_process import NODE_IDS, run_in_process
+
+    strategy, server, _, _ = run_in_process("fedavg", tmp_path, fault="crash@1:2")
+    failed = {(f["round"], NODE_IDS[f["node-id"]]) for f in strategy.gate.failures}
+    assert failed == {(2, 1)}
+    assert all("injected crash on partition 1" in f["reason"] for f in strategy.gate.failures)
+    pulled = {(line["round"], NODE_IDS[line["node"]]) for line in server if line["direction"] == "pulled"}
+    assert (1, 1) in pulled and (2, 1) not in pulled
+    assert len(strategy.history) == 2
