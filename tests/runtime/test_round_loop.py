@@ -39,3 +39,30 @@ def test_an_evaluation_rides_on_the_next_rounds_train_messages_only_when_it_is_d
     assert evaluated == [2, 4]  # round 2 by round 3's train replies, the last round by its own phase
     for log in strategy.history:
         assert 0 < log.extra["server-seconds"] < elapsed
+
+
+def test_start_takes_flowers_default_rounds_and_time_out_and_says_what_it_runs(caplog):
+    """``PersonalizedStrategy.start`` honours Flower's ``Strategy.start`` contract: called without ``num_rounds``
+    and ``timeout`` it runs Flower's default number of rounds and waits Flower's default time for replies; its log
+    names the method, the data, the model and the rounds it runs."""
+    import inspect
+    import logging
+
+    from flwr.serverapp.strategy import Strategy
+
+    from task.params import to_record
+
+    defaults = {k: p.default for k, p in inspect.signature(Strategy.start).parameters.items()}
+    strategy = build_strategy(parse_settings({"model": "mlp", "min-nodes": 3}))
+
+    def respond(msg):
+        node = msg.metadata.dst_node_id
+        return [reply_message(node, valid_content(strategy.reply_spec(phase_of(msg), node), CLIENT_OF[node], 1))]
+
+    with outgoing_messages(), caplog.at_level(logging.INFO):
+        strategy.start(grid=ReplayGrid(CLIENT_OF, respond), initial_arrays=to_record(strategy.global_state))
+    assert len(strategy.history) == defaults["num_rounds"]
+    assert strategy.exchange.timeout == defaults["timeout"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"[fedavg] rounds 1..{defaults['num_rounds']}" in messages
+    assert any(m.startswith("fedavg on digits (dirichlet), model mlp, ") for m in messages)
