@@ -140,3 +140,15 @@ def test_a_broken_recording_line_is_an_error(tmp_path):
     path.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"x\.jsonl:1: not a JSON line"):
         recording.read(path)
+
+
+@pytest.mark.parametrize("missing", ["state-dir", "run-key"])
+def test_the_client_mod_records_nothing_without_a_state_folder_or_a_run_key(tmp_path, monkeypatch, missing):
+    """Recording on, but neither the node nor the message names a state folder (or the message names no run):
+    the node has nowhere of its own to write, so it writes nothing, anywhere (not under the working directory)."""
+    monkeypatch.chdir(tmp_path)
+    content = _message_config(tmp_path, _content(1))
+    del content.config_records["config"][missing]
+    reply, handler = _served(content)
+    assert recorder_mod(_message(content), _node(tmp_path, True), handler) is reply
+    assert not any(tmp_path.rglob(recording.CLIENT_FILE))

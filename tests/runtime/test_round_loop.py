@@ -48,6 +48,8 @@ def test_start_takes_flowers_default_rounds_and_time_out_and_says_what_it_runs(c
     import inspect
     import logging
 
+    import numpy as np
+    from flwr.app import MetricRecord
     from flwr.serverapp.strategy import Strategy
 
     from task.params import to_record
@@ -59,10 +61,31 @@ def test_start_takes_flowers_default_rounds_and_time_out_and_says_what_it_runs(c
         node = msg.metadata.dst_node_id
         return [reply_message(node, valid_content(strategy.reply_spec(phase_of(msg), node), CLIENT_OF[node], 1))]
 
+    seen: list[int] = []
+
+    def evaluate_fn(server_round, arrays):  # on the initial model (round 0), then on each round's aggregate
+        seen.append(server_round)
+        current = to_record(strategy.global_state)
+        for key in current:
+            np.testing.assert_array_equal(arrays[key].numpy(), current[key].numpy(), err_msg=f"round {server_round}")
+        return MetricRecord({"round": float(server_round)})
+
     with outgoing_messages(), caplog.at_level(logging.INFO):
-        strategy.start(grid=ReplayGrid(CLIENT_OF, respond), initial_arrays=to_record(strategy.global_state))
-    assert len(strategy.history) == defaults["num_rounds"]
+        result = strategy.start(
+            grid=ReplayGrid(CLIENT_OF, respond),
+            initial_arrays=to_record(strategy.global_state),
+            evaluate_fn=evaluate_fn,
+        )
+    rounds = defaults["num_rounds"]
+    assert len(strategy.history) == rounds
     assert strategy.exchange.timeout == defaults["timeout"]
+    assert seen == list(range(rounds + 1))
+    assert dict(result.evaluate_metrics_serverapp) == {r: MetricRecord({"round": float(r)}) for r in seen}
+    final = to_record(strategy.global_state)  # the Result carries the last aggregated model, not the initial one
+    assert sorted(result.arrays) == sorted(final)
+    for key in final:
+        np.testing.assert_array_equal(result.arrays[key].numpy(), final[key].numpy())
     messages = [r.getMessage() for r in caplog.records]
-    assert f"[fedavg] rounds 1..{defaults['num_rounds']}" in messages
+    assert f"[fedavg] rounds 1..{rounds}" in messages
+    assert [m for m in messages if m.startswith("[ROUND ")] == [f"[ROUND {r}/{rounds}]" for r in range(1, rounds + 1)]
     assert any(m.startswith("fedavg on digits (dirichlet), model mlp, ") for m in messages)
