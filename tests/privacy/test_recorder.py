@@ -12,23 +12,9 @@ from server_app.disclosure import NEEDS, declarations
 from strategies.disclosure import disagreements, mismatches
 from task.methods import METHODS
 from task.recording import read_run
+from tests.in_process import NODES, OTHER_MODE, SETTINGS, SHRUNK
 
 pytestmark = pytest.mark.slow
-
-#: the fewest nodes that exercise every message: PI-FL's tiers need more clients than tiers, and a FedC2I client
-#: receives more than one peer
-NODES = 3
-#: two rounds; the user's defaults otherwise, with fewer training samples per client for speed
-SHRUNK = {"num-server-rounds": 2, "min-nodes": NODES, "train-samples": 40, "record-messages": True}
-#: Settings that must shrink with the rounds.  pFedLIA and the Oracle cluster after their FedAvg warm-up: with two
-#: rounds the warm-up must be one round (the default, 5, is refused at start-up with two rounds), so the clustering
-#: round (query.lazy, query.lia) is run
-WARMUP = {"warmup-rounds": 1}
-#: CFL may split clusters from round cfl-min-rounds on (the default, 5, is refused with two rounds)
-#: The Oracle's planted groups need at least one node each (the default num-clusters, 5, exceeds the nodes).
-SETTINGS = {"pfedlia": WARMUP, "oracle": {**WARMUP, "num-clusters": NODES}, "cfl": {"cfl-min-rounds": 2}}
-#: phases only another mode of the method uses (Client2Vec's DSA-IGN is trained in Global mode by default)
-OTHER_MODE = {"client2vec": {"c2v_ign"}}
 
 #: Every method's declaration is checked against its real clients' messages in one process, fast
 #: (tests/privacy/test_declared_in_process.py); what only a Flower run adds is the wiring: the recording mod as a

@@ -173,7 +173,7 @@ def test_a_real_client_whose_bid_names_no_tier_is_refused_in_the_round_of_the_fa
     """The ``fault`` run config reaches the ClientApp's query handler: PI-FL's client 1 bids for a tier that does
     not exist in round 3 (``badbid@1:3``); the gate refuses that bid, naming it, and only that one: client 1's bid
     of round 2 (the first with tiers to bid for) and every other client's are taken, and the three rounds finish."""
-    from tests.privacy.test_declared_in_process import NODE_IDS, run_in_process
+    from tests.in_process import NODE_IDS, run_in_process
 
     strategy, server, _, _ = run_in_process("pifl", tmp_path, fault="badbid@1:3", **{"num-server-rounds": 3})
     bid_rounds = {line["round"] for line in server if line["type"] == "query.bid" and line["direction"] == "pushed"}
@@ -187,7 +187,7 @@ def test_a_real_client_whose_bid_names_no_tier_is_refused_in_the_round_of_the_fa
 def test_a_real_client_that_crashes_in_one_round_is_left_out_of_that_round_only(tmp_path):
     """``crash@1:2``: client 1's handlers raise in round 2 only (an error reply); the gate records each of its
     failed messages of round 2, naming the crash, and the run finishes with client 1 back in the other round."""
-    from tests.privacy.test_declared_in_process import NODE_IDS, run_in_process
+    from tests.in_process import NODE_IDS, run_in_process
 
     strategy, server, _, _ = run_in_process("fedavg", tmp_path, fault="crash@1:2")
     failed = {(f["round"], NODE_IDS[f["node-id"]]) for f in strategy.gate.failures}

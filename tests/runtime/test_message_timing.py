@@ -97,7 +97,7 @@ def test_the_client_stamps_its_reply_in_the_order_things_happened():
 def test_every_phase_of_a_round_with_real_clients_says_where_its_messages_time_went(tmp_path):
     """Two rounds of pFedLIA (train, evaluate and two queries) with its real clients in one process: each round's
     history holds, for every phase whose messages it sent, the breakdown of those messages' time, one per client."""
-    from tests.privacy.test_declared_in_process import NODES, run_in_process
+    from tests.in_process import NODES, run_in_process
 
     strategy, server, _, _ = run_in_process("pfedlia", tmp_path)
     for server_round, entry in enumerate(strategy.history, start=1):
