@@ -133,9 +133,10 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         receives = {"config": self.config_part()}
         if self.shared_keys():
             receives["arrays"] = self.model_part("the global model: the shared keys averaged over the clients")
+        moved = "how its data moved the shared keys" if self.shared_keys() else "how well its own model fits its data"
         return {
             MessageType.TRAIN: Disclosure(
-                self.sends("train", {"arrays": "its trained model's shared keys"}), receives, "how its data moved them"
+                self.sends("train", {"arrays": "its trained model's shared keys"}), receives, moved
             ),
             MessageType.EVALUATE: Disclosure(self.sends("evaluate"), receives, "how well the models fit its data"),
             f"{MessageType.QUERY}.{IDENTIFY}": Disclosure(

@@ -258,12 +258,16 @@ def _record(name: str, part: Part, info: ModelInfo, skip: Iterable[str] = ()) ->
 
 def table(declared: Mapping[str, Mapping[str, Disclosure]], info: Mapping[str, ModelInfo]) -> str:
     """The Markdown table of every method's declaration, one row per message type: what the client's reply
-    carries (array records, and metrics beyond those every reply has) and what the message brings that was
-    derived from other clients."""
+    carries (array records, and metrics beyond those every reply has), what that reply could tell about the
+    client's data (the declaration's ``reveals``) and what the message brings that was derived from other
+    clients."""
     from strategies.replies import BASE, EVALUATE, TRAIN
 
     common = set(BASE.metrics) | set(TRAIN.metrics) | set(EVALUATE.metrics)
-    rows = ["| method | message | the client sends | it receives, derived from other clients |", "|---|---|---|---|"]
+    rows = [
+        "| method | message | the client sends | which could tell | it receives, derived from other clients |",
+        "|---|---|---|---|---|",
+    ]
     for method, by_type in declared.items():
         for kind, d in by_type.items():
             sends = [
@@ -273,7 +277,7 @@ def table(declared: Mapping[str, Mapping[str, Disclosure]], info: Mapping[str, M
             ]
             peers = [_record(name, part, info[method]) for name, part in d.receives.items() if part.from_peers]
             rows.append(
-                f"| {method} | `{kind}` | {'; '.join(s for s in sends if s) or 'metrics only'} | "
+                f"| {method} | `{kind}` | {'; '.join(s for s in sends if s) or 'metrics only'} | {d.reveals} | "
                 f"{'; '.join(peers) or 'nothing'} |"
             )
     return "\n".join(rows)

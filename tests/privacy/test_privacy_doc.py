@@ -79,3 +79,25 @@ def test_a_row_names_what_its_method_declares(declared, method):
                 assert f"`{name}`" in peers, f"{method}: the row does not name the received record `{name}`"
     from_peers = any(p.from_peers for d in own.values() for p in d.receives.values())
     assert (peers == "nothing") == (not from_peers), f"{method}: receives {'something' if from_peers else 'nothing'}"
+
+
+def test_every_message_type_says_what_its_reply_could_tell_and_the_table_shows_it(declared):
+    """Each declared message type says in words what the client's reply could tell about its data (``reveals``), and
+    the generated table shows it in its own column, on that message's row."""
+    text = DOC.read_text()
+    rows = {}
+    for line in text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip().splitlines()[2:]:
+        method, kind, _, tells, _ = (c.strip() for c in line.strip().strip("|").split("|"))
+        rows[(method, kind.strip("`"))] = tells
+    for method, by_type in declared.items():
+        for kind, d in by_type.items():
+            assert d.reveals, (method, kind)
+            assert rows[(method, kind)] == d.reveals, (method, kind)
+
+
+def test_what_a_train_reply_could_tell_follows_what_it_sends():
+    """A method whose train reply sends model arrays says they tell how its data moved them; Local's reply sends
+    metrics only, which tell how well its own model fits its data."""
+    local, fedavg = declarations("local")[0]["train"], declarations("fedavg")[0]["train"]
+    assert "arrays" not in local.sends and "fits its data" in local.reveals
+    assert "arrays" in fedavg.sends and "moved" in fedavg.reveals
