@@ -35,25 +35,15 @@ class InvalidReply(ValueError):
     """A reply that does not match its phase's :class:`ReplySpec`; the message says what and what is allowed."""
 
 
-def _range_text(minimum: float | None, maximum: float | None) -> str:
-    if minimum is not None and maximum is not None:
-        return f"in [{minimum:g}, {maximum:g}]"
-    if minimum is not None:
-        return f">= {minimum:g}"
-    if maximum is not None:
-        return f"<= {maximum:g}"
-    return "finite"
-
-
-def _check_number(value: Any, kind: type, minimum: float | None, maximum: float | None) -> str | None:
+def _check_number(value: Any, kind: type, minimum: float, maximum: float) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"must be {'an integer' if kind is int else 'a number'}, got {type(value).__name__}"
     if kind is int and not isinstance(value, int):
         return f"must be an integer, got {value!r}"
     if not math.isfinite(value):
         return f"must be finite, got {value!r}"
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        return f"must be {_range_text(minimum, maximum)}, got {value!r}"
+    if value < minimum or value > maximum:
+        return f"must be in [{minimum:g}, {maximum:g}], got {value!r}"
     return None
 
 

@@ -250,3 +250,17 @@ def test_an_honest_loss_of_a_far_off_model_passes_and_only_impossible_ones_are_r
     for impossible in (float(np.nextafter(largest, math.inf)), math.inf, math.nan, -1e-3):
         with pytest.raises(ValueError, match=key):
             parse_reply(sent(impossible), spec)
+
+
+def test_a_metric_out_of_its_range_is_refused_with_the_range_it_must_be_in():
+    """A scalar or list metric outside its declared ``[minimum, maximum]`` is refused with both bounds and the
+    value it had; the bounds themselves are allowed."""
+    from strategies.replies import Number, Numbers
+
+    acc = Number(float, 0.0, 1.0)
+    assert acc.problem(0.0) is None and acc.problem(1.0) is None
+    assert acc.problem(1.5) == "must be in [0, 1], got 1.5"
+    assert acc.problem(-0.25) == "must be in [0, 1], got -0.25"
+    tiers = Numbers(int, 0, 3, length=2)
+    assert tiers.problem([0, 3]) is None
+    assert tiers.problem([1, 4]) == "element 1 must be in [0, 3], got 4"
