@@ -10,7 +10,8 @@ Record schema (``SCHEMA``; every key is always present, ``None`` where it does n
 - ``grid``, ``cell`` (the grid coordinates, e.g. partition / method / seed), ``command`` (what produced it),
   ``run`` (the results folder's name), ``num-supernodes``, ``error`` (the tail of a failed run's log, or None),
   ``code`` (the commit of the app code that ran, and whether it had uncommitted changes)
-- ``machine``: cores, memory, versions, and the 1-minute load average before and after the run
+- ``machine``: cores, CPU model and PyTorch's CPU capability, memory, versions, and the 1-minute load
+  average before and after the run
 - ``run-config``: the run's full run config (``config.json``); ``overrides``: the keys it set away from the
   defaults of the code that ran; ``resolved-model``: the model ``model=auto`` resolved to
 - ``summary``: the essentials of ``summary.json`` (final accuracies and losses, perplexity, clients, failures,
@@ -143,6 +144,15 @@ def app_defaults() -> dict[str, Any]:
     return tomllib.loads((HERE.parent / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux: /proc/cpuinfo), None where it cannot be read."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+
+
 def machine(load_before: float | None = None) -> dict[str, Any]:
     import flwr
     import torch
@@ -153,6 +163,9 @@ def machine(load_before: float | None = None) -> dict[str, Any]:
         mem = None
     return {
         "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        # PyTorch's kernels for this instruction set (AVX2, AVX512, DEFAULT): floats differ from one set to another
+        "cpu-capability": torch.backends.cpu.get_cpu_capability(),
         "memory-gib": None if mem is None else round(mem),
         "gpu": torch.cuda.is_available(),
         "python": platform.python_version(),

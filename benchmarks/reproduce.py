@@ -3,7 +3,12 @@
 Each raw record under ``benchmarks/raw/<grid>/`` holds the full run config of its run and the code commit it ran
 on.  This re-runs that config through Flower (a private simulation SuperLink, ``flwr run``) with the same
 number of SuperNodes and prints, metric by metric and round by round, what changed.  A refactor that keeps
-behaviour reproduces the record's numbers (up to float summation order where the code now sums differently).
+behaviour reproduces the record's numbers up to float noise: where the code now sums in another order, or where
+this machine's CPU kernels differ from the recording machine's (another instruction set gives floats that differ
+by about 1e-8, which methods with personal models, Ditto, FedCAC, FedRoD and pFedLIA, amplify over the rounds into
+a personal loss that differs in its fourth or fifth digit while every accuracy agrees).  To tell a code change from
+the machine, run the record's commit (``code.commit``) and today's code on one machine: a refactor that keeps
+behaviour gives them bit for bit.
 
     python benchmarks/reproduce.py baselines-clean/pathological__fedavg__0 fedcac/pathological__fedcac__0
 
@@ -23,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from common import RAW, app_defaults  # noqa: E402
+from common import RAW, app_defaults, machine  # noqa: E402
 from server_app.runner import LocalSimulation  # noqa: E402
 
 METRICS = ("personal-acc", "global-acc", "trained-acc", "personal-loss", "clients", "rounds", "failures")
@@ -78,9 +83,13 @@ def main() -> int:
             ]
             first_diff = next((r["round"] for r in record.get("rounds", []) if r["round"] not in same), None)
             if first_diff is not None:
-                # a drift that starts late and stays small is float summation order (e.g. aggregation now ordered
-                # by partition id, before by Flower's random node ids); a change of behaviour shows from round 1
+                # a drift that starts late and stays small is float noise (summation order, or another machine's
+                # CPU kernels); a change of behaviour shows from round 1
                 print(f"  rounds 1..{first_diff - 1} agree; first difference in round {first_diff}")
+            then, now = record.get("machine", {}), machine()
+            for key in ("cpu", "cpu-capability"):
+                if then.get(key) != now[key]:
+                    print(f"  {key}: recorded {then.get(key, 'not recorded')}, here {now[key]}")
             for d in diffs[:20]:
                 print(f"  {d}")
             failed += bool(diffs)

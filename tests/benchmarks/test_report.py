@@ -553,3 +553,16 @@ def test_the_defaults_grid_runs_every_registered_method_with_nothing_but_method_
     ]
     with pytest.raises(SystemExit, match=r"unknown method\(s\) fedavgg; the registry has: local, fedavg"):
         script.cells(["fedavgg"], [0], None)
+
+
+def test_a_record_names_the_cpu_and_the_kernels_pytorch_chose_there():
+    """Another instruction set gives other floats (personal losses then differ in their fourth digit after 20
+    rounds), so a record says which CPU and which of PyTorch's kernel sets it ran on."""
+    import torch
+
+    here = common.machine()
+    assert here["cpu-capability"] == torch.backends.cpu.get_cpu_capability()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
+        assert here["cpu"] == (names[0] if names else None)
