@@ -264,3 +264,19 @@ def test_a_metric_out_of_its_range_is_refused_with_the_range_it_must_be_in():
     tiers = Numbers(int, 0, 3, length=2)
     assert tiers.problem([0, 3]) is None
     assert tiers.problem([1, 4]) == "element 1 must be in [0, 3], got 4"
+
+
+def test_a_list_metric_is_refused_with_what_was_wrong_with_it():
+    """Each way a list metric can break its declaration is refused with its own reason, naming what it got."""
+    from strategies.replies import Numbers
+
+    exact = Numbers(float, 0.0, 1.0, length=3, distinct=True, total=1.0)
+    assert exact.problem([0.2, 0.3, 0.5]) is None
+    assert exact.problem(0.5) == "must be a list, got float"
+    assert exact.problem((0.2, 0.3, 0.5)) == "must be a list, got tuple"
+    assert exact.problem([0.5, 0.5]) == "must have 3 elements, got 2"
+    assert exact.problem([0.2, 0.2, 0.6]) == "must not repeat an element"
+    assert exact.problem([0.2, 0.3, 0.4]) == "must sum to 1, got 0.9"
+    capped = Numbers(int, 0, 9, max_length=2)
+    assert capped.problem([]) is None and capped.problem([1, 2]) is None
+    assert capped.problem([1, 2, 3]) == "must have at most 2 elements, got 3"
