@@ -277,6 +277,9 @@ def test_a_list_metric_is_refused_with_what_was_wrong_with_it():
     assert exact.problem([0.5, 0.5]) == "must have 3 elements, got 2"
     assert exact.problem([0.2, 0.2, 0.6]) == "must not repeat an element"
     assert exact.problem([0.2, 0.3, 0.4]) == "must sum to 1, got 0.9"
+    assert exact.problem([-0.5, 0.5, 1.0]) == "element 0 must be in [0, 1], got -0.5"
     capped = Numbers(int, 0, 9, max_length=2)
     assert capped.problem([]) is None and capped.problem([1, 2]) is None
     assert capped.problem([1, 2, 3]) == "must have at most 2 elements, got 3"
+    assert capped.problem([1, 2.5]) == "element 1 must be an integer, got 2.5"
+    assert capped.problem([1, 10]) == "element 1 must be in [0, 9], got 10"
