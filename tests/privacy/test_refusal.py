@@ -127,3 +127,23 @@ def test_docs_privacy_has_one_row_per_method_with_its_mode():
 def _runnable(method):
     """Settings a method needs to start at all (so that the DP refusal is what stops it)."""
     return {"partition": "planted-clusters"} if method == "oracle" else {}
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_exactly_the_methods_with_local_dp_name_the_model_a_release_is_noised_around(method):
+    """Local DP noises a reply's change from the method's release reference: a method that declares ``local``
+    overrides the hook, and any other method's client refuses to name one, saying which method asked."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    from client_app.base import ClientMethod
+    from tests.client_kit import client
+
+    # the default model (the kit's mlp has no normalisation layer, which FedBN refuses); the Oracle's planted
+    # groups must fit the kit's few partitions
+    cfg = {"model": "cnn", **_runnable(method), **({"num-clusters": 2} if method == "oracle" else {})}
+    c = client(method, None, None, **cfg)
+    overridden = type(c).release_reference is not ClientMethod.release_reference
+    assert overridden == (method in LOCAL)
+    if not overridden:
+        with pytest.raises(NotImplementedError, match=rf"^method {method!r} names no reference for local differential"):
+            c.release_reference(RecordDict({"config": ConfigRecord({"server-round": 1})}))
