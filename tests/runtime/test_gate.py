@@ -283,3 +283,19 @@ def test_a_list_metric_is_refused_with_what_was_wrong_with_it():
     assert capped.problem([1, 2, 3]) == "must have at most 2 elements, got 3"
     assert capped.problem([1, 2.5]) == "element 1 must be an integer, got 2.5"
     assert capped.problem([1, 10]) == "element 1 must be in [0, 9], got 10"
+
+
+def test_a_list_that_must_sum_to_a_total_may_miss_it_by_float32_rounding_only():
+    """Clients compute distributions in float32, so a sum within 1e-4 of the total (relative to totals above 1,
+    bounds included) passes and anything further off is refused."""
+    from strategies.replies import Numbers
+
+    unit = Numbers(float, 0.0, 1.0, length=2, total=1.0)
+    assert unit.problem([0.5, 0.50005]) is None
+    assert unit.problem([0.5, 0.50015]) is not None  # 1.5e-4 off
+    four = Numbers(float, 0.0, 4.0, length=2, total=4.0)
+    assert four.problem([2.0, 2.0002]) is None  # 2e-4 off, within 1e-4 of 4
+    assert four.problem([2.0, 2.0005]) is not None
+    zero = Numbers(float, -1.0, 1.0, length=1, total=0.0)
+    assert zero.problem([1e-4]) is None  # exactly the tolerance
+    assert zero.problem([-1e-4]) is None
