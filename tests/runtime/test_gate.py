@@ -299,3 +299,26 @@ def test_a_list_that_must_sum_to_a_total_may_miss_it_by_float32_rounding_only():
     zero = Numbers(float, -1.0, 1.0, length=1, total=0.0)
     assert zero.problem([1e-4]) is None  # exactly the tolerance
     assert zero.problem([-1e-4]) is None
+
+
+@pytest.mark.parametrize("kind", ["Number", "Numbers"])
+def test_a_metric_declared_without_both_bounds_or_with_them_inverted_is_refused_when_declared(kind):
+    """A reply spec's numbers are bounded on both sides (an unbounded metric is a door left open): a declaration
+    missing either bound, or with the minimum above the maximum, is refused at once, naming the bounds it got."""
+    from strategies.replies import Number, Numbers
+
+    def declare(low, high):
+        return Number(float, low, high) if kind == "Number" else Numbers(float, low, high, length=2)
+
+    declare(0.0, 0.0)  # a single allowed value is a range
+    noun = "a Number needs" if kind == "Number" else "Numbers need"
+    for low, high in [(None, 1.0), (0.0, None), (None, None), (1.0, 0.0)]:
+        with pytest.raises(ValueError, match=rf"^{noun} bounds minimum <= maximum, got \[{low}, {high}\]$"):
+            declare(low, high)
+
+
+def test_a_list_metric_declared_without_a_length_is_refused():
+    from strategies.replies import Numbers
+
+    with pytest.raises(ValueError, match=r"^Numbers need a length or a max_length$"):
+        Numbers(float, 0.0, 1.0)
