@@ -24,7 +24,7 @@ from task.methods.pifl import MICRO
 from task.models import build_model
 from task.params import load_record, record_to_numpy, to_record
 from task.train import evaluate
-from tests.strategy_harness import build_as, drive, with_metrics
+from tests.strategy_harness import build_as, drive, phase_of, with_metrics
 
 NODES = {901: 0, 17: 1, 4242: 2, 333: 3}  # node id -> partition id
 NO_AUCTION = "the auction would decide nothing"
@@ -963,6 +963,96 @@ def test_a_fedsoft_centre_is_the_plain_mean_of_the_clients_drawn_for_it():
             for key, value in strat.models[s].items():
                 if np.issubdtype(value.dtype, np.floating):
                     np.testing.assert_allclose(value, expected, rtol=1e-6, err_msg=f"round {rnd} centre {s} {key}")
+
+
+def fedsoft(**cfg):
+    settings = {"method": "fedsoft", "dataset": "digits", "model": "mlp", "min-nodes": 4, "tiers": 2, **cfg}
+    return build_as(FedSoftStrategy, parse_settings(settings))
+
+
+def test_fedsoft_estimates_every_few_rounds_and_whenever_a_client_has_no_estimate_and_writes_each_estimate(tmp_path):
+    """Clients send their importance weights in round 1 and every ``fedsoft-estimate-every`` rounds after it, and
+    also in any round where a client has never sent one (its first reply failed, or it joined late); a client whose
+    later estimate fails keeps its last one.  fedsoft_clusters.json keeps each estimate, rounded to 4 decimals,
+    under the round that made it."""
+    u = {0: [0.123456, 0.876544], 1: [0.5, 0.5], 2: [0.25, 0.75], 3: [0.654321, 0.345679]}
+
+    def answer(rnd, node, phase, content):
+        c = NODES[node]
+        if phase == "fedsoft_u":
+            if rnd in (1, 4) and c == 3:  # client 3 does not answer round 1's estimate, nor round 4's
+                return []
+            return [with_metrics(content, fedsoft_u=u[c], num_examples=SOFT_N[c])]
+        return fedsoft_answers(rnd, node, phase, content)
+
+    strat = fedsoft(**{"fedsoft-estimate-every": 3, "fedsoft-clients-per-cluster": 2})
+    grid = drive(strat, NODES, 8, answer)
+    asked = sorted({int(m.content["config"]["server-round"]) for m in grid.sent if phase_of(m) == "fedsoft_u"})
+    assert asked == [1, 2, 4, 7]  # every 3 rounds from round 1, and round 2 for client 3, which had none
+    strat.write_artifacts(tmp_path)
+    importance = json.loads((tmp_path / "fedsoft_clusters.json").read_text())["importance"]
+    assert sorted(importance) == ["1", "2", "4", "7"]
+    assert importance["1"] == {str(c): [round(x, 4) for x in u[c]] for c in range(3)}  # client 3 had none yet
+    assert importance["2"] == importance["4"] == {str(c): [round(x, 4) for x in u[c]] for c in range(4)}
+
+
+def test_fedsoft_draws_each_centres_clients_in_proportion_to_importance_times_size():
+    """Centre s draws its clients with probability u_ks n_k / sum_j u_js n_j, without replacement, among the clients
+    with a positive weight only, at most ``fedsoft-clients-per-cluster``; a centre no client weighs is not drawn,
+    and the centres after it still are."""
+    strat = fedsoft(**{"tiers": 3, "fedsoft-clients-per-cluster": 1})
+    u = {0: [0.0, 0.9, 0.1], 1: [0.0, 0.5, 0.5], 2: [0.0, 0.2, 0.8], 3: [0.0, 0.7, 0.3]}
+
+    def answer(rnd, node, phase, content):
+        if phase == "fedsoft_u":
+            return [with_metrics(content, fedsoft_u=u[NODES[node]], num_examples=SOFT_N[NODES[node]])]
+        return fedsoft_answers(rnd, node, phase, content)
+
+    drive(strat, NODES, 1, answer)
+    draws = 4000
+    counts = {s: np.zeros(4) for s in (1, 2)}
+    for _ in range(draws):
+        strat.sample(2, list(NODES))
+        assert sorted(strat.selected) == [1, 2]  # centre 0: every client weighs it 0
+        for s in (1, 2):
+            counts[s][strat.selected[s]] += 1
+    for s in (1, 2):
+        weight = np.array([u[c][s] * SOFT_N[c] for c in range(4)])
+        expected = weight / weight.sum()
+        spread = np.sqrt(expected * (1 - expected) / draws)
+        assert np.all(np.abs(counts[s] / draws - expected) < 4 * spread + 1e-9), (s, counts[s] / draws, expected)
+
+
+def test_fedsoft_draws_distinct_clients_and_only_those_that_weigh_the_centre():
+    strat = fedsoft(**{"fedsoft-clients-per-cluster": 3})
+    # centre 0 is weighed by clients 0 and 1 only; client 1 holds one example (u n = 0.5 < 1 still counts)
+    u = {0: [0.5, 0.5], 1: [0.5, 0.5], 2: [0.0, 1.0], 3: [0.0, 1.0]}
+    sizes = {0: 10, 1: 1, 2: 30, 3: 60}
+
+    def answer(rnd, node, phase, content):
+        if phase == "fedsoft_u":
+            return [with_metrics(content, fedsoft_u=u[NODES[node]], num_examples=sizes[NODES[node]])]
+        return fedsoft_answers(rnd, node, phase, content)
+
+    drive(strat, NODES, 1, answer)
+    for _ in range(200):
+        strat.sample(2, list(NODES))
+        assert strat.selected[0] == [0, 1]  # both, once each: no third client weighs centre 0
+        assert len(strat.selected[1]) == 3 and len(set(strat.selected[1])) == 3
+
+
+def test_fedsoft_does_not_draw_a_client_without_an_estimate():
+    strat = fedsoft(**{"fedsoft-clients-per-cluster": 4})
+
+    def answer(rnd, node, phase, content):
+        if phase == "fedsoft_u" and NODES[node] == 3:
+            return []
+        return fedsoft_answers(rnd, node, phase, content)
+
+    drive(strat, NODES, 1, answer)
+    assert 3 not in strat.u
+    assert all(3 not in members for members in strat.selection_log[1].values())
+    assert sorted({c for members in strat.selection_log[1].values() for c in members}) == [0, 1, 2]
 
 
 # ---------------------------------------------------------------- bids, replies and refunds through the round loop
