@@ -89,3 +89,28 @@ def test_start_takes_flowers_default_rounds_and_time_out_and_says_what_it_runs(c
     assert f"[fedavg] rounds 1..{rounds}" in messages
     assert [m for m in messages if m.startswith("[ROUND ")] == [f"[ROUND {r}/{rounds}]" for r in range(1, rounds + 1)]
     assert any(m.startswith("fedavg on digits (dirichlet), model mlp, ") for m in messages)
+
+
+def test_an_evaluation_that_draws_part_of_the_nodes_first_asks_the_unknown_ones_who_they_are():
+    """With ``fraction-evaluate`` below 1 the evaluated clients are drawn by client id, so a node that never said
+    which client it is (its train reply did not come) is asked (``query.identify``, in that round) before the draw;
+    when every node is evaluated nobody is asked."""
+    from tests.strategy_harness import drive
+
+    silent = 7  # client 1's node: no train reply in round 1
+
+    def answer(rnd, node, phase, content):
+        return [] if phase == "train" and node == silent else None
+
+    for fraction, asked in ((0.5, True), (1.0, False)):
+        strategy = build_strategy(
+            parse_settings({"model": "mlp", "min-nodes": 3, "num-server-rounds": 1, "fraction-evaluate": fraction})
+        )
+        grid = drive(strategy, CLIENT_OF, 1, answer)
+        phases = [(phase_of(m), m.metadata.dst_node_id, int(m.content["config"]["server-round"])) for m in grid.sent]
+        identified = [p for p in phases if p[0] == "identify"]
+        assert identified == ([("identify", silent, 1)] if asked else []), fraction
+        if asked:  # after the train messages, before the evaluate messages
+            first_evaluate = next(i for i, p in enumerate(phases) if p[0] == "evaluate")
+            assert phases.index(identified[0]) < first_evaluate
+            assert [p[0] for p in phases[:3]] == ["train"] * 3
