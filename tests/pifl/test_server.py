@@ -1058,6 +1058,51 @@ def test_fedsoft_does_not_draw_a_client_without_an_estimate():
     assert sorted({c for members in strat.selection_log[1].values() for c in members}) == [0, 1, 2]
 
 
+def test_fedsoft_sends_each_client_its_own_importance_weights_and_uniform_ones_before_it_has_any():
+    strat = fedsoft(**{"fedsoft-clients-per-cluster": 4, "fedsoft-estimate-every": 5})
+
+    def answer(rnd, node, phase, content):
+        if phase == "fedsoft_u" and NODES[node] == 3 and rnd == 1:
+            return []  # client 3 has no estimate in round 1
+        return fedsoft_answers(rnd, node, phase, content)
+
+    grid = drive(strat, NODES, 1, answer)
+    sent = {
+        NODES[m.metadata.dst_node_id]: list(m.content["fedsoft"]["u"]) for m in grid.sent if phase_of(m) == "evaluate"
+    }
+    assert sent == {0: SOFT_U[0], 1: SOFT_U[1], 2: SOFT_U[2], 3: [0.5, 0.5]}
+
+
+@pytest.mark.parametrize("bad", [[0.6, 0.6], [0.3, 0.3], [1.5, -0.5]])
+def test_fedsoft_refuses_importance_weights_that_are_not_a_distribution_over_the_centres(bad):
+    strat = fedsoft(**{"fedsoft-clients-per-cluster": 4})
+
+    def answer(rnd, node, phase, content):
+        if phase == "fedsoft_u" and NODES[node] == 2:
+            return [with_metrics(content, fedsoft_u=bad, num_examples=SOFT_N[2])]
+        return fedsoft_answers(rnd, node, phase, content)
+
+    drive(strat, NODES, 1, answer)
+    assert sorted(strat.u) == [0, 1, 3]  # client 2's estimate was refused
+
+
+def test_fedsoft_on_two_source_data_writes_each_rounds_table_of_its_centres(tmp_path):
+    """On two-source data fedsoft_clusters.json holds, per round, each centre's accuracy on the source A and B
+    holdouts (PI-FL's Tables 1-2 for its baseline), the same table the round's history shows."""
+    strat = build_as(FedSoftStrategy, two_source(method="fedsoft", tiers=2, **{"fedsoft-clients-per-cluster": 2}))
+    drive(strat, NODES, 2, fedsoft_answers)
+    strat.write_artifacts(tmp_path)
+    written = json.loads((tmp_path / "fedsoft_clusters.json").read_text())
+    tables = written["tier-table (accuracy of each centre on the source A / B holdouts)"]
+    assert sorted(tables) == ["1", "2"]
+    expected = SourceHoldouts(strat.settings, len(NODES)).table(strat.models)
+    assert tables["2"] == expected == strat.history[-1].extra["tier-table"]
+    assert len(expected) == 2
+    assert written["selected"] == {
+        str(r): {str(s): v for s, v in sel.items()} for r, sel in strat.selection_log.items()
+    }
+
+
 # ---------------------------------------------------------------- bids, replies and refunds through the round loop
 # (one performance and one random slot per tier)
 def pifl_one_slot(**cfg):
