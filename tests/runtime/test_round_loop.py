@@ -114,3 +114,27 @@ def test_an_evaluation_that_draws_part_of_the_nodes_first_asks_the_unknown_ones_
             first_evaluate = next(i for i, p in enumerate(phases) if p[0] == "evaluate")
             assert phases.index(identified[0]) < first_evaluate
             assert [p[0] for p in phases[:3]] == ["train"] * 3
+
+
+def test_each_round_records_its_own_bytes_per_phase_and_its_wall_time():
+    """rounds.json's ``comm`` of round r is the bytes of round r's messages and replies, per phase and direction,
+    and its ``seconds`` the round's wall time."""
+    from strategies.exchange import content_bytes
+    from tests.strategy_harness import drive
+
+    strategy = build_strategy(parse_settings({"model": "mlp", "min-nodes": 3, "num-server-rounds": 2}))
+    start = time.monotonic()
+    grid = drive(strategy, CLIENT_OF, 2)
+    elapsed = time.monotonic() - start
+    for log in strategy.history:
+        r = log.server_round
+        down: dict[str, int] = {}
+        for m in grid.sent:
+            if int(m.content["config"]["server-round"]) == r:
+                key = f"{phase_of(m)}-bytes-down"
+                down[key] = down.get(key, 0) + content_bytes(m.content)
+        comm = log.extra["comm"]
+        assert {k: v for k, v in comm.items() if k.endswith("-down")} == down, r
+        assert comm["train-bytes-up"] > 0
+        assert 0 < log.extra["seconds"] < elapsed
+    assert strategy.exchange.comm == {}  # a finished round's counters are handed over, not kept
