@@ -79,3 +79,34 @@ def test_a_client_keeps_only_the_state_its_method_declares(tmp_path):
         with pytest.raises(ValueError, match="declare it in its 'keeps'"):
             client.load_state(name)
     assert not (tmp_path / "run-1").exists()  # nothing was written
+
+
+@pytest.mark.parametrize(
+    "node_dir,suggested,run_key,where",
+    [
+        ("node", "server", "run-1", "node/run-1/client-0"),  # the node's own folder wins
+        (None, "server", "run-1", "server/run-1/client-0"),  # else the folder the server suggests
+        (None, None, "run-1", None),  # no folder: kept in the node's memory only
+        ("node", "server", None, None),  # no run key: nothing on disk either
+    ],
+)
+def test_a_client_keeps_its_state_files_where_the_node_or_else_the_server_says(
+    tmp_path, monkeypatch, node_dir, suggested, run_key, where
+):
+    """``<state-dir>/<run-key>/client-<id>``: the node config's ``state-dir`` wins over the one the server's message
+    suggests; without either, or without a run key, the state stays in the node's memory and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    node_config: dict[str, bool | float | int | str] = {"partition-id": 0, "num-partitions": 4}
+    if node_dir:
+        node_config["state-dir"] = str(tmp_path / node_dir)
+    ctx = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
+    client = KeepsAModel(ctx, parse_settings({}))
+    client.config = {"server-round": 1}
+    if suggested:
+        client.config["state-dir"] = str(tmp_path / suggested)
+    if run_key:
+        client.config["run-key"] = run_key
+    client.save_state("head", {"w": np.ones(2)})
+    written = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("*.safetensors"))
+    assert written == ([where] if where else [])
+    assert sorted(ctx.state.array_records) == ["head"]  # in memory in every case
