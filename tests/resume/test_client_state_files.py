@@ -110,3 +110,32 @@ def test_a_client_keeps_its_state_files_where_the_node_or_else_the_server_says(
     written = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("*.safetensors"))
     assert written == ([where] if where else [])
     assert sorted(ctx.state.array_records) == ["head"]  # in memory in every case
+
+
+def test_a_client_that_declares_nothing_kept_is_told_so_in_full():
+    class KeepsNothing(ClientMethod):
+        pass
+
+    ctx = Context(
+        run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(), run_config={}
+    )
+    said = "KeepsNothing keeps nothing between rounds, not 'model': declare it in its 'keeps'"
+    with pytest.raises(ValueError, match="^KeepsNothing keeps") as err:
+        KeepsNothing(ctx, parse_settings({})).save_state("model", {"w": np.zeros(1)})
+    assert str(err.value) == said
+
+
+@pytest.mark.parametrize("arrays", [None, {}])
+def test_a_message_without_model_arrays_leaves_the_model_as_it_was(arrays):
+    """A message that brings no arrays (an evaluate message of a method without a global model), or an empty record,
+    loads nothing: the client's model keeps its weights."""
+    from flwr.app import ArrayRecord
+
+    from client_app.base import load_shared
+
+    model = torch.nn.Linear(3, 2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    content = RecordDict() if arrays is None else RecordDict({"arrays": ArrayRecord()})
+    load_shared(model, content)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
