@@ -120,7 +120,7 @@ def test_a_client_that_declares_nothing_kept_is_told_so_in_full():
         run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(), run_config={}
     )
     said = "KeepsNothing keeps nothing between rounds, not 'model': declare it in its 'keeps'"
-    with pytest.raises(ValueError, match="^KeepsNothing keeps") as err:
+    with pytest.raises(ValueError, match=r"^KeepsNothing keeps") as err:
         KeepsNothing(ctx, parse_settings({})).save_state("model", {"w": np.zeros(1)})
     assert str(err.value) == said
 
