@@ -138,3 +138,33 @@ def test_each_round_records_its_own_bytes_per_phase_and_its_wall_time():
         assert comm["train-bytes-up"] > 0
         assert 0 < log.extra["seconds"] < elapsed
     assert strategy.exchange.comm == {}  # a finished round's counters are handed over, not kept
+
+
+def test_the_log_says_after_each_round_how_it_was_evaluated_and_when_a_late_evaluation_arrives(caplog):
+    """After each round one progress line names the method and the round, with its accuracies or, without them,
+    how the round was evaluated; a round evaluated with the next round's train replies gets its own line then."""
+    import logging
+    import re
+
+    strategy = build_strategy(parse_settings({"model": "mlp", "min-nodes": 3, "num-server-rounds": 4, "eval-every": 2}))
+
+    def respond(msg):
+        node = msg.metadata.dst_node_id
+        return [reply_message(node, valid_content(strategy.reply_spec(phase_of(msg), node), CLIENT_OF[node], 1))]
+
+    grid = ReplayGrid(CLIENT_OF, respond)
+    with outgoing_messages(), caplog.at_level(logging.INFO, logger="flwr.pflower"):
+        for r in range(1, 5):
+            run_round(strategy, grid, r)
+    messages = [m for m in caplog.messages if m.startswith("[fedavg] round ")]
+    progress = [m for m in messages if " done: " in m]
+    assert [m.split(" done: ")[0] for m in progress] == [f"[fedavg] round {r}/4" for r in range(1, 5)]
+    said = [m.split(" done: ")[1].split(" | ")[0] for m in progress]
+    assert said[0] == said[2] == "not evaluated this round"
+    assert said[1] == "evaluated with the next round's train messages"
+    acc = strategy.history[3].evaluate  # the last round's own evaluation: its accuracies
+    assert said[3] == ", ".join(f"{k} {acc[k]:.4f}" for k in ("personal-acc", "global-acc") if k in acc)
+    assert said[3].startswith("personal-acc ")
+    assert all(re.search(r" \| \d+\.\d s/round, ETA \d+ s$", m) for m in progress)
+    late = [m for m in messages if " evaluated (with round " in m]
+    assert len(late) == 1 and late[0].startswith("[fedavg] round 2 evaluated (with round 3's train replies): ")
