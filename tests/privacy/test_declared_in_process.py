@@ -64,3 +64,13 @@ def test_a_metric_the_server_does_not_read_is_still_declared_as_always_sent(meth
     replies = [line for line in server if line["direction"] == "pulled" and line["type"] in (phase, f"query.{phase}")]
     assert replies and all(metric in line["content"]["metrics"]["metrics"] for line in replies)
     assert mismatches(declared, [without_entry(replies[0], "metrics", "metrics", metric)])
+
+
+def test_fedsofts_messages_declare_the_clients_own_importance_weights_as_always_sent(tmp_path):
+    """Every FedSoft train and evaluate message brings the client its own importance weights ``u``: declared as
+    always there, so a message without them does not match."""
+    _, server, _, config = run_in_process("fedsoft", tmp_path)
+    declared = build_strategy(parse_settings(config)).disclosure()
+    pushed = [line for line in server if line["direction"] == "pushed" and line["type"] in ("train", "evaluate")]
+    assert pushed and all("u" in line["content"]["configs"]["fedsoft"] for line in pushed)
+    assert mismatches(declared, [without_entry(pushed[0], "configs", "fedsoft", "u")])
