@@ -19,6 +19,12 @@ def evaluate_message(strategy, rnd: int, **config) -> RecordDict:
     return content
 
 
+def fedavg_node():
+    """A FedAvg strategy and one of its clients (partition 0), at the kit's settings."""
+    ctx = context("fedavg")
+    return build_strategy(parse_settings(ctx.run_config)), client("fedavg", None, ctx)
+
+
 @pytest.mark.parametrize("node_dir", [False, True])
 def test_a_client_saves_its_model_and_manifest_where_the_node_or_else_the_server_says(tmp_path, node_dir):
     ctx = context("fedavg")
@@ -37,18 +43,14 @@ def test_a_client_saves_its_model_and_manifest_where_the_node_or_else_the_server
 
 def test_nothing_is_saved_unless_the_message_asks_or_without_a_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    ctx = context("fedavg")
-    strategy = build_strategy(parse_settings(ctx.run_config))
-    c = client("fedavg", None, ctx)
+    strategy, c = fedavg_node()
     c.evaluate(evaluate_message(strategy, 1, **{"model-dir": str(tmp_path / "server")}))  # not asked
     c.evaluate(evaluate_message(strategy, 1, **{"save-model": True}))  # asked, but no folder anywhere
     assert list(tmp_path.rglob("*.safetensors")) == []
 
 
 def test_with_save_best_only_a_better_model_replaces_the_saved_one(tmp_path):
-    ctx = context("fedavg")
-    strategy = build_strategy(parse_settings(ctx.run_config))
-    c = client("fedavg", None, ctx)
+    strategy, c = fedavg_node()
     ask = {"save-model": True, "model-dir": str(tmp_path), "save-best": True}
     c.evaluate(evaluate_message(strategy, 1, **ask))
     manifest_file = tmp_path / "client-0.json"
@@ -66,9 +68,7 @@ def test_with_save_best_only_a_better_model_replaces_the_saved_one(tmp_path):
 
 
 def test_an_equally_good_model_does_not_replace_the_saved_one_and_a_manifest_without_accuracy_does(tmp_path):
-    ctx = context("fedavg")
-    strategy = build_strategy(parse_settings(ctx.run_config))
-    c = client("fedavg", None, ctx)
+    strategy, c = fedavg_node()
     ask = {"save-model": True, "model-dir": str(tmp_path), "save-best": True}
     c.evaluate(evaluate_message(strategy, 1, **ask))
     c.evaluate(evaluate_message(strategy, 2, **ask))  # the same model again: as good, not better
@@ -82,9 +82,7 @@ def test_an_equally_good_model_does_not_replace_the_saved_one_and_a_manifest_wit
 
 
 def test_without_save_best_every_asked_save_replaces_the_model_and_names_the_round_it_evaluates(tmp_path):
-    ctx = context("fedavg")
-    strategy = build_strategy(parse_settings(ctx.run_config))
-    c = client("fedavg", None, ctx)
+    strategy, c = fedavg_node()
     c.evaluate(evaluate_message(strategy, 1, **{"save-model": True, "model-dir": str(tmp_path)}))
     manifest_file = tmp_path / "client-0.json"
     manifest_file.write_text(json.dumps({**json.loads(manifest_file.read_text()), "personal-acc": 2.0}))
