@@ -168,3 +168,30 @@ def test_the_log_says_after_each_round_how_it_was_evaluated_and_when_a_late_eval
     assert all(re.search(r" \| \d+\.\d s/round, ETA \d+ s$", m) for m in progress)
     late = [m for m in messages if " evaluated (with round " in m]
     assert len(late) == 1 and late[0].startswith("[fedavg] round 2 evaluated (with round 3's train replies): ")
+
+
+def test_a_round_without_any_train_reply_leaves_the_model_and_says_so(caplog):
+    """When no train reply of a round arrives in time, the global model stays as it was and the log says so for
+    that round only."""
+    import logging
+
+    import numpy as np
+
+    from task.params import to_record
+    from tests.strategy_harness import drive
+
+    strategy = build_strategy(
+        parse_settings({"model": "mlp", "min-nodes": 3, "num-server-rounds": 3, "round-timeout": 1})
+    )
+
+    def answer(rnd, node, phase, content):
+        return [] if rnd == 2 and phase == "train" else None
+
+    with caplog.at_level(logging.WARNING, logger="flwr.pflower"):
+        drive(strategy, CLIENT_OF, [1], answer)
+        after_round_1 = to_record(strategy.global_state)
+        drive(strategy, CLIENT_OF, [2], answer)
+    for key in after_round_1:
+        np.testing.assert_array_equal(to_record(strategy.global_state)[key].numpy(), after_round_1[key].numpy())
+    said = [m for m in caplog.messages if "no valid train replies" in m]
+    assert said == ["round 2: no valid train replies; state left unchanged"]
