@@ -195,3 +195,16 @@ def test_a_round_without_any_train_reply_leaves_the_model_and_says_so(caplog):
         np.testing.assert_array_equal(to_record(strategy.global_state)[key].numpy(), after_round_1[key].numpy())
     said = [m for m in caplog.messages if "no valid train replies" in m]
     assert said == ["round 2: no valid train replies; state left unchanged"]
+
+
+def test_every_message_names_the_runs_folders_for_client_state_and_saved_models(tmp_path):
+    """A run with a results folder tells its clients where to keep their state (``client-state``) and their saved
+    models (``models/clients``) under it, and the run's key (the folder's name)."""
+    strategy = build_strategy(parse_settings({"model": "mlp", "min-nodes": 3}))
+    assert "model-dir" not in strategy.round_config(1, "train")  # no results folder: nothing to suggest
+    strategy.results_dir = tmp_path / "run-7"
+    for phase in ("train", "evaluate"):
+        cfg = strategy.round_config(2, phase)
+        assert cfg["run-key"] == "run-7"
+        assert cfg["state-dir"] == str(tmp_path / "run-7" / "client-state")
+        assert cfg["model-dir"] == str(tmp_path / "run-7" / "models" / "clients")
