@@ -322,3 +322,12 @@ def test_a_list_metric_declared_without_a_length_is_refused():
 
     with pytest.raises(ValueError, match=r"^Numbers need a length or a max_length$"):
         Numbers(float, 0.0, 1.0)
+
+
+def test_a_metric_that_is_not_a_number_is_refused_naming_the_kind_declared_and_the_type_sent():
+    from strategies.replies import Number, Numbers
+
+    assert Number(int, 0, 9).problem("3") == "must be an integer, got str"
+    assert Number(float, 0.0, 1.0).problem(True) == "must be a number, got bool"
+    assert Numbers(int, 0, 9, length=1).problem([None]) == "element 0 must be an integer, got NoneType"
+    assert Numbers(float, 0.0, 1.0, length=1).problem([b"x"]) == "element 0 must be a number, got bytes"
