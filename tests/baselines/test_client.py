@@ -153,7 +153,10 @@ def test_fedrod_shares_the_generic_model_and_keeps_a_personal_head(states):
         logits = model.head(z) + z @ phead["weight"].T + phead["bias"]
     assert ev["personal-acc"] == pytest.approx(float((logits.argmax(1) == data.y_test).float().mean()))
     assert ev["personal-loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, data.y_test)), rel=1e-5)
+    # the accuracy the train reply reports is the personalized model's, not the generic one's
+    assert reply["metrics"]["trained-acc"] == pytest.approx(ev["personal-acc"])
     gl, ga = acc_of(c, generic)
+    assert ga != pytest.approx(ev["personal-acc"])  # so the two could be told apart
     assert ev["global-acc"] == pytest.approx(ga) and ev["global-loss"] == pytest.approx(gl, rel=1e-6)
 
 
