@@ -11,6 +11,7 @@ from server_app.app import build_strategy
 from task.config import parse_settings
 from task.export import read_manifest
 from tests.client_kit import client, context
+from tests.in_process import NODES, run_in_process
 
 
 def evaluate_message(strategy, rnd: int, **config) -> RecordDict:
@@ -90,3 +91,11 @@ def test_without_save_best_every_asked_save_replaces_the_model_and_names_the_rou
     ask = {"save-model": True, "model-dir": str(tmp_path), "evaluate": True, "evaluate-round": 3}
     c.evaluate(evaluate_message(strategy, 4, **ask))
     assert read_manifest(tmp_path / "client-0")["round"] == 3
+
+
+def test_a_run_with_the_users_defaults_leaves_each_client_its_model_of_the_last_round(tmp_path):
+    """save-models is on by default: the last round's evaluate messages ask every client to save its model."""
+    strategy, _, _, _ = run_in_process("fedavg", tmp_path)
+    folder = strategy.results_dir / "models" / "clients"
+    assert sorted(p.name for p in folder.glob("*.safetensors")) == [f"client-{i}.safetensors" for i in range(NODES)]
+    assert {read_manifest(folder / f"client-{i}")["round"] for i in range(NODES)} == {strategy.settings.num_rounds}

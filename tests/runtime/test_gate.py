@@ -94,13 +94,13 @@ def test_error_replies_and_silent_nodes_are_recorded_under_their_own_node():
     with outgoing_messages():
         sent = g.exchange.address(3, "train", "train", {7: RecordDict(), 8: RecordDict(), 9: RecordDict()})
     m7, m8, _ = (m.metadata.message_id for m in sent)
-    replies = [
-        reply(SUPERLINK_NODE_ID, error="Error: Node Unavailable", to=m7),
-        reply(8, error="client raised ValueError", to=m8),
+    replies = [  # the SuperLink's error for the lost node answers the second message, not the first
+        reply(7, error="client raised ValueError", to=m7),
+        reply(SUPERLINK_NODE_ID, error="Error: Node Unavailable", to=m8),
     ]
     assert g.admit(3, "train", replies) == []  # two reasons: no abort
     got = {f["node-id"]: f["reason"] for f in g.failures}
-    assert got[7] == "error reply: Error: Node Unavailable" and got[8] == "error reply: client raised ValueError"
+    assert got[8] == "error reply: Error: Node Unavailable" and got[7] == "error reply: client raised ValueError"
     assert got[9] == "no reply within 120 s (round-timeout)"
     assert {f["phase"] for f in g.failures} == {"train"}
     unlimited = gate(timeout=0.0)  # no time limit of its own: the phase ended with the round's

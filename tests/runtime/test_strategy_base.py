@@ -116,3 +116,28 @@ def test_a_resumed_strategy_starts_after_its_last_round(tmp_path):
     assert {int(m.content["config"]["server-round"]) for m in grid.sent} == {2, 3}
     assert phase_of(grid.sent[0]) == "identify"  # node ids change between runs: every node is asked first
     assert [r.server_round for r in resumed.history] == [1, 2, 3]
+
+
+def test_the_accuracies_the_base_reads_are_required_where_they_ride():
+    """The personalized accuracy and loss are required of an evaluate reply, and of the evaluation a train reply
+    carries when the previous round's evaluation rides on it (full participation); a node that leaves them out is
+    refused for that message with the metric named, the others go on."""
+    s = strategy(**{"num-server-rounds": 2})
+    plain = answering(s)
+
+    def respond(msg):
+        [reply] = plain.respond(msg)
+        node, phase = msg.metadata.dst_node_id, phase_of(msg)
+        record = {(5, "train"): "evaluation", (13, "evaluate"): "metrics"}.get((node, phase))
+        if record is not None and record in reply.content.metric_records:
+            metrics = dict(reply.content.metric_records[record])
+            del metrics["personal-acc"]
+            reply.content[record] = MetricRecord(metrics)
+        return [reply]
+
+    with outgoing_messages():
+        s.start(ReplayGrid(NODES, respond), to_record(s.global_state), num_rounds=2, timeout=60)
+    assert [(f["round"], f["node-id"], f["phase"], f["reason"]) for f in s.failures] == [
+        (2, 5, "train", "evaluation metric 'personal-acc' is missing"),
+        (2, 13, "evaluate", "metric 'personal-acc' is missing"),
+    ]
