@@ -51,6 +51,24 @@ def context(method, pid=0, n=4, **cfg) -> Context:
     )
 
 
+def users_context(method: str, node_config: dict | None = None, **run_config: UserConfigValue) -> Context:
+    """Partition 0 of 4 (``node_config`` adds to it) with ``run_config`` over the user's defaults, the run of
+    ``flwr run . --run-config "method='X'"`` (the cnn with BatchNorm, SGD with momentum), not the kit's BASE_CFG."""
+    return Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 0, "num-partitions": 4, **(node_config or {})},
+        state=RecordDict(),
+        run_config={"method": method, **run_config},
+    )
+
+
+def users_client(method: str, node_config: dict | None = None, **run_config: UserConfigValue):
+    """The client of :func:`users_context`, on its own partition of the embedded data."""
+    ctx = users_context(method, node_config, **run_config)
+    return load_object(METHODS[method].client)(ctx, parse_settings(ctx.run_config))
+
+
 def node_contexts(cfg, n: int) -> list[Context]:
     """A fresh Context per node of an ``n``-node federation (node ids 10, 11, ...), each with exactly ``cfg`` as
     its run config: what Flower gives the ClientApps of one run, for tests that drive a strategy and its clients

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from client_app.base import ClientMethod
 from server_app.app import build_strategy
 from strategies.base import PersonalizedStrategy
 from task.config import parse_settings
-from task.methods import METHODS, load_object
 from task.models import build_model
 from task.params import load_record, record_to_numpy
 from task.train import train
+from tests.client_kit import users_client
 
 #: one batch per epoch (larger than any partition), so the result does not depend on how the batches are shuffled
 WHOLE = 1_000_000
@@ -46,21 +46,19 @@ SETTINGS: dict[str, dict[str, bool | float | int | str]] = {
 
 def node(**cfg) -> tuple[PersonalizedStrategy, ClientMethod]:
     """A FedAvg strategy and the client of partition 0 for the run config ``cfg``."""
-    ctx = Context(
-        run_id=1,
-        node_id=100,
-        node_config={"partition-id": 0, "num-partitions": 4},
-        state=RecordDict(),
-        run_config={"method": "fedavg", **cfg},
-    )
-    settings = parse_settings(ctx.run_config)
-    return build_strategy(settings), load_object(METHODS["fedavg"].client)(ctx, settings)
+    return build_strategy(parse_settings({"method": "fedavg", **cfg})), users_client("fedavg", **cfg)
+
+
+def train_message(strategy: PersonalizedStrategy, rnd: int) -> RecordDict:
+    """Round ``rnd``'s train message: the strategy's initial global model."""
+    content = strategy.payload(1, rnd, "train")
+    content["config"] = ConfigRecord({"server-round": rnd})
+    return content
 
 
 def train_reply(strategy, c, rnd: int) -> dict[str, np.ndarray]:
     """The model partition 0 sends back for round ``rnd``, starting from the strategy's initial global model."""
-    content = strategy.payload(1, rnd, "train")
-    content["config"] = ConfigRecord({"server-round": rnd})
+    content = train_message(strategy, rnd)
     c.begin(content)
     return record_to_numpy(c.train(content).array_records["arrays"])
 
@@ -111,8 +109,7 @@ def test_the_peak_memory_a_client_reports_is_in_megabytes():
     the kernel updates its counters lazily) and at most the machine's memory.  (Not the process's own high-water
     mark: a peak can be inherited from the process this one was started from.)"""
     strategy, c = node()
-    content = strategy.payload(1, 1, "train")
-    content["config"] = ConfigRecord({"server-round": 1})
+    content = train_message(strategy, 1)
     c.begin(content)
     before = _status_mb("VmRSS")
     peak = c.train(content).metric_records["metrics"]["peak-rss-mb"]

@@ -8,9 +8,9 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, RecordDict
+from flwr.app import ArrayRecord, Context, RecordDict
 
-from client_app.base import ClientMethod
+from client_app.base import ClientMethod, load_shared
 from task.config import parse_settings
 from task.models import build_model
 from task.params import state_to_numpy
@@ -129,9 +129,6 @@ def test_a_client_that_declares_nothing_kept_is_told_so_in_full():
 def test_a_message_without_model_arrays_leaves_the_model_as_it_was(arrays):
     """A message that brings no arrays (an evaluate message of a method without a global model), or an empty record,
     loads nothing: the client's model keeps its weights."""
-    from flwr.app import ArrayRecord
-
-    from client_app.base import load_shared
 
     model = torch.nn.Linear(3, 2)
     before = {k: v.clone() for k, v in model.state_dict().items()}

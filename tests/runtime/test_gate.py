@@ -16,7 +16,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 
 from strategies.exchange import MessageExchange, content_bytes
 from strategies.gate import ReplyGate, RunAborted, cohort_size, gist, shared_model, short_reason
-from strategies.replies import BASE, TRAIN, Arrays, Tensor
+from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Number, Numbers, Tensor, parse_reply
 from task.params import to_record
 from tests.strategy_harness import outgoing_messages
 
@@ -235,8 +235,6 @@ def test_an_honest_loss_of_a_far_off_model_passes_and_only_impossible_ones_are_r
     """A model noised for differential privacy at a small epsilon gives cross-entropies of 1e12 and more: those
     are measurements, so the gate must let them through (it once stopped such runs), while a loss no float32
     model can produce (beyond float32's largest value, infinite, NaN or negative) is refused."""
-    from strategies.replies import EVALUATE, parse_reply
-
     spec = TRAIN if key == "train-loss" else EVALUATE
     extra = {} if key == "train-loss" else {"personal-acc": 0.1, "personal-loss": 1.0}
 
@@ -255,8 +253,6 @@ def test_an_honest_loss_of_a_far_off_model_passes_and_only_impossible_ones_are_r
 def test_a_metric_out_of_its_range_is_refused_with_the_range_it_must_be_in():
     """A scalar or list metric outside its declared ``[minimum, maximum]`` is refused with both bounds and the
     value it had; the bounds themselves are allowed."""
-    from strategies.replies import Number, Numbers
-
     acc = Number(float, 0.0, 1.0)
     assert acc.problem(0.0) is None and acc.problem(1.0) is None
     assert acc.problem(1.5) == "must be in [0, 1], got 1.5"
@@ -268,8 +264,6 @@ def test_a_metric_out_of_its_range_is_refused_with_the_range_it_must_be_in():
 
 def test_a_list_metric_is_refused_with_what_was_wrong_with_it():
     """Each way a list metric can break its declaration is refused with its own reason, naming what it got."""
-    from strategies.replies import Numbers
-
     exact = Numbers(float, 0.0, 1.0, length=3, distinct=True, total=1.0)
     assert exact.problem([0.2, 0.3, 0.5]) is None
     assert exact.problem(0.5) == "must be a list, got float"
@@ -288,8 +282,6 @@ def test_a_list_metric_is_refused_with_what_was_wrong_with_it():
 def test_a_list_that_must_sum_to_a_total_may_miss_it_by_float32_rounding_only():
     """Clients compute distributions in float32, so a sum within 1e-4 of the total (relative to totals above 1,
     bounds included) passes and anything further off is refused."""
-    from strategies.replies import Numbers
-
     unit = Numbers(float, 0.0, 1.0, length=2, total=1.0)
     assert unit.problem([0.5, 0.50005]) is None
     assert unit.problem([0.5, 0.50015]) is not None  # 1.5e-4 off
@@ -305,7 +297,6 @@ def test_a_list_that_must_sum_to_a_total_may_miss_it_by_float32_rounding_only():
 def test_a_metric_declared_without_both_bounds_or_with_them_inverted_is_refused_when_declared(kind):
     """A reply spec's numbers are bounded on both sides (an unbounded metric is a door left open): a declaration
     missing either bound, or with the minimum above the maximum, is refused at once, naming the bounds it got."""
-    from strategies.replies import Number, Numbers
 
     def declare(low, high):
         return Number(float, low, high) if kind == "Number" else Numbers(float, low, high, length=2)
@@ -318,15 +309,11 @@ def test_a_metric_declared_without_both_bounds_or_with_them_inverted_is_refused_
 
 
 def test_a_list_metric_declared_without_a_length_is_refused():
-    from strategies.replies import Numbers
-
     with pytest.raises(ValueError, match=r"^Numbers need a length or a max_length$"):
         Numbers(float, 0.0, 1.0)
 
 
 def test_a_metric_that_is_not_a_number_is_refused_naming_the_kind_declared_and_the_type_sent():
-    from strategies.replies import Number, Numbers
-
     assert Number(int, 0, 9).problem("3") == "must be an integer, got str"
     assert Number(float, 0.0, 1.0).problem(True) == "must be a number, got bool"
     assert Numbers(int, 0, 9, length=1).problem([None]) == "element 0 must be an integer, got NoneType"

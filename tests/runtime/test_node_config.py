@@ -8,18 +8,11 @@ from flwr.app import Context, RecordDict
 
 from task.config import parse_settings
 from task.methods import METHODS, load_object
+from tests.client_kit import users_client, users_context
 
 
-def node_client(node_config: dict, settings: bool = True, **run_config):
-    ctx = Context(
-        run_id=1,
-        node_id=7,
-        node_config={"partition-id": 0, "num-partitions": 4, **node_config},
-        state=RecordDict(),
-        run_config={"method": "fedavg", **run_config},
-    )
-    cls = load_object(METHODS["fedavg"].client)
-    return cls(ctx, parse_settings(ctx.run_config)) if settings else cls(ctx)
+def node_client(node_config: dict, **run_config):
+    return users_client("fedavg", node_config, **run_config)
 
 
 @pytest.fixture
@@ -69,8 +62,9 @@ def test_a_node_config_without_a_data_source_says_both_ways_to_give_one():
 
 
 def test_a_client_given_no_settings_reads_them_from_the_run_config():
-    run = {"lr": 0.25, "local-epochs": 3}
-    assert node_client({}, settings=False, **run).settings == parse_settings({"method": "fedavg", **run})
+    run: dict[str, float | int] = {"lr": 0.25, "local-epochs": 3}
+    client = load_object(METHODS["fedavg"].client)(users_context("fedavg", None, **run))
+    assert client.settings == parse_settings({"method": "fedavg", **run})
 
 
 def test_a_node_keeps_its_splits_where_its_cache_dir_says_or_nowhere(tmp_path, monkeypatch):

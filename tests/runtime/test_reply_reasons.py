@@ -36,14 +36,14 @@ SPEC = ReplySpec(
 def reply(
     n: int | None = 4, w: Any = None, evaluation: dict | None = None, drop: tuple[str, ...] = (), **records: Any
 ) -> RecordDict:
-    """A reply that matches SPEC, changed by the arguments."""
+    """A reply that matches SPEC, changed by the arguments (``w``: the array ``w``, or the whole record)."""
+    if not isinstance(w, ArrayRecord):
+        w = to_record({"w": np.ones((2, 2), np.float32) if w is None else w})
     content = RecordDict(
         {
             "metrics": MetricRecord({} if n is None else {"n": n}),
             "evaluation": MetricRecord({"acc": 0.5} if evaluation is None else evaluation),
-            "w": to_record({"w": np.ones((2, 2), np.float32) if w is None else w})
-            if not isinstance(w, ArrayRecord)
-            else w,
+            "w": w,
             **records,
         }
     )

@@ -4,11 +4,28 @@ own time per round is measured."""
 
 from __future__ import annotations
 
+import inspect
+import logging
+import re
 import time
 
+import numpy as np
+from flwr.app import MetricRecord
+from flwr.serverapp.strategy import Strategy
+
 from server_app.app import build_strategy
+from strategies.exchange import content_bytes
 from task.config import parse_settings
-from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, run_round, valid_content
+from task.params import to_record
+from tests.strategy_harness import (
+    ReplayGrid,
+    drive,
+    outgoing_messages,
+    phase_of,
+    reply_message,
+    run_round,
+    valid_content,
+)
 
 CLIENT_OF = {1003: 0, 7: 1, 42: 2}
 
@@ -45,15 +62,6 @@ def test_start_takes_flowers_default_rounds_and_time_out_and_says_what_it_runs(c
     """``PersonalizedStrategy.start`` honours Flower's ``Strategy.start`` contract: called without ``num_rounds``
     and ``timeout`` it runs Flower's default number of rounds and waits Flower's default time for replies; its log
     names the method, the data, the model and the rounds it runs."""
-    import inspect
-    import logging
-
-    import numpy as np
-    from flwr.app import MetricRecord
-    from flwr.serverapp.strategy import Strategy
-
-    from task.params import to_record
-
     defaults = {k: p.default for k, p in inspect.signature(Strategy.start).parameters.items()}
     strategy = build_strategy(parse_settings({"model": "mlp", "min-nodes": 3}))
 
@@ -95,8 +103,6 @@ def test_an_evaluation_that_draws_part_of_the_nodes_first_asks_the_unknown_ones_
     """With ``fraction-evaluate`` below 1 the evaluated clients are drawn by client id, so a node that never said
     which client it is (its train reply did not come) is asked (``query.identify``, in that round) before the draw;
     when every node is evaluated nobody is asked."""
-    from tests.strategy_harness import drive
-
     silent = 7  # client 1's node: no train reply in round 1
 
     def answer(rnd, node, phase, content):
@@ -119,9 +125,6 @@ def test_an_evaluation_that_draws_part_of_the_nodes_first_asks_the_unknown_ones_
 def test_each_round_records_its_own_bytes_per_phase_and_its_wall_time():
     """rounds.json's ``comm`` of round r is the bytes of round r's messages and replies, per phase and direction,
     and its ``seconds`` the round's wall time."""
-    from strategies.exchange import content_bytes
-    from tests.strategy_harness import drive
-
     strategy = build_strategy(parse_settings({"model": "mlp", "min-nodes": 3, "num-server-rounds": 2}))
     start = time.monotonic()
     grid = drive(strategy, CLIENT_OF, 2)
@@ -143,9 +146,6 @@ def test_each_round_records_its_own_bytes_per_phase_and_its_wall_time():
 def test_the_log_says_after_each_round_how_it_was_evaluated_and_when_a_late_evaluation_arrives(caplog):
     """After each round one progress line names the method and the round, with its accuracies or, without them,
     how the round was evaluated; a round evaluated with the next round's train replies gets its own line then."""
-    import logging
-    import re
-
     strategy = build_strategy(parse_settings({"model": "mlp", "min-nodes": 3, "num-server-rounds": 4, "eval-every": 2}))
 
     def respond(msg):
@@ -173,13 +173,6 @@ def test_the_log_says_after_each_round_how_it_was_evaluated_and_when_a_late_eval
 def test_a_round_without_any_train_reply_leaves_the_model_and_says_so(caplog):
     """When no train reply of a round arrives in time, the global model stays as it was and the log says so for
     that round only."""
-    import logging
-
-    import numpy as np
-
-    from task.params import to_record
-    from tests.strategy_harness import drive
-
     strategy = build_strategy(
         parse_settings({"model": "mlp", "min-nodes": 3, "num-server-rounds": 3, "round-timeout": 1})
     )

@@ -119,7 +119,7 @@ def test_a_resumed_strategy_starts_after_its_last_round(tmp_path):
 
 
 def test_the_accuracies_the_base_reads_are_required_where_they_ride():
-    """The personalized accuracy and loss are required of an evaluate reply, and of the evaluation a train reply
+    """The personalized accuracy is required of an evaluate reply, and of the evaluation a train reply
     carries when the previous round's evaluation rides on it (full participation); a node that leaves them out is
     refused for that message with the metric named, the others go on."""
     s = strategy(**{"num-server-rounds": 2})
