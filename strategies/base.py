@@ -1,9 +1,10 @@
 """The personalized base every strategy here stands on: the hooks a method overrides and the round loop.
 
 :class:`PersonalizedStrategy` is a ``flwr.serverapp.strategy.Strategy`` (Message API) composed of parts, each
-in its own module: the message exchange (:mod:`strategies.exchange`: push, pull, time-outs, message timing,
-bytes), the reply gate (:mod:`strategies.gate`: every reply checked against its phase's reply spec, client ids
-bound by partition id, failures, nodes ordered and drawn by client id), the evaluation schedule
+in its own module: the message exchange (:mod:`strategies.exchange`: push, pull, time-outs, each reply attributed
+to its node, the silent nodes, message timing, bytes), the reply gate (:mod:`strategies.gate`: every reply
+validated against its phase's reply spec or rejected, client ids bound by partition id, failures, nodes ordered
+and drawn by client id), the evaluation schedule
 (:mod:`strategies.schedule`: what rides on which message, when models are saved), the history
 (:mod:`strategies.history`) and persistence (:mod:`strategies.persistence`: the server's models, checkpoints,
 resume).  What a method calls besides its hooks (the shared model, clients and sampling, extra phases, the parts
@@ -47,7 +48,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from strategies.disclosure import Disclosure
 from strategies.exchange import MessageExchange, RunAborted
-from strategies.gate import Reply, ReplyGate, shared_model
+from strategies.gate import ReplyGate, shared_model
 from strategies.history import (
     RoundLog,
     close_round,
@@ -58,7 +59,7 @@ from strategies.history import (
 )
 from strategies.persistence import after_round
 from strategies.privacy import central_aggregate, noise_secret
-from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, ReplySpec
+from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Reply, ReplySpec
 from strategies.schedule import EvaluationSchedule
 from strategies.services import IDENTIFY, StrategyServices
 from task.config import Settings
@@ -89,7 +90,7 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         self.initial_state = {k: np.array(v) for k, v in initial_state.items()}
         self.model_info = model_info  # keys, shapes, dtypes, body / head / normalisation keys of the model
         self.exchange = MessageExchange(settings.round_timeout)
-        self.gate = ReplyGate(self.exchange, self.reply_spec)
+        self.gate = ReplyGate(self.reply_spec)
         #: the gate's node id -> client id, client id -> its node, rejected replies and silent nodes (the same objects)
         self.client_of, self.node_of, self.failures = self.gate.client_of, self.gate.node_of, self.gate.failures
         self.schedule = EvaluationSchedule(settings, self.evaluate_in_train)

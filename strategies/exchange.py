@@ -5,7 +5,10 @@ Messages go out and replies come in through Flower's Grid API (``push_messages``
 (:meth:`MessageExchange.poll_wait`): Flower waits 3 s between pulls in deployment and 0.1 s in simulation,
 and a round pays on average half of that once per phase.
 
-The exchange also keeps what the rest of the strategy needs to know about messages:
+A reply travels one way: :meth:`MessageExchange.receive` attributes each reply of a phase to its node, stamps it
+with when its message was pushed and it was pulled (an :class:`Arrival`) and names the nodes that never answered;
+the reply gate (:mod:`strategies.gate`) then validates and rejects, never calling back; :meth:`account` counts
+what the gate admitted.  To do that the exchange keeps:
 
 - the **outbox**: the metadata of the messages sent per (round, phase), to name the node behind an error
   reply the SuperLink made for it (its ``src_node_id`` is the SuperLink's) and to find the nodes that never
@@ -25,6 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
@@ -32,6 +36,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 
 from strategies.message_timing import breakdown, summarize
+from strategies.replies import Reply
 from task.params import to_record
 
 log = logging.getLogger("flwr.pflower")
@@ -92,6 +97,27 @@ def wait_for_nodes(
     return ids
 
 
+@dataclass
+class Arrival:
+    """One reply as it came back: the node it is about (:meth:`MessageExchange.sender_of`), the message, and when
+    the message it answers was pushed and it was pulled (unix s; None where the exchange did not see it)."""
+
+    node: int
+    message: Any
+    pushed: float | None = None
+    pulled: float | None = None
+
+
+@dataclass
+class Arrivals:
+    """A phase's replies as they came back, the nodes that were sent a message and never answered (``silent``),
+    and how long the phase waited for them (``timeout``, s; 0: as long as the round)."""
+
+    replies: list[Arrival]
+    silent: list[int] = field(default_factory=list)
+    timeout: float = 0.0
+
+
 class MessageExchange:
     """Sends a phase's messages through the Grid and collects their replies (see the module docstring)."""
 
@@ -111,7 +137,6 @@ class MessageExchange:
         self._outbox: dict[tuple[int, str], list[Any]] = {}
         self._pushed_at: dict[str, float] = {}  # message id -> when it was pushed (unix s)
         self._pulled_at: dict[str, float] = {}  # id of the message a reply answers -> when it was pulled
-        self._timing_rows: dict[str, list[dict[str, float]]] = {}  # phase -> this phase's message breakdowns
         self._records: dict[int, tuple[Any, ArrayRecord]] | None = None  # see record_of
 
     # ------------------------------------------------------------------ building messages
@@ -180,7 +205,7 @@ class MessageExchange:
         young (a simulated round lasts a fraction of a second), growing to :attr:`poll_seconds`."""
         return min(self.poll_seconds, max(self.poll_min_seconds, self.poll_share * waited))
 
-    # ------------------------------------------------------------------ what the replies answer
+    # ------------------------------------------------------------------ what came back
     def sender_of(self, server_round: int, phase: str, reply: Any) -> int:
         """The node a reply is about.
 
@@ -196,25 +221,33 @@ class MessageExchange:
                 return int(sent.dst_node_id)
         return int(md.src_node_id)
 
-    def close_phase(self, server_round: int, phase: str, replies: Iterable[Any]) -> list[int]:
-        """The nodes that were sent a ``phase`` message and did not answer at all (not even with an error); the
-        phase's outbox and message times are forgotten."""
-        answered = {self.sender_of(server_round, phase, r) for r in replies}
+    def receive(self, server_round: int, phase: str, replies: Iterable[Any]) -> Arrivals:
+        """The phase's replies, each attributed to its node (:meth:`sender_of`) and stamped with when the message
+        it answers was pushed and it was pulled, and the nodes that were sent a message and did not answer at all
+        (not even with an error).  The phase's outbox and message times are forgotten."""
+        arrivals = []
+        for reply in replies:
+            answered = reply.metadata.reply_to_message_id
+            node = self.sender_of(server_round, phase, reply)
+            arrivals.append(Arrival(node, reply, self._pushed_at.get(answered), self._pulled_at.get(answered)))
+        answered_by = {a.node for a in arrivals}
         silent = []
         for sent in self._outbox.pop((server_round, phase), []):
             self._pushed_at.pop(sent.message_id, None)
             self._pulled_at.pop(sent.message_id, None)
-            if int(sent.dst_node_id) not in answered:
+            if int(sent.dst_node_id) not in answered_by:
                 silent.append(int(sent.dst_node_id))
-        return silent
+        return Arrivals(arrivals, silent, self.timeout)
 
-    def note_timing(self, phase: str, reply: Any, stamps: Mapping[str, float]) -> None:
-        """Where the time of the message ``reply`` answers went (from the reply's ``timing`` stamps)."""
-        answered = reply.metadata.reply_to_message_id
-        row = breakdown(self._pushed_at.pop(answered, None), stamps, self._pulled_at.pop(answered, None))
-        self._timing_rows.setdefault(phase, []).append(row)
-
-    def timing_summary(self, phase: str) -> dict[str, float] | None:
-        """The phase's median message breakdown (None when no reply carried stamps); the rows are forgotten."""
-        rows = self._timing_rows.pop(phase, [])
+    def account(
+        self, server_round: int, phase: str, admitted: Iterable[tuple[Arrival, Reply]]
+    ) -> dict[str, float] | None:
+        """Count the bytes of the replies the gate admitted (``<phase>-bytes-up``) and return where their messages'
+        time went: the phase's median breakdown (:mod:`strategies.message_timing`; None when no admitted reply
+        carried timing stamps)."""
+        rows = []
+        for arrival, reply in admitted:
+            self.count(server_round, f"{phase}-bytes-up", content_bytes(arrival.message.content))
+            if reply.timing:
+                rows.append(breakdown(arrival.pushed, reply.timing, arrival.pulled))
         return summarize(rows) if rows else None

@@ -1,13 +1,15 @@
 """The reply gate: every reply of every phase passes here before a strategy may read it.
 
-A reply is admitted when it is not an error, not a second reply of the same node, matches its phase's
-:class:`~strategies.replies.ReplySpec` and claims a client id that fits the node.  Clients are known by
-their **client id**, the ``partition-id`` their node reports (stable across runs and restarts), not by
-Flower's node id (random per simulated run).  The first valid reply of a node binds its client id for the
-rest of the run (a deployed SuperNode keeps its node id across restarts: it is tied to its registered key);
-a reply that claims another client id, or a client id another node holds, is rejected.  A partition id is
-self-declared: a node that connects first can claim a partition id meant for another, which the real
-owner's rejected replies then show in failures.json (see deploy/README.md's threat model).
+The gate validates and rejects, nothing else.  The message exchange (:mod:`strategies.exchange`) hands it a phase's
+replies already attributed to their nodes, with the nodes that never answered; the gate admits a reply when it is
+not an error, not a second reply of the same node, matches its phase's :class:`~strategies.replies.ReplySpec`
+(:func:`parse_reply`) and claims a client id that fits the node.  Clients are known by their **client id**, the
+``partition-id`` their node reports (stable across runs and restarts), not by Flower's node id (random per simulated
+run).  The first valid reply of a node binds its client id for the rest of the run (a deployed SuperNode keeps its
+node id across restarts: it is tied to its registered key); a reply that claims another client id, or a client id
+another node holds, is rejected.  A partition id is self-declared: a node that connects first can claim a partition
+id meant for another, which the real owner's rejected replies then show in failures.json (see deploy/README.md's
+threat model).
 
 Every rejected reply and every node that never answered is recorded in :attr:`ReplyGate.failures` with its
 reason (``failures.json``); the round goes on without it, and nothing of the strategy's state changes.
@@ -25,32 +27,80 @@ import logging
 import random
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from strategies.exchange import MessageExchange, RunAborted, content_bytes
-from strategies.replies import Arrays, InvalidReply, ReplySpec, parse_reply
+from strategies.exchange import Arrival, Arrivals, RunAborted
+from strategies.replies import TIMING, Arrays, InvalidReply, Number, Numbers, Reply, ReplySpec
 
 log = logging.getLogger("flwr.pflower")
 
 
-@dataclass
-class Reply:
-    """One admitted reply: only what the phase's :class:`ReplySpec` declares, already checked."""
+def _parse_metrics(content: RecordDict, name: str, rules: Mapping[str, Number | Numbers]) -> dict[str, Any]:
+    raw = dict(content.metric_records[name]) if name in content.metric_records else None
+    if raw is None:
+        if rules:
+            raise InvalidReply(f"reply has no {name!r} MetricRecord")
+        return {}
+    where = "metric" if name == "metrics" else f"{name} metric"
+    metrics: dict[str, Any] = {}
+    for key, rule in rules.items():
+        if key not in raw:
+            if rule.required:
+                raise InvalidReply(f"{where} {key!r} is missing")
+            continue
+        bad = rule.problem(raw[key])
+        if bad:
+            raise InvalidReply(f"{where} {key!r} {bad}")
+        metrics[key] = rule.convert(raw[key])
+    return metrics
 
-    node_id: int
-    client: int
-    num_examples: int
-    metrics: dict[str, Any]
-    records: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
-    @property
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The ``arrays`` record (the model update of a train reply)."""
-        return self.records.get("arrays", {})
+def parse_reply(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+    """(metrics, records) holding exactly what ``spec`` declares, converted; raises :class:`InvalidReply`.
+
+    Metrics live in the ``metrics`` MetricRecord.  Optional entries that are absent are left out.  With
+    ``spec.evaluation`` the ``evaluation`` MetricRecord is parsed too, into ``metrics["evaluation"]``; an
+    optional ``timing`` record (:data:`TIMING`) into ``metrics["timing"]``.
+    """
+    metrics = _parse_metrics(content, "metrics", spec.metrics)
+    if "timing" in content.metric_records:
+        metrics["timing"] = _parse_metrics(content, "timing", TIMING)
+    if spec.evaluation is not None:
+        if "evaluation" not in content.metric_records:
+            raise InvalidReply("reply has no 'evaluation' MetricRecord (the server asked for one)")
+        metrics["evaluation"] = _parse_metrics(content, "evaluation", spec.evaluation)
+    records: dict[str, dict[str, np.ndarray]] = {}
+    for name, rule in spec.records.items():
+        if name not in content.array_records:
+            if rule.required:
+                raise InvalidReply(f"reply has no {name!r} ArrayRecord")
+            continue
+        rec = content.array_records[name]
+        keys = set(rec.keys())
+        if keys != set(rule.tensors):
+            extra, missing = sorted(keys - set(rule.tensors)), sorted(set(rule.tensors) - keys)
+            raise InvalidReply(
+                f"record {name!r}: keys differ from the expected ones (unexpected {extra[:3]}, missing {missing[:3]})"
+            )
+        arrays = {}
+        for key, tensor in rule.tensors.items():
+            try:
+                arr = np.asarray(rec[key].numpy())
+            except Exception as err:  # a malformed Array (bad bytes / header) must not escape as a crash
+                raise InvalidReply(f"record {name!r}: array {key!r} cannot be read ({type(err).__name__})") from err
+            bad = tensor.problem(arr)
+            if bad:
+                raise InvalidReply(f"record {name!r}: array {key!r} {bad}")
+            arrays[key] = arr
+        records[name] = arrays
+    for cross_field in spec.rules:
+        bad = cross_field(metrics, records)
+        if bad:
+            raise InvalidReply(bad)
+    return metrics, records
 
 
 def gist(reason: str) -> str:
@@ -85,49 +135,43 @@ def shared_model(arrays: ArrayRecord, model: Mapping[str, np.ndarray], keys: lis
 class ReplyGate:
     """Admits the valid replies of a phase and binds node ids to client ids (see the module docstring).
 
-    ``spec_of(phase, node_id)`` is the strategy's :meth:`reply_spec`; the exchange names the node behind each
-    reply, finds the silent ones, times the messages and counts the bytes of admitted replies.
+    ``spec_of(phase, node_id)`` is the strategy's :meth:`reply_spec`.
     """
 
-    def __init__(self, exchange: MessageExchange, spec_of: Callable[[str, int], ReplySpec]) -> None:
-        self.exchange = exchange
+    def __init__(self, spec_of: Callable[[str, int], ReplySpec]) -> None:
         self.spec_of = spec_of
         self.client_of: dict[int, int] = {}  # node id -> client id (its partition id)
         self.node_of: dict[int, int] = {}  # client id -> the node currently speaking for it
         self.failures: list[dict[str, Any]] = []
 
-    def admit(self, server_round: int, phase: str, replies: Iterable[Any]) -> list[Reply]:
-        """The valid replies of one phase, ordered by client id; every other reply (error, duplicate, a field
-        that does not match the spec, a client id that clashes) and every silent node is recorded.
+    def admit(self, server_round: int, phase: str, arrivals: Arrivals) -> list[tuple[Arrival, Reply]]:
+        """The valid replies of one phase with what they arrived as, ordered by client id; every other reply (error,
+        duplicate, a field that does not match the spec, a client id that clashes) and every silent node is
+        recorded.
 
         Raises :class:`RunAborted` when there were replies, none was valid and all failed for the same reason.
         """
-        replies = list(replies)
         seen: set[int] = set()
         before = len(self.failures)
-        valid = [r for msg in replies if (r := self.screen(server_round, msg, phase, seen)) is not None]
+        valid = [(a, r) for a in arrivals.replies if (r := self.screen(server_round, a, phase, seen)) is not None]
         rejected = [f["reason"] for f in self.failures[before:]]
-        limit = f"{self.exchange.timeout:g} s" if self.exchange.timeout else "the round's time limit"
-        for node in self.exchange.close_phase(server_round, phase, replies):
+        limit = f"{arrivals.timeout:g} s" if arrivals.timeout else "the round's time limit"
+        for node in arrivals.silent:
             self.reject(server_round, node, phase, f"no reply within {limit} (round-timeout)")
-        if replies and not valid and len({gist(r) for r in rejected}) == 1:
+        if arrivals.replies and not valid and len({gist(r) for r in rejected}) == 1:
             raise RunAborted(
                 f"round {server_round}: every {phase} reply failed for the same reason, so the run stops "
                 f"here: {short_reason(rejected[0])}"
             )
-        return sorted(valid, key=lambda r: r.client)
+        return sorted(valid, key=lambda pair: pair[1].client)
 
-    def screen(self, server_round: int, msg: Any, phase: str, seen: set[int]) -> Reply | None:
-        """One reply message: an error reply is recorded; its content goes through :meth:`check`."""
-        node = self.exchange.sender_of(server_round, phase, msg)
+    def screen(self, server_round: int, arrival: Arrival, phase: str, seen: set[int]) -> Reply | None:
+        """One reply: an error reply is recorded; its content goes through :meth:`check`."""
+        msg = arrival.message
         if msg.has_error():
-            self.reject(server_round, node, phase, f"error reply: {msg.error.reason}")
+            self.reject(server_round, arrival.node, phase, f"error reply: {msg.error.reason}")
             return None
-        reply = self.check(server_round, node, msg.content, phase, seen)
-        stamps = reply.metrics.pop("timing", None) if reply is not None else None
-        if stamps:
-            self.exchange.note_timing(phase, msg, stamps)
-        return reply
+        return self.check(server_round, arrival.node, msg.content, phase, seen)
 
     def check(self, server_round: int, node: int, content: RecordDict, phase: str, seen: set[int]) -> Reply | None:
         """``content`` from ``node`` as a :class:`Reply`, or None (logged, recorded) when any declared field is
@@ -153,8 +197,8 @@ class ReplyGate:
             return None
         seen.add(node)
         self.client_of[node], self.node_of[client] = client, node
-        self.exchange.count(server_round, f"{phase}-bytes-up", content_bytes(content))
-        return Reply(node, client, int(metrics["num-examples"]), metrics, records)
+        timing = metrics.pop("timing", {})
+        return Reply(node, client, int(metrics["num-examples"]), metrics, records, timing)
 
     def reject(self, server_round: int, node: int, phase: str, reason: str) -> None:
         """Record a rejected reply (or a silent node) with its reason."""

@@ -29,7 +29,7 @@ class RoundLog:
 
 
 class Measured(Protocol):
-    """A reply as the means read it (:class:`strategies.gate.Reply`)."""
+    """A reply as the means read it (:class:`strategies.replies.Reply`)."""
 
     num_examples: int
     metrics: dict[str, Any]
@@ -86,7 +86,7 @@ def progress_line(
 def record_evaluation(
     rounds: Sequence[RoundLog], client_eval: dict[int, dict[str, float]], server_round: int, updates: Sequence[Any]
 ) -> dict[str, float]:
-    """Round ``server_round``'s evaluation replies (:class:`strategies.gate.Reply`): each client's last numeric
+    """Round ``server_round``'s evaluation replies (:class:`strategies.replies.Reply`): each client's last numeric
     metrics into ``client_eval`` (client id -> metrics), the round's :func:`evaluation_metrics` into its
     :class:`RoundLog`, which it returns."""
     for u in updates:

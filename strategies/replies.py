@@ -1,11 +1,11 @@
-"""What a client's reply must carry, declared once per phase, and the one check every reply goes through.
+"""What a client's reply must carry, declared once per phase, and what the strategy gets from a valid one.
 
 A :class:`ReplySpec` names every metric and every array record a strategy reads from a reply of one phase
 (``train``, ``evaluate`` or a query such as ``bid``): type, length, shape, dtype, range, finiteness and
-cross-field rules.  :func:`parse_reply` turns a message's content into plain values when (and only when)
-everything declared is present and well-formed; otherwise it returns the reason, which the strategy
-records in ``failures.json`` while the round goes on without that reply.  Keys a spec does not declare
-are never exposed to the strategy, so no method can read an unchecked value.
+cross-field rules.  The reply gate (:func:`strategies.gate.parse_reply`) turns a message's content into plain
+values when (and only when) everything declared is present and well-formed, and hands the strategy a
+:class:`Reply`; otherwise the reason goes into ``failures.json`` while the round goes on without that reply.
+Keys a spec does not declare are never exposed to the strategy, so no method can read an unchecked value.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
 
 #: largest value accepted for counts (num-examples) and identifiers (partition ids)
 INT_LIMIT = 2**31 - 1
@@ -188,24 +187,22 @@ class ReplySpec:
         return replace(self, evaluation=dict(metrics))
 
 
-def _parse_metrics(content: RecordDict, name: str, rules: Mapping[str, Number | Numbers]) -> dict[str, Any]:
-    raw = dict(content.metric_records[name]) if name in content.metric_records else None
-    if raw is None:
-        if rules:
-            raise InvalidReply(f"reply has no {name!r} MetricRecord")
-        return {}
-    where = "metric" if name == "metrics" else f"{name} metric"
-    metrics: dict[str, Any] = {}
-    for key, rule in rules.items():
-        if key not in raw:
-            if rule.required:
-                raise InvalidReply(f"{where} {key!r} is missing")
-            continue
-        bad = rule.problem(raw[key])
-        if bad:
-            raise InvalidReply(f"{where} {key!r} {bad}")
-        metrics[key] = rule.convert(raw[key])
-    return metrics
+@dataclass
+class Reply:
+    """One admitted reply (:mod:`strategies.gate`): only what the phase's :class:`ReplySpec` declares, already
+    checked, and the node and client it came from; ``timing``: its optional timing stamps (:data:`TIMING`)."""
+
+    node_id: int
+    client: int
+    num_examples: int
+    metrics: dict[str, Any]
+    records: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The ``arrays`` record (the model update of a train reply)."""
+        return self.records.get("arrays", {})
 
 
 #: the optional ``timing`` record of every reply: unix seconds at which the client's process started, its app
@@ -215,51 +212,6 @@ STAMP = Number(float, 0.0, 1e11, required=False)
 TIMING = dict.fromkeys(
     ("process-start", "app-import", "app-ready", "handler-start", "setup-done", "handler-end"), STAMP
 )
-
-
-def parse_reply(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
-    """(metrics, records) holding exactly what ``spec`` declares, converted; raises :class:`InvalidReply`.
-
-    Metrics live in the ``metrics`` MetricRecord.  Optional entries that are absent are left out.  With
-    ``spec.evaluation`` the ``evaluation`` MetricRecord is parsed too, into ``metrics["evaluation"]``; an
-    optional ``timing`` record (:data:`TIMING`) into ``metrics["timing"]``.
-    """
-    metrics = _parse_metrics(content, "metrics", spec.metrics)
-    if "timing" in content.metric_records:
-        metrics["timing"] = _parse_metrics(content, "timing", TIMING)
-    if spec.evaluation is not None:
-        if "evaluation" not in content.metric_records:
-            raise InvalidReply("reply has no 'evaluation' MetricRecord (the server asked for one)")
-        metrics["evaluation"] = _parse_metrics(content, "evaluation", spec.evaluation)
-    records: dict[str, dict[str, np.ndarray]] = {}
-    for name, rule in spec.records.items():
-        if name not in content.array_records:
-            if rule.required:
-                raise InvalidReply(f"reply has no {name!r} ArrayRecord")
-            continue
-        rec = content.array_records[name]
-        keys = set(rec.keys())
-        if keys != set(rule.tensors):
-            extra, missing = sorted(keys - set(rule.tensors)), sorted(set(rule.tensors) - keys)
-            raise InvalidReply(
-                f"record {name!r}: keys differ from the expected ones (unexpected {extra[:3]}, missing {missing[:3]})"
-            )
-        arrays = {}
-        for key, tensor in rule.tensors.items():
-            try:
-                arr = np.asarray(rec[key].numpy())
-            except Exception as err:  # a malformed Array (bad bytes / header) must not escape as a crash
-                raise InvalidReply(f"record {name!r}: array {key!r} cannot be read ({type(err).__name__})") from err
-            bad = tensor.problem(arr)
-            if bad:
-                raise InvalidReply(f"record {name!r}: array {key!r} {bad}")
-            arrays[key] = arr
-        records[name] = arrays
-    for cross_field in spec.rules:
-        bad = cross_field(metrics, records)
-        if bad:
-            raise InvalidReply(bad)
-    return metrics, records
 
 
 # ---------------------------------------------------------------------- metrics every phase may carry

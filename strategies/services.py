@@ -21,9 +21,9 @@ from flwr.serverapp import Grid
 
 from strategies.disclosure import Part, Unread, sent, stacked
 from strategies.exchange import MessageExchange, wait_for_nodes
-from strategies.gate import Reply, ReplyGate, cohort_size
+from strategies.gate import ReplyGate, cohort_size
 from strategies.history import RoundLog, add_seconds, note_timing
-from strategies.replies import BASE, Arrays, Dim, ReplySpec
+from strategies.replies import BASE, Arrays, Dim, Reply, ReplySpec
 from task.config import Settings
 
 if TYPE_CHECKING:
@@ -145,8 +145,9 @@ class StrategyServices:
         return self.receive(server_round, name, self.exchange.send(grid, messages))
 
     def receive(self, server_round: int, phase: str, replies: Iterable[Message]) -> list[Reply]:
-        """The phase's valid replies (:class:`ReplyGate`), and where its messages' time went into the history."""
-        try:
-            return self.gate.admit(server_round, phase, replies)
-        finally:
-            note_timing(self.history, phase, self.exchange.timing_summary(phase))
+        """The phase's valid replies, ordered by client id: the exchange attributes each to its node and names the
+        silent ones, the gate admits the valid ones and records the rest, and the bytes and message times of what
+        it admitted go into the history."""
+        admitted = self.gate.admit(server_round, phase, self.exchange.receive(server_round, phase, replies))
+        note_timing(self.history, phase, self.exchange.account(server_round, phase, admitted))
+        return [reply for _, reply in admitted]

@@ -11,7 +11,7 @@ import torch
 from flwr.app import ConfigRecord, RecordDict, UserConfig
 
 from server_app.app import build_strategy
-from strategies.gate import Reply
+from strategies.replies import Reply
 from task.config import parse_settings
 from task.data import ClientData
 from task.params import record_to_numpy, to_record

@@ -19,6 +19,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 
 from strategies import exchange as exchange_module
 from strategies.exchange import MessageExchange, content_bytes
+from strategies.replies import Reply
 from task.params import to_record
 from tests.strategy_harness import GridDouble, outgoing_messages
 
@@ -62,7 +63,9 @@ class SlowGrid(GridDouble):
         waited = self.clock.now - self.pushed
         ready = [i for i in message_ids if i in self.delays and waited >= self.delays[i]]
         return [
-            SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i, src_node_id=self.addressee[i]))
+            SimpleNamespace(
+                metadata=SimpleNamespace(reply_to_message_id=i, src_node_id=self.addressee[i]), content=RecordDict()
+            )
             for i in ready
         ]
 
@@ -111,17 +114,26 @@ def test_push_and_pull_times_split_the_message_and_are_forgotten_when_the_phase_
     ids = [m.metadata.message_id for m in messages]
     grid.delays = {ids[0]: 6.0}
     (reply,) = ex.send(grid, messages)
-    assert reply.metadata.src_node_id == 5  # the reply of the first message, sent to node 5
-    ex.note_timing("train", reply, {"handler-start": 102.0, "setup-done": 102.5, "handler-end": 105.0})
-    summary = ex.timing_summary("train")
+    arrivals = ex.receive(1, "train", [reply])
+    (arrival,) = arrivals.replies
+    assert arrival.node == 5 and arrival.message is reply  # the reply of the first message, sent to node 5
+    assert arrivals.silent == [6] and arrivals.timeout == 30  # node 6 never answered
+    timed = Reply(5, 0, 1, {}, timing={"handler-start": 102.0, "setup-done": 102.5, "handler-end": 105.0})
+    summary = ex.account(1, "train", [(arrival, timed)])
     assert summary is not None
     assert summary["messages"] == 1 and summary["dispatch"] == 2.0 and summary["work"] == 2.5
     assert 6.0 <= summary["total"] <= 6.0 + ex.poll_seconds  # pulled one wait after it was there (push at 100)
     assert summary["return"] == pytest.approx(summary["total"] + 100.0 - 105.0)
-    assert ex.timing_summary("train") is None  # the rows were handed over once
-    assert ex.close_phase(1, "train", [reply]) == [6]  # node 6 never answered
-    ex.note_timing("train", reply, STAMPS)  # after the phase: no push / pull time is left for that message
-    assert set(ex.timing_summary("train") or {}) == {"messages", "setup", "work", "fresh-processes", "handler-sum"}
+    assert ex.account(1, "train", [(arrival, Reply(5, 0, 1, {}))]) is None  # a reply without stamps is not timed
+    (late,) = ex.receive(1, "train", [reply]).replies  # after the phase: no push / pull time is left for the message
+    assert late.pushed is None and late.pulled is None
+    assert set(ex.account(1, "train", [(late, Reply(5, 0, 1, {}, timing=STAMPS))]) or {}) == {
+        "messages",
+        "setup",
+        "work",
+        "fresh-processes",
+        "handler-sum",
+    }
 
 
 def test_the_outbox_names_the_node_behind_a_superlink_error_and_the_silent_ones():
@@ -137,9 +149,10 @@ def test_the_outbox_names_the_node_behind_a_superlink_error_and_the_silent_ones(
     assert ex.sender_of(3, "train", lost) == 7 and ex.sender_of(3, "train", own) == 8
     assert ex.sender_of(3, "evaluate", lost) == SUPERLINK_NODE_ID  # another phase's outbox does not match
     assert ex.sender_of(3, "train", reply(SUPERLINK_NODE_ID, "")) == SUPERLINK_NODE_ID
-    assert ex.close_phase(3, "train", [lost, own]) == [9]
-    assert ex.close_phase(3, "train", []) == []  # the phase's outbox is gone
-    assert ex.sender_of(3, "train", lost) == SUPERLINK_NODE_ID
+    arrivals = ex.receive(3, "train", [lost, own])
+    assert [(a.node, a.message) for a in arrivals.replies] == [(7, lost), (8, own)] and arrivals.silent == [9]
+    again = ex.receive(3, "train", [lost])  # the phase's outbox is gone
+    assert again.silent == [] and again.replies[0].node == SUPERLINK_NODE_ID
 
 
 def test_bytes_are_counted_per_round_and_phase():

@@ -1,7 +1,9 @@
-"""The reply gate (strategies/gate.py): only replies that match their phase's spec and fit the node's identity
-get through; everything else, silent nodes included, is recorded with its reason, and a phase in which every
-reply failed for the same reason stops the run.  Nodes are ordered and drawn by the client id they reported, and
-the arrays Flower hands the strategy must be exactly its shared model."""
+"""The reply gate (strategies/gate.py): of the replies the exchange hands over (attributed to their nodes, the
+silent ones named), only those that match their phase's spec and fit the node's identity get through; everything
+else, silent nodes included, is recorded with its reason, and a phase in which every reply failed for the same
+reason stops the run.  What the gate admitted, and only that, is counted and timed by the exchange.  Nodes are
+ordered and drawn by the client id they reported, and the arrays Flower hands the strategy must be exactly its
+shared model."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from flwr.app import MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 
 from strategies.exchange import MessageExchange, content_bytes
-from strategies.gate import ReplyGate, RunAborted, cohort_size, gist, shared_model, short_reason
-from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Number, Numbers, Tensor, parse_reply
+from strategies.gate import ReplyGate, RunAborted, cohort_size, gist, parse_reply, shared_model, short_reason
+from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Number, Numbers, Reply, Tensor
 from task.params import to_record
 from tests.strategy_harness import outgoing_messages
 
@@ -41,36 +43,46 @@ def reply(src: int, body: RecordDict | None = None, error: str | None = None, to
     )
 
 
-def gate(timeout: float = 60.0) -> ReplyGate:
-    return ReplyGate(MessageExchange(timeout), lambda phase, node: SPEC if phase == "train" else BASE)
+def gate() -> ReplyGate:
+    return ReplyGate(lambda phase, node: SPEC if phase == "train" else BASE)
+
+
+def admit(g: ReplyGate, server_round: int, phase: str, replies: list, ex: MessageExchange | None = None) -> list[Reply]:
+    """What ``g`` admits of ``replies`` as the exchange ``ex`` hands them over (each attributed to its node, the nodes
+    it sent a message that never answered named), with the bytes and timing of the admitted ones accounted in ``ex``,
+    as the strategy's ``receive`` does."""
+    ex = ex or MessageExchange(60.0)
+    admitted = g.admit(server_round, phase, ex.receive(server_round, phase, replies))
+    ex.account(server_round, phase, admitted)
+    return [r for _, r in admitted]
 
 
 def test_valid_replies_come_out_ordered_by_client_with_only_what_the_spec_declares():
-    g = gate()
+    g, ex = gate(), MessageExchange(60.0)
     extra = content(2, n=30, **{"train-loss": 0.5, "undeclared": 7.0})
-    got = g.admit(1, "train", [reply(40, extra), reply(11, content(0)), reply(7, content(1))])
+    got = admit(g, 1, "train", [reply(40, extra), reply(11, content(0)), reply(7, content(1))], ex)
     assert [(r.node_id, r.client, r.num_examples) for r in got] == [(11, 0, 10), (7, 1, 10), (40, 2, 30)]
     assert got[2].metrics == {"num-examples": 30, "partition-id": 2, "train-loss": 0.5}
     np.testing.assert_array_equal(got[0].arrays["w"], [1.0, 2.0])
     assert g.failures == [] and g.client_of == {11: 0, 7: 1, 40: 2} and g.node_of == {0: 11, 1: 7, 2: 40}
-    assert g.exchange.comm[1]["train-bytes-up"] == content_bytes(extra) + 2 * content_bytes(content(0))
+    assert ex.comm[1]["train-bytes-up"] == content_bytes(extra) + 2 * content_bytes(content(0))
 
 
 def test_a_reply_that_breaks_the_spec_is_recorded_and_binds_nothing():
-    g = gate()
+    g, ex = gate(), MessageExchange(60.0)
     bad = content(3, w=(math.nan, 1.0))
-    assert g.admit(2, "train", [reply(9, bad), reply(8, content(4))]) != []
+    assert admit(g, 2, "train", [reply(9, bad), reply(8, content(4))], ex) != []
     (failure,) = g.failures
     assert failure["round"] == 2 and failure["node-id"] == 9 and failure["phase"] == "train"
     assert "non-finite" in failure["reason"] and "client" not in failure  # the node is not bound to anyone
     assert 9 not in g.client_of and 3 not in g.node_of
-    assert g.exchange.comm[2]["train-bytes-up"] == content_bytes(content(4))  # only admitted replies count
+    assert ex.comm[2]["train-bytes-up"] == content_bytes(content(4))  # only admitted replies count
 
 
 def test_a_node_keeps_its_client_id_and_a_client_id_keeps_its_node():
     g = gate()
-    g.admit(1, "train", [reply(5, content(0)), reply(6, content(1))])
-    assert g.admit(2, "train", [reply(5, content(1)), reply(7, content(0)), reply(6, content(1))])[0].node_id == 6
+    admit(g, 1, "train", [reply(5, content(0)), reply(6, content(1))])
+    assert admit(g, 2, "train", [reply(5, content(1)), reply(7, content(0)), reply(6, content(1))])[0].node_id == 6
     reasons = {f["node-id"]: f["reason"] for f in g.failures}
     assert reasons == {
         5: "reports partition-id 1, but reported 0 before (a node cannot change it)",
@@ -83,30 +95,30 @@ def test_a_node_keeps_its_client_id_and_a_client_id_keeps_its_node():
 
 def test_a_second_reply_of_the_same_node_in_a_phase_is_a_duplicate():
     g = gate()
-    got = g.admit(1, "train", [reply(5, content(0)), reply(5, content(0, n=99))])
+    got = admit(g, 1, "train", [reply(5, content(0)), reply(5, content(0, n=99))])
     assert [r.num_examples for r in got] == [10]
     assert [(f["phase"], f["reason"]) for f in g.failures] == [("train", "duplicate reply from the same node")]
-    assert g.admit(2, "train", [reply(5, content(0))]) != []  # a new phase: the node may answer again
+    assert admit(g, 2, "train", [reply(5, content(0))]) != []  # a new phase: the node may answer again
 
 
 def test_error_replies_and_silent_nodes_are_recorded_under_their_own_node():
-    g = gate(timeout=120.0)
+    g, ex = gate(), MessageExchange(120.0)
     with outgoing_messages():
-        sent = g.exchange.address(3, "train", "train", {7: RecordDict(), 8: RecordDict(), 9: RecordDict()})
+        sent = ex.address(3, "train", "train", {7: RecordDict(), 8: RecordDict(), 9: RecordDict()})
     m7, m8, _ = (m.metadata.message_id for m in sent)
     replies = [  # the SuperLink's error for the lost node answers the second message, not the first
         reply(7, error="client raised ValueError", to=m7),
         reply(SUPERLINK_NODE_ID, error="Error: Node Unavailable", to=m8),
     ]
-    assert g.admit(3, "train", replies) == []  # two reasons: no abort
+    assert admit(g, 3, "train", replies, ex) == []  # two reasons: no abort
     got = {f["node-id"]: f["reason"] for f in g.failures}
     assert got[8] == "error reply: Error: Node Unavailable" and got[7] == "error reply: client raised ValueError"
     assert got[9] == "no reply within 120 s (round-timeout)"
     assert {f["phase"] for f in g.failures} == {"train"}
-    unlimited = gate(timeout=0.0)  # no time limit of its own: the phase ended with the round's
+    unlimited, no_limit = gate(), MessageExchange(0.0)  # no time limit of its own: the phase ended with the round's
     with outgoing_messages():
-        unlimited.exchange.address(4, "evaluate", "evaluate", {5: RecordDict()})
-    unlimited.admit(4, "evaluate", [])
+        no_limit.address(4, "evaluate", "evaluate", {5: RecordDict()})
+    admit(unlimited, 4, "evaluate", [], no_limit)
     assert unlimited.failures[0]["reason"] == "no reply within the round's time limit (round-timeout)"
 
 
@@ -114,22 +126,22 @@ def test_a_phase_whose_every_reply_failed_for_one_reason_stops_the_run():
     g = gate()
     same = [reply(n, error=f"Traceback ...\nMessage: partition {n} of node {n * 1001} has no data") for n in (1, 2)]
     with pytest.raises(RunAborted, match=r"round 4: every train reply failed .*: partition 1 of node 1001 has no"):
-        g.admit(4, "train", same)
+        admit(g, 4, "train", same)
     different = [reply(1, error="no data"), reply(2, error="out of memory")]
-    assert g.admit(5, "train", different) == []  # different reasons: the next round may fare better
-    assert g.admit(6, "train", [reply(1, error="no data"), reply(2, content(0))]) != []
-    assert g.admit(7, "train", []) == []  # nobody answered at all: the silent nodes are recorded, no abort
+    assert admit(g, 5, "train", different) == []  # different reasons: the next round may fare better
+    assert admit(g, 6, "train", [reply(1, error="no data"), reply(2, content(0))]) != []
+    assert admit(g, 7, "train", []) == []  # nobody answered at all: the silent nodes are recorded, no abort
     with pytest.raises(RunAborted, match="round 8: every evaluate reply failed"):  # earlier phases' reasons aside
-        g.admit(8, "evaluate", [reply(1, error="out of memory"), reply(2, error="out of memory")])
+        admit(g, 8, "evaluate", [reply(1, error="out of memory"), reply(2, error="out of memory")])
 
 
-def test_a_replys_timing_is_handed_to_the_exchange_and_taken_out_of_its_metrics():
-    g = gate()
+def test_a_replys_timing_comes_out_of_its_metrics_and_the_exchange_times_it():
+    g, ex = gate(), MessageExchange(60.0)
     body = content(0)
     body["timing"] = MetricRecord({"handler-start": 1.0, "setup-done": 1.5, "handler-end": 3.0})
-    (got,) = g.admit(1, "train", [reply(5, body, to="m1")])
-    assert "timing" not in got.metrics
-    assert g.exchange.timing_summary("train") == {
+    ((arrival, got),) = g.admit(1, "train", ex.receive(1, "train", [reply(5, body, to="m1")]))
+    assert "timing" not in got.metrics and got.timing == {"handler-start": 1.0, "setup-done": 1.5, "handler-end": 3.0}
+    assert ex.account(1, "train", [(arrival, got)]) == {
         "messages": 1.0,
         "setup": 0.5,
         "work": 1.5,
@@ -154,7 +166,7 @@ def test_failure_reasons_are_compared_without_their_numbers_and_shown_in_one_lin
 def identified(client_of: dict[int, int]) -> ReplyGate:
     """A gate that has admitted one reply from each node of ``client_of`` (node id -> client id)."""
     g = gate()
-    g.admit(1, "train", [reply(node, content(client)) for node, client in client_of.items()])
+    admit(g, 1, "train", [reply(node, content(client)) for node, client in client_of.items()])
     return g
 
 
@@ -215,18 +227,18 @@ def test_the_arrays_flower_hands_the_strategy_must_be_exactly_its_finite_shared_
 
 def test_each_reply_is_checked_against_the_spec_of_its_own_node():
     arrays_from = {5}  # only node 5 is asked for arrays (a method may ask each node for something else)
-    g = ReplyGate(MessageExchange(60.0), lambda phase, node: SPEC if node in arrays_from else BASE)
+    g = ReplyGate(lambda phase, node: SPEC if node in arrays_from else BASE)
     bare = RecordDict({"metrics": MetricRecord({"num-examples": 3, "partition-id": 1})})
-    got = g.admit(1, "train", [reply(5, content(0)), reply(6, bare), reply(7, content(2))])
+    got = admit(g, 1, "train", [reply(5, content(0)), reply(6, bare), reply(7, content(2))])
     assert [(r.node_id, sorted(r.records)) for r in got] == [(5, ["arrays"]), (6, []), (7, [])]
-    assert [r.node_id for r in g.admit(2, "train", [reply(5, bare), reply(6, bare)])] == [6]
+    assert [r.node_id for r in admit(g, 2, "train", [reply(5, bare), reply(6, bare)])] == [6]
     assert [f["node-id"] for f in g.failures] == [5]  # node 5's reply lacks what its spec asks
 
 
 def test_a_rejected_reply_is_logged_with_its_round_phase_node_and_reason(caplog):
     g = gate()
     with caplog.at_level("WARNING", logger="flwr.pflower"):
-        g.admit(3, "evaluate", [reply(12, error="disk full"), reply(13, content(0))])
+        admit(g, 3, "evaluate", [reply(12, error="disk full"), reply(13, content(0))])
     assert "round 3 evaluate: reply from node 12 rejected: error reply: disk full" in caplog.messages
 
 

@@ -7,8 +7,9 @@ import time
 import pytest
 from flwr.app import MetricRecord, RecordDict
 
+from strategies.gate import parse_reply
 from strategies.message_timing import breakdown, summarize
-from strategies.replies import BASE, InvalidReply, parse_reply
+from strategies.replies import BASE, InvalidReply
 
 STAMPS = {
     "process-start": 100.0,

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-from strategies.replies import Arrays, Dim, InvalidReply, Number, ReplySpec, Tensor, parse_reply
+from strategies.gate import parse_reply
+from strategies.replies import Arrays, Dim, InvalidReply, Number, ReplySpec, Tensor
 from task.params import to_record
 
 
