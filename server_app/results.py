@@ -15,6 +15,7 @@ import numpy as np
 
 from strategies.plots import integer_ticks, pyplot
 from task.config import Settings
+from task.methods import load_object, method_spec
 
 RESULTS_ENV = "PFLOWER_RESULTS_DIR"
 
@@ -42,6 +43,14 @@ def resolve_results_path(path: str) -> Path:
     if not p.is_absolute() and os.environ.get(RESULTS_ENV):
         p = Path(os.environ[RESULTS_ENV]) / p
     return p.resolve()
+
+
+def write_artifacts(strategy, method: str, folder: Path) -> None:
+    """The method's own artefacts (JSON, PNG) into ``folder``, by the writer its registry entry names (``artifacts``:
+    ``strategies.<method>_artifacts``, beside its strategy); nothing for a method without one."""
+    writer = method_spec(method).artifacts
+    if writer is not None:
+        load_object(writer)(strategy, folder)
 
 
 def clustering_outcome(strategy) -> tuple[int, str] | None:
@@ -113,8 +122,7 @@ class ResultsWriter:
             for pid, m in clients:
                 w.writerow([pid, *(m.get(k, "") for k in client_fields)])
         write_json(self.folder / "failures.json", strategy.failures)
-        if hasattr(strategy, "write_artifacts"):
-            strategy.write_artifacts(self.folder)
+        write_artifacts(strategy, self.settings.method, self.folder)
         self.plot(strategy)
         final = strategy.history[-1].evaluate if strategy.history else {}
         summary = {

@@ -27,9 +27,10 @@ and broadcasts), :meth:`reply_spec` (what a reply of a phase must carry, :mod:`s
 :meth:`disclosure` (what every message type carries out of a client and into it, :mod:`strategies.disclosure`),
 :meth:`round_config` and :meth:`payload` (what one node receives), :meth:`prepare_round` (extra phases before
 the cohort is drawn), :meth:`wants_client_ids`, :meth:`sample` (the cohort), :meth:`aggregate` (the valid train
-replies), :meth:`on_evaluated`, :meth:`on_round_end`, :meth:`server_models` and :meth:`write_artifacts` (its
-models and files), :meth:`clustering_outcome` (for the run's summary), :meth:`state` and :meth:`restore` (what
-a checkpoint holds of it).
+replies), :meth:`on_evaluated`, :meth:`on_round_end`, :meth:`server_models` (its models),
+:meth:`clustering_outcome` (for the run's summary), :meth:`state` and :meth:`restore` (what a checkpoint holds of
+it).  Its files (JSON, PNG) are written beside it, in ``strategies/<method>_artifacts.py``, which its registry
+entry names.
 """
 
 from __future__ import annotations
@@ -191,9 +192,6 @@ class PersonalizedStrategy(StrategyServices, Strategy):
     def server_models(self) -> dict[str, dict[str, np.ndarray]]:
         """The models the server holds, by name (default: the global model, where the method has one)."""
         return {"global": self.global_state} if self.has_global_model and self.global_state else {}
-
-    def write_artifacts(self, folder: Path) -> None:
-        """Write the method's artefacts (JSON, PNG) into the run's results folder (default: none)."""
 
     def clustering_outcome(self) -> tuple[int, str] | None:
         """A clustering method's (clusters at the end, what a single cluster meant) for the run's summary

@@ -5,8 +5,6 @@ See docs/methods/pfedlia.md; its last section says where each section number cit
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -80,11 +78,4 @@ class CFLStrategy(PersonalizedStrategy):
         return len(self.models), (
             "the run was FedAvg (no cluster split: no round from cfl-min-rounds on had a mean update norm below "
             "cfl-eps1 and a client's above cfl-eps2; rounds.json lists the norms)"
-        )
-
-    def write_artifacts(self, folder: Path) -> None:
-        (folder / "cfl_clusters.json").write_text(
-            json.dumps(
-                {"splits": self.splits, "assignment": {str(c): k for c, k in sorted(self.cluster_of.items())}}, indent=1
-            )
         )

@@ -20,10 +20,8 @@ See docs/methods/client2vec.md; its last section says where each section number 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +31,6 @@ from flwr.serverapp import Grid
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.client2vec_math import C2VServerState
 from strategies.disclosure import PER_CLIENT, Disclosure, Part
-from strategies.plots import integer_ticks, pyplot
 from strategies.replies import LOSS_LIMIT, Arrays, Dim, Number, ReplySpec, Tensor
 from task.dsa_ign import build_ign, torch_threads, train_dsa_ign
 from task.methods.client2vec import Client2VecOptions, build_aux
@@ -348,58 +345,3 @@ class Client2VecStrategy(PersonalizedStrategy):
             out["beta-f-cross-domain"] = float(self.c2v.sim_f[~same].mean())
             out["beta-f-block-gap"] = out["beta-f-same-domain"] - out["beta-f-cross-domain"]
         return out
-
-    def write_artifacts(self, folder: Path) -> None:
-        if self.c2v is None:
-            return
-        order = sorted(
-            range(self.c2v.size), key=lambda r: (self.domain_of(self.index_clients[r]), self.index_clients[r])
-        )
-        pids = [self.index_clients[r] for r in order]
-        np.savez(
-            folder / "client2vec_index.npz",
-            partition_id=np.array(pids),
-            domain=np.array([self.domain_of(p) for p in pids]),
-            beta_f=self.c2v.beta_f[order],
-            beta_l=self.c2v.beta_l[order],
-            num_examples=self.c2v.n[order],
-        )
-        best = max((r.evaluate.get("global-acc", -1.0) for r in self.history), default=-1.0)
-        (folder / "client2vec.json").write_text(
-            json.dumps(
-                {
-                    "options": {k: (v if not hasattr(v, "__dict__") else vars(v)) for k, v in vars(self.opts).items()},
-                    "index-seconds": self.index_seconds,
-                    "index-quality": self.index_quality(),
-                    "best-global-acc": best if best >= 0 else None,
-                    "dsa-ign-losses": self.ign_history,
-                    "cohorts": self.cohorts,
-                    "aggregation-weights": self.agg_weights,
-                },
-                indent=1,
-                default=str,
-            )
-        )
-        plt = pyplot()
-
-        doms = [self.domain_of(p) for p in pids]
-        fig, axes = plt.subplots(1, 2, figsize=(11, 5))
-        for ax, sim, title in (
-            (axes[0], self.c2v.sim_f, "feature half cos(beta_f)"),
-            (axes[1], self.c2v.sim_l, "label half cos(beta_l)"),
-        ):
-            im = ax.imshow(sim[np.ix_(order, order)], cmap="RdBu_r", vmin=-1, vmax=1)
-            for k in range(1, len(doms)):
-                if doms[k] != doms[k - 1]:
-                    ax.axhline(k - 0.5, color="k", lw=0.6)
-                    ax.axvline(k - 0.5, color="k", lw=0.6)
-            ax.set_title(title)
-            ax.set_xlabel("client (ordered by domain)")
-            integer_ticks(ax, y=True)
-            fig.colorbar(im, ax=ax, fraction=0.046)
-        q = self.index_quality()
-        gap = f"; same - cross domain beta_f cos {q['beta-f-block-gap']:.2f}" if "beta-f-block-gap" in q else ""
-        fig.suptitle(f"Client2Vec pairwise index similarity ({self.c2v.size} clients{gap})")
-        fig.tight_layout()
-        fig.savefig(folder / "client2vec_similarity.png", dpi=100)
-        plt.close(fig)

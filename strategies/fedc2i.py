@@ -18,9 +18,7 @@ See docs/methods/fedc2i.md; its last section says where each section number cite
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +26,6 @@ from flwr.app import ConfigRecord, RecordDict
 
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.disclosure import PER_CLIENT, Disclosure, Part
-from strategies.plots import integer_ticks, pyplot
 from strategies.privacy import account_local
 from strategies.replies import Dim, Numbers, ReplySpec
 from task.methods.fedc2i import FedC2IOptions
@@ -140,39 +137,3 @@ class FedC2IStrategy(PersonalizedStrategy):
         if self.settings.dp_mode == "local":
             self.history[-1].extra["dp"] = account_local(self.history, self.releases, self.settings)
         self.releases = 0
-
-    def write_artifacts(self, folder: Path) -> None:
-        plt = pyplot()
-
-        (folder / "fedc2i_influence.json").write_text(
-            json.dumps(
-                {
-                    str(r): {str(p): {str(q): w for q, w in row.items()} for p, row in rows.items()}
-                    for r, rows in self.influence.items()
-                },
-                indent=1,
-            )
-        )
-        rounds = [r for r in sorted(self.influence) if self.influence[r]]
-        if not rounds:
-            return
-        chosen = sorted({rounds[0], rounds[len(rounds) // 2], rounds[-1]})
-        clients = sorted({p for r in rounds for p in self.influence[r]})
-        fig, axes = plt.subplots(1, len(chosen), figsize=(4.2 * len(chosen), 3.8), squeeze=False)
-        for ax, r in zip(axes[0], chosen, strict=True):
-            mat = np.full((len(clients), len(clients)), np.nan)
-            for i, p in enumerate(clients):
-                for j, q in enumerate(clients):
-                    mat[i, j] = self.influence[r].get(p, {}).get(q, np.nan)
-            im = ax.imshow(mat, vmin=0, vmax=1, cmap="magma")
-            ax.set_title(f"influence vector, round {r}")
-            ax.set_xlabel("peer client i")
-            integer_ticks(ax, y=True)
-            ax.set_ylabel("client m")
-            if len(clients) <= 20:
-                ax.set_xticks(range(len(clients)), clients)
-                ax.set_yticks(range(len(clients)), clients)
-            fig.colorbar(im, ax=ax, fraction=0.046)
-        fig.tight_layout()
-        fig.savefig(folder / "fedc2i_influence.png", dpi=100)
-        plt.close(fig)

@@ -12,9 +12,7 @@ See docs/methods/fedcac.md; its last section says where each section number cite
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +29,6 @@ from strategies.fedcac_math import (
     off_diagonal,
     overlap_threshold,
 )
-from strategies.plots import integer_ticks, pyplot
 from strategies.replies import ACCURACY, INT_LIMIT, Arrays, Numbers, ReplySpec, Tensor
 from task.methods.fedcac import FedCACOptions, packed_length, unpack_masks
 from task.params import to_record
@@ -170,58 +167,3 @@ class FedCACStrategy(PersonalizedStrategy):
             out[k] = flat[pos : pos + size].reshape(self.param_shapes[k]).astype(np.float32)
             pos += size
         return out
-
-    def write_artifacts(self, folder: Path) -> None:
-        plt = pyplot()
-
-        per_round = [
-            {"round": r.server_round, **r.extra.get("fedcac", {})}
-            for r in self.history
-            if isinstance(r.extra.get("fedcac"), dict)
-        ]
-        (folder / "fedcac_rounds.json").write_text(json.dumps(per_round, indent=1))
-        n_params = sum(int(np.prod(s)) for s in self.param_shapes.values())
-        (folder / "fedcac_communication.json").write_text(
-            json.dumps(
-                {
-                    "parameters": n_params,
-                    "float32-model-bytes": 4 * n_params,
-                    "packed-mask-bytes": self.max_mask_bytes or None,
-                    "mask-to-model-ratio": (self.max_mask_bytes / (4 * n_params)) if self.max_mask_bytes else None,
-                },
-                indent=1,
-            )
-        )
-        if not self.overlaps:
-            return
-        chosen = sorted(self.overlaps)
-        (folder / "fedcac_overlap.json").write_text(json.dumps({r: self.overlaps[r] for r in chosen}))
-        fig, axes = plt.subplots(1, len(chosen), figsize=(4.2 * len(chosen), 3.8), squeeze=False)
-        for ax, r in zip(axes[0], chosen, strict=True):
-            entry = self.overlaps[r]
-            order = np.argsort(entry["partition-ids"])
-            mat = np.array(entry["overlap"])[np.ix_(order, order)]
-            im = ax.imshow(mat, vmin=0, vmax=1, cmap="viridis")
-            ax.set_title(f"mask overlap, round {r}")
-            ax.set_xlabel("client")
-            integer_ticks(ax, y=True)
-            ax.set_ylabel("client")
-            fig.colorbar(im, ax=ax, fraction=0.046)
-        fig.tight_layout()
-        fig.savefig(folder / "fedcac_overlap.png", dpi=100)
-        plt.close(fig)
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        xs = [d["round"] for d in per_round]
-        ax.plot(xs, [d["collaborators-mean"] for d in per_round], marker="o", label="mean |C_i|")
-        ax2 = ax.twinx()
-        ax2.plot(xs, [d["threshold"] for d in per_round], color="tab:red", ls="--", label="threshold")
-        ax2.plot(xs, [d["overlap-mean"] for d in per_round], color="tab:gray", ls=":", label="mean overlap")
-        ax.axvline(self.beta, color="k", lw=0.8)
-        ax.set_xlabel("round")
-        integer_ticks(ax)
-        ax.set_ylabel("collaborators per client")
-        ax2.set_ylabel("overlap")
-        fig.legend(loc="upper right", fontsize=8)
-        fig.tight_layout()
-        fig.savefig(folder / "fedcac_collaborators.png", dpi=100)
-        plt.close(fig)

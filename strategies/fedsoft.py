@@ -13,8 +13,6 @@ See docs/methods/pifl.md; its last section says where each section number cited 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,17 +146,3 @@ class FedSoftStrategy(PersonalizedStrategy):
             return None
         favoured = sorted({int(np.argmax(u)) for u in self.u.values()})
         return len(favoured), f"every client's importance weights favour centre {favoured[0]} (last estimate)"
-
-    def write_artifacts(self, folder: Path) -> None:
-        (folder / "fedsoft_clusters.json").write_text(
-            json.dumps(
-                {
-                    "importance": {str(r): v for r, v in self.u_log.items()},
-                    "selected": {str(r): v for r, v in self.selection_log.items()},
-                    "tier-table (accuracy of each centre on the source A / B holdouts)": {
-                        str(r): t for r, t in self.tier_tables.by_round.items()
-                    },
-                },
-                indent=1,
-            )
-        )

@@ -5,9 +5,7 @@ See docs/methods/pifl.md; its last section says where each section number cited 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -84,16 +82,3 @@ class IFCAStrategy(PersonalizedStrategy):
         if all(set(chosen.values()) == {last[0]} for chosen in self.choices.values()):
             return len(last), f"the run was FedAvg (every client chose cluster model {last[0]} in every round)"
         return len(last), f"every client chose cluster model {last[0]} in the last round"
-
-    def write_artifacts(self, folder: Path) -> None:
-        (folder / "ifca_clusters.json").write_text(
-            json.dumps(
-                {
-                    "choices": {str(r): c for r, c in self.choices.items()},
-                    "tier-table (accuracy of each cluster model on the source A / B holdouts)": {
-                        str(r): t for r, t in self.tier_tables.by_round.items()
-                    },
-                },
-                indent=1,
-            )
-        )

@@ -20,9 +20,7 @@ See docs/methods/pfedlia.md; its last section says where each section number cit
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,7 +30,6 @@ from flwr.serverapp import Grid
 from strategies.base import IDENTIFY, PersonalizedStrategy, Reply, log
 from strategies.disclosure import PER_CLIENT, Disclosure, Part
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
-from strategies.plots import integer_ticks, pyplot
 from strategies.privacy import account_local
 from strategies.replies import INT_LIMIT, VALUE_LIMIT, Arrays, Number, Numbers, ReplySpec
 from task.methods.pfedlia import PFedLIAOptions
@@ -410,53 +407,6 @@ class PFedLIAStrategy(PersonalizedStrategy):
             )
         found = "one planted group" if self.mode == "oracle" else "OPTICS put every client in one cluster"
         return len(set(self.assignment.values())), f"the run was FedAvg ({found})"
-
-    def write_artifacts(self, folder: Path) -> None:
-        plt = pyplot()
-
-        out = {
-            "clustering": self.clustering,
-            "assignment": {str(c): int(label) for c, label in sorted(self.assignment.items())},
-            "planted": {str(c): p for c, p in sorted(self.planted.items())},
-        }
-        if self.sets:
-            out["beneficial-sets"] = {str(c): list(s) for c, s in sorted(self.sets.items())}
-        (folder / "pfedlia_clusters.json").write_text(json.dumps(out, indent=1))
-        if self.matrix is None or self.matrix.size == 0:
-            return
-        (folder / "pfedlia_influence.json").write_text(
-            json.dumps(
-                {
-                    "rows (scoring client)": list(self.matrix_clients),
-                    "columns (lazy model of client)": list(self.lazy_clients),
-                    "matrix": self.matrix.tolist(),
-                }
-            )
-        )
-        order = sorted(
-            range(len(self.matrix_clients)),
-            key=lambda i: (self.assignment.get(self.matrix_clients[i], -1), self.matrix_clients[i]),
-        )
-        cols = [self.lazy_clients.index(self.matrix_clients[i]) for i in order]
-        mat = self.matrix[np.ix_(order, cols)]
-        lim = np.abs(mat).max() or 1.0
-        fig, ax = plt.subplots(figsize=(6, 5))
-        im = ax.imshow(mat, cmap="RdBu", vmin=-lim, vmax=lim)
-        labels = [self.assignment.get(self.matrix_clients[i], -1) for i in order]
-        for k in range(1, len(labels)):
-            if labels[k] != labels[k - 1]:
-                ax.axhline(k - 0.5, color="k", lw=0.6)
-                ax.axvline(k - 0.5, color="k", lw=0.6)
-        ax.set_title(
-            f"lazy influence (rows: scoring client), ordered by cluster; ARI {self.clustering.get('ari', 'n/a')}"
-        )
-        ax.set_xlabel("lazy model of client")
-        integer_ticks(ax, y=True)
-        ax.set_ylabel("client")
-        fig.colorbar(im, ax=ax, fraction=0.046)
-        fig.tight_layout()
-        fig.savefig(folder / "pfedlia_influence.png", dpi=100)
-        plt.close(fig)
 
 
 class OracleStrategy(PFedLIAStrategy):

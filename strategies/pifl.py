@@ -22,11 +22,9 @@ See docs/methods/pifl.md; its last section says where each section number cited 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,7 +35,6 @@ from flwr.serverapp import Grid
 from strategies.base import PersonalizedStrategy, Reply
 from strategies.disclosure import Disclosure, Part
 from strategies.pifl_math import TokenLedger, random_tiering, rank_clients, schedule, shapley_scores
-from strategies.plots import integer_ticks, pyplot
 from strategies.replies import ACCURACY as SHARE
 from strategies.replies import Number, Numbers, ReplySpec
 from strategies.tier_tables import TierTables
@@ -337,33 +334,3 @@ class PIFLStrategy(PersonalizedStrategy):
         entry["total"] = ledger.total()
         self.ledger_log.append(entry)
         self._tier_acc = {}
-
-    # ------------------------------------------------------------------ artefacts
-    def write_artifacts(self, folder: Path) -> None:
-        plt = pyplot()
-
-        (folder / "pifl_ledger.json").write_text(
-            json.dumps({"micro-tokens-per-token": MICRO, "rounds": self.ledger_log}, indent=1)
-        )
-        if not self.ledger_log:
-            return
-        rounds = [e["round"] for e in self.ledger_log]
-        clients = sorted(self.ledger_log[-1]["balances"])
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        for c in clients:
-            ax1.plot(rounds, [e["balances"].get(c, np.nan) / MICRO for e in self.ledger_log], lw=0.8)
-        ax1.set_title("token balance per client")
-        ax1.set_xlabel("round")
-        integer_ticks(ax1)
-        ax1.set_ylabel("tokens")
-        for k in range(self.num_tiers):
-            ys = [e["tiers"][k]["source-a-share"] for e in self.ledger_log]
-            ax2.plot(rounds, [np.nan if y is None else y for y in ys], marker="o", label=f"tier {k}")
-        ax2.set_ylim(0, 1)
-        ax2.set_title("tier membership: mean share of source A")
-        ax2.set_xlabel("round")
-        integer_ticks(ax2)
-        ax2.legend()
-        fig.tight_layout()
-        fig.savefig(folder / "pifl_ledger.png", dpi=100)
-        plt.close(fig)

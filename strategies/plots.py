@@ -23,3 +23,11 @@ def integer_ticks(*axes, x: bool = True, y: bool = False) -> None:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if y:
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def save(plt, fig, path) -> None:
+    """Write ``fig`` as a PNG at ``path`` (tight layout, 100 dpi) and close it with ``plt`` (the pyplot that made
+    it)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -527,7 +527,8 @@ def with_metrics(content: RecordDict, **values: Any) -> RecordDict:
 
 def kept_figures(monkeypatch, module) -> list:
     """Replace ``module``'s pyplot (``strategies.plots.pyplot``) by pyplot itself except that closed figures are kept,
-    so a test can inspect what a strategy's ``write_artifacts`` drew; returns the list they are kept in."""
+    so a test can inspect what a method's ``write_artifacts`` (``strategies/<method>_artifacts.py``) drew; returns the
+    list they are kept in."""
     import matplotlib.pyplot as plt
 
     figures: list = []

@@ -1,11 +1,11 @@
 """The method registry, and what the server and client halves of each method share.
 
 ``METHODS`` maps every value of the run-config key ``method`` to its strategy (server), its client code,
-its option set (:mod:`task.options`), the ``query.*`` phases its clients answer, option values it fixes and
-settings it cannot run with (``conflicts``, for a method without options of its own).
-Entries name the strategy and the client by import path, so choosing one method imports neither the other
-methods nor, on the client, any server code.  This package imports nothing of the app: ``strategies/`` and
-``client_app/`` both import it, never each other.
+its option set (:mod:`task.options`), the ``query.*`` phases its clients answer, option values it fixes,
+settings it cannot run with (``conflicts``, for a method without options of its own) and the writer of its
+artefacts.  Entries name the strategy, the client and the writer by import path, so choosing one method imports
+neither the other methods nor, on the client, any server code.  This package imports nothing of the app:
+``strategies/`` and ``client_app/`` both import it, never each other.
 
 To add a method: see docs/adding-a-method.md.
 """
@@ -41,10 +41,18 @@ class MethodSpec:
     conflicts: Callable[[Any], list[str]] | None = None
     #: the differential-privacy modes it supports (run-config ``dp-mode``) and why not the others (docs/privacy.md)
     privacy: PrivacySupport = field(default_factory=PrivacySupport)
+    #: "module:function" that writes the method's artefacts (JSON, PNG) into a run's results folder, called with the
+    #: strategy and the folder at the end of the run (None: the method writes none)
+    artifacts: str | None = None
 
 
-def _m(module: str, strategy: str, client_module: str, client: str, **kw: Any) -> MethodSpec:
-    return MethodSpec(f"strategies.{module}:{strategy}", f"client_app.{client_module}:{client}", **kw)
+def _m(
+    module: str, strategy: str, client_module: str, client: str, artifacts: str | None = None, **kw: Any
+) -> MethodSpec:
+    """An entry: ``strategies.<module>:<strategy>``, ``client_app.<client_module>:<client>`` and, with
+    ``artifacts``, ``strategies.<artifacts>:write_artifacts``."""
+    writer = f"strategies.{artifacts}:write_artifacts" if artifacts else None
+    return MethodSpec(f"strategies.{module}:{strategy}", f"client_app.{client_module}:{client}", artifacts=writer, **kw)
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -135,6 +143,7 @@ METHODS: dict[str, MethodSpec] = {
         "FedCACStrategy",
         "fedcac",
         "FedCACClient",
+        artifacts="fedcac_artifacts",
         options=FedCACOptions,
         description="critical-parameter masks, mask-overlap collaborators (tau, beta)",
         privacy=PrivacySupport(
@@ -149,6 +158,7 @@ METHODS: dict[str, MethodSpec] = {
         "FedC2IStrategy",
         "fedc2i",
         "FedC2IClient",
+        artifacts="fedc2i_artifacts",
         options=FedC2IOptions,
         description="leave-one-out influence, per-client mixing of all models (gamma, c2i-peers)",
         privacy=PrivacySupport(
@@ -165,6 +175,7 @@ METHODS: dict[str, MethodSpec] = {
         "PFedLIAStrategy",
         "pfedlia",
         "PFedLIAClient",
+        artifacts="pfedlia_artifacts",
         options=PFedLIAOptions,
         queries=("lazy", "lia"),
         description="lazy-influence clustering after a FedAvg warm-up (lia-mode central|p2p)",
@@ -183,6 +194,7 @@ METHODS: dict[str, MethodSpec] = {
         "OracleStrategy",
         "pfedlia",
         "PFedLIAClient",
+        artifacts="pfedlia_artifacts",
         options=PFedLIAOptions,
         conflicts=oracle_conflicts,
         description="per-cluster FedAvg on the planted groups after the same warm-up",
@@ -200,6 +212,7 @@ METHODS: dict[str, MethodSpec] = {
         "CFLStrategy",
         "baselines",
         "ClusterModelClient",
+        artifacts="cfl_artifacts",
         options=CFLOptions,
         description="clustered FL (Sattler et al.): bipartition on update cosine similarity",
         privacy=PrivacySupport(why_not="the server splits clusters on the clients' un-noised individual updates"),
@@ -209,6 +222,7 @@ METHODS: dict[str, MethodSpec] = {
         "PIFLStrategy",
         "pifl",
         "PIFLClient",
+        artifacts="pifl_artifacts",
         options=PIFLOptions,
         queries=("bid",),
         description="tiers, token auctions and one-shot personalization (tiers, slot-price)",
@@ -221,6 +235,7 @@ METHODS: dict[str, MethodSpec] = {
         "PIFLStrategy",
         "pifl",
         "PIFLClient",
+        artifacts="pifl_artifacts",
         options=PIFLOptions,
         queries=("bid",),
         fixed={"pifl-incentive": False},
@@ -234,6 +249,7 @@ METHODS: dict[str, MethodSpec] = {
         "IFCAStrategy",
         "ifca",
         "IFCAClient",
+        artifacts="ifca_artifacts",
         options=TierOptions,
         description="IFCA: K cluster models, each client takes the one with the lowest loss (tiers)",
         privacy=PrivacySupport(why_not="each client reports, un-noised, which cluster model fits its data best"),
@@ -243,6 +259,7 @@ METHODS: dict[str, MethodSpec] = {
         "FedSoftStrategy",
         "fedsoft",
         "FedSoftClient",
+        artifacts="fedsoft_artifacts",
         options=FedSoftOptions,
         queries=("fedsoft_u",),
         description="FedSoft: soft clustering, proximal updates towards the centres (tiers, fedsoft-*)",
@@ -255,6 +272,7 @@ METHODS: dict[str, MethodSpec] = {
         "Client2VecStrategy",
         "client2vec",
         "Client2VecClient",
+        artifacts="client2vec_artifacts",
         options=Client2VecOptions,
         queries=("c2v_embed", "c2v_ign", "c2v_index"),
         description="CLIP client index; index-aware sampling, aggregation, local loss (c2v-*)",

@@ -14,6 +14,7 @@ import torch
 import torch._dynamo  # the DSA-IGN's first Adam imports it (seconds): once at collection, not per test
 
 from strategies.base import Reply
+from strategies.client2vec_artifacts import write_artifacts
 from strategies.client2vec_math import (
     C2VServerState,
     aggregation_weights,
@@ -879,7 +880,7 @@ def test_index_quality_is_the_same_minus_cross_domain_mean_feature_cosine():
 
 def kept_figures(monkeypatch):
     """pyplot for strategies.client2vec, except that closed figures are kept for inspection."""
-    import strategies.client2vec as module
+    import strategies.client2vec_artifacts as module
 
     return harness_kept_figures(monkeypatch, module)
 
@@ -890,7 +891,7 @@ def test_the_similarity_plot_marks_a_domain_of_one_client_first(tmp_path, monkey
     figures = kept_figures(monkeypatch)
     strat = c2v(**{"fraction-train": 0.5, "feature-shift": 2, "min-nodes": 3, "num-server-rounds": 1})
     drive(strat, {7: 0, 8: 1, 9: 3}, 1)  # partitions 0 (domain 0), 1 and 3 (domain 1)
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     (fig,) = figures
     panels = [ax for ax in fig.axes if ax.get_images()]
     for ax in panels:
@@ -911,7 +912,7 @@ def test_the_artefacts_hold_the_index_by_domain_the_runs_record_and_the_similari
     figures = kept_figures(monkeypatch)
     strat = c2v(**{"fraction-train": 0.5, "feature-shift": 2, "num-server-rounds": 3})
     drive(strat, NODES, 3)
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     order = [0, 2, 4, 1, 3, 5]  # domain p % 2, then partition id; registry row r is partition r here
     assert strat.index_clients == list(range(6))
     with np.load(tmp_path / "client2vec_index.npz") as npz:
@@ -961,7 +962,7 @@ def test_artefacts_of_a_run_without_an_evaluated_round_or_domains(tmp_path, monk
     three = {12: 0, 4: 1, 60: 2}
     strat = c2v(**{"num-server-rounds": 3, "min-nodes": 3})  # full participation: round 1 is evaluated in round 2
     drive(strat, three, 1)
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     record = json.loads((tmp_path / "client2vec.json").read_text())
     assert record["best-global-acc"] is None and record["index-quality"] == {}
     (fig,) = figures
@@ -973,14 +974,14 @@ def test_artefacts_of_a_run_without_an_evaluated_round_or_domains(tmp_path, monk
         assert ticks and all(float(t).is_integer() for t in ticks)
     plt.close(fig)
     strat.history[0].evaluate["global-acc"] = 0.0
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     assert json.loads((tmp_path / "client2vec.json").read_text())["best-global-acc"] == 0.0
     for fig in figures[1:]:
         plt.close(fig)
 
 
 def test_without_an_index_there_are_no_artefacts(tmp_path):
-    c2v(**ARMS_OFF).write_artifacts(tmp_path)
+    write_artifacts(c2v(**ARMS_OFF), tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 

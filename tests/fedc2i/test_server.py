@@ -14,6 +14,7 @@ import pytest
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from server_app.app import build_strategy
+from strategies.fedc2i_artifacts import write_artifacts
 from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.methods.fedc2i import FedC2IOptions
@@ -209,7 +210,7 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
     import matplotlib.pyplot as plt
     from matplotlib.image import imread
 
-    import strategies.fedc2i as module
+    import strategies.fedc2i_artifacts as module
     from tests.strategy_harness import kept_figures
 
     figures = kept_figures(monkeypatch, module)  # pyplot, but the figure is kept for inspection instead of closed
@@ -223,7 +224,7 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
             ids if rnd < 6 else ids[:2],
             influence=lambda c, k, rnd=rnd: [0.1 * c + 0.05 * rnd, 1 - 0.1 * c - 0.05 * rnd],
         )
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     logged = json.loads((tmp_path / "fedc2i_influence.json").read_text())
     assert logged == {
         str(r): {str(c): {str(p): w for p, w in row.items()} for c, row in rows.items()}
@@ -280,18 +281,18 @@ def test_the_heat_map_ticks_are_client_ids_also_for_many_clients(tmp_path, monke
     panels (one per chosen round), so each panel keeps the size a one-round run gets."""
     import matplotlib.pyplot as plt
 
-    import strategies.fedc2i as module
+    import strategies.fedc2i_artifacts as module
     from tests.strategy_harness import kept_figures
 
     figures = kept_figures(monkeypatch, module)
     twenty = strategy()
     play_round(twenty, 1, range(20))
-    twenty.write_artifacts(tmp_path)
+    write_artifacts(twenty, tmp_path)
     many = strategy(**{"c2i-peers": 2})
     for rnd in (1, 2, 3):
         play_round(many, rnd, range(21))
     (tmp_path / "many").mkdir()
-    many.write_artifacts(tmp_path / "many")
+    write_artifacts(many, tmp_path / "many")
     fig20, fig21 = figures
     (ax20,) = [a for a in fig20.axes if a.get_images()]
     assert list(ax20.get_xticks()) == list(range(20)) and list(ax20.get_yticks()) == list(range(20))

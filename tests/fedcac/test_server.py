@@ -14,6 +14,7 @@ from flwr.app import ConfigRecord, MetricRecord, RecordDict
 from server_app.app import build_strategy
 from strategies.base import Reply
 from strategies.fedcac import FedCACStrategy
+from strategies.fedcac_artifacts import write_artifacts
 from strategies.fedcac_math import (
     collaborators,
     mask_overlap,
@@ -242,7 +243,7 @@ def test_the_train_reply_must_carry_one_bit_per_parameter_and_with_diagnostics_a
 
 def kept_figures(monkeypatch):
     """pyplot for strategies.fedcac, except that closed figures are kept for inspection."""
-    import strategies.fedcac as module
+    import strategies.fedcac_artifacts as module
 
     return harness_kept_figures(monkeypatch, module)
 
@@ -266,7 +267,7 @@ def test_the_artefacts_hold_every_rounds_diagnostics_the_overlaps_at_first_beta_
     )
     sent: Sent = {}
     play(strat, NODES, rounds, sent)
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
 
     logged = json.loads((tmp_path / "fedcac_rounds.json").read_text())
     diags = [h.extra["fedcac"] for h in strat.history]
@@ -350,13 +351,13 @@ def test_a_run_shorter_than_beta_shows_its_first_and_last_round_and_one_without_
     figures = kept_figures(monkeypatch)
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda *a, **k: None)  # the content is what counts here
     strat = build_as(FedCACStrategy, parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": 4, "beta": 5}))
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     assert json.loads((tmp_path / "fedcac_rounds.json").read_text()) == []
     comm = json.loads((tmp_path / "fedcac_communication.json").read_text())
     assert comm["packed-mask-bytes"] is None and comm["mask-to-model-ratio"] is None
     assert not (tmp_path / "fedcac_overlap.json").exists() and not figures
     play(strat, NODES, 3, {})
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     assert list(json.loads((tmp_path / "fedcac_overlap.json").read_text())) == ["1", "3"]
     panels = [ax for ax in figures[0].axes if ax.get_images()]
     assert [ax.get_title() for ax in panels] == ["mask overlap, round 1", "mask overlap, round 3"]
@@ -414,7 +415,7 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
     assert strat.overlaps[1]["partition-ids"] == order
     exp = naive_overlap(np.array([np.unpackbits(bits[c])[:n].astype(bool) for c in range(4)]))
     strat.aggregate(2, replies(empty=True))
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     panels = [ax for ax in figures[0].axes if ax.get_images()]
     first, empty = (ax.get_images()[0] for ax in panels)
     np.testing.assert_allclose(first.get_array(), exp, atol=5e-5)  # rows and columns by client id

@@ -12,6 +12,7 @@ from flwr.app import MetricRecord, RecordDict
 from server_app.app import build_strategy
 from strategies.persistence import checkpoint_state, resume
 from strategies.pfedlia import PFedLIAStrategy
+from strategies.pfedlia_artifacts import write_artifacts
 from strategies.replies import Numbers
 from task.config import parse_settings
 from task.params import record_to_numpy, to_record
@@ -498,7 +499,7 @@ def _figure_of(strategy, folder, monkeypatch):
 
     kept = []
     monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
-    strategy.write_artifacts(folder)
+    write_artifacts(strategy, folder)
     return kept[-1] if kept else None
 
 

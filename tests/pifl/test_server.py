@@ -11,8 +11,10 @@ import torch
 
 from server_app.app import build_strategy
 from strategies.fedsoft import FedSoftStrategy
+from strategies.fedsoft_artifacts import write_artifacts as write_fedsoft_artifacts
 from strategies.persistence import checkpoint_state, resume
 from strategies.pifl import PIFLStrategy
+from strategies.pifl_artifacts import write_artifacts
 from strategies.pifl_math import (
     LedgerError,
     TokenLedger,
@@ -293,7 +295,7 @@ def test_a_late_joiner_gets_the_initial_tokens_and_the_ledger_stays_conserved():
 def test_the_ledger_artefact_holds_every_round(tmp_path):
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
     drive(strat, NODES, 2, tier_accuracies)
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     data = json.loads((tmp_path / "pifl_ledger.json").read_text())
     assert data["micro-tokens-per-token"] == MICRO and [r["round"] for r in data["rounds"]] == [1, 2]
     assert data["rounds"][1]["total"] == 400 * MICRO and sorted(data["rounds"][1]["tiers"]) == ["0", "1"]
@@ -631,7 +633,7 @@ def test_the_ledger_artefact_is_the_round_log_and_its_plot_an_image(tmp_path):
     # settlement, membership share of source A); pifl_ledger.png plots balances and membership
     strat = pifl(**{"slots-performance": 1, "slots-random": 1})
     drive(strat, NODES, 3, ledger_round_answer)
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     data = json.loads((tmp_path / "pifl_ledger.json").read_text())
     assert data == json.loads(json.dumps({"micro-tokens-per-token": MICRO, "rounds": strat.ledger_log}))
     assert [r["round"] for r in data["rounds"]] == [1, 2, 3]
@@ -646,7 +648,7 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
     """pifl_ledger.png (docs "Artefacts"): left, one line per client of the last round, its balance in tokens over
     the rounds (a gap before a late joiner joined); right, one line per tier, its members' mean share of source A,
     on [0, 1]; the two panels side by side."""
-    import strategies.pifl as module
+    import strategies.pifl_artifacts as module
     from tests.strategy_harness import kept_figures
 
     figures = kept_figures(monkeypatch, module)
@@ -664,7 +666,7 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
         }.get(phase)
 
     drive(strat, {**NODES, 55: late}, [3], answer)
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     (fig,) = figures
     ax1, ax2 = fig.axes
     assert (
@@ -693,7 +695,7 @@ def test_the_ledger_plot_draws_every_clients_balance_and_every_tiers_membership_
 
 def test_a_run_without_rounds_writes_an_empty_ledger_and_no_plot(tmp_path):
     strat = pifl()
-    strat.write_artifacts(tmp_path)
+    write_artifacts(strat, tmp_path)
     assert json.loads((tmp_path / "pifl_ledger.json").read_text()) == {"micro-tokens-per-token": MICRO, "rounds": []}
     assert not (tmp_path / "pifl_ledger.png").exists()
 
@@ -989,7 +991,7 @@ def test_fedsoft_estimates_every_few_rounds_and_whenever_a_client_has_no_estimat
     grid = drive(strat, NODES, 8, answer)
     asked = sorted({int(m.content["config"]["server-round"]) for m in grid.sent if phase_of(m) == "fedsoft_u"})
     assert asked == [1, 2, 4, 7]  # every 3 rounds from round 1, and round 2 for client 3, which had none
-    strat.write_artifacts(tmp_path)
+    write_fedsoft_artifacts(strat, tmp_path)
     importance = json.loads((tmp_path / "fedsoft_clusters.json").read_text())["importance"]
     assert sorted(importance) == ["1", "2", "4", "7"]
     assert importance["1"] == {str(c): [round(x, 4) for x in u[c]] for c in range(3)}  # client 3 had none yet
@@ -1091,7 +1093,7 @@ def test_fedsoft_on_two_source_data_writes_each_rounds_table_of_its_centres(tmp_
     holdouts (PI-FL's Tables 1-2 for its baseline), the same table the round's history shows."""
     strat = build_as(FedSoftStrategy, two_source(method="fedsoft", tiers=2, **{"fedsoft-clients-per-cluster": 2}))
     drive(strat, NODES, 2, fedsoft_answers)
-    strat.write_artifacts(tmp_path)
+    write_fedsoft_artifacts(strat, tmp_path)
     written = json.loads((tmp_path / "fedsoft_clusters.json").read_text())
     tables = written["tier-table (accuracy of each centre on the source A / B holdouts)"]
     assert sorted(tables) == ["1", "2"]

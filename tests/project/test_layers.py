@@ -41,3 +41,38 @@ def test_imports_run_one_way():
 def test_models_and_text_do_not_import_each_other():
     assert "task.text" not in imported_modules(ROOT / "task" / "models.py")
     assert "task.models" not in imported_modules(ROOT / "task" / "text.py")
+
+
+STRATEGIES = ROOT / "strategies"
+
+
+def test_a_strategy_module_holds_its_algorithm_and_no_plotting():
+    """Plotting and the method's files live beside the strategy (strategies/<method>_artifacts.py over
+    strategies/plots.py), never in the strategy or the base's parts: a strategy file reads as the method."""
+    drawing = {"matplotlib", "strategies.plots"}
+    wrong = []
+    for path in sorted(STRATEGIES.glob("*.py")):
+        if path.name == "plots.py" or path.stem.endswith("_artifacts"):
+            continue
+        modules = imported_modules(path)
+        bad = {m for m in modules if m.split(".")[0] == "matplotlib" or m in drawing or m.endswith("_artifacts")}
+        if bad:
+            wrong.append(f"{path.relative_to(ROOT)} imports {sorted(bad)}")
+    assert not wrong, wrong
+
+
+def test_every_artefacts_module_is_named_by_the_registry_entries_of_its_strategy():
+    """The results writer finds a method's files through its registry entry: an artefacts module no entry names would
+    never run, and an entry of a strategy that has one (a family member, such as the Oracle) must name it too."""
+    from task.methods import METHODS, load_object
+
+    writers = {p.stem for p in STRATEGIES.glob("*_artifacts.py")}
+    named = set()
+    for method, spec in METHODS.items():
+        module = spec.strategy.split(":")[0].removeprefix("strategies.")
+        expected = f"strategies.{module}_artifacts:write_artifacts" if f"{module}_artifacts" in writers else None
+        assert spec.artifacts == expected, method
+        if spec.artifacts:
+            named.add(spec.artifacts.split(":")[0].removeprefix("strategies."))
+            assert callable(load_object(spec.artifacts))
+    assert named == writers

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from server_app.app import build_strategy
+from server_app.results import write_artifacts
 from strategies.persistence import checkpoint_state, read_checkpoint, resume
 from task.config import parse_settings
 from tests.runtime.test_hostile_replies import COMMON, SCENARIOS
@@ -42,7 +43,7 @@ def comparable(tree):
 
 def artefacts(strategy, folder: Path) -> dict[str, object]:
     folder.mkdir()
-    strategy.write_artifacts(folder)
+    write_artifacts(strategy, strategy.name, folder)
     return {p.name: comparable(json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))}
 
 
