@@ -1,6 +1,6 @@
 """``python -m server_app.disclosure [--write docs/privacy.md]``: the table of what every method declares it
-sends and receives (:mod:`strategies.disclosure`), built with each method's default settings; docs/privacy.md
-holds it, and a test checks that it is up to date."""
+sends and receives (:mod:`strategies.disclosure`, rendered by :func:`strategies.disclosure_check.table`), built with
+each method's default settings; docs/privacy.md holds it, and a test checks that it is up to date."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from server_app.app import build_strategy
-from strategies.disclosure import Disclosure, table
+from strategies.disclosure import Disclosure
+from strategies.disclosure_check import table
 from task.config import parse_settings
 from task.methods import METHODS
 from task.models import ModelInfo

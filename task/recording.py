@@ -5,7 +5,7 @@ every reply it sends, :mod:`client_app.app`) and the ServerApp through a wrapper
 pushed and every reply pulled, :mod:`server_app.recorder`).  A line holds the message's type, round and node,
 and its records described, never their values: per array its key, shape and dtype; per metric or config record
 the names of its entries.  That is enough to audit *what kind* of data left a node ("what did my node send"),
-and it is what :mod:`strategies.disclosure` compares with each method's declaration.
+and it is what :mod:`strategies.disclosure_check` compares with each method's declaration.
 
 Where the lines go: the server's into ``<results folder>/messages-server.jsonl``; a client's into its own state
 folder, ``<state-dir>/<run-key>/client-<partition-id>/messages.jsonl`` (node config ``state-dir`` wins over the

@@ -17,7 +17,7 @@ import copy
 import pytest
 
 from server_app.app import build_strategy
-from strategies.disclosure import disagreements, mismatches
+from strategies.disclosure_check import disagreements, mismatches
 from task.config import parse_settings
 from task.methods import METHODS
 from tests.in_process import NODES, OTHER_MODE, run_in_process

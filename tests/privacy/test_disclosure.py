@@ -1,4 +1,4 @@
-"""The check of a message recording against a method's declaration (strategies/disclosure.py) catches every way
+"""The check of a message recording against a method's declaration (strategies/disclosure_check.py) catches every way
 a client could reveal more than declared: an extra array, an extra metric, an undeclared record (a peer's model),
 a bigger or differently typed array, an undeclared message type; and the two sides' recordings must agree."""
 
@@ -7,7 +7,8 @@ import copy
 import pytest
 
 from server_app.app import build_strategy
-from strategies.disclosure import Disclosure, Part, disagreements, mismatches, sent
+from strategies.disclosure import Disclosure, Part, sent
+from strategies.disclosure_check import disagreements, mismatches
 from strategies.replies import BASE, Arrays, Dim, Tensor
 from task.config import parse_settings
 
@@ -302,7 +303,8 @@ def test_the_two_sides_disagree_when_the_same_message_carried_other_content(feda
 
 
 def test_an_array_record_is_described_by_the_models_key_sets_or_array_by_array():
-    from strategies.disclosure import PER_CLIENT, describe_arrays, stacked
+    from strategies.disclosure import PER_CLIENT, stacked
+    from strategies.disclosure_check import describe_arrays
     from task.models import ModelInfo
 
     info = ModelInfo(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from server_app.disclosure import NEEDS, declarations
-from strategies.disclosure import disagreements, mismatches
+from strategies.disclosure_check import disagreements, mismatches
 from task.methods import METHODS
 from task.recording import read_run
 from tests.in_process import NODES, OTHER_MODE, SETTINGS, SHRUNK
