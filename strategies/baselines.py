@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flwr.app import RecordDict
 
-from strategies.base import PersonalizedStrategy
+from strategies.api import PersonalizedStrategy
 
 
 class FedAvgStrategy(PersonalizedStrategy):

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from strategies.base import PersonalizedStrategy, Reply
+from strategies.api import PersonalizedStrategy, Reply
 from strategies.cfl_math import cosine_similarity_matrix, optimal_bipartition, should_split
 from task.methods.pfedlia import CFLOptions
 from task.params import to_record, weighted_average

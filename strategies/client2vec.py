@@ -28,10 +28,20 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.base import PersonalizedStrategy, Reply
+from strategies.api import (
+    LOSS_LIMIT,
+    PER_CLIENT,
+    Arrays,
+    Dim,
+    Disclosure,
+    Number,
+    Part,
+    PersonalizedStrategy,
+    Reply,
+    ReplySpec,
+    Tensor,
+)
 from strategies.client2vec_math import C2VServerState
-from strategies.disclosure import PER_CLIENT, Disclosure, Part
-from strategies.replies import LOSS_LIMIT, Arrays, Dim, Number, ReplySpec, Tensor
 from task.dsa_ign import build_ign, torch_threads, train_dsa_ign
 from task.methods.client2vec import Client2VecOptions, build_aux
 from task.params import load_record, state_to_numpy, to_record, weighted_average

@@ -9,7 +9,7 @@ average), so there is no global accuracy; the client side is ``client_app/fedbn.
 
 from __future__ import annotations
 
-from strategies.base import PersonalizedStrategy
+from strategies.api import PersonalizedStrategy
 
 
 class FedBNStrategy(PersonalizedStrategy):

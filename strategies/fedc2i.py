@@ -24,10 +24,17 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 
-from strategies.base import PersonalizedStrategy, Reply
-from strategies.disclosure import PER_CLIENT, Disclosure, Part
-from strategies.privacy import account_local
-from strategies.replies import Dim, Numbers, ReplySpec
+from strategies.api import (
+    PER_CLIENT,
+    Dim,
+    Disclosure,
+    Numbers,
+    Part,
+    PersonalizedStrategy,
+    Reply,
+    ReplySpec,
+    account_local,
+)
 from task.methods.fedc2i import FedC2IOptions
 from task.params import stacked_record, to_record
 

@@ -18,8 +18,17 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from strategies.base import PersonalizedStrategy, Reply
-from strategies.disclosure import Disclosure
+from strategies.api import (
+    ACCURACY,
+    INT_LIMIT,
+    Arrays,
+    Disclosure,
+    Numbers,
+    PersonalizedStrategy,
+    Reply,
+    ReplySpec,
+    Tensor,
+)
 from strategies.fedcac_math import (
     collaborator_label_similarity,
     collaborators,
@@ -29,7 +38,6 @@ from strategies.fedcac_math import (
     off_diagonal,
     overlap_threshold,
 )
-from strategies.replies import ACCURACY, INT_LIMIT, Arrays, Numbers, ReplySpec, Tensor
 from task.methods.fedcac import FedCACOptions, packed_length, unpack_masks
 from task.params import to_record
 

@@ -19,9 +19,7 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.base import PersonalizedStrategy, Reply
-from strategies.disclosure import Disclosure, Part
-from strategies.replies import Numbers, ReplySpec
+from strategies.api import Disclosure, Numbers, Part, PersonalizedStrategy, Reply, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
 from task.methods.pifl import FedSoftOptions
 from task.params import stacked_record, weighted_average

@@ -11,9 +11,7 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import RecordDict
 
-from strategies.base import PersonalizedStrategy, Reply
-from strategies.disclosure import Disclosure
-from strategies.replies import Number, ReplySpec
+from strategies.api import Disclosure, Number, PersonalizedStrategy, Reply, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
 from task.methods.pifl import TierOptions
 from task.params import stacked_record, weighted_average

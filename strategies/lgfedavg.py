@@ -9,7 +9,7 @@ client side is ``client_app/lgfedavg.py``.  See docs/methods/lgfedavg.md.
 
 from __future__ import annotations
 
-from strategies.base import PersonalizedStrategy
+from strategies.api import PersonalizedStrategy
 
 
 class LGFedAvgStrategy(PersonalizedStrategy):

@@ -27,11 +27,23 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.base import IDENTIFY, PersonalizedStrategy, Reply, log
-from strategies.disclosure import PER_CLIENT, Disclosure, Part
+from strategies.api import (
+    IDENTIFY,
+    INT_LIMIT,
+    PER_CLIENT,
+    VALUE_LIMIT,
+    Arrays,
+    Disclosure,
+    Number,
+    Numbers,
+    Part,
+    PersonalizedStrategy,
+    Reply,
+    ReplySpec,
+    account_local,
+    log,
+)
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
-from strategies.privacy import account_local
-from strategies.replies import INT_LIMIT, VALUE_LIMIT, Arrays, Number, Numbers, ReplySpec
 from task.methods.pfedlia import PFedLIAOptions
 from task.params import stack_states, to_record, weighted_average
 

@@ -32,11 +32,9 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from strategies.base import PersonalizedStrategy, Reply
-from strategies.disclosure import Disclosure, Part
+from strategies.api import ACCURACY as SHARE
+from strategies.api import Disclosure, Number, Numbers, Part, PersonalizedStrategy, Reply, ReplySpec
 from strategies.pifl_math import TokenLedger, random_tiering, rank_clients, schedule, shapley_scores
-from strategies.replies import ACCURACY as SHARE
-from strategies.replies import Number, Numbers, ReplySpec
 from strategies.tier_tables import TierTables
 from task.data import load_centralized
 from task.methods.pifl import MICRO, PIFLOptions

@@ -76,3 +76,21 @@ def test_every_artefacts_module_is_named_by_the_registry_entries_of_its_strategy
             named.add(spec.artifacts.split(":")[0].removeprefix("strategies."))
             assert callable(load_object(spec.artifacts))
     assert named == writers
+
+
+def test_a_method_leans_on_the_face_module_not_on_the_bases_parts():
+    """A method's strategy imports the framework from strategies/api.py only (the base, the reply-spec types, the
+    disclosure parts): the base's parts (exchange, gate, schedule, history, persistence, ...) are not its business.
+    Besides the face it may import method math (``*_math``) and the PI-FL family's tier tables."""
+    from task.methods import METHODS
+
+    modules = {spec.strategy.split(":")[0] for spec in METHODS.values()}
+    wrong = []
+    for module in sorted(modules):
+        path = ROOT / (module.replace(".", "/") + ".py")
+        for imported in sorted(imported_modules(path)):
+            own = imported.split(".")[0] == "strategies"
+            if own and imported not in ("strategies.api", "strategies.tier_tables") and not imported.endswith("_math"):
+                wrong.append(f"{path.relative_to(ROOT)} imports {imported}")
+        assert "strategies.api" in imported_modules(path), module
+    assert not wrong, wrong
