@@ -63,6 +63,7 @@ def main(grid: Grid, context: Context) -> None:
     if settings.record_messages:  # audit: every message pushed and every reply pulled (docs/privacy.md)
         grid = RecordingGrid(grid, writer.folder / SERVER_FILE)
     watchers = open_watchers(settings, writer.folder, resumed=bool(settings.resume_from))  # TensorBoard, MLflow
+    watchers.update(strategy.history)  # a resumed run's restored rounds at once
     strategy.round_watchers.append(watchers.update)
     start = time.monotonic()
     aborted, failed = None, True
