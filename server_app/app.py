@@ -11,6 +11,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from server_app.recorder import RecordingGrid
 from server_app.results import ResultsWriter, resolve_results_path
+from server_app.tracking import check_installed, open_watchers
 from strategies.base import PersonalizedStrategy, RunAborted
 from strategies.persistence import read_checkpoint, resume
 from task.config import Settings, parse_settings
@@ -47,6 +48,7 @@ def resume_point(settings: Settings, strategy: PersonalizedStrategy) -> tuple[Pa
 def main(grid: Grid, context: Context) -> None:
     try:
         settings = parse_settings(context.run_config)
+        check_installed(settings)
     except ValueError as err:  # said at once: Flower reports the exception only when its simulation backend is up
         log.error("the run config was refused at start-up: %s", err)
         raise
@@ -60,18 +62,25 @@ def main(grid: Grid, context: Context) -> None:
     strategy.results_dir = writer.folder
     if settings.record_messages:  # audit: every message pushed and every reply pulled (docs/privacy.md)
         grid = RecordingGrid(grid, writer.folder / SERVER_FILE)
+    watchers = open_watchers(settings, writer.folder, resumed=bool(settings.resume_from))  # TensorBoard, MLflow
+    watchers.update(strategy.history)  # a resumed run's restored rounds at once
+    strategy.round_watchers.append(watchers.update)
     start = time.monotonic()
-    aborted = None
+    aborted, failed = None, True
     try:
-        strategy.start(
-            grid=grid,
-            initial_arrays=to_record(strategy.global_state),
-            num_rounds=settings.num_rounds,
-            timeout=settings.round_timeout,
-        )
-    except RunAborted as err:
-        aborted = str(err)
-    summary = writer.write(strategy, time.monotonic() - start, aborted=aborted)
+        try:
+            strategy.start(
+                grid=grid,
+                initial_arrays=to_record(strategy.global_state),
+                num_rounds=settings.num_rounds,
+                timeout=settings.round_timeout,
+            )
+        except RunAborted as err:
+            aborted = str(err)
+        summary = writer.write(strategy, time.monotonic() - start, aborted=aborted)
+        failed = aborted is not None
+    finally:  # also when the ServerApp stops on an error: the rounds recorded so far
+        watchers.finish(strategy.history, failed)
     print(summary, flush=True)
     log.info(summary)
     if aborted:  # a non-zero exit: the run failed, and why is in the summary line and summary.json

@@ -1,5 +1,6 @@
 """One results folder per run: config, per-round metrics (JSON + CSV), final per-client accuracies, failures,
-communication, method artefacts and an accuracy-curve PNG, plus a one-line summary."""
+communication, method artefacts and an accuracy-curve PNG, plus a one-line summary.  :func:`round_scalars` is a
+round's numbers as ``rounds.csv``, TensorBoard and MLflow show them (:mod:`server_app.tracking`)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,51 @@ import csv
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from strategies.history import RoundLog
 from strategies.plots import integer_ticks, pyplot
 from task.config import Settings
 from task.methods import load_object, method_spec
 
 RESULTS_ENV = "PFLOWER_RESULTS_DIR"
+
+#: the round's numbers kept in ``extra`` besides ``comm`` and ``dp``, and the group each is shown in
+EXTRA_SCALARS = {
+    "seconds": "time",
+    "server-seconds": "time",
+    "checkpoint-seconds": "time",
+    "server-peak-rss-mb": "memory",
+}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def round_scalars(r: RoundLog) -> dict[str, float]:
+    """One round's numbers under the names TensorBoard groups them by (also ``rounds.csv``'s columns):
+    ``train/<metric>`` and ``eval/<metric>`` (the means over the replies, the spread over clients, the reply
+    counts), ``comm/<phase>-bytes-<up|down>`` and their sums ``comm/bytes-up`` / ``comm/bytes-down``,
+    ``time/seconds`` (the round's wall clock), ``time/server-seconds``, ``time/checkpoint-seconds``,
+    ``memory/server-peak-rss-mb`` and, under differential privacy, ``dp/epsilon`` after the round."""
+    out = {f"train/{k}": float(v) for k, v in r.train.items() if _number(v)}
+    out.update({f"eval/{k}": float(v) for k, v in r.evaluate.items() if _number(v)})
+    comm = {k: v for k, v in r.extra.get("comm", {}).items() if _number(v)}
+    out.update({f"comm/{k}": float(v) for k, v in comm.items()})
+    if comm:
+        out["comm/bytes-up"] = float(sum(v for k, v in comm.items() if k.endswith("-up")))
+        out["comm/bytes-down"] = float(sum(v for k, v in comm.items() if k.endswith("-down")))
+    out.update({f"{group}/{k}": float(r.extra[k]) for k, group in EXTRA_SCALARS.items() if _number(r.extra.get(k))})
+    dp = r.extra.get("dp")
+    if isinstance(dp, Mapping) and _number(dp.get("epsilon")):
+        out["dp/epsilon"] = float(dp["epsilon"])
+    return out
 
 
 def _jsonable(obj: Any) -> Any:
@@ -94,14 +129,7 @@ class ResultsWriter:
             write_json(folder / "resumes.json", resumes)
 
     def write(self, strategy, seconds: float, aborted: str | None = None) -> str:
-        rows = []
-        for r in strategy.history:
-            row = {"round": r.server_round}
-            row.update({f"train/{k}": v for k, v in r.train.items()})
-            row.update({f"eval/{k}": v for k, v in r.evaluate.items()})
-            row.update({f"comm/{k}": v for k, v in r.extra.get("comm", {}).items()})
-            row["seconds"] = r.extra.get("seconds")
-            rows.append(row)
+        rows = [{"round": r.server_round, **round_scalars(r)} for r in strategy.history]
         write_json(
             self.folder / "rounds.json",
             [

@@ -101,6 +101,8 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         self.history: list[RoundLog] = []
         self.client_eval: dict[int, dict[str, float]] = {}  # client id -> last evaluate metrics
         self.results_dir: Path | None = None
+        #: called with the history after every round (the ServerApp's TensorBoard and MLflow writers)
+        self.round_watchers: list[Callable[[list[RoundLog]], None]] = []
         self.rounds_done = 0  # the last complete round (a resumed strategy continues after it)
         self._global_state: dict[str, np.ndarray] | None = None
         self.identify_everyone = False  # set on resume: ask every node who it is before the next round
@@ -306,6 +308,8 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         self.rounds_done, ran = server_round, server_round - self._first_round + 1
         how = self.schedule.how_evaluated(server_round)
         log.info(progress_line(self.name, server_round, self.schedule.last_round, ran, self._t0, metrics, how))
+        for watch in self.round_watchers:
+            watch(self.history)
         after_round(self, server_round)  # models, checkpoint, stop-after (strategies.persistence)
         return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
 

@@ -14,7 +14,8 @@ import numpy as np
 #: the train metrics averaged over a round's replies (``time-*`` and ``peak-rss-mb`` also as their maximum)
 TRAIN_MEANS = ("train-loss", "train-acc", "trained-acc", "time-train", "time-method")
 TRAIN_MAXIMA = ("time-train", "time-method", "peak-rss-mb")
-#: the evaluation metrics averaged over a round's replies, plainly and weighted by training examples
+#: the evaluation metrics averaged over a round's replies, plainly and weighted by training examples, and spread
+#: over the clients that replied (:func:`spread_metrics`)
 EVALUATION_MEANS = ("personal-acc", "personal-loss", "global-acc", "global-loss")
 
 
@@ -46,6 +47,21 @@ def mean_metrics(updates: Sequence[Measured], keys: Iterable[str], weighted: boo
     return out
 
 
+def spread_metrics(updates: Sequence[Measured], keys: Iterable[str]) -> dict[str, float]:
+    """How unequal the clients are in each of ``keys`` (over the replies that carry it): ``-std`` (over clients),
+    the worst client (``-min`` of an accuracy, ``-max`` of a loss) and the bound of the worst tenth of clients
+    (``-p10`` of an accuracy, ``-p90`` of a loss; numpy's linear percentile)."""
+    out = {}
+    for key in keys:
+        values = np.array([float(u.metrics[key]) for u in updates if key in u.metrics])
+        if values.size:
+            loss = key.endswith("-loss")
+            out[f"{key}-std"] = float(values.std())
+            out[f"{key}-max" if loss else f"{key}-min"] = float(values.max() if loss else values.min())
+            out[f"{key}-p90" if loss else f"{key}-p10"] = float(np.percentile(values, 90 if loss else 10))
+    return out
+
+
 def train_metrics(updates: Sequence[Measured]) -> dict[str, float]:
     """A round's train means, the maxima of its timings and memory, and its number of valid replies."""
     metrics = mean_metrics(updates, TRAIN_MEANS)
@@ -58,9 +74,11 @@ def train_metrics(updates: Sequence[Measured]) -> dict[str, float]:
 
 
 def evaluation_metrics(updates: Sequence[Measured]) -> dict[str, float]:
-    """A round's evaluation means, plain and ``-weighted``, and its number of valid replies."""
+    """A round's evaluation means, plain and ``-weighted``, their spread over clients and its number of valid
+    replies."""
     metrics = mean_metrics(updates, EVALUATION_MEANS)
     metrics.update({f"{k}-weighted": v for k, v in mean_metrics(updates, EVALUATION_MEANS, weighted=True).items()})
+    metrics.update(spread_metrics(updates, EVALUATION_MEANS))
     metrics["num-replies"] = len(updates)
     return metrics
 

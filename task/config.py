@@ -113,6 +113,19 @@ class RunOptions(OptionSet):
         "audit: record every message's records (keys, shapes, dtypes, metric names; no values) as JSON lines: the "
         "server's in its results folder, each client's in its own state folder (docs/privacy.md)",
     )
+    # watching runs (README: "Watching runs"): written by the ServerApp from the rounds in rounds.json
+    tensorboard: bool = option(
+        "tensorboard",
+        True,
+        "write TensorBoard event files into the run's folder, round by round (`tensorboard --logdir results`)",
+    )
+    mlflow: bool = option(
+        "mlflow", False, "also log every round to MLflow (on the ServerApp's machine: pip install -e '.[mlflow]')"
+    )
+    mlflow_tracking_uri: str = option(
+        "mlflow-tracking-uri", "", "MLflow's tracking store (empty: sqlite:///<results-dir>/mlflow.db)"
+    )
+    mlflow_experiment: str = option("mlflow-experiment", "pflower", "the MLflow experiment runs are logged to")
     # client-level differential privacy (docs/privacy.md: which method supports which mode)
     dp_mode: str = option(
         "dp-mode", "off", "differential privacy: off, central (noise on the server's mean) or local", choices=DP_MODES
@@ -161,6 +174,10 @@ class Settings:
     dp_noise_multiplier: float = 1.0
     dp_delta: float = 1e-5
     record_messages: bool = False
+    tensorboard: bool = True
+    mlflow: bool = False
+    mlflow_tracking_uri: str = ""
+    mlflow_experiment: str = "pflower"
     #: the method's own option set (task.methods), parsed from the same run config
     options: OptionSet = field(default_factory=OptionSet, compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)

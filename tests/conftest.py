@@ -17,7 +17,7 @@ settings.register_profile("pflower", deadline=None)
 settings.load_profile("pflower")
 
 if ROOT.name == "mutants":
-    # mutation testing (tests/MUTATION.md) runs these tests from mutants/: one failing example kills a mutant, so
+    # mutation testing (docs/mutation/README.md) runs these tests from mutants/: one failing example kills a mutant, so
     # skip Hypothesis' shrinking (minutes per killed mutant, which mutmut then reports as a timeout)
     from hypothesis import Phase
 

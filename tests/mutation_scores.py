@@ -1,18 +1,21 @@
-"""Mutation-testing results, kept traceable (issue 14 §3; how to run mutmut: tests/MUTATION.md).
+"""Mutation-testing results, kept traceable (issue 14 §3; how to run mutmut: docs/mutation/README.md).
 
 mutmut keeps its verdicts in ``mutants/**/*.meta``, which is not committed (it is a copy of the tree with every
-mutant in it).  This script copies the verdicts that matter into ``tests/mutation/results.json`` (committed) and
-renders the per-module score table of ``tests/MUTATION.md`` from that file and the reviewed list of equivalent
-mutants, ``tests/mutation/equivalent.csv``; no score in MUTATION.md is typed by hand.
+mutant in it).  This script copies the verdicts that matter into ``docs/mutation/verdicts.json`` (committed) and
+renders the per-module score table of ``docs/mutation/README.md`` from that file and the reviewed list of
+equivalent mutants, ``docs/mutation/equivalent.csv``; no score in the README is typed by hand.
 
     python tests/mutation_scores.py collect MUTANTS_DIR --commit REV [--only "strategies.fedcac_math.*" ...]
-    python tests/mutation_scores.py table            # rewrites the table in tests/MUTATION.md
-    python tests/mutation_scores.py table --check    # exit 1 if MUTATION.md's table is not what the files give
+    python tests/mutation_scores.py table            # rewrites the table in docs/mutation/README.md
+    python tests/mutation_scores.py table --check    # exit 1 if the README's table is not what the files give
+    python tests/mutation_scores.py list [--status survived ...]   # every mutant: name, status, commit
 
 ``collect`` records, for each mutant mutmut has a verdict for (optionally only those matching the globs), its
 status and the commit of the tree it was run on; it also records every module's mutant count so that the
 mutants not run show up as such.  Several exports (one per person or helper) can be collected into the same file
-one after another; a later verdict for the same mutant replaces an earlier one.
+one after another; a later verdict for the same mutant replaces an earlier one.  ``verdicts.json`` holds the
+verdicts compactly and losslessly: per module, commit and status, each function's mutant numbers as ranges
+(``"1-45,47"``); ``list`` prints them one mutant a line.
 
 Score of a module = (killed + timeout) / (run - equivalent - import-time), where "run" counts every mutant with
 a verdict.  An equivalent mutant is one no test can tell from the original on the inputs the method gets; each
@@ -31,10 +34,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "mutation" / "results.json"
-EQUIVALENT = HERE / "mutation" / "equivalent.csv"
-DOC = HERE / "MUTATION.md"
+FOLDER = Path(__file__).resolve().parents[1] / "docs" / "mutation"
+RESULTS = FOLDER / "verdicts.json"
+EQUIVALENT = FOLDER / "equivalent.csv"
+DOC = FOLDER / "README.md"
 BEGIN, END = "<!-- mutation-scores:begin -->", "<!-- mutation-scores:end -->"
 
 #: mutmut 3.8's exit codes (mutmut.stats.status_by_exit_code), folded into what the score needs
@@ -55,7 +58,7 @@ STATUS = {
     -9: "segfault",
 }
 CAUGHT = ("killed", "timeout", "type check", "segfault")
-#: kinds of reviewed mutants (tests/mutation/equivalent.csv): ``equivalent`` and ``import-time`` are left out of the
+#: kinds of reviewed mutants (docs/mutation/equivalent.csv): ``equivalent`` and ``import-time`` are left out of the
 #: score; ``gpu-only`` (a device move that only a GPU run can tell from the original) stays in it as not caught
 KINDS = ("equivalent", "import-time", "gpu-only")
 #: issue 14 §3's target: at least this share of the non-equivalent mutants caught in every method module
@@ -97,9 +100,66 @@ METHOD_MODULES = {
 }
 
 
+def _ranges(numbers: list[int]) -> str:
+    """``[1, 2, 3, 5]`` -> ``"1-3,5"``."""
+    numbers = sorted(numbers)
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
+def _numbers(ranges: str) -> list[int]:
+    """``"1-3,5"`` -> ``[1, 2, 3, 5]``."""
+    out: list[int] = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        out += range(int(low), int(high or low) + 1)
+    return out
+
+
+def compact(data: dict) -> dict:
+    """``{"modules", "mutants"}`` (one entry per mutant) as stored: module -> commit -> status -> function ->
+    its mutants' numbers as ranges."""
+    verdicts: dict[str, dict[str, dict[str, dict[str, list[int]]]]] = {}
+    for name, rec in data["mutants"].items():
+        function, _, number = name.rpartition("__mutmut_")
+        by_status = verdicts.setdefault(rec["module"], {}).setdefault(rec["commit"], {})
+        by_status.setdefault(rec["status"], {}).setdefault(function, []).append(int(number))
+    return {
+        "modules": dict(sorted(data["modules"].items())),
+        "verdicts": {
+            module: {
+                commit: {
+                    status: {f: _ranges(ns) for f, ns in sorted(functions.items())}
+                    for status, functions in sorted(statuses.items())
+                }
+                for commit, statuses in sorted(commits.items())
+            }
+            for module, commits in sorted(verdicts.items())
+        },
+    }
+
+
+def expand(stored: dict) -> dict:
+    """:func:`compact`'s inverse: ``{"modules": {module: mutants}, "mutants": {name: {module, status, commit}}}``."""
+    mutants = {
+        f"{function}__mutmut_{n}": {"module": module, "status": status, "commit": commit}
+        for module, commits in stored["verdicts"].items()
+        for commit, statuses in commits.items()
+        for status, functions in statuses.items()
+        for function, ranges in functions.items()
+        for n in _numbers(ranges)
+    }
+    return {"modules": dict(stored["modules"]), "mutants": dict(sorted(mutants.items()))}
+
+
 def load(path: Path = RESULTS) -> dict:
     if path.exists():
-        return json.loads(path.read_text())
+        return expand(json.loads(path.read_text()))
     return {"modules": {}, "mutants": {}}
 
 
@@ -133,7 +193,7 @@ def collect(mutants_dir: Path, commit: str, only: list[str], path: Path = RESULT
         data["mutants"] = dict(sorted(data["mutants"].items()))
         data["modules"] = dict(sorted(data["modules"].items()))
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.write_text(json.dumps(compact(data), indent=1, ensure_ascii=False) + "\n")
         tmp.replace(path)
     return added, counted
 
@@ -224,7 +284,7 @@ def table(data: dict, equiv: dict[str, tuple[str, str]]) -> tuple[str, list[str]
         )
     eq_lines = ["| mutant | kind | why no test can tell it from the original |", "|---|---|---|"]
     eq_lines += [f"| `{m}` | {k} | {r} |" for m, (k, r) in sorted(equiv.items()) if m in data["mutants"]]
-    text += "\n\n### Equivalent, import-time and gpu-only mutants (tests/mutation/equivalent.csv)\n\n" + "\n".join(
+    text += "\n\n### Equivalent, import-time and gpu-only mutants ([equivalent.csv](equivalent.csv))\n\n" + "\n".join(
         eq_lines
     )
     return text, stale
@@ -286,12 +346,19 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("mutants_dir", type=Path)
     c.add_argument("--commit", required=True, help="the commit the mutated tree was exported from")
     c.add_argument("--only", nargs="*", default=[], help="mutant-name globs to collect (default: all with a verdict)")
-    t = sub.add_parser("table", help="render the score table into tests/MUTATION.md")
+    t = sub.add_parser("table", help="render the score table into docs/mutation/README.md")
     t.add_argument("--check", action="store_true")
+    li = sub.add_parser("list", help="every recorded mutant: name, status, commit (one a line)")
+    li.add_argument("--status", nargs="*", default=[], help="only these statuses (e.g. survived timeout)")
     args = ap.parse_args(argv)
     if args.cmd == "collect":
         added, modules = collect(args.mutants_dir, args.commit, args.only)
         print(f"collected {added} verdicts from {modules} modules into {RESULTS}")
+        return 0
+    if args.cmd == "list":
+        for name, rec in load()["mutants"].items():
+            if not args.status or rec["status"] in args.status:
+                print(name, rec["status"], rec["commit"])
         return 0
     return render(args.check)
 

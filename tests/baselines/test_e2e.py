@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from tests.event_files import check_event_files_match_rounds_json
+
 pytestmark = pytest.mark.slow
 
 # FedProx, FedPer, FedRep and FedRoD differ from FedAvg only inside the client (what it trains and keeps,
@@ -41,6 +43,9 @@ def test_two_rounds(simulation, method):
         assert (folder / name).exists(), name
     rounds = json.loads((folder / "rounds.json").read_text())
     assert [r["round"] for r in rounds] == [1, 2]
+    # TensorBoard's curves are rounds.json's numbers (tensorboard --logdir <results-dir>)
+    watched = check_event_files_match_rounds_json(folder)
+    assert [step for step, _ in watched["eval/personal-acc-min"]] == [1, 2]  # the worst client, round by round
     comm = rounds[0]["extra"]["comm"]
     # one message per client in round 1: its evaluation rode on round 2's train messages (issue 17) ...
     assert comm["train-bytes-up"] > 0 and "evaluate-bytes-up" not in comm and "evaluate-bytes-down" not in comm

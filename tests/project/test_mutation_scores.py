@@ -154,3 +154,36 @@ def test_a_gpu_only_mutant_is_listed_apart_and_counts_as_not_caught(tmp_path):
     row = _row(text, "c/x.py")
     assert (row["caught"], row["gpu-only"], row["equivalent"], row["score"]) == ("1", "1", "1", "50.0%")
     assert "kind gpu-only" in text and "`c.x.x_f__mutmut_2`" in text
+
+
+def test_the_committed_score_table_is_what_the_committed_verdicts_and_equivalents_give(capsys):
+    """docs/mutation/README.md's table is rendered from docs/mutation/verdicts.json and equivalent.csv, never typed:
+    regenerating it changes nothing, and no listed equivalent is killed by a test."""
+    assert ms.DOC.parent == ms.RESULTS.parent == ms.EQUIVALENT.parent  # the table beside what it is made of
+    assert ms.render(check=True) == 0, capsys.readouterr().out
+    data = ms.load()
+    assert sum(data["modules"].values()) == len(data["mutants"])  # every mutant of every module has its verdict
+
+
+def test_verdicts_are_stored_compactly_and_read_back_as_collected(tmp_path):
+    """The stored file groups each module's verdicts by commit and status and writes a function's mutant numbers
+    as ranges; reading it gives back every mutant with its module, status and commit."""
+    mutants, results = tmp_path / "mutants", tmp_path / "r.json"
+    codes = {f"task.t.x_f__mutmut_{i}": 1 for i in (1, 2, 3, 5, 7, 8)} | {"task.t.x_f__mutmut_4": 0}
+    codes |= {"task.t.xǁCǁm__mutmut_1": 36, "task.t.xǁCǁm__mutmut_2": 1}
+    _meta(mutants, "task/t.py", codes)
+    ms.collect(mutants, "abc", [], path=results)
+    stored = json.loads(results.read_text())
+    assert stored["verdicts"] == {
+        "task/t.py": {
+            "abc": {
+                "killed": {"task.t.x_f": "1-3,5,7-8", "task.t.xǁCǁm": "2"},
+                "survived": {"task.t.x_f": "4"},
+                "timeout": {"task.t.xǁCǁm": "1"},
+            }
+        }
+    }
+    data = ms.load(results)
+    assert data["modules"] == {"task/t.py": 9}
+    assert {k: v["status"] for k, v in data["mutants"].items()} == {k: ms.STATUS[c] for k, c in codes.items()}
+    assert ms.expand(ms.compact(data)) == data

@@ -29,6 +29,7 @@ from task.data import load_client_data
 from task.export import load_model, predict_file
 from task.methods import METHODS
 from task.methods.pifl import PIFLOptions
+from tests.event_files import check_event_files_match_rounds_json, runs
 
 pytestmark = pytest.mark.slow
 
@@ -167,6 +168,10 @@ def test_a_run_stopped_then_killed_and_resumed_ends_like_the_uninterrupted_one(s
         assert resumed[key] == reference[key], key
     assert rounds(folder) == rounds(ref_folder)
     assert clients(folder) == clients(ref_folder)
+    # TensorBoard shows the resumed run's rounds once each (the three processes' event files read together), as
+    # rounds.json has them, and the two runs apart
+    check_event_files_match_rounds_json(folder)
+    assert {folder.name, ref_folder.name} <= runs(folder.parent)
     resumes = json.loads((folder / "resumes.json").read_text())
     assert [r["after-round"] for r in resumes] == [STOP_AFTER, killed_after]
     if method == "pfedlia":  # the clustering of round 2 is restored, not recomputed by the last resumption

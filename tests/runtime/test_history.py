@@ -71,9 +71,29 @@ def test_a_rounds_evaluation_record_has_plain_and_weighted_means():
             "personal-loss": 1.5,
             "personal-acc-weighted": 0.5,
             "personal-loss-weighted": 1.25,
+            "personal-acc-std": 0.2,
+            "personal-acc-min": 0.2,
+            "personal-acc-p10": 0.24,
+            "personal-loss-std": 0.5,
+            "personal-loss-max": 2.0,
+            "personal-loss-p90": 1.9,
             "num-replies": 2,
         }
     )
+
+
+def test_a_rounds_evaluation_record_has_the_spread_over_the_clients_that_carry_each_metric():
+    """The worst client and the worst tenth of the clients: the lowest accuracies, the highest losses; whatever
+    each client trained on (the spread is over clients, not examples)."""
+    accs = [k / 10 for k in range(11)]  # eleven clients 0.0, 0.1, ..., 1.0: the tenth percentile is the second
+    replies = [reply(100 - k, personal_acc=a, personal_loss=1 - a) for k, a in enumerate(accs)]
+    replies[3].metrics["global-acc"] = 0.7  # one client scored a global model too: its own spread of one
+    got = evaluation_metrics(replies)
+    assert got["personal-acc-min"] == 0.0 and got["personal-acc-p10"] == pytest.approx(0.1)
+    assert got["personal-loss-max"] == 1.0 and got["personal-loss-p90"] == pytest.approx(0.9)
+    assert got["personal-acc-std"] == pytest.approx(got["personal-loss-std"]) == pytest.approx(0.1 * 10**0.5)
+    assert (got["global-acc-std"], got["global-acc-min"], got["global-acc-p10"]) == (0.0, 0.7, 0.7)
+    assert not any(k.startswith("global-loss") for k in got)  # no client sent it
 
 
 def test_the_progress_line_gives_the_accuracies_or_how_the_round_was_evaluated_and_the_time_left(monkeypatch):
