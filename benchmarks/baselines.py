@@ -1,7 +1,7 @@
 """Baselines on digits: does personalization pay where it should, and not where it should not?
 
 Runs every method through Flower (a private simulation SuperLink, ``flwr run``), writes one raw record per
-run to ``benchmarks/raw/baselines-<grid>/`` and prints the table ``benchmarks/report.py`` builds from them:
+run to ``benchmarks/raw/baselines-<grid>/`` and prints the table ``python -m benchmarks.report`` builds from them:
 final personalized accuracy (each client's own model on its own test split, mean over clients) and the global
 model's accuracy where one exists, mean and std over seeds.
 
@@ -12,22 +12,19 @@ Grids (``--grid``; any option below overrides the grid's value):
   clean   clean digits, 7 methods, pathological + IID, seed 0          (14 runs, about 10 minutes on 2 cores)
   noisy   Gaussian pixel noise 0.7, local/fedavg/fedper/fedrep/ditto, seeds 0-2   (30 runs, about 20 minutes)
 
-Reproduce:  python benchmarks/baselines.py --grid clean
-            python benchmarks/baselines.py --grid noisy
-            python benchmarks/baselines.py --rounds 5 --methods local,fedavg --partitions iid \
+Reproduce:  python -m benchmarks.baselines --grid clean
+            python -m benchmarks.baselines --grid noisy
+            python -m benchmarks.baselines --rounds 5 --methods local,fedavg --partitions iid \
                 --raw-dir /tmp/raw  (quick)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import add_common_args, print_report, product, run_grid, split
+from benchmarks.reporting import print_section
+from benchmarks.running import add_common_args, product, run_grid, split
 
 PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "pathological", "classes-per-client": 2},
@@ -71,7 +68,7 @@ def main() -> None:
     }
     grid = f"baselines-{args.grid}"
     run_grid(grid, product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
-    print_report(grid, args.raw_dir)
+    print_section(grid, args.raw_dir)
 
 
 if __name__ == "__main__":

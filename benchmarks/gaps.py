@@ -26,9 +26,9 @@ These go into the run's raw record (``analysis``), in ``benchmarks/raw/defaults-
 The tables of docs/methods/fedc2i.md and docs/methods/pifl.md ("At the defaults on digits") are generated from
 those records between ``<!-- gaps:<name> -->`` markers.
 
-Reproduce: python benchmarks/gaps.py             (54 runs, about 80 minutes on 2 busy cores)
-           python benchmarks/gaps.py --cells fedc2i,fedavg --seeds 0 --raw-dir /tmp/raw   (reduced)
-           python benchmarks/gaps.py --report    (rewrite the docs' tables from the records; --check: compare only)
+Reproduce: python -m benchmarks.gaps             (54 runs, about 80 minutes on 2 busy cores)
+           python -m benchmarks.gaps --cells fedc2i,fedavg --seeds 0 --raw-dir /tmp/raw   (reduced)
+           python -m benchmarks.gaps --report    (rewrite the docs' tables from the records; --check: compare only)
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import OUT, RAW, Bench, add_common_args, load_records, write_record
+from benchmarks.records import RAW, load_records, write_record
+from benchmarks.running import OUT, Bench, add_common_args
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = "defaults-gaps"
@@ -302,7 +301,7 @@ def render(name: str, raw: Path = RAW) -> str:
         raise ValueError(f"unknown table {name!r}")
     if any(cell not in c for _, (cell, _) in cols):
         missing = sorted({cell for _, (cell, _) in cols if cell not in c})
-        return f"(no records yet for {', '.join(missing)}: run python benchmarks/gaps.py)"
+        return f"(no records yet for {', '.join(missing)}: run python -m benchmarks.gaps)"
     return _table(["seed", *(h for h, _ in cols)], _rows(c, cols))
 
 

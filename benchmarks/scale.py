@@ -1,7 +1,7 @@
 """Speed and scale of every method through Flower's simulation runtime (issue 9).
 
 Four parts; each writes one raw record per run (or kernel) to ``benchmarks/raw/scale-<part>/`` and prints the
-table ``benchmarks/report.py`` builds from them:
+table ``python -m benchmarks.report`` builds from them:
 
 ``overhead``  every method on digits at 10 and 50 clients: seconds per round split into local training,
               method-specific client work (influence, masks, bids, index), server work and the rest
@@ -17,8 +17,8 @@ table ``benchmarks/report.py`` builds from them:
               FedCAC's mask overlap and customized models, Client2Vec's similarity and sampling,
               pFedLIA's OPTICS on a 1,000 x 1,000 influence matrix.
 
-Reproduce: python benchmarks/scale.py overhead floor scale kernels     (all; about an hour on 2 cores)
-           python benchmarks/scale.py kernels                           (seconds)
+Reproduce: python -m benchmarks.scale overhead floor scale kernels     (all; about an hour on 2 cores)
+           python -m benchmarks.scale kernels                           (seconds)
 Per-round numbers (computed by report.py from the records) are medians over the rounds after the first (which
 pays for process start-up) that have no evaluation phase (overhead: 4 rounds, evaluation in the last; pFedLIA 5,
 its clustering round included).
@@ -27,17 +27,14 @@ its clustering round included).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import Bench, add_common_args, measurement_record, print_report, split, write_record
+from benchmarks.records import write_record
+from benchmarks.reporting import print_section
+from benchmarks.running import Bench, add_common_args, measurement_record, split
 
 METHODS: dict[str, dict[str, Any]] = {
     "local": {},
@@ -180,7 +177,7 @@ def main() -> None:
     args = ap.parse_args()
     for part in args.parts:
         globals()[f"part_{part}"](args)
-    print_report(f"scale-{args.parts[0]}", args.raw_dir)  # one section shows every part
+    print_section(f"scale-{args.parts[0]}", args.raw_dir)  # one section shows every part
 
 
 if __name__ == "__main__":

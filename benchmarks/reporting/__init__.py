@@ -1,12 +1,14 @@
 """Build ``benchmarks/RESULTS.md`` from the committed raw records (``benchmarks/raw/<grid>/*.json``).
 
-``python benchmarks/report.py`` rewrites RESULTS.md with :func:`build`; a benchmark script prints its own
-section(s) after its runs with :func:`render_grid`.
+The top library layer of the package: it reads records (``benchmarks/records.py``) and the grids' specification
+(``benchmarks/families.py``), never the running layer.  ``python -m benchmarks.report`` rewrites RESULTS.md with
+:func:`build`; a benchmark script prints its own section(s) after its runs with :func:`print_section`.
 
 Where things are: the table of ``benchmarks/X.py`` is rendered by ``benchmarks/reporting/X.py`` (the same name);
-the helpers every renderer shares are
+what every renderer shares is
 
-- ``records.py``: select the runs of a cell, their values, their failures (``ok``, ``select``, ``axis``, ``mean``),
+- ``benchmarks/records.py``: select the runs of a cell, their values, their failures (``ok``, ``select``, ``axis``,
+  ``mean``),
 - ``text.py``: numbers, points, markdown tables, bullets, method names,
 - ``pairing.py``: seed-paired differences, refused unless the runs share their data (``paired``, ``versus``),
 - ``settings.py``: the lines above a table (command, settings that differ from the defaults and from the paper,
@@ -21,7 +23,7 @@ section), and the machine and its load (the machine is shared: seconds are only 
 
 To add the table of a new grid: write ``benchmarks/reporting/<script>.py`` (named after the benchmark script
 ``benchmarks/<script>.py``) with a ``render_<name>(raw: Path, d: dict) -> str`` that loads its records with
-``common.load_records("<grid>", raw)``, returns ``missing("python benchmarks/<script>.py")`` when there are none,
+``records.load_records("<grid>", raw)``, returns ``missing("python -m benchmarks.<script>")`` when there are none,
 and otherwise joins an intro, ``header(recs, PAPER, d)``, an ``md_table`` and ``bullets`` of claims; then add one
 ``Section(title, [grid, ...], module.render_<name>)`` to ``SECTIONS`` below, where RESULTS.md should show it.  A
 figure (``figures.py``: lines with a seed band, drawn to ``benchmarks/<file>.png``) comes from a second function
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import RAW
+from benchmarks.records import PYPROJECT, RAW, run_config_defaults
 
 from . import (
     baselines,
@@ -57,7 +59,6 @@ from . import (
     speed,
 )
 from .figures import Figure
-from .settings import PYPROJECT, run_config_defaults
 
 
 @dataclass
@@ -151,3 +152,10 @@ def render_grid(grid: str, raw: Path = RAW) -> str:
 def build_figures(raw: Path = RAW) -> list[Figure]:
     """The figures RESULTS.md references, computed from the records under ``raw`` (drawn by ``figures.draw``)."""
     return [f for s in SECTIONS if s.figures for f in s.figures(Path(raw))]
+
+
+def print_section(grid: str, raw_dir: Path | str = RAW) -> None:
+    """Print the section(s) of RESULTS.md that show ``grid`` from the records under ``raw_dir`` (what a benchmark
+    script prints after its runs)."""
+    print(f"\n{render_grid(grid, Path(raw_dir))}")
+    print(f"\nraw records: {Path(raw_dir) / grid}/; rebuild RESULTS.md with: python -m benchmarks.report")

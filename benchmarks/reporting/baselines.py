@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common import load_records
+from benchmarks.records import GLOBAL, PERSONAL, TIE, Rec, axis, load_records, seeds_of, select
 
 from .pairing import paired, versus, versus_many
-from .records import GLOBAL, PERSONAL, TIE, Rec, axis, seeds_of, select
 from .settings import header
 from .text import NAMES, bullets, md_table, mean_std, missing
 

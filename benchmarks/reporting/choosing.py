@@ -1,7 +1,7 @@
 """The generated part of ``docs/choosing-a-method.md``: which method wins where, by how much, at what cost.
 
 The page is a hand-written frame around one generated block between :data:`BEGIN` and :data:`END`;
-``python benchmarks/report.py`` rewrites the block from the raw records (:func:`page_text`) and ``--check`` fails
+``python -m benchmarks.report`` rewrites the block from the raw records (:func:`page_text`) and ``--check`` fails
 when it differs (:func:`stale_page`).  The block is computed from
 
 - the records of ``benchmarks/grids.py`` (families label skew and feature shift: each method at the setting it
@@ -27,15 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
-from grids import FAMILIES, LR, ROUNDS, SEEDS, Family
+from benchmarks.families import FAMILIES, LR, ROUNDS, SEEDS, Family
+from benchmarks.records import PERSONAL, TIE, Rec, error_line, load_records, ok, run_config_defaults, seeds_of, select
 from task.methods.fedc2i import DEPRECATED_VARIANTS
 
 from .grids import FamilyRecords
 from .headlines import render_claims
 from .pairing import Paired, paired
-from .records import PERSONAL, TIE, Rec, error_line, ok, seeds_of, select
-from .settings import run_config_defaults
 from .text import md_table, mean_range, plural, value_range
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "choosing-a-method.md"

@@ -8,10 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import Rec, axis, load_records, mean, select, values
 
 from .pairing import paired
-from .records import Rec, axis, mean, select, values
 from .settings import Paper, fixed, header, key, n_clients, n_seeds, percent, trained_model
 from .text import bullets, md_table, mean_std, missing, num, pts, value_range
 

@@ -11,12 +11,25 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import (
+    GLOBAL,
+    PERSONAL,
+    TIE,
+    Rec,
+    axis,
+    error_line,
+    load_records,
+    mean,
+    ok,
+    seeds_of,
+    select,
+    summary,
+    values,
+)
 
 from .figures import Figure, Line, Panel, per_round, seed_line
 from .pairing import delta_cell, paired
 from .pfedlia import clusters_found
-from .records import GLOBAL, PERSONAL, TIE, Rec, axis, error_line, mean, ok, seeds_of, select, summary, values
 from .settings import header
 from .text import accuracy_cell, bullets, md_table, mean_range, missing, plural, pts, value_range
 

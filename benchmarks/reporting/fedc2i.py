@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common import load_records
+from benchmarks.records import GLOBAL, PERSONAL, axis, load_records, mean, ok, select, summary
 
 from .pairing import paired, versus
-from .records import GLOBAL, PERSONAL, axis, mean, ok, select, summary
 from .settings import Paper, fixed, header, key, n_clients, n_seeds, percent, trained_model
 from .text import NAMES, bullets, md_table, mean_std, missing
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common import load_records
+from benchmarks.records import load_records
 
 from .settings import header
 from .text import bullets, md_table, missing

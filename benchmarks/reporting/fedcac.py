@@ -7,10 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import PERSONAL, axis, load_records, mean, ok, select, values
 
 from .pairing import versus
-from .records import PERSONAL, axis, mean, ok, select, values
 from .settings import Paper, fixed, header, key, n_clients, n_seeds, percent, trained_model
 from .text import NAMES, bullets, md_table, mean_std, missing
 

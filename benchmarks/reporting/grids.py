@@ -14,12 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import load_records
-from grids import FAMILIES, SEEDS, SELECT_SEEDS, Family, Selection, grid_runs, select, selection_runs, setting_label
+from benchmarks.families import (
+    FAMILIES,
+    SEEDS,
+    SELECT_SEEDS,
+    Family,
+    Selection,
+    grid_runs,
+    select,
+    selection_runs,
+    setting_label,
+)
+from benchmarks.records import PERSONAL, Rec, load_records, mean, ok, seeds_of
 
 from .figures import Figure, Panel, seed_line
 from .pairing import delta_cell, paired
-from .records import PERSONAL, Rec, mean, ok, seeds_of
 from .settings import header
 from .text import accuracy_cell, md_table, num, plural
 

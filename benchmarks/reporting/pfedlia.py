@@ -9,10 +9,22 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import (
+    PERSONAL,
+    TIE,
+    Rec,
+    axis,
+    error_line,
+    load_records,
+    mean,
+    ok,
+    seeds_of,
+    select,
+    summary,
+    values,
+)
 
 from .pairing import paired, versus
-from .records import PERSONAL, TIE, Rec, axis, error_line, mean, ok, seeds_of, select, summary, values
 from .settings import Paper, fixed, header, key, n_clients, n_seeds, percent, trained_model
 from .text import NAMES, bullets, md_table, mean_std, missing, span, value_range
 

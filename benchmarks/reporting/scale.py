@@ -10,9 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import Rec, axis, error_line, load_records, ok, select
 
-from .records import Rec, axis, error_line, ok, select
 from .settings import header
 from .text import md_table, missing, num
 

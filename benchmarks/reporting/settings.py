@@ -3,25 +3,18 @@ the machine and the code that ran."""
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .records import Rec, axis, label, ok, seeds_of
+from benchmarks.records import Rec, axis, label, ok, seeds_of
+
 from .text import plural
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 # run-config keys never listed in a settings line: where results go, and the grid coordinates shown in the table
 NOT_SETTINGS = {"results-dir", "c2v-cache-dir", "seed", "method"}
-
-
-def run_config_defaults(pyproject: Path = PYPROJECT) -> dict[str, Any]:
-    """The app's default run config: `[tool.flwr.app.config]` of pyproject.toml."""
-    return tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
 
 
 def _fmt_value(v: Any) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import load_records
 
 from .settings import header, machine_note
 from .text import bullets, md_table, missing, num

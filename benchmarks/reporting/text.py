@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .records import PERSONAL, TIE, Rec, error_line, values
+from benchmarks.records import PERSONAL, TIE, Rec, error_line, values
 
 #: how a method (or a benchmark's arm) is named in the claims under a table
 NAMES = {

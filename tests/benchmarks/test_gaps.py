@@ -3,13 +3,8 @@ FedAvg or Local, measured) are what the committed records give: a table typed or
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import gaps
-from common import RAW
+from benchmarks import gaps
+from benchmarks.records import RAW
 
 
 def test_the_docs_gap_tables_are_generated_from_the_committed_records():
