@@ -92,11 +92,11 @@ def render_baselines(raw: Path, d: dict[str, Any]) -> str:
     )
     parts = [intro]
     for grid, title, command in (
-        ("baselines-clean", "Clean digits", "python benchmarks/baselines.py --grid clean"),
+        ("baselines-clean", "Clean digits", "python -m benchmarks.baselines --grid clean"),
         (
             "baselines-noisy",
             "Noisy digits (fixed Gaussian pixel noise, as the FedCAC spec uses to separate methods)",
-            "python benchmarks/baselines.py --grid noisy",
+            "python -m benchmarks.baselines --grid noisy",
         ),
     ):
         recs = load_records(grid, raw)

@@ -80,7 +80,7 @@ def render_client2vec(raw: Path, d: dict[str, Any]) -> str:
         "half within a domain minus across domains."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/client2vec.py")
+        return intro + "\n\n" + missing("python -m benchmarks.client2vec")
     if any(select(recs, arm=a) for a in set(C2V_REFERENCE.values()) | set(C2V_REFERENCE)):
         intro += (
             " FedBN (local normalisation layers) needs a model with normalisation layers, which the MLP lacks: "

@@ -34,7 +34,7 @@ from .settings import header
 from .text import accuracy_cell, bullets, md_table, mean_range, missing, plural, pts, value_range
 
 GRID = "defaults"
-COMMAND = "python benchmarks/defaults.py"
+COMMAND = "python -m benchmarks.defaults"
 CURVES = "defaults_learning_curves.png"
 BELOW_LOCAL = 0.05  # issue 25: no method more than 5 points below Local
 BELOW_BEST = 0.02  # issue 25: a method more than 2 points below the better of Local and FedAvg needs its reason

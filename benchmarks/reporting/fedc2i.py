@@ -54,7 +54,7 @@ def render_fedc2i(raw: Path, d: dict[str, Any]) -> str:
         "Lambda-only: class-level matrix with a plain-average extractor."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/fedc2i.py")
+        return intro + "\n\n" + missing("python -m benchmarks.fedc2i")
     if any(select(recs, method=m) for m in FEDC2I_CNN_ROWS):
         intro += (
             " FedBN keeps the normalisation layers on the clients and c2i-small has none: fedbn and its reference "

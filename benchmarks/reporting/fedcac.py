@@ -44,7 +44,7 @@ def render_fedcac(raw: Path, d: dict[str, Any]) -> str:
         "mean ± std over seeds; FedAvg: its global model. Bold: the best mean of a row."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/fedcac.py")
+        return intro + "\n\n" + missing("python -m benchmarks.fedcac")
     methods = axis(recs, "method", FEDCAC_METHODS)
     rows, claims = [], []
     for part in axis(recs, "partition", ["pathological", "dirichlet-0.5", "dirichlet-1.0"]):

@@ -245,7 +245,7 @@ def render_pfedlia(raw: Path, d: dict[str, Any]) -> str:
         "than round 1 and the clustering round."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/pfedlia.py --grid planted")
+        return intro + "\n\n" + missing("python -m benchmarks.pfedlia --grid planted")
     rows, notes = _pfedlia_rows(recs, "acc")
     table = md_table(
         [
@@ -281,7 +281,7 @@ def render_dialects(raw: Path, d: dict[str, Any]) -> str:
         "client's test lines at the last round."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/pfedlia.py --grid dialects")
+        return intro + "\n\n" + missing("python -m benchmarks.pfedlia --grid dialects")
     rows, _ = _pfedlia_rows(recs, "perplexity")
     table = md_table(
         [

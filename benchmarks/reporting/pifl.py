@@ -65,7 +65,7 @@ def render_pifl(raw: Path, d: dict[str, Any]) -> str:
         "accuracy on the source-A and source-B holdouts, tiers ordered by their A accuracy, mean over seeds."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/pifl.py")
+        return intro + "\n\n" + missing("python -m benchmarks.pifl")
     rows, beats, empty, settings = (
         [],
         [],

@@ -21,7 +21,7 @@ from .settings import header
 from .text import NAMES, bullets, md_table, mean_range, missing, plural, pts, value_range
 
 GRID = "privacy"
-COMMAND = "python benchmarks/privacy.py"
+COMMAND = "python -m benchmarks.privacy"
 FIGURE = "privacy_epsilon.png"
 METHODS = ("fedavg", "ditto", "fedc2i", "fedcac")  # the methods, in the table's order
 REFERENCE = "local"  # no model leaves a client: a privacy-free reference (it refuses every DP mode)

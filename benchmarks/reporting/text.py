@@ -98,4 +98,4 @@ def value_range(vals: list[Any]) -> str:
 
 
 def missing(command: str) -> str:
-    return f"*Not yet re-run with raw outputs: run `{command}`, then `python benchmarks/report.py`.*"
+    return f"*Not yet re-run with raw outputs: run `{command}`, then `python -m benchmarks.report`.*"

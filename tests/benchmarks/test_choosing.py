@@ -178,7 +178,7 @@ def test_a_failed_method_and_cells_without_records_show_as_such_never_as_numbers
 def test_a_method_without_a_chosen_setting_is_not_run_and_a_family_without_records_is_unmeasured(tmp_path):
     fam = design()["label-skew"]
     page = choosing.render_choosing(tmp_path, design())
-    assert "*Not run yet: no records of `benchmarks/grids.py --families label-skew`." in page
+    assert "*Not run yet: no records of `python -m benchmarks.grids --families label-skew`." in page
     write_record(record(fam.select_grid, {"method": "fedcac", "setting": "lr=0.01 beta=7", "seed": 0}, 0.5), tmp_path)
     cells = judged(tmp_path, fam)
     assert cells[fam.middle]["fedcac"].status == "not run yet"
@@ -324,5 +324,5 @@ def test_report_check_covers_the_page(tmp_path, monkeypatch, capsys):
 def test_the_committed_page_is_generated_from_the_committed_records():
     assert not choosing.stale_page(records.RAW), (
         "docs/choosing-a-method.md's generated block differs from what benchmarks/raw/ gives: do not edit it by "
-        "hand; run `python benchmarks/report.py` and commit the result"
+        "hand; run `python -m benchmarks.report` and commit the result"
     )

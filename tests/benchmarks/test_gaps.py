@@ -10,7 +10,7 @@ from benchmarks.records import RAW
 def test_the_docs_gap_tables_are_generated_from_the_committed_records():
     assert gaps.rewrite_docs(RAW, check=True), (
         "a <!-- gaps:... --> table in docs/methods/ differs from what benchmarks/raw/defaults-gaps/ gives: run "
-        "`python benchmarks/gaps.py --report` and commit the result"
+        "`python -m benchmarks.gaps --report` and commit the result"
     )
 
 

@@ -40,7 +40,7 @@ def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=(9, 9, 9
         "schema": 1,
         "grid": grid,
         "cell": cell,
-        "command": "python benchmarks/grids.py",
+        "command": "python -m benchmarks.grids",
         "run": None,
         "num-supernodes": len(num_examples),
         "error": error,
@@ -260,7 +260,7 @@ def test_the_compute_the_grid_took_and_the_machine_load_are_stated(tmp_path):
 
 def test_without_records_the_section_says_the_grids_have_not_run_and_gives_the_command(tmp_path):
     text = report_grids.render_grids(tmp_path, {})
-    assert 'The grids have not been run yet: run `benchmarks/run_committed.sh "grids.py"`' in text
+    assert 'The grids have not been run yet: run `benchmarks/run_committed.sh "grids"`' in text
     assert "|" not in text and report_grids.figures_grids(tmp_path) == []
     # one family run, the other not: the other names its own command
     write_selection(
@@ -269,7 +269,7 @@ def test_without_records_the_section_says_the_grids_have_not_run_and_gives_the_c
         {"local": [0.5] * 4, "fedavg": [0.5] * 4, "fedcac": [0.5] * 4, "pifl": [0.5] * 4},
     )
     text = report_grids.render_grids(tmp_path, {})
-    assert 'Not run yet: run `benchmarks/run_committed.sh "grids.py --families feature-shift"`' in text
+    assert 'Not run yet: run `benchmarks/run_committed.sh "grids --families feature-shift"`' in text
     assert "| fedper | — | not run: selection incomplete (0 of 8 runs)" in text  # a method of the full design
 
 

@@ -211,7 +211,7 @@ def test_the_table_pairs_each_epsilon_with_the_methods_own_run_without_dp(tmp_pa
 
 def test_the_section_without_records_names_the_command(tmp_path):
     text_ = section.render_privacy(tmp_path, {})
-    assert "run `python benchmarks/privacy.py`" in text_ and "|" not in text_
+    assert "run `python -m benchmarks.privacy`" in text_ and "|" not in text_
     assert section.figures_privacy(tmp_path) == []
 
 

@@ -26,14 +26,14 @@ def test_results_md_is_generated_from_the_raw_records():
     actual = (BENCH / "RESULTS.md").read_text()
     assert actual == expected, (
         "benchmarks/RESULTS.md differs from what benchmarks/raw/ gives: do not edit it by hand; "
-        "run `python benchmarks/report.py` and commit the result"
+        "run `python -m benchmarks.report` and commit the result"
     )
 
 
 def test_the_committed_figures_are_drawn_from_the_raw_records():
     assert report.stale_figures(records.RAW, BENCH) == [], (
         "a figure beside RESULTS.md is missing or was drawn from other data than benchmarks/raw/ gives: "
-        "run `python benchmarks/report.py` and commit the result"
+        "run `python -m benchmarks.report` and commit the result"
     )
 
 
@@ -62,7 +62,7 @@ def rec(cell, personal=0.5, glob=None, data="d1", draws="all", config=None, grid
         "schema": records.SCHEMA,
         "grid": grid,
         "cell": cell,
-        "command": "python benchmarks/x.py",
+        "command": "python -m benchmarks.x",
         "run": "r",
         "num-supernodes": 10,
         "error": error,
@@ -242,7 +242,7 @@ def test_paper_diff_separates_differences_from_matches():
 
 def test_a_section_without_records_names_the_command_instead_of_numbers(tmp_path):
     text = pifl.render_pifl(tmp_path, {})
-    assert "Not yet re-run with raw outputs: run `python benchmarks/pifl.py`" in text
+    assert "Not yet re-run with raw outputs: run `python -m benchmarks.pifl`" in text
     assert "|" not in text
 
 
@@ -296,7 +296,7 @@ def test_record_from_run_keeps_the_essentials(tmp_path):
         folder,
         grid="g",
         cell={"method": "pfedlia", "seed": 0},
-        command="python benchmarks/x.py",
+        command="python -m benchmarks.x",
         num_supernodes=2,
         run_config={},
     )
@@ -339,6 +339,20 @@ def test_failed_run_is_recorded_with_its_reason():
     assert r["run-config"] == {**records.run_config_defaults(), "method": "oracle"} and r["overrides"] == ["method"]
     assert records.error_line(r["error"]) == "ValueError: needs planted clusters"
     assert text.mean_std([r], PERSONAL) == "failed: ValueError: needs planted clusters"
+
+
+def test_a_record_names_the_module_command_that_runs_it_again():
+    """A script's records name ``python -m benchmarks.<script>`` with its arguments; the line above a table gives
+    that command, also for records that named the script by its path (before the scripts were modules)."""
+    assert running.command_line(["/repo/benchmarks/grids.py", "--families", "label-skew", "--note", "a b"]) == (
+        "python -m benchmarks.grids --families label-skew --note 'a b'"
+    )
+    recs = [
+        {**rec({"seed": 0}), "command": "python benchmarks/pifl.py --seeds 0 --raw-dir /tmp/raw"},
+        {**rec({"seed": 1}), "command": "python -m benchmarks.pifl --seeds 0"},
+    ]
+    assert [settings.command(r) for r in recs] == ["python -m benchmarks.pifl --seeds 0"] * 2
+    assert settings.header(recs, [], {}).startswith("Command: `python -m benchmarks.pifl --seeds 0` (seeds 0, 1).")
 
 
 def test_grid_cells_cover_every_combination():
@@ -494,7 +508,7 @@ def test_defaults_claims_say_when_a_method_is_fedavg_or_ends_with_one_cluster(tm
 
 def test_defaults_without_records_names_the_command(tmp_path):
     text_ = defaults.render_defaults(tmp_path, {})
-    assert "run `python benchmarks/defaults.py`" in text_ and "|" not in text_
+    assert "run `python -m benchmarks.defaults`" in text_ and "|" not in text_
     assert defaults.figures_defaults(tmp_path) == []
 
 
