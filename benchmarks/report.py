@@ -7,8 +7,8 @@ It also rewrites the generated block of ``docs/choosing-a-method.md`` (``reporti
 checks it too).
 
 The tables are rendered by the package ``benchmarks/reporting/``: the table of ``benchmarks/X.py`` by
-``benchmarks/reporting/X.py``; how to add one is in ``reporting/__init__.py``.  Benchmark scripts
-``import report`` (this folder is on their ``sys.path``) to print their own section after their runs.
+``benchmarks/reporting/X.py``; how to add one is in ``reporting/__init__.py``.  Benchmark scripts print their own
+section after their runs with ``benchmarks.reporting.print_section``.
 """
 
 from __future__ import annotations
