@@ -20,11 +20,10 @@ Reproduce:  python -m benchmarks.baselines --grid clean
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from benchmarks.reporting import print_section
-from benchmarks.running import add_common_args, product, run_grid, split
+from benchmarks.running import parser, product, run_grid, split
 
 PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "pathological", "classes-per-client": 2},
@@ -48,7 +47,7 @@ GRIDS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--grid", choices=list(GRIDS), default="clean")
     ap.add_argument("--methods")
     ap.add_argument("--partitions")
@@ -56,7 +55,6 @@ def main() -> None:
     ap.add_argument("--noise-std", type=float, help="fixed Gaussian pixel noise (0.7 makes digits harder)")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=20)
-    add_common_args(ap)
     args = ap.parse_args()
     for key, value in GRIDS[args.grid].items():
         if getattr(args, key) is None:

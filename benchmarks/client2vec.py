@@ -24,11 +24,10 @@ Reproduce: python -m benchmarks.client2vec                         (default grid
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from benchmarks.reporting import print_section
-from benchmarks.running import OUT, add_common_args, product, run_grid, split
+from benchmarks.running import OUT, parser, product, run_grid, split
 
 ARMS: dict[str, dict[str, Any]] = {
     "FedAvg": {"c2v-sampling": False, "c2v-aggregation": False, "c2v-local": False},
@@ -63,14 +62,13 @@ SETTINGS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--clients", type=int, default=40)
     ap.add_argument("--ign-epochs", type=int, default=5)
     ap.add_argument("--settings", default="4dom-a0.1")
     ap.add_argument("--arms", default=",".join(ARMS))
-    add_common_args(ap)
     args = ap.parse_args()
     base = {
         "method": "client2vec",

@@ -26,10 +26,8 @@ Reproduce:  benchmarks/run_committed.sh defaults   (every method x 3 seeds: 60 r
 
 from __future__ import annotations
 
-import argparse
-
 from benchmarks.reporting import print_section
-from benchmarks.running import add_common_args, product, run_grid, split
+from benchmarks.running import parser, product, run_grid, split
 from task.methods import METHODS
 
 GRID = "defaults"
@@ -50,11 +48,10 @@ def cells(methods: list[str] | None, seeds: list[int], rounds: int | None) -> li
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--methods", help="comma-separated (default: every method of the registry)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, help="override num-server-rounds (quick looks only; default: the app's)")
-    add_common_args(ap)
     args = ap.parse_args()
     grid = cells(split(args.methods) if args.methods else None, [int(s) for s in split(args.seeds)], args.rounds)
     run_grid(GRID, grid, CLIENTS, args.raw_dir)

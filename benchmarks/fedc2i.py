@@ -15,11 +15,10 @@ Reproduce: python -m benchmarks.fedc2i              (30 runs, about 20-40 minute
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from benchmarks.reporting import print_section
-from benchmarks.running import add_common_args, product, run_grid, split
+from benchmarks.running import parser, product, run_grid, split
 
 METHODS: dict[str, dict[str, Any]] = {
     "local": {"method": "local"},
@@ -39,11 +38,10 @@ METHODS: dict[str, dict[str, Any]] = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--methods", default=",".join(METHODS))
-    add_common_args(ap)
     args = ap.parse_args()
     base = {
         "partition": "iid",

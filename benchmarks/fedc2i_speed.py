@@ -13,7 +13,6 @@ Reproduce: python -m benchmarks.fedc2i_speed [--model c2i-small] [--clients 5,20
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch
 
 from benchmarks.records import write_record
 from benchmarks.reporting import print_section
-from benchmarks.running import add_common_args, measurement_record
+from benchmarks.running import measurement_record, parser
 from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states
 from task.models import build_model, count_parameters, head_keys
 from task.params import to_record
@@ -44,12 +43,11 @@ def influence_round(model, stacked, x, y, heads, bodies):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--model", default="c2i-small")
     ap.add_argument("--clients", default="5,20,50")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--train-samples", type=int, default=1000)
-    add_common_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)

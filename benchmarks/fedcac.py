@@ -12,11 +12,10 @@ Reproduce: python -m benchmarks.fedcac                       (54 runs; about 35-
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from benchmarks.reporting import print_section
-from benchmarks.running import add_common_args, product, run_grid, split
+from benchmarks.running import parser, product, run_grid, split
 
 PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "pathological", "classes-per-client": 2},
@@ -26,13 +25,12 @@ PARTITIONS: dict[str, dict[str, Any]] = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--partitions", default=",".join(PARTITIONS))
     ap.add_argument("--methods", default="local,fedavg,fedper,fedrep,ditto,fedcac")
-    add_common_args(ap)
     args = ap.parse_args()
     base = {
         "noise-std": 0.7,

@@ -16,7 +16,6 @@ puts it in RESULTS.md and draws its figures (``--smoke`` prints the rehearsal's 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from collections.abc import Iterable
@@ -38,7 +37,7 @@ from benchmarks.records import RAW, load_records, run_config_defaults
 from benchmarks.reporting import print_section
 from benchmarks.reporting.figures import draw
 from benchmarks.reporting.grids import FamilyRecords, figures_grids, render_grids
-from benchmarks.running import Bench, Progress, add_common_args, run_all, split, todo
+from benchmarks.running import Bench, Progress, parser, run_all, split, todo
 
 
 def check_configs(runs: Iterable[Run]) -> None:
@@ -93,7 +92,7 @@ def estimate(raw_dir: Path) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--methods", default="", help="only these rows (default: every row of each family)")
     ap.add_argument("--skip", default="", help="leave these rows out (e.g. fedbn before it exists)")
@@ -104,7 +103,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smoke", action="store_true", help="a tiny rehearsal: 2 methods per family, 1 seed, 2 rounds")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the estimated compute, run nothing")
     ap.add_argument("--seconds-per-run", type=float, help="for --dry-run (default: the mean of recorded runs)")
-    add_common_args(ap)
     args = ap.parse_args(argv)
     raw_dir = Path(args.raw_dir)
     if args.smoke and raw_dir.resolve() == RAW.resolve():

@@ -21,12 +21,11 @@ Reproduce: python -m benchmarks.pfedlia --grid planted
 
 from __future__ import annotations
 
-import argparse
 import math
 from typing import Any
 
 from benchmarks.reporting import print_section
-from benchmarks.running import add_common_args, product, run_grid, split
+from benchmarks.running import parser, product, run_grid, split
 
 PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "planted-clusters"},
@@ -84,7 +83,7 @@ def participation(label: str, clients: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--grid", choices=list(GRIDS), default="planted")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--clients", type=int)
@@ -94,7 +93,6 @@ def main() -> None:
     ap.add_argument("--methods")
     ap.add_argument("--partitions")
     ap.add_argument("--participation", help="comma list of 'full' and/or shares such as '10%%'")
-    add_common_args(ap)
     args = ap.parse_args()
     for key, value in GRIDS[args.grid].items():
         if getattr(args, key) is None:

@@ -15,10 +15,8 @@ Reproduce: python -m benchmarks.pifl              (3 seeds, 90 runs; about 70 mi
 
 from __future__ import annotations
 
-import argparse
-
 from benchmarks.reporting import print_section
-from benchmarks.running import add_common_args, product, run_grid, split
+from benchmarks.running import parser, product, run_grid, split
 
 PARTITIONS = {
     "synth-10:90": {"dataset": "synth-concept", "mixture": "10:90"},
@@ -38,13 +36,12 @@ METHODS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--partitions", default=",".join(PARTITIONS))
     ap.add_argument("--methods", default=",".join(METHODS))
-    add_common_args(ap)
     args = ap.parse_args()
     base = {
         "partition": "two-source",

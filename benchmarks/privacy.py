@@ -38,7 +38,6 @@ failed ones).  Order: seed by seed, so that a partial run has every method and e
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from typing import Any
 
 from benchmarks.records import run_config_defaults
 from benchmarks.reporting import print_section
-from benchmarks.running import Bench, Progress, add_common_args, run_all, split, todo
+from benchmarks.running import Bench, Progress, parser, run_all, split, todo
 
 GRID = "privacy"
 CLIENTS = 10  # the README's num-supernodes
@@ -218,13 +217,12 @@ def expected_failure(run: Run) -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--epsilons", default=",".join(label(t) for t in TARGETS), help="targets (inf: always run)")
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--retry-failed", action="store_true", help="rerun runs whose record says they failed")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the noise multipliers, run nothing")
-    add_common_args(ap)
     args = ap.parse_args()
     raw_dir = Path(args.raw_dir)
     targets = [float(t) for t in split(args.epsilons) if t != INF]

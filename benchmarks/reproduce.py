@@ -18,14 +18,13 @@ Keys of the old run config that today's code no longer declares are reported and
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.records import RAW, run_config_defaults
-from benchmarks.running import machine
+from benchmarks.records import run_config_defaults
+from benchmarks.running import machine, parser
 from server_app.runner import LocalSimulation
 
 METRICS = ("personal-acc", "global-acc", "trained-acc", "personal-loss", "clients", "rounds", "failures")
@@ -50,9 +49,8 @@ def compare(record: dict, summary: dict, rounds: list[dict], tolerance: float) -
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("records", nargs="+", help="<grid>/<cell> of benchmarks/raw (without .json)")
-    ap.add_argument("--raw-dir", default=str(RAW))
     ap.add_argument("--tolerance", type=float, default=1e-6)
     args = ap.parse_args()
     declared = run_config_defaults()

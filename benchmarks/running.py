@@ -11,6 +11,7 @@ record keeps (:func:`refresh`).
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -478,8 +479,11 @@ def product(axes: dict[str, dict[str, dict]], seeds: list[int], base: dict[str, 
     return [({**c, "seed": s}, {**cfg, "seed": s}) for c, cfg in cells for s in seeds]
 
 
-def add_common_args(ap) -> None:
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark script's argument parser: its docstring as the help, and ``--raw-dir``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw-dir", default=str(RAW), help="where the raw records go (default benchmarks/raw)")
+    return ap
 
 
 def split(text: str) -> list[str]:
@@ -514,11 +518,8 @@ def refresh(raw_dir: Path, runs_dir: Path) -> int:
 
 
 if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(description="rebuild raw records from their run folders (see refresh)")
+    ap = parser("rebuild raw records from their run folders (see refresh)")
     ap.add_argument("command", choices=["refresh"])
     ap.add_argument("--runs", default=str(OUT / "runs"))
-    ap.add_argument("--raw-dir", default=str(RAW))
     a = ap.parse_args()
     print(f"refreshed {refresh(Path(a.raw_dir), Path(a.runs))} records from {a.runs}")

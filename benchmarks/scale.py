@@ -26,7 +26,6 @@ its clustering round included).
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
@@ -34,7 +33,7 @@ import numpy as np
 
 from benchmarks.records import write_record
 from benchmarks.reporting import print_section
-from benchmarks.running import Bench, add_common_args, measurement_record, split
+from benchmarks.running import Bench, measurement_record, parser, split
 
 METHODS: dict[str, dict[str, Any]] = {
     "local": {},
@@ -70,7 +69,7 @@ def part_overhead(args) -> None:
     with Bench("scale-overhead", raw_dir=args.raw_dir, total=2 * len(methods)) as bench:
         for n in (10, 50):
             for m in methods:
-                cfg = {**base, "method": m, "min-nodes": n, **METHODS[m]}
+                cfg = {**base, "method": m, **METHODS[m]}
                 if m == "pfedlia":  # warm-up round 1, clustering round 2, clustered rounds 3-5
                     cfg["num-server-rounds"] = cfg["eval-every"] = 5
                 bench.run({"method": m, "clients": n}, cfg, n)
@@ -88,7 +87,6 @@ def part_floor(args) -> None:
             "local-epochs": args.floor_epochs,
             "num-server-rounds": 6,
             "eval-every": 6,
-            "min-nodes": 10,
         }
         bench.run({"method": "fedavg", "clients": 10, "local-epochs": args.floor_epochs}, cfg, 10)
 
@@ -110,7 +108,6 @@ def part_scale(args) -> None:
                     "local-epochs": 1,
                     "num-server-rounds": 3,
                     "eval-every": 3,
-                    "min-nodes": n,
                     "test-fraction": 0.2,
                     "val-fraction": 0.0,
                     "round-timeout": 7200.0,
@@ -167,13 +164,12 @@ def _c2v(cls, bf, bl, m):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("parts", nargs="+", choices=["overhead", "floor", "scale", "kernels"])
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--sizes", default="10,100,1000")
     ap.add_argument("--scale-methods", default="fedavg,fedcac,fedc2i")
     ap.add_argument("--floor-epochs", type=int, default=16)
-    add_common_args(ap)
     args = ap.parse_args()
     for part in args.parts:
         globals()[f"part_{part}"](args)

@@ -25,7 +25,6 @@ Reproduce: python -m benchmarks.speed sim deploy compose       (about 30 minutes
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -41,7 +40,7 @@ from typing import Any
 
 from benchmarks.records import BENCHMARKS, write_record
 from benchmarks.reporting import print_section
-from benchmarks.running import add_common_args, measurement_record, split
+from benchmarks.running import measurement_record, parser, split
 from server_app.runner import CONNECTION, LocalSimulation, RunFailed, run_config_arg
 
 NOOP_APP = BENCHMARKS / "noop_app"
@@ -285,14 +284,13 @@ def part_compose(args) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("parts", nargs="+", choices=["sim", "deploy", "compose"])
     ap.add_argument("--clients", default="20,100", help="sim: client counts (default 20,100)")
     ap.add_argument("--methods", default="fedavg,fedcac", help="sim: pflower methods (default fedavg,fedcac)")
     ap.add_argument("--rounds", type=int, default=20, help="sim: rounds (default 20)")
     ap.add_argument("--nodes", default="2,4", help="deploy: node counts (default 2,4)")
     ap.add_argument("--deploy-rounds", type=int, default=4, help="deploy: rounds (default 4)")
-    add_common_args(ap)
     args = ap.parse_args()
     for part in args.parts:
         {"sim": part_sim, "deploy": part_deploy, "compose": part_compose}[part](args)

@@ -3,7 +3,7 @@ FedAvg or Local, measured) are what the committed records give: a table typed or
 
 from __future__ import annotations
 
-from benchmarks import gaps
+from benchmarks.reporting import gaps
 from benchmarks.records import RAW
 
 
