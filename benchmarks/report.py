@@ -18,17 +18,11 @@ import sys
 from pathlib import Path
 
 from benchmarks.records import BENCHMARKS, RAW
-from benchmarks.reporting import build, build_figures, render_grid
+from benchmarks.reporting import build, build_figures, stale_figures
 from benchmarks.reporting.choosing import PAGE, build_page
-from benchmarks.reporting.figures import draw, stored_digest
+from benchmarks.reporting.figures import draw
 
 RESULTS = BENCHMARKS / "RESULTS.md"
-__all__ = ["PAGE", "RESULTS", "build", "build_figures", "build_page", "main", "render_grid", "stale_figures"]
-
-
-def stale_figures(raw: Path, folder: Path) -> list[str]:
-    """The figures of RESULTS.md (in ``folder``) that are missing or were drawn from other data than ``raw`` gives."""
-    return [f.file for f in build_figures(raw) if stored_digest(folder / f.file) != f.digest()]
 
 
 def main() -> None:

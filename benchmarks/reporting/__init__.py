@@ -58,7 +58,7 @@ from . import (
     scale,
     speed,
 )
-from .figures import Figure
+from .figures import Figure, stored_digest
 
 
 @dataclass
@@ -152,6 +152,11 @@ def render_grid(grid: str, raw: Path = RAW) -> str:
 def build_figures(raw: Path = RAW) -> list[Figure]:
     """The figures RESULTS.md references, computed from the records under ``raw`` (drawn by ``figures.draw``)."""
     return [f for s in SECTIONS if s.figures for f in s.figures(Path(raw))]
+
+
+def stale_figures(raw: Path, folder: Path) -> list[str]:
+    """The figures of RESULTS.md (in ``folder``) that are missing or were drawn from other data than ``raw`` gives."""
+    return [f.file for f in build_figures(raw) if stored_digest(folder / f.file) != f.digest()]
 
 
 def print_section(grid: str, raw_dir: Path | str = RAW) -> None:

@@ -28,7 +28,7 @@ from benchmarks.records import (
 )
 
 from .figures import Figure, Line, Panel, per_round, seed_line
-from .pairing import delta_cell, paired
+from .pairing import REFERENCES, delta_cell, paired
 from .pfedlia import clusters_found
 from .settings import header
 from .text import accuracy_cell, bullets, md_table, mean_range, missing, plural, pts, value_range
@@ -38,7 +38,6 @@ COMMAND = "python -m benchmarks.defaults"
 CURVES = "defaults_learning_curves.png"
 BELOW_LOCAL = 0.05  # issue 25: no method more than 5 points below Local
 BELOW_BEST = 0.02  # issue 25: a method more than 2 points below the better of Local and FedAvg needs its reason
-REFERENCES = ("local", "fedavg")
 SECONDS = summary("seconds")
 
 

@@ -28,12 +28,11 @@ from benchmarks.families import (
 from benchmarks.records import PERSONAL, Rec, load_records, mean, ok, seeds_of
 
 from .figures import Figure, Panel, seed_line
-from .pairing import delta_cell, paired
+from .pairing import REFERENCES, delta_cell, paired
 from .settings import header
 from .text import accuracy_cell, md_table, num, plural
 
 COMMAND = 'benchmarks/run_committed.sh "grids{}"'  # on a committed tree; {}: the arguments of the grids script
-REFERENCES = ("local", "fedavg")
 #: methods whose clients use their validation split themselves (client_app/): pFedLIA scores peers' lazy models on
 #: it, IFCA picks its cluster by the loss on it, PI-FL bids by the tiers' accuracy on it
 USES_VALIDATION = ("pfedlia", "ifca", "pifl")

@@ -60,6 +60,8 @@ def delta_cell(p: Paired | None) -> str:
     return mean_range(p.deltas, 1, 100, "+") if p.ok else f"no paired Δ ({p.reason})"
 
 
+#: the methods a personalized method has to beat: each client on its own, and one global model
+REFERENCES = ("local", "fedavg")
 #: per-client columns that count the examples a client is scored on, not trained on
 TEST_COLUMNS = ("test-examples", "eval-examples", "goal-examples")
 

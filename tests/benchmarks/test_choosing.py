@@ -17,7 +17,8 @@ from benchmarks.families import Family
 from benchmarks.records import write_record
 from benchmarks.reporting import choosing
 from benchmarks.reporting.grids import FamilyRecords
-from benchmarks.running import fingerprint
+
+from .test_grids import record
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
@@ -31,32 +32,6 @@ def design() -> dict[str, Family]:
     rows = tuple(r for r in fam.rows if r.name in ROWS)
     het = {k: v for k, v in fam.heterogeneity.items() if k in ("dirichlet-0.1", "dirichlet-0.5")}
     return {"label-skew": replace(fam, rows=rows, samples={25: {}, 50: {}}, heterogeneity=het)}
-
-
-def record(grid, cell, acc, *, num_examples=(30, 40, 50), rounds=(), error=None, seconds=10.0):
-    clients = {
-        "columns": ["client", "num-examples", "personal-acc", "test-examples"],
-        "rows": [[i, n, acc, 9] for i, n in enumerate(num_examples)],
-    }
-    return {
-        "schema": 1,
-        "grid": grid,
-        "cell": cell,
-        "command": "synthetic",
-        "run": None,
-        "num-supernodes": len(num_examples),
-        "error": error,
-        "code": {"commit": "0123456789abcdef", "dirty": False},
-        "machine": {"cores": 2, "memory-gib": 24, "gpu": False, "load-before": 1.0},
-        "run-config": {"val-fraction": 0.2},
-        "overrides": ["val-fraction"],
-        "summary": {"personal-acc": None if error else acc, "seconds": seconds},
-        "rounds": list(rounds),
-        "clients": clients if not error else {"columns": [], "rows": []},
-        "artefacts": {},
-        "fingerprint": fingerprint(clients, [], {}),
-        "wall-seconds": 30.0,
-    }
 
 
 def select_all(raw: Path, fam: Family) -> dict[str, str]:

@@ -3,8 +3,8 @@ FedAvg or Local, measured) are what the committed records give: a table typed or
 
 from __future__ import annotations
 
-from benchmarks.reporting import gaps
 from benchmarks.records import RAW
+from benchmarks.reporting import gaps
 
 
 def test_the_docs_gap_tables_are_generated_from_the_committed_records():

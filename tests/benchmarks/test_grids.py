@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import families, grids, records, report, running
+from benchmarks import families, grids, records, reporting, running
 from benchmarks.records import write_record
 from benchmarks.reporting import figures
 from benchmarks.reporting import grids as report_grids
@@ -31,10 +31,12 @@ def tiny() -> dict[str, families.Family]:
 MACHINE = {"cores": 2, "memory-gib": 24, "gpu": False, "python": "3.11", "flwr": "1.41.0", "torch": "2"}
 
 
-def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=(9, 9, 9), error=None, config=None, wall=30.0):
+def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=None, rounds=(), error=None, config=None, **kw):
+    """A synthetic record (``kw``: ``wall`` seconds of ``flwr run``, ``seconds`` of ServerApp time)."""
+    wall, tests = kw.get("wall", 30.0), test_examples or [9] * len(num_examples)
     clients = {
         "columns": ["client", "num-examples", "personal-acc", "test-examples"],
-        "rows": [[i, n, acc, t] for i, (n, t) in enumerate(zip(num_examples, test_examples, strict=False))],
+        "rows": [[i, n, acc, t] for i, (n, t) in enumerate(zip(num_examples, tests, strict=True))],
     }
     return {
         "schema": 1,
@@ -48,8 +50,8 @@ def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=(9, 9, 9
         "machine": {**MACHINE, "load-before": wall / 10},  # the load is told apart by the run's wall time
         "run-config": {"val-fraction": 0.2, **(config or {})},
         "overrides": ["val-fraction", *(config or {})],
-        "summary": {"personal-acc": None if error else acc},
-        "rounds": [],
+        "summary": {"personal-acc": None if error else acc, "seconds": kw.get("seconds", 10.0)},
+        "rounds": list(rounds),
         "clients": clients if not error else {"columns": [], "rows": []},
         "artefacts": {},
         "fingerprint": fingerprint(clients, [], {}),
@@ -295,14 +297,14 @@ def test_report_check_draws_the_grids_figure_and_finds_it_stale_when_a_record_ch
     raw, out = tmp_path / "raw", tmp_path / "out"
     out.mkdir()
     _, fam, sel, _ = _filled(raw)
-    assert "grids-label-skew.png" in report.stale_figures(raw, out)  # not drawn yet
-    for fig in report.build_figures(raw):
+    assert "grids-label-skew.png" in reporting.stale_figures(raw, out)  # not drawn yet
+    for fig in reporting.build_figures(raw):
         figures.draw(fig, out)
-    assert report.stale_figures(raw, out) == []
+    assert reporting.stale_figures(raw, out) == []
     n, h = fam.middle
     write_grid(raw, fam, "fedcac", sel["fedcac"].chosen, n, h, [0.1, 0.2, 0.3])
-    assert report.stale_figures(raw, out) == ["grids-label-skew.png"]
-    assert "## When each method pays off" in report.build(raw)  # a section of RESULTS.md
+    assert reporting.stale_figures(raw, out) == ["grids-label-skew.png"]
+    assert "## When each method pays off" in reporting.build(raw)  # a section of RESULTS.md
 
 
 def test_the_smoke_rehearsal_prints_its_section_and_draws_its_figure(tmp_path, capsys):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import records, report, running
+from benchmarks import records, reporting, running
 from benchmarks.records import PERSONAL
 from benchmarks.reporting import client2vec as reporting_client2vec
 from benchmarks.reporting import defaults, figures, pairing, pifl, settings, text
@@ -22,7 +22,7 @@ BENCH = Path(records.__file__).resolve().parent
 
 
 def test_results_md_is_generated_from_the_raw_records():
-    expected = report.build(records.RAW)
+    expected = reporting.build(records.RAW)
     actual = (BENCH / "RESULTS.md").read_text()
     assert actual == expected, (
         "benchmarks/RESULTS.md differs from what benchmarks/raw/ gives: do not edit it by hand; "
@@ -31,7 +31,7 @@ def test_results_md_is_generated_from_the_raw_records():
 
 
 def test_the_committed_figures_are_drawn_from_the_raw_records():
-    assert report.stale_figures(records.RAW, BENCH) == [], (
+    assert reporting.stale_figures(records.RAW, BENCH) == [], (
         "a figure beside RESULTS.md is missing or was drawn from other data than benchmarks/raw/ gives: "
         "run `python -m benchmarks.report` and commit the result"
     )
@@ -539,13 +539,13 @@ def test_a_drawn_figure_carries_its_data_and_a_changed_record_makes_it_stale(tmp
     raw, out = tmp_path / "raw", tmp_path / "out"
     out.mkdir()
     _defaults_grid(raw, {"local": [0.6], "fedavg": [0.7]}, rounds={"local": [[0.2, 0.6]], "fedavg": [[0.5, 0.7]]})
-    assert report.stale_figures(raw, out) == [defaults.CURVES]  # not drawn yet
-    for fig in report.build_figures(raw):
+    assert reporting.stale_figures(raw, out) == [defaults.CURVES]  # not drawn yet
+    for fig in reporting.build_figures(raw):
         path = figures.draw(fig, out)
         assert path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert report.stale_figures(raw, out) == []
+    assert reporting.stale_figures(raw, out) == []
     _defaults_grid(raw, {"local": [0.6], "fedavg": [0.7]}, rounds={"local": [[0.2, 0.65]], "fedavg": [[0.5, 0.7]]})
-    assert report.stale_figures(raw, out) == [defaults.CURVES]
+    assert reporting.stale_figures(raw, out) == [defaults.CURVES]
 
 
 def test_the_defaults_grid_runs_every_registered_method_with_nothing_but_method_and_seed():
