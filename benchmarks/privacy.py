@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,13 +199,7 @@ def plan(methods: list[str], targets: list[float], seeds: list[int]) -> list[Run
                         "mode": acc.mode,
                         "noise-multiplier": sigma,
                         "predicted-epsilon": acc.epsilon(sigma),
-                        "accounting": {
-                            "rounds": acc.rounds,
-                            "population": acc.population,
-                            "cohort": acc.cohort,
-                            "delta": acc.delta,
-                            "clip": acc.clip,
-                        },
+                        "accounting": {k: v for k, v in asdict(acc).items() if k != "mode"},
                     }
                 runs.append(Run(cell, config, target))
     return runs
