@@ -245,9 +245,9 @@ def select(family: Family, row: Row, records: list[dict]) -> Selection:
 
 @dataclass(frozen=True)
 class Run:
-    """One planned run of a family (what ``running.run_all`` runs): a selection run or a grid run."""
+    """One planned run of a family (what ``running.run_all`` runs): a selection run (``grid`` is the family's
+    ``select_grid``) or a grid run."""
 
-    phase: str  # "select" or "grid"
     family: Family
     row: Row
     grid: str
@@ -271,9 +271,7 @@ def selection_runs(family: Family, seeds: Iterable[int]) -> list[Run]:
             for setting in row.settings(family.lrs):
                 cell = {"method": row.name, "setting": setting_label(setting), "seed": seed}
                 cfg = {**family.cell_config(n, h), **row.config, **setting, "seed": seed}
-                out.append(
-                    Run("select", family, row, family.select_grid, cell, {**cfg, "evaluate-split": "validation"})
-                )
+                out.append(Run(family, row, family.select_grid, cell, {**cfg, "evaluate-split": "validation"}))
     return out
 
 
@@ -295,7 +293,7 @@ def grid_runs(family: Family, chosen: dict[str, str], seeds: Iterable[int], midd
                     "seed": seed,
                 }
                 cfg = {**family.cell_config(samples, het), **row.config, **setting, "seed": seed}
-                out.append(Run("grid", family, row, family.grid, cell, cfg))
+                out.append(Run(family, row, family.grid, cell, cfg))
     return out
 
 
