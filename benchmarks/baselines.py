@@ -1,7 +1,7 @@
 """Baselines on digits: does personalization pay where it should, and not where it should not?
 
 Runs every method through Flower (a private simulation SuperLink, ``flwr run``), writes one raw record per
-run to ``benchmarks/raw/baselines-<grid>/`` and prints the table ``benchmarks/report.py`` builds from them:
+run to ``benchmarks/raw/baselines-<grid>/`` and prints the table ``python -m benchmarks.report`` builds from them:
 final personalized accuracy (each client's own model on its own test split, mean over clients) and the global
 model's accuracy where one exists, mean and std over seeds.
 
@@ -12,22 +12,18 @@ Grids (``--grid``; any option below overrides the grid's value):
   clean   clean digits, 7 methods, pathological + IID, seed 0          (14 runs, about 10 minutes on 2 cores)
   noisy   Gaussian pixel noise 0.7, local/fedavg/fedper/fedrep/ditto, seeds 0-2   (30 runs, about 20 minutes)
 
-Reproduce:  python benchmarks/baselines.py --grid clean
-            python benchmarks/baselines.py --grid noisy
-            python benchmarks/baselines.py --rounds 5 --methods local,fedavg --partitions iid \
+Reproduce:  python -m benchmarks.baselines --grid clean
+            python -m benchmarks.baselines --grid noisy
+            python -m benchmarks.baselines --rounds 5 --methods local,fedavg --partitions iid \
                 --raw-dir /tmp/raw  (quick)
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import add_common_args, print_report, product, run_grid, split
+from benchmarks.reporting import print_section
+from benchmarks.running import parser, product, run_grid, split
 
 PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "pathological", "classes-per-client": 2},
@@ -51,7 +47,7 @@ GRIDS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--grid", choices=list(GRIDS), default="clean")
     ap.add_argument("--methods")
     ap.add_argument("--partitions")
@@ -59,7 +55,6 @@ def main() -> None:
     ap.add_argument("--noise-std", type=float, help="fixed Gaussian pixel noise (0.7 makes digits harder)")
     ap.add_argument("--clients", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=20)
-    add_common_args(ap)
     args = ap.parse_args()
     for key, value in GRIDS[args.grid].items():
         if getattr(args, key) is None:
@@ -71,7 +66,7 @@ def main() -> None:
     }
     grid = f"baselines-{args.grid}"
     run_grid(grid, product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
-    print_report(grid, args.raw_dir)
+    print_section(grid, args.raw_dir)
 
 
 if __name__ == "__main__":

@@ -11,27 +11,23 @@ share data, split, initial model and (for the index arms) the index; arms withou
 clients in every round.
 
 Accuracy: the global model on each client's own test split (FedBN, which has none: each client's personalized
-model), unweighted mean over clients, best round and last round.  ``benchmarks/report.py`` prints the paired
+model), unweighted mean over clients, best round and last round.  ``python -m benchmarks.report`` prints the paired
 delta (arm minus FedAvg on the same seed, FedBN-cnn minus FedAvg-cnn: per seed, mean and std, wins) only when
 the records' fingerprints show the pairing holds, and the index phase's seconds next to one training round, and
 the index's domain block gap.  One raw record per run goes to
 ``benchmarks/raw/client2vec/``.
 
-Reproduce: python benchmarks/client2vec.py                         (default grid: 35 runs)
-           python benchmarks/client2vec.py --arms FedAvg-cnn,FedBN-cnn   (only the FedBN arms: 10 runs)
-           python benchmarks/client2vec.py --seeds 0 --rounds 10 --raw-dir /tmp/raw   (quick look)
+Reproduce: python -m benchmarks.client2vec                         (default grid: 35 runs)
+           python -m benchmarks.client2vec --arms FedAvg-cnn,FedBN-cnn   (only the FedBN arms: 10 runs)
+           python -m benchmarks.client2vec --seeds 0 --rounds 10 --raw-dir /tmp/raw   (quick look)
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import OUT, add_common_args, print_report, product, run_grid, split
+from benchmarks.reporting import print_section
+from benchmarks.running import OUT, parser, product, run_grid, split
 
 ARMS: dict[str, dict[str, Any]] = {
     "FedAvg": {"c2v-sampling": False, "c2v-aggregation": False, "c2v-local": False},
@@ -66,14 +62,13 @@ SETTINGS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--clients", type=int, default=40)
     ap.add_argument("--ign-epochs", type=int, default=5)
     ap.add_argument("--settings", default="4dom-a0.1")
     ap.add_argument("--arms", default=",".join(ARMS))
-    add_common_args(ap)
     args = ap.parse_args()
     base = {
         "method": "client2vec",
@@ -106,7 +101,7 @@ def main() -> None:
     ]
     cells.sort(key=lambda cc: (list(SETTINGS).index(cc[0]["setting"]), cc[0]["seed"]))
     run_grid("client2vec", cells, args.clients, args.raw_dir)
-    print_report("client2vec", args.raw_dir)
+    print_section("client2vec", args.raw_dir)
 
 
 if __name__ == "__main__":

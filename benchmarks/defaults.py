@@ -16,23 +16,18 @@ is a record with its error, and a row that shows it).  ``benchmarks/reporting/de
 seconds per run, and a flag where a method is more than 5 points below Local or more than 2 points below the
 better of Local and FedAvg) and the learning curves (``benchmarks/defaults_learning_curves.png``).
 
-Reproduce:  benchmarks/run_committed.sh defaults.py   (every method x 3 seeds: 60 runs for 20 methods; a run of the
+Reproduce:  benchmarks/run_committed.sh defaults   (every method x 3 seeds: 60 runs for 20 methods; a run of the
                                                      default 10 rounds takes about 20-60 s of ServerApp time on 2
                                                      cores plus Ray's start, Client2Vec's index phase more: about
                                                      an hour in all on an idle machine)
-            python benchmarks/report.py                 (RESULTS.md and benchmarks/defaults_learning_curves.png)
-            python benchmarks/defaults.py --methods local,fedavg --seeds 0 --rounds 3 --raw-dir /tmp/raw  (quick)
+            python -m benchmarks.report                 (RESULTS.md and benchmarks/defaults_learning_curves.png)
+            python -m benchmarks.defaults --methods local,fedavg --seeds 0 --rounds 3 --raw-dir /tmp/raw  (quick)
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import add_common_args, print_report, product, run_grid, split
+from benchmarks.reporting import print_section
+from benchmarks.running import parser, product, run_grid, split
 from task.methods import METHODS
 
 GRID = "defaults"
@@ -53,15 +48,14 @@ def cells(methods: list[str] | None, seeds: list[int], rounds: int | None) -> li
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--methods", help="comma-separated (default: every method of the registry)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, help="override num-server-rounds (quick looks only; default: the app's)")
-    add_common_args(ap)
     args = ap.parse_args()
     grid = cells(split(args.methods) if args.methods else None, [int(s) for s in split(args.seeds)], args.rounds)
     run_grid(GRID, grid, CLIENTS, args.raw_dir)
-    print_report(GRID, args.raw_dir)
+    print_section(GRID, args.raw_dir)
 
 
 if __name__ == "__main__":

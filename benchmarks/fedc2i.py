@@ -7,22 +7,18 @@ Same protocol for every method (fedc2i.md §6.12/§8):
 ``personal-acc`` is each client's own model on its own test split; for FedAvg/FedProx that is the global
 model, so ``trained-acc`` (the model right after local training, "FedAvg + fine-tuning") is reported too —
 about half of a personalized method's edge over FedAvg comes from that protocol difference alone.
-One raw record per run goes to ``benchmarks/raw/fedc2i/``; the table is ``benchmarks/report.py``'s.
+One raw record per run goes to ``benchmarks/raw/fedc2i/``; the table is ``python -m benchmarks.report``'s.
 
-Reproduce: python benchmarks/fedc2i.py              (30 runs, about 20-40 minutes on 2 cores)
-           python benchmarks/fedc2i.py --methods fedbn,fedavg-cnn   (only the FedBN rows: 6 runs)
+Reproduce: python -m benchmarks.fedc2i              (30 runs, about 20-40 minutes on 2 cores)
+           python -m benchmarks.fedc2i --methods fedbn,fedavg-cnn   (only the FedBN rows: 6 runs)
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import add_common_args, print_report, product, run_grid, split
+from benchmarks.reporting import print_section
+from benchmarks.running import parser, product, run_grid, split
 
 METHODS: dict[str, dict[str, Any]] = {
     "local": {"method": "local"},
@@ -42,11 +38,10 @@ METHODS: dict[str, dict[str, Any]] = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--methods", default=",".join(METHODS))
-    add_common_args(ap)
     args = ap.parse_args()
     base = {
         "partition": "iid",
@@ -60,7 +55,7 @@ def main() -> None:
     }
     axes = {"method": {m: METHODS[m] for m in split(args.methods)}}
     run_grid("fedc2i", product(axes, [int(s) for s in split(args.seeds)], base), 5, args.raw_dir)
-    print_report("fedc2i", args.raw_dir)
+    print_section("fedc2i", args.raw_dir)
 
 
 if __name__ == "__main__":

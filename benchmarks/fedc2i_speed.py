@@ -6,27 +6,23 @@ matrix + mixing) against one round of local training (2 epochs of Adam, batch 32
 training samples per client as in its Digit-5 split, ``--train-samples`` to change), and prints the bytes a
 client downloads per round with all M models (the paper) and with k = 5 sampled peers (``c2i-peers=5``).
 Not a federated run: it times the client's own code in-process.
-One raw record per M goes to ``benchmarks/raw/fedc2i-speed/``; the table is ``benchmarks/report.py``'s.
+One raw record per M goes to ``benchmarks/raw/fedc2i-speed/``; the table is ``python -m benchmarks.report``'s.
 
-Reproduce: python benchmarks/fedc2i_speed.py [--model c2i-small] [--clients 5,20,50] [--train-samples 200]
+Reproduce: python -m benchmarks.fedc2i_speed [--model c2i-small] [--clients 5,20,50] [--train-samples 200]
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+from benchmarks.records import write_record
+from benchmarks.reporting import print_section
+from benchmarks.running import measurement_record, parser
 from client_app.fedc2i_math import influence_matrix, influence_vector, mix_classifier, mix_states
-from common import add_common_args, measurement_record, print_report, write_record
 from task.models import build_model, count_parameters, head_keys
 from task.params import to_record
 from task.train import train
@@ -47,12 +43,11 @@ def influence_round(model, stacked, x, y, heads, bodies):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--model", default="c2i-small")
     ap.add_argument("--clients", default="5,20,50")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--train-samples", type=int, default=1000)
-    add_common_args(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
@@ -98,7 +93,7 @@ def main() -> None:
             f"{row['influence-s'] / row['local-training-s']:.2f} | {size_all / 1e6:.2f} | {size_k / 1e6:.2f} |",
             flush=True,
         )
-    print_report("fedc2i-speed", args.raw_dir)
+    print_section("fedc2i-speed", args.raw_dir)
 
 
 if __name__ == "__main__":

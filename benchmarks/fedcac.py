@@ -4,22 +4,18 @@ Digits with fixed Gaussian pixel noise (std 0.7), 20 clients, 40 % of each clien
 testing (class proportions as in its training data), SGD lr 0.05 momentum 0.9, 5 local epochs, batch 20;
 FedCAC tau 0.5, beta = rounds / 2.  Accuracy: each client's model on its own test split, mean over
 clients, at the last round (FedCAC: after Eq. 11, the headline of fedcac.md §6.9), mean ± std over seeds.
-One raw record per run goes to ``benchmarks/raw/fedcac/``; the table is ``benchmarks/report.py``'s.
+One raw record per run goes to ``benchmarks/raw/fedcac/``; the table is ``python -m benchmarks.report``'s.
 
-Reproduce: python benchmarks/fedcac.py                       (54 runs; about 35-70 minutes on 2 cores)
-           python benchmarks/fedcac.py --seeds 0 --rounds 10 --raw-dir /tmp/raw  (quick look)
+Reproduce: python -m benchmarks.fedcac                       (54 runs; about 35-70 minutes on 2 cores)
+           python -m benchmarks.fedcac --seeds 0 --rounds 10 --raw-dir /tmp/raw  (quick look)
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import add_common_args, print_report, product, run_grid, split
+from benchmarks.reporting import print_section
+from benchmarks.running import parser, product, run_grid, split
 
 PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "pathological", "classes-per-client": 2},
@@ -29,13 +25,12 @@ PARTITIONS: dict[str, dict[str, Any]] = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--partitions", default=",".join(PARTITIONS))
     ap.add_argument("--methods", default="local,fedavg,fedper,fedrep,ditto,fedcac")
-    add_common_args(ap)
     args = ap.parse_args()
     base = {
         "noise-std": 0.7,
@@ -54,7 +49,7 @@ def main() -> None:
         "method": {m: {"method": m} for m in split(args.methods)},
     }
     run_grid("fedcac", product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
-    print_report("fedcac", args.raw_dir)
+    print_section("fedcac", args.raw_dir)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 for testing.  Two participation settings: every client in every round ("full"), and 10 % of the clients
 drawn per round as in the paper ("10%": ``fraction-train=0.1``; ``min-nodes`` is lowered to the 5 drawn
 clients because the strategies draw at least ``min-nodes``; the clustering round still asks every client).
-One raw record per run goes to ``benchmarks/raw/pfedlia[-dialects]/``; ``benchmarks/report.py`` prints final
+One raw record per run goes to ``benchmarks/raw/pfedlia[-dialects]/``; ``python -m benchmarks.report`` prints final
 personalized accuracy (each client's assigned model on its own test split), the adjusted Rand index of the
 clustering against the planted groups, and the clustering round's cost next to one normal round.
 
@@ -14,22 +14,18 @@ Grids (``--grid``; any option below overrides the grid's value):
   dialects  next-word prediction on 3 synthetic dialects, 15 clients, 15 rounds (5 warm-up), 4 methods
             (12 runs; ~15 min; perplexity, lower is better)
 
-Reproduce: python benchmarks/pfedlia.py --grid planted
-           python benchmarks/pfedlia.py --grid dialects
-           python benchmarks/pfedlia.py --seeds 0 --clients 20 --rounds 30 --warmup 10 --raw-dir /tmp/raw  (reduced)
+Reproduce: python -m benchmarks.pfedlia --grid planted
+           python -m benchmarks.pfedlia --grid dialects
+           python -m benchmarks.pfedlia --seeds 0 --clients 20 --rounds 30 --warmup 10 --raw-dir /tmp/raw  (reduced)
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import add_common_args, print_report, product, run_grid, split
+from benchmarks.reporting import print_section
+from benchmarks.running import parser, product, run_grid, split
 
 PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "planted-clusters"},
@@ -87,7 +83,7 @@ def participation(label: str, clients: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--grid", choices=list(GRIDS), default="planted")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--clients", type=int)
@@ -97,7 +93,6 @@ def main() -> None:
     ap.add_argument("--methods")
     ap.add_argument("--partitions")
     ap.add_argument("--participation", help="comma list of 'full' and/or shares such as '10%%'")
-    add_common_args(ap)
     args = ap.parse_args()
     for key, value in GRIDS[args.grid].items():
         if getattr(args, key) is None:
@@ -123,7 +118,7 @@ def main() -> None:
     }
     grid = "pfedlia" if args.grid == "planted" else f"pfedlia-{args.grid}"
     run_grid(grid, product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
-    print_report(grid, args.raw_dir)
+    print_section(grid, args.raw_dir)
 
 
 if __name__ == "__main__":

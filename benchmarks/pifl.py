@@ -1,7 +1,7 @@
 """PI-FL on two-source data: synthetic concept shift (10:90, 30:70) and digits mixtures (10:90, 30:70,
 linear, random), against FedAvg, IFCA, FedSoft and PI-FL(NI) (random bids).
 
-``benchmarks/report.py`` prints, from one raw record per run (``benchmarks/raw/pifl/``): personalized
+``python -m benchmarks.report`` prints, from one raw record per run (``benchmarks/raw/pifl/``): personalized
 accuracy (``personal-acc``: each client's model on its goal data; FedAvg: the global model on the same data)
 as mean and std over seeds, the paired difference to FedAvg (per seed on the same data: mean, std, wins;
 refused when the runs' data fingerprints disagree); per tier, its members' mean share of source A at the
@@ -9,19 +9,14 @@ last round (how well tiers specialise: near 0.9 / 0.1 on 10:90 means one tier pe
 tier-level table of the paper's Tables 1-2: each tier (cluster) model's accuracy on the source A and
 source B holdouts at the last round (PI-FL, PI-FL(NI), IFCA, FedSoft).
 
-Reproduce: python benchmarks/pifl.py              (3 seeds, 90 runs; about 70 minutes on 2 cores)
-           python benchmarks/pifl.py --seeds 0 --partitions synth-10:90,digits-10:90 --raw-dir /tmp/raw  (reduced)
+Reproduce: python -m benchmarks.pifl              (3 seeds, 90 runs; about 70 minutes on 2 cores)
+           python -m benchmarks.pifl --seeds 0 --partitions synth-10:90,digits-10:90 --raw-dir /tmp/raw  (reduced)
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import add_common_args, print_report, product, run_grid, split
+from benchmarks.reporting import print_section
+from benchmarks.running import parser, product, run_grid, split
 
 PARTITIONS = {
     "synth-10:90": {"dataset": "synth-concept", "mixture": "10:90"},
@@ -41,13 +36,12 @@ METHODS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--partitions", default=",".join(PARTITIONS))
     ap.add_argument("--methods", default=",".join(METHODS))
-    add_common_args(ap)
     args = ap.parse_args()
     base = {
         "partition": "two-source",
@@ -62,7 +56,7 @@ def main() -> None:
         "method": {m: METHODS[m] for m in split(args.methods)},
     }
     run_grid("pifl", product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
-    print_report("pifl", args.raw_dir)
+    print_section("pifl", args.raw_dir)
 
 
 if __name__ == "__main__":

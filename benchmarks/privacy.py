@@ -24,34 +24,29 @@ through Flower (a private simulation SuperLink, ``flwr run``), and ``min-nodes=1
 for every method: none); ``dp-clip`` is the default for every method.
 
 One raw record per run goes to ``benchmarks/raw/privacy/`` (``<method>__<epsilon>__<seed>.json``): the run's
-record (``benchmarks/common.py``; its summary has the accountant's ``epsilon`` and ``delta`` after the last
+record (``benchmarks/running.py``; its summary has the accountant's ``epsilon`` and ``delta`` after the last
 round) with ``dp-target``: the target epsilon, the mode, the multiplier found and the epsilon the search
 predicted.  A run whose record exists is skipped (the script resumes where it stopped; ``--retry-failed`` reruns
 failed ones).  Order: seed by seed, so that a partial run has every method and epsilon at the first seeds.
 ``benchmarks/reporting/privacy.py`` renders the table and the figure (``benchmarks/privacy_epsilon.png``).
 
-    python benchmarks/privacy.py --dry-run                  # the plan and the noise multipliers, run nothing
-    benchmarks/run_committed.sh "privacy.py"                # every run (45 runs)
-    python benchmarks/privacy.py --methods fedavg --epsilons 4 --seeds 0 --raw-dir /tmp/raw   (a quick trial)
-    python benchmarks/report.py                             # RESULTS.md and the figure
+    python -m benchmarks.privacy --dry-run                  # the plan and the noise multipliers, run nothing
+    benchmarks/run_committed.sh "privacy"                # every run (45 runs)
+    python -m benchmarks.privacy --methods fedavg --epsilons 4 --seeds 0 --raw-dir /tmp/raw   (a quick trial)
+    python -m benchmarks.report                             # RESULTS.md and the figure
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import Bench, add_common_args, app_defaults, cell_name, print_report, split, write_record
-from grids import MAX_FAILURES_IN_A_ROW, Progress
+from benchmarks.records import run_config_defaults
+from benchmarks.reporting import print_section
+from benchmarks.running import Bench, Progress, parser, run_all, split, todo
 
 GRID = "privacy"
 CLIENTS = 10  # the README's num-supernodes
@@ -103,7 +98,7 @@ def accounting(mode: str, config: dict[str, Any] | None = None, clients: int = C
     """The accounting of a run with the app's defaults (overridden by ``config``) on ``clients`` nodes."""
     from strategies.gate import cohort_size
 
-    cfg = {**app_defaults(), **(config or {})}
+    cfg = {**run_config_defaults(), **(config or {})}
     return Accounting(
         mode,
         int(cfg["num-server-rounds"]),
@@ -156,12 +151,17 @@ def noise_multiplier_for(
 # =========================================================================== the runs
 @dataclass
 class Run:
+    """One planned run (what ``running.run_all`` runs): its record keeps the target it was planned for."""
+
     cell: dict[str, Any]
     config: dict[str, Any]
     target: dict[str, Any]
+    grid: str = GRID
+    clients: int = CLIENTS
 
-    def path(self, raw_dir: Path) -> Path:
-        return Path(raw_dir) / GRID / f"{cell_name(self.cell)}.json"
+    @property
+    def extra(self) -> dict[str, Any]:
+        return {"dp-target": self.target}
 
 
 def refused(method: str, mode: str) -> bool:
@@ -199,58 +199,29 @@ def plan(methods: list[str], targets: list[float], seeds: list[int]) -> list[Run
                         "mode": acc.mode,
                         "noise-multiplier": sigma,
                         "predicted-epsilon": acc.epsilon(sigma),
-                        "accounting": {
-                            "rounds": acc.rounds,
-                            "population": acc.population,
-                            "cohort": acc.cohort,
-                            "delta": acc.delta,
-                            "clip": acc.clip,
-                        },
+                        "accounting": {k: v for k, v in asdict(acc).items() if k != "mode"},
                     }
                 runs.append(Run(cell, config, target))
     return runs
 
 
-def done(run: Run, raw_dir: Path, retry_failed: bool) -> bool:
-    path = run.path(raw_dir)
-    if not path.exists():
-        return False
-    return not (retry_failed and json.loads(path.read_text()).get("error"))
-
-
-def run_all(runs: list[Run], raw_dir: Path) -> None:
-    progress, failures = Progress(len(runs)), 0
-    with Bench(GRID, raw_dir=raw_dir, total=len(runs)) as bench:
-        for run in runs:
-            start = time.time()
-            rec = bench.run(run.cell, {"min-nodes": CLIENTS, **run.config}, CLIENTS)
-            rec["dp-target"] = run.target
-            rec["wall-seconds"] = round(time.time() - start, 2)  # flwr run end to end, Ray start-up included
-            write_record(rec, raw_dir)
-            print(progress.line(rec["wall-seconds"]), flush=True)
-            # FedCAC's refusals are expected failures; anything else in a row means a broken set-up
-            expected = run.target["mode"] != "off" and refused(run.cell["method"], run.target["mode"])
-            failures = failures + 1 if rec.get("error") and not expected else 0
-            if failures >= MAX_FAILURES_IN_A_ROW:
-                raise SystemExit(
-                    f"{failures} runs in a row failed (the last: {run.path(raw_dir)}); stopped. Fix the cause, then "
-                    "run the same command with --retry-failed"
-                )
+def expected_failure(run: Run) -> bool:
+    """FedCAC's refusals are expected failures; anything else in a row means a broken set-up."""
+    return run.target["mode"] != "off" and refused(run.cell["method"], run.target["mode"])
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--epsilons", default=",".join(label(t) for t in TARGETS), help="targets (inf: always run)")
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--retry-failed", action="store_true", help="rerun runs whose record says they failed")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the noise multipliers, run nothing")
-    add_common_args(ap)
     args = ap.parse_args()
     raw_dir = Path(args.raw_dir)
     targets = [float(t) for t in split(args.epsilons) if t != INF]
     runs = plan(split(args.methods), targets, [int(s) for s in split(args.seeds)])
-    todo = [r for r in runs if not done(r, raw_dir, args.retry_failed)]
+    left = todo(runs, raw_dir, args.retry_failed)
     shown = set()
     for r in runs:
         t = r.target
@@ -262,11 +233,12 @@ def main() -> None:
                 f"{t['predicted-epsilon']:.4f} after {a['rounds']} rounds, {a['cohort']} of {a['population']} "
                 f"clients, delta {a['delta']:g})"
             )
-    print(f"plan: {len(runs)} runs, {len(todo)} to do (records in {raw_dir / GRID}/)")
+    print(f"plan: {len(runs)} runs, {len(left)} to do (records in {raw_dir / GRID}/)")
     if args.dry_run:
         return
-    run_all(todo, raw_dir)
-    print_report(GRID, raw_dir)
+    with Bench(GRID, raw_dir=raw_dir, total=len(left)) as bench:
+        run_all(left, bench, raw_dir, Progress(len(left)), expected_failure)
+    print_section(GRID, raw_dir)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
 """Rebuild ``benchmarks/RESULTS.md`` (and the figures beside it) from the committed raw records.
 
-    python benchmarks/report.py            # rewrite benchmarks/RESULTS.md and its figures (benchmarks/*.png)
-    python benchmarks/report.py --check    # exit 1 if RESULTS.md or a figure differs from what the records give
+    python -m benchmarks.report            # rewrite benchmarks/RESULTS.md and its figures (benchmarks/*.png)
+    python -m benchmarks.report --check    # exit 1 if RESULTS.md or a figure differs from what the records give
 
 It also rewrites the generated block of ``docs/choosing-a-method.md`` (``reporting/choosing.py``; ``--check``
 checks it too).
 
 The tables are rendered by the package ``benchmarks/reporting/``: the table of ``benchmarks/X.py`` by
-``benchmarks/reporting/X.py``; how to add one is in ``reporting/__init__.py``.  Benchmark scripts
-``import report`` (this folder is on their ``sys.path``) to print their own section after their runs.
+``benchmarks/reporting/X.py``; how to add one is in ``reporting/__init__.py``.  Benchmark scripts print their own
+section after their runs with ``benchmarks.reporting.print_section``.
 """
 
 from __future__ import annotations
@@ -17,22 +17,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.records import BENCHMARKS, RAW
+from benchmarks.reporting import build, build_figures, stale_figures
+from benchmarks.reporting.choosing import PAGE, build_page
+from benchmarks.reporting.figures import draw
 
-from common import RAW
-from reporting import build, build_figures, render_grid
-from reporting.choosing import PAGE, build_page
-from reporting.figures import draw, stored_digest
-
-HERE = Path(__file__).resolve().parent
-
-RESULTS = HERE / "RESULTS.md"
-__all__ = ["PAGE", "RESULTS", "build", "build_figures", "build_page", "main", "render_grid", "stale_figures"]
-
-
-def stale_figures(raw: Path, folder: Path) -> list[str]:
-    """The figures of RESULTS.md (in ``folder``) that are missing or were drawn from other data than ``raw`` gives."""
-    return [f.file for f in build_figures(raw) if stored_digest(folder / f.file) != f.digest()]
+RESULTS = BENCHMARKS / "RESULTS.md"
 
 
 def main() -> None:
@@ -48,13 +38,13 @@ def main() -> None:
     page_text = build_page(raw, page)
     if args.check:
         same = out.exists() and out.read_text() == text
-        print(f"{out}: {'up to date' if same else 'differs from the raw records; run python benchmarks/report.py'}")
+        print(f"{out}: {'up to date' if same else 'differs from the raw records; run python -m benchmarks.report'}")
         stale = stale_figures(raw, out.parent)
         for name in stale:
-            print(f"{out.parent / name}: missing or drawn from other data; run python benchmarks/report.py")
+            print(f"{out.parent / name}: missing or drawn from other data; run python -m benchmarks.report")
         page_same = page.read_text() == page_text
         print(
-            f"{page}: {'up to date' if page_same else 'differs from the raw records; run python benchmarks/report.py'}"
+            f"{page}: {'up to date' if page_same else 'differs from the raw records; run python -m benchmarks.report'}"
         )
         sys.exit(0 if same and not stale and page_same else 1)
     out.write_text(text)

@@ -10,7 +10,7 @@ a personal loss that differs in its fourth or fifth digit while every accuracy a
 the machine, run the record's commit (``code.commit``) and today's code on one machine: a refactor that keeps
 behaviour gives them bit for bit.
 
-    python benchmarks/reproduce.py baselines-clean/pathological__fedavg__0 fedcac/pathological__fedcac__0
+    python -m benchmarks.reproduce baselines-clean/pathological__fedavg__0 fedcac/pathological__fedcac__0
 
 Exit status 0 when every compared number agrees within ``--tolerance`` (default 1e-6), 1 otherwise.
 Keys of the old run config that today's code no longer declares are reported and left out.
@@ -18,18 +18,14 @@ Keys of the old run config that today's code no longer declares are reported and
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-
-from common import RAW, app_defaults, machine  # noqa: E402
-from server_app.runner import LocalSimulation  # noqa: E402
+from benchmarks.records import run_config_defaults
+from benchmarks.running import machine, parser
+from server_app.runner import LocalSimulation
 
 METRICS = ("personal-acc", "global-acc", "trained-acc", "personal-loss", "clients", "rounds", "failures")
 
@@ -53,12 +49,11 @@ def compare(record: dict, summary: dict, rounds: list[dict], tolerance: float) -
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("records", nargs="+", help="<grid>/<cell> of benchmarks/raw (without .json)")
-    ap.add_argument("--raw-dir", default=str(RAW))
     ap.add_argument("--tolerance", type=float, default=1e-6)
     args = ap.parse_args()
-    declared = app_defaults()
+    declared = run_config_defaults()
     failed = 0
     with LocalSimulation() as sim:
         for name in args.records:

@@ -1,7 +1,7 @@
 """Speed and scale of every method through Flower's simulation runtime (issue 9).
 
 Four parts; each writes one raw record per run (or kernel) to ``benchmarks/raw/scale-<part>/`` and prints the
-table ``benchmarks/report.py`` builds from them:
+table ``python -m benchmarks.report`` builds from them:
 
 ``overhead``  every method on digits at 10 and 50 clients: seconds per round split into local training,
               method-specific client work (influence, masks, bids, index), server work and the rest
@@ -17,8 +17,8 @@ table ``benchmarks/report.py`` builds from them:
               FedCAC's mask overlap and customized models, Client2Vec's similarity and sampling,
               pFedLIA's OPTICS on a 1,000 x 1,000 influence matrix.
 
-Reproduce: python benchmarks/scale.py overhead floor scale kernels     (all; about an hour on 2 cores)
-           python benchmarks/scale.py kernels                           (seconds)
+Reproduce: python -m benchmarks.scale overhead floor scale kernels     (all; about an hour on 2 cores)
+           python -m benchmarks.scale kernels                           (seconds)
 Per-round numbers (computed by report.py from the records) are medians over the rounds after the first (which
 pays for process start-up) that have no evaluation phase (overhead: 4 rounds, evaluation in the last; pFedLIA 5,
 its clustering round included).
@@ -26,18 +26,14 @@ its clustering round included).
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import Bench, add_common_args, measurement_record, print_report, split, write_record
+from benchmarks.records import write_record
+from benchmarks.reporting import print_section
+from benchmarks.running import Bench, measurement_record, parser, split
 
 METHODS: dict[str, dict[str, Any]] = {
     "local": {},
@@ -73,7 +69,7 @@ def part_overhead(args) -> None:
     with Bench("scale-overhead", raw_dir=args.raw_dir, total=2 * len(methods)) as bench:
         for n in (10, 50):
             for m in methods:
-                cfg = {**base, "method": m, "min-nodes": n, **METHODS[m]}
+                cfg = {**base, "method": m, **METHODS[m]}
                 if m == "pfedlia":  # warm-up round 1, clustering round 2, clustered rounds 3-5
                     cfg["num-server-rounds"] = cfg["eval-every"] = 5
                 bench.run({"method": m, "clients": n}, cfg, n)
@@ -91,7 +87,6 @@ def part_floor(args) -> None:
             "local-epochs": args.floor_epochs,
             "num-server-rounds": 6,
             "eval-every": 6,
-            "min-nodes": 10,
         }
         bench.run({"method": "fedavg", "clients": 10, "local-epochs": args.floor_epochs}, cfg, 10)
 
@@ -113,7 +108,6 @@ def part_scale(args) -> None:
                     "local-epochs": 1,
                     "num-server-rounds": 3,
                     "eval-every": 3,
-                    "min-nodes": n,
                     "test-fraction": 0.2,
                     "val-fraction": 0.0,
                     "round-timeout": 7200.0,
@@ -170,17 +164,16 @@ def _c2v(cls, bf, bl, m):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("parts", nargs="+", choices=["overhead", "floor", "scale", "kernels"])
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--sizes", default="10,100,1000")
     ap.add_argument("--scale-methods", default="fedavg,fedcac,fedc2i")
     ap.add_argument("--floor-epochs", type=int, default=16)
-    add_common_args(ap)
     args = ap.parse_args()
     for part in args.parts:
         globals()[f"part_{part}"](args)
-    print_report(f"scale-{args.parts[0]}", args.raw_dir)  # one section shows every part
+    print_section(f"scale-{args.parts[0]}", args.raw_dir)  # one section shows every part
 
 
 if __name__ == "__main__":

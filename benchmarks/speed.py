@@ -1,7 +1,7 @@
 """How close pflower's rounds come to what Flower's runtime allows (issue 17).
 
 Three parts; each writes one raw record per measurement to ``benchmarks/raw/speed-<part>/`` and prints the
-table ``benchmarks/report.py`` builds from them:
+table ``python -m benchmarks.report`` builds from them:
 
 ``sim``      at 20 and 100 clients (digits, pathological 2 classes per client, the 38,330-parameter cnn,
              batch 10, lr 0.005, 1 local epoch, 20 rounds, evaluation every round, 2 clients at a time:
@@ -20,12 +20,11 @@ table ``benchmarks/report.py`` builds from them:
              build a local base first and name it: ``PFLOWER_BASE=pflower-base:local`` (deploy/docker/README.md);
              the record says which images ran.
 
-Reproduce: python benchmarks/speed.py sim deploy compose       (about 30 minutes on 2 cores)
+Reproduce: python -m benchmarks.speed sim deploy compose       (about 30 minutes on 2 cores)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -39,15 +38,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from benchmarks.records import BENCHMARKS, write_record
+from benchmarks.reporting import print_section
+from benchmarks.running import measurement_record, parser, split
+from server_app.runner import CONNECTION, LocalSimulation, RunFailed, run_config_arg
 
-from common import add_common_args, measurement_record, print_report, split, write_record  # noqa: E402
-from server_app.runner import CONNECTION, LocalSimulation, RunFailed, run_config_arg  # noqa: E402
-
-NOOP_APP = HERE / "noop_app"
-REPO = HERE.parent
+NOOP_APP = BENCHMARKS / "noop_app"
+REPO = BENCHMARKS.parent
 #: the setting of issue 17 (measured there against a single-process research library)
 SETTING = {
     "dataset": "digits",
@@ -180,7 +177,7 @@ def part_sim(args) -> None:
                     f"{m['wall-seconds']:.1f} s in all",
                     flush=True,
                 )
-    print_report("speed-sim", args.raw_dir)
+    print_section("speed-sim", args.raw_dir)
 
 
 def import_reference(repeats: int = 3) -> list[float]:
@@ -242,7 +239,7 @@ def part_deploy(args) -> None:
             f"median {median(secs) or float('nan'):.1f} s per round, {m['wall-seconds']:.0f} s in all",
             flush=True,
         )
-    print_report("speed-deploy", args.raw_dir)
+    print_section("speed-deploy", args.raw_dir)
 
 
 ROUND_DONE = re.compile(r"round (\d+)/(\d+) done")
@@ -283,18 +280,17 @@ def part_compose(args) -> None:
         f"{total:.0f} s in all",
         flush=True,
     )
-    print_report("speed-compose", args.raw_dir)
+    print_section("speed-compose", args.raw_dir)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("parts", nargs="+", choices=["sim", "deploy", "compose"])
     ap.add_argument("--clients", default="20,100", help="sim: client counts (default 20,100)")
     ap.add_argument("--methods", default="fedavg,fedcac", help="sim: pflower methods (default fedavg,fedcac)")
     ap.add_argument("--rounds", type=int, default=20, help="sim: rounds (default 20)")
     ap.add_argument("--nodes", default="2,4", help="deploy: node counts (default 2,4)")
     ap.add_argument("--deploy-rounds", type=int, default=4, help="deploy: rounds (default 4)")
-    add_common_args(ap)
     args = ap.parse_args()
     for part in args.parts:
         {"sim": part_sim, "deploy": part_deploy, "compose": part_compose}[part](args)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common import load_records
+from benchmarks.records import GLOBAL, PERSONAL, TIE, Rec, axis, load_records, seeds_of, select
 
 from .pairing import paired, versus, versus_many
-from .records import GLOBAL, PERSONAL, TIE, Rec, axis, seeds_of, select
 from .settings import header
 from .text import NAMES, bullets, md_table, mean_std, missing
 
@@ -93,11 +92,11 @@ def render_baselines(raw: Path, d: dict[str, Any]) -> str:
     )
     parts = [intro]
     for grid, title, command in (
-        ("baselines-clean", "Clean digits", "python benchmarks/baselines.py --grid clean"),
+        ("baselines-clean", "Clean digits", "python -m benchmarks.baselines --grid clean"),
         (
             "baselines-noisy",
             "Noisy digits (fixed Gaussian pixel noise, as the FedCAC spec uses to separate methods)",
-            "python benchmarks/baselines.py --grid noisy",
+            "python -m benchmarks.baselines --grid noisy",
         ),
     ):
         recs = load_records(grid, raw)

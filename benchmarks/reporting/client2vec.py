@@ -8,10 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import Rec, axis, load_records, mean, select, values
 
 from .pairing import paired
-from .records import Rec, axis, mean, select, values
 from .settings import Paper, fixed, header, key, n_clients, n_seeds, percent, trained_model
 from .text import bullets, md_table, mean_std, missing, num, pts, value_range
 
@@ -81,7 +80,7 @@ def render_client2vec(raw: Path, d: dict[str, Any]) -> str:
         "half within a domain minus across domains."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/client2vec.py")
+        return intro + "\n\n" + missing("python -m benchmarks.client2vec")
     if any(select(recs, arm=a) for a in set(C2V_REFERENCE.values()) | set(C2V_REFERENCE)):
         intro += (
             " FedBN (local normalisation layers) needs a model with normalisation layers, which the MLP lacks: "

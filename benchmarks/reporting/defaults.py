@@ -11,21 +11,33 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import (
+    GLOBAL,
+    PERSONAL,
+    TIE,
+    Rec,
+    axis,
+    error_line,
+    load_records,
+    mean,
+    ok,
+    seeds_of,
+    select,
+    summary,
+    values,
+)
 
 from .figures import Figure, Line, Panel, per_round, seed_line
-from .pairing import delta_cell, paired
+from .pairing import REFERENCES, delta_cell, paired
 from .pfedlia import clusters_found
-from .records import GLOBAL, PERSONAL, TIE, Rec, axis, error_line, mean, ok, seeds_of, select, summary, values
 from .settings import header
 from .text import accuracy_cell, bullets, md_table, mean_range, missing, plural, pts, value_range
 
 GRID = "defaults"
-COMMAND = "python benchmarks/defaults.py"
+COMMAND = "python -m benchmarks.defaults"
 CURVES = "defaults_learning_curves.png"
 BELOW_LOCAL = 0.05  # issue 25: no method more than 5 points below Local
 BELOW_BEST = 0.02  # issue 25: a method more than 2 points below the better of Local and FedAvg needs its reason
-REFERENCES = ("local", "fedavg")
 SECONDS = summary("seconds")
 
 

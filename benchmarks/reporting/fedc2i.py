@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common import load_records
+from benchmarks.records import GLOBAL, PERSONAL, axis, load_records, mean, ok, select, summary
 
 from .pairing import paired, versus
-from .records import GLOBAL, PERSONAL, axis, mean, ok, select, summary
 from .settings import Paper, fixed, header, key, n_clients, n_seeds, percent, trained_model
 from .text import NAMES, bullets, md_table, mean_std, missing
 
@@ -55,7 +54,7 @@ def render_fedc2i(raw: Path, d: dict[str, Any]) -> str:
         "Lambda-only: class-level matrix with a plain-average extractor."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/fedc2i.py")
+        return intro + "\n\n" + missing("python -m benchmarks.fedc2i")
     if any(select(recs, method=m) for m in FEDC2I_CNN_ROWS):
         intro += (
             " FedBN keeps the normalisation layers on the clients and c2i-small has none: fedbn and its reference "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from common import load_records
+from benchmarks.records import load_records
 
 from .settings import header
 from .text import bullets, md_table, missing
@@ -21,7 +21,7 @@ def render_fedc2i_speed(raw: Path, d: dict[str, Any]) -> str:
         "code timed in-process."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/fedc2i_speed.py")
+        return intro + "\n\n" + missing("python -m benchmarks.fedc2i_speed")
     rows, claims = [], []
     for r in sorted(recs, key=lambda r: (r["cell"]["model"], -r["cell"]["train-samples"], r["cell"]["M"])):
         m, c = r["measurements"], r["cell"]

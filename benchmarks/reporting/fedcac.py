@@ -7,10 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import PERSONAL, axis, load_records, mean, ok, select, values
 
 from .pairing import versus
-from .records import PERSONAL, axis, mean, ok, select, values
 from .settings import Paper, fixed, header, key, n_clients, n_seeds, percent, trained_model
 from .text import NAMES, bullets, md_table, mean_std, missing
 
@@ -45,7 +44,7 @@ def render_fedcac(raw: Path, d: dict[str, Any]) -> str:
         "mean ± std over seeds; FedAvg: its global model. Bold: the best mean of a row."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/fedcac.py")
+        return intro + "\n\n" + missing("python -m benchmarks.fedcac")
     methods = axis(recs, "method", FEDCAC_METHODS)
     rows, claims = [], []
     for part in axis(recs, "partition", ["pathological", "dirichlet-0.5", "dirichlet-1.0"]):

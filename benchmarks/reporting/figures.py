@@ -1,7 +1,7 @@
 """Figures beside RESULTS.md: line plots with a seed spread, drawn from data computed from the raw records.
 
 A renderer computes a :class:`Figure` (panels of :class:`Line` s: x, the mean over seeds, and its min-max band)
-from its records; ``python benchmarks/report.py`` draws it to ``benchmarks/<file>`` with matplotlib (Agg) and
+from its records; ``python -m benchmarks.report`` draws it to ``benchmarks/<file>`` with matplotlib (Agg) and
 stores a digest of the plotted data in the PNG's text chunk ``pflower-data``.  A check compares that digest with
 the data the records give now, so a stale or hand-made figure is caught without comparing pixels (which differ
 between matplotlib versions).  The same data types serve any "accuracy against X, one line per method" plot.
@@ -17,9 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from common import digest
-
-from .records import Rec, ok
+from benchmarks.records import Rec, digest, ok
 
 DIGEST_KEY = "pflower-data"
 

@@ -14,17 +14,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import load_records
-from grids import FAMILIES, SEEDS, SELECT_SEEDS, Family, Selection, grid_runs, select, selection_runs, setting_label
+from benchmarks.families import (
+    FAMILIES,
+    SEEDS,
+    SELECT_SEEDS,
+    Family,
+    Selection,
+    grid_runs,
+    select,
+    selection_runs,
+    setting_label,
+)
+from benchmarks.records import PERSONAL, Rec, load_records, mean, ok, seeds_of
 
 from .figures import Figure, Panel, seed_line
-from .pairing import delta_cell, paired
-from .records import PERSONAL, Rec, mean, ok, seeds_of
+from .pairing import REFERENCES, delta_cell, paired
 from .settings import header
 from .text import accuracy_cell, md_table, num, plural
 
-COMMAND = 'benchmarks/run_committed.sh "grids.py{}"'  # on a committed tree; {}: the arguments of grids.py
-REFERENCES = ("local", "fedavg")
+COMMAND = 'benchmarks/run_committed.sh "grids{}"'  # on a committed tree; {}: the arguments of the grids script
 #: methods whose clients use their validation split themselves (client_app/): pFedLIA scores peers' lazy models on
 #: it, IFCA picks its cluster by the loss on it, PI-FL bids by the tiers' accuracy on it
 USES_VALIDATION = ("pfedlia", "ifca", "pifl")
@@ -287,7 +295,7 @@ def render_family(fr: FamilyRecords, d: dict[str, Any]) -> str:
     fam = fr.family
     if not fr.select_recs and not fr.grid_recs:
         command = COMMAND.format(f" --families {fam.name}")
-        return f"### {fam.title}\n\n*Not run yet: run `{command}`, then `python benchmarks/report.py`.*"
+        return f"### {fam.title}\n\n*Not run yet: run `{command}`, then `python -m benchmarks.report`.*"
     parts = [f"### {fam.title}", procedure(fr, d), "#### Selection", selection_table(fr)]
     stale = fr.stale()
     if stale:
@@ -329,7 +337,7 @@ def _plan(design: dict[str, Family]) -> str:
         for middle in (True, False)
     )
     return (
-        f"{n_select} selection runs and {n_grid} grid runs (`python benchmarks/grids.py --dry-run` prints the plan "
+        f"{n_select} selection runs and {n_grid} grid runs (`python -m benchmarks.grids --dry-run` prints the plan "
         "with an estimate of the hours)"
     )
 
@@ -341,7 +349,7 @@ def render_grids(raw: Path, d: dict[str, Any], design: dict[str, Family] | None 
     if not any(fr.select_recs or fr.grid_recs for fr in frs):
         return (
             f"{_intro(design)}\n\n*The grids have not been run yet: run `{COMMAND.format('')}`, {_plan(design)}; "
-            "it resumes where it stopped (a run whose record exists is skipped). Then `python benchmarks/report.py`.*"
+            "it resumes where it stopped (a run whose record exists is skipped). Then `python -m benchmarks.report`.*"
         )
     return "\n\n".join([_intro(design), *(render_family(fr, d) for fr in frs)])
 

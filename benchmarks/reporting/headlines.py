@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import load_records
+from benchmarks.records import PERSONAL, Rec, axis, load_records, mean, ok, select
 
 from .client2vec import c2v_best
 from .pairing import paired
 from .pfedlia import ari
-from .records import PERSONAL, Rec, axis, mean, ok, select
 from .text import md_table, plural, pts
 
 #: the smallest adjusted Rand index that counts as recovering the planted clusters (pFedLIA spec's acceptance bar)

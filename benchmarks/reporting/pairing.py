@@ -1,7 +1,7 @@
 """Paired differences: arm minus reference on the same seed, only when the two runs share their data.
 
 Two runs pair when their records' data fingerprints agree (the same clients with the same examples; see
-``benchmarks/common.py``'s ``fingerprint``) and, where a comparison claims it, their client draws agree too.
+``benchmarks/running.py``'s ``fingerprint``) and, where a comparison claims it, their client draws agree too.
 Otherwise the table says why there is no paired difference instead of printing one.  A table may accept runs
 that share their training data but were scored on other parts of their test splits (``test_may_differ``: PI-FL
 scores on the half of each test split it does not fit its mixture on); such a pair is marked (``other_test``).
@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from common import digest
+from benchmarks.records import TIE, Rec, digest, mean, ok
 
-from .records import TIE, Rec, mean, ok
 from .text import mean_range, pts
 
 
@@ -61,6 +60,8 @@ def delta_cell(p: Paired | None) -> str:
     return mean_range(p.deltas, 1, 100, "+") if p.ok else f"no paired Δ ({p.reason})"
 
 
+#: the methods a personalized method has to beat: each client on its own, and one global model
+REFERENCES = ("local", "fedavg")
 #: per-client columns that count the examples a client is scored on, not trained on
 TEST_COLUMNS = ("test-examples", "eval-examples", "goal-examples")
 

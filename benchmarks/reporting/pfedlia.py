@@ -9,10 +9,22 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import (
+    PERSONAL,
+    TIE,
+    Rec,
+    axis,
+    error_line,
+    load_records,
+    mean,
+    ok,
+    seeds_of,
+    select,
+    summary,
+    values,
+)
 
 from .pairing import paired, versus
-from .records import PERSONAL, TIE, Rec, axis, error_line, mean, ok, seeds_of, select, summary, values
 from .settings import Paper, fixed, header, key, n_clients, n_seeds, percent, trained_model
 from .text import NAMES, bullets, md_table, mean_std, missing, span, value_range
 
@@ -233,7 +245,7 @@ def render_pfedlia(raw: Path, d: dict[str, Any]) -> str:
         "than round 1 and the clustering round."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/pfedlia.py --grid planted")
+        return intro + "\n\n" + missing("python -m benchmarks.pfedlia --grid planted")
     rows, notes = _pfedlia_rows(recs, "acc")
     table = md_table(
         [
@@ -269,7 +281,7 @@ def render_dialects(raw: Path, d: dict[str, Any]) -> str:
         "client's test lines at the last round."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/pfedlia.py --grid dialects")
+        return intro + "\n\n" + missing("python -m benchmarks.pfedlia --grid dialects")
     rows, _ = _pfedlia_rows(recs, "perplexity")
     table = md_table(
         [

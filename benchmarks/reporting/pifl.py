@@ -7,10 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import PERSONAL, Rec, axis, error_line, load_records, mean, ok, select
 
 from .pairing import paired, versus, versus_many
-from .records import PERSONAL, Rec, axis, error_line, mean, ok, select
 from .settings import Paper, header, key, n_clients, n_seeds
 from .text import NAMES, bullets, md_table, mean_std, missing, plural, pts
 
@@ -66,7 +65,7 @@ def render_pifl(raw: Path, d: dict[str, Any]) -> str:
         "accuracy on the source-A and source-B holdouts, tiers ordered by their A accuracy, mean over seeds."
     )
     if not recs:
-        return intro + "\n\n" + missing("python benchmarks/pifl.py")
+        return intro + "\n\n" + missing("python -m benchmarks.pifl")
     rows, beats, empty, settings = (
         [],
         [],

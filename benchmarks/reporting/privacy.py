@@ -13,16 +13,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from common import load_records
+from benchmarks.records import PERSONAL, Rec, axis, error_line, load_records, mean, ok, select, summary, values
 
 from .figures import BrokenAxisPanel, Figure, Line, seed_line
 from .pairing import delta_cell, paired
-from .records import PERSONAL, Rec, axis, error_line, mean, ok, select, summary, values
 from .settings import header
 from .text import NAMES, bullets, md_table, mean_range, missing, plural, pts, value_range
 
 GRID = "privacy"
-COMMAND = "python benchmarks/privacy.py"
+COMMAND = "python -m benchmarks.privacy"
 FIGURE = "privacy_epsilon.png"
 METHODS = ("fedavg", "ditto", "fedc2i", "fedcac")  # the methods, in the table's order
 REFERENCE = "local"  # no model leaves a client: a privacy-free reference (it refuses every DP mode)

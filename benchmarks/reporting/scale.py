@@ -10,9 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import Rec, axis, error_line, load_records, ok, select
 
-from .records import Rec, axis, error_line, ok, select
 from .settings import header
 from .text import md_table, missing, num
 
@@ -139,7 +138,7 @@ def render_scale(raw: Path, d: dict[str, Any]) -> str:
                     f"{FLOOR_TARGET}x target of issue 9)."
                 )
     else:
-        parts.append(missing("python benchmarks/scale.py floor"))
+        parts.append(missing("python -m benchmarks.scale floor"))
     over = load_records("scale-overhead", raw)
     parts.append("### Every method: split of a round, bytes, memory")
     if over:
@@ -153,7 +152,7 @@ def render_scale(raw: Path, d: dict[str, Any]) -> str:
                 f"({hi[0]}, {hi[1]} clients) on this deliberately tiny workload."
             )
     else:
-        parts.append(missing("python benchmarks/scale.py overhead"))
+        parts.append(missing("python -m benchmarks.scale overhead"))
     scale = load_records("scale-scale", raw)
     parts.append("### Scaling to 1,000 clients")
     if scale:
@@ -167,7 +166,7 @@ def render_scale(raw: Path, d: dict[str, Any]) -> str:
             rows.append([m] + [num(per.get(n), 1) for n in sizes])
         parts.append(md_table(["method"] + [f"ms per client per round: {n} clients" for n in sizes], rows))
     else:
-        parts.append(missing("python benchmarks/scale.py scale"))
+        parts.append(missing("python -m benchmarks.scale scale"))
     kernels = load_records("scale-kernels", raw)
     parts.append("### Server kernels that are quadratic in clients (in-process, one thread)")
     if kernels:
@@ -191,5 +190,5 @@ def render_scale(raw: Path, d: dict[str, Any]) -> str:
             ),
         ]
     else:
-        parts.append(missing("python benchmarks/scale.py kernels"))
+        parts.append(missing("python -m benchmarks.scale kernels"))
     return "\n\n".join(parts)

@@ -3,25 +3,19 @@ the machine and the code that ran."""
 
 from __future__ import annotations
 
-import tomllib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .records import Rec, axis, label, ok, seeds_of
+from benchmarks.records import Rec, axis, label, ok, seeds_of
+
 from .text import plural
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 # run-config keys never listed in a settings line: where results go, and the grid coordinates shown in the table
 NOT_SETTINGS = {"results-dir", "c2v-cache-dir", "seed", "method"}
-
-
-def run_config_defaults(pyproject: Path = PYPROJECT) -> dict[str, Any]:
-    """The app's default run config: `[tool.flwr.app.config]` of pyproject.toml."""
-    return tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
 
 
 def _fmt_value(v: Any) -> str:
@@ -193,11 +187,20 @@ def machine_note(recs: list[Rec]) -> str:
     )
 
 
+#: a script named by its path: the command of a record made before the scripts became modules of ``benchmarks``
+_SCRIPT_PATH = re.compile(r"^python benchmarks/(\w+)\.py\b")
+
+
+def command(rec: Rec) -> str:
+    """The command that runs a record's cell again today (the records' folder, ``--raw-dir``, left out)."""
+    return _SCRIPT_PATH.sub(r"python -m benchmarks.\1", rec["command"].split(" --raw-dir")[0])
+
+
 def header(recs: list[Rec], paper: list[Paper], defaults_: dict[str, Any]) -> str:
     """Command, settings that differ from the defaults and from the paper, machine: the lines above a table."""
     by_command: dict[str, list[Rec]] = {}
     for r in recs:
-        by_command.setdefault(r["command"].split(" --raw-dir")[0], []).append(r)
+        by_command.setdefault(command(r), []).append(r)
 
     def seeds(rs: list[Rec]) -> str:
         return f" (seeds {', '.join(map(str, seeds_of(rs)))})" if seeds_of(rs) else ""

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from common import load_records
+from benchmarks.records import load_records
 
 from .settings import header, machine_note
 from .text import bullets, md_table, missing, num
@@ -148,7 +148,7 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
         )
         parts.append(bullets([*claims, NO_LIBRARY_COMPARISON]))
     else:
-        parts.append(missing("python benchmarks/speed.py sim"))
+        parts.append(missing("python -m benchmarks.speed sim"))
     dep = load_records("speed-deploy", raw)
     parts.append("### Loopback deployment: seconds per round and where a message's time goes")
     if dep:
@@ -214,7 +214,7 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
         )
         parts.append(bullets(claims))
     else:
-        parts.append(missing("python benchmarks/speed.py deploy"))
+        parts.append(missing("python -m benchmarks.speed deploy"))
     comp = load_records("speed-compose", raw)
     parts.append("### The docker-compose demo")
     if comp:
@@ -235,5 +235,5 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
             )
         )
     else:
-        parts.append(missing("python benchmarks/speed.py compose"))
+        parts.append(missing("python -m benchmarks.speed compose"))
     return "\n\n".join(parts)

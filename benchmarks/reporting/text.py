@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .records import PERSONAL, TIE, Rec, error_line, values
+from benchmarks.records import PERSONAL, TIE, Rec, error_line, values
 
 #: how a method (or a benchmark's arm) is named in the claims under a table
 NAMES = {
@@ -98,4 +98,4 @@ def value_range(vals: list[Any]) -> str:
 
 
 def missing(command: str) -> str:
-    return f"*Not yet re-run with raw outputs: run `{command}`, then `python benchmarks/report.py`.*"
+    return f"*Not yet re-run with raw outputs: run `{command}`, then `python -m benchmarks.report`.*"

@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from benchmarks import families, records
+from benchmarks.families import Family
+from benchmarks.records import write_record
+from benchmarks.reporting import choosing
+from benchmarks.reporting.grids import FamilyRecords
 
-import grids
-from common import _fingerprint, write_record
-from reporting import choosing
-from reporting.grids import FamilyRecords
+from .test_grids import record
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
@@ -26,59 +27,33 @@ ROWS = ("local", "fedavg", "fedcac", "pifl")
 ACC_OF = {"local": 0.60, "fedavg": 0.70, "fedcac": 0.75, "pifl": 0.65}  # a method's accuracy when a test sets none
 
 
-def design() -> dict[str, grids.Family]:
-    fam = grids.FAMILIES["label-skew"]
+def design() -> dict[str, Family]:
+    fam = families.FAMILIES["label-skew"]
     rows = tuple(r for r in fam.rows if r.name in ROWS)
     het = {k: v for k, v in fam.heterogeneity.items() if k in ("dirichlet-0.1", "dirichlet-0.5")}
     return {"label-skew": replace(fam, rows=rows, samples={25: {}, 50: {}}, heterogeneity=het)}
 
 
-def record(grid, cell, acc, *, num_examples=(30, 40, 50), rounds=(), error=None, seconds=10.0):
-    clients = {
-        "columns": ["client", "num-examples", "personal-acc", "test-examples"],
-        "rows": [[i, n, acc, 9] for i, n in enumerate(num_examples)],
-    }
-    return {
-        "schema": 1,
-        "grid": grid,
-        "cell": cell,
-        "command": "synthetic",
-        "run": None,
-        "num-supernodes": len(num_examples),
-        "error": error,
-        "code": {"commit": "0123456789abcdef", "dirty": False},
-        "machine": {"cores": 2, "memory-gib": 24, "gpu": False, "load-before": 1.0},
-        "run-config": {"val-fraction": 0.2},
-        "overrides": ["val-fraction"],
-        "summary": {"personal-acc": None if error else acc, "seconds": seconds},
-        "rounds": list(rounds),
-        "clients": clients if not error else {"columns": [], "rows": []},
-        "artefacts": {},
-        "fingerprint": _fingerprint(clients, [], {}),
-        "wall-seconds": 30.0,
-    }
-
-
-def select_all(raw: Path, fam: grids.Family) -> dict[str, str]:
+def select_all(raw: Path, fam: Family) -> dict[str, str]:
     """Selection runs of every row at seed 0, the first setting best: the chosen setting of each row."""
     for row in fam.rows:
         for i, setting in enumerate(row.settings(fam.lrs)):
-            cell = {"method": row.name, "setting": grids.setting_label(setting), "seed": 0}
+            cell = {"method": row.name, "setting": families.setting_label(setting), "seed": 0}
             write_record(record(fam.select_grid, cell, 0.9 - 0.1 * i), raw)
-    return {r.name: grids.setting_label(r.settings(fam.lrs)[0]) for r in fam.rows}
+    return {r.name: families.setting_label(r.settings(fam.lrs)[0]) for r in fam.rows}
 
 
-def coords(fam: grids.Family, chosen: dict[str, str], method: str, cell: tuple[int, str], seed: int) -> dict:
+def coords(fam: Family, chosen: dict[str, str], method: str, cell: tuple[int, str], seed: int) -> dict:
     return {"samples": cell[0], "heterogeneity": cell[1], "method": method, "setting": chosen[method], "seed": seed}
 
 
-def run(raw: Path, fam: grids.Family, chosen: dict[str, str], method: str, cell: tuple[int, str], accs, **kw) -> None:
+def run(raw: Path, fam: Family, chosen: dict[str, str], method: str, cell: tuple[int, str], accs, **kw) -> None:
     """Grid records of ``method`` at ``cell``: ``accs`` maps seed -> accuracy."""
     for seed, acc in accs.items():
         write_record(record(fam.grid, coords(fam, chosen, method, cell, seed), acc, **kw), raw)
 
 
-def judged(raw: Path, fam: grids.Family) -> dict[tuple[int, str], dict[str, choosing.Judgement]]:
+def judged(raw: Path, fam: Family) -> dict[tuple[int, str], dict[str, choosing.Judgement]]:
     return choosing.judgements(FamilyRecords.load(fam, raw))
 
 
@@ -124,7 +99,7 @@ def test_pairing_is_on_the_seed_not_on_the_order_of_the_runs(tmp_path):
     assert j.win and j.seeds == [0, 2] and j.margins == pytest.approx([0.05, 0.05])
     # a seed FedAvg has not run yet is left out of the comparison, not paired with another seed's run
     run(tmp_path, fam, chosen, "fedcac", mid, {1: 0.97})
-    (tmp_path / fam.grid / f"{grids.cell_name(coords(fam, chosen, 'fedavg', mid, 2))}.json").unlink()
+    (tmp_path / fam.grid / f"{records.cell_name(coords(fam, chosen, 'fedavg', mid, 2))}.json").unlink()
     j = judged(tmp_path, fam)[mid]["fedcac"]
     assert j.win and j.seeds == [0, 1] and j.margins == pytest.approx([0.05, 0.02])
     # a method that ran one seed only is not judged, however large its margin
@@ -160,7 +135,7 @@ def test_a_failed_method_and_cells_without_records_show_as_such_never_as_numbers
     j = judged(tmp_path, fam)[mid]["fedcac"]
     assert j.status == "no win" and j.seeds == [0, 1] and "failed on seed 2" in j.text()
     for seed in (0, 1, 2):
-        (tmp_path / fam.grid / f"{grids.cell_name(coords(fam, chosen, 'fedcac', mid, seed))}.json").unlink()
+        (tmp_path / fam.grid / f"{records.cell_name(coords(fam, chosen, 'fedcac', mid, seed))}.json").unlink()
     cells = judged(tmp_path, fam)
     for cell in fam.cells()[1:]:
         assert cells[cell]["fedcac"].status == "not run yet"
@@ -178,7 +153,7 @@ def test_a_failed_method_and_cells_without_records_show_as_such_never_as_numbers
 def test_a_method_without_a_chosen_setting_is_not_run_and_a_family_without_records_is_unmeasured(tmp_path):
     fam = design()["label-skew"]
     page = choosing.render_choosing(tmp_path, design())
-    assert "*Not run yet: no records of `benchmarks/grids.py --families label-skew`." in page
+    assert "*Not run yet: no records of `python -m benchmarks.grids --families label-skew`." in page
     write_record(record(fam.select_grid, {"method": "fedcac", "setting": "lr=0.01 beta=7", "seed": 0}, 0.5), tmp_path)
     cells = judged(tmp_path, fam)
     assert cells[fam.middle]["fedcac"].status == "not run yet"
@@ -297,7 +272,7 @@ def test_the_check_fails_when_the_page_is_stale(tmp_path):
 
 def test_report_check_covers_the_page(tmp_path, monkeypatch, capsys):
     """``report.py --check`` (the command the lead and CI run) exits 1 on a stale page and 0 once it is rewritten."""
-    import report
+    from benchmarks import report
 
     page, results, raw = tmp_path / "page.md", tmp_path / "RESULTS.md", tmp_path / "raw"
     page.write_text(FRAME)
@@ -322,9 +297,7 @@ def test_report_check_covers_the_page(tmp_path, monkeypatch, capsys):
 
 
 def test_the_committed_page_is_generated_from_the_committed_records():
-    import common
-
-    assert not choosing.stale_page(common.RAW), (
+    assert not choosing.stale_page(records.RAW), (
         "docs/choosing-a-method.md's generated block differs from what benchmarks/raw/ gives: do not edit it by "
-        "hand; run `python benchmarks/report.py` and commit the result"
+        "hand; run `python -m benchmarks.report` and commit the result"
     )

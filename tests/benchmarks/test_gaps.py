@@ -3,19 +3,14 @@ FedAvg or Local, measured) are what the committed records give: a table typed or
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import gaps
-from common import RAW
+from benchmarks.records import RAW
+from benchmarks.reporting import gaps
 
 
 def test_the_docs_gap_tables_are_generated_from_the_committed_records():
     assert gaps.rewrite_docs(RAW, check=True), (
         "a <!-- gaps:... --> table in docs/methods/ differs from what benchmarks/raw/defaults-gaps/ gives: run "
-        "`python benchmarks/gaps.py --report` and commit the result"
+        "`python -m benchmarks.gaps --report` and commit the result"
     )
 
 

@@ -5,7 +5,6 @@ stated, and the figures checked by ``report.py --check``."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,19 +12,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import grids
-import report
-from common import _fingerprint, write_record
-from reporting import figures
-from reporting import grids as report_grids
+from benchmarks import families, grids, records, reporting, running
+from benchmarks.records import write_record
+from benchmarks.reporting import figures
+from benchmarks.reporting import grids as report_grids
+from benchmarks.reporting.grids import FamilyRecords
+from benchmarks.running import fingerprint
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def tiny() -> dict[str, grids.Family]:
-    fam = grids.FAMILIES["label-skew"]
+def tiny() -> dict[str, families.Family]:
+    fam = families.FAMILIES["label-skew"]
     rows = tuple(r for r in fam.rows if r.name in ("local", "fedavg", "fedcac", "pifl"))
     return {"label-skew": replace(fam, rows=rows, samples={25: {}, 50: {}}, heterogeneity=dict(fam.heterogeneity))}
 
@@ -33,16 +31,18 @@ def tiny() -> dict[str, grids.Family]:
 MACHINE = {"cores": 2, "memory-gib": 24, "gpu": False, "python": "3.11", "flwr": "1.41.0", "torch": "2"}
 
 
-def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=(9, 9, 9), error=None, config=None, wall=30.0):
+def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=None, rounds=(), error=None, config=None, **kw):
+    """A synthetic record (``kw``: ``wall`` seconds of ``flwr run``, ``seconds`` of ServerApp time)."""
+    wall, tests = kw.get("wall", 30.0), test_examples or [9] * len(num_examples)
     clients = {
         "columns": ["client", "num-examples", "personal-acc", "test-examples"],
-        "rows": [[i, n, acc, t] for i, (n, t) in enumerate(zip(num_examples, test_examples, strict=False))],
+        "rows": [[i, n, acc, t] for i, (n, t) in enumerate(zip(num_examples, tests, strict=True))],
     }
     return {
         "schema": 1,
         "grid": grid,
         "cell": cell,
-        "command": "python benchmarks/grids.py",
+        "command": "python -m benchmarks.grids",
         "run": None,
         "num-supernodes": len(num_examples),
         "error": error,
@@ -50,11 +50,11 @@ def record(grid, cell, acc, *, num_examples=(30, 40, 50), test_examples=(9, 9, 9
         "machine": {**MACHINE, "load-before": wall / 10},  # the load is told apart by the run's wall time
         "run-config": {"val-fraction": 0.2, **(config or {})},
         "overrides": ["val-fraction", *(config or {})],
-        "summary": {"personal-acc": None if error else acc},
-        "rounds": [],
+        "summary": {"personal-acc": None if error else acc, "seconds": kw.get("seconds", 10.0)},
+        "rounds": list(rounds),
         "clients": clients if not error else {"columns": [], "rows": []},
         "artefacts": {},
-        "fingerprint": _fingerprint(clients, [], {}),
+        "fingerprint": fingerprint(clients, [], {}),
         "wall-seconds": wall,
     }
 
@@ -64,7 +64,7 @@ def write_selection(raw, fam, scores: dict[str, list[float]], seeds=(0, 1)):
     for row in fam.rows:
         for s in seeds:
             for setting, base in zip(row.settings(fam.lrs), scores[row.name], strict=False):
-                cell = {"method": row.name, "setting": grids.setting_label(setting), "seed": s}
+                cell = {"method": row.name, "setting": families.setting_label(setting), "seed": s}
                 write_record(
                     record(fam.select_grid, cell, base + 0.001 * s, config={"evaluate-split": "validation"}), raw
                 )
@@ -82,24 +82,24 @@ def test_every_planned_run_config_is_one_the_app_accepts():
 
     design = {
         name: replace(f, rows=tuple(r for r in f.rows if r.config["method"] in METHODS))
-        for name, f in grids.FAMILIES.items()
+        for name, f in families.FAMILIES.items()
     }
     for fam in design.values():
-        chosen = {r.name: grids.setting_label(s) for r in fam.rows for s in r.settings(fam.lrs)[-1:]}
-        grids.check_configs(grids.selection_runs(fam, [0]) + grids.grid_runs(fam, chosen, [0], True))
-        grids.check_configs(grids.grid_runs(fam, chosen, [0], False))
-    bad = replace(design["label-skew"], rows=(grids.Row("pifl", {"method": "pifl"}, "tiers", (2, 11)),))
+        chosen = {r.name: families.setting_label(s) for r in fam.rows for s in r.settings(fam.lrs)[-1:]}
+        grids.check_configs(families.selection_runs(fam, [0]) + families.grid_runs(fam, chosen, [0], True))
+        grids.check_configs(families.grid_runs(fam, chosen, [0], False))
+    bad = replace(design["label-skew"], rows=(families.Row("pifl", {"method": "pifl"}, "tiers", (2, 11)),))
     with pytest.raises(SystemExit, match=r"label-skew / pifl: .*tiers=11"):
-        grids.check_configs(grids.selection_runs(bad, [0]))
+        grids.check_configs(families.selection_runs(bad, [0]))
 
 
 def test_every_method_of_a_family_gets_the_same_number_of_settings_and_selection_never_scores_on_test():
-    for fam in grids.FAMILIES.values():
+    for fam in families.FAMILIES.values():
         sizes = {len(r.settings(fam.lrs)) for r in fam.rows}
         assert len(sizes) == 1 and 4 <= sizes.pop() <= 9  # lr and one key, 2-3 values each
         for r in fam.rows:
             assert r.key != "lr" and 2 <= len(r.values) <= 3 and 2 <= len(fam.lrs) <= 3
-        runs = grids.selection_runs(fam, [0, 1])
+        runs = families.selection_runs(fam, [0, 1])
         assert len(runs) == 2 * sum(len(r.settings(fam.lrs)) for r in fam.rows)
         n, h = fam.middle
         for run in runs:
@@ -111,10 +111,10 @@ def test_every_method_of_a_family_gets_the_same_number_of_settings_and_selection
 
 
 def test_grid_runs_use_the_chosen_setting_on_the_test_split_middle_cell_first():
-    fam = grids.FAMILIES["feature-shift"]
-    chosen = {r.name: grids.setting_label(r.settings(fam.lrs)[-1]) for r in fam.rows if r.name != "moon"}
-    middle = grids.grid_runs(fam, chosen, [0, 1, 2], middle=True)
-    rest = grids.grid_runs(fam, chosen, [0, 1, 2], middle=False)
+    fam = families.FAMILIES["feature-shift"]
+    chosen = {r.name: families.setting_label(r.settings(fam.lrs)[-1]) for r in fam.rows if r.name != "moon"}
+    middle = families.grid_runs(fam, chosen, [0, 1, 2], middle=True)
+    rest = families.grid_runs(fam, chosen, [0, 1, 2], middle=False)
     assert {(r.cell["samples"], r.cell["heterogeneity"]) for r in middle} == {fam.middle}
     assert fam.middle not in {(r.cell["samples"], r.cell["heterogeneity"]) for r in rest}
     assert len(middle) + len(rest) == 3 * len(chosen) * len(fam.cells())
@@ -122,7 +122,7 @@ def test_grid_runs_use_the_chosen_setting_on_the_test_split_middle_cell_first():
         row = fam.row(run.cell["method"])
         assert "evaluate-split" not in run.config  # the app's default: the test split
         assert run.cell["method"] != "moon"  # no setting chosen yet: no grid run
-        assert {k: run.config[k] for k in ("lr", row.key)} == grids.setting_of(fam, row, chosen[row.name])
+        assert {k: run.config[k] for k in ("lr", row.key)} == families.setting_of(fam, row, chosen[row.name])
         assert run.config["train-samples"] == run.cell["samples"]
         assert run.config["seed"] == run.cell["seed"] and run.config["method"] == row.config["method"]
     # the samples axis: only the largest value needs copies of the data set
@@ -137,9 +137,9 @@ def test_a_setting_is_chosen_on_mean_validation_accuracy_ties_going_to_the_first
         fam,
         {"local": [0.5, 0.7, 0.6, 0.1], "fedavg": [0.8, 0.8, 0.2, 0.8], "fedcac": [0.1] * 4, "pifl": [0.3] * 4},
     )
-    sel = grids.selections(fam, tmp_path)
-    assert sel["local"].chosen == grids.setting_label(fam.row("local").settings(fam.lrs)[1])
-    assert sel["fedavg"].chosen == grids.setting_label(fam.row("fedavg").settings(fam.lrs)[0])
+    sel = FamilyRecords.load(fam, tmp_path).selection
+    assert sel["local"].chosen == families.setting_label(fam.row("local").settings(fam.lrs)[1])
+    assert sel["fedavg"].chosen == families.setting_label(fam.row("fedavg").settings(fam.lrs)[0])
     assert sel["local"].mean(sel["local"].chosen) == pytest.approx(0.7005)
 
 
@@ -150,13 +150,13 @@ def test_a_failed_setting_cannot_be_chosen_and_a_missing_run_leaves_the_method_u
         fam,
         {"local": [0.5, 0.7, 0.6, 0.1], "fedavg": [0.8] * 4, "fedcac": [0.1] * 4, "pifl": [0.3] * 4},
     )
-    best = grids.setting_label(fam.row("local").settings(fam.lrs)[1])
+    best = families.setting_label(fam.row("local").settings(fam.lrs)[1])
     cell = {"method": "local", "setting": best, "seed": 1}
     write_record(record(fam.select_grid, cell, 0.0, error="RuntimeError: boom"), tmp_path)
-    other = grids.setting_label(fam.row("pifl").settings(fam.lrs)[2])
-    (tmp_path / fam.select_grid / f"{grids.cell_name({'method': 'pifl', 'setting': other, 'seed': 0})}.json").unlink()
-    sel = grids.selections(fam, tmp_path)
-    assert sel["local"].chosen == grids.setting_label(fam.row("local").settings(fam.lrs)[2])
+    other = families.setting_label(fam.row("pifl").settings(fam.lrs)[2])
+    (tmp_path / fam.select_grid / f"{records.cell_name({'method': 'pifl', 'setting': other, 'seed': 0})}.json").unlink()
+    sel = FamilyRecords.load(fam, tmp_path).selection
+    assert sel["local"].chosen == families.setting_label(fam.row("local").settings(fam.lrs)[2])
     assert sel["pifl"].chosen is None and "incomplete" in sel["pifl"].reason
     text = report_grids.render_grids(tmp_path, {}, tiny())
     assert "failed" in text and "selection incomplete (7 of 8 runs)" in text
@@ -169,7 +169,7 @@ def _filled(tmp_path):
     write_selection(
         tmp_path, fam, {"local": [0.5, 0.7, 0.6, 0.1], "fedavg": [0.8] * 4, "fedcac": [0.9] * 4, "pifl": [0.3] * 4}
     )
-    sel = grids.selections(fam, tmp_path)
+    sel = FamilyRecords.load(fam, tmp_path).selection
     rng = np.random.default_rng(0)
     truth = {}
     for samples, het in fam.cells():
@@ -233,9 +233,9 @@ def test_records_of_an_earlier_selection_are_counted_and_left_out(tmp_path):
     design, fam, sel, _ = _filled(tmp_path)
     n, h = fam.middle
     other = next(
-        grids.setting_label(s)
+        families.setting_label(s)
         for s in fam.row("local").settings(fam.lrs)
-        if grids.setting_label(s) != sel["local"].chosen
+        if families.setting_label(s) != sel["local"].chosen
     )
     write_grid(tmp_path, fam, "local", other, n, h, [0.99, 0.99])
     text = report_grids.render_grids(tmp_path, {}, design)
@@ -248,8 +248,8 @@ def test_the_compute_the_grid_took_and_the_machine_load_are_stated(tmp_path):
     h = fam.middle[1]
     write_grid(tmp_path, fam, "fedcac", sel["fedcac"].chosen, 25, h, truth[("fedcac", 25, h)], wall=4000.0)
     text = report_grids.render_grids(tmp_path, {}, design)
-    selection = grids.load_records(fam.select_grid, tmp_path)
-    runs = grids.load_records(fam.grid, tmp_path)
+    selection = records.load_records(fam.select_grid, tmp_path)
+    runs = records.load_records(fam.grid, tmp_path)
     wall = sum(r["wall-seconds"] for r in selection + runs)
     assert (
         f"Compute: {len(selection)} selection runs ({len(selection) * 30 / 60:.0f} min) and {len(runs)} grid runs"
@@ -262,7 +262,7 @@ def test_the_compute_the_grid_took_and_the_machine_load_are_stated(tmp_path):
 
 def test_without_records_the_section_says_the_grids_have_not_run_and_gives_the_command(tmp_path):
     text = report_grids.render_grids(tmp_path, {})
-    assert 'The grids have not been run yet: run `benchmarks/run_committed.sh "grids.py"`' in text
+    assert 'The grids have not been run yet: run `benchmarks/run_committed.sh "grids"`' in text
     assert "|" not in text and report_grids.figures_grids(tmp_path) == []
     # one family run, the other not: the other names its own command
     write_selection(
@@ -271,7 +271,7 @@ def test_without_records_the_section_says_the_grids_have_not_run_and_gives_the_c
         {"local": [0.5] * 4, "fedavg": [0.5] * 4, "fedcac": [0.5] * 4, "pifl": [0.5] * 4},
     )
     text = report_grids.render_grids(tmp_path, {})
-    assert 'Not run yet: run `benchmarks/run_committed.sh "grids.py --families feature-shift"`' in text
+    assert 'Not run yet: run `benchmarks/run_committed.sh "grids --families feature-shift"`' in text
     assert "| fedper | — | not run: selection incomplete (0 of 8 runs)" in text  # a method of the full design
 
 
@@ -297,14 +297,14 @@ def test_report_check_draws_the_grids_figure_and_finds_it_stale_when_a_record_ch
     raw, out = tmp_path / "raw", tmp_path / "out"
     out.mkdir()
     _, fam, sel, _ = _filled(raw)
-    assert "grids-label-skew.png" in report.stale_figures(raw, out)  # not drawn yet
-    for fig in report.build_figures(raw):
+    assert "grids-label-skew.png" in reporting.stale_figures(raw, out)  # not drawn yet
+    for fig in reporting.build_figures(raw):
         figures.draw(fig, out)
-    assert report.stale_figures(raw, out) == []
+    assert reporting.stale_figures(raw, out) == []
     n, h = fam.middle
     write_grid(raw, fam, "fedcac", sel["fedcac"].chosen, n, h, [0.1, 0.2, 0.3])
-    assert report.stale_figures(raw, out) == ["grids-label-skew.png"]
-    assert "## When each method pays off" in report.build(raw)  # a section of RESULTS.md
+    assert reporting.stale_figures(raw, out) == ["grids-label-skew.png"]
+    assert "## When each method pays off" in reporting.build(raw)  # a section of RESULTS.md
 
 
 def test_the_smoke_rehearsal_prints_its_section_and_draws_its_figure(tmp_path, capsys):
@@ -316,7 +316,7 @@ def test_the_smoke_rehearsal_prints_its_section_and_draws_its_figure(tmp_path, c
 
 
 class FakeBench:
-    """Stands in for common.Bench: records what it was asked to run and answers with a record (failed if told)."""
+    """Stands in for running.Bench: records what it was asked to run and answers with a record (failed if told)."""
 
     def __init__(self, fail: bool = False) -> None:
         self.grid, self.fail = "grids", fail
@@ -330,11 +330,11 @@ class FakeBench:
 def test_runs_with_a_record_are_skipped_and_failed_ones_rerun_only_when_asked(tmp_path, capsys):
     # the plan the script prints (--dry-run) counts what is left to run: 3 failed and 2 good records of its 8
     # selection runs leave 3 to do, or 6 with --retry-failed
-    fam = grids.restrict(grids.FAMILIES, ["label-skew"], ["local", "fedavg"], [])["label-skew"]
-    runs = grids.selection_runs(fam, [0])
+    fam = grids.restrict(families.FAMILIES, ["label-skew"], ["local", "fedavg"], [])["label-skew"]
+    runs = families.selection_runs(fam, [0])
     assert len(runs) == 8
-    grids.run_all(runs[:3], FakeBench(fail=True), tmp_path, grids.Progress(3))
-    grids.run_all(runs[3:5], FakeBench(), tmp_path, grids.Progress(2))
+    running.run_all(runs[:3], FakeBench(fail=True), tmp_path, running.Progress(3))
+    running.run_all(runs[3:5], FakeBench(), tmp_path, running.Progress(2))
     assert "progress 2/2 runs" in capsys.readouterr().out
     plan = ["--dry-run", "--raw-dir", str(tmp_path), "--families", "label-skew", "--methods", "local,fedavg"]
     plan += ["--select-seeds", "0", "--seeds", "0", "--seconds-per-run", "10"]
@@ -346,11 +346,11 @@ def test_runs_with_a_record_are_skipped_and_failed_ones_rerun_only_when_asked(tm
 
 def test_the_script_stops_when_runs_keep_failing(tmp_path):
     fam = tiny()["label-skew"]
-    runs = grids.selection_runs(fam, [0])
+    runs = families.selection_runs(fam, [0])
     bench = FakeBench(fail=True)
     with pytest.raises(SystemExit, match="5 runs in a row failed"):
-        grids.run_all(runs, bench, tmp_path, grids.Progress(len(runs)))
-    assert len(bench.ran) == grids.MAX_FAILURES_IN_A_ROW < len(runs)
+        running.run_all(runs, bench, tmp_path, running.Progress(len(runs)))
+    assert len(bench.ran) == running.MAX_FAILURES_IN_A_ROW < len(runs)
 
 
 def test_smoke_records_never_go_to_the_committed_raw_folder():

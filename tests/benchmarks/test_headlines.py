@@ -6,16 +6,12 @@ nowhere in the grids, what its own claim gave, and links to the table it comes f
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from common import write_record
-from reporting import choosing, headlines
-from reporting.records import PERSONAL
+from benchmarks.records import PERSONAL, write_record
+from benchmarks.reporting import choosing, headlines
 
 from .test_choosing import design, record, run, select_all
 

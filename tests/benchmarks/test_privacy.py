@@ -8,19 +8,13 @@ records must be what that search and the runs' own accountant give; the section 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(
-    0, str(next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists()) / "benchmarks")
-)
-
-import common
-import privacy as script  # benchmarks/privacy.py
-from reporting import figures
-from reporting import privacy as section
+from benchmarks import privacy as script
+from benchmarks import records
+from benchmarks.reporting import figures
+from benchmarks.reporting import privacy as section
 from task.config import parse_settings
 from task.methods import METHODS as REGISTRY
 from task.options import ConfigConflict
@@ -115,7 +109,7 @@ def test_the_planned_configs_start_or_are_refused_with_the_registry_reason():
 
 # --------------------------------------------------------------------------- the committed records
 def _committed() -> list[dict]:
-    return common.load_records(section.GRID)
+    return records.load_records(section.GRID)
 
 
 def test_the_committed_records_ran_the_searched_multipliers_and_reached_their_targets():
@@ -139,7 +133,7 @@ def test_the_committed_records_ran_the_searched_multipliers_and_reached_their_ta
 
 
 def test_the_committed_runs_differ_from_the_defaults_only_in_the_dp_keys():
-    defaults = common.app_defaults()
+    defaults = records.run_config_defaults()
     allowed = {"method", "seed", "min-nodes", "results-dir", "dp-mode", "dp-noise-multiplier"}
     for r in _committed():
         changed = {k for k, v in r["run-config"].items() if defaults.get(k) != v}
@@ -164,7 +158,7 @@ def _grid(tmp_path, accs, refusal="task.options.ConfigConflict: dp-mode='central
             if acc is None:
                 r["error"], r["rounds"] = f"Traceback\n{refusal}\nERROR :     Exit Code: 700", []
                 r["summary"] = dict.fromkeys(r["summary"])
-            common.write_record(r, tmp_path)
+            records.write_record(r, tmp_path)
 
 
 def _rows(text_):
@@ -184,7 +178,7 @@ def test_the_table_pairs_each_epsilon_with_the_methods_own_run_without_dp(tmp_pa
             ("local", "inf"): [0.80, 0.82],
         },
     )
-    text_ = section.render_privacy(tmp_path, common.app_defaults())
+    text_ = section.render_privacy(tmp_path, records.run_config_defaults())
     rows = _rows(text_)
     assert [(r[0][2:], r[2]) for r in rows] == [
         ("FedAvg", "1"),
@@ -217,7 +211,7 @@ def test_the_table_pairs_each_epsilon_with_the_methods_own_run_without_dp(tmp_pa
 
 def test_the_section_without_records_names_the_command(tmp_path):
     text_ = section.render_privacy(tmp_path, {})
-    assert "run `python benchmarks/privacy.py`" in text_ and "|" not in text_
+    assert "run `python -m benchmarks.privacy`" in text_ and "|" not in text_
     assert section.figures_privacy(tmp_path) == []
 
 

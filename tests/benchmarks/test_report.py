@@ -8,48 +8,42 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(
-    0, str(next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists()) / "benchmarks")
-)
+from benchmarks import records, reporting, running
+from benchmarks.records import PERSONAL
+from benchmarks.reporting import client2vec as reporting_client2vec
+from benchmarks.reporting import defaults, figures, pairing, pifl, settings, text
+from benchmarks.reporting import fedc2i as reporting_fedc2i
 
-import common
-import report
-from reporting import client2vec as reporting_client2vec
-from reporting import defaults, figures, pairing, pifl, settings, text
-from reporting import fedc2i as reporting_fedc2i
-from reporting.records import PERSONAL
-
-BENCH = Path(common.__file__).resolve().parent
+BENCH = Path(records.__file__).resolve().parent
 
 
 def test_results_md_is_generated_from_the_raw_records():
-    expected = report.build(common.RAW)
+    expected = reporting.build(records.RAW)
     actual = (BENCH / "RESULTS.md").read_text()
     assert actual == expected, (
         "benchmarks/RESULTS.md differs from what benchmarks/raw/ gives: do not edit it by hand; "
-        "run `python benchmarks/report.py` and commit the result"
+        "run `python -m benchmarks.report` and commit the result"
     )
 
 
 def test_the_committed_figures_are_drawn_from_the_raw_records():
-    assert report.stale_figures(common.RAW, BENCH) == [], (
+    assert reporting.stale_figures(records.RAW, BENCH) == [], (
         "a figure beside RESULTS.md is missing or was drawn from other data than benchmarks/raw/ gives: "
-        "run `python benchmarks/report.py` and commit the result"
+        "run `python -m benchmarks.report` and commit the result"
     )
 
 
 def test_every_raw_record_is_small_and_complete():
-    paths = sorted(common.RAW.glob("*/*.json"))
+    paths = sorted(records.RAW.glob("*/*.json"))
     for path in paths:
         rec = json.loads(path.read_text())
         assert path.stat().st_size < 64_000, f"{path} is {path.stat().st_size} bytes"
-        assert rec["schema"] == common.SCHEMA and rec["grid"] == path.parent.name
-        assert path.name == common.cell_name(rec["cell"]) + ".json"
+        assert rec["schema"] == records.SCHEMA and rec["grid"] == path.parent.name
+        assert path.name == records.cell_name(rec["cell"]) + ".json"
         if "measurements" not in rec:
             assert rec["run-config"] and "fingerprint" in rec and "summary" in rec, path
             assert rec["error"] or rec["rounds"], path
@@ -65,10 +59,10 @@ def rec(cell, personal=0.5, glob=None, data="d1", draws="all", config=None, grid
         **(config or {}),
     }
     return {
-        "schema": common.SCHEMA,
+        "schema": records.SCHEMA,
         "grid": grid,
         "cell": cell,
-        "command": "python benchmarks/x.py",
+        "command": "python -m benchmarks.x",
         "run": "r",
         "num-supernodes": 10,
         "error": error,
@@ -132,7 +126,7 @@ def test_a_rendered_table_refuses_the_paired_column_when_fingerprints_disagree(t
     for seed in (0, 1):
         for method, acc in (("fedavg", 0.5), ("pifl", 0.6)):
             data = "x" if (method, seed) == ("pifl", 1) else f"d{seed}"
-            common.write_record(
+            records.write_record(
                 rec({"partition": "synth-10:90", "method": method, "seed": seed}, personal=acc, data=data, grid="pifl"),
                 tmp_path,
             )
@@ -148,7 +142,7 @@ def test_fedbn_on_the_cnn_is_compared_with_fedavg_on_the_cnn_only_in_the_fedc2i_
         for method, acc in accs.items():
             model = "cnn" if method in ("fedavg-cnn", "fedbn") else "c2i-small"
             config = {"model": model, "method": method.removesuffix("-cnn"), "fraction-train": 1.0}
-            common.write_record(
+            records.write_record(
                 rec({"method": method, "seed": seed}, personal=acc, config=config, grid="fedc2i"), tmp_path
             )
     text = reporting_fedc2i.render_fedc2i(tmp_path, {"lr": 0.05})
@@ -165,7 +159,7 @@ def test_fedbn_in_the_client2vec_table_is_paired_with_fedavg_on_the_cnn_by_its_p
         for arm, (personal, glob) in arms.items():
             cell = {"setting": "4dom-a0.1", "seed": seed, "arm": arm}
             r = rec(cell, personal=personal + seed / 100, glob=glob, config={"fraction-train": 0.1}, grid="client2vec")
-            common.write_record(r, tmp_path)
+            records.write_record(r, tmp_path)
     text = reporting_client2vec.render_client2vec(tmp_path, {"lr": 0.05})
     assert "FedBN-cnn is paired with FedAvg-cnn" in text
     assert "FedBN-cnn: paired Δ (best round) per seed +0.0400 / +0.0500; better than FedAvg-cnn in 2 of 2 seeds" in text
@@ -248,7 +242,7 @@ def test_paper_diff_separates_differences_from_matches():
 
 def test_a_section_without_records_names_the_command_instead_of_numbers(tmp_path):
     text = pifl.render_pifl(tmp_path, {})
-    assert "Not yet re-run with raw outputs: run `python benchmarks/pifl.py`" in text
+    assert "Not yet re-run with raw outputs: run `python -m benchmarks.pifl`" in text
     assert "|" not in text
 
 
@@ -298,11 +292,11 @@ def _fake_run(folder: Path, examples=(10, 12), goal=None) -> Path:
 
 def test_record_from_run_keeps_the_essentials(tmp_path):
     folder = _fake_run(tmp_path / "run-a")
-    r = common.record_from_run(
+    r = running.record_from_run(
         folder,
         grid="g",
         cell={"method": "pfedlia", "seed": 0},
-        command="python benchmarks/x.py",
+        command="python -m benchmarks.x",
         num_supernodes=2,
         run_config={},
     )
@@ -313,13 +307,13 @@ def test_record_from_run_keeps_the_essentials(tmp_path):
     assert r["clients"]["rows"] == [[0, 10, 0.9], [1, 12, 0.9]]
     assert r["artefacts"]["pfedlia"]["clustering"]["ari"] == 1.0
     assert r["fingerprint"]["draws"] == "all"
-    path = common.write_record(r, tmp_path / "raw")
+    path = records.write_record(r, tmp_path / "raw")
     assert path == tmp_path / "raw" / "g" / "pfedlia__0.json" and json.loads(path.read_text()) == r
 
 
 def test_data_fingerprint_follows_the_clients_data(tmp_path):
     def fp(name, **kw):
-        return common.record_from_run(
+        return running.record_from_run(
             _fake_run(tmp_path / name, **kw), grid="g", cell={}, command="c", num_supernodes=2, run_config={}
         )["fingerprint"]
 
@@ -331,7 +325,7 @@ def test_data_fingerprint_follows_the_clients_data(tmp_path):
 
 
 def test_failed_run_is_recorded_with_its_reason():
-    r = common.record_from_run(
+    r = running.record_from_run(
         None,
         grid="g",
         cell={"method": "oracle", "seed": 0},
@@ -342,13 +336,27 @@ def test_failed_run_is_recorded_with_its_reason():
     )
     assert r["error"] and r["rounds"] == []
     # what was asked, on top of the defaults of the code that ran
-    assert r["run-config"] == {**common.app_defaults(), "method": "oracle"} and r["overrides"] == ["method"]
-    assert common.failure_line(r["error"]) == "ValueError: needs planted clusters"
+    assert r["run-config"] == {**records.run_config_defaults(), "method": "oracle"} and r["overrides"] == ["method"]
+    assert records.error_line(r["error"]) == "ValueError: needs planted clusters"
     assert text.mean_std([r], PERSONAL) == "failed: ValueError: needs planted clusters"
 
 
+def test_a_record_names_the_module_command_that_runs_it_again():
+    """A script's records name ``python -m benchmarks.<script>`` with its arguments; the line above a table gives
+    that command, also for records that named the script by its path (before the scripts were modules)."""
+    assert running.command_line(["/repo/benchmarks/grids.py", "--families", "label-skew", "--note", "a b"]) == (
+        "python -m benchmarks.grids --families label-skew --note 'a b'"
+    )
+    recs = [
+        {**rec({"seed": 0}), "command": "python benchmarks/pifl.py --seeds 0 --raw-dir /tmp/raw"},
+        {**rec({"seed": 1}), "command": "python -m benchmarks.pifl --seeds 0"},
+    ]
+    assert [settings.command(r) for r in recs] == ["python -m benchmarks.pifl --seeds 0"] * 2
+    assert settings.header(recs, [], {}).startswith("Command: `python -m benchmarks.pifl --seeds 0` (seeds 0, 1).")
+
+
 def test_grid_cells_cover_every_combination():
-    cells = common.product(
+    cells = running.product(
         {
             "partition": {"a": {"partition": "iid"}, "b": {"partition": "dirichlet"}},
             "method": {"m": {"method": "fedavg"}},
@@ -358,7 +366,7 @@ def test_grid_cells_cover_every_combination():
     )
     assert [c for c, _ in cells] == [{"partition": p, "method": "m", "seed": s} for p in "ab" for s in (0, 1)]
     assert cells[-1][1] == {"lr": 0.1, "partition": "dirichlet", "method": "fedavg", "seed": 1}
-    assert common.cell_name({"p": "10%", "d": "synth-10:90", "s": 0}) == "10pct__synth-10_90__0"
+    assert records.cell_name({"p": "10%", "d": "synth-10:90", "s": 0}) == "10pct__synth-10_90__0"
 
 
 def _with_clients(columns, rows):
@@ -366,7 +374,7 @@ def _with_clients(columns, rows):
     data_cols = [c for c in columns if c == "client" or c.endswith("examples")]
     r["clients"] = {"columns": columns, "rows": rows}
     r["fingerprint"] = {
-        "data": common.digest([[row[columns.index(c)] for c in data_cols] for row in rows]),
+        "data": records.digest([[row[columns.index(c)] for c in data_cols] for row in rows]),
         "data-columns": data_cols,
         "draws": "all",
     }
@@ -422,7 +430,7 @@ def _defaults_grid(tmp_path, accs, rounds=None, data=None, errors=(), artefacts=
                 ]
             if method in errors:
                 r["summary"], r["rounds"] = dict.fromkeys(r["summary"]), []
-            common.write_record(r, tmp_path)
+            records.write_record(r, tmp_path)
 
 
 def _row(text_, method):
@@ -500,7 +508,7 @@ def test_defaults_claims_say_when_a_method_is_fedavg_or_ends_with_one_cluster(tm
 
 def test_defaults_without_records_names_the_command(tmp_path):
     text_ = defaults.render_defaults(tmp_path, {})
-    assert "run `python benchmarks/defaults.py`" in text_ and "|" not in text_
+    assert "run `python -m benchmarks.defaults`" in text_ and "|" not in text_
     assert defaults.figures_defaults(tmp_path) == []
 
 
@@ -531,17 +539,17 @@ def test_a_drawn_figure_carries_its_data_and_a_changed_record_makes_it_stale(tmp
     raw, out = tmp_path / "raw", tmp_path / "out"
     out.mkdir()
     _defaults_grid(raw, {"local": [0.6], "fedavg": [0.7]}, rounds={"local": [[0.2, 0.6]], "fedavg": [[0.5, 0.7]]})
-    assert report.stale_figures(raw, out) == [defaults.CURVES]  # not drawn yet
-    for fig in report.build_figures(raw):
+    assert reporting.stale_figures(raw, out) == [defaults.CURVES]  # not drawn yet
+    for fig in reporting.build_figures(raw):
         path = figures.draw(fig, out)
         assert path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert report.stale_figures(raw, out) == []
+    assert reporting.stale_figures(raw, out) == []
     _defaults_grid(raw, {"local": [0.6], "fedavg": [0.7]}, rounds={"local": [[0.2, 0.65]], "fedavg": [[0.5, 0.7]]})
-    assert report.stale_figures(raw, out) == [defaults.CURVES]
+    assert reporting.stale_figures(raw, out) == [defaults.CURVES]
 
 
 def test_the_defaults_grid_runs_every_registered_method_with_nothing_but_method_and_seed():
-    import defaults as script  # benchmarks/defaults.py
+    from benchmarks import defaults as script
     from task.methods import METHODS
 
     grid = script.cells(None, [0, 1, 2], None)
@@ -560,7 +568,7 @@ def test_a_record_names_the_cpu_and_the_kernels_pytorch_chose_there():
     rounds), so a record says which CPU and which of PyTorch's kernel sets it ran on."""
     import torch
 
-    here = common.machine()
+    here = running.machine()
     assert here["cpu-capability"] == torch.backends.cpu.get_cpu_capability()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():

@@ -1,17 +1,32 @@
 """Imports run one way (docs/adding-a-method.md, ground rules): task/ imports nothing of the app; client_app/ and
 strategies/ never import each other; server_app/ may import strategies/ and task/, never client_app/.  What both sides
-of a method share lives in task/ (task/methods/: the registry, options, wire formats, shared math)."""
+of a method share lives in task/ (task/methods/: the registry, options, wire formats, shared math).  The app never
+imports benchmarks/, and benchmarks/ is a package in layers (benchmarks/__init__.py).  No package imports in a
+circle.  Every import counts, those inside functions and under ``TYPE_CHECKING`` too."""
 
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {
-    "task": {"strategies", "client_app", "server_app"},
-    "client_app": {"strategies", "server_app"},
-    "strategies": {"client_app", "server_app"},
-    "server_app": {"client_app"},
+    "task": {"strategies", "client_app", "server_app", "benchmarks"},
+    "client_app": {"strategies", "server_app", "benchmarks"},
+    "strategies": {"client_app", "server_app", "benchmarks"},
+    "server_app": {"client_app", "benchmarks"},
 }
+#: the layers of benchmarks/, lowest first; every other module of benchmarks/ is a script, above them all
+BENCHMARK_LAYERS = {
+    "benchmarks.records": 1,
+    "benchmarks.running": 2,
+    "benchmarks.families": 2,
+    "benchmarks.reporting": 3,
+}
+SCRIPTS = 4
+#: packages whose modules import in no circle (strategies/: its base and persistence still import each other;
+#: deploy/: pflower_deploy's checks and cluster)
+ACYCLIC = ("task", "client_app", "server_app", "benchmarks")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -94,3 +109,106 @@ def test_a_method_leans_on_the_face_module_not_on_the_bases_parts():
                 wrong.append(f"{path.relative_to(ROOT)} imports {imported}")
         assert "strategies.api" in imported_modules(path), module
     assert not wrong, wrong
+
+
+# --------------------------------------------------------------------------- the import graph of a package
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules(package: str) -> dict[str, Path]:
+    return {module_name(p): p for p in sorted((ROOT / package).rglob("*.py")) if "out" not in p.parts}
+
+
+def resolved_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports, relative imports resolved and ``from pkg import mod`` read as
+    an import of ``pkg.mod``."""
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            above = package[: len(package) - node.level + 1]
+            base = ".".join([*above, node.module or ""]).strip(".") if node.level else (node.module or "")
+            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+    return {m for m in out if m in modules} - {module_name(path)}
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    modules = package_modules(package)
+    return {name: resolved_imports(path, modules) for name, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def benchmark_layer(module: str) -> int:
+    return next((n for name, n in BENCHMARK_LAYERS.items() if module == name or module.startswith(name + ".")), SCRIPTS)
+
+
+@pytest.mark.parametrize("package", ACYCLIC)
+def test_no_package_imports_in_a_circle(package):
+    assert circles(import_graph(package)) == []
+
+
+def test_the_circle_finder_finds_one():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_benchmarks_import_only_from_the_layers_below():
+    """records < running, families < reporting < the scripts; reporting's modules may use each other, a script no
+    other script, the report never the running layer."""
+    graph = import_graph("benchmarks")
+    assert {m for m in graph if benchmark_layer(m) < SCRIPTS} >= set(BENCHMARK_LAYERS)  # every layer is a module
+    wrong = [
+        f"{module} (layer {benchmark_layer(module)}) imports {imported} (layer {benchmark_layer(imported)})"
+        for module, imports in graph.items()
+        for imported in imports
+        if benchmark_layer(imported) >= benchmark_layer(module)
+        and not (benchmark_layer(module) == benchmark_layer(imported) == BENCHMARK_LAYERS["benchmarks.reporting"])
+    ]
+    assert not wrong, wrong
+    # the report reads records; it never runs anything
+    report = [m for m in graph if m.startswith("benchmarks.reporting")]
+    assert report and not [m for m in report if "benchmarks.running" in graph[m]]
+
+
+def test_benchmarks_edit_no_import_path():
+    """The scripts run as ``python -m benchmarks.<script>``: none puts a folder on ``sys.path``."""
+
+    def edits(path: Path) -> bool:
+        return any(
+            isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name) and n.value.id == "sys"
+            for n in ast.walk(ast.parse(path.read_text()))
+        )
+
+    assert [name for name, path in package_modules("benchmarks").items() if edits(path)] == []

@@ -1,121 +1,78 @@
-"""Shared by the benchmark scripts: run grid cells through Flower and keep one compact raw record per run.
+"""Running grid cells through Flower and keeping one compact raw record per run (the records layer's writer).
 
 Every run goes through ``server_app.runner.LocalSimulation`` (a private SuperLink, ``flwr run``).  Its full
 results folder stays under ``benchmarks/out/runs`` (gitignored); what the tables need is copied into a
-small JSON record, ``benchmarks/raw/<grid>/<cell>.json``, which is committed.  ``benchmarks/report.py``
-builds ``benchmarks/RESULTS.md`` from those records only.
+small JSON record, ``benchmarks/raw/<grid>/<cell>.json`` (schema: ``benchmarks/records.py``), which is committed.
+``python -m benchmarks.report`` builds ``benchmarks/RESULTS.md`` from those records only.
 
-Record schema (``SCHEMA``; every key is always present, ``None`` where it does not apply):
-
-- ``grid``, ``cell`` (the grid coordinates, e.g. partition / method / seed), ``command`` (what produced it),
-  ``run`` (the results folder's name), ``num-supernodes``, ``error`` (the tail of a failed run's log, or None),
-  ``code`` (the commit of the app code that ran, and whether it had uncommitted changes)
-- ``machine``: cores, CPU model and PyTorch's CPU capability, memory, versions, and the 1-minute load
-  average before and after the run
-- ``run-config``: the run's full run config (``config.json``); ``overrides``: the keys it set away from the
-  defaults of the code that ran; ``resolved-model``: the model ``model=auto`` resolved to
-- ``summary``: the essentials of ``summary.json`` (final accuracies and losses, perplexity, clients, failures,
-  seconds; under differential privacy the mode and the accountant's ``epsilon`` and ``delta`` after the last round)
-- ``rounds``: per round: accuracies (personalized, global, after local training), seconds, server seconds,
-  bytes down / up (all phases; and the train phase alone), clients that trained / evaluated, mean local
-  training and method seconds per client, peak memory, and the cohort where the strategy logs one
-- ``clients``: ``{"columns": [...], "rows": [[...], ...]}`` from ``clients.csv`` (per-client final accuracy,
-  num-examples, and any further per-client count the client reports)
-- ``artefacts``: what the tables need from the method's own files (pFedLIA clustering and assignment, CFL
-  clusters, tier tables and tier shares, Client2Vec index seconds / quality / cohorts, FedCAC mask size)
-- ``failures``: number of rejected replies and the first reasons
-- ``fingerprint``: ``data`` (hash of the sorted per-client example counts and data digests) and ``draws``
-  (hash of the clients drawn per round, ``"all"`` when every client trained every round, None when unknown):
-  the report pairs two runs only when these agree (``reporting/pairing.py``).
+``python -m benchmarks.running refresh`` rebuilds the records from their run folders after a change of what a
+record keeps (:func:`refresh`).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
-import hashlib
 import json
 import os
 import platform
 import re
 import shlex
+import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Protocol, Self, TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks.records import (
+    BENCHMARKS,
+    RAW,
+    SCHEMA,
+    digest,
+    dumps_record,
+    error_line,
+    record_path,
+    recorded,
+    run_config_defaults,
+    write_record,
+)
 from server_app.runner import LocalSimulation, RunFailed
 
-HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
-RAW = HERE / "raw"
-SCHEMA = 1
+OUT = BENCHMARKS / "out"
+#: the app's code: a run's record says whether it differed from the commit it names
+APP_CODE = ("strategies", "client_app", "task", "server_app", "pyproject.toml")
 # per-client columns of clients.csv that are not data (kept out of the record)
 _CLIENT_SKIP = {"peak-rss-mb", "partition-id"}
 # per-client columns that describe a client's data (counts, digests): they go into the data fingerprint
 _DATA_COLUMN = re.compile(r"(^|-)(examples|digest|hash)$")
+#: consecutive failed runs after which a resumable grid stops (a dead SuperLink would otherwise fail every later run)
+MAX_FAILURES_IN_A_ROW = 5
 
 
-# --------------------------------------------------------------------------- small helpers
-def failure_line(error: str | None) -> str:
-    """The line of a failed run's log tail that names the error (else its last line)."""
-    lines = [ln for ln in (error or "").splitlines() if ln.strip()]
-    named = [ln for ln in lines if re.search(r"(Error|Exception|Timeout)\b", ln)]
-    return re.sub(r"\x1b\[[0-9;]*m", "", (named or lines or [""])[-1]).strip()
-
-
+# --------------------------------------------------------------------------- what ran, where
 def code_version() -> dict[str, Any]:
     """The app code a run used: a snapshot's ``.pflower-commit`` file, else the checkout's HEAD and whether the
     app's code differs from it (benchmarks/ and tests/ do not count)."""
-    import subprocess
-
-    root = HERE.parent
+    root = BENCHMARKS.parent
     stamp = root / ".pflower-commit"
     if stamp.exists():
         return {"commit": stamp.read_text().strip(), "dirty": False}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False).stdout
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        dirty = subprocess.run(
-            [
-                "git",
-                "-C",
-                str(root),
-                "status",
-                "--porcelain",
-                "--",
-                "strategies",
-                "client_app",
-                "task",
-                "server_app",
-                "pyproject.toml",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
+        head, dirty = git("rev-parse", "HEAD").strip(), git("status", "--porcelain", "--", *APP_CODE).strip()
     except OSError:
         return {"commit": None, "dirty": None}
     return {"commit": head or None, "dirty": bool(dirty)}
 
 
-def command_line(script: str | None = None, argv: list[str] | None = None) -> str:
-    """``python benchmarks/<script> <args>`` of the current process (what reproduces its records)."""
+def command_line(argv: list[str] | None = None) -> str:
+    """``python -m benchmarks.<script> <args>`` of the current process (what reproduces its records)."""
     argv = sys.argv if argv is None else argv
-    script = script or Path(argv[0]).name
-    return " ".join(["python", f"benchmarks/{script}", *(shlex.quote(a) for a in argv[1:])])
-
-
-def cell_name(cell: dict[str, Any]) -> str:
-    """File name of a grid cell: its coordinates joined, unsafe characters replaced."""
-    return "__".join(re.sub(r"[^A-Za-z0-9.+=-]+", "_", f"{v}".replace("%", "pct")) for v in cell.values())
-
-
-def digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    return " ".join(["python", "-m", f"benchmarks.{Path(argv[0]).stem}", *(shlex.quote(a) for a in argv[1:])])
 
 
 def _num(v: Any) -> Any:
@@ -135,13 +92,6 @@ def _round(v: Any, nd: int = 6) -> Any:
 
 def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def app_defaults() -> dict[str, Any]:
-    """The app's default run config (``[tool.flwr.app.config]`` of the pyproject.toml next to this folder)."""
-    import tomllib
-
-    return tomllib.loads((HERE.parent / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
 
 def cpu_model() -> str | None:
@@ -273,7 +223,7 @@ def _artefacts(folder: Path) -> dict[str, Any]:
     return art
 
 
-def _fingerprint(clients: dict[str, Any], rounds: list[dict], artefacts: dict[str, Any]) -> dict[str, Any]:
+def fingerprint(clients: dict[str, Any], rounds: list[dict], artefacts: dict[str, Any]) -> dict[str, Any]:
     cols = clients["columns"]
     data_cols = [i for i, c in enumerate(cols) if i == 0 or _DATA_COLUMN.search(c)]
     data = digest([[row[i] for i in data_cols] for row in clients["rows"]]) if clients["rows"] else None
@@ -307,7 +257,7 @@ def record_from_run(
     config_json = (_read_json(folder / "config.json") or {}) if folder else {}
     config = config_json.get("run-config")
     # a run that failed before writing config.json: what was asked, on top of the defaults of the code that ran
-    defaults = app_defaults()
+    defaults = run_config_defaults()
     config = config if config is not None else {**defaults, **run_config}
     summary = (_read_json(folder / "summary.json") or {}) if folder else {}
     rounds = _rounds(folder) if folder else []
@@ -349,7 +299,7 @@ def record_from_run(
         "clients": clients,
         "artefacts": artefacts,
         "failures": {"count": len(failures), "first": [str(f.get("reason", f))[:200] for f in failures[:3]]},
-        "fingerprint": _fingerprint(clients, rounds, artefacts),
+        "fingerprint": fingerprint(clients, rounds, artefacts),
     }
 
 
@@ -368,33 +318,6 @@ def measurement_record(
         "machine": machine(round(os.getloadavg()[0], 2)),
         "measurements": measurements,
     }
-
-
-def dumps_record(record: dict) -> str:
-    """JSON with one top-level key per line and one round / client per line (small, diffable)."""
-    out = []
-    for key, value in record.items():
-        if key == "rounds" and value:
-            body = ",\n  ".join(json.dumps(r) for r in value)
-            out.append(f'"{key}": [\n  {body}\n ]')
-        elif key == "clients" and value.get("rows"):
-            rows = ",\n   ".join(json.dumps(r) for r in value["rows"])
-            out.append(f'"{key}": {{"columns": {json.dumps(value["columns"])}, "rows": [\n   {rows}\n ]}}')
-        else:
-            out.append(f"{json.dumps(key)}: {json.dumps(value, sort_keys=key in ('run-config', 'artefacts'))}")
-    return "{\n " + ",\n ".join(out) + "\n}\n"
-
-
-def write_record(record: dict, raw_dir: Path = RAW) -> Path:
-    path = Path(raw_dir) / record["grid"] / f"{cell_name(record['cell'])}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps_record(record))
-    return path
-
-
-def load_records(grid: str, raw_dir: Path = RAW) -> list[dict]:
-    folder = Path(raw_dir) / grid
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
 
 
 # --------------------------------------------------------------------------- running cells
@@ -423,8 +346,9 @@ class Bench:
         self.sim.stop()
 
     def run(self, cell: dict[str, Any], cfg: dict[str, Any], clients: int) -> dict:
-        """Run ``cfg`` on ``clients`` simulated nodes; write and return its record (``error`` set if it failed)."""
-        cfg = {"results-dir": str(self.runs_dir), **cfg}
+        """Run ``cfg`` on ``clients`` simulated nodes (``min-nodes`` defaults to ``clients``: every round waits for
+        all of them); write and return its record (``error`` set if it failed)."""
+        cfg = {"results-dir": str(self.runs_dir), "min-nodes": clients, **cfg}
         load = round(os.getloadavg()[0], 2)
         folder, error = None, None
         try:
@@ -447,7 +371,7 @@ class Bench:
         self.done += 1
         s = rec["summary"]
         what = (
-            f"FAILED: {failure_line(error)}"
+            f"FAILED: {error_line(error)}"
             if error
             else " ".join(
                 f"{k} {s[k]:.4f}" for k in ("personal-acc", "global-acc", "personal-perplexity") if s.get(k) is not None
@@ -464,10 +388,87 @@ class Bench:
 def run_grid(
     grid: str, cells: Iterable[tuple[dict[str, Any], dict[str, Any]]], clients: int, raw_dir: Path | str = RAW
 ) -> list[dict]:
-    """Run every (cell, run config) once through ``flwr run``; ``min-nodes`` defaults to ``clients``."""
+    """Run every (cell, run config) once through ``flwr run``."""
     cells = list(cells)
     with Bench(grid, raw_dir=raw_dir, total=len(cells)) as bench:
-        return [bench.run(cell, {"min-nodes": clients, **cfg}, clients) for cell, cfg in cells]
+        return [bench.run(cell, cfg, clients) for cell, cfg in cells]
+
+
+# --------------------------------------------------------------------------- resumable grids
+class Runner(Protocol):
+    """What :func:`run_all` needs of a bench (:class:`Bench`): a grid to record under and a run of one cell."""
+
+    grid: str
+
+    def run(self, cell: dict[str, Any], cfg: dict[str, Any], clients: int) -> dict[str, Any]: ...
+
+
+class Planned(Protocol):
+    """One run of a resumable grid: where its record goes, what it runs, and what its record keeps besides."""
+
+    @property
+    def grid(self) -> str: ...
+    @property
+    def cell(self) -> dict[str, Any]: ...
+    @property
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def clients(self) -> int: ...
+    @property
+    def extra(self) -> dict[str, Any]: ...
+
+
+P = TypeVar("P", bound=Planned)
+
+
+def todo(runs: Iterable[P], raw_dir: Path | str, retry_failed: bool) -> list[P]:
+    """The runs without a record (and, with ``retry_failed``, those whose record says they failed)."""
+    return [r for r in runs if not recorded(record_path(r.grid, r.cell, raw_dir), retry_failed)]
+
+
+class Progress:
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.t0 = total, 0, time.time()
+        self.walls: list[float] = []
+
+    def line(self, wall: float) -> str:
+        self.done += 1
+        self.walls.append(wall)
+        elapsed = time.time() - self.t0
+        eta = (self.total - self.done) * (sum(self.walls) / len(self.walls))
+        return f"    progress {self.done}/{self.total} runs, elapsed {_hms(elapsed)}, ETA {_hms(eta)}"
+
+
+def _hms(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+def run_all(
+    runs: Iterable[P],
+    bench: Runner,
+    raw_dir: Path | str,
+    progress: Progress,
+    expected_failure: Callable[[P], bool] = lambda run: False,
+) -> None:
+    """Run each planned run on one SuperLink, its record with ``extra`` and its wall time; stop after
+    ``MAX_FAILURES_IN_A_ROW`` failures in a row that were not ``expected_failure``."""
+    failures = 0
+    for run in runs:
+        bench.grid = run.grid  # one SuperLink for every grid of the script
+        start = time.time()
+        rec = bench.run(run.cell, run.config, run.clients)
+        rec.update(run.extra)
+        rec["wall-seconds"] = round(time.time() - start, 2)  # flwr run end to end, Ray start-up included
+        write_record(rec, raw_dir)
+        print(progress.line(rec["wall-seconds"]), flush=True)
+        failures = failures + 1 if rec.get("error") and not expected_failure(run) else 0
+        if failures >= MAX_FAILURES_IN_A_ROW:
+            raise SystemExit(
+                f"{failures} runs in a row failed (the last: {record_path(run.grid, run.cell, raw_dir)}); stopped. "
+                "Fix the cause, then run the same command with --retry-failed"
+            )
 
 
 def product(axes: dict[str, dict[str, dict]], seeds: list[int], base: dict[str, Any]) -> list[tuple[dict, dict]]:
@@ -478,24 +479,15 @@ def product(axes: dict[str, dict[str, dict]], seeds: list[int], base: dict[str, 
     return [({**c, "seed": s}, {**cfg, "seed": s}) for c, cfg in cells for s in seeds]
 
 
-def add_common_args(ap) -> None:
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark script's argument parser: its docstring as the help, and ``--raw-dir``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw-dir", default=str(RAW), help="where the raw records go (default benchmarks/raw)")
+    return ap
 
 
 def split(text: str) -> list[str]:
     return [t for t in text.split(",") if t]
-
-
-def print_report(grid: str, raw_dir: Path | str = RAW) -> None:
-    """Print the grid's table as ``benchmarks/report.py`` renders it (from the raw records just written)."""
-    try:
-        import report  # benchmarks/report.py (this folder is on sys.path when a script runs)
-    except ImportError as exc:
-        print(f"\nno table printed ({exc}); raw records are in {Path(raw_dir) / grid}/")
-        return
-    print()
-    print(report.render_grid(grid, Path(raw_dir)))
-    print(f"\nraw records: {Path(raw_dir) / grid}/; rebuild RESULTS.md with: python benchmarks/report.py")
 
 
 def refresh(raw_dir: Path, runs_dir: Path) -> int:
@@ -526,11 +518,8 @@ def refresh(raw_dir: Path, runs_dir: Path) -> int:
 
 
 if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(description="rebuild raw records from their run folders (see refresh)")
+    ap = parser("rebuild raw records from their run folders (see refresh)")
     ap.add_argument("command", choices=["refresh"])
     ap.add_argument("--runs", default=str(OUT / "runs"))
-    ap.add_argument("--raw-dir", default=str(RAW))
     a = ap.parse_args()
     print(f"refreshed {refresh(Path(a.raw_dir), Path(a.runs))} records from {a.runs}")
