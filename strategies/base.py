@@ -63,7 +63,7 @@ from strategies.schedule import EvaluationSchedule
 from strategies.services import IDENTIFY, StrategyServices
 from task.config import Settings
 from task.models import ModelInfo
-from task.params import to_record, weighted_average
+from task.params import to_record
 
 __all__ = ["IDENTIFY", "PersonalizedStrategy", "Reply", "RunAborted", "log"]
 
@@ -173,12 +173,14 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         return self.draw(nodes, self.cohort_size(len(nodes), self.settings.fraction_train))
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
-        """Default: example-weighted average of the shared keys (FedAvg); under central DP the unweighted mean of
-        the clipped updates plus noise (:mod:`strategies.privacy`).  Returns extra history entries."""
+        """Default: example-weighted average of the shared keys (FedAvg), or the run's robust ``aggregator``
+        (:meth:`average_models`); under central DP the unweighted mean of the clipped updates plus noise
+        (:mod:`strategies.privacy`).  Returns extra history entries."""
         if updates and self.settings.dp_mode == "central" and self.released_keys():
             return central_aggregate(self, server_round, updates)
         if updates and self.shared_keys():
-            self.global_state = weighted_average([u.arrays for u in updates], [u.num_examples for u in updates])
+            sizes, clients = [u.num_examples for u in updates], [u.client for u in updates]
+            self.global_state = self.average_models([u.arrays for u in updates], sizes, clients, self.global_state)
         return {}
 
     def on_evaluated(self, server_round: int, replies: list[Reply]) -> None:

@@ -20,11 +20,12 @@ from task.models import IMAGE_ONLY, MODELS
 from task.options import ConfigConflict, OptionSet, option
 from task.privacy import MODES as DP_MODES
 from task.privacy import privacy_conflicts
+from task.robust import RobustOptions, robust_conflicts
 
 
 @dataclass(frozen=True)
-class RunOptions(OptionSet):
-    """The keys of every run, whatever the method."""
+class RunOptions(RobustOptions):
+    """The keys of every run, whatever the method (the aggregation keys are declared in task/robust.py)."""
 
     method: str = option("method", "fedavg", "the method (see task/methods)", choices=tuple(METHODS))
     dataset: str = option("dataset", "digits", "the data set", choices=tuple(DATASETS))
@@ -161,6 +162,8 @@ class Settings:
     dp_noise_multiplier: float = 1.0
     dp_delta: float = 1e-5
     record_messages: bool = False
+    #: the aggregation rule (task/robust.py)
+    robust: RobustOptions = field(default_factory=RobustOptions)
     #: the method's own option set (task.methods), parsed from the same run config
     options: OptionSet = field(default_factory=OptionSet, compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -260,8 +263,18 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         for f in dataclasses.fields(Settings)
         if f.name not in ("method", "data", "model", "options", "raw") and hasattr(run, f.name)
     }
-    settings = Settings(method=run.method, data=data, model=model, options=options, raw=dict(cfg), **common)
+    robust = RobustOptions(**{f.name: getattr(run, f.name) for f in dataclasses.fields(RobustOptions)})
+    settings = Settings(
+        method=run.method,
+        data=data,
+        model=model,
+        options=options,
+        robust=robust,
+        raw=dict(cfg),
+        **common,
+    )
     problems = data_conflicts(run) + options.conflicts(settings) + (spec.conflicts(settings) if spec.conflicts else [])
+    problems += robust_conflicts(run.method, robust, settings)
     problems += privacy_conflicts(
         run.method, run.dp_mode, run.dp_clip, run.dp_noise_multiplier, run.dp_delta, spec.privacy
     )
