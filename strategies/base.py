@@ -45,6 +45,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from strategies.attack_report import honest_metrics, with_attack_metrics
 from strategies.disclosure import Disclosure
 from strategies.exchange import MessageExchange, RunAborted
 from strategies.gate import Reply, ReplyGate, shared_model
@@ -123,7 +124,7 @@ class PersonalizedStrategy(StrategyServices, Strategy):
                 evaluation = self.reply_spec("evaluate", node_id).metrics
                 spec = spec.with_evaluation({k: v for k, v in evaluation.items() if k not in BASE.metrics})
             return spec
-        return EVALUATE if phase == "evaluate" else BASE
+        return with_attack_metrics(EVALUATE, self.settings) if phase == "evaluate" else BASE
 
     def disclosure(self) -> dict[str, Disclosure]:
         """What each message type of this run carries (``train``, ``evaluate``, ``query.<name>``): every record a
@@ -334,5 +335,6 @@ class PersonalizedStrategy(StrategyServices, Strategy):
     def record_evaluation(self, server_round: int, updates: list[Reply]) -> dict[str, float]:
         """Round ``server_round``'s evaluation replies into the history, then the method's :meth:`on_evaluated`."""
         metrics = record_evaluation(self.history, self.client_eval, server_round, updates)
+        metrics.update(honest_metrics(self.settings, updates))  # under an injected attack (docs/robustness.md)
         self.on_evaluated(server_round, updates)
         return metrics
