@@ -3,6 +3,8 @@ has no use for, a rule that would break central DP's accounting, an attack a met
 
 import itertools
 import math
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -131,3 +133,44 @@ def test_bad_attack_and_rule_values_name_their_key():
     ):
         with pytest.raises(ValueError, match=f"run-config key '{key}'"):
             parse_settings(cfg)
+
+
+# ---------------------------------------------------------------------------------------------- docs/robustness.md
+DOC = Path(__file__).resolve().parents[2] / "docs" / "robustness.md"
+
+
+def _table(heading: str) -> list[list[str]]:
+    """The rows of the first Markdown table after ``heading`` in docs/robustness.md, as cells."""
+    lines = DOC.read_text().split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        block.append([cell.strip() for cell in line.strip("|").split("|")])
+    return block[2:]  # after the header and its rule
+
+
+def test_the_docs_table_of_refused_rules_is_the_codes():
+    documented: set[tuple[str, str]] = set()
+    for methods, _, refused in _table("## Where each method averages, and what it refuses"):
+        for method in re.findall(r"`([a-z0-9-]+)`", methods):
+            named = set(re.findall(r"`([a-z-]+)`", refused.split(":")[0])) & set(ROBUST_RULES)
+            documented |= {(method, rule) for rule in (ROBUST_RULES if "every rule" in refused else named)}
+    conditional = {("pfedlia", "norm-bound")}  # with lia-mode='p2p', the row says
+    assert {m for m, _ in documented} <= set(METHODS)
+    assert documented - conditional == REFUSED
+    assert sorted(METHODS) == sorted(
+        {
+            m
+            for row in _table("## Where each method averages, and what it refuses")
+            for m in re.findall(r"`([a-z0-9-]+)`", row[0])
+        }
+    )
+
+
+def test_the_docs_examples_of_who_attacks_are_the_codes():
+    for clients, *shares in _table("## Which clients attack"):
+        for share, listed in zip((0.1, 0.3), shares, strict=True):
+            chosen = attackers(AttackOptions(attack="noise", attack_share=share), range(int(clients)))
+            assert chosen == ([] if listed == "none" else [int(p) for p in listed.split(", ")])
