@@ -9,12 +9,22 @@ import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
 
+from server_app.app import build_strategy
 from server_app.results import ResultsWriter
-from strategies.attack_report import grouping, honest_metrics, mechanism, rule_outcome, with_attack_metrics
+from strategies.attack_report import (
+    grouping,
+    honest_metrics,
+    mechanism,
+    report,
+    rule_outcome,
+    with_attack_metrics,
+)
 from strategies.history import RoundLog
+from strategies.persistence import read_checkpoint, resume
 from strategies.replies import EVALUATE, InvalidReply, parse_reply
 from task.config import parse_settings
 from tests.in_process import NODES, run_in_process
+from tests.strategy_harness import drive
 
 ATTACKER = 1  # at the default attack-share 0.3 of 3 or 4 partitions
 
@@ -120,3 +130,27 @@ def test_a_run_without_attack_or_rule_reports_nothing_more_and_a_rule_alone_repo
     summary, record, _ = written(run(tmp_path, "ruled", aggregator="norm-bound"))
     assert summary["aggregator"] == "norm-bound" and summary["attackers"] == [] and record["attack"] == "none"
     assert record["rule"]["models-offered"] == {"attackers": 0, "honest": 2 * NODES}
+
+
+@pytest.mark.parametrize("method,rule", [("fedavg", "multi-krum"), ("cfl", "norm-bound"), ("fedcac", "median")])
+def test_a_resumed_run_reports_what_the_uninterrupted_run_reports(tmp_path, method, rule):
+    """What the rule kept or clipped, the honest means and the mechanism's verdicts, rounds before the checkpoint
+    included, whatever node ids the resumed run's clients have (replies drawn per round, phase and client)."""
+    own = {"cfl": {"cfl-min-rounds": 1}, "fedcac": {"beta": 2}}.get(method, {})
+    config = {"method": method, "model": "mlp", "min-nodes": 4, "num-server-rounds": 3, "attack": "sign-flip"}
+    settings = parse_settings({**config, "aggregator": rule, **own})
+    nodes, others = {1003: 0, 7: 1, 42: 2, 555: 3}, {9: 2, 70001: 0, 31: 3, 12: 1}
+    whole = build_strategy(settings)
+    whole.results_dir = tmp_path / "a"
+    drive(whole, nodes, 3)
+    interrupted = build_strategy(settings)
+    interrupted.results_dir = tmp_path / "b"
+    drive(interrupted, nodes, 1)
+    done, saved = read_checkpoint(tmp_path / "b", settings)
+    resumed = build_strategy(settings)
+    resume(resumed, saved, done)
+    resumed.results_dir = tmp_path / "b"
+    drive(resumed, others, range(2, 4))
+    expected = report(whole)
+    assert expected["attackers"] == [1] and expected["rule"]["models-offered"]["attackers"] >= 3
+    assert report(resumed) == expected
