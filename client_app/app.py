@@ -19,7 +19,7 @@ from typing import Any  # noqa: E402
 from flwr.app import Context, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
-from client_app import faults  # noqa: E402
+from client_app import attacks, faults  # noqa: E402
 from client_app.base import ClientMethod  # noqa: E402
 from client_app.privacy import private_reply  # noqa: E402
 from task import recording  # noqa: E402
@@ -101,6 +101,7 @@ def method_for(msg: Message, context: Context) -> ClientMethod:
     method = client_for(context)
     method.begin(msg.content)
     faults.before_handler(method.settings.fault, method.partition_id, method.server_round)
+    attacks.poison(method)  # run-config 'attack': an attacker's training data (label-flip, backdoor)
     return method
 
 
@@ -122,6 +123,7 @@ def train(msg: Message, context: Context) -> Message:
     content = private_reply(method, content, msg.content)  # under dp-mode central / local: clipped (and noised)
     if evaluation is not None:
         content["evaluation"] = MetricRecord(evaluation)
+    content = attacks.train_reply(method, msg.content, content)  # run-config 'attack': an attacker's model or mask
     content = faults.corrupt_train_reply(
         method.settings.fault, method.partition_id, method.server_round, stamped(content, start, setup)
     )
@@ -131,7 +133,8 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     method, start, setup = started(msg, context)
-    return Message(content=stamped(method.evaluate(msg.content), start, setup), reply_to=msg)
+    content = attacks.evaluate_reply(method, method.evaluate(msg.content))  # an attacker's side channel
+    return Message(content=stamped(content, start, setup), reply_to=msg)
 
 
 def query_reply(method: ClientMethod, name: str, content: RecordDict) -> RecordDict:
@@ -147,7 +150,7 @@ def query_reply(method: ClientMethod, name: str, content: RecordDict) -> RecordD
 def _query_handler(name: str):
     def handler(msg: Message, context: Context) -> Message:
         method, start, setup = started(msg, context)
-        content = query_reply(method, name, msg.content)
+        content = attacks.query_reply(method, name, msg.content, query_reply(method, name, msg.content))
         content = faults.corrupt_query_reply(
             method.settings.fault, method.partition_id, method.server_round, name, stamped(content, start, setup)
         )

@@ -47,6 +47,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from torch import nn
 
+from client_app.attacks import backdoor_metrics
 from task.config import Settings, parse_settings
 from task.data import ClientData, load_client_data, load_local_file
 from task.data.clients import default_cache_dir
@@ -298,6 +299,7 @@ class ClientMethod:
         model = self.personal_model(content)
         loss, acc = evaluate(model, x, y)
         metrics: dict[str, Any] = {"personal-acc": acc, "personal-loss": loss, "test-examples": len(y)}
+        metrics.update(backdoor_metrics(self, model, x, y))  # run-config attack='backdoor' (docs/robustness.md)
         if self.config.get("save-model"):
             self.save_personal_model(model, metrics)
         glob = self.global_model(content, model)

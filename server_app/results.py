@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from strategies import attack_report
 from strategies.history import RoundLog
 from strategies.plots import integer_ticks, pyplot
 from task.config import Settings
@@ -168,6 +169,10 @@ class ResultsWriter:
             "seconds": round(seconds, 2),
             "results": str(self.folder),
         }
+        robustness = attack_report.report(strategy)  # under an attack or a robust rule (docs/robustness.md)
+        if robustness:
+            write_json(self.folder / "robustness.json", robustness)
+            summary.update(attack_report.summary_entries(robustness, final))
         outcome = clustering_outcome(strategy)
         if outcome is not None:
             summary["clusters"], summary["clustering"] = outcome

@@ -47,6 +47,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from strategies.attack_report import honest_metrics, with_attack_metrics
 from strategies.disclosure import Disclosure
 from strategies.exchange import MessageExchange, RunAborted
 from strategies.gate import ReplyGate, shared_model
@@ -65,7 +66,7 @@ from strategies.schedule import EvaluationSchedule
 from strategies.services import IDENTIFY, StrategyServices
 from task.config import Settings
 from task.models import ModelInfo
-from task.params import to_record, weighted_average
+from task.params import to_record
 
 __all__ = ["IDENTIFY", "PersonalizedStrategy", "Reply", "RunAborted", "log"]
 
@@ -127,7 +128,7 @@ class PersonalizedStrategy(StrategyServices, Strategy):
                 evaluation = self.reply_spec("evaluate", node_id).metrics
                 spec = spec.with_evaluation({k: v for k, v in evaluation.items() if k not in BASE.metrics})
             return spec
-        return EVALUATE if phase == "evaluate" else BASE
+        return with_attack_metrics(EVALUATE, self.settings) if phase == "evaluate" else BASE
 
     def disclosure(self) -> dict[str, Disclosure]:
         """What each message type of this run carries (``train``, ``evaluate``, ``query.<name>``): every record a
@@ -177,12 +178,14 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         return self.draw(nodes, self.cohort_size(len(nodes), self.settings.fraction_train))
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
-        """Default: example-weighted average of the shared keys (FedAvg); under central DP the unweighted mean of
-        the clipped updates plus noise (:mod:`strategies.privacy`).  Returns extra history entries."""
+        """Default: example-weighted average of the shared keys (FedAvg), or the run's robust ``aggregator``
+        (:meth:`average_models`); under central DP the unweighted mean of the clipped updates plus noise
+        (:mod:`strategies.privacy`).  Returns extra history entries."""
         if updates and self.settings.dp_mode == "central" and self.released_keys():
             return central_aggregate(self, server_round, updates)
         if updates and self.shared_keys():
-            self.global_state = weighted_average([u.arrays for u in updates], [u.num_examples for u in updates])
+            sizes, clients = [u.num_examples for u in updates], [u.client for u in updates]
+            self.global_state = self.average_models([u.arrays for u in updates], sizes, clients, self.global_state)
         return {}
 
     def on_evaluated(self, server_round: int, replies: list[Reply]) -> None:
@@ -335,5 +338,6 @@ class PersonalizedStrategy(StrategyServices, Strategy):
     def record_evaluation(self, server_round: int, updates: list[Reply]) -> dict[str, float]:
         """Round ``server_round``'s evaluation replies into the history, then the method's :meth:`on_evaluated`."""
         metrics = record_evaluation(self.history, self.client_eval, server_round, updates)
+        metrics.update(honest_metrics(self.settings, updates))  # under an injected attack (docs/robustness.md)
         self.on_evaluated(server_round, updates)
         return metrics

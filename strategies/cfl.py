@@ -13,7 +13,7 @@ from flwr.app import RecordDict
 from strategies.api import PersonalizedStrategy, Reply
 from strategies.cfl_math import cosine_similarity_matrix, optimal_bipartition, should_split
 from task.methods.pfedlia import CFLOptions
-from task.params import to_record, weighted_average
+from task.params import to_record
 
 
 class CFLStrategy(PersonalizedStrategy):
@@ -70,7 +70,13 @@ class CFLStrategy(PersonalizedStrategy):
                 )
             for group in groups:
                 target = self.cluster_of[group[0].client]
-                self.models[target] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
+                self.models[target] = self.average_models(
+                    [u.arrays for u in group],
+                    [u.num_examples for u in group],
+                    [u.client for u in group],
+                    base,
+                    f"cluster {target}",
+                )
         return {"cfl": {"clusters": len(set(self.cluster_of.values())), "norms": norms}}
 
     def clustering_outcome(self) -> tuple[int, str]:

@@ -44,7 +44,7 @@ from strategies.api import (
 from strategies.client2vec_math import C2VServerState
 from task.dsa_ign import build_ign, torch_threads, train_dsa_ign
 from task.methods.client2vec import Client2VecOptions, build_aux
-from task.params import load_record, state_to_numpy, to_record, weighted_average
+from task.params import load_record, state_to_numpy, to_record
 
 log = logging.getLogger("flwr.pflower")
 
@@ -181,7 +181,9 @@ class Client2VecStrategy(PersonalizedStrategy):
             weights = to_record(self.ign.state_dict())
             replies = self.send_query(grid, server_round, "c2v_ign", {n: RecordDict({"ign": weights}) for n in cohort})
             if replies:
-                avg = weighted_average([u.arrays for u in replies], [u.num_examples for u in replies])
+                sent = state_to_numpy(self.ign.state_dict())
+                sizes, clients = [u.num_examples for u in replies], [u.client for u in replies]
+                avg = self.average_models([u.arrays for u in replies], sizes, clients, sent, "dsa-ign")
                 load_record(self.ign, avg, strict_keys=True)
                 self.ign_history.append({"total": float(np.mean([u.metrics["ign-loss"] for u in replies]))})
             log.info(
@@ -333,7 +335,9 @@ class Client2VecStrategy(PersonalizedStrategy):
         rows = [self.index_clients.index(u.client) for u in updates]
         self.c2v.observe(rows)  # H <- gamma H + S(., C^t), C^t = this round's participants
         w = self.c2v.weights(rows, self.opts.aggregation)
-        self.global_state = weighted_average([u.arrays for u in updates], w)
+        self.global_state = self.average_models(
+            [u.arrays for u in updates], w, [u.client for u in updates], self.global_state
+        )
         self.agg_weights[server_round] = {self.index_clients[r]: float(x) for r, x in zip(rows, w, strict=True)}
         return {"c2v-weights": self.agg_weights[server_round]}
 

@@ -126,7 +126,9 @@ class FedC2IStrategy(PersonalizedStrategy):
             peers = self.sent_peers.get(u.node_id, [])
             rows[u.client] = dict(zip([u.client, *peers], u.metrics["influence"], strict=True))
         for u in updates:  # arrays a reply leaves out under DP (integer buffers) keep the initial model's values
-            self.store[u.client] = {k: np.array(u.arrays.get(k, self.initial_state[k])) for k in self.initial_state}
+            model = {k: np.array(u.arrays.get(k, self.initial_state[k])) for k in self.initial_state}
+            previous = self.store.get(u.client, self.initial_state)  # norm-bound keeps the new one near it
+            self.store[u.client] = self.bound_model(model, previous, u.client, f"client {u.client}")
             self.sizes[u.client] = u.num_examples
         self.influence[server_round] = rows
         self_weights = [row[c] for c, row in rows.items()]

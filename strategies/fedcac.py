@@ -133,14 +133,22 @@ class FedCACStrategy(PersonalizedStrategy):
         weights = (
             np.array([u.num_examples for u in updates], float) if self.options.weighting == "num-examples" else None
         )
-        wbar = global_average(params, weights)
-        custom = customized_models(params, collab)
+        pids = [u.client for u in updates]
+        if self.settings.robust.aggregator == "mean":  # Eq. 9 and Eq. 10
+            wbar, custom = global_average(params, weights), customized_models(params, collab)
+        else:  # the run's robust rule over all participants, and over each client and its collaborators
+            wbar = self.average_rows(params, weights, pids).astype(params.dtype)
+            custom = np.stack(
+                [
+                    self.average_rows(params[[i, *c]], None, [pids[j] for j in (i, *c)], group=f"custom {pids[i]}")
+                    for i, c in enumerate(collab)
+                ]
+            ).astype(params.dtype)
         self.global_state = self._unflatten(wbar)
         self.custom = {u.client: self._unflatten(custom[i]) for i, u in enumerate(updates)}
         self.custom_round = server_round
         off = off_diagonal(overlap)
         sizes = np.array([len(c) for c in collab])
-        pids = [u.client for u in updates]
         diag: dict[str, Any] = {
             "threshold": float(threshold),
             "overlap-mean": float(off.mean()) if off.size else 0.0,

@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 from strategies.api import Disclosure, Numbers, Part, PersonalizedStrategy, Reply, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
 from task.methods.pifl import FedSoftOptions
-from task.params import stacked_record, weighted_average
+from task.params import stacked_record
 
 
 class FedSoftStrategy(PersonalizedStrategy):
@@ -132,7 +132,9 @@ class FedSoftStrategy(PersonalizedStrategy):
         for s, members in self.selected.items():
             group = [by_client[c] for c in members if c in by_client]
             if group:
-                self.models[s] = weighted_average([u.arrays for u in group], [1.0] * len(group))
+                self.models[s] = self.average_models(
+                    [u.arrays for u in group], [1.0] * len(group), [u.client for u in group], group=f"centre {s}"
+                )
         return {"fedsoft": {"selected": {s: len(v) for s, v in self.selected.items()}}}
 
     def on_round_end(self, server_round: int) -> None:

@@ -14,7 +14,7 @@ from flwr.app import RecordDict
 from strategies.api import Disclosure, Number, PersonalizedStrategy, Reply, ReplySpec
 from strategies.tier_tables import TierTables, distinct_starting_models
 from task.methods.pifl import TierOptions
-from task.params import stacked_record, weighted_average
+from task.params import stacked_record
 
 
 class IFCAStrategy(PersonalizedStrategy):
@@ -65,7 +65,13 @@ class IFCAStrategy(PersonalizedStrategy):
         for j in range(self.k):
             group = [u for u in updates if chosen[u.client] == j]
             if group:
-                self.models[j] = weighted_average([u.arrays for u in group], [u.num_examples for u in group])
+                self.models[j] = self.average_models(
+                    [u.arrays for u in group],
+                    [u.num_examples for u in group],
+                    [u.client for u in group],
+                    self.models[j],
+                    f"cluster {j}",
+                )
         self.choices[server_round] = chosen
         return {"ifca": {"cluster-sizes": [sum(1 for c in chosen.values() if c == j) for j in range(self.k)]}}
 

@@ -45,7 +45,7 @@ from strategies.api import (
 )
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
 from task.methods.pfedlia import PFedLIAOptions
-from task.params import stack_states, to_record, weighted_average
+from task.params import stack_states, to_record
 
 
 class PFedLIAStrategy(PersonalizedStrategy):
@@ -238,12 +238,16 @@ class PFedLIAStrategy(PersonalizedStrategy):
         as ``num_batches_tracked``) keep the initial model's values."""
         return {k: arrays[k] if k in arrays else np.array(self.initial_state[k]) for k in self.initial_state}
 
-    def average(self, updates: list[Reply]) -> dict[str, np.ndarray]:
+    def average(
+        self, updates: list[Reply], reference: dict[str, np.ndarray] | None = None, group: str = "global"
+    ) -> dict[str, np.ndarray]:
         """FedAvg of the replies' models, weighted by their training-set sizes; under local DP unweighted, so that
-        the average is a post-processing of the releases alone (a size is not noised)."""
+        the average is a post-processing of the releases alone (a size is not noised).  ``reference``: the model the
+        server sent them (the run's aggregation rule, docs/robustness.md)."""
         local = self.settings.dp_mode == "local"
         weights = [1 if local else u.num_examples for u in updates]
-        return weighted_average([self.complete(u.arrays) for u in updates], weights)
+        models, clients = [self.complete(u.arrays) for u in updates], [u.client for u in updates]
+        return self.average_models(models, weights, clients, reference, group)
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         self._note_planted(updates)
@@ -251,17 +255,18 @@ class PFedLIAStrategy(PersonalizedStrategy):
         if self.clustered and self.mode == "oracle":  # a client that gave its group only now joins it at once
             self._join_planted_groups()
         if not self.clustered:  # the base calls aggregate only with valid replies
-            self.global_state = self.average(updates)
+            self.global_state = self.average(updates, self.global_state)
             return {}
         if self.mode == "p2p":
             trained = {u.client: u for u in updates}
             for client, members in self.sets.items():
                 present = [trained[j] for j in members if j in trained]
                 if present:
-                    self.personal[client] = self.average(present)
+                    self.personal[client] = self.average(present, group=f"set of {client}")
             return {}
         for label in sorted({self.assignment[u.client] for u in updates if u.client in self.assignment}):
-            self.cluster_models[label] = self.average([u for u in updates if self.assignment.get(u.client) == label])
+            in_cluster = [u for u in updates if self.assignment.get(u.client) == label]
+            self.cluster_models[label] = self.average(in_cluster, self.cluster_models.get(label), f"cluster {label}")
         return {}
 
     def on_round_end(self, server_round: int) -> None:

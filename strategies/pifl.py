@@ -39,7 +39,7 @@ from strategies.tier_tables import TierTables
 from task.data import load_centralized
 from task.methods.pifl import MICRO, PIFLOptions
 from task.models import build_model
-from task.params import load_record, stacked_record, to_record, weighted_average
+from task.params import load_record, stacked_record, to_record
 
 log = logging.getLogger("flwr.pflower")
 #: the ``ledger`` record of a bid message
@@ -278,7 +278,9 @@ class PIFLStrategy(PersonalizedStrategy):
             if not group:
                 continue
             weights = np.array([u.num_examples for u in group], float)
-            self.tiers[k] = weighted_average([u.arrays for u in group], weights)
+            self.tiers[k] = self.average_models(
+                [u.arrays for u in group], weights, [u.client for u in group], self.tiers[k], f"tier {k}"
+            )
             grad = self.mean_gradient(self.tiers[k])
 
             def flat(s):

@@ -28,6 +28,8 @@ LOSS_LIMIT = float(np.finfo(np.float32).max)
 SECONDS_LIMIT = 1e7
 MEMORY_LIMIT_MB = 1e9
 VALUE_LIMIT = 1e15  # any other real quantity (e.g. an influence score summed over a validation split)
+#: the suffix of the arrays that are variances (BatchNorm's running variances), which cannot be negative
+VARIANCE = "running_var"
 
 
 class InvalidReply(ValueError):
@@ -125,11 +127,13 @@ class Dim:
 
 @dataclass(frozen=True)
 class Tensor:
-    """One array of a record: its shape (ints or :class:`Dim`), dtype, and whether it must be finite."""
+    """One array of a record: its shape (ints or :class:`Dim`), dtype, whether it must be finite, and whether it
+    must be non-negative (a BatchNorm running variance: a negative one turns every model it is averaged into NaN)."""
 
     shape: tuple[int | Dim, ...]
     dtype: str = "float32"
     finite: bool = True
+    nonnegative: bool = False
 
     def problem(self, arr: np.ndarray) -> str | None:
         if arr.dtype != np.dtype(self.dtype):
@@ -140,6 +144,8 @@ class Tensor:
             return f"has shape {tuple(arr.shape)}, expected {self.shape}"
         if self.finite and np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
             return "has non-finite values (NaN/inf)"
+        if self.nonnegative and arr.size and bool((arr < 0).any()):
+            return f"has negative values (min {float(arr.min()):g}); a variance cannot be negative"
         return None
 
 
@@ -152,9 +158,15 @@ class Arrays:
 
     @staticmethod
     def like(state: Mapping[str, np.ndarray], keys: list[str] | None = None) -> Arrays:
-        """The spec of an ArrayRecord holding ``keys`` of ``state`` with their shapes and dtypes."""
+        """The spec of an ArrayRecord holding ``keys`` of ``state`` with their shapes and dtypes; BatchNorm's running
+        variances (keys ending in ``running_var``) must be non-negative."""
         keys = list(state) if keys is None else keys
-        return Arrays({k: Tensor(tuple(np.shape(state[k])), str(np.asarray(state[k]).dtype)) for k in keys})
+        return Arrays(
+            {
+                k: Tensor(tuple(np.shape(state[k])), str(np.asarray(state[k]).dtype), nonnegative=k.endswith(VARIANCE))
+                for k in keys
+            }
+        )
 
 
 #: a cross-field rule: (metrics, records) -> reason or None

@@ -14,17 +14,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from task.attacks import AttackOptions, attack_conflicts
 from task.data import DATASETS, DOMAINS, MIXTURES, PARTITIONS, DataSettings, dataset_info
 from task.methods import METHODS, method_spec
 from task.models import IMAGE_ONLY, MODELS
 from task.options import ConfigConflict, OptionSet, option
 from task.privacy import MODES as DP_MODES
 from task.privacy import privacy_conflicts
+from task.robust import RobustOptions, robust_conflicts
 
 
 @dataclass(frozen=True)
-class RunOptions(OptionSet):
-    """The keys of every run, whatever the method."""
+class RunOptions(AttackOptions, RobustOptions):
+    """The keys of every run, whatever the method (the attack and aggregation keys are declared in task/attacks.py
+    and task/robust.py)."""
 
     method: str = option("method", "fedavg", "the method (see task/methods)", choices=tuple(METHODS))
     dataset: str = option("dataset", "digits", "the data set", choices=tuple(DATASETS))
@@ -178,6 +181,9 @@ class Settings:
     mlflow: bool = False
     mlflow_tracking_uri: str = ""
     mlflow_experiment: str = "pflower"
+    #: the aggregation rule (task/robust.py) and the injected attack (task/attacks.py)
+    robust: RobustOptions = field(default_factory=RobustOptions)
+    attacks: AttackOptions = field(default_factory=AttackOptions)
     #: the method's own option set (task.methods), parsed from the same run config
     options: OptionSet = field(default_factory=OptionSet, compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -277,8 +283,20 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         for f in dataclasses.fields(Settings)
         if f.name not in ("method", "data", "model", "options", "raw") and hasattr(run, f.name)
     }
-    settings = Settings(method=run.method, data=data, model=model, options=options, raw=dict(cfg), **common)
+    robust = RobustOptions(**{f.name: getattr(run, f.name) for f in dataclasses.fields(RobustOptions)})
+    attacks = AttackOptions(**{f.name: getattr(run, f.name) for f in dataclasses.fields(AttackOptions)})
+    settings = Settings(
+        method=run.method,
+        data=data,
+        model=model,
+        options=options,
+        robust=robust,
+        attacks=attacks,
+        raw=dict(cfg),
+        **common,
+    )
     problems = data_conflicts(run) + options.conflicts(settings) + (spec.conflicts(settings) if spec.conflicts else [])
+    problems += robust_conflicts(run.method, robust, settings) + attack_conflicts(attacks, run.method, settings)
     problems += privacy_conflicts(
         run.method, run.dp_mode, run.dp_clip, run.dp_noise_multiplier, run.dp_delta, spec.privacy
     )

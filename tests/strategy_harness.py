@@ -196,7 +196,8 @@ def _array(tensor: Tensor, dims: dict[int, int], rng: np.random.Generator) -> np
     )
     dtype = np.dtype(tensor.dtype)
     if np.issubdtype(dtype, np.floating):
-        return rng.standard_normal(shape).astype(dtype)
+        values = rng.standard_normal(shape)
+        return (np.abs(values) if tensor.nonnegative else values).astype(dtype)
     return rng.integers(0, 100 if dtype != np.uint8 else 256, size=shape).astype(dtype)
 
 
@@ -380,6 +381,15 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
                         return a
 
                     out.append(Corruption(f"{name}/{key}: {what}", _with_array(name, key, put)))
+            if tensor.nonnegative:
+
+                def negative(a: np.ndarray) -> np.ndarray:
+                    a = a.copy()
+                    if a.size:
+                        a.flat[a.size // 2] = -1.0
+                    return a
+
+                out.append(Corruption(f"{name}/{key}: negative", _with_array(name, key, negative)))
     return out
 
 

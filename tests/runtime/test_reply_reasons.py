@@ -109,3 +109,18 @@ def test_an_array_that_cannot_be_read_is_named_with_the_error():
     assert reason(reply(w=ArrayRecord({"w": broken}))) == (
         f"record 'w': array 'w' cannot be read ({type(raised).__name__})"
     )
+
+
+def test_a_model_with_a_negative_running_variance_is_refused_naming_it():
+    """A BatchNorm running variance below zero turns every model it is averaged into NaN for every client: a
+    model's spec (``Arrays.like``) refuses it, and accepts zero."""
+    model = {"bn.running_var": np.ones(3, np.float32), "bn.running_mean": np.zeros(3, np.float32)}
+    spec = ReplySpec(records={"arrays": Arrays.like(model)})
+    negative = {**model, "bn.running_var": np.array([1.0, -0.5, 0.0], np.float32)}
+    with pytest.raises(InvalidReply) as err:
+        parse_reply(RecordDict({"arrays": to_record(negative)}), spec)
+    assert str(err.value) == (
+        "record 'arrays': array 'bn.running_var' has negative values (min -0.5); a variance cannot be negative"
+    )
+    zero = {"bn.running_var": np.zeros(3, np.float32), "bn.running_mean": np.full(3, -2.0, np.float32)}
+    assert parse_reply(RecordDict({"arrays": to_record(zero)}), spec)[1]["arrays"]["bn.running_mean"][0] == -2.0

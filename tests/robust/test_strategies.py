@@ -1,0 +1,77 @@
+"""The run's aggregation rule reaches every average a method builds from client models (the FedAvg family's global
+model, every cluster, tier and centre, FedCAC's global and customized models, Client2Vec's index-weighted model,
+FedC2I's forwarded models), and the default leaves each method's own average exactly as it was."""
+
+import numpy as np
+import pytest
+
+from strategies.base import PersonalizedStrategy
+from strategies.gate import Reply
+from strategies.history import RoundLog
+from task.config import parse_settings
+from task.params import weighted_average
+from tests.in_process import run_in_process
+from tests.strategy_harness import build_as
+
+
+def replies(strategy, values):
+    out = []
+    for client, value in enumerate(values):
+        arrays = {k: (np.asarray(v) + value).astype(np.asarray(v).dtype) for k, v in strategy.global_state.items()}
+        out.append(Reply(100 + client, client, 10 * (client + 1), {}, {"arrays": arrays}))
+    return out
+
+
+def test_the_default_mean_is_the_methods_own_weighted_average_and_records_nothing():
+    strategy = build_as(PersonalizedStrategy, parse_settings({"method": "fedavg"}))
+    strategy.history.append(RoundLog(1))
+    updates = replies(strategy, [0.0, 0.5, 3.0])
+    expected = weighted_average([u.arrays for u in updates], [u.num_examples for u in updates])
+    strategy.aggregate(1, updates)
+    assert all(np.array_equal(strategy.global_state[k], expected[k]) for k in expected)
+    assert "robust" not in strategy.history[-1].extra
+
+
+def test_a_rule_replaces_the_mean_and_records_what_it_kept_and_clipped():
+    strategy = build_as(
+        PersonalizedStrategy,
+        parse_settings({"method": "fedavg", "aggregator": "multi-krum", "krum-byzantine": 0.25, "krum-select": 3}),
+    )
+    strategy.history.append(RoundLog(1))
+    start = {k: np.array(v) for k, v in strategy.global_state.items()}
+    strategy.aggregate(1, replies(strategy, [0.0, 0.01, 0.02, 40.0]))
+    [entry] = strategy.history[-1].extra["robust"]
+    assert entry == {"group": "global", "rule": "multi-krum", "clients": [0, 1, 2, 3], "selected": [0, 1, 2]}
+    weights = np.array([10, 20, 30]) / 60
+    k = "head.bias"
+    assert np.allclose(strategy.global_state[k], start[k] + weights @ np.array([0.0, 0.01, 0.02]), atol=1e-6)
+
+
+#: (method, rule, the groups each round's average is recorded under) for every method that averages client models
+CALL_SITES = [
+    ("fedavg", "median", {"global"}),
+    ("fedper", "norm-bound", {"global"}),
+    ("lgfedavg", "trimmed-mean", {"global"}),
+    ("fedbn", "multi-krum", {"global"}),
+    ("ditto", "norm-bound", {"global"}),
+    ("cfl", "multi-krum", {"cluster 0"}),
+    ("ifca", "norm-bound", {"cluster 0", "cluster 1"}),
+    ("pifl", "norm-bound", {"tier 0", "tier 1"}),
+    ("fedsoft", "median", {"centre 0", "centre 1"}),
+    ("fedcac", "multi-krum", {"global", "custom 0", "custom 1", "custom 2"}),
+    ("pfedlia", "norm-bound", {"global", "cluster 0"}),
+    ("fedc2i", "norm-bound", {"client 0", "client 1", "client 2"}),
+    ("client2vec", "multi-krum", {"global"}),
+]
+
+
+@pytest.mark.parametrize("method,rule,groups", CALL_SITES)
+def test_every_average_of_client_models_goes_through_the_runs_rule(tmp_path, method, rule, groups):
+    strategy, _, _, _ = run_in_process(method, tmp_path, aggregator=rule, **{"record-messages": False})
+    recorded = [{e["group"] for e in r.extra.get("robust", [])} for r in strategy.history]
+    seen = set().union(*recorded)
+    assert seen <= groups | {g for g in seen if g.startswith(("cluster ", "tier ", "centre "))}
+    assert {g.split(" ")[0] for g in seen} == {g.split(" ")[0] for g in groups}, recorded
+    assert all(e["rule"] == rule for r in strategy.history for e in r.extra.get("robust", []))
+    assert all(recorded), f"a round averaged without the rule: {recorded}"
+    assert not strategy.failures
