@@ -20,6 +20,7 @@ from flwr.serverapp import Grid
 
 import client_app.app as client_app
 from client_app.faults import InjectedFault
+from client_app.floor import RunRefused
 from server_app.app import build_strategy
 from server_app.disclosure import NEEDS
 from server_app.recorder import RecordingGrid
@@ -66,9 +67,12 @@ def handler(message_type: str):
     return client_app._query_handler(message_type.removeprefix("query."))
 
 
-def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
-    """Two rounds (``SHRUNK``) of ``method`` with ``NODES`` real clients (``extra``: more run config); (the
-    strategy after them, the server's recording, each client's, the run config)."""
+def run_in_process(
+    method: str, tmp_path, node_configs: dict[int, dict] | None = None, **extra: Any
+) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
+    """Two rounds (``SHRUNK``) of ``method`` with ``NODES`` real clients (``extra``: more run config;
+    ``node_configs``: more node config by partition id); (the strategy after them, the server's recording, each
+    client's, the run config)."""
     config = {"method": method, **SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {}), **extra}
     strategy = build_strategy(parse_settings(config))
     strategy.results_dir = tmp_path / "run"
@@ -77,7 +81,12 @@ def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict]
         node: Context(
             run_id=1,
             node_id=node,
-            node_config={"partition-id": pid, "num-partitions": NODES, "cache-dir": ""},
+            node_config={
+                "partition-id": pid,
+                "num-partitions": NODES,
+                "cache-dir": "",
+                **(node_configs or {}).get(pid, {}),
+            },
             state=RecordDict(),
             run_config=config,
         )
@@ -91,9 +100,9 @@ def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict]
         )
         try:
             reply = client_app.recorder_mod(cast(Message, received), contexts[node], handler(kind))
-        except InjectedFault as err:  # Flower turns an exception in a handler into an error reply (any other one
-            # fails the test here)
-            return [reply_message(node, error=f"{type(err).__name__}: {err}")]
+        except (InjectedFault, RunRefused) as err:  # Flower turns an exception in a handler into an error reply, in
+            # these words (any other exception fails the test here)
+            return [reply_message(node, error=f"{type(err)}:<'{err}'>")]
         return [reply_message(node, reply.content)]
 
     grid = RecordingGrid(cast(Grid, ReplayGrid(NODE_IDS, respond)), strategy.results_dir / SERVER_FILE)
