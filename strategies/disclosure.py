@@ -9,8 +9,10 @@ options, never as typed numbers, through the same :class:`~strategies.replies.Ar
 reply spec uses; :func:`sent` turns a phase's reply spec into its ``sends``.
 
 :func:`mismatches` compares a message recording (:mod:`task.recording`, run-config ``record-messages``) with
-the declaration: a record, an array, a shape, a dtype or a metric that is not declared, or a required one that
-is missing, is reported.  :func:`disagreements` compares the server's recording with the clients'.
+the declaration: a record, an array, a shape, a dtype, a metric or a list length that is not declared, or a
+required one that is missing, is reported.  A count bounded by the federation's size (one model per client,
+the peers' ids) is a :class:`Clients` dimension; given the number of clients, :func:`mismatches` holds it to
+that.  :func:`disagreements` compares the server's recording with the clients'.
 docs/privacy.md's per-method table is checked against these declarations (tests/privacy).
 """
 
@@ -19,10 +21,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from strategies.replies import INT_LIMIT, TIMING, Arrays, Dim, ReplySpec, Tensor
+from strategies.replies import INT_LIMIT, TIMING, Arrays, Dim, Numbers, ReplySpec, Tensor
 from task.models import ModelInfo
 
 #: the directions in which a recording's lines carry what leaves a client (its reply) and what reaches it
@@ -30,14 +32,32 @@ OUT = ("sent", "pulled")
 IN = ("received", "pushed")
 
 
-#: one model per client of the federation (its size is the deployment's, not the run config's)
-PER_CLIENT = Dim(1, INT_LIMIT)
+@dataclass(frozen=True)
+class Clients(Dim):
+    """A count bounded by the federation's size (the deployment's, not the run config's): from ``low`` to the
+    number of clients less ``fewer``.  Without the federation's size it is bounded by ``high`` only."""
+
+    fewer: int = 0
+
+    def within(self, clients: int) -> Dim:
+        """This count in a federation of ``clients`` clients."""
+        return Dim(self.low, clients - self.fewer)
+
+    def __repr__(self) -> str:
+        return f"{self.low}..N{f' - {self.fewer}' if self.fewer else ''}"
+
+
+#: one model per client of the federation
+PER_CLIENT = Clients(1, INT_LIMIT)
+#: one entry per other client of the federation (a client's peers)
+PER_PEER = Clients(1, INT_LIMIT, fewer=1)
 
 
 @dataclass(frozen=True)
 class Part:
     """One record of a message.  An ArrayRecord declares its ``arrays``; a metric or config record its entry
-    names (``entries``: name -> required).  ``what`` says in words what it holds; ``from_peers`` marks what a
+    names (``entries``: name -> required) and the length of every entry that is a list (``lengths``; an entry
+    not named there is a single value).  ``what`` says in words what it holds; ``from_peers`` marks what a
     client receives that was derived from other clients (their models, an aggregate of them, their ids)."""
 
     what: str
@@ -45,10 +65,18 @@ class Part:
     entries: Mapping[str, bool] | None = None
     required: bool = True
     from_peers: bool = False
+    lengths: Mapping[str, int | Dim] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if (self.arrays is None) == (self.entries is None):
             raise ValueError(f"a Part declares either arrays or entries, not {'both' if self.arrays else 'neither'}")
+        undeclared = sorted(set(self.lengths) - set(self.entries or {}))
+        if undeclared:
+            raise ValueError(f"a Part declares the lengths of entries it does not declare: {undeclared}")
+
+    def with_lengths(self, lengths: Mapping[str, int | Dim]) -> Part:
+        """This part with the lengths of more list entries declared (or declared anew)."""
+        return replace(self, lengths={**self.lengths, **lengths})
 
     @property
     def kind(self) -> str:
@@ -67,14 +95,28 @@ class Disclosure:
 
 @dataclass(frozen=True)
 class Unread:
-    """A metric a client sends that the server does not read: declared, always present."""
+    """A metric a client sends that the server does not read: declared, always present; a list of ``length``
+    values where one is given."""
 
     required: bool = True
+    length: int | Dim | None = None
 
 
 def entries(rules: Mapping[str, Any]) -> dict[str, bool]:
     """A reply spec's metric rules as entry names -> required."""
     return {name: bool(getattr(rule, "required", True)) for name, rule in rules.items()}
+
+
+def list_lengths(rules: Mapping[str, Any]) -> dict[str, int | Dim]:
+    """The length of every list a reply spec's metric rules declare: a :class:`~strategies.replies.Numbers`'
+    ``length``, or up to its ``max_length``; an :class:`Unread` list's ``length``."""
+    out: dict[str, int | Dim] = {}
+    for name, rule in rules.items():
+        if isinstance(rule, Numbers):
+            out[name] = rule.length if rule.length is not None else Dim(0, int(rule.max_length or 0))
+        elif isinstance(rule, Unread) and rule.length is not None:
+            out[name] = rule.length
+    return out
 
 
 def sent(
@@ -85,16 +127,32 @@ def sent(
     metrics of a train reply that also evaluates the client's previous model."""
     what = what or {}
     parts = {
-        "metrics": Part("who the client is, its data size and its statistics", entries=entries(spec.metrics)),
+        "metrics": Part(
+            "who the client is, its data size and its statistics",
+            entries=entries(spec.metrics),
+            lengths=list_lengths(spec.metrics),
+        ),
         "timing": Part("when the client's process and handler ran", entries=entries(TIMING), required=False),
     }
     for name, arrays in spec.records.items():
         parts[name] = Part(what.get(name, name), arrays=arrays, required=arrays.required)
     if evaluation is not None:
         parts["evaluation"] = Part(
-            "how well its previous model fits its held-out data", entries=entries(evaluation), required=False
+            "how well its previous model fits its held-out data",
+            entries=entries(evaluation),
+            required=False,
+            lengths=list_lengths(evaluation),
         )
     return parts
+
+
+def lengths_on(parts: Mapping[str, Part], record: str, lengths: Mapping[str, int | Dim]) -> dict[str, Part]:
+    """``parts`` with the lengths of more list entries of ``record`` declared (where ``parts`` has it): a list
+    whose length the reply spec knows only during the run (e.g. one score per model the client was sent)."""
+    out = dict(parts)
+    if record in out:
+        out[record] = out[record].with_lengths(lengths)
+    return out
 
 
 def stacked(arrays: Arrays, count: int | Dim) -> Arrays:
@@ -103,13 +161,32 @@ def stacked(arrays: Arrays, count: int | Dim) -> Arrays:
 
 
 # ---------------------------------------------------------------------- checking a recording
-def _shape_fits(shape: list[int], declared: tuple[int | Dim, ...]) -> bool:
-    return len(shape) == len(declared) and all(
-        (n in d) if isinstance(d, Dim) else n == d for n, d in zip(shape, declared, strict=True)
-    )
+def _fits(n: int, declared: int | Dim, clients: int | None) -> bool:
+    if isinstance(declared, Clients) and clients is not None:
+        declared = declared.within(clients)
+    return (n in declared) if isinstance(declared, Dim) else n == declared
 
 
-def _check_records(where: str, content: Mapping[str, Any], parts: Mapping[str, Part]) -> list[str]:
+def _shape_fits(shape: list[int], declared: tuple[int | Dim, ...], clients: int | None = None) -> bool:
+    return len(shape) == len(declared) and all(_fits(n, d, clients) for n, d in zip(shape, declared, strict=True))
+
+
+def _check_lengths(where: str, present: Iterable[str], lengths: Mapping[str, int], part: Part, clients: int | None):
+    """The recorded list lengths of a record's entries against the declared ones."""
+    problems = []
+    for key in sorted(lengths):
+        if key not in part.lengths:
+            problems.append(f"{where} entry {key!r} is a list of {lengths[key]} values, declared a single value")
+        elif not _fits(lengths[key], part.lengths[key], clients):
+            problems.append(f"{where} entry {key!r} is a list of {lengths[key]} values, declared {part.lengths[key]!r}")
+    scalars = sorted(set(part.lengths) & set(present) - set(lengths))
+    problems += [f"{where} entry {k!r} is a single value, declared a list of {part.lengths[k]!r}" for k in scalars]
+    return problems
+
+
+def _check_records(
+    where: str, content: Mapping[str, Any], parts: Mapping[str, Part], clients: int | None = None
+) -> list[str]:
     problems = []
     seen: dict[str, str] = {}
     for kind in ("arrays", "metrics", "configs"):
@@ -123,7 +200,7 @@ def _check_records(where: str, content: Mapping[str, Any], parts: Mapping[str, P
                 problems.append(f"{where}: record {name!r} is {kind}, declared as {part.kind}")
                 continue
             if part.arrays is not None:
-                problems += _check_arrays(f"{where}: record {name!r}", value, part.arrays)
+                problems += _check_arrays(f"{where}: record {name!r}", value, part.arrays, clients)
             else:
                 assert part.entries is not None
                 extra = sorted(set(value) - set(part.entries))
@@ -132,13 +209,15 @@ def _check_records(where: str, content: Mapping[str, Any], parts: Mapping[str, P
                     problems.append(f"{where}: record {name!r} has undeclared entries {extra}")
                 if missing:
                     problems.append(f"{where}: record {name!r} lacks required entries {missing}")
+                lengths = content.get("lengths", {}).get(name, {})
+                problems += _check_lengths(f"{where}: record {name!r}", value, lengths, part, clients)
     for name, part in parts.items():
         if part.required and name not in seen:
             problems.append(f"{where}: required record {name!r} is missing")
     return problems
 
 
-def _check_arrays(where: str, arrays: Mapping[str, Any], declared: Arrays) -> list[str]:
+def _check_arrays(where: str, arrays: Mapping[str, Any], declared: Arrays, clients: int | None = None) -> list[str]:
     problems = []
     extra = sorted(set(arrays) - set(declared.tensors))
     missing = sorted(set(declared.tensors) - set(arrays))
@@ -149,15 +228,19 @@ def _check_arrays(where: str, arrays: Mapping[str, Any], declared: Arrays) -> li
     for key in sorted(set(arrays) & set(declared.tensors)):
         shape, dtype = arrays[key]
         tensor = declared.tensors[key]
-        if not _shape_fits(list(shape), tensor.shape):
+        if not _shape_fits(list(shape), tensor.shape, clients):
             problems.append(f"{where}: array {key!r} has shape {tuple(shape)}, declared {tensor.shape}")
         if dtype != tensor.dtype:
             problems.append(f"{where}: array {key!r} has dtype {dtype}, declared {tensor.dtype}")
     return problems
 
 
-def mismatches(declared: Mapping[str, Disclosure], recording: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Every way the recorded messages differ from the declaration (empty: they match exactly)."""
+def mismatches(
+    declared: Mapping[str, Disclosure], recording: Iterable[Mapping[str, Any]], clients: int | None = None
+) -> list[str]:
+    """Every way the recorded messages differ from the declaration (empty: they match exactly).  With ``clients``,
+    the number of clients of the federation, a count the declaration bounds by it (:class:`Clients`) is held to
+    it."""
     problems = []
     for line in recording:
         where = f"{line['direction']} {line['type']} (round {line.get('round')}, node {line['node']})"
@@ -172,7 +255,7 @@ def mismatches(declared: Mapping[str, Disclosure], recording: Iterable[Mapping[s
         else:
             problems.append(f"{where}: unknown direction {line['direction']!r}")
             continue
-        problems += _check_records(where, line["content"], parts)
+        problems += _check_records(where, line["content"], parts, clients)
     return problems
 
 
@@ -210,7 +293,9 @@ SHOWN = 4
 
 
 def _dims(shape: tuple[int | Dim, ...]) -> str:
-    return " x ".join("N" if d == PER_CLIENT else str(d) for d in shape) or "scalar"
+    return (
+        " x ".join("N" if d == PER_CLIENT else repr(d) if isinstance(d, Clients) else str(d) for d in shape) or "scalar"
+    )
 
 
 def key_set(keys: Iterable[str], info: ModelInfo) -> str | None:

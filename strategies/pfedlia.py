@@ -30,7 +30,7 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from strategies.base import IDENTIFY, PersonalizedStrategy, Reply, log
-from strategies.disclosure import PER_CLIENT, Disclosure, Part
+from strategies.disclosure import PER_CLIENT, Clients, Disclosure, Part, lengths_on
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
 from strategies.plots import integer_ticks, pyplot
 from strategies.privacy import account_local
@@ -145,8 +145,10 @@ class PFedLIAStrategy(PersonalizedStrategy):
             {"config": self.config_part(), "arrays": start},
             "a model trained on its data alone",
         )
+        # one score per lazy model it was sent; peer-to-peer, some of them (none, up to all) as beneficial
+        scores = {"lia-row": PER_CLIENT, "beneficial": Clients(0, PER_CLIENT.high)} if self.mode == "p2p" else {}
         out["query.lia"] = Disclosure(
-            self.sends("lia"),
+            lengths_on(self.sends("lia"), "metrics", scores or {"lia-row": PER_CLIENT}),
             {
                 "config": self.config_part(),
                 "arrays": start,
@@ -155,6 +157,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
                     "the lazy models' client ids, and which one is its own",
                     entries={"client-ids": True, "self-index": True},
                     from_peers=True,
+                    lengths={"client-ids": PER_CLIENT},
                 ),
             },
             "which peers' data resemble its own",
