@@ -110,8 +110,8 @@ class RunOptions(OptionSet):
     record_messages: bool = option(
         "record-messages",
         False,
-        "audit: record every message's records (keys, shapes, dtypes, metric names; no values) as JSON lines: the "
-        "server's in its results folder, each client's in its own state folder (docs/privacy.md)",
+        "audit: record every message's records (keys, shapes, dtypes, metric names, list lengths; no values) as JSON "
+        "lines: the server's in its results folder, each client's in its own state folder (docs/privacy.md)",
     )
     # client-level differential privacy (docs/privacy.md: which method supports which mode)
     dp_mode: str = option(
