@@ -16,7 +16,7 @@ server records in ``failures.json`` with the node config key and the value the r
 client actually releases with are checked again where it releases (:meth:`Floor.check_release`).
 
 What the node can check depends on the mode (docs/privacy.md, "A data holder's floor"): under ``local`` DP the
-client clips and noises its own release, so the floor holds for everything it sends; under ``central`` DP the
+client clips and noises its own release, so the floor holds for every model it releases; under ``central`` DP the
 client clips its own update but the server adds the noise, so the node can only hold the run to the noise it
 declares.
 """
