@@ -11,7 +11,6 @@ test_recorder.py, so the two check the same federation.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any, cast
 from unittest import mock
@@ -129,10 +128,10 @@ RESUMED_NODE_IDS = {2003 + 11 * pid: pid for pid in range(NODES)}
 def run_in_process(
     method: str,
     tmp_path,
-    node_configs: dict[int, dict] | None = None,
-    *,
-    late: Iterable[int] = (),
-    resume_after: int = 0,
+    node_configs: Any = None,  # dict[int, dict]; these three are Any because callers pass run-config keys as
+    *,  # **{"key": value}, which a type checker would otherwise match against them
+    late: Any = (),  # Iterable[int]
+    resume_after: Any = 0,  # int
     **extra: Any,
 ) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
     """Two rounds (``SHRUNK``) of ``method`` with ``NODES`` real clients (``extra``: more run config;
