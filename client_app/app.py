@@ -19,7 +19,7 @@ from typing import Any  # noqa: E402
 from flwr.app import Context, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 
-from client_app import attacks, faults  # noqa: E402
+from client_app import attacks, faults, floor  # noqa: E402
 from client_app.base import ClientMethod  # noqa: E402
 from client_app.privacy import private_reply  # noqa: E402
 from task import recording  # noqa: E402
@@ -106,8 +106,12 @@ def method_for(msg: Message, context: Context) -> ClientMethod:
 
 
 def started(msg: Message, context: Context) -> tuple[ClientMethod, float, float]:
-    """(the method's client for this message, when the handler began, when its set-up ended): unix seconds."""
+    """(the method's client for this message, when the handler began, when its set-up ended): unix seconds.
+
+    A run that asks for less privacy than the node's own floor (node config ``dp-min-noise-multiplier``,
+    ``dp-max-clip``, ``dp-require``; :mod:`client_app.floor`) is refused here, before any data is loaded."""
     start = time.time()
+    floor.admit(context.run_config, context.node_config)
     method = method_for(msg, context)
     return method, start, time.time()
 

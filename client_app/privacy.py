@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
+from client_app.floor import node_floor
 from task.params import record_to_numpy, to_record
 from task.privacy import PrivacyConfigError, clip_bound, clip_update, local_release, model_delta
 
@@ -73,9 +74,12 @@ def released_reply(
 
 
 def private_reply(method: Any, reply: RecordDict, message: RecordDict) -> RecordDict:
-    """What of the train ``reply`` of ``method`` (a ClientMethod) may leave under the run's ``dp-mode``."""
+    """What of the train ``reply`` of ``method`` (a ClientMethod) may leave under the run's ``dp-mode``; nothing
+    leaves with less privacy than the node's own floor (:class:`client_app.floor.RunRefused`)."""
     settings = method.settings
     clip = clip_bound(settings.dp_clip)
+    # the node's own floor, on the values the release below uses (the run was admitted against it already)
+    node_floor(method.context.node_config).check_release(settings.dp_mode, settings.dp_noise_multiplier, clip)
     if settings.dp_mode == "central":  # the update leaves clipped; the server adds the noise
         return clipped_reply(reply, message, clip)
     if settings.dp_mode == "local":  # clipped and noised here, before it leaves

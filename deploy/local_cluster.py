@@ -19,15 +19,19 @@ also on failure and on Ctrl-C; namespaces and veth links it made are deleted):
 6. optionally: a SuperNode with an unregistered key must be refused (``--unregistered-check``); a data holder
    must fail to submit a run or register a key from its namespace (``--holder-check``, needs the proxy and
    ``--netns``);
+   (with ``--node-config I:K=V`` more node config for SuperNode i, e.g. a data holder's privacy floor);
 7. submits ``flwr run <repo> <connection> --stream`` as the operator, optionally kills SuperNode i when round r
    starts (``--kill-node i@r``) and starts it again (``--restart-node``);
-8. checks the results folder the run printed (summary.json, rounds.json, failures.json), prints one final
+8. checks the results folder the run printed (summary.json, rounds.json, failures.json; with ``--refused-by``
+   that the nodes named refused every message and the others replied), prints one final
    JSON line and exits 0 if every check passed.
 
 Example::
 
     python deploy/local_cluster.py --nodes 3 --rounds 3
     python deploy/local_cluster.py --nodes 3 --rounds 4 --kill-node 2@2 --restart-node --unregistered-check
+    python deploy/local_cluster.py --nodes 3 --rounds 2 --method fedc2i --run-config "dp-mode='local'" \
+        --node-config 2:dp-min-noise-multiplier=2.0 --refused-by 2
     python deploy/local_cluster.py --nodes 2 --rounds 4 --workdir /tmp/lc --run-config "stop-after=2"
     python deploy/local_cluster.py --nodes 2 --rounds 4 --workdir /tmp/lc --run-config "resume-from='<folder>'"
     sudo python deploy/local_cluster.py --nodes 2 --rounds 2 --netns --holder-check
@@ -66,6 +70,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=120.0,
         help="run-config round-timeout in s (default 120: a crashed node is declared offline by the "
         "SuperLink within 2 heartbeats = 60 s, and its missing reply becomes an error reply)",
+    )
+    ap.add_argument(
+        "--node-config",
+        metavar="I:K=V",
+        action="append",
+        default=[],
+        help='more node config for SuperNode I, e.g. 1:"dp-min-noise-multiplier=2.0" (a data holder\'s privacy '
+        "floor); repeatable",
+    )
+    ap.add_argument(
+        "--refused-by",
+        metavar="I",
+        type=int,
+        action="append",
+        default=[],
+        help="SuperNode I is expected to refuse the run (its node config's privacy floor): every failure must be its "
+        "refusal, and every other node must reply in every round; repeatable",
     )
     ap.add_argument("--kill-node", metavar="I@R", help="kill SuperNode I once round R has started")
     ap.add_argument(
@@ -135,6 +156,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error(
                 f"--kill-node {args.kill_node}: needs --nodes >= 2, 0 <= I < {args.nodes} and 1 <= R <= {args.rounds}"
             )
+    args.extra_node_config = {}
+    for spec in args.node_config:
+        i, sep, pairs = spec.partition(":")
+        if not (sep and i.isdigit() and 0 <= int(i) < args.nodes and "=" in pairs):
+            ap.error(f"--node-config {spec!r}: expected I:K=V ..., e.g. 1:dp-max-clip=0.5, with 0 <= I < {args.nodes}")
+        args.extra_node_config[int(i)] = f"{args.extra_node_config.get(int(i), '')} {pairs}".strip()
+    if any(not 0 <= i < args.nodes for i in args.refused_by) or len(set(args.refused_by)) >= args.nodes:
+        ap.error(f"--refused-by {args.refused_by}: each I in [0, {args.nodes}), and at least one node that takes part")
+    if args.refused_by and args.kill_node:
+        ap.error("--refused-by and --kill-node check the run's failures in different ways: use one of them")
     if args.restart_node and not args.kill:
         ap.error("--restart-node needs --kill-node")
     if args.proxy is None:

@@ -17,7 +17,9 @@ What a reply must carry and what the strategy reads of it (:mod:`strategies.repl
 :data:`LOSS_LIMIT`, :data:`VALUE_LIMIT`); a valid reply reaches the method as a :class:`Reply`.
 
 What every message carries out of a client and into it (:mod:`strategies.disclosure`): a :class:`Disclosure` per
-message type, of :class:`Part` records; :data:`PER_CLIENT` sizes a record that holds one model per client.
+message type, of :class:`Part` records; :data:`PER_CLIENT` sizes a record that holds one model per client and
+:data:`PER_PEER` one per other client (both :class:`Clients` counts, held to the federation's size);
+:func:`lengths_on` declares the lengths of a record's list entries.
 
 Local differential privacy's accountant for a method whose clients noise their own releases:
 :func:`account_local` (:mod:`strategies.privacy`).
@@ -26,7 +28,7 @@ Local differential privacy's accountant for a method whose clients noise their o
 from __future__ import annotations
 
 from strategies.base import IDENTIFY, PersonalizedStrategy, log
-from strategies.disclosure import PER_CLIENT, Disclosure, Part
+from strategies.disclosure import PER_CLIENT, PER_PEER, Clients, Disclosure, Part, lengths_on
 from strategies.privacy import account_local
 from strategies.replies import (
     ACCURACY,
@@ -50,8 +52,10 @@ __all__ = [
     "LOSS",
     "LOSS_LIMIT",
     "PER_CLIENT",
+    "PER_PEER",
     "VALUE_LIMIT",
     "Arrays",
+    "Clients",
     "Dim",
     "Disclosure",
     "Number",
@@ -62,5 +66,6 @@ __all__ = [
     "ReplySpec",
     "Tensor",
     "account_local",
+    "lengths_on",
     "log",
 ]

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from strategies.disclosure import PER_CLIENT, Disclosure, Part
+from strategies.disclosure import PER_CLIENT, Clients, Disclosure, Part
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Dim
 from task.models import ModelInfo
 
@@ -24,13 +24,32 @@ OUT = ("sent", "pulled")
 IN = ("received", "pushed")
 
 
-def _shape_fits(shape: list[int], declared: tuple[int | Dim, ...]) -> bool:
-    return len(shape) == len(declared) and all(
-        (n in d) if isinstance(d, Dim) else n == d for n, d in zip(shape, declared, strict=True)
-    )
+def _fits(n: int, declared: int | Dim, clients: int | None) -> bool:
+    if isinstance(declared, Clients) and clients is not None:
+        declared = declared.within(clients)
+    return (n in declared) if isinstance(declared, Dim) else n == declared
 
 
-def _check_records(where: str, content: Mapping[str, Any], parts: Mapping[str, Part]) -> list[str]:
+def _shape_fits(shape: list[int], declared: tuple[int | Dim, ...], clients: int | None = None) -> bool:
+    return len(shape) == len(declared) and all(_fits(n, d, clients) for n, d in zip(shape, declared, strict=True))
+
+
+def _check_lengths(where: str, present: Iterable[str], lengths: Mapping[str, int], part: Part, clients: int | None):
+    """The recorded list lengths of a record's entries against the declared ones."""
+    problems = []
+    for key in sorted(lengths):
+        if key not in part.lengths:
+            problems.append(f"{where} entry {key!r} is a list of {lengths[key]} values, declared a single value")
+        elif not _fits(lengths[key], part.lengths[key], clients):
+            problems.append(f"{where} entry {key!r} is a list of {lengths[key]} values, declared {part.lengths[key]!r}")
+    scalars = sorted(set(part.lengths) & set(present) - set(lengths))
+    problems += [f"{where} entry {k!r} is a single value, declared a list of {part.lengths[k]!r}" for k in scalars]
+    return problems
+
+
+def _check_records(
+    where: str, content: Mapping[str, Any], parts: Mapping[str, Part], clients: int | None = None
+) -> list[str]:
     problems = []
     seen: dict[str, str] = {}
     for kind in ("arrays", "metrics", "configs"):
@@ -44,7 +63,7 @@ def _check_records(where: str, content: Mapping[str, Any], parts: Mapping[str, P
                 problems.append(f"{where}: record {name!r} is {kind}, declared as {part.kind}")
                 continue
             if part.arrays is not None:
-                problems += _check_arrays(f"{where}: record {name!r}", value, part.arrays)
+                problems += _check_arrays(f"{where}: record {name!r}", value, part.arrays, clients)
             else:
                 assert part.entries is not None
                 extra = sorted(set(value) - set(part.entries))
@@ -53,13 +72,15 @@ def _check_records(where: str, content: Mapping[str, Any], parts: Mapping[str, P
                     problems.append(f"{where}: record {name!r} has undeclared entries {extra}")
                 if missing:
                     problems.append(f"{where}: record {name!r} lacks required entries {missing}")
+                lengths = content.get("lengths", {}).get(name, {})
+                problems += _check_lengths(f"{where}: record {name!r}", value, lengths, part, clients)
     for name, part in parts.items():
         if part.required and name not in seen:
             problems.append(f"{where}: required record {name!r} is missing")
     return problems
 
 
-def _check_arrays(where: str, arrays: Mapping[str, Any], declared: Arrays) -> list[str]:
+def _check_arrays(where: str, arrays: Mapping[str, Any], declared: Arrays, clients: int | None = None) -> list[str]:
     problems = []
     extra = sorted(set(arrays) - set(declared.tensors))
     missing = sorted(set(declared.tensors) - set(arrays))
@@ -70,15 +91,19 @@ def _check_arrays(where: str, arrays: Mapping[str, Any], declared: Arrays) -> li
     for key in sorted(set(arrays) & set(declared.tensors)):
         shape, dtype = arrays[key]
         tensor = declared.tensors[key]
-        if not _shape_fits(list(shape), tensor.shape):
+        if not _shape_fits(list(shape), tensor.shape, clients):
             problems.append(f"{where}: array {key!r} has shape {tuple(shape)}, declared {tensor.shape}")
         if dtype != tensor.dtype:
             problems.append(f"{where}: array {key!r} has dtype {dtype}, declared {tensor.dtype}")
     return problems
 
 
-def mismatches(declared: Mapping[str, Disclosure], recording: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Every way the recorded messages differ from the declaration (empty: they match exactly)."""
+def mismatches(
+    declared: Mapping[str, Disclosure], recording: Iterable[Mapping[str, Any]], clients: int | None = None
+) -> list[str]:
+    """Every way the recorded messages differ from the declaration (empty: they match exactly).  With ``clients``,
+    the number of clients of the federation, a count the declaration bounds by it (:class:`Clients`) is held to
+    it."""
     problems = []
     for line in recording:
         where = f"{line['direction']} {line['type']} (round {line.get('round')}, node {line['node']})"
@@ -93,7 +118,7 @@ def mismatches(declared: Mapping[str, Disclosure], recording: Iterable[Mapping[s
         else:
             problems.append(f"{where}: unknown direction {line['direction']!r}")
             continue
-        problems += _check_records(where, line["content"], parts)
+        problems += _check_records(where, line["content"], parts, clients)
     return problems
 
 
@@ -131,7 +156,9 @@ SHOWN = 4
 
 
 def _dims(shape: tuple[int | Dim, ...]) -> str:
-    return " x ".join("N" if d == PER_CLIENT else str(d) for d in shape) or "scalar"
+    return (
+        " x ".join("N" if d == PER_CLIENT else repr(d) if isinstance(d, Clients) else str(d) for d in shape) or "scalar"
+    )
 
 
 def key_set(keys: Iterable[str], info: ModelInfo) -> str | None:

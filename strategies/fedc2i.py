@@ -26,6 +26,7 @@ from flwr.app import ConfigRecord, RecordDict
 
 from strategies.api import (
     PER_CLIENT,
+    PER_PEER,
     Dim,
     Disclosure,
     Numbers,
@@ -34,6 +35,7 @@ from strategies.api import (
     Reply,
     ReplySpec,
     account_local,
+    lengths_on,
 )
 from task.methods.fedc2i import FedC2IOptions
 from task.params import stacked_record, to_record
@@ -94,21 +96,25 @@ class FedC2IStrategy(PersonalizedStrategy):
         own latest model stacked with the latest whole model of every other client (``c2i-peers`` bounds how
         many), their client ids and (not under local DP) training-set sizes; (evaluate) its own latest model only."""
         count = Dim(1, self.num_peers) if self.num_peers else PER_CLIENT
+        others = Dim(1, self.num_peers - 1) if self.num_peers else PER_PEER  # peer-clients only when there are peers
         sizes = self.settings.dp_mode != "local"  # under local DP peers get each other's ids only
+        about = {"client-ids": True, "num-examples": True} if sizes else {"client-ids": True}
         peers = {
             "config": self.config_part(),
             "peers": self.model_part("its own latest model, then each peer's latest whole model", count=count),
             "peer-clients": Part(
                 "the peers' client ids" + (" and training-set sizes" if sizes else " (no sizes under local DP)"),
-                entries={"client-ids": True, "num-examples": True} if sizes else {"client-ids": True},
+                entries=about,
                 required=False,
                 from_peers=True,
+                lengths=dict.fromkeys(about, others),
             ),
         }
         own = {"config": self.config_part(), "arrays": self.model_part("its own latest model", from_peers=False)}
         what = {"arrays": "its whole trained model"}
+        sends = lengths_on(self.sends("train", what), "metrics", {"influence": count})  # one per model it was sent
         out = super().disclosure()
-        out["train"] = Disclosure(self.sends("train", what), peers, "its model, and which peers' data resemble its own")
+        out["train"] = Disclosure(sends, peers, "its model, and which peers' data resemble its own")
         out["evaluate"] = Disclosure(self.sends("evaluate"), own, out["evaluate"].reveals)
         return out
 

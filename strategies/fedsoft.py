@@ -76,7 +76,10 @@ class FedSoftStrategy(PersonalizedStrategy):
             "config": self.config_part(),
             "tiers": self.model_part("every centre: the mean of the models drawn for it", count=self.k),
         }
-        receives = {**centres, "fedsoft": Part("its own importance weights u", entries={"u": True})}
+        receives = {
+            **centres,
+            "fedsoft": Part("its own importance weights u", entries={"u": True}, lengths={"u": self.k}),
+        }
         what = {"arrays": "its trained model"}
         out["query.fedsoft_u"] = Disclosure(self.sends("fedsoft_u"), centres, "a soft cluster membership of its data")
         out["train"] = Disclosure(self.sends("train", what), receives, out["train"].reveals)

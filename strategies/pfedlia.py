@@ -33,6 +33,7 @@ from strategies.api import (
     PER_CLIENT,
     VALUE_LIMIT,
     Arrays,
+    Clients,
     Disclosure,
     Number,
     Numbers,
@@ -41,6 +42,7 @@ from strategies.api import (
     Reply,
     ReplySpec,
     account_local,
+    lengths_on,
     log,
 )
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
@@ -154,8 +156,10 @@ class PFedLIAStrategy(PersonalizedStrategy):
             {"config": self.config_part(), "arrays": start},
             "a model trained on its data alone",
         )
+        # one score per lazy model it was sent; peer-to-peer, some of them (none, up to all) as beneficial
+        scores = {"lia-row": PER_CLIENT, "beneficial": Clients(0, PER_CLIENT.high)} if self.mode == "p2p" else {}
         out["query.lia"] = Disclosure(
-            self.sends("lia"),
+            lengths_on(self.sends("lia"), "metrics", scores or {"lia-row": PER_CLIENT}),
             {
                 "config": self.config_part(),
                 "arrays": start,
@@ -164,6 +168,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
                     "the lazy models' client ids, and which one is its own",
                     entries={"client-ids": True, "self-index": True},
                     from_peers=True,
+                    lengths={"client-ids": PER_CLIENT},
                 ),
             },
             "which peers' data resemble its own",

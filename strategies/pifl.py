@@ -33,7 +33,7 @@ from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from strategies.api import ACCURACY as SHARE
-from strategies.api import Disclosure, Number, Numbers, Part, PersonalizedStrategy, Reply, ReplySpec
+from strategies.api import Dim, Disclosure, Number, Numbers, Part, PersonalizedStrategy, Reply, ReplySpec, lengths_on
 from strategies.pifl_math import TokenLedger, random_tiering, rank_clients, schedule, shapley_scores
 from strategies.tier_tables import TierTables
 from task.data import load_centralized
@@ -170,13 +170,18 @@ class PIFLStrategy(PersonalizedStrategy):
         out = super().disclosure()
         tiers = self.model_part("every tier's model: the average of the tier's winners", count=self.num_tiers)
         config = {"config": self.config_part()}
+        per_tier = dict.fromkeys(("tier-acc", "tier-goal-acc", "mixture-weights"), self.num_tiers)
+        bid: dict[str, int | Dim] = {
+            "bid": Dim(0, self.max_bids),
+            "tier-acc": self.num_tiers,
+        }  # a client that cannot pay bids for none
         out["query.bid"] = Disclosure(
-            self.sends("bid"),
+            lengths_on(self.sends("bid"), "metrics", bid),
             {**config, "tiers": tiers, "ledger": Part("its token balance and the slot price", entries=LEDGER)},
             "which tiers its data is worth paying for",
         )
         out["train"] = Disclosure(
-            self.sends("train", {"arrays": "its trained tier model"}),
+            lengths_on(self.sends("train", {"arrays": "its trained tier model"}), "evaluation", per_tier),
             {
                 **config,
                 "arrays": self.model_part("the model of the tier it won"),
@@ -184,7 +189,11 @@ class PIFLStrategy(PersonalizedStrategy):
             },
             "how its data moved the tier model",
         )
-        out["evaluate"] = Disclosure(self.sends("evaluate"), {**config, "tiers": tiers}, "every tier's fit to its data")
+        out["evaluate"] = Disclosure(
+            lengths_on(self.sends("evaluate"), "metrics", per_tier),
+            {**config, "tiers": tiers},
+            "every tier's fit to its data",
+        )
         return out
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:

@@ -113,8 +113,8 @@ class RunOptions(AttackOptions, RobustOptions):
     record_messages: bool = option(
         "record-messages",
         False,
-        "audit: record every message's records (keys, shapes, dtypes, metric names; no values) as JSON lines: the "
-        "server's in its results folder, each client's in its own state folder (docs/privacy.md)",
+        "audit: record every message's records (keys, shapes, dtypes, metric names, list lengths; no values) as JSON "
+        "lines: the server's in its results folder, each client's in its own state folder (docs/privacy.md)",
     )
     # watching runs (README: "Watching runs"): written by the ServerApp from the rounds in rounds.json
     tensorboard: bool = option(

@@ -4,8 +4,10 @@ Both halves of the app record with it: the ClientApp through a Flower mod (every
 every reply it sends, :mod:`client_app.app`) and the ServerApp through a wrapper of its ``Grid`` (every message
 pushed and every reply pulled, :mod:`server_app.recorder`).  A line holds the message's type, round and node,
 and its records described, never their values: per array its key, shape and dtype; per metric or config record
-the names of its entries.  That is enough to audit *what kind* of data left a node ("what did my node send"),
-and it is what :mod:`strategies.disclosure_check` compares with each method's declaration.
+the names of its entries, and the length of every entry that is a list.  That is enough to audit *what kind* of
+data left a node ("what did my node send"), and how much of it: a list metric that grows from a few scores to a
+vector as long as the model is seen.  It is what :mod:`strategies.disclosure_check` compares with each method's
+declaration.
 
 Where the lines go: the server's into ``<results folder>/messages-server.jsonl``; a client's into its own state
 folder, ``<state-dir>/<run-key>/client-<partition-id>/messages.jsonl`` (node config ``state-dir`` wins over the
@@ -32,7 +34,13 @@ PUSHED, PULLED = "pushed", "pulled"
 
 def describe_content(content: RecordDict) -> dict[str, Any]:
     """The records of a message without their values: ``arrays`` {record: {key: [shape, dtype]}},
-    ``metrics`` / ``configs`` {record: sorted entry names}."""
+    ``metrics`` / ``configs`` {record: sorted entry names}, and ``lengths`` {record: {entry: length}} for the
+    metric and config entries that are lists (records without one are left out)."""
+    records: dict[str, Mapping[str, Any]] = {**content.metric_records, **content.config_records}
+    lengths = {
+        name: {key: len(value) for key, value in sorted(record.items()) if isinstance(value, list)}
+        for name, record in sorted(records.items())
+    }
     return {
         "arrays": {
             name: {key: [list(arr.shape), str(arr.dtype)] for key, arr in record.items()}
@@ -40,6 +48,7 @@ def describe_content(content: RecordDict) -> dict[str, Any]:
         },
         "metrics": {name: sorted(record) for name, record in sorted(content.metric_records.items())},
         "configs": {name: sorted(record) for name, record in sorted(content.config_records.items())},
+        "lengths": {name: entries for name, entries in lengths.items() if entries},
     }
 
 

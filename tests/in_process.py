@@ -20,9 +20,11 @@ from flwr.serverapp import Grid
 
 import client_app.app as client_app
 from client_app.faults import InjectedFault
-from server_app.app import build_strategy
+from client_app.floor import RunRefused
+from server_app.app import build_strategy, resume_point
 from server_app.disclosure import NEEDS
 from server_app.recorder import RecordingGrid
+from strategies.persistence import SimulatedCrash
 from task.config import parse_settings
 from task.params import to_record
 from task.recording import SERVER_FILE, read_run
@@ -66,22 +68,32 @@ def handler(message_type: str):
     return client_app._query_handler(message_type.removeprefix("query."))
 
 
-def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
-    """Two rounds (``SHRUNK``) of ``method`` with ``NODES`` real clients (``extra``: more run config); (the
-    strategy after them, the server's recording, each client's, the run config)."""
-    config = {"method": method, **SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {}), **extra}
-    strategy = build_strategy(parse_settings(config))
-    strategy.results_dir = tmp_path / "run"
-    strategy.results_dir.mkdir()
+class JoiningGrid(ReplayGrid):
+    """A ReplayGrid whose ``late`` nodes connect only once the strategy has finished round 1 (a late joiner)."""
+
+    def __init__(self, nodes: dict[int, int], respond: Any, late: set[int], strategy: Any) -> None:
+        super().__init__(nodes, respond)
+        self.late, self.strategy = late, strategy
+
+    def get_node_ids(self) -> list[int]:
+        joined = self.strategy.rounds_done >= 1
+        return [n for n in self.nodes if joined or n not in self.late]
+
+
+def federation(
+    strategy: Any, config: dict, node_ids: dict[int, int], node_configs: dict[int, dict], late: set[int]
+) -> None:
+    """``strategy.start`` against real clients on ``node_ids`` (node id -> partition id), each with a fresh Context
+    (as Flower gives a run's ClientApps), its recording mod on, until the run's last round (or a simulated crash)."""
     contexts = {
         node: Context(
             run_id=1,
             node_id=node,
-            node_config={"partition-id": pid, "num-partitions": NODES, "cache-dir": ""},
+            node_config={"partition-id": pid, "num-partitions": NODES, "cache-dir": "", **node_configs.get(pid, {})},
             state=RecordDict(),
             run_config=config,
         )
-        for node, pid in NODE_IDS.items()
+        for node, pid in node_ids.items()
     }
 
     def respond(message: Any) -> list[Any]:
@@ -91,12 +103,15 @@ def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict]
         )
         try:
             reply = client_app.recorder_mod(cast(Message, received), contexts[node], handler(kind))
-        except InjectedFault as err:  # Flower turns an exception in a handler into an error reply (any other one
-            # fails the test here)
-            return [reply_message(node, error=f"{type(err).__name__}: {err}")]
+        except (InjectedFault, RunRefused) as err:  # Flower turns an exception in a handler into an error reply, in
+            # these words (any other exception fails the test here)
+            return [reply_message(node, error=f"{type(err)}:<'{err}'>")]
         return [reply_message(node, reply.content)]
 
-    grid = RecordingGrid(cast(Grid, ReplayGrid(NODE_IDS, respond)), strategy.results_dir / SERVER_FILE)
+    late_nodes = {node for node, pid in node_ids.items() if pid in late}
+    grid = RecordingGrid(
+        cast(Grid, JoiningGrid(node_ids, respond, late_nodes, strategy)), strategy.results_dir / SERVER_FILE
+    )
     with outgoing_messages(), mock.patch.object(client_app, "Message", Reply):
         strategy.start(
             grid=grid,
@@ -104,5 +119,44 @@ def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict]
             num_rounds=int(config["num-server-rounds"]),
             timeout=strategy.settings.round_timeout,
         )
-    server, clients = read_run(strategy.results_dir)
+
+
+#: the node ids of a resumed run's clients (Flower gives a resumed run new ones)
+RESUMED_NODE_IDS = {2003 + 11 * pid: pid for pid in range(NODES)}
+
+
+def run_in_process(
+    method: str,
+    tmp_path,
+    node_configs: Any = None,  # dict[int, dict]; these three are Any because callers pass run-config keys as
+    *,  # **{"key": value}, which a type checker would otherwise match against them
+    late: Any = (),  # Iterable[int]
+    resume_after: Any = 0,  # int
+    **extra: Any,
+) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
+    """Two rounds (``SHRUNK``) of ``method`` with ``NODES`` real clients (``extra``: more run config;
+    ``node_configs``: more node config by partition id; ``late``: the partition ids whose nodes connect only after
+    round 1; ``resume_after``: the run stops after that round as a crash would (``stop-after``) and a new server
+    resumes it (``resume-from``, as the ServerApp does) with new node ids and fresh clients, recording into the same
+    folder); (the strategy after them, the server's recording, each client's, the run config)."""
+    config = {"method": method, **SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {}), **extra}
+    folder = tmp_path / "run"
+    folder.mkdir()
+    first = {**config, "stop-after": resume_after} if resume_after else config
+    strategy = build_strategy(parse_settings(first))
+    strategy.results_dir = folder
+    try:
+        federation(strategy, first, NODE_IDS, node_configs or {}, set(late))
+    except SimulatedCrash:
+        if not resume_after:
+            raise
+        config = {**config, "resume-from": str(folder)}
+        settings = parse_settings(config)
+        strategy = build_strategy(settings)
+        assert resume_point(settings, strategy) == (folder, resume_after)
+        strategy.results_dir = folder
+        federation(strategy, config, RESUMED_NODE_IDS, node_configs or {}, set())
+    else:
+        assert not resume_after, f"stop-after={resume_after} did not stop the run"
+    server, clients = read_run(folder)
     return strategy, server, clients, config

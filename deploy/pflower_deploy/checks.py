@@ -3,7 +3,8 @@
 - ``unregistered_check``: a SuperNode whose key was never registered is refused;
 - ``holder_check``: a data holder cannot submit a run or register a key from its namespace, against any
   address it can reach, and plain HTTP is refused on every listener that crosses a namespace;
-- ``check_results``: the run's facts, read from its results folder (summary.json, rounds.json, failures.json).
+- ``check_results``: the run's facts, read from its results folder (summary.json, rounds.json, failures.json);
+  with ``--refused-by``, that the nodes named refused every message (their privacy floor) and only they failed.
 """
 
 from __future__ import annotations
@@ -201,6 +202,41 @@ def _refused(spec: str, result: dict) -> bool:
     return result.get("status") in (400, 403, 404) or result.get("error") in ("refused", "unreachable")
 
 
+#: how a ClientApp refuses a run below its node's privacy floor (client_app/floor.py), in Flower's error reply
+REFUSAL = "client_app.floor.RunRefused'>:<'this node refuses the run: "
+
+
+def refusals(c: Cluster, failures: list[dict[str, Any]], replies: list[dict[str, Any]]) -> list[str]:
+    """``--refused-by``: the refusing nodes failed every message with a refusal (each reason goes into the report's
+    ``refusals``, by node), every other node replied to every train message, and nobody else failed."""
+    refusing = {c.node_ids[k]: k for k in c.args.refused_by}
+    by_node: dict[str, list[str]] = {}
+    problems = []
+    for f in failures:
+        if f["node-id"] not in refusing:
+            problems.append(f"node {f['node-id']} failed without refusing: {f['reason'][:200]}")
+        elif REFUSAL not in f["reason"]:
+            problems.append(f"node {f['node-id']} failed, but not with a refusal: {f['reason'][:200]}")
+        else:
+            reason = f["reason"].split(REFUSAL, 1)[1].removesuffix("'>")
+            by_node.setdefault(f"node{refusing[f['node-id']]}", []).append(f"round {f['round']} {f['phase']}: {reason}")
+    c.report["refusals"] = by_node
+    rounds_refused = {
+        k: {f["round"] for f in failures if f["node-id"] == node and REFUSAL in f["reason"]}
+        for node, k in refusing.items()
+    }
+    every_round = set(range(1, c.args.rounds + 1))
+    problems += [
+        f"node{k} did not refuse in rounds {sorted(every_round - r)}"
+        for k, r in rounds_refused.items()
+        if r != every_round
+    ]
+    taking_part = c.args.nodes - len(refusing)
+    if not all(r["train"] == taking_part for r in replies):
+        problems.append(f"expected {taking_part} train replies per round (the nodes that did not refuse)")
+    return problems
+
+
 def check_results(c: Cluster, folder: Path) -> None:
     """The run's facts, from its results folder: rounds, replies per round, failures."""
     summary_path = folder / "summary.json"
@@ -238,7 +274,9 @@ def check_results(c: Cluster, folder: Path) -> None:
     problems = []
     if summary.get("rounds") != c.args.rounds:
         problems.append(f"summary rounds {summary.get('rounds')} != {c.args.rounds}")
-    if not c.args.kill:
+    if c.args.refused_by:
+        problems += refusals(c, failures, replies)
+    elif not c.args.kill:
         if not all(r["train"] == c.args.nodes for r in replies) or failures:
             problems.append(f"expected {c.args.nodes} replies per round and no failures")
     else:

@@ -252,6 +252,9 @@ class Cluster:
         own folders for models (model-dir), state between rounds (state-dir) and its cached split (cache-dir)."""
         own = self.node_dir(part)
         dirs = f"model-dir='{own / 'models'}' state-dir='{own / 'state'}' cache-dir='{own / 'cache'}'"
+        extra = self.args.extra_node_config.get(part)
+        if extra:  # --node-config: e.g. the data holder's privacy floor
+            dirs += f" {extra}"
         if self.args.data_files:
             return (
                 f"partition-id={part} data-path='{Path(self.args.data_files).resolve() / f'node-{part}.npz'}' " + dirs

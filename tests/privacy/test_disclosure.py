@@ -7,9 +7,9 @@ import copy
 import pytest
 
 from server_app.app import build_strategy
-from strategies.disclosure import Disclosure, Part, sent
+from strategies.disclosure import PER_CLIENT, PER_PEER, Disclosure, Part, sent
 from strategies.disclosure_check import disagreements, mismatches
-from strategies.replies import BASE, Arrays, Dim, Tensor
+from strategies.replies import BASE, Arrays, Dim, Numbers, ReplySpec, Tensor
 from task.config import parse_settings
 
 
@@ -18,14 +18,16 @@ def _fits(tensor: Tensor) -> list:
 
 
 def line(parts, direction: str, kind: str, node: int = 7) -> dict:
-    """A recorded line holding every record of ``parts``, as the declaration allows it."""
-    content: dict = {"arrays": {}, "metrics": {}, "configs": {}}
+    """A recorded line holding every record of ``parts``, as the declaration allows it (lists at their shortest)."""
+    content: dict = {"arrays": {}, "metrics": {}, "configs": {}, "lengths": {}}
     for name, part in parts.items():
         if part.arrays is not None:
             content["arrays"][name] = {k: _fits(t) for k, t in part.arrays.tensors.items()}
         else:
             where = "configs" if name in ("config", "peer-clients", "tier", "ledger") else "metrics"
             content[where][name] = sorted(part.entries)
+            if part.lengths:
+                content["lengths"][name] = {k: n.low if isinstance(n, Dim) else n for k, n in part.lengths.items()}
     return {"direction": direction, "type": kind, "node": node, "round": 1, "content": content}
 
 
@@ -404,3 +406,72 @@ def test_a_record_of_the_wrong_kind_does_not_hide_the_records_after_it():
         f"{WHERE}: record 'c' (metrics) is not declared",
         f"{WHERE}: record 'a' has undeclared entries ['z']",
     ]
+
+
+# ---------------------------------------------------------------------------------------------- list lengths
+SCORES = {
+    "query.x": Disclosure(
+        sends={"metrics": Part("scores", entries={"row": True, "loss": True, "ids": False}, lengths={"row": 3})},
+        receives={"about": Part("peers", entries={"ids": True}, lengths={"ids": PER_PEER})},
+    )
+}
+
+
+def _scores(lengths: dict, direction: str = "sent", record: str = "metrics", names=("ids", "loss", "row")) -> dict:
+    kind = "metrics" if direction == "sent" else "configs"
+    content = {kind: {record: sorted(names)}, "lengths": {record: lengths} if lengths else {}}
+    return {**ONE, "direction": direction, "content": content}
+
+
+def test_a_list_of_the_declared_length_matches():
+    assert mismatches(SCORES, [_scores({"row": 3})]) == []
+
+
+def test_a_list_metric_longer_than_declared_is_caught():
+    """A reply whose influence row grows from one score per peer to anything longer (a vector as long as the model,
+    say) is told apart by its length alone: the recording never holds values."""
+    assert mismatches(SCORES, [_scores({"row": 4})]) == [
+        f"{WHERE}: record 'metrics' entry 'row' is a list of 4 values, declared 3"
+    ]
+
+
+def test_a_list_where_a_single_value_is_declared_is_caught_and_the_reverse():
+    assert mismatches(SCORES, [_scores({"row": 3, "loss": 2})]) == [
+        f"{WHERE}: record 'metrics' entry 'loss' is a list of 2 values, declared a single value"
+    ]
+    assert mismatches(SCORES, [_scores({})]) == [
+        f"{WHERE}: record 'metrics' entry 'row' is a single value, declared a list of 3"
+    ]
+
+
+def test_a_count_bounded_by_the_federation_is_held_to_its_size_when_that_is_known():
+    """``PER_PEER``: one per other client.  Checked against a federation of 4 clients, 3 ids pass and 4 do not;
+    without the federation's size only the declared bound applies."""
+    received = [_scores({"ids": 4}, direction="received", record="about", names=("ids",))]
+    assert mismatches(SCORES, received) == []
+    assert mismatches(SCORES, received, clients=4) == [
+        "received query.x (round 2, node 5): record 'about' entry 'ids' is a list of 4 values, declared 1..N - 1"
+    ]
+    received[0]["content"]["lengths"]["about"]["ids"] = 3
+    assert mismatches(SCORES, received, clients=4) == []
+
+
+def test_one_model_per_client_is_held_to_the_federations_size():
+    declared = {"query.x": Disclosure(sends={"rows": Part("rows", arrays=Arrays({"w": Tensor((PER_CLIENT, 2))}))})}
+    lines = [{**ONE, "content": {"arrays": {"rows": {"w": [[5, 2], "float32"]}}}}]
+    assert mismatches(declared, lines) == [] and mismatches(declared, lines, clients=5) == []
+    assert mismatches(declared, lines, clients=4) == [
+        f"{WHERE}: record 'rows': array 'w' has shape (5, 2), declared (1..N, 2)"
+    ]
+
+
+def test_a_part_declares_lengths_only_of_its_entries():
+    with pytest.raises(ValueError, match=r"^a Part declares the lengths of entries it does not declare: \['row'\]$"):
+        Part("scores", entries={"loss": True}, lengths={"row": 3})
+
+
+def test_sent_declares_the_length_of_every_list_a_reply_spec_reads():
+    spec = ReplySpec(
+        metrics={"row": Numbers(float, 0, 1, length=4), "bids": Numbers(int, 0, 9, max_length=2), **BASE.metrics}
+    )
+    assert sent(spec)["metrics"].lengths == {"row": 4, "bids": Dim(0, 2)}

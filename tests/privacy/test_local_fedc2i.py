@@ -205,7 +205,10 @@ def test_the_clientapps_privacy_step_follows_the_runs_dp_mode(mode):
     sent = {"w": rng.normal(size=(40, 25)).astype(np.float32), "bn.num_batches_tracked": np.array(3)}
     trained = {"w": sent["w"] + 0.2, "bn.num_batches_tracked": np.array(9)}  # change of norm ~6.3
     content = RecordDict({"arrays": to_record(sent), "config": ConfigRecord({"server-round": 1})})
-    method = SimpleNamespace(settings=parse_settings({"method": "fedavg", "dp-mode": "off", "dp-clip": 0.4}))
+    method = SimpleNamespace(
+        settings=parse_settings({"method": "fedavg", "dp-mode": "off", "dp-clip": 0.4}),
+        context=SimpleNamespace(node_config={}),  # a node without a privacy floor of its own
+    )
     method.settings = dataclasses.replace(method.settings, dp_mode=mode)
     method.release_reference = lambda content: (_ for _ in ()).throw(NotImplementedError("no reference"))
     reply = RecordDict({"arrays": to_record(trained)})

@@ -24,7 +24,7 @@ def _content(server_round: int) -> RecordDict:
     return RecordDict(
         {
             "arrays": to_record({"w": np.full((2, 3), SECRET, np.float32)}),
-            "config": ConfigRecord({"server-round": server_round, "phase": "train"}),
+            "config": ConfigRecord({"server-round": server_round, "phase": "train", "peers": [11, 12]}),
         }
     )
 
@@ -33,7 +33,7 @@ def _reply_content() -> RecordDict:
     return RecordDict(
         {
             "arrays": to_record({"w": np.full((2, 3), SECRET, np.float32), "n": np.array(7, np.int64)}),
-            "metrics": MetricRecord({"num-examples": 7, "train-loss": SECRET}),
+            "metrics": MetricRecord({"num-examples": 7, "train-loss": SECRET, "scores": [SECRET] * 5}),
         }
     )
 
@@ -56,10 +56,12 @@ def test_the_grid_wrapper_records_every_message_pushed_and_reply_pulled(tmp_path
     assert lines[0]["content"] == {
         "arrays": {"arrays": {"w": [[2, 3], "float32"]}},
         "metrics": {},
-        "configs": {"config": ["phase", "server-round"]},
+        "configs": {"config": ["peers", "phase", "server-round"]},
+        "lengths": {"config": {"peers": 2}},
     }
     assert lines[2]["content"]["arrays"]["arrays"]["n"] == [[], "int64"]
-    assert lines[2]["content"]["metrics"] == {"metrics": ["num-examples", "train-loss"]}
+    assert lines[2]["content"]["metrics"] == {"metrics": ["num-examples", "scores", "train-loss"]}
+    assert lines[2]["content"]["lengths"] == {"metrics": {"scores": 5}}  # how long a list is, not what it holds
     assert str(SECRET) not in path.read_text()
 
 

@@ -21,7 +21,8 @@ from strategies.attack_report import (
 )
 from strategies.history import RoundLog
 from strategies.persistence import read_checkpoint, resume
-from strategies.replies import EVALUATE, InvalidReply, parse_reply
+from strategies.gate import parse_reply
+from strategies.replies import EVALUATE, InvalidReply
 from task.config import parse_settings
 from tests.in_process import NODES, run_in_process
 from tests.strategy_harness import drive
