@@ -19,9 +19,9 @@ from strategies.attack_report import (
     rule_outcome,
     with_attack_metrics,
 )
+from strategies.gate import parse_reply
 from strategies.history import RoundLog
 from strategies.persistence import read_checkpoint, resume
-from strategies.gate import parse_reply
 from strategies.replies import EVALUATE, InvalidReply
 from task.config import parse_settings
 from tests.in_process import NODES, run_in_process
