@@ -5,11 +5,14 @@
 # pflower's pinned dependencies (flwr, torch, ...) with this machine's pip configuration (its index, local
 # wheels and constraints are bind-mounted read-only), and `docker import` turns the tree into an image.
 # Where Flower's published images can be pulled, this is not needed: the Dockerfiles default to them.
+# Then it runs build_local_proxy_base.sh: the proxies' small base (Debian minbase + nginx-light), without torch.
 #
-# usage: deploy/docker/build_local_base.sh [image-tag]      (default pflower-base:local; needs root)
+# usage: deploy/docker/build_local_base.sh [image-tag] [proxy-image-tag]
+#        (defaults pflower-base:local and pflower-proxy-base:local; needs root)
 set -euo pipefail
 
 TAG="${1:-pflower-base:local}"
+PROXY_TAG="${2:-pflower-proxy-base:local}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 WORK="$(mktemp -d /tmp/pflower-base.XXXXXX)"
@@ -24,15 +27,15 @@ cleanup() {
 trap cleanup EXIT
 
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot, mounts)"
-command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get install debootstrap"
-command -v docker >/dev/null || die "docker is missing: apt-get install docker.io, then start dockerd"
-docker info >/dev/null 2>&1 || die "no Docker engine answers: start dockerd (e.g. 'dockerd &') and retry"
+command -v debootstrap >/dev/null || die "debootstrap is missing: apt-get install -y debootstrap"
+command -v docker >/dev/null || die "docker is missing: apt-get install -y docker.io, then start dockerd"
+docker info >/dev/null 2>&1 || die "no Docker engine answers: start dockerd (deploy/docker/README.md) and retry"
 
-echo "[1/4] debootstrap bookworm (minbase + python3) into $ROOT"
+echo "[1/4] debootstrap bookworm (minbase + python3) into $ROOT (t+${SECONDS} s)"
 debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates,procps \
   bookworm "$ROOT" "$MIRROR" > "$WORK/debootstrap.log" 2>&1 || { tail -20 "$WORK/debootstrap.log"; die "debootstrap failed"; }
 
-echo "[2/4] bind-mount this machine's pip configuration, wheels and DNS"
+echo "[2/4] bind-mount this machine's pip configuration, wheels and DNS (t+${SECONDS} s)"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
 bind() {  # bind <host path> : read-only mount at the same path inside the root
   [ -e "$1" ] || return 0
@@ -42,7 +45,7 @@ bind() {  # bind <host path> : read-only mount at the same path inside the root
 for p in /etc/pip.conf /etc/xdg/pip /opt/wheels /opt/pypi /opt/pypi-more /etc/ssl/certs; do bind "$p"; done
 mount -t proc proc "$ROOT/proc" && MOUNTS+=("$ROOT/proc")
 
-echo "[3/4] install pflower's pinned dependencies into /opt/venv (torch is large: minutes)"
+echo "[3/4] install pflower's pinned dependencies into /opt/venv (torch is large: minutes) (t+${SECONDS} s)"
 DEPS="$(python3 - "$REPO/pyproject.toml" <<'EOF'
 import sys, tomllib
 print(" ".join(f"'{d}'" for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
@@ -55,8 +58,12 @@ for ((i=${#MOUNTS[@]}-1; i>=0; i--)); do umount -l "${MOUNTS[$i]}"; done
 MOUNTS=()
 rm -rf "$ROOT/root/.cache" "$ROOT/var/cache/apt/archives"/*.deb
 
-echo "[4/4] docker import -> $TAG"
+echo "[4/4] docker import -> $TAG (t+${SECONDS} s)"
 tar -C "$ROOT" -c . | docker import \
   -c 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   -c 'ENV PYTHONUNBUFFERED=1' -c 'WORKDIR /app' - "$TAG"
 docker image ls "$TAG"
+cleanup
+trap - EXIT
+echo "built $TAG in ${SECONDS} s"
+"$(dirname "$0")/build_local_proxy_base.sh" "$PROXY_TAG"
