@@ -1,6 +1,7 @@
 """The attacks of run-config ``attack`` (task/attacks.py), applied by the ClientApp of an attacking partition as
 faults: its training data at set-up, its train reply's model, its side channel, its evaluation.  Honest clients
-measure the backdoor (:func:`backdoor_metrics`).  docs/robustness.md states each change; tests/robust pin them.
+measure the backdoor (:func:`task.attacks.backdoor_metrics`).  docs/robustness.md states each change; tests/robust
+pin them.
 
 Every function returns what it was given unless the client attacks in this round (:func:`task.attacks.attacking`),
 so an honest client's replies are exactly what they would be without this module.
@@ -22,11 +23,9 @@ from task.attacks import (
     AttackOptions,
     attack_rng,
     attacking,
-    backdoor_inputs,
     poisoned_data,
 )
 from task.params import record_to_numpy, to_record
-from task.train import evaluate
 
 if TYPE_CHECKING:
     from client_app.base import ClientMethod
@@ -237,16 +236,3 @@ def query_reply(method: ClientMethod, name: str, message: RecordDict, reply: Rec
 
 
 # ---------------------------------------------------------------------------------------------- measuring the backdoor
-def backdoor_metrics(
-    method: ClientMethod, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
-) -> dict[str, float]:
-    """Under ``attack='backdoor'`` every client's ``backdoor-success``: the share of its triggered test inputs of other
-    classes that ``model`` (its personalized model) sends to ``backdoor-target``; nothing when it has no such input."""
-    options = method.settings.attacks
-    if options.attack != "backdoor":
-        return {}
-    triggered = backdoor_inputs(x, y, options.backdoor_target)
-    if len(triggered) == 0:
-        return {}
-    _, success = evaluate(model, triggered, torch.full((len(triggered),), options.backdoor_target, dtype=y.dtype))
-    return {"backdoor-success": float(success)}

@@ -47,7 +47,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from torch import nn
 
-from client_app.attacks import backdoor_metrics
+from task.attacks import backdoor_metrics
 from task.config import Settings, parse_settings
 from task.data import ClientData, load_client_data, load_local_file
 from task.data.clients import default_cache_dir
@@ -299,7 +299,9 @@ class ClientMethod:
         model = self.personal_model(content)
         loss, acc = evaluate(model, x, y)
         metrics: dict[str, Any] = {"personal-acc": acc, "personal-loss": loss, "test-examples": len(y)}
-        metrics.update(backdoor_metrics(self, model, x, y))  # run-config attack='backdoor' (docs/robustness.md)
+        metrics.update(
+            backdoor_metrics(self.settings.attacks, model, x, y)
+        )  # run-config attack='backdoor' (docs/robustness.md)
         if self.config.get("save-model"):
             self.save_personal_model(model, metrics)
         glob = self.global_model(content, model)

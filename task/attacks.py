@@ -204,3 +204,19 @@ def attack_conflicts(options: AttackOptions, method: str, settings: Any) -> list
             "no round would be attacked"
         )
     return out
+
+
+def backdoor_metrics(
+    options: AttackOptions, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> dict[str, float]:
+    """Under ``attack='backdoor'`` a client's ``backdoor-success``: the share of its triggered test inputs of other
+    classes that ``model`` (its personalized model) sends to ``backdoor-target``; nothing when it has no such input."""
+    if options.attack != "backdoor":
+        return {}
+    triggered = backdoor_inputs(x, y, options.backdoor_target)
+    if len(triggered) == 0:
+        return {}
+    from task.train import evaluate
+
+    _, success = evaluate(model, triggered, torch.full((len(triggered),), options.backdoor_target, dtype=y.dtype))
+    return {"backdoor-success": float(success)}

@@ -11,7 +11,7 @@ import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from client_app import attacks
-from task.attacks import MODEL_ATTACKS, POISONED_SHARE, attackers
+from task.attacks import MODEL_ATTACKS, POISONED_SHARE, attackers, backdoor_metrics
 from task.methods.fedcac import unpack_masks
 from task.params import model_to_record, record_to_numpy, stacked_record, to_record
 from tests.client_kit import users_client
@@ -166,11 +166,11 @@ class Always(torch.nn.Module):
 def test_backdoor_success_is_the_share_of_triggered_other_class_inputs_sent_to_the_target():
     c = users_client("fedavg", {"partition-id": HONEST}, attack="backdoor", **{"backdoor-target": 3})
     x, y = c.data.x_test, c.data.y_test
-    assert attacks.backdoor_metrics(c, Always(3), x, y) == {"backdoor-success": 1.0}
-    assert attacks.backdoor_metrics(c, Always(4), x, y) == {"backdoor-success": 0.0}
+    assert backdoor_metrics(c.settings.attacks, Always(3), x, y) == {"backdoor-success": 1.0}
+    assert backdoor_metrics(c.settings.attacks, Always(4), x, y) == {"backdoor-success": 0.0}
     only_target = y == 3
-    assert attacks.backdoor_metrics(c, Always(3), x[only_target], y[only_target]) == {}  # nothing to measure
-    assert attacks.backdoor_metrics(users_client("fedavg"), Always(3), x, y) == {}  # no backdoor in the run
+    assert backdoor_metrics(c.settings.attacks, Always(3), x[only_target], y[only_target]) == {}  # nothing to measure
+    assert backdoor_metrics(users_client("fedavg").settings.attacks, Always(3), x, y) == {}  # no backdoor in the run
     evaluated = c.evaluate(RecordDict({"arrays": model_to_record(c.reset_model()), "config": ConfigRecord({})}))
     assert 0.0 <= evaluated["metrics"]["backdoor-success"] <= 1.0  # every evaluation carries it
 
