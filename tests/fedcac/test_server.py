@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from server_app.app import build_strategy
 from strategies.base import Reply
 from strategies.fedcac import FedCACStrategy
 from strategies.fedcac_artifacts import write_artifacts
@@ -28,7 +27,7 @@ from task.methods.fedcac import unpack_masks
 from task.models import build_model
 from task.params import record_to_numpy, to_record
 from tests.client_kit import node_contexts
-from tests.strategy_harness import build_as, drive
+from tests.strategy_harness import build_as, drive, strategy
 from tests.strategy_harness import kept_figures as harness_kept_figures
 
 pyplot()  # matplotlib on Agg, loaded with the module: the artefact tests below plot
@@ -598,7 +597,3 @@ def naive_overlap(masks):
 
 def offdiag(o):
     return o[~np.eye(len(o), dtype=bool)]
-
-
-def strategy(method, **cfg):
-    return build_strategy(parse_settings({"method": method, **cfg}))
