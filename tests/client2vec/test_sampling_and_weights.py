@@ -125,6 +125,7 @@ def test_eq2_objective_is_reward_minus_lambda1_kl_and_zero_weights_cost_nothing(
         assert math.isfinite(eq2_objective(p, h, n, lam))
 
 
+# ------------------------------------------------------------------------------------------ server state
 def state(m=8, seed=0, **kw):
     rng = np.random.default_rng(seed)
     return C2VServerState(

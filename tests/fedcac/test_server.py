@@ -27,6 +27,7 @@ from tests.fedcac.server_kit import NODES, Sent, kept_figures, planted_bits, pla
 from tests.strategy_harness import build_as, drive, strategy
 
 
+# ------------------------------------------------------------------------------------------ the strategy's options
 def strategy_round(rounds=1, n=3, all_critical=False, **cfg):
     nodes = {i + 1: i for i in range(n)}
     strat = build_as(FedCACStrategy, parse_settings({"method": "fedcac", "model": "mlp", "min-nodes": n, **cfg}))
@@ -63,6 +64,7 @@ def test_the_strict_beta_cutoff_option_reaches_the_collaborator_sets(strict, exp
     assert strat.history[-1].server_round == 2 and diag["collaborators-max"] == expected
 
 
+# ------------------------------------------------------------------------------------------ a whole server round
 def expected_round(strat, sent, rnd, beta, clients):
     """Eqs. 7-10 recomputed from the replies with plain loops (fedcac.md §2.5-§2.7), keyed by client id."""
 
@@ -256,6 +258,7 @@ def test_the_round_does_not_depend_on_the_order_of_the_replies_and_the_heat_map_
     assert first.get_clim() == empty.get_clim() == (0, 1)
 
 
+# ---------------------------------------------------------------- client + strategy without Flower's runtime
 def run_rounds(cfg, rounds, n=4):
     settings_ = parse_settings(cfg)
     strat = build_as(FedCACStrategy, settings_)
@@ -350,6 +353,7 @@ def test_collaborators_on_planted_label_groups_share_labels_more_than_random_pai
     assert collab and np.mean(collab) > everyone + 0.1, (collab, everyone)
 
 
+# ---------------------------------------------------------------- partial participation (fedcac.md §6.11)
 def test_a_client_that_missed_a_round_gets_no_stale_customized_model():
     from tests.strategy_harness import drive
 

@@ -74,6 +74,7 @@ def test_a_client_that_cannot_pay_has_its_bid_refused_and_is_not_charged():
     strat.ledger.check()
 
 
+# ------------------------------------------------------------------------------------------ what a reply may say
 @pytest.mark.parametrize("bad", [[2], [-1], [0, 1], [0.5], [1, 1]])
 def test_a_bid_for_no_tier_of_the_run_or_for_more_than_max_bids_tiers_is_refused(bad):
     # pifl.md §2.2: B_c holds tier ids 0..K-1, at most max-bids (1) of them; anything else is rejected, the client sits

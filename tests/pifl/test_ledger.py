@@ -37,6 +37,7 @@ def test_the_ledger_artefact_holds_every_round(tmp_path):
     assert (tmp_path / "pifl_ledger.png").stat().st_size > 0
 
 
+# ------------------------------------------------------------------------------------------ the round's ledger log
 SHARE_A = {0: 0.1, 1: 0.3, 2: 0.6, 3: 0.9}  # each client's share of source A (two-source partitions)
 
 
@@ -217,6 +218,7 @@ def test_a_late_joiner_brings_its_own_tokens_and_joins_only_once():
     assert ledger.balances[7] == 40 * MICRO and ledger.supply == 240 * MICRO
 
 
+# ---------------------------------------------------------------- the ledger exists from the first round on
 def test_the_ledger_used_before_the_first_round_opened_it_is_an_error_that_says_when_it_exists():
     """The ledger is opened when round 1 starts (or restored by a resume); a use before that must fail loudly
     instead of settling on a ledger that is not there, and say when the ledger exists."""

@@ -166,6 +166,7 @@ def test_a_run_without_sources_records_no_table_and_a_restored_one_rebuilds_its_
     assert len(restored.record(fake_strategy(settings, [0, 1, 2, 3]), 2, [state, state])) == 2
 
 
+# ------------------------------------------------------------------------------------------ IFCA / FedSoft starts
 def test_cluster_models_start_as_the_common_model_plus_small_seeded_noise_except_the_first():
     rng = np.random.default_rng(0)
     state: dict[str, np.ndarray] = {
