@@ -23,7 +23,7 @@ from unittest import mock
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict, UserConfigValue
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
@@ -31,11 +31,19 @@ from flwr.supercore.run import Run
 from server_app.app import build_strategy
 from strategies.base import PersonalizedStrategy
 from strategies.replies import Arrays, Dim, Number, Numbers, ReplySpec, Tensor
-from task.config import Settings
+from task.config import Settings, parse_settings
 from task.params import to_record
 
 # ---------------------------------------------------------------------------------------------- the strategy
 S = TypeVar("S", bound=PersonalizedStrategy)
+
+
+def strategy(method: str, **run_config: UserConfigValue) -> Any:
+    """The strategy the ServerApp builds for a run of ``method`` with ``run_config``: its keys as Flower spells them
+    (``strategy("fedavg", model="mlp", **{"min-nodes": 3})``), parsed and checked as in a run.  Typed ``Any``, so a
+    test may read any method's state from it unchecked; one that wants mypy to check those reads builds the strategy
+    with :func:`build_as` instead."""
+    return build_strategy(parse_settings({"method": method, **run_config}))
 
 
 def build_as(kind: type[S], settings: Settings) -> S:
@@ -490,6 +498,7 @@ __all__ = [
     "reply_message",
     "run_round",
     "snapshot",
+    "strategy",
     "valid_content",
 ]
 

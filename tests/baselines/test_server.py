@@ -4,14 +4,9 @@ import numpy as np
 import pytest
 from flwr.app import MetricRecord, RecordDict
 
-from server_app.app import build_strategy
 from strategies.base import Reply
-from task.config import parse_settings
 from task.params import to_record, weighted_average
-
-
-def strategy(method, **cfg):
-    return build_strategy(parse_settings({"method": method, **cfg}))
+from tests.strategy_harness import strategy
 
 
 def update(strat, node, value, n, keys=None):

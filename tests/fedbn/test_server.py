@@ -13,6 +13,7 @@ from task.config import parse_settings
 from task.models import build_model, norm_keys
 from task.options import ConfigConflict
 from task.params import record_to_numpy, to_record
+from tests.strategy_harness import strategy
 
 #: the default model's BatchNorm layers (conv.1 and conv.4 of the small CNN), every array of each
 CNN_BN = [
@@ -20,12 +21,8 @@ CNN_BN = [
 ]
 
 
-def strategy(**cfg):
-    return build_strategy(parse_settings({"method": "fedbn", **cfg}))
-
-
 def test_every_batchnorm_array_stays_local_and_every_other_layer_is_shared():
-    s = strategy()  # the defaults a user gets: model cnn
+    s = strategy("fedbn")  # the defaults a user gets: model cnn
     assert sorted(s.model_info.norm_keys) == sorted(CNN_BN)
     assert s.shared_keys() == [k for k in s.model_info.keys if k not in CNN_BN]
     assert {"conv.0.weight", "conv.3.weight", "fc.weight", "fc.bias", "head.weight", "head.bias"} == set(
@@ -37,7 +34,7 @@ def test_every_batchnorm_array_stays_local_and_every_other_layer_is_shared():
 
 
 def test_the_local_layers_are_the_models_own_normalisation_layers_for_a_resnet():
-    s = strategy(model="resnet8")
+    s = strategy("fedbn", model="resnet8")
     model = build_model("resnet8", 1, 8, 10)
     assert (
         list(s.model_info.norm_keys) == norm_keys(model) and len(s.model_info.norm_keys) == 9 * 5
@@ -46,7 +43,7 @@ def test_the_local_layers_are_the_models_own_normalisation_layers_for_a_resnet()
 
 
 def test_the_server_averages_every_shared_layer_by_training_examples():
-    s = strategy()
+    s = strategy("fedbn")
     rng = np.random.default_rng(0)
     states = [
         {k: rng.normal(size=s.model_info.shapes[k]).astype(np.float32) for k in s.shared_keys()} for _ in range(3)
@@ -66,7 +63,7 @@ def test_the_server_averages_every_shared_layer_by_training_examples():
 
 
 def test_a_reply_carrying_a_normalisation_layer_or_lacking_a_shared_one_is_rejected():
-    s = strategy()
+    s = strategy("fedbn")
     shared = {k: np.zeros(s.model_info.shapes[k], np.float32) for k in s.shared_keys()}
     bn = {k: np.zeros(s.model_info.shapes[k], np.float32) for k in CNN_BN if "num_batches" not in k}
     metrics = MetricRecord({"num-examples": 5, "partition-id": 0})
@@ -108,7 +105,7 @@ def test_the_next_word_task_is_pointed_at_the_causal_lm_whose_layer_norms_stay_l
 
 
 def test_a_checkpoint_restores_the_average_and_leaves_out_what_follows_from_the_settings():
-    s = strategy()
+    s = strategy("fedbn")
     s.aggregate(
         1,
         [
@@ -123,7 +120,7 @@ def test_a_checkpoint_restores_the_average_and_leaves_out_what_follows_from_the_
     )
     state = checkpoint_state(s)
     assert state["method"] == {}  # nothing of its own: the layers follow from the model, the average is the base's
-    resumed = strategy()
+    resumed = strategy("fedbn")
     resume(resumed, state, 1)
     assert resumed.model_info.norm_keys == s.model_info.norm_keys
     assert all(np.array_equal(resumed.global_state[k], s.global_state[k]) for k in s.shared_keys())

@@ -20,12 +20,9 @@ from task.methods import METHODS, load_object
 from task.methods.fedc2i import FedC2IOptions
 from task.params import record_to_numpy, to_record
 from tests.client_kit import node_contexts
+from tests.strategy_harness import strategy
 
 NODE = 100  # node id of client i is NODE + i
-
-
-def strategy(**cfg):
-    return build_strategy(parse_settings({"method": "fedc2i", "partition": "iid", **cfg}))
 
 
 def model_of(strat, client, version):
@@ -71,7 +68,7 @@ def test_the_server_stores_each_clients_latest_model_and_never_averages():
     """fedc2i.md §2.3: the server keeps the latest model of each client and forwards them (own first, §2.5);
     an absent client's stale model is still forwarded (fedc2i.md §6.20); a client not heard from has the initial
     model."""
-    strat = strategy()
+    strat = strategy("fedc2i", partition="iid")
     clients = [0, 1, 2, 3]
     first, _ = play_round(strat, 1, clients)
     init = float(strat.initial_state["head.bias"][0])
@@ -92,7 +89,7 @@ def test_the_server_stores_each_clients_latest_model_and_never_averages():
 
 def test_a_client_never_heard_from_gets_the_initial_model_and_all_known_peers():
     """fedc2i.md §6.13: a newcomer starts from the common initial model; clients that never replied are no peers."""
-    strat = strategy()
+    strat = strategy("fedc2i", partition="iid")
     play_round(strat, 1, [0, 1])
     p = strat.payload(NODE + 5, 2, "train")
     init = float(strat.initial_state["head.bias"][0])
@@ -103,7 +100,7 @@ def test_a_client_never_heard_from_gets_the_initial_model_and_all_known_peers():
 def test_a_client_known_but_never_trained_gets_the_initial_model():
     """fedc2i.md §6.13 / §6.20: with partial participation a client can be known to the server (it answered an
     evaluation) before any of its train replies was stored; its own model is then the common initial model."""
-    strat = strategy()
+    strat = strategy("fedc2i", partition="iid")
     play_round(strat, 1, [0, 1])
     evaluated = RecordDict(
         {"metrics": MetricRecord({"partition-id": 4, "num-examples": 10, "personal-acc": 0.5, "personal-loss": 1.0})}
@@ -121,7 +118,7 @@ def test_c2i_peers_sends_itself_and_k_minus_1_peers_drawn_afresh_each_round(k):
     """docs Options: ``c2i-peers = k`` sends the client itself plus k - 1 others, drawn per round with a
     generator seeded by (seed, round, client): the same seed repeats the draw, rounds and clients differ."""
     n = 6
-    strat = strategy(**{"c2i-peers": k})
+    strat = strategy("fedc2i", partition="iid", **{"c2i-peers": k})
     play_round(strat, 1, range(n))
     drawn = {}
     for rnd in range(2, 12):
@@ -132,12 +129,12 @@ def test_c2i_peers_sends_itself_and_k_minus_1_peers_drawn_afresh_each_round(k):
             drawn[rnd, c] = ids
     assert len({tuple(drawn[r, 0]) for r in range(2, 12)}) > 1  # drawn afresh each round
     assert len({tuple(drawn[5, c]) for c in range(n)}) > 1  # and per client
-    again = strategy(**{"c2i-peers": k})
+    again = strategy("fedc2i", partition="iid", **{"c2i-peers": k})
     play_round(again, 1, range(n))
     assert all(
         list(again.payload(NODE + c, r, "train")["peer-clients"]["client-ids"]) == drawn[r, c] for (r, c) in drawn
     )
-    other_seed = strategy(**{"c2i-peers": k, "seed": 1})
+    other_seed = strategy("fedc2i", partition="iid", **{"c2i-peers": k, "seed": 1})
     play_round(other_seed, 1, range(n))
     assert any(
         list(other_seed.payload(NODE + c, r, "train")["peer-clients"]["client-ids"]) != drawn[r, c] for (r, c) in drawn
@@ -149,7 +146,7 @@ def test_each_client_draws_its_own_peers():
     not all take the peers at the same rank among their candidates; a node that has not replied yet (a
     newcomer) gets its k - 1 peers too (fedc2i.md §6.13)."""
     n, k = 6, 2
-    strat = strategy(**{"c2i-peers": k})
+    strat = strategy("fedc2i", partition="iid", **{"c2i-peers": k})
     play_round(strat, 1, range(n))
     same_rank_rounds = 0
     for rnd in range(2, 12):
@@ -166,14 +163,14 @@ def test_each_client_draws_its_own_peers():
 
 def test_c2i_peers_above_the_known_clients_sends_all_of_them():
     """docs Options: k is an upper bound; with fewer known clients every one of them is sent."""
-    strat = strategy(**{"c2i-peers": 3})
+    strat = strategy("fedc2i", partition="iid", **{"c2i-peers": 3})
     play_round(strat, 1, [0, 1, 2])
     assert list(strat.payload(NODE + 1, 2, "train")["peer-clients"]["client-ids"]) == [0, 2]
 
 
 def test_the_influence_vector_must_cover_exactly_what_was_sent():
     """docs Messages: ``influence`` has one weight in [0, 1] per model sent (itself first), summing to 1."""
-    strat = strategy()
+    strat = strategy("fedc2i", partition="iid")
     play_round(strat, 1, [0, 1, 2])
     for c in (0, 1, 2):
         strat.payload(NODE + c, 2, "train")
@@ -188,7 +185,7 @@ def test_influence_rows_are_logged_per_round_client_and_peer():
     """fedc2i.md §2.3 / docs Artefacts: the server logs each client's influence row, keyed by the peer's client id
     (round -> client -> peer -> weight), and the mean self-influence; the rows are not symmetric (fedc2i.md §7 test
     12)."""
-    strat = strategy()
+    strat = strategy("fedc2i", partition="iid")
     play_round(strat, 1, [0, 1, 2])
     rows = {0: [0.7, 0.2, 0.1], 1: [0.1, 0.6, 0.3], 2: [0.05, 0.15, 0.8]}
     _, metrics = play_round(strat, 2, [0, 1, 2], influence=lambda c, k: rows[c])
@@ -214,7 +211,7 @@ def test_the_influence_artefact_holds_every_round_client_and_peer(tmp_path, monk
     from tests.strategy_harness import kept_figures
 
     figures = kept_figures(monkeypatch, module)  # pyplot, but the figure is kept for inspection instead of closed
-    strat = strategy(**{"c2i-peers": 2})
+    strat = strategy("fedc2i", partition="iid", **{"c2i-peers": 2})
     ids = [0, 2, 5]  # client ids are not positions: the ticks must name the ids
     play_round(strat, 1, ids)
     for rnd in range(2, 7):  # client 5 misses the last round: its row is blank there
@@ -285,10 +282,10 @@ def test_the_heat_map_ticks_are_client_ids_also_for_many_clients(tmp_path, monke
     from tests.strategy_harness import kept_figures
 
     figures = kept_figures(monkeypatch, module)
-    twenty = strategy()
+    twenty = strategy("fedc2i", partition="iid")
     play_round(twenty, 1, range(20))
     write_artifacts(twenty, tmp_path)
-    many = strategy(**{"c2i-peers": 2})
+    many = strategy("fedc2i", partition="iid", **{"c2i-peers": 2})
     for rnd in (1, 2, 3):
         play_round(many, rnd, range(21))
     (tmp_path / "many").mkdir()
@@ -313,19 +310,19 @@ def test_c2i_peers_of_one_is_refused_with_the_values_that_work():
     """docs Options: ``c2i-peers=1`` would send a client only its own model (nothing to mix); the start-up check
     says why and which values to use instead."""
     with pytest.raises(ValueError, match="c2i-peers=1 sends a client only its own model") as err:
-        strategy(**{"c2i-peers": 1})
+        strategy("fedc2i", partition="iid", **{"c2i-peers": 1})
     assert (
         "c2i-peers=1 sends a client only its own model, so there is nothing to mix: "
         "use 0 (every client) or a number >= 2"
     ) in str(err.value)
     for ok in (0, 2, 5):
-        strategy(**{"c2i-peers": ok})
+        strategy("fedc2i", partition="iid", **{"c2i-peers": ok})
 
 
 def test_no_influence_weight_may_exceed_one():
     """docs Messages: every influence weight lies in [0, 1].  The sum check alone (within 1e-4, float32 clients)
     would let a weight of 1 + 5e-5 through; the per-weight bound refuses it."""
-    strat = strategy()
+    strat = strategy("fedc2i", partition="iid")
     play_round(strat, 1, [0, 1])
     for c in (0, 1):
         strat.payload(NODE + c, 2, "train")
@@ -373,11 +370,11 @@ def test_peer_sampling_bounds_the_download():
 
 def test_bad_fedc2i_config():
     with pytest.raises(ValueError, match="c2i-peers"):
-        build_strategy(parse_settings({"method": "fedc2i", "c2i-peers": 1}))
+        strategy("fedc2i", **{"c2i-peers": 1})
     with pytest.raises(ValueError, match="c2i-variant"):
-        build_strategy(parse_settings({"method": "fedc2i", "c2i-variant": "both"}))
+        strategy("fedc2i", **{"c2i-variant": "both"})
     with pytest.raises(ValueError, match="gamma"):
-        build_strategy(parse_settings({"method": "fedc2i", "gamma": -2.0}))
+        strategy("fedc2i", gamma=-2.0)
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,10 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
-from server_app.app import build_strategy
-from task.config import parse_settings
 from task.params import record_to_numpy, to_record
 from task.train import evaluate
 from tests.client_kit import client, client_data, context, digits_of, numpy_state, trained_state
+from tests.strategy_harness import strategy
 
 LOW, HIGH = [0, 1, 2, 3, 4], [5, 6, 7, 8, 9]
 
@@ -47,10 +46,6 @@ def accuracy(c, state):
     model = c.reset_model()
     model.load_state_dict(state)
     return evaluate(model, c.data.x_test, c.data.y_test)
-
-
-def strategy(**cfg):
-    return build_strategy(parse_settings({"method": "lgfedavg", "model": "mlp", **cfg}))
 
 
 # ------------------------------------------------------------------------------------------ client
@@ -108,7 +103,7 @@ def test_the_personalized_model_is_the_own_body_under_the_sent_head(states):
 def test_bodies_stay_personal_while_the_heads_meet(states):
     init, _ = states
     ctxs = {name: context("lgfedavg", pid=i) for i, name in enumerate(("low", "high"))}
-    s = strategy()
+    s = strategy("lgfedavg", model="mlp")
     replies = []
     for i, (name, classes) in enumerate((("low", LOW), ("high", HIGH))):
         r = client("lgfedavg", client_data(classes), ctxs[name], **{"local-epochs": 2}).train(message(head_of(init)))
@@ -131,7 +126,7 @@ def test_a_message_that_carries_local_layers_is_refused_with_the_reason(states):
 
 
 def test_batchnorm_statistics_stay_local_with_the_cnn():
-    s = build_strategy(parse_settings({"method": "lgfedavg", "model": "cnn"}))
+    s = strategy("lgfedavg", model="cnn")
     bn = [k for k in s.model_info.keys if "running_" in k or "num_batches" in k]
     assert bn and not set(bn) & set(s.shared_keys())
     ctx = context("lgfedavg", model="cnn")

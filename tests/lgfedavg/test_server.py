@@ -4,18 +4,13 @@ FedPer), average the heads by training examples, and refuse a reply that sends t
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
-from server_app.app import build_strategy
 from strategies.base import Reply
-from task.config import parse_settings
 from task.params import record_to_numpy, to_record
-
-
-def strategy(**cfg):
-    return build_strategy(parse_settings({"method": "lgfedavg", "model": "mlp", **cfg}))
+from tests.strategy_harness import strategy
 
 
 def test_the_server_shares_and_sends_only_the_head_the_mirror_of_fedper():
-    s, fedper = strategy(), build_strategy(parse_settings({"method": "fedper", "model": "mlp"}))
+    s, fedper = strategy("lgfedavg", model="mlp"), strategy("fedper", model="mlp")
     assert s.shared_keys() == s.model_info.head_keys == ["head.weight", "head.bias"]
     assert set(s.shared_keys()) | set(fedper.shared_keys()) == set(s.model_info.keys)
     assert not set(s.shared_keys()) & set(fedper.shared_keys())
@@ -24,7 +19,7 @@ def test_the_server_shares_and_sends_only_the_head_the_mirror_of_fedper():
 
 
 def test_the_server_averages_the_heads_by_training_examples():
-    s = strategy()
+    s = strategy("lgfedavg", model="mlp")
     replies = [
         Reply(
             n,
@@ -42,7 +37,7 @@ def test_the_server_averages_the_heads_by_training_examples():
 
 
 def test_a_reply_that_sends_the_body_is_rejected_and_a_head_only_reply_accepted():
-    s = strategy()
+    s = strategy("lgfedavg", model="mlp")
     head = {k: np.zeros(s.model_info.shapes[k], np.float32) for k in s.model_info.head_keys}
     body = {k: np.zeros(s.model_info.shapes[k], np.float32) for k in s.model_info.body_keys}
     metrics = MetricRecord({"num-examples": 5, "partition-id": 0})

@@ -1,9 +1,9 @@
-"""What pFedLIA's server must do (pfedlia.md §2.5, §2.6, §2.8): refuse a warm-up as long as the run, then, through
-its own round loop against scripted clients, warm up with FedAvg, collect the lazy models and the influence rows,
-cluster them (central) or group the beneficial sets (peer-to-peer), run FedAvg per cluster and place late joiners."""
-
-import json
-from typing import Any
+"""What pFedLIA's server must do in central mode (pfedlia.md §2.4-§2.8): refuse a warm-up as long as the
+run, then, through its own round loop against scripted clients (tests/pfedlia/server_kit.py), warm up with FedAvg,
+collect the lazy models and the influence rows, cluster them with OPTICS as the options say, run FedAvg per cluster,
+place late joiners, log the clustering round and check what each reply may say.  Peer-to-peer mode is in
+test_p2p.py, the Oracle in test_oracle.py, the artefacts in test_artifacts.py and the run's summary in
+test_summary.py."""
 
 import numpy as np
 import pytest
@@ -11,17 +11,21 @@ from flwr.app import MetricRecord, RecordDict
 
 from server_app.app import build_strategy
 from strategies.persistence import checkpoint_state, resume
-from strategies.pfedlia import PFedLIAStrategy
-from strategies.pfedlia_artifacts import write_artifacts
-from strategies.replies import Numbers
 from task.config import parse_settings
-from task.params import record_to_numpy, to_record
+from tests.pfedlia.server_kit import (
+    CLIENTS,
+    NODE,
+    PLANTED,
+    Federation,
+    assert_holds,
+    fedavg,
+    influence,
+    lazy_value,
+    same_partition,
+)
 from tests.strategy_harness import (
     ReplayGrid,
-    build_as,
     outgoing_messages,
-    phase_of,
-    reply_message,
     run_round,
     valid_content,
 )
@@ -42,147 +46,6 @@ def test_a_warm_up_as_long_as_the_run_is_refused_with_a_suggestion_that_is_accep
     (suggested,) = re.findall(r"e\.g\. warmup-rounds=(\S+)", str(err.value))
     parse_settings({"method": "pfedlia", "num-server-rounds": rounds, "warmup-rounds": int(suggested)})
     assert 1 <= int(suggested) < rounds and suggested == str(int(suggested))
-
-
-# ------------------------------------------------------------------------------------------ the strategy
-# A scripted federation: the server's round loop (tests/strategy_harness.py) against clients whose replies the test
-# chooses, so every model the strategy should hold or send is known in closed form.  Client ids are not 0..N-1 and
-# node ids differ from them, so an index into the lazy list, a client id and a node id cannot be confused.
-
-
-CLIENTS = [3, 8, 11, 20, 25, 31]
-PLANTED = {3: 0, 8: 1, 11: 0, 20: 1, 25: 0, 31: 1}  # two planted groups of three
-EXAMPLES = {3: 2, 8: 3, 11: 5, 20: 7, 25: 11, 31: 13}
-NODE = {c: 9000 - 17 * i for i, c in enumerate(CLIENTS)}  # node ids in the opposite order of the client ids
-
-
-def trained_value(rnd, c):
-    """Every array of client c's round-rnd train reply holds this one number."""
-    return float(100 * rnd + c)
-
-
-def lazy_value(c):
-    return float(1000 + c)
-
-
-def influence(i, j):
-    """I(i, j): positive within a planted group, negative across (a little client-specific spread)."""
-    return (6.0 if PLANTED[i] == PLANTED[j] else -6.0) + 0.01 * ((i * 7 + j) % 5)
-
-
-class Federation:
-    """Runs the strategy over scripted clients; records every message sent (round, phase, client, content)."""
-
-    def __init__(
-        self,
-        method="pfedlia",
-        rounds=3,
-        silent=(),
-        beneficial=None,
-        planted=True,
-        influence=influence,
-        clients=CLIENTS,
-        identify_planted=False,
-        **cfg,
-    ):
-        self.strategy = build_as(
-            PFedLIAStrategy,
-            parse_settings(
-                {
-                    "dataset": "digits",
-                    "model": "mlp",
-                    "min-nodes": 1,
-                    "num-server-rounds": rounds,
-                    "local-epochs": 1,
-                    "method": method,
-                    "warmup-rounds": 1,
-                    "optics-min-samples": 2,
-                    **({"partition": "planted-clusters"} if method == "oracle" else {}),
-                    **cfg,
-                }
-            ),
-        )
-        self.silent = set(silent)  # (round, phase, client) that send nothing
-        self.beneficial = beneficial or (
-            lambda i, lazy_ids: [k for k, j in enumerate(lazy_ids) if PLANTED[j] == PLANTED[i] and j != i]
-        )
-        self.planted = planted
-        self.identify_planted = identify_planted  # identify replies carry the planted group (as the client's do)
-        self.influence = influence
-        self.sent = []
-        self.present = {r: list(clients) for r in range(1, rounds + 1)}
-
-    def respond(self, msg):
-        client = {n: c for c, n in NODE.items()}[msg.metadata.dst_node_id]
-        phase, rnd = phase_of(msg), int(msg.content["config"]["server-round"])
-        self.sent.append((rnd, phase, client, msg.content))
-        if (rnd, phase, client) in self.silent:
-            return []
-        content = valid_content(
-            self.strategy.reply_spec(phase, msg.metadata.dst_node_id), client, seed=rnd * 100 + client
-        )
-        metrics: dict[str, Any] = dict(content.metric_records["metrics"])
-        metrics["num-examples"] = EXAMPLES[client]
-        metrics.pop("planted-cluster", None)
-        if phase == "identify" and self.identify_planted:
-            metrics["planted-cluster"] = PLANTED[client]
-        if phase == "train":
-            if self.planted:
-                metrics["planted-cluster"] = PLANTED[client]
-            content["arrays"] = to_record(
-                {
-                    k: np.full_like(v, trained_value(rnd, client))
-                    for k, v in record_to_numpy(content.array_records["arrays"]).items()
-                }
-            )
-        elif phase == "lazy":
-            content["arrays"] = to_record(
-                {
-                    k: np.full_like(v, lazy_value(client))
-                    for k, v in record_to_numpy(content.array_records["arrays"]).items()
-                }
-            )
-        elif phase == "lia":
-            lazy_ids = list(msg.content["lazy-clients"]["client-ids"])
-            metrics["lia-row"] = [self.influence(client, j) for j in lazy_ids]
-            if "beneficial" in metrics:
-                metrics["beneficial"] = list(self.beneficial(client, lazy_ids))
-        content["metrics"] = MetricRecord(metrics)
-        return [reply_message(msg.metadata.dst_node_id, content)]
-
-    def run(self):
-        s = self.strategy
-        with outgoing_messages():
-            for r in range(1, s.settings.num_rounds + 1):
-                grid = ReplayGrid([NODE[c] for c in self.present[r]], self.respond)
-                run_round(s, grid, r)
-        return self
-
-    def messages(self, rnd, phase):
-        return {c: content for r, p, c, content in self.sent if r == rnd and p == phase}
-
-    def payload(self, rnd, phase, client, record="arrays"):
-        return record_to_numpy(self.messages(rnd, phase)[client][record])
-
-
-def fedavg(clients, rnd):
-    """FedAvg of the scripted train replies: sum n_j v_j / sum n_j (pfedlia.md §2.6)."""
-    n = np.array([EXAMPLES[c] for c in clients], float)
-    return float(n @ [trained_value(rnd, c) for c in clients] / n.sum())
-
-
-def assert_holds(state, value):
-    for k, v in state.items():
-        np.testing.assert_allclose(v, np.full(v.shape, value, np.float32), rtol=1e-6, err_msg=k)
-
-
-def same_partition(labels: dict, groups: dict) -> bool:
-    return all((labels[a] == labels[b]) == (groups[a] == groups[b]) for a in labels for b in labels)
-
-
-@pytest.fixture  # per test, not per module: mutmut maps the code a fixture runs to the test that first uses it
-def central():
-    return Federation().run()
 
 
 def test_warm_up_is_fedavg_and_the_clustering_round_starts_from_its_model(central):
@@ -323,304 +186,10 @@ def test_the_suggested_warm_up_is_half_the_run(rounds, half):
         parse_settings({"method": "pfedlia", "num-server-rounds": rounds, "warmup-rounds": rounds})
 
 
-# peer-to-peer: client 3 finds only client 11 beneficial (not its whole planted group), everyone else its group
-def _p2p_beneficial(i, lazy_ids):
-    if i == 3:
-        return [lazy_ids.index(11)]
-    return [k for k, j in enumerate(lazy_ids) if PLANTED[j] == PLANTED[i] and j != i]
-
-
-P2P_SETS = {c: sorted({c} | {j for j in CLIENTS if PLANTED[j] == PLANTED[c]}) for c in CLIENTS}
-P2P_SETS[3] = [3, 11]
-
-
-@pytest.fixture  # per test (see central)
-def p2p():
-    return Federation(**{"lia-mode": "p2p"}, beneficial=_p2p_beneficial).run()
-
-
-def test_p2p_sets_are_the_clients_beneficial_peers_by_client_id_plus_itself(p2p):
-    """pfedlia.md §2.5 peer-to-peer: S_i = the peers client i reports (indices into the lazy list, mapped to client ids)
-    plus i itself; identical sets share one group label (pfedlia.md §2.6)."""
-    s = p2p.strategy
-    assert s.sets == P2P_SETS
-    groups: dict[tuple[int, ...], int] = {}
-    for c in CLIENTS:
-        groups.setdefault(tuple(P2P_SETS[c]), len(groups))
-    assert same_partition(s.assignment, {c: groups[tuple(P2P_SETS[c])] for c in CLIENTS})
-    assert len(set(s.assignment.values())) == 3 and s.matrix_clients == CLIENTS
-
-
-def test_p2p_personal_model_is_fedavg_over_the_trained_members_of_its_set(p2p):
-    """pfedlia.md §2.6 p2p: theta_i <- sum_{j in S_i cap P_t} n_j theta_j / sum n_j; the next round sends client i its
-    own."""
-    s = p2p.strategy
-    theta0 = fedavg(CLIENTS, 1)
-    for c in CLIENTS:
-        assert_holds(p2p.payload(2, "train", c), theta0)
-        assert_holds(p2p.payload(3, "train", c), fedavg(P2P_SETS[c], 2))
-        assert_holds(s.personal[c], fedavg(P2P_SETS[c], 3))
-    assert s.server_models() == {} and not s.has_global_model
-
-
-def test_p2p_clustering_reports_how_many_sets_equal_the_planted_groups(p2p):
-    info = p2p.strategy.history[1].extra["clustering"]
-    assert info["mode"] == "p2p" and info["clusters"] == 3 and info["ari"] < 1.0
-    assert info["p2p-exact-fraction"] == pytest.approx(5 / 6)  # all but client 3
-
-
-def test_p2p_lia_replies_may_carry_only_indices_of_lazy_models():
-    fed = Federation(**{"lia-mode": "p2p"})
-    s = fed.strategy
-    s.lazy_clients = CLIENTS[:4]
-    rule = s.reply_spec("lia", NODE[CLIENTS[0]]).metrics
-    row, peers = rule["lia-row"], rule["beneficial"]
-    assert isinstance(row, Numbers) and isinstance(peers, Numbers)  # both are lists
-    assert row.length == 4
-    assert peers.maximum == 3 and peers.max_length == 4 and peers.distinct
-    assert "beneficial" not in Federation().strategy.reply_spec("lia", NODE[CLIENTS[0]]).metrics
-
-
-def test_p2p_personal_model_of_a_client_whose_set_did_not_train_stays():
-    """pfedlia.md §2.6: a client with S_i cap P_t empty keeps its personal model."""
-    fed = Federation(
-        **{"lia-mode": "p2p"}, beneficial=_p2p_beneficial, silent={(3, "train", 3), (3, "train", 11)}
-    ).run()
-    s = fed.strategy
-    assert_holds(s.personal[3], fedavg([3, 11], 2))
-    assert_holds(s.personal[25], fedavg([25], 3))  # its set {3, 11, 25}: only 25 trained
-
-
-def test_p2p_late_joiner_gets_its_own_set_and_theta_0():
-    """pfedlia.md §2.8 p2p: a newcomer's set is its own 2-means set over the stored lazy models (plus itself); it starts
-    from theta_0 and then averages over its set like everyone."""
-    late = 20
-    fed = Federation(**{"lia-mode": "p2p"}, silent={(2, "lazy", late)}).run()
-    s = fed.strategy
-    lazy_ids = [c for c in CLIENTS if c != late]
-    assert s.lazy_clients == lazy_ids and late not in s.matrix_clients
-    assert fed.messages(3, "lia")[late]["lazy-clients"]["self-index"] == -1
-    assert s.sets[late] == sorted({late} | {j for j in lazy_ids if PLANTED[j] == PLANTED[late]})
-    assert_holds(fed.payload(3, "train", late), fedavg(CLIENTS, 1))  # theta_0 in the round it joins
-    assert_holds(s.personal[late], fedavg(s.sets[late], 3))
-    assert s.assignment[late] not in {s.assignment[c] for c in lazy_ids}
-
-
-def test_oracle_clusters_by_the_planted_groups_without_any_lazy_round():
-    """Oracle baseline (docs "Oracle and CFL"): the same warm-up and per-cluster FedAvg, clusters = the planted
-    groups the clients report; no query.lazy / query.lia is sent."""
-    late = 31
-    fed = Federation(method="oracle", silent={(1, "train", late)}).run()
-    s = fed.strategy
-    assert not [p for _, p, _, _ in fed.sent if p in ("lazy", "lia")]
-    assert s.assignment == PLANTED  # the client missing in the warm-up joins its group when it reports it
-    for g in (0, 1):
-        members = [c for c in CLIENTS if PLANTED[c] == g]
-        assert_holds(s.cluster_models[g], fedavg(members, 3))
-        for c in members:  # round 2 already averaged the latecomer in
-            assert_holds(fed.payload(3, "train", c), fedavg(members, 2))
-    info = s.history[1].extra["clustering"]
-    assert info["mode"] == "oracle" and info["clusters"] == 2 and info["ari"] == 1.0 and "clients-asked" not in info
-
-
-def test_oracle_asks_a_client_that_has_not_trained_for_its_group_and_sends_it_its_clusters_model():
-    """Oracle (the upper bound of clustering): every connected client is in its planted group from the clustering
-    round on, also one that has not trained yet (with client sampling, many have not): the server asks it
-    (query.identify) and sends it its group's model, never theta_0 again."""
-    late = 31
-    fed = Federation(method="oracle", identify_planted=True, silent={(1, "train", late), (2, "train", late)}).run()
-    s = fed.strategy
-    assert [(r, c) for r, p, c, _ in fed.sent if p == "identify"] == [(2, late)]
-    assert s.assignment == PLANTED
-    members = [c for c in CLIENTS if PLANTED[c] == PLANTED[late] and c != late]
-    assert_holds(fed.payload(3, "train", late), fedavg(members, 2))
-
-
-def test_oracle_node_connecting_after_the_clustering_round_founds_its_group_if_nobody_else_is_in_it():
-    """A node that connects after the clustering round is asked for its group before it trains; when nobody is in
-    that group yet, the group's model starts from theta_0 and is then its FedAvg like every other cluster model."""
-    late, first = 31, [3, 11, 25]  # 31 is the only client of planted group 1 here
-    fed = Federation(method="oracle", clients=[*first, late], identify_planted=True)
-    fed.present = {1: first, 2: first, 3: [*first, late]}
-    fed.run()
-    s = fed.strategy
-    assert [(r, c) for r, p, c, _ in fed.sent if p == "identify"] == [(3, late)]
-    assert s.assignment == {c: PLANTED[c] for c in [*first, late]}
-    assert_holds(fed.payload(3, "train", late), fedavg(first, 1))  # theta_0
-    models = s.server_models()
-    assert sorted(models) == ["cluster-0", "cluster-1"]
-    assert_holds(models["cluster-1"], fedavg([late], 3))
-    assert_holds(models["cluster-0"], fedavg(first, 3))
-
-
-def test_oracle_client_that_does_not_say_its_group_when_asked_joins_it_with_its_first_train_reply():
-    """A node that connects late and does not answer the identify query with its group is sent theta_0; its train
-    reply says its group, which it joins (here founds) at once: its update is that group's model."""
-    late, first = 31, [3, 11, 25]
-    fed = Federation(method="oracle", clients=[*first, late])
-    fed.present = {1: first, 2: first, 3: [*first, late]}
-    fed.run()
-    s = fed.strategy
-    assert s.assignment == {c: PLANTED[c] for c in [*first, late]}
-    models = s.server_models()
-    assert sorted(models) == ["cluster-0", "cluster-1"]
-    assert_holds(models["cluster-1"], fedavg([late], 3))
-
-
-def test_oracle_learns_every_group_from_the_identify_replies_of_a_sampled_run():
-    """With client sampling the server asks every node who it is in round 1; the Oracle takes the planted groups
-    from those replies, so clients never drawn in the warm-up are in their group at the clustering round
-    without another query."""
-    fed = Federation(method="oracle", rounds=2, identify_planted=True, **{"fraction-train": 0.34}).run()
-    s = fed.strategy
-    warmup = {c for r, p, c, _ in fed.sent if p == "train" and r == 1}
-    assert len(warmup) == 2 and {r for r, p, _, _ in fed.sent if p == "identify"} == {1}
-    assert s.assignment == PLANTED and s.planted == PLANTED
-
-
-def test_oracle_without_planted_groups_is_refused():
-    fed = Federation(method="oracle", planted=False)
-    with pytest.raises(ValueError, match="needs planted clusters"):
-        fed.run()
-
-
 def test_cluster_quality_is_left_out_without_planted_groups():
     fed = Federation(planted=False).run()
     info = fed.strategy.history[1].extra["clustering"]
     assert "ari" not in info and info["clusters"] == 2 and fed.strategy.planted == {}
-
-
-def _figure_of(strategy, folder, monkeypatch):
-    """write_artifacts with plt.close kept from closing the figure, which is returned for inspection."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    kept = []
-    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
-    write_artifacts(strategy, folder)
-    return kept[-1] if kept else None
-
-
-def test_artifacts_hold_the_clustering_and_the_influence_matrix_in_cluster_order(central, tmp_path, monkeypatch):
-    """docs "Artefacts": pfedlia_clusters.json (clustering, assignment, planted groups), pfedlia_influence.json
-    (rows = scoring clients, columns = lazy models) and a heatmap of the matrix ordered by cluster."""
-    s = central.strategy
-    fig = _figure_of(s, tmp_path, monkeypatch)
-    clusters = json.loads((tmp_path / "pfedlia_clusters.json").read_text())
-    assert clusters["clustering"] == json.loads(json.dumps(s.clustering))
-    assert clusters["assignment"] == {str(c): s.assignment[c] for c in CLIENTS}
-    assert clusters["planted"] == {str(c): PLANTED[c] for c in CLIENTS} and "beneficial-sets" not in clusters
-    infl = json.loads((tmp_path / "pfedlia_influence.json").read_text())
-    assert infl["rows (scoring client)"] == CLIENTS and infl["columns (lazy model of client)"] == CLIENTS
-    np.testing.assert_allclose(infl["matrix"], s.matrix)
-    from PIL import Image
-
-    with Image.open(tmp_path / "pfedlia_influence.png") as img:
-        assert img.size == (600, 500)
-    ax = fig.axes[0]
-    order = sorted(CLIENTS, key=lambda c: (s.assignment[c], c))
-    shown = np.asarray(ax.images[0].get_array())
-    np.testing.assert_allclose(shown, [[influence(i, j) for j in order] for i in order])
-    lim = np.abs(s.matrix).max()
-    assert ax.images[0].get_clim() == (-lim, lim) and ax.images[0].get_cmap().name == "RdBu"
-    # one horizontal and one vertical line between the two clusters
-    boundary = sum(1 for c in CLIENTS if s.assignment[c] == s.assignment[order[0]]) - 0.5
-    lines = [(tuple(ln.get_xdata()), tuple(ln.get_ydata())) for ln in ax.lines]
-    assert sorted(lines) == sorted([((0, 1), (boundary, boundary)), ((boundary, boundary), (0, 1))])
-    assert all(ln.get_color() == "k" and ln.get_linewidth() == 0.6 for ln in ax.lines)
-    assert "ARI 1.0" in ax.get_title() and ax.get_title().startswith("lazy influence (rows: scoring client)")
-    assert ax.get_xlabel() == "lazy model of client" and ax.get_ylabel() == "client"
-    assert len(fig.axes) == 2  # the colour bar
-
-
-def test_p2p_artifacts_list_the_beneficial_sets(p2p, tmp_path, monkeypatch):
-    _figure_of(p2p.strategy, tmp_path, monkeypatch)
-    clusters = json.loads((tmp_path / "pfedlia_clusters.json").read_text())
-    assert clusters["beneficial-sets"] == {str(c): P2P_SETS[c] for c in CLIENTS}
-
-
-def test_p2p_late_joiner_is_listed_with_minus_one_after_the_sets_of_the_clustering_round(tmp_path, monkeypatch):
-    """docs "Artefacts": in p2p the assignment numbers the distinct sets of the clustering round 0, 1, ...; a late
-    joiner, whose set is formed after them, is listed with -1."""
-    late = 20
-    fed = Federation(**{"lia-mode": "p2p"}, silent={(2, "lazy", late)}).run()
-    _figure_of(fed.strategy, tmp_path, monkeypatch)
-    assignment = json.loads((tmp_path / "pfedlia_clusters.json").read_text())["assignment"]
-    assert assignment[str(late)] == -1
-    others = {assignment[str(c)] for c in CLIENTS if c != late}
-    assert others == set(range(len(others)))
-    assert (
-        json.loads((tmp_path / "pfedlia_clusters.json").read_text())["beneficial-sets"][str(late)]
-        == fed.strategy.sets[late]
-    )
-
-
-def test_heatmap_colours_are_symmetric_around_zero_when_the_largest_magnitude_is_negative(tmp_path, monkeypatch):
-    """The influence heatmap's diverging colour scale is centred on 0: [-L, L] with L the largest |I|, also when
-    that largest value is a negative one (here every cross-group score is -9, the within-group ones 2)."""
-    fed = Federation(influence=lambda i, j: 2.0 if PLANTED[i] == PLANTED[j] else -9.0).run()
-    ax = _figure_of(fed.strategy, tmp_path, monkeypatch).axes[0]
-    assert ax.images[0].get_clim() == (-9.0, 9.0)
-
-
-def test_heatmap_of_an_all_zero_matrix_still_has_a_colour_scale(tmp_path, monkeypatch):
-    """Nobody helps or hurts anybody: the matrix is all zeros and the scale falls back to [-1, 1] (not [0, 0])."""
-    fed = Federation(influence=lambda i, j: 0.0, **{"optics-min-samples": 2}).run()
-    ax = _figure_of(fed.strategy, tmp_path, monkeypatch).axes[0]
-    assert ax.images[0].get_clim() == (-1.0, 1.0)
-
-
-def test_heatmap_separates_a_cluster_of_one_first_row_and_says_ari_n_a_without_planted_groups(tmp_path, monkeypatch):
-    """The heatmap draws a line between every two neighbouring rows of different clusters, also after the first row
-    (here client 3, whose beneficial set is itself alone, is cluster 0 on its own); without planted groups the
-    title says the ARI is not available."""
-
-    def beneficial(i, lazy_ids):
-        if i == 3:
-            return []
-        return [k for k, j in enumerate(lazy_ids) if PLANTED[j] == PLANTED[i] and j not in (i, 3)]
-
-    fed = Federation(**{"lia-mode": "p2p"}, beneficial=beneficial, planted=False).run()
-    s = fed.strategy
-    assert s.assignment[3] == 0 and sorted(s.assignment.values()).count(0) == 1
-    ax = _figure_of(s, tmp_path, monkeypatch).axes[0]
-    horizontal = sorted(ln.get_ydata()[0] for ln in ax.lines if tuple(ln.get_xdata()) == (0, 1))
-    order = sorted(CLIENTS, key=lambda c: (s.assignment[c], c))
-    labels = [s.assignment[c] for c in order]
-    assert horizontal == [k - 0.5 for k in range(1, len(labels)) if labels[k] != labels[k - 1]]
-    assert horizontal[0] == 0.5
-    assert ax.get_title().endswith("; ARI n/a")
-
-
-def test_heatmap_of_two_clients_has_whole_number_ticks_and_a_colour_bar_of_its_image(tmp_path, monkeypatch):
-    """Rows and columns are clients: both axes tick at whole numbers only (matplotlib would put half-way ticks on a
-    2 x 2 heatmap); the colour bar belongs to the heatmap's image."""
-    fed = Federation(clients=[3, 8]).run()
-    fig = _figure_of(fed.strategy, tmp_path, monkeypatch)
-    ax = fig.axes[0]
-    for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, sorted(ax.get_ylim()))):
-        inside = [t for t in axis.get_ticklocs() if lo <= t <= hi]
-        assert inside and all(float(t).is_integer() for t in inside), inside
-    assert ax.images[0].colorbar is not None and ax.images[0].colorbar.ax is fig.axes[1]
-
-
-def test_a_run_that_never_clustered_writes_an_empty_clustering_and_no_matrix(tmp_path, monkeypatch):
-    """Nobody answered the lazy query in the last round, so the clustering never happened: pfedlia_clusters.json
-    says so (empty clustering and assignment, the planted groups as reported) and there is no influence matrix."""
-    fed = Federation(rounds=2, silent={(2, "lazy", c) for c in CLIENTS}).run()
-    assert _figure_of(fed.strategy, tmp_path, monkeypatch) is None
-    clusters = json.loads((tmp_path / "pfedlia_clusters.json").read_text())
-    assert clusters == {"clustering": {}, "assignment": {}, "planted": {str(c): PLANTED[c] for c in CLIENTS}}
-    assert not (tmp_path / "pfedlia_influence.json").exists() and not (tmp_path / "pfedlia_influence.png").exists()
-
-
-def test_oracle_artifacts_have_no_influence_matrix(tmp_path, monkeypatch):
-    fed = Federation(method="oracle").run()
-    assert _figure_of(fed.strategy, tmp_path, monkeypatch) is None
-    assert (tmp_path / "pfedlia_clusters.json").exists() and not (tmp_path / "pfedlia_influence.json").exists()
-    assert not (tmp_path / "pfedlia_influence.png").exists()
 
 
 @pytest.mark.parametrize("mode", ["central", "p2p"])
@@ -762,28 +331,6 @@ def test_the_clustering_round_takes_the_time_it_is_logged_with():
     assert 0 < seconds < time.monotonic() - start
 
 
-def test_a_single_client_is_its_own_cluster_and_its_bytes_are_per_client(tmp_path, monkeypatch):
-    fed = Federation(rounds=2, clients=[8]).run()
-    s = fed.strategy
-    info, comm = s.clustering, s.history[1].extra["comm"]
-    assert s.assignment == {8: 0} and info["clusters"] == 1 and info["clients-asked"] == 1
-    assert info["bytes-down-per-client"] == comm["lazy-bytes-down"] + comm["lia-bytes-down"]
-    assert info["bytes-up-per-client"] == comm["lazy-bytes-up"] + comm["lia-bytes-up"]
-    _figure_of(s, tmp_path, monkeypatch)  # a 1 x 1 influence matrix is still written and drawn
-    assert json.loads((tmp_path / "pfedlia_influence.json").read_text())["matrix"] == [[influence(8, 8)]]
-    assert (tmp_path / "pfedlia_influence.png").exists()
-
-
-def test_oracle_without_planted_groups_says_which_partitions_have_them():
-    fed = Federation(method="oracle", planted=False)
-    with pytest.raises(
-        ValueError,
-        match=r"^lia-mode 'oracle' needs planted clusters \(partition 'planted-clusters\*'\); "
-        r"no client reported one$",
-    ):
-        fed.run()
-
-
 @pytest.mark.parametrize("phase", ["lazy", "lia"])
 def test_a_clustering_round_nobody_answers_moves_to_the_next_round(phase, caplog):
     """No lazy model (or, central, no influence row) in the clustering round: the run goes on as FedAvg and
@@ -806,70 +353,6 @@ def test_a_clustering_round_nobody_answers_moves_to_the_next_round(phase, caplog
     # round 2 stayed a warm-up round: the global model is the FedAvg of its train replies, and round 3 started
     # the lazy training from it
     assert_holds(fed.payload(3, "lazy", CLIENTS[0]), fedavg(CLIENTS, 2))
-
-
-# ---------------------------------------------------------------------------------------------- the run's summary
-def _summary(fed):
-    """(summary line, summary.json) as the ServerApp writes them at the end of the run."""
-    from server_app.results import ResultsWriter
-
-    writer = ResultsWriter(fed.strategy.settings, run_id=1)
-    line = writer.write(fed.strategy, 1.0)
-    return line, json.loads((writer.folder / "summary.json").read_text())
-
-
-@pytest.mark.parametrize("method,mode", [("pfedlia", "central"), ("pfedlia", "p2p"), ("oracle", "central")])
-def test_the_summary_names_the_clusters_found(method, mode, tmp_path):
-    fed = Federation(method=method, **{"lia-mode": mode, "results-dir": str(tmp_path)}).run()
-    line, summary = _summary(fed)
-    assert line.startswith(f"pflower {method} on digits/") and ": 3 rounds, 6 clients, 2 clusters, personal" in line
-    assert summary["clusters"] == 2 and summary["clustering"] == "2 clusters"
-
-
-def test_the_oracle_on_one_planted_group_says_the_run_was_fedavg(tmp_path, monkeypatch):
-    monkeypatch.setitem(globals(), "PLANTED", dict.fromkeys(CLIENTS, 0))
-    fed = Federation(method="oracle", **{"results-dir": str(tmp_path)}).run()
-    _, summary = _summary(fed)
-    assert summary["clusters"] == 1 and summary["clustering"] == "1 cluster: the run was FedAvg (one planted group)"
-    for c in CLIENTS:
-        assert_holds(fed.payload(3, "train", c), fedavg(CLIENTS, 2))
-
-
-def test_central_mode_that_finds_one_cluster_says_the_run_was_fedavg(tmp_path):
-    fed = Federation(influence=lambda i, j: 1.0, **{"results-dir": str(tmp_path)}).run()  # no structure at all
-    line, summary = _summary(fed)
-    said = "1 cluster: the run was FedAvg (OPTICS put every client in one cluster)"
-    assert f": 3 rounds, 6 clients, {said}, personalized acc" in line
-    assert summary["clusters"] == 1 and summary["clustering"] == said
-    for c in CLIENTS:  # and it was: every client trained round 2's FedAvg of everyone in round 3
-        assert_holds(fed.payload(3, "train", c), fedavg(CLIENTS, 2))
-
-
-def test_p2p_mode_where_every_beneficial_set_is_everyone_says_the_run_was_fedavg(tmp_path):
-    def everyone(i, lazy_ids):
-        return [k for k, j in enumerate(lazy_ids) if j != i]
-
-    def nearly(i, lazy_ids):  # client 3's set lacks client 31
-        return [k for k, j in enumerate(lazy_ids) if j != i and (i, j) != (3, 31)]
-
-    fed = Federation(beneficial=everyone, **{"lia-mode": "p2p", "results-dir": str(tmp_path)}).run()
-    _, summary = _summary(fed)
-    said = "1 cluster: the run was FedAvg (every client's beneficial set is every client)"
-    assert summary["clusters"] == 1 and summary["clustering"] == said
-    for c in CLIENTS:
-        assert_holds(fed.payload(3, "train", c), fedavg(CLIENTS, 2))
-    fed = Federation(beneficial=nearly, **{"lia-mode": "p2p", "results-dir": str(tmp_path)}).run()
-    assert _summary(fed)[1]["clustering"] == "2 clusters"  # two distinct sets
-
-
-def test_a_run_whose_clustering_round_never_completed_says_it_was_fedavg(tmp_path):
-    fed = Federation(rounds=2, silent={(2, "lazy", c) for c in CLIENTS}, **{"results-dir": str(tmp_path)}).run()
-    _, summary = _summary(fed)
-    assert not fed.strategy.clustered
-    assert (
-        summary["clusters"] == 1
-        and summary["clustering"] == "1 cluster: the run was FedAvg (no clustering round completed)"
-    )
 
 
 def test_bad_pfedlia_config():

@@ -7,7 +7,7 @@ every client's epsilon over one release per round plus its lazy model.
 
 The client is driven through the ClientApp's privacy steps (``private_reply`` for a train reply, ``query_reply`` for
 a query) on the default model (``cnn``, with BatchNorm); the server through its own round loop against scripted
-clients (tests/pfedlia/test_server.py's federation)."""
+clients (tests/pfedlia/server_kit.py's federation)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.params import record_to_numpy, to_record
 from task.privacy import local_epsilon, update_norm
-from tests.pfedlia.test_server import CLIENTS, EXAMPLES, NODE, Federation, lazy_value, trained_value
+from tests.pfedlia.server_kit import CLIENTS, EXAMPLES, NODE, Federation, lazy_value, trained_value
 from tests.strategy_harness import ReplayGrid, outgoing_messages, run_round
 
 CLIENT_CFG = {"method": "pfedlia", "partition": "iid", "dp-mode": "local", "lr": 0.5, "lazy-epochs": 1}

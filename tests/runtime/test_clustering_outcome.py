@@ -1,6 +1,6 @@
 """A clustering method that ends with one cluster says so: the summary line and summary.json name the clusters,
 and one cluster is spelt out ("1 cluster: the run was FedAvg (...)") instead of passing for personalization.
-pFedLIA's and the Oracle's cases are in tests/pfedlia/test_server.py."""
+pFedLIA's and the Oracle's cases are in tests/pfedlia/test_summary.py."""
 
 from __future__ import annotations
 

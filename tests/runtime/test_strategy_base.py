@@ -7,17 +7,11 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, MetricRecord
 
-from server_app.app import build_strategy
 from strategies.persistence import checkpoint_state, resume
-from task.config import parse_settings
 from task.params import to_record
-from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, valid_content
+from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, strategy, valid_content
 
 NODES = {21: 0, 5: 1, 13: 2}
-
-
-def strategy(method="fedavg", **cfg):
-    return build_strategy(parse_settings({"method": method, "model": "mlp", "min-nodes": 3, **cfg}))
 
 
 def answering(s, silent=()):
@@ -32,7 +26,7 @@ def answering(s, silent=()):
 
 
 def test_start_returns_flowers_result_with_every_rounds_metrics_and_the_final_model():
-    s = strategy(**{"num-server-rounds": 3, "eval-every": 2})
+    s = strategy("fedavg", model="mlp", **{"min-nodes": 3, "num-server-rounds": 3, "eval-every": 2})
     with outgoing_messages():
         result = s.start(answering(s), to_record(s.global_state), num_rounds=3, timeout=60)
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
@@ -46,7 +40,7 @@ def test_start_returns_flowers_result_with_every_rounds_metrics_and_the_final_mo
 
 
 def test_start_uses_its_initial_arrays_configs_timeout_and_evaluation_function():
-    s = strategy(**{"num-server-rounds": 2})
+    s = strategy("fedavg", model="mlp", **{"min-nodes": 3, "num-server-rounds": 2})
     start = {k: np.full_like(v, 0.5) for k, v in s.global_state.items()}
     grid, calls = answering(s, silent={13}), []
 
@@ -81,7 +75,7 @@ def test_start_uses_its_initial_arrays_configs_timeout_and_evaluation_function()
 
 @pytest.mark.parametrize("method", ["fedavg", "fedper", "local"])
 def test_arrays_that_are_not_the_methods_shared_model_are_refused(method):
-    s = strategy(method)
+    s = strategy(method, model="mlp", **{"min-nodes": 3})
     grid = answering(s)
     whole = {k: np.array(v) for k, v in s.initial_state.items()}
     shared = {k: whole[k] for k in s.shared_keys()}
@@ -103,11 +97,11 @@ def test_arrays_that_are_not_the_methods_shared_model_are_refused(method):
 
 
 def test_a_resumed_strategy_starts_after_its_last_round(tmp_path):
-    s = strategy(**{"num-server-rounds": 3})
+    s = strategy("fedavg", model="mlp", **{"min-nodes": 3, "num-server-rounds": 3})
     s.results_dir = tmp_path / "run"
     with outgoing_messages():
         s.start(answering(s), to_record(s.global_state), num_rounds=1, timeout=60)
-    resumed = strategy(**{"num-server-rounds": 3})
+    resumed = strategy("fedavg", model="mlp", **{"min-nodes": 3, "num-server-rounds": 3})
     resume(resumed, checkpoint_state(s), s.rounds_done)
     grid = answering(resumed)
     with outgoing_messages():
@@ -122,7 +116,7 @@ def test_the_accuracies_the_base_reads_are_required_where_they_ride():
     """The personalized accuracy is required of an evaluate reply, and of the evaluation a train reply
     carries when the previous round's evaluation rides on it (full participation); a node that leaves them out is
     refused for that message with the metric named, the others go on."""
-    s = strategy(**{"num-server-rounds": 2})
+    s = strategy("fedavg", model="mlp", **{"min-nodes": 3, "num-server-rounds": 2})
     plain = answering(s)
 
     def respond(msg):
