@@ -261,24 +261,30 @@ class Cluster:
         return f"partition-id={part} num-partitions={self.args.nodes} {dirs}"
 
     def export_data_files(self) -> None:
-        """--data-files: write node-<i>.npz (partition i of the run's data) for every node that has none."""
+        """--data-files: write node-<i>.npz (partition i of the run's data) for every node that has none; a file a
+        data holder brought stays as it is."""
         folder = Path(self.args.data_files)
-        if all((folder / f"node-{k}.npz").is_file() for k in range(self.args.nodes)):
+        missing = [k for k in range(self.args.nodes) if not (folder / f"node-{k}.npz").is_file()]
+        if not missing:
             return
-        cmd = [
-            sys.executable,
-            str(DEPLOY / "export_partitions.py"),
-            "--out",
-            str(folder),
-            "--num-partitions",
-            str(self.args.nodes),
-            "--run-config",
-            self.args.run_config,
-        ]
-        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if r.returncode != 0:
-            raise ClusterError(f"exporting node data files failed:\n{r.stdout}\n{r.stderr}")
-        self.event("data files", folder=str(folder.resolve()), nodes=self.args.nodes)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as scratch:
+            cmd = [
+                sys.executable,
+                str(DEPLOY / "export_partitions.py"),
+                "--out",
+                scratch,
+                "--num-partitions",
+                str(self.args.nodes),
+                "--run-config",
+                self.args.run_config,
+            ]
+            r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if r.returncode != 0:
+                raise ClusterError(f"exporting node data files failed:\n{r.stdout}\n{r.stderr}")
+            for k in missing:
+                (Path(scratch) / f"node-{k}.npz").replace(folder / f"node-{k}.npz")
+        self.event("data files", folder=str(folder.resolve()), nodes=self.args.nodes, exported=missing)
 
     def start_node(
         self, k: int, key: str | None = None, partition: int | None = None, extra: list[str] | None = None
