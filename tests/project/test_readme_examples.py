@@ -8,8 +8,10 @@ written, from the repository root, in the fast form of tests/readme.py (one roun
 resumes; nothing else changed).  ``/tmp/...`` paths go to a temporary folder and ``<that folder>`` is the results
 folder the command before printed.
 
-A command that an end-to-end test elsewhere already runs is not run twice here: ``ACCOUNTED`` names that test, and
-``test_every_command_is_run_by_a_test`` fails for a command that no test runs.
+A command that is already run elsewhere is not run twice here: ``ACCOUNTED`` names where (set-up command 1, the
+default job, runs in .ci/run at full size before the tests; the test command is the suite itself; the loopback
+deployment runs in tests/deploy/test_local_cluster.py; record-messages in tests/privacy/test_recorder.py), and
+``test_every_command_is_run_by_a_test`` fails for a command that nothing runs.
 """
 
 from __future__ import annotations
@@ -177,31 +179,18 @@ def run_flwr(
 
 
 @runs_flower
-def test_the_default_job_runs(own_superlink):
-    """Set-up command 1 (the install is the environment these tests run in), and the same ``flwr run`` in the recipe
-    for one's own SuperLink, which ran on that SuperLink (its log has the run) and whose pid is the one listening on
-    its port (what the README's ``lsof`` finds for Flower's local SuperLink)."""
-    setup = find(r"^pip install -e \. && ")[0]
-    ran = run_flwr(setup, own_superlink)
-    assert summary_of(ran.out).startswith("pflower fedavg on digits/dirichlet: 1 rounds, 10 clients, ")
-    recipe_run = next(c for c in block_of(r"^export FLWR_HOME=") if c.text.startswith("flwr run "))
-    assert run_flwr(recipe_run, own_superlink) is ran  # the same command: run once
-    run_id = run_id_of(ran.out)
-    assert f"Created run {run_id}" in (own_superlink.home / "superlink.log").read_text()
-    address = re.search(r'address = "127\.0\.0\.1:(\d+)"', (own_superlink.home / "config.toml").read_text())
-    assert address is not None
-    port = address.group(1)
-    listening = listening_pids(port)
-    assert listening in ([str(own_superlink.pid)], None)  # None: neither lsof nor ss on this machine
-    # the results went where the README says: results/ in the folder the SuperLink was started from
-    assert folder_of(ran.out).parent.resolve() == (own_superlink.started_in / "results").resolve()
-
-
-@runs_flower
-def test_a_method_example_runs(own_superlink):
+def test_a_method_example_runs_on_a_superlink_of_ones_own(own_superlink):
+    """The README's method example, on the SuperLink of the README's recipe: the run is in that SuperLink's log,
+    its results in ``results/`` of the folder the SuperLink was started from, and the SuperLink's pid is the one
+    listening on its port (what the README's ``lsof`` finds for Flower's local SuperLink)."""
     [command] = block_of(r"method='fedrep'")
     ran = run_flwr(command, own_superlink)
     assert summary_of(ran.out).startswith("pflower fedrep on digits/pathological: 1 rounds, 10 clients, ")
+    assert f"Created run {run_id_of(ran.out)}" in (own_superlink.home / "superlink.log").read_text()
+    assert folder_of(ran.out).parent.resolve() == (own_superlink.started_in / "results").resolve()
+    address = re.search(r'address = "127\.0\.0\.1:(\d+)"', (own_superlink.home / "config.toml").read_text())
+    assert address is not None
+    assert listening_pids(address.group(1)) in ([str(own_superlink.pid)], None)  # None: neither lsof nor ss here
 
 
 def stopped_line(out: str) -> str:
@@ -270,6 +259,17 @@ def test_the_differential_privacy_examples_run(own_superlink, command):
 
 
 # --------------------------------------------------------------------------- every command is run by a test
+def default_job_runs_in_ci(command: Command) -> bool:
+    """Set-up command 1 (the default job, about a minute at full size) runs in .ci/run as written, which then checks
+    its summary line (tests/project/test_ci_command.py checks .ci/run runs it verbatim); the recipe's ``flwr run``
+    is the same command."""
+    [default_job] = [c for c in setup_commands() if c.startswith("pip install -e . && ")]
+    ci = (ROOT / ".ci" / "run").read_text()
+    checked = "grep -q '^pflower fedavg on digits/dirichlet: 10 rounds, 10 clients'" in ci
+    flwr_part = default_job.split(" && ", 1)[1].split(" ", 1)[1]  # without the environment assignment
+    return checked and (command.text == default_job or command.text.split("#")[0].strip() == flwr_part)
+
+
 def recorder_runs(command: Command) -> bool:
     """tests/privacy/test_recorder.py runs this command's run config in its default run, with size keys only."""
     from tests.in_process import SETTINGS, SHRUNK
@@ -287,6 +287,14 @@ def recorder_runs(command: Command) -> bool:
 
 #: commands an end-to-end test elsewhere already runs: (pattern, the test, what shows that test runs this command)
 ACCOUNTED = [
+    (
+        r"^pip install -e \. && |^flwr run \. --stream --federation-config \"num-supernodes=10 [^\"]*\"\s*(#.*)?$",
+        (
+            ".ci/run (runs set-up command 1 verbatim before the tests, at full size, and fails unless its summary "
+            "line says 10 rounds and 10 clients); the same flwr run in the recipe for one's own SuperLink"
+        ),
+        default_job_runs_in_ci,
+    ),
     (
         r"^pip install -e \"\.\[test\]\" && ",
         "tests/project/test_ci_command.py (.ci/run runs it verbatim; its checks run before pytest)",
@@ -306,12 +314,10 @@ ACCOUNTED = [
         recorder_runs,
     ),
 ]
-#: the commands of the recipe for one's own SuperLink: its set-up and kill run in ``own_superlink``, its flwr run in
-#: test_the_default_job_runs
+#: the commands run here: the recipe for one's own SuperLink (its set-up and kill in ``own_superlink``), and the
+#: examples of the tests above
 RUN_HERE = [
-    r"^pip install -e \. && ",
     r"^export FLWR_HOME=|^PORT=|^mkdir -p \$FLWR_HOME|flower-superlink |^echo \$! |^until flwr ls|^kill \$\(cat",
-    r"^flwr run \. --stream --federation-config \"num-supernodes=10 client-resources-num-cpus=1\"\s*(#.*)?$",
     r"method='fedrep'",
     r"^python -m server_app\.job .*tau=1\.5",
     r"stop-after=4|resume-from='results/<that folder>'",
