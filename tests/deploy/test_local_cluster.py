@@ -140,6 +140,23 @@ def test_a_run_stopped_as_asked_says_so_and_leaves_its_checkpoint(stopped):
     assert said in stopped["printed"] and "FAILED" not in stopped["printed"]
 
 
+def test_a_refused_run_config_exits_3_before_anything_starts(tmp_path):
+    """The run config is checked with the ServerApp's own parser before any SuperLink, key or node exists."""
+    refused = ["--method", "fedcac", "--run-config", "tau=1.5"]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quiet", "--workdir", str(tmp_path), *refused],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=False,
+    )
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 3 and report["outcome"] == "refused", proc.stdout[-3000:]
+    assert "run-config key 'tau' must be a number in [0, 1], got 1.5" in report["error"]
+    assert report["events"] == [] and not (tmp_path / "certs").exists()  # nothing was made or started
+
+
 def test_tls_auth_run_completes(cluster, stopped):
     r = cluster
     assert r["outcome"] == "completed" and Path(r["results"]) == Path(stopped["resume-from"])  # continued there
