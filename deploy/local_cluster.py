@@ -26,6 +26,11 @@ also on failure and on Ctrl-C; namespaces and veth links it made are deleted):
    that the nodes named refused every message and the others replied), prints one final
    JSON line and exits 0 if every check passed.
 
+Exit status (as ``python -m server_app.job``'s): 0 the run completed and every check passed; 1 a check failed or a
+process did not come up; 3 the run config was refused (checked with the ServerApp's own parser before anything
+starts); 4 the run stopped after round k as asked (``--run-config "stop-after=k"``: its checkpoint is there, and
+the last lines say how to resume it); 130 interrupted.  The JSON line's ``outcome`` says the same in words.
+
 Example::
 
     python deploy/local_cluster.py --nodes 3 --rounds 3
@@ -54,6 +59,7 @@ from pflower_deploy.cluster import Cluster  # noqa: E402
 from pflower_deploy.netns import unavailable_reason  # noqa: E402
 from pflower_deploy.processes import ClusterError, say, tail  # noqa: E402
 from pflower_deploy.proxy import nginx_binary  # noqa: E402
+from server_app.job import Exit, Refused  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -197,11 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
     cluster = Cluster(args)
-    code = 1
+    code = Exit.FLOWER_ERROR
     try:
         cluster.run()
-        code = 0
+        code = Exit.STOPPED if cluster.stopped else Exit.COMPLETED
+    except Refused as exc:
+        code = Exit.REFUSED
+        cluster.report["error"] = f"the run config was refused: {exc}"
+        say(f"REFUSED (nothing was started): {exc}")
     except KeyboardInterrupt:
+        code = Exit.INTERRUPTED
         cluster.report["error"] = "interrupted"
         say("interrupted; stopping everything")
     except (ClusterError, subprocess.SubprocessError, OSError, ValueError) as exc:
@@ -217,8 +228,25 @@ def main(argv: list[str] | None = None) -> int:
         cluster.report["seconds"] = round(time.monotonic() - cluster.t0, 1)
         cluster.report["events"] = cluster.events
         say(f"certificates, keys, logs and state are in {cluster.work} (not deleted)")
+    cluster.report["outcome"] = OUTCOMES[code]
+    if cluster.stopped is not None:
+        k, folder = cluster.stopped
+        say(
+            f"stopped after round {k} as asked (stop-after={k}); continue it with the same --workdir and "
+            f"--run-config \"resume-from='{folder}'\""
+        )
     print(json.dumps(cluster.report), flush=True)
-    return code
+    return int(code)
+
+
+#: the JSON report's ``outcome`` for each exit status
+OUTCOMES = {
+    Exit.COMPLETED: "completed",
+    Exit.FLOWER_ERROR: "failed",
+    Exit.REFUSED: "refused",
+    Exit.STOPPED: "stopped as asked",
+    Exit.INTERRUPTED: "interrupted",
+}
 
 
 if __name__ == "__main__":

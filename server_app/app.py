@@ -5,15 +5,18 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from server_app.recorder import RecordingGrid
 from server_app.results import ResultsWriter, resolve_results_path
+from server_app.runner import REFUSED_AT_START_UP, stop_line
 from server_app.tracking import check_installed, open_watchers
 from strategies.base import PersonalizedStrategy, RunAborted
-from strategies.persistence import read_checkpoint, resume
+from strategies.persistence import SimulatedCrash, read_checkpoint, resume
+from task.checkpoint import CheckpointError
 from task.config import Settings, parse_settings
 from task.methods import load_object, method_spec
 from task.models import build_model, describe
@@ -44,17 +47,26 @@ def resume_point(settings: Settings, strategy: PersonalizedStrategy) -> tuple[Pa
     return folder, done
 
 
+def refuse(err: ValueError) -> NoReturn:
+    """Stop at start-up: the reason on one log line, then the same exception for Flower to report the run as
+    failed, without the frames of the code that found the problem (the line above says it all)."""
+    log.error("%s%s", REFUSED_AT_START_UP, err)
+    raise err.with_traceback(None) from None
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     try:
         settings = parse_settings(context.run_config)
         check_installed(settings)
     except ValueError as err:  # said at once: Flower reports the exception only when its simulation backend is up
-        log.error("the run config was refused at start-up: %s", err)
-        raise
+        refuse(err)
     strategy = build_strategy(settings)
     if settings.resume_from:
-        folder, done = resume_point(settings, strategy)
+        try:
+            folder, done = resume_point(settings, strategy)
+        except CheckpointError as err:  # a folder that does not fit this run: refused before anything is written
+            refuse(err)
         writer = ResultsWriter(settings, context.run_id, folder=folder, resumed_after=done)
         log.info("resuming %s after round %d", folder, done)
     else:
@@ -77,6 +89,9 @@ def main(grid: Grid, context: Context) -> None:
             )
         except RunAborted as err:
             aborted = str(err)
+        except SimulatedCrash as stop:  # stop-after: one line scripts can read, then stop as a crash would
+            print(stop_line(settings.stop_after, writer.folder), flush=True)
+            raise stop.with_traceback(None) from None
         summary = writer.write(strategy, time.monotonic() - start, aborted=aborted)
         failed = aborted is not None
     finally:  # also when the ServerApp stops on an error: the rounds recorded so far

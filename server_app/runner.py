@@ -57,6 +57,38 @@ def results_folder_from_output(output: str) -> Path | None:
     return Path(line.rsplit("-> ", 1)[1].strip()) if line else None
 
 
+#: the ServerApp's log line when it refuses the run config at start-up, before round 1 (a bad value, values that
+#: conflict, a ``resume-from`` folder that does not fit); the reason follows it on the same line
+REFUSED_AT_START_UP = "the run config was refused at start-up: "
+
+
+def refusal(output: str) -> str | None:
+    """The reason the ServerApp gave for refusing the run config at start-up, in a run's output, or None."""
+    found = [
+        line.split(REFUSED_AT_START_UP, 1)[1].strip() for line in output.splitlines() if REFUSED_AT_START_UP in line
+    ]
+    return found[-1] if found else None
+
+
+def stop_line(after_round: int, folder: str | Path) -> str:
+    """What the ServerApp prints when ``stop-after`` stops it after round ``after_round``'s checkpoint."""
+    return (
+        f"pflower stopped after round {after_round} as asked (stop-after={after_round}); "
+        f"resume with resume-from='{folder}'"
+    )
+
+
+_STOP_RE = re.compile(
+    r"^pflower stopped after round (\d+) as asked \(stop-after=\d+\); resume with resume-from='([^']+)'"
+)
+
+
+def stopped_after(output: str) -> tuple[int, Path] | None:
+    """(round, results folder) of :func:`stop_line` in a run's output (the last one), or None."""
+    found = [m for line in output.splitlines() if (m := _STOP_RE.match(line.strip()))]
+    return (int(found[-1].group(1)), Path(found[-1].group(2))) if found else None
+
+
 class RunFailed(RuntimeError):
     """A run that did not finish; ``output`` holds everything ``flwr run`` printed."""
 

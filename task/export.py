@@ -5,7 +5,8 @@ server-side model (global, cluster, tier) is saved as ``<name>.safetensors`` + `
 manifest names the method, the round, the model architecture and its input shape, the client, the client's
 last personalized accuracy and the run config, so :func:`load_model` can rebuild the network without the
 run.  :func:`predict_file` evaluates or predicts on a data file in the deployed-node format (``.npz`` with
-``x`` and optionally ``y``); ``python -m task.predict`` is the command around it.
+``x``, optionally ``y`` and held-out ``x_test`` / ``y_test``), on its held-out arrays where it has them;
+``python -m task.predict`` is the command around it.
 """
 
 from __future__ import annotations
@@ -107,20 +108,31 @@ def predict(model: torch.nn.Module, x: np.ndarray, batch_size: int = 512) -> np.
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
-def predict_file(model_path: str | Path, data_path: str | Path) -> dict[str, Any]:
-    """Load a saved model and run it on an ``.npz`` data file (``x``, optional ``y``, as a deployed node's
-    ``data-path``): the predictions, and the accuracy when labels are there."""
-    from task.data.files import read_node_file
+def predict_file(model_path: str | Path, data_path: str | Path, split: str = "auto") -> dict[str, Any]:
+    """Load a saved model and run it on an ``.npz`` data file in a deployed node's format (``x``, optional ``y``,
+    optional held-out ``x_test`` / ``y_test``): the predictions, which arrays they are of, and the accuracy when
+    labels are there.  ``split``: ``'auto'`` scores the held-out arrays where the file has them (a node's data
+    file holds the data its model trained on in ``x`` / ``y``) and else ``x`` / ``y``; ``'test'`` / ``'train'``
+    ask for one of them."""
+    from task.data.files import SPLITS, read_node_file
 
     model, doc = load_model(model_path)
     m = doc["model"]
-    x, y = read_node_file(data_path, doc["dataset"], labels_required=False)
+    x, y, used = read_node_file(data_path, doc["dataset"], labels_required=False, split=split)
     if tuple(x.shape[1:]) != (
         (m["in-channels"], m["image-size"], m["image-size"]) if m["image-size"] else (m["in-channels"],)
     ):
         raise ValueError(f"{data_path}: inputs of shape {x.shape[1:]} do not fit the model's {m}")
     labels = predict(model, x)
-    out: dict[str, Any] = {"model": str(model_path), "samples": len(x), "predictions": labels}
+    xs, ys = SPLITS[used]
+    out: dict[str, Any] = {
+        "model": str(model_path),
+        "data": str(data_path),
+        "arrays": f"{xs}/{ys}" if y is not None else xs,
+        "held-out": used == "test",
+        "samples": len(x),
+        "predictions": labels,
+    }
     if y is not None:
         out["accuracy"] = float((labels == y).mean()) if len(y) else None
     return out

@@ -31,7 +31,7 @@ def simulation():
     Flower's default client resources (two CPUs per client), as a bare ``flwr run .`` does: on two cores one Ray
     worker runs the clients one at a time, which starts in about three quarters of the time two workers take.  A
     run's results do not depend on it; the README's command and the benchmarks ask for one CPU per client
-    (tests/runtime/test_ray_backend.py runs that way)."""
+    (tests/project/test_readme_examples.py runs those commands)."""
     from server_app.runner import LocalSimulation
 
     with LocalSimulation(num_cpus=None) as sim:

@@ -237,6 +237,18 @@ def refusals(c: Cluster, failures: list[dict[str, Any]], replies: list[dict[str,
     return problems
 
 
+def check_stopped(c: Cluster, folder: Path, after_round: int) -> None:
+    """A run ``stop-after`` stopped after round ``after_round``, as asked: its checkpoint of that round is there to
+    resume from (``resume-from`` with the same work directory), and no round after it ran."""
+    latest = folder / "checkpoints" / "LATEST"
+    found = latest.read_text().strip() if latest.is_file() else None
+    c.report.update({"results": str(folder), "checkpoint": found})
+    if found != f"round-{after_round:05d}":
+        raise ClusterError(
+            f"stop-after={after_round}: expected checkpoint round-{after_round:05d} in {folder}, found {found}"
+        )
+
+
 def check_results(c: Cluster, folder: Path) -> None:
     """The run's facts, from its results folder: rounds, replies per round, failures."""
     summary_path = folder / "summary.json"

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server_app.runner import free_port, results_folder_from_output, summary_line
+from server_app.job import check_run_config
+from server_app.runner import free_port, results_folder_from_output, stopped_after, summary_line
 
 from . import DEPLOY, REPO, checks
 from .credentials import make_certs, make_key, make_node_keys, parse_json_out, write_connections
@@ -66,6 +67,7 @@ class Cluster:
         self.node_ids: dict[int, int] = {}
         self.run_proc: Proc | None = None
         self.unregistered: Proc | None = None
+        self.stopped: tuple[int, Path] | None = None  # (round, results folder) of a run stop-after stopped
         self.events: list[dict[str, Any]] = []
         self.report: dict[str, Any] = {
             "ok": False,
@@ -262,24 +264,30 @@ class Cluster:
         return f"partition-id={part} num-partitions={self.args.nodes} {dirs}"
 
     def export_data_files(self) -> None:
-        """--data-files: write node-<i>.npz (partition i of the run's data) for every node that has none."""
+        """--data-files: write node-<i>.npz (partition i of the run's data) for every node that has none; a file a
+        data holder brought stays as it is."""
         folder = Path(self.args.data_files)
-        if all((folder / f"node-{k}.npz").is_file() for k in range(self.args.nodes)):
+        missing = [k for k in range(self.args.nodes) if not (folder / f"node-{k}.npz").is_file()]
+        if not missing:
             return
-        cmd = [
-            sys.executable,
-            str(DEPLOY / "export_partitions.py"),
-            "--out",
-            str(folder),
-            "--num-partitions",
-            str(self.args.nodes),
-            "--run-config",
-            self.args.run_config,
-        ]
-        r = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if r.returncode != 0:
-            raise ClusterError(f"exporting node data files failed:\n{r.stdout}\n{r.stderr}")
-        self.event("data files", folder=str(folder.resolve()), nodes=self.args.nodes)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as scratch:
+            cmd = [
+                sys.executable,
+                str(DEPLOY / "export_partitions.py"),
+                "--out",
+                scratch,
+                "--num-partitions",
+                str(self.args.nodes),
+                "--run-config",
+                self.args.run_config,
+            ]
+            r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if r.returncode != 0:
+                raise ClusterError(f"exporting node data files failed:\n{r.stdout}\n{r.stderr}")
+            for k in missing:
+                (Path(scratch) / f"node-{k}.npz").replace(folder / f"node-{k}.npz")
+        self.event("data files", folder=str(folder.resolve()), nodes=self.args.nodes, exported=missing)
 
     def start_node(
         self, k: int, key: str | None = None, partition: int | None = None, extra: list[str] | None = None
@@ -482,13 +490,10 @@ class Cluster:
                     "messages-after-restart": len(re.findall(r"Receiving: \w+ message", later)),
                 }
         folder = results_folder_from_output(text)
-        stopped = re.findall(r"resume with resume-from='([^']+)'", text)
-        if stopped:  # stop-after: the ServerApp stopped as a crash would, after its checkpoint
-            self.report["resume-from"] = stopped[-1]
-            raise ClusterError(
-                f"the run stopped early (stop-after); continue it with the same --workdir and "
-                f"--run-config \"resume-from='{stopped[-1]}'\""
-            )
+        self.stopped = stopped_after(text)
+        if self.stopped is not None:  # stop-after: the ServerApp stopped after that round's checkpoint, as asked
+            self.report["stopped-after"], self.report["resume-from"] = self.stopped[0], str(self.stopped[1])
+            return self.stopped[1]
         if proc.returncode != 0 or folder is None:
             raise ClusterError(
                 f"flwr run failed (exit {proc.returncode}); no 'pflower ... -> <folder>' line:\n" + "".join(out[-40:])
@@ -498,6 +503,8 @@ class Cluster:
 
     # ------------------------------------------------------------------ all of it
     def run(self) -> None:
+        # the run config, checked with the ServerApp's own parser before anything starts (raises Refused)
+        check_run_config(str(REPO), [self.run_config()])
         if self.args.netns:
             self.setup_netns()
         self.make_credentials()
@@ -518,7 +525,10 @@ class Cluster:
         if self.args.holder_check:
             checks.holder_check(self)
         folder = self.submit_and_follow()
-        checks.check_results(self, folder)
+        if self.stopped is not None:
+            checks.check_stopped(self, folder, self.stopped[0])
+        else:
+            checks.check_results(self, folder)
         if self.args.restart_node:
             listed = {int(n["node-id"]): n["status"] for n in self.list_nodes()}
             self.report["restarted"]["status-after-run"] = listed.get(self.node_ids[self.args.kill[0]])

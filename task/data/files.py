@@ -60,17 +60,30 @@ def checked_arrays(
     return np.ascontiguousarray(x, dtype=np.float32), y
 
 
+#: the arrays of a data file: its held-out split and its training split (train + validation)
+SPLITS = {"test": ("x_test", "y_test"), "train": ("x", "y")}
+
+
 def read_node_file(
-    path: str | Path, dataset: str, labels_required: bool = True
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """(x, y) of a data file in the deployed-node format (``y`` None when absent and not required)."""
+    path: str | Path, dataset: str, labels_required: bool = True, split: str = "train"
+) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """(x, y, split) of a data file in the deployed-node format (``y`` None when absent and not required): its
+    training arrays ``x`` / ``y`` (``split='train'``), its held-out ``x_test`` / ``y_test`` (``'test'``), or the
+    held-out ones where the file has them and else the training ones (``'auto'``); ``split`` says which it read."""
     if dataset == "dialects":
         raise ValueError(f"{path}: the 'dialects' text task has no file format; use a vision or vector dataset")
+    if split not in (*SPLITS, "auto"):
+        raise ValueError(f"split {split!r}: allowed are {[*SPLITS, 'auto']}")
     where = f"data file {str(path)!r}"
     arrays = _read_npz(Path(path).expanduser(), where)
-    if "x" not in arrays or (labels_required and "y" not in arrays):
-        raise ValueError(f"{where}: has arrays {sorted(arrays)}; needs 'x'{' and y' if labels_required else ''}")
-    return checked_arrays(arrays["x"], arrays.get("y"), "x", dataset, where)
+    if split == "auto":
+        split = "test" if SPLITS["test"][0] in arrays else "train"
+    xs, ys = SPLITS[split]
+    if xs not in arrays or (labels_required and ys not in arrays):
+        needs = f"'{xs}'" + (f" and '{ys}'" if labels_required else "")
+        raise ValueError(f"{where}: has arrays {sorted(arrays)}; needs {needs}")
+    x, y = checked_arrays(arrays[xs], arrays.get(ys), xs, dataset, where)
+    return x, y, split
 
 
 @functools.lru_cache(maxsize=8)

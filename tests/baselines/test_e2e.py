@@ -125,3 +125,7 @@ def test_a_run_whose_every_reply_fails_the_same_way_stops_with_that_reason(simul
     assert folder is not None, err.value.output
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["rounds"] == 1 and "does not exist" in summary["aborted"]
+    # flwr run exits 0 here; `python -m server_app.job` reads the run as aborted (exit 5)
+    from server_app.job import Exit, outcome
+
+    assert outcome(0, text, summary)[0] == outcome(0, text)[0] == Exit.ABORTED

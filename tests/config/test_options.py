@@ -137,3 +137,28 @@ def test_python_m_task_config_lists_every_key_flower_accepts_as_the_readme_says(
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Running a method") : readme.index("| key | default |")]
     assert "flwr run" in section and "Invalid run configuration" in section and "python -m task.config" in section
+
+
+def test_the_readme_shows_the_refusals_word_for_word():
+    """The README's "Options" paragraph names two run configs and shows the last line of Flower's report of each
+    (the exception the ServerApp raises, as Python prints it): they are what the parser says, word for word."""
+    import re
+
+    from flwr.common.config import parse_config_args
+
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"\n([^\n]*\n[^\n]*\n[^\n]*From `flwr run \..*?)\n```\n(.*?)\n```", readme, re.DOTALL)
+    assert found is not None, "the README's Options paragraph and its block of refusals"
+    paragraph, shown = found.groups()
+    configs = re.findall(r'--run-config "([^"]+)"', paragraph)
+    lines = shown.splitlines()
+    assert len(configs) == len(lines) == 2, (configs, lines)
+    defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    for config, line in zip(configs, lines, strict=True):
+        name, _, message = line.partition(": ")
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$") as err:
+            parse_settings({**defaults, **parse_config_args([config])})
+        kind = type(err.value)
+        assert name == (
+            kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        )

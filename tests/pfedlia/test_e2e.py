@@ -54,6 +54,12 @@ def test_oracle_at_its_defaults_is_refused_at_start_up_naming_the_data_it_needs(
     assert said in out and "partition='planted-clusters'" in out
     assert "[ROUND 1" not in out
     assert out.index(said) < out.index("Simulation raised an exception")
+    # Flower's report of the exception shows the ServerApp's frame only, not the parser's that found the problem
+    assert "in parse_settings" not in out and "in main" in out
+    # flwr run exits 0 here; `python -m server_app.job` reads the run as refused (exit 3)
+    from server_app.job import Exit, outcome
+
+    assert outcome(0, out)[0] == Exit.REFUSED
 
 
 @pytest.mark.parametrize("mode", ["p2p", "central"])

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from server_app.runner import RunFailed, results_folder_from_output
+from server_app.job import Exit, outcome
+from server_app.runner import RunFailed, results_folder_from_output, stopped_after
 from task.config import parse_settings
 from task.data import load_client_data
 from task.export import load_model, predict_file
@@ -92,6 +93,9 @@ def stop(simulation, cfg: dict, stop_after: int) -> Path:
         simulation.run({**cfg, "stop-after": stop_after}, num_supernodes=CLIENTS)
     folder = results_folder_from_output(crash.value.output) or _folder_of_crashed(crash.value.output)
     assert (folder / "checkpoints" / "LATEST").read_text() == f"round-{stop_after:05d}"
+    # the ServerApp's stop line names the round and the folder; `python -m server_app.job` exits 4 on it
+    assert stopped_after(crash.value.output) == (stop_after, folder)
+    assert outcome(0, crash.value.output)[0] == Exit.STOPPED
     return folder
 
 
