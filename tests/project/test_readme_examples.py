@@ -51,10 +51,6 @@ def runs_flower(test):
     return test
 
 
-#: run-config keys a test may set beyond an example's own to make it small: nodes, rounds, training samples
-SIZE_KEYS = {"num-server-rounds", "min-nodes", "train-samples", "warmup-rounds"}
-
-
 def find(pattern: str) -> list[Command]:
     found = [c for c in README if re.search(pattern, c.text)]
     assert found, f"no README command matches {pattern!r}"
