@@ -46,6 +46,9 @@ APP_CODE = ("strategies", "client_app", "task", "server_app", "pyproject.toml")
 _CLIENT_SKIP = {"peak-rss-mb", "partition-id"}
 # per-client columns that describe a client's data (counts, digests): they go into the data fingerprint
 _DATA_COLUMN = re.compile(r"(^|-)(examples|digest|hash)$")
+#: summary.json keys kept besides the fixed ones: the final spread over clients (``personal-acc-std``, ``-min``,
+#: ``-p10``) and what held-out clients got (``newcomer-acc``, ``newcomer-finetuned-acc``)
+SUMMARY_PREFIXES = ("personal-acc-", "global-acc-", "newcomer-")
 #: consecutive failed runs after which a resumable grid stops (a dead SuperLink would otherwise fail every later run)
 MAX_FAILURES_IN_A_ROW = 5
 
@@ -294,7 +297,9 @@ def record_from_run(
         # the keys this run set away from the defaults of the code that ran (a later change of a default is not one)
         "overrides": sorted(k for k, v in config.items() if k not in defaults or defaults[k] != v),
         "resolved-model": (config_json.get("resolved") or {}).get("model"),
-        "summary": {k: summary.get(k) for k in keys},
+        # and the spread over clients and what newcomers got, under whatever names the code that ran gives them
+        "summary": {k: summary.get(k) for k in keys}
+        | {k: v for k, v in summary.items() if k.startswith(SUMMARY_PREFIXES) and not isinstance(v, dict | list)},
         "rounds": rounds,
         "clients": clients,
         "artefacts": artefacts,
