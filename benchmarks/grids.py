@@ -33,9 +33,9 @@ from benchmarks.records import RAW, load_records, record_path, recorded, run_con
 from benchmarks.reporting import print_section
 from benchmarks.reporting.choosing import render_choosing
 from benchmarks.reporting.figures import draw
-from benchmarks.reporting.freshness import Checker, HistoryMissing
+from benchmarks.reporting.freshness import stale_test
 from benchmarks.reporting.grids import FamilyRecords, figures_grids, render_grids
-from benchmarks.running import Bench, Progress, code_version, parser, run_all, split
+from benchmarks.running import Bench, Progress, Todo, code_version, parser, run_all, split
 
 TIMING = "grids-timing"
 #: per family, the timing runs: FedAvg as planned and, where a cohort trains per round, FedAvg with every client
@@ -103,48 +103,11 @@ def restrict(design: dict[str, Family], families: list[str], methods: list[str],
 
 
 # --------------------------------------------------------------------------- what is left to run
-class Todo:
-    """Which planned runs are left: no record, a failed one (``retry_failed``), or a stale one (its method's code
-    changed since the record's commit; unless ``keep_stale``)."""
-
-    def __init__(self, raw_dir: Path, retry_failed: bool = False, keep_stale: bool = False) -> None:
-        self.raw_dir, self.retry_failed, self.keep_stale = Path(raw_dir), retry_failed, keep_stale
-        self._checker: Checker | None = None
-        self.stale = 0
-
-    def checker(self) -> Checker:
-        """The repository of this checkout, or (on a committed tree, which has none) of the raw records; the code
-        that runs is the working tree, or the stamped commit of a committed tree (``run_committed.sh``)."""
-        if self._checker is None:
-            here = Checker()
-            if here.usable():
-                self._checker = here
-            else:
-                commit = code_version()["commit"]
-                self._checker = Checker(self.raw_dir, commit)
-                if not self._checker.usable():
-                    raise SystemExit(
-                        f"no git repository holds {self.raw_dir}: cannot tell stale records; pass --keep-stale"
-                    )
-        return self._checker
-
-    def left(self, runs: Iterable[Run]) -> list[Run]:
-        out = []
-        for run in runs:
-            path = record_path(run.grid, run.cell, self.raw_dir)
-            if not recorded(path, self.retry_failed):
-                out.append(run)
-            elif not self.keep_stale and self.is_stale(path):
-                self.stale += 1
-                out.append(run)
-        return out
-
-    def is_stale(self, path: Path) -> bool:
-        try:
-            verdict = self.checker().verdict(json.loads(path.read_text()), str(path))
-        except HistoryMissing as err:
-            raise SystemExit(f"cannot tell whether {path} matches the code: {err}; or pass --keep-stale") from err
-        return verdict is not None and not verdict.fresh
+def make_todo(raw_dir: Path, retry_failed: bool = False, keep_stale: bool = False) -> Todo:
+    """The runs left: a stale record (its method's code changed since its commit) is run again unless kept."""
+    code = code_version()
+    stamped = code["commit"] if (Path(__file__).resolve().parents[1] / ".pflower-commit").exists() else None
+    return Todo(raw_dir, retry_failed, None if keep_stale else stale_test(raw_dir, stamped))
 
 
 def chosen_settings(fam: Family, raw_dir: Path) -> dict[str, str]:
@@ -316,7 +279,7 @@ def _grid_left(fam: Family, planned: list[Run], todo: Todo) -> list[Run]:
     done = set()
     for path in sorted((todo.raw_dir / fam.grid).glob("*.json")):
         rec = json.loads(path.read_text())
-        if rec.get("error") or (not todo.keep_stale and todo.is_stale(path)):
+        if rec.get("error") or (todo.is_stale is not None and todo.is_stale(path)):
             continue
         done.add(json.dumps({k: v for k, v in rec["cell"].items() if k != "setting"}, sort_keys=True))
     return [
@@ -376,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     design = smoke_design() if args.smoke else FAMILIES
     design = restrict(design, split(args.families), split(args.methods), split(args.skip))
     seeds = [int(s) for s in split(args.seeds)] or None
-    todo = Todo(raw_dir, args.retry_failed, args.keep_stale or args.smoke)
+    todo = make_todo(raw_dir, args.retry_failed, args.keep_stale or args.smoke)
 
     if args.measure:
         runs = timing_runs(design)

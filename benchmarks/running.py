@@ -431,6 +431,33 @@ def todo(runs: Iterable[P], raw_dir: Path | str, retry_failed: bool) -> list[P]:
     return [r for r in runs if not recorded(record_path(r.grid, r.cell, raw_dir), retry_failed)]
 
 
+class Todo:
+    """Which planned runs are left: no record, a failed one (``retry_failed``), or a stale one: ``is_stale(path)``
+    says so (e.g. its method's code changed since the record's commit: ``reporting.freshness.stale_test``; None:
+    a record is never stale).  ``stale`` counts the stale records found."""
+
+    def __init__(
+        self, raw_dir: Path | str, retry_failed: bool = False, is_stale: Callable[[Path], bool] | None = None
+    ) -> None:
+        self.raw_dir, self.retry_failed, self.is_stale = Path(raw_dir), retry_failed, is_stale
+        self.stale = 0
+
+    @property
+    def keep_stale(self) -> bool:
+        return self.is_stale is None
+
+    def left(self, runs: Iterable[P]) -> list[P]:
+        out = []
+        for run in runs:
+            path = record_path(run.grid, run.cell, self.raw_dir)
+            if not recorded(path, self.retry_failed):
+                out.append(run)
+            elif self.is_stale is not None and self.is_stale(path):
+                self.stale += 1
+                out.append(run)
+        return out
+
+
 class Progress:
     def __init__(self, total: int) -> None:
         self.total, self.done, self.t0 = total, 0, time.time()

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,7 +128,8 @@ class Checker:
                 raise UnknownCommit(commit)
             files = [*method_files(method), *SHARED]
             ends = [commit, self.target] if self.target else [commit]
-            done = self.git("diff", "--name-only", *ends, "--", *files)
+            # pathspecs from the repository's top, wherever in it ``repo`` is
+            done = self.git("diff", "--name-only", *ends, "--", *(f":(top){f}" for f in files))
             if done.returncode != 0:
                 raise HistoryMissing(f"git diff failed: {done.stderr.strip()}")
             self._diffs[key] = sorted(done.stdout.split())
@@ -161,8 +163,6 @@ class Checker:
 
 def check(paths: Iterable[Path], checker: Checker | None = None) -> tuple[list[Verdict], int]:
     """Every record's verdict (records that are no federated run skipped) and how many were skipped."""
-    import json
-
     checker = checker or Checker()
     out, skipped = [], 0
     for p in paths:
@@ -184,3 +184,25 @@ def summary(verdicts: list[Verdict]) -> list[str]:
         f"{grid} / {method}: {len(vs)} stale record{'s' if len(vs) > 1 else ''} ({reason})"
         for (grid, method, reason), vs in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
     ]
+
+
+def stale_test(raw_dir: Path, stamped: str | None = None) -> Callable[[Path], bool]:
+    """``path -> whether the record there is stale`` for the code that runs now: this checkout's working tree, or on a
+    committed tree without a repository of its own (``run_committed.sh``, ``stamped``: its commit) the raw records'
+    repository at that commit.  A history that cannot tell stops the caller with a message (``SystemExit``)."""
+    here = Checker()
+    if here.usable() and stamped is None:
+        checker = here
+    else:
+        checker = Checker(Path(raw_dir), stamped)
+        if not checker.usable():
+            raise SystemExit(f"no git repository holds {raw_dir}: cannot tell stale records; keep them instead")
+
+    def is_stale(path: Path) -> bool:
+        try:
+            verdict = checker.verdict(json.loads(Path(path).read_text()), str(path))
+        except HistoryMissing as err:
+            raise SystemExit(f"cannot tell whether {path} matches the code: {err}; or keep stale records") from err
+        return verdict is not None and not verdict.fresh
+
+    return is_stale

@@ -119,3 +119,15 @@ def test_report_check_refuses_stale_records_unless_asked_to_list_them(repo, tmp_
     capsys.readouterr()
     assert not report.check_records(raw, checker=freshness.Checker(shallow))
     assert "git fetch --unshallow" in capsys.readouterr().out
+
+
+def test_a_committed_tree_judges_its_records_against_its_own_commit(repo):
+    """What the grids script reruns: on a committed tree (no repository of its own) a record is stale when its
+    method's files differ between its commit and the commit that runs, whatever the working tree holds."""
+    first = git(repo, "rev-parse", "HEAD")
+    raw = repo / "benchmarks" / "raw"
+    path = write_record(run_of("fedcac", first), raw)
+    assert freshness.stale_test(raw, first)(path) is False
+    later = commit_change(repo, "strategies/fedcac.py")
+    assert freshness.stale_test(raw, later)(path) is True
+    assert freshness.stale_test(raw, first)(path) is False

@@ -526,19 +526,6 @@ class FakeBench:
         return record(self.grid, cell, 0.5, error="RuntimeError: the SuperLink is gone" if self.fail else None)
 
 
-class StaleChecker:
-    """Says every record of ``stale_methods`` is stale."""
-
-    def __init__(self, stale_methods: set[str]) -> None:
-        self.stale = stale_methods
-
-    def verdict(self, rec, path=""):
-        from benchmarks.reporting.freshness import Verdict
-
-        method = rec["cell"].get("method")
-        return Verdict(path, method, "x", reason="changed" if method in self.stale else None)
-
-
 def test_runs_with_a_record_are_skipped_failed_ones_rerun_only_when_asked_and_stale_ones_rerun(tmp_path, capsys):
     # the plan the script prints (--dry-run) counts what is left to run: 3 failed and 2 good records leave the
     # rest, and with --retry-failed the failed ones too
@@ -556,8 +543,7 @@ def test_runs_with_a_record_are_skipped_failed_ones_rerun_only_when_asked_and_st
     grids.main([*plan, "--retry-failed"])
     assert f"{len(runs)} selection runs ({len(runs) - 2} left" in capsys.readouterr().out
     # a record whose method's code changed since its commit is run again
-    todo = grids.Todo(tmp_path)
-    todo._checker = StaleChecker({"fedavg"})  # type: ignore[assignment]
+    todo = running.Todo(tmp_path, is_stale=lambda path: "fedavg" in path.name)
     left = todo.left(runs)
     good = [r for r in runs[3:5] if r.cell["method"] == "local"]
     assert all(r not in left for r in good) and todo.stale == sum(1 for r in runs[3:5] if r.cell["method"] == "fedavg")
