@@ -293,8 +293,9 @@ def _grid_left(fam: Family, planned: list[Run], todo: Todo) -> list[Run]:
 def run_selection(
     design: dict[str, Family], bench: Bench, todo: Todo, progress: Progress, seeds: list[int] | None
 ) -> None:
-    runs = [r for f in design.values() for r in selection_runs(f, seeds)]
-    run_all(todo.left(runs), bench, todo.raw_dir, progress)
+    runs = todo.left([r for f in design.values() for r in selection_runs(f, seeds)])
+    progress.total += len(runs)
+    run_all(runs, bench, todo.raw_dir, progress)
     # extensions until no choice waits for one (each round of them runs every pending row's next learning rate)
     while ext := todo.left(extension_runs(design, todo.raw_dir)):
         progress.total += len(ext)
