@@ -163,7 +163,7 @@ def describe() -> str:
     """The interval's definition, for the text above a table (numbers from this module's constants)."""
     return (
         f"Δ is the paired difference in points (per client, same seed and client id; mean over clients, then over "
-        f"seeds) with its {LEVEL:.0%} interval in brackets: a two-level bootstrap ({RESAMPLES:,} resamples, generator "
-        f"seed {BOOTSTRAP_SEED}) that draws the seeds with replacement and, within each, the clients with replacement. "
-        "Bold: the interval excludes zero."
+        f"seeds) with its {LEVEL * 100:.0f} % interval in brackets: a two-level bootstrap ({RESAMPLES:,} resamples, "
+        f"generator seed {BOOTSTRAP_SEED}) that draws the seeds with replacement and, within each, the clients with "
+        "replacement. Bold: the interval excludes zero."
     )
