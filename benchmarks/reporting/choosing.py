@@ -536,13 +536,20 @@ def budget_table(fr: FamilyRecords) -> str:
         own = "—" if row.key is None else f"`{row.key}` {', '.join(map(str, row.values))}"
         chosen = f"`{sel.chosen}`" if sel.chosen else f"none: {sel.reason}"
         moved = sel.key_moved(fam.tuning.settings(row, sel.lrs)) if sel.lrs else None
+        edge = ""
+        if sel.edge:
+            edge = (
+                " (learning rate at the end of the list)"
+                if fam.tuning.ladder
+                else " (learning rate at the grid's edge)"
+            )
         rows.append(
             [
                 f"`{row.name}`",
                 own,
                 f"{sel.budget} × {plural(len(fam.tuning.select_seeds), 'seed')}",
                 ", ".join(f"{v:g}" for v in sel.lrs),
-                chosen + (" (learning rate at the grid's edge, not extended)" if sel.edge else ""),
+                chosen + edge,
                 "—" if moved is None else "yes" if moved else "**no**",
             ]
         )
@@ -790,15 +797,13 @@ def users(frs: list[FamilyRecords]) -> str:
         judged = judgements(fr)
         wins = sorted({n for cell in judged.values() for n, j in cell.items() if j.win})
         caveat = " (superseded procedure: not equal tuning)" if fr.superseded else ""
-        lines.append(
-            f"*{fam.question}*: see {fam.title}{caveat}; "
-            + (
-                f"methods above both Local and FedAvg in some cell: {', '.join(f'`{w}`' for w in wins)}"
-                if wins
-                else "no method is above both Local and FedAvg in any cell: the better of the two is the choice"
-            )
-            + "."
-        )
+        if wins:
+            verdict = f"methods above both Local and FedAvg in some cell: {', '.join(f'`{w}`' for w in wins)}"
+        elif any(j.judged for cell in judged.values() for j in cell.values()):
+            verdict = "no method is above both Local and FedAvg in any cell: the better of the two is the choice"
+        else:
+            verdict = "no method is judged there yet"
+        lines.append(f"*{fam.question}*: see {fam.title}{caveat}; {verdict}.")
     return "\n".join(f"- {line}" for line in lines)
 
 

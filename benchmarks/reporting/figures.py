@@ -136,7 +136,8 @@ def draw(fig: Figure, folder: Path) -> Path:
                 ax.plot(line.x, line.y, line.style, color="0.55", linewidth=1.0, label=line.label)
                 continue
             if panel.bars:  # dodged so that the bars of close lines stay apart
-                x = [v + panel.dodge * (i / max(1, len(panel.lines) - 1) - 0.5) for v in line.x]
+                n = len(panel.lines)
+                x = [v + (panel.dodge * (i / (n - 1) - 0.5) if n > 1 else 0.0) for v in line.x]
                 err = [
                     [y - lo for y, lo in zip(line.y, line.lo, strict=True)],
                     [hi - y for y, hi in zip(line.y, line.hi, strict=True)],
@@ -158,6 +159,8 @@ def draw(fig: Figure, folder: Path) -> Path:
         if panel.xticks:
             at = panel.xtick_at if isinstance(panel, BrokenAxisPanel) and panel.xtick_at else range(len(panel.xticks))
             ax.set_xticks(list(at), panel.xticks)
+            if not isinstance(panel, BrokenAxisPanel):  # categories: a margin of about half a step on each side
+                ax.set_xlim(-0.6, len(panel.xticks) - 0.4)
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(panel.title, fontsize=9)

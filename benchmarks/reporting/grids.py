@@ -93,7 +93,8 @@ class FamilyRecords:
 
     def cell(self, row: str, samples: int, het: str) -> list[Rec]:
         """The runs of ``row`` at a cell, at its chosen setting (none while no setting is chosen)."""
-        chosen = self.selection[row].chosen
+        sel = self.selection.get(row)  # a row the family does not have (e.g. no FedAvg in a rehearsal) has no runs
+        chosen = sel.chosen if sel else None
         want = {"method": row, "samples": samples, "heterogeneity": het, "setting": chosen}
         return [r for r in self.grid_recs if chosen and all(r["cell"].get(k) == v for k, v in want.items())]
 
@@ -518,8 +519,8 @@ def margins_figure(fr: FamilyRecords) -> Figure | None:
             )
     if not panels:
         return None
-    title = f"{fam.title}: paired difference to Local and to FedAvg, points, with 95 % bootstrap intervals"
-    size = (max(6.0, 1.6 * len(cells)), 3.6)
+    title = f"{fam.title}: paired difference to Local and to FedAvg (points, 95 % intervals)"
+    size = (max(7.5, 1.6 * len(cells)), 3.6)
     order = [r.name for r in fam.rows]
     return Figure(
         f"grids-{fam.name}-margins.png", title, panels, columns=1, panel_size=size, distinct=True, order=order

@@ -334,10 +334,11 @@ def render_claims(raw: Path, results: str = "../benchmarks/RESULTS.md") -> tuple
                 ]
             )
     seeds.discard(0)
+    n_seeds = f", {' or '.join(map(str, sorted(seeds)))} seeds" if seeds else ""
     intro = (
         "Each of the five papers' methods is tested once more against its paper's own claim, in the benchmark built "
         "for it: the setting closest to the paper's that runs here, every method at the same shared settings, "
-        f"untuned, {' or '.join(map(str, sorted(seeds))) or 'no'} seeds. A claim holds in a setting when the method "
+        f"untuned{n_seeds}. A claim holds in a setting when the method "
         "is above every baseline the claim names with a 95 % interval above zero (paired by seed and client); every "
         'other run of the same records that is above the method is named too ("Above it"), and so are replies the '
         "server rejected. Client2Vec's benchmark scores the global model: its verdict rests on the last round, with "

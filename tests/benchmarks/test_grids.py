@@ -583,3 +583,22 @@ def test_the_estimate_comes_from_a_timing_run_and_scales_to_the_planned_rounds(t
     # start-up 70 - 20 = 50 s, then 2 s per round over the 100 planned rounds (99 after the first)
     assert per["fedavg"] == pytest.approx(50 + 99 * 2.0)
     assert per["local"] == pytest.approx(5 * 50 + 99 * 10.0)  # Local trains every client every round
+
+
+def test_a_family_without_fedavg_is_compared_with_local_only(tmp_path):
+    """A rehearsal (or a family) may lack one reference: its tables and figures compare with the other."""
+    fam = replace(
+        tiny(lrs=families.LR)["label-skew"],
+        rows=tuple(r for r in tiny()["label-skew"].rows if r.name in ("local", "fedcac")),
+    )
+    write_selection(tmp_path, fam, {r: peak(fam, r) for r in ("local", "fedcac")})
+    sel = FamilyRecords.load(fam, tmp_path).selection
+    n, h = fam.middle
+    write_grid(tmp_path, fam, "local", sel["local"].chosen, n, h, [0.5, 0.6])
+    write_grid(tmp_path, fam, "fedcac", sel["fedcac"].chosen, n, h, [0.7, 0.8])
+    text = report_grids.render_grids(tmp_path, {}, {"label-skew": fam})
+    assert _row(text, f"{n} training samples per client, {h} (middle cell: selection ran here)", "fedcac")[4] == (
+        "fedavg not run"
+    )
+    [panel] = report_grids.margins_figure(FamilyRecords.load(fam, tmp_path)).panels  # type: ignore[union-attr]
+    assert panel.title == "minus local"
