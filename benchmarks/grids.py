@@ -1,43 +1,46 @@
-"""When does each method pay off? Grids over samples per client and heterogeneity, every method tuned alike (issue 25).
+"""When does each method pay off? Grids over samples per client and heterogeneity, every method tuned alike, and the
+federations users run (many clients with a tenth per round, a domain per client, newcomers).
 
-The grids, their rows, settings and seeds and the selection rule are specified in ``benchmarks/families.py``;
+The families, their rows, settings and seeds and the selection rule are specified in ``benchmarks/families.py``;
 this script runs them through Flower.  One raw record per run goes to ``<raw-dir>/grids-<family>-select/`` and
 ``<raw-dir>/grids-<family>/``; a run whose record exists is skipped (the script resumes where it stopped;
-``--retry-failed`` reruns failed ones).  Order: selection (seed by seed), then the middle cell of every method,
-then the axes (seed by seed), so that a partial run is as useful as it can be.  ``benchmarks/reporting/grids.py``
-renders the records: the script prints its section of RESULTS.md after its runs, ``python -m benchmarks.report``
-puts it in RESULTS.md and draws its figures (``--smoke`` prints the rehearsal's section and draws its figures into
-``--raw-dir``).
+``--retry-failed`` reruns failed ones), unless the record is stale: its method's code changed since the record's
+commit (``reporting/freshness.py``; ``--keep-stale`` keeps it).  Order: selection (seed by seed), its learning-rate
+extensions (rows whose choice sits at an edge of the grid, until none does), then the middle cell of every method,
+then the axes (seed by seed), so that a partial run is as useful as it can be.  A family whose run-config keys the
+app lacks (``Family.needs``) is left out with a message.  ``benchmarks/reporting/grids.py`` renders the records:
+the script prints its section of RESULTS.md after its runs, ``python -m benchmarks.report`` puts it in RESULTS.md
+and draws its figures.
 
-    python -m benchmarks.grids --dry-run             # the plan: runs per phase and the estimated hours
+    python -m benchmarks.grids --dry-run             # the plan: runs per family and phase, estimated hours
+    python -m benchmarks.grids --measure             # short timing runs per family (what --dry-run estimates from)
     benchmarks/run_committed.sh "grids"              # the full compute, on a committed tree (resumable)
-    python -m benchmarks.grids --smoke --raw-dir /tmp/grids-smoke   # a tiny rehearsal (2 methods per family)
+    python -m benchmarks.grids --smoke --raw-dir /tmp/grids-smoke   # a tiny rehearsal; prints every renderer's text
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from benchmarks.families import (
-    FAMILIES,
-    SEEDS,
-    SELECT_SEEDS,
-    Family,
-    Run,
-    grid_runs,
-    selection_runs,
-    setting_label,
-    smoke_design,
-)
-from benchmarks.records import RAW, load_records, run_config_defaults
+from benchmarks.families import FAMILIES, Family, Run, grid_runs, selection_runs, setting_label, smoke_design
+from benchmarks.records import RAW, load_records, record_path, recorded, run_config_defaults
 from benchmarks.reporting import print_section
+from benchmarks.reporting.choosing import render_choosing
 from benchmarks.reporting.figures import draw
+from benchmarks.reporting.freshness import stale_test
 from benchmarks.reporting.grids import FamilyRecords, figures_grids, render_grids
-from benchmarks.running import Bench, Progress, parser, run_all, split, todo
+from benchmarks.running import Bench, Progress, Todo, code_version, parser, run_all, split
+
+TIMING = "grids-timing"
+#: per family, the timing runs: FedAvg as planned and, where a cohort trains per round, FedAvg with every client
+#: training every round (what Local costs there: it trains every client every round)
+TIMING_ARMS = {"fedavg": {}, "every-client": {"fraction-train": 1.0}}
 
 
 def check_configs(runs: Iterable[Run]) -> None:
@@ -66,6 +69,24 @@ def check_methods(design: dict[str, Family]) -> None:
         )
 
 
+def missing_keys(fam: Family, known: Iterable[str] | None = None) -> list[str]:
+    """The run-config keys ``fam`` needs that the app's code lacks."""
+    known = set(run_config_defaults() if known is None else known)
+    return [k for k in fam.needs if k not in known]
+
+
+def runnable(design: dict[str, Family], known: Iterable[str] | None = None) -> dict[str, Family]:
+    """The families whose keys the app has (the others are printed and left out)."""
+    out = {}
+    for name, fam in design.items():
+        lacking = missing_keys(fam, known)
+        if lacking:
+            print(f"{name}: left out: the app has no run-config key {', '.join(lacking)} yet")
+        else:
+            out[name] = fam
+    return out
+
+
 def restrict(design: dict[str, Family], families: list[str], methods: list[str], skip: list[str]) -> dict[str, Family]:
     unknown = [f for f in families if f not in design]
     if unknown:
@@ -81,14 +102,222 @@ def restrict(design: dict[str, Family], families: list[str], methods: list[str],
     return out
 
 
-def estimate(raw_dir: Path) -> float | None:
-    """Mean wall seconds of the grid runs recorded so far (None without any)."""
-    walls = [
-        r["wall-seconds"]
-        for p in Path(raw_dir).glob("grids-*/*.json")
-        if (r := json.loads(p.read_text())).get("wall-seconds") and not r.get("error")
+# --------------------------------------------------------------------------- what is left to run
+def make_todo(raw_dir: Path, retry_failed: bool = False, keep_stale: bool = False) -> Todo:
+    """The runs left: a stale record (its method's code changed since its commit) is run again unless kept."""
+    code = code_version()
+    stamped = code["commit"] if (Path(__file__).resolve().parents[1] / ".pflower-commit").exists() else None
+    return Todo(raw_dir, retry_failed, None if keep_stale else stale_test(raw_dir, stamped))
+
+
+def chosen_settings(fam: Family, raw_dir: Path) -> dict[str, str]:
+    """The setting each row of ``fam`` chose under the current plan (rows not chosen yet left out, with a line)."""
+    out = {}
+    for name, sel in FamilyRecords.read(fam, raw_dir).selection.items():
+        if sel.chosen is None:
+            print(f"{fam.name} / {name}: no grid runs yet: {sel.reason}")
+        else:
+            out[name] = sel.chosen
+    return out
+
+
+def extension_runs(design: dict[str, Family], raw_dir: Path) -> list[Run]:
+    """The selection runs the current choices wait for: rows whose learning rate sits at an edge of their grid."""
+    out = []
+    for fam in design.values():
+        if fam.tuned_from is not None:
+            continue
+        for name, sel in FamilyRecords.read(fam, raw_dir).selection.items():
+            if sel.pending is not None:
+                out += selection_runs(fam, lrs=[sel.pending], rows=[fam.row(name)])
+    return out
+
+
+# --------------------------------------------------------------------------- the plan and its cost
+@dataclass(frozen=True)
+class TimingRun:
+    """A short run of a family's middle cell that the estimate of its runs' seconds comes from."""
+
+    family: Family
+    arm: str
+    config: dict[str, Any]
+
+    @property
+    def grid(self) -> str:
+        return TIMING
+
+    @property
+    def cell(self) -> dict[str, Any]:
+        return {"family": self.family.name, "arm": self.arm}
+
+    @property
+    def clients(self) -> int:
+        return self.family.clients
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        return {}
+
+
+def timing_runs(design: dict[str, Family], known: Iterable[str] | None = None) -> list[TimingRun]:
+    """Per family, a run of FedAvg at its middle cell for one evaluation period plus one round (at least 3 rounds),
+    and the same with every client training where a cohort trains per round.  A key the app lacks is left out, and
+    a partition it lacks becomes plain Dirichlet (the closest it has); the record's config says what ran."""
+    known = set(run_config_defaults() if known is None else known)
+    from task.data.catalogue import PARTITIONS
+
+    out = []
+    for fam in design.values():
+        n, h = fam.middle
+        cfg = {**fam.cell_config(n, h), "method": "fedavg", "seed": 0}
+        cfg["num-server-rounds"] = max(3, int(cfg.get("eval-every", 1)) + 1)
+        cfg = {k: v for k, v in cfg.items() if k in known}
+        if cfg.get("partition") not in PARTITIONS:
+            cfg["partition"] = "dirichlet"
+        for arm, over in TIMING_ARMS.items():
+            if over and float(cfg.get("fraction-train", 1.0)) >= 1.0:
+                continue
+            out.append(TimingRun(fam, arm, {**cfg, **over}))
+    return out
+
+
+def per_run_seconds(rec: dict[str, Any], rounds: int) -> float | None:
+    """A run of ``rounds`` rounds, estimated from a timing record: its start-up (wall time less the rounds after the
+    first) and the mean seconds of its later rounds (evaluations included in their proportion)."""
+    secs = [r.get("seconds") for r in rec.get("rounds", [])]
+    if rec.get("error") or not rec.get("wall-seconds") or len(secs) < 2 or None in secs:
+        return None
+    later = sum(secs[1:]) / (len(secs) - 1)
+    start = float(rec["wall-seconds"]) - sum(secs[1:])
+    return start + (rounds - 1) * later
+
+
+def method_factors(fam: Family, raw_dir: Path) -> dict[str, float]:
+    """Per method, its mean wall seconds per run over FedAvg's in the records of the tuned family (any procedure)."""
+    tuned = fam.tuning
+    walls: dict[str, list[float]] = {}
+    for rec in load_records(tuned.grid, raw_dir):
+        if rec.get("wall-seconds") and not rec.get("error"):
+            walls.setdefault(rec["cell"]["method"], []).append(float(rec["wall-seconds"]))
+    base = statistics.mean(walls["fedavg"]) if walls.get("fedavg") else None
+    return {m: statistics.mean(v) / base for m, v in walls.items()} if base else {}
+
+
+def estimate(fam: Family, raw_dir: Path, seconds_per_run: float | None = None) -> dict[str, float] | None:
+    """Seconds per run of each row of ``fam`` (None: nothing to estimate from).  From ``seconds_per_run`` when given,
+    else the family's timing record (FedAvg; Local from the every-client run where a cohort trains), else the mean
+    wall time of the family's own recorded runs; scaled per method by :func:`method_factors`."""
+    factors = method_factors(fam, raw_dir)
+    timing = {r["cell"]["arm"]: r for r in load_records(TIMING, raw_dir) if r["cell"].get("family") == fam.name}
+    base = seconds_per_run
+    if base is None and "fedavg" in timing:
+        base = per_run_seconds(timing["fedavg"], fam.rounds())
+    if base is None:
+        own = [fam.grid] if fam.tuned_from is not None else [fam.grid, fam.select_grid]
+        walls = [float(r["wall-seconds"]) for g in own for r in load_records(g, raw_dir) if r.get("wall-seconds")]
+        base = statistics.mean(walls) / (statistics.mean(factors.values()) if factors else 1.0) if walls else None
+    if base is None:
+        return None
+    out = {r.name: base * factors.get(r.config["method"], 1.0) for r in fam.rows}
+    if "local" in out and "every-client" in timing and seconds_per_run is None:
+        local = per_run_seconds(timing["every-client"], fam.rounds())
+        out["local"] = local if local is not None else out["local"]
+    return out
+
+
+def plan(
+    design: dict[str, Family],
+    raw_dir: Path,
+    todo: Todo,
+    seconds_per_run: float | None = None,
+    seeds: list[int] | None = None,
+) -> list[str]:
+    """The plan's lines: per family, its runs per phase (what is left of them) and the estimated hours (``seeds``:
+    grid seeds in place of each family's planned ones)."""
+    lines, total_h = [], 0.0
+    for fam in design.values():
+        sel = selection_runs(fam)
+        # the grid's size does not depend on the settings chosen: count it with each row's first setting
+        first = {r.name: setting_label(fam.tuning.settings(r)[0]) for r in fam.rows}
+        grid = [g for m in (True, False) for g in grid_runs(fam, first, seeds, m)]
+        sel_left = todo.left(sel)
+        grid_left = _grid_left(fam, grid, todo)
+        per = estimate(fam, raw_dir, seconds_per_run)
+        ext = (
+            f"; an extension of one row's learning rate adds {len(fam.epochs) or 1} x its own values x "
+            f"{len(fam.select_seeds)} seeds runs"
+            if fam.tuned_from is None and fam.ladder
+            else ""
+        )
+        text = (
+            f"{fam.name}: {len(fam.rows)} methods, {len(fam.cells())} cells, {fam.clients} clients, {fam.rounds()} "
+            f"rounds; {len(sel)} selection runs ({len(sel_left)} left{ext}), {len(grid)} grid runs "
+            f"(about {len(grid_left)} left)"
+        )
+        if per:
+            left = sum(per[r.row.name] for r in sel_left) + sum(per[r.row.name] for r in grid_left)
+            whole = sum(per[r.row.name] for r in sel + grid)
+            total_h += left / 3600
+            text += (
+                f"; about {statistics.mean(per.values()):.0f} s per run (Local {per.get('local', 0):.0f} s) -> "
+                f"{left / 3600:.1f} h left of {whole / 3600:.1f} h"
+            )
+        else:
+            text += "; no estimate: run --measure first"
+        if lacking := missing_keys(fam):
+            text += f" [cannot run yet: the app lacks {', '.join(lacking)}]"
+        lines.append(text)
+    loads = [r["machine"]["load-before"] for r in load_records(TIMING, raw_dir) if r["machine"].get("load-before")]
+    at = f" (timing runs at a median 1-minute load of {statistics.median(loads):.0f})" if loads else ""
+    lines.append(f"in all: about {total_h:.1f} h left on this machine's cores{at}, before extensions")
+    return lines
+
+
+def _grid_left(fam: Family, planned: list[Run], todo: Todo) -> list[Run]:
+    """Planned grid runs without a good record at whatever setting (for the estimate only: the settings are chosen
+    later); a stale record counts as left unless the todo keeps stale records."""
+    done = set()
+    for path in sorted((todo.raw_dir / fam.grid).glob("*.json")):
+        rec = json.loads(path.read_text())
+        if rec.get("error") or (todo.is_stale is not None and todo.is_stale(path)):
+            continue
+        done.add(json.dumps({k: v for k, v in rec["cell"].items() if k != "setting"}, sort_keys=True))
+    return [
+        r
+        for r in planned
+        if json.dumps({k: v for k, v in r.cell.items() if k != "setting"}, sort_keys=True) not in done
     ]
-    return sum(walls) / len(walls) if walls else None
+
+
+# --------------------------------------------------------------------------- running
+def run_selection(
+    design: dict[str, Family], bench: Bench, todo: Todo, progress: Progress, seeds: list[int] | None
+) -> None:
+    runs = todo.left([r for f in design.values() for r in selection_runs(f, seeds)])
+    progress.total += len(runs)
+    run_all(runs, bench, todo.raw_dir, progress)
+    # extensions until no choice waits for one (each round of them runs every pending row's next learning rate)
+    while ext := todo.left(extension_runs(design, todo.raw_dir)):
+        progress.total += len(ext)
+        print(f"learning-rate extensions: {len(ext)} runs", flush=True)
+        run_all(ext, bench, todo.raw_dir, progress)
+
+
+def run_grids(design: dict[str, Family], bench: Bench, todo: Todo, progress: Progress, seeds: list[int] | None) -> None:
+    chosen = {fam.name: chosen_settings(fam, todo.raw_dir) for fam in design.values()}
+    # the middle cell at every seed first, then the axes seed by seed across the families, so that a run stopped
+    # part-way leaves whole seeds of every family rather than one family's axes and nothing else
+    all_seeds = sorted({s for f in design.values() for s in (seeds or f.seeds)})
+    for middle, groups in ((True, [all_seeds]), (False, [[s] for s in all_seeds])):
+        for group in groups:
+            runs = [
+                r
+                for fam in design.values()
+                for r in grid_runs(fam, chosen[fam.name], [s for s in group if s in (seeds or fam.seeds)], middle)
+            ]
+            left = todo.left(runs)
+            progress.total += len(left)
+            run_all(left, bench, todo.raw_dir, progress)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,72 +325,50 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--methods", default="", help="only these rows (default: every row of each family)")
     ap.add_argument("--skip", default="", help="leave these rows out (e.g. fedbn before it exists)")
-    ap.add_argument("--select-seeds", default=",".join(map(str, SELECT_SEEDS)))
-    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    ap.add_argument("--seeds", default="", help="grid seeds (default: each family's planned seeds)")
     ap.add_argument("--phase", choices=("all", "select", "grid"), default="all")
     ap.add_argument("--retry-failed", action="store_true", help="rerun runs whose record says they failed")
-    ap.add_argument("--smoke", action="store_true", help="a tiny rehearsal: 2 methods per family, 1 seed, 2 rounds")
+    ap.add_argument("--keep-stale", action="store_true", help="keep records whose method's code changed since")
+    ap.add_argument("--smoke", action="store_true", help="a tiny rehearsal of every family (2 methods, 2 rounds)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the estimated compute, run nothing")
-    ap.add_argument("--seconds-per-run", type=float, help="for --dry-run (default: the mean of recorded runs)")
+    ap.add_argument("--measure", action="store_true", help="run the short timing runs the estimate comes from")
+    ap.add_argument("--seconds-per-run", type=float, help="for --dry-run (default: measured, see --measure)")
     args = ap.parse_args(argv)
     raw_dir = Path(args.raw_dir)
     if args.smoke and raw_dir.resolve() == RAW.resolve():
         raise SystemExit("--smoke writes rehearsal records: give a scratch --raw-dir, not benchmarks/raw")
     design = smoke_design() if args.smoke else FAMILIES
     design = restrict(design, split(args.families), split(args.methods), split(args.skip))
-    select_seeds = [0] if args.smoke else [int(s) for s in split(args.select_seeds)]
-    seeds = [0] if args.smoke else [int(s) for s in split(args.seeds)]
+    seeds = [int(s) for s in split(args.seeds)] or None
+    todo = make_todo(raw_dir, args.retry_failed, args.keep_stale or args.smoke)
 
-    planned_select = [r for f in design.values() for r in selection_runs(f, select_seeds)]
-    # the grid's size does not depend on the settings chosen: count it with each row's first setting
-    planned_grid = [
-        r
-        for m in (True, False)
-        for f in design.values()
-        for r in grid_runs(f, {w.name: setting_label(w.settings(f.lrs)[0]) for w in f.rows}, seeds, m)
-    ]
-    n_sel = len(todo(planned_select, raw_dir, args.retry_failed))
-    recorded_grid = {
-        (r.grid, json.dumps({k: v for k, v in r.cell.items() if k != "setting"}, sort_keys=True)) for r in planned_grid
-    }
-    n_grid_done = _grid_done(design, raw_dir, recorded_grid)
-    n_grid = len(planned_grid) - n_grid_done
-    per_run = args.seconds_per_run or estimate(raw_dir)
-    families = ", ".join(f"{f.name}: {len(f.rows)} methods x {len(f.cells())} cells" for f in design.values())
-    print(
-        f"plan: {len(planned_select)} selection runs ({n_sel} to do) and {len(planned_grid)} grid runs "
-        f"(about {n_grid} to do) over {families}"
-    )
-    if per_run:
-        hours = (n_sel + n_grid) * per_run / 3600
-        print(f"estimate: {per_run:.0f} s per run -> {hours:.1f} h for what is left (2 cores)")
-    if args.dry_run:
+    if args.measure:
+        runs = timing_runs(design)
+        with Bench(TIMING, raw_dir=raw_dir, total=len(runs)) as bench:
+            run_all(
+                [r for r in runs if not recorded(record_path(r.grid, r.cell, raw_dir))],
+                bench,
+                raw_dir,
+                Progress(len(runs)),
+            )
+    for line in plan(design, raw_dir, todo, args.seconds_per_run, seeds):
+        print(f"plan: {line}")
+    if args.dry_run or args.measure:
         return
+    design = runnable(design)
     check_methods(design)
-    check_configs(planned_select + planned_grid)
+    first = {f.name: {r.name: setting_label(f.tuning.settings(r)[-1]) for r in f.rows} for f in design.values()}
+    check_configs([r for f in design.values() for r in selection_runs(f)])
+    check_configs([r for f in design.values() for m in (True, False) for r in grid_runs(f, first[f.name], [0], m)])
 
-    progress = Progress(n_sel + n_grid)
-    with Bench("grids", raw_dir=raw_dir, total=n_sel + n_grid) as bench:
+    progress = Progress(0)
+    with Bench("grids", raw_dir=raw_dir) as bench:
         if args.phase in ("all", "select"):
-            run_all(todo(planned_select, raw_dir, args.retry_failed), bench, raw_dir, progress)
+            run_selection(design, bench, todo, progress, None)
         if args.phase in ("all", "grid"):
-            chosen_by_family = {}
-            for fam in design.values():
-                chosen = {}
-                for name, sel in FamilyRecords.load(fam, raw_dir).selection.items():
-                    if sel.chosen is None:
-                        print(f"{fam.name} / {name}: no grid runs yet: {sel.reason}")
-                        continue
-                    chosen[name] = sel.chosen
-                chosen_by_family[fam.name] = chosen
-            # the middle cell at every seed first, then the axes seed by seed across the families, so that a run
-            # stopped part-way leaves whole seeds of every family rather than one family's axes and nothing else
-            for middle, seed_groups in ((True, [seeds]), (False, [[s] for s in seeds])):
-                for group in seed_groups:
-                    runs = [
-                        r for fam in design.values() for r in grid_runs(fam, chosen_by_family[fam.name], group, middle)
-                    ]
-                    run_all(todo(runs, raw_dir, args.retry_failed), bench, raw_dir, progress)
+            run_grids(design, bench, todo, progress, seeds)
+    if todo.stale:
+        print(f"{todo.stale} stale records were run again")
     if args.smoke:
         print_smoke(design, raw_dir)
     else:
@@ -169,20 +376,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_smoke(design: dict[str, Family], raw_dir: Path) -> None:
-    """The rehearsal's section as RESULTS.md would show it (for its smaller design), its figures in ``raw_dir``."""
+    """The rehearsal's section of RESULTS.md and block of the choosing page as they would show it (for its smaller
+    design), its figures drawn into ``raw_dir``."""
     print("\n" + render_grids(raw_dir, run_config_defaults(), design))
+    print("\n" + render_choosing(raw_dir, design))
     for fig in figures_grids(raw_dir, design):
         print(f"drew {draw(fig, raw_dir)}")
-
-
-def _grid_done(design: dict[str, Family], raw_dir: Path, planned: set[tuple[str, str]]) -> int:
-    """Grid runs already recorded (at whatever setting: for the estimate only)."""
-    n = 0
-    for fam in design.values():
-        for rec in load_records(fam.grid, raw_dir):
-            key = json.dumps({k: v for k, v in rec["cell"].items() if k != "setting"}, sort_keys=True)
-            n += (fam.grid, key) in planned
-    return n
 
 
 if __name__ == "__main__":

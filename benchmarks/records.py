@@ -14,7 +14,8 @@ where it does not apply):
 - ``run-config``: the run's full run config (``config.json``); ``overrides``: the keys it set away from the
   defaults of the code that ran; ``resolved-model``: the model ``model=auto`` resolved to
 - ``summary``: the essentials of ``summary.json`` (final accuracies and losses, perplexity, clients, failures,
-  seconds; under differential privacy the mode and the accountant's ``epsilon`` and ``delta`` after the last round)
+  seconds; under differential privacy the mode and the accountant's ``epsilon`` and ``delta`` after the last round;
+  the final spread over clients and what held-out clients got, where the code that ran reports them)
 - ``rounds``: per round: accuracies (personalized, global, after local training), seconds, server seconds,
   bytes down / up (all phases; and the train phase alone), clients that trained / evaluated, mean local
   training and method seconds per client, peak memory, and the cohort where the strategy logs one

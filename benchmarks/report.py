@@ -1,7 +1,13 @@
 """Rebuild ``benchmarks/RESULTS.md`` (and the figures beside it) from the committed raw records.
 
     python -m benchmarks.report            # rewrite benchmarks/RESULTS.md and its figures (benchmarks/*.png)
-    python -m benchmarks.report --check    # exit 1 if RESULTS.md or a figure differs from what the records give
+    python -m benchmarks.report --check    # exit 1 if RESULTS.md, a figure or the page differs from what the records
+                                           # give, or if a record's method code changed since the record's commit
+    python -m benchmarks.report --check --allow-stale   # the same, stale records listed but not failing
+
+The records must match the code (``reporting/freshness.py``): ``--check`` lists every record whose method's files or
+the shared training code differ between its commit and the working tree, and fails on them unless
+``--allow-stale``; it needs the records' commits in the repository's history (a shallow clone gets a clear message).
 
 It also rewrites the generated block of ``docs/choosing-a-method.md`` (``reporting/choosing.py``; ``--check``
 checks it too).
@@ -18,7 +24,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.records import BENCHMARKS, RAW
-from benchmarks.reporting import build, build_figures, stale_figures
+from benchmarks.reporting import build, build_figures, freshness, stale_figures
 from benchmarks.reporting.choosing import PAGE, build_page
 from benchmarks.reporting.figures import draw
 
@@ -31,6 +37,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--page", default=str(PAGE), help="the page whose generated block to rewrite or check")
     ap.add_argument("--check", action="store_true", help="exit 1 if a file differs from what the records give")
+    ap.add_argument("--allow-stale", action="store_true", help="with --check: list stale records, do not fail on them")
     args = ap.parse_args()
     raw = Path(args.raw_dir)
     text = build(raw)
@@ -46,11 +53,31 @@ def main() -> None:
         print(
             f"{page}: {'up to date' if page_same else 'differs from the raw records; run python -m benchmarks.report'}"
         )
-        sys.exit(0 if same and not stale and page_same else 1)
+        fresh = check_records(raw, args.allow_stale)
+        sys.exit(0 if same and not stale and page_same and fresh else 1)
     out.write_text(text)
     page.write_text(page_text)
     drawn = [draw(fig, out.parent) for fig in build_figures(raw)]
     print(f"wrote {out}, {page}{''.join(f', {p.name}' for p in drawn)} from {args.raw_dir}")
+
+
+def check_records(raw: Path, allow_stale: bool = False, checker: freshness.Checker | None = None) -> bool:
+    """Print the records whose method code changed since their commit; whether the check passes."""
+    try:
+        verdicts, skipped = freshness.check(sorted(Path(raw).glob("*/*.json")), checker)
+    except freshness.HistoryMissing as err:
+        print(f"records: cannot tell whether they match the code: {err}")
+        return allow_stale
+    stale = [v for v in verdicts if not v.fresh]
+    print(
+        f"records: {len(verdicts) - len(stale)} of {len(verdicts)} runs match today's code of their method "
+        f"({skipped} in-process measurements not checked)"
+    )
+    for line in freshness.summary(verdicts):
+        print(f"  stale: {line}")
+    if stale and not allow_stale:
+        print("stale records refused: run their benchmarks again (or pass --allow-stale to list them only)")
+    return not stale or allow_stale
 
 
 if __name__ == "__main__":

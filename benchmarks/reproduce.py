@@ -5,10 +5,11 @@ on.  This re-runs that config through Flower (a private simulation SuperLink, ``
 number of SuperNodes and prints, metric by metric and round by round, what changed.  A refactor that keeps
 behaviour reproduces the record's numbers up to float noise: where the code now sums in another order, or where
 this machine's CPU kernels differ from the recording machine's (another instruction set gives floats that differ
-by about 1e-8, which methods with personal models, Ditto, FedCAC, FedRoD and pFedLIA, amplify over the rounds into
-a personal loss that differs in its fourth or fifth digit while every accuracy agrees).  To tell a code change from
-the machine, run the record's commit (``code.commit``) and today's code on one machine: a refactor that keeps
-behaviour gives them bit for bit.
+by about 1e-8, which methods with personal models amplify over the rounds: into a personal loss that differs in its
+fourth or fifth digit, and for some runs into accuracies that differ by points, a seed of FedCAC among them; a
+single seed's difference of a point or two can be this noise, which is why the tables pair seeds and clients and
+give intervals).  To tell a code change from the machine, run the record's commit (``code.commit``) and today's
+code on one machine: a refactor that keeps behaviour gives them bit for bit.
 
     python -m benchmarks.reproduce baselines-clean/pathological__fedavg__0 fedcac/pathological__fedcac__0
 

@@ -46,6 +46,9 @@ APP_CODE = ("strategies", "client_app", "task", "server_app", "pyproject.toml")
 _CLIENT_SKIP = {"peak-rss-mb", "partition-id"}
 # per-client columns that describe a client's data (counts, digests): they go into the data fingerprint
 _DATA_COLUMN = re.compile(r"(^|-)(examples|digest|hash)$")
+#: summary.json keys kept besides the fixed ones: the final spread over clients (``personal-acc-std``, ``-min``,
+#: ``-p10``) and what held-out clients got (``newcomer-acc``, ``newcomer-finetuned-acc``)
+SUMMARY_PREFIXES = ("personal-acc-", "global-acc-", "newcomer-")
 #: consecutive failed runs after which a resumable grid stops (a dead SuperLink would otherwise fail every later run)
 MAX_FAILURES_IN_A_ROW = 5
 
@@ -294,7 +297,9 @@ def record_from_run(
         # the keys this run set away from the defaults of the code that ran (a later change of a default is not one)
         "overrides": sorted(k for k, v in config.items() if k not in defaults or defaults[k] != v),
         "resolved-model": (config_json.get("resolved") or {}).get("model"),
-        "summary": {k: summary.get(k) for k in keys},
+        # and the spread over clients and what newcomers got, under whatever names the code that ran gives them
+        "summary": {k: summary.get(k) for k in keys}
+        | {k: v for k, v in summary.items() if k.startswith(SUMMARY_PREFIXES) and not isinstance(v, dict | list)},
         "rounds": rounds,
         "clients": clients,
         "artefacts": artefacts,
@@ -424,6 +429,33 @@ P = TypeVar("P", bound=Planned)
 def todo(runs: Iterable[P], raw_dir: Path | str, retry_failed: bool) -> list[P]:
     """The runs without a record (and, with ``retry_failed``, those whose record says they failed)."""
     return [r for r in runs if not recorded(record_path(r.grid, r.cell, raw_dir), retry_failed)]
+
+
+class Todo:
+    """Which planned runs are left: no record, a failed one (``retry_failed``), or a stale one: ``is_stale(path)``
+    says so (e.g. its method's code changed since the record's commit: ``reporting.freshness.stale_test``; None:
+    a record is never stale).  ``stale`` counts the stale records found."""
+
+    def __init__(
+        self, raw_dir: Path | str, retry_failed: bool = False, is_stale: Callable[[Path], bool] | None = None
+    ) -> None:
+        self.raw_dir, self.retry_failed, self.is_stale = Path(raw_dir), retry_failed, is_stale
+        self.stale = 0
+
+    @property
+    def keep_stale(self) -> bool:
+        return self.is_stale is None
+
+    def left(self, runs: Iterable[P]) -> list[P]:
+        out = []
+        for run in runs:
+            path = record_path(run.grid, run.cell, self.raw_dir)
+            if not recorded(path, self.retry_failed):
+                out.append(run)
+            elif self.is_stale is not None and self.is_stale(path):
+                self.stale += 1
+                out.append(run)
+        return out
 
 
 class Progress:

@@ -47,6 +47,7 @@ from benchmarks.records import PYPROJECT, RAW, run_config_defaults
 from . import (
     baselines,
     client2vec,
+    compute,
     defaults,
     fedc2i,
     fedc2i_speed,
@@ -140,6 +141,7 @@ def build(raw: Path = RAW, pyproject: Path = PYPROJECT) -> str:
     for s in SECTIONS:
         parts.append("#" * s.level + " " + s.title)
         parts.append(s.render(Path(raw), d))
+    parts += ["## The compute the records took", compute.render_compute(Path(raw))]
     return "\n\n".join(parts).rstrip() + "\n"
 
 

@@ -43,6 +43,9 @@ class Panel:
     ylabel: str = ""
     xticks: list[str] = field(default_factory=list)  # names of the x positions 0, 1, ... (a categorical axis)
     bars: bool = False  # the seed spread as error bars, the lines dodged a little (many lines), not as bands
+    joined: bool = True  # False: markers only, no line between x positions (categories that are not a scale)
+    zero: bool = False  # a rule at y = 0 (differences)
+    dodge: float = 0.24  # with ``bars``: the width over which the lines at one x are spread
 
 
 @dataclass
@@ -64,6 +67,8 @@ class Figure:
     panels: list[Panel] = field(default_factory=list)
     columns: int = 4
     panel_size: tuple[float, float] = (3.2, 2.6)  # inches
+    distinct: bool = False  # every label its own colour (up to 20, matplotlib's tab20), the same in every panel
+    order: list[str] = field(default_factory=list)  # with ``distinct``: labels in colour order (the same in figures)
 
     def digest(self) -> str:
         """Digest of everything the figure shows (values rounded to 6 decimals, as the records are)."""
@@ -121,26 +126,32 @@ def draw(fig: Figure, folder: Path) -> Path:
     rows = max(1, math.ceil(len(fig.panels) / cols))
     width, height = fig.panel_size
     canvas, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), sharey=True, squeeze=False)
+    colour = _palette(fig)
     for ax, panel in zip(axes.flat, fig.panels, strict=False):
+        if panel.zero:
+            ax.axhline(0.0, color="0.3", linewidth=0.8)
         for i, line in enumerate(panel.lines):
+            kw = {"color": colour[line.label]} if line.label in colour else {}
             if line.reference:
                 ax.plot(line.x, line.y, line.style, color="0.55", linewidth=1.0, label=line.label)
                 continue
             if panel.bars:  # dodged so that the bars of close lines stay apart
-                x = [v + 0.24 * (i / max(1, len(panel.lines) - 1) - 0.5) for v in line.x]
+                n = len(panel.lines)
+                x = [v + (panel.dodge * (i / (n - 1) - 0.5) if n > 1 else 0.0) for v in line.x]
                 err = [
                     [y - lo for y, lo in zip(line.y, line.lo, strict=True)],
                     [hi - y for y, hi in zip(line.y, line.hi, strict=True)],
                 ]
                 brk = panel.break_at if isinstance(panel, BrokenAxisPanel) else None
                 if brk is None:
+                    fmt = line.style if panel.joined else line.style.rstrip("-:.")
                     ax.errorbar(
-                        x, line.y, err, fmt=line.style, linewidth=1.3, markersize=4, capsize=2, label=line.label
+                        x, line.y, err, fmt=fmt or "o", linewidth=1.3, markersize=4, capsize=2, label=line.label, **kw
                     )
                     continue
                 _broken_errorbars(ax, line, x, err, brk)
                 continue
-            (drawn,) = ax.plot(line.x, line.y, line.style, linewidth=1.6, label=line.label)
+            (drawn,) = ax.plot(line.x, line.y, line.style, linewidth=1.6, label=line.label, **kw)
             if line.lo != line.hi:
                 ax.fill_between(line.x, line.lo, line.hi, color=drawn.get_color(), alpha=0.2, linewidth=0)
         if isinstance(panel, BrokenAxisPanel) and panel.break_at is not None:
@@ -148,6 +159,8 @@ def draw(fig: Figure, folder: Path) -> Path:
         if panel.xticks:
             at = panel.xtick_at if isinstance(panel, BrokenAxisPanel) and panel.xtick_at else range(len(panel.xticks))
             ax.set_xticks(list(at), panel.xticks)
+            if not isinstance(panel, BrokenAxisPanel):  # categories: a margin of about half a step on each side
+                ax.set_xlim(-0.6, len(panel.xticks) - 0.4)
         else:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(panel.title, fontsize=9)
@@ -184,6 +197,22 @@ def draw(fig: Figure, folder: Path) -> Path:
     canvas.savefig(path, dpi=90, metadata={DIGEST_KEY: fig.digest(), "Software": None})
     plt.close(canvas)
     return path
+
+
+def _palette(fig: Figure) -> dict[str, Any]:
+    """Label -> colour for a figure whose labels must each have their own (``Figure.distinct``)."""
+    if not fig.distinct:
+        return {}
+    import matplotlib
+
+    labels = list(
+        dict.fromkeys([*fig.order, *(line.label for p in fig.panels for line in p.lines if not line.reference)])
+    )
+    if len(labels) <= 10:
+        cmap, order = matplotlib.colormaps["tab10"], list(range(10))
+    else:  # tab20's strong colours first, then their light partners
+        cmap, order = matplotlib.colormaps["tab20"], [*range(0, 20, 2), *range(1, 20, 2)]
+    return {label: cmap(order[i % len(order)]) for i, label in enumerate(labels)}
 
 
 def _broken_errorbars(ax: Any, line: Line, x: list[float], err: list[list[float]], brk: float) -> None:
