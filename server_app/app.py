@@ -8,6 +8,7 @@ from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 from server_app.recorder import RecordingGrid
 from server_app.results import ResultsWriter, resolve_results_path
@@ -61,7 +62,7 @@ def main(grid: Grid, context: Context) -> None:
     if settings.record_messages:  # audit: every message pushed and every reply pulled (docs/privacy.md)
         grid = RecordingGrid(grid, writer.folder / SERVER_FILE)
     start = time.monotonic()
-    aborted = None
+    aborted = stopped = None
     try:
         strategy.start(
             grid=grid,
@@ -71,7 +72,9 @@ def main(grid: Grid, context: Context) -> None:
         )
     except RunAborted as err:
         aborted = str(err)
-    summary = writer.write(strategy, time.monotonic() - start, aborted=aborted)
+    except PrivacyBudgetExhausted as err:  # dp-max-epsilon: a clean stop before the round, its checkpoint written
+        stopped = str(err)
+    summary = writer.write(strategy, time.monotonic() - start, aborted=aborted, stopped=stopped)
     print(summary, flush=True)
     log.info(summary)
     if aborted:  # a non-zero exit: the run failed, and why is in the summary line and summary.json
