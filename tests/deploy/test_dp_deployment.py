@@ -1,6 +1,7 @@
 """Differential privacy on Flower's deployment runtime (deploy/local_cluster.py, the loopback cluster: SuperLink and
 SuperNodes as separate processes, TLS, node authentication): a central-DP FedAvg run and a local-DP FedC2I run each
-finish with the run's (epsilon, delta) in summary.json, round by round in rounds.json and in the summary line.
+finish with the run's (epsilon, delta) in summary.json, round by round in rounds.json and in the summary line; a
+target epsilon sets every client's noise (local DP), and a maximum stops a run cleanly.
 
 One short run per mode (two SuperNodes, two rounds, the run's other settings at their defaults); skips where
 tests/deploy/test_local_cluster.py skips.  The default test run deploys local DP, whose accounting is where the
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from task.privacy import central_epsilon, local_epsilon
+from task.checkpoint import load_checkpoint
+from task.privacy import calibrate_local, central_epsilon, local_epsilon
 
 # one xdist worker runs every deployment test in turn: they share network namespace names and the machine's nginx
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deploy")]
@@ -56,3 +58,34 @@ def test_a_dp_run_on_the_deployment_runtime_reports_epsilon_and_delta(tmp_path, 
     rounds = json.loads((folder / "rounds.json").read_text())
     assert [r["extra"]["dp"]["epsilon"] for r in rounds] == pytest.approx(expected)
     assert all(r["extra"]["dp"]["clients"] == NODES for r in rounds)
+
+
+def test_under_local_dp_every_deployed_client_calibrates_its_noise_to_the_target_epsilon(tmp_path):
+    """Each SuperNode's ClientApp computes the noise multiplier from the run config itself (it adds the noise), and
+    the server accounts with the same one: epsilon after the planned rounds is the target."""
+    report = run_cluster(
+        tmp_path,
+        *("--nodes", str(NODES), "--rounds", str(ROUNDS), "--method", "fedc2i"),
+        *("--run-config", f"dp-mode='local' dp-target-epsilon=30.0 eval-every={ROUNDS}"),
+    )
+    sigma = calibrate_local(30.0, 1e-5, ROUNDS)
+    folder = Path(report["results"])
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["dp-noise-multiplier"] == pytest.approx(sigma) and 29.9 <= summary["epsilon"] <= 30.0
+    rounds = json.loads((folder / "rounds.json").read_text())
+    assert all(r["extra"]["dp"]["noise-std"] == pytest.approx(sigma * 1.0) for r in rounds)
+
+
+def test_a_maximum_epsilon_stops_a_deployed_run_cleanly_before_the_round_that_would_exceed_it(tmp_path):
+    """``--rounds 1``: the round the run completes (the cluster's report checks it); the run config plans three."""
+    maximum = (central_epsilon(1.0, 1, 1e-5, NODES, NODES) + central_epsilon(1.0, 2, 1e-5, NODES, NODES)) / 2
+    report = run_cluster(
+        tmp_path,
+        *("--nodes", str(NODES), "--rounds", "1", "--method", "fedavg"),
+        *("--run-config", f"dp-mode='central' dp-max-epsilon={maximum!r} num-server-rounds=3"),
+    )
+    folder = Path(report["results"])
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["rounds"] == 1 and summary["stopped"].startswith("round 2 would take epsilon to")
+    assert f"STOPPED: {summary['stopped']}" in report["summary-line"] and summary["epsilon"] <= maximum
+    assert load_checkpoint(folder / "checkpoints")[0] == 1

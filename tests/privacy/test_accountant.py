@@ -221,3 +221,12 @@ def test_an_impossible_target_is_refused(target):
         calibrate_central(target, 1e-5, 10, 10, 10)
     with pytest.raises(PrivacyConfigError, match=r"a target epsilon must be finite and > 0"):
         calibrate_local(target, 1e-5, 10)
+
+
+def test_calibration_needs_a_round_and_a_cohort_within_the_population():
+    with pytest.raises(PrivacyConfigError, match=r"calibration needs rounds >= 1 and 1 <= cohort <= population"):
+        calibrate_central(4.0, 1e-5, 0, 10, 10)
+    with pytest.raises(PrivacyConfigError, match=r"calibration needs rounds >= 1 and 1 <= cohort <= population"):
+        calibrate_central(4.0, 1e-5, 3, 10, 11)
+    with pytest.raises(PrivacyConfigError, match=r"calibration needs at least one release, got 0"):
+        calibrate_local(4.0, 1e-5, 0)

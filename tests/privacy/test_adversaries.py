@@ -27,6 +27,7 @@ from server_app.results import ResultsWriter
 from strategies.persistence import read_checkpoint, resume
 from task.config import parse_settings
 from task.params import to_record
+from task.privacy import PrivacyConfigError
 from tests.strategy_harness import drive
 
 # ---------------------------------------------------------------------------------------------- secret cohorts
@@ -175,3 +176,19 @@ def test_nothing_a_dp_run_writes_holds_an_un_noised_statistic_of_the_updates(tmp
     rounds = json.loads((writer.folder / "rounds.json").read_text())
     assert all(k not in r["extra"]["dp"] for r in rounds for k in ("largest-update-norm", "update-norms"))
     assert all(Path(p).name != "largest-update-norm" for p in texts)
+
+
+def test_a_journaled_release_taken_against_another_model_is_refused_not_replaced(tmp_path):
+    """A resumed run whose checkpoint does not lead to the journaled round (a journal of another run, a hand-edited
+    checkpoint) would release a second, different view of that round: it stops instead."""
+    first = build_strategy(central())
+    first.results_dir = tmp_path
+    drive(first, NODES, [1, 2, 3])  # checkpoint after round 2, round 3 journaled
+    entry = tmp_path / "checkpoints" / "dp-journal" / "round-00003.json"
+    entry.write_text(json.dumps({**json.loads(entry.read_text()), "reference": "0" * 64}))
+    done, saved = read_checkpoint(tmp_path, central(**{"resume-from": str(tmp_path)}))
+    resumed = build_strategy(central(**{"resume-from": str(tmp_path)}))
+    resume(resumed, saved, done)
+    resumed.results_dir = tmp_path
+    with pytest.raises(PrivacyConfigError, match=r"round 3's release in .* was taken against another model"):
+        drive(resumed, NODES, [3])

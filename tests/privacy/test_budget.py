@@ -150,3 +150,20 @@ def test_a_resumed_local_dp_run_charges_the_releases_of_the_rounds_it_repeats(tm
     dp = [r.extra["dp"] for r in resumed.history]
     assert [d["releases"] for d in dp] == [1, 2, 4, 5] and [d["charged"] for d in dp] == [0, 0, 1, 1]
     assert dp[-1]["epsilon"] == pytest.approx(local_epsilon(1.0, 5, 1e-5))
+
+
+def test_a_maximum_below_the_first_round_stops_before_anything_leaves_and_writes_no_checkpoint(tmp_path):
+    cfg = run_config(**{"dp-max-epsilon": central_epsilon(1.0, 1, 1e-5, 4, 4) / 2, "results-dir": str(tmp_path)})
+    strategy = build_strategy(parse_settings(cfg))
+    strategy.results_dir = tmp_path / "run"
+    with pytest.raises(PrivacyBudgetExhausted) as err:
+        drive(strategy, NODES, 1)
+    assert str(err.value).endswith("the run stops after round 0")  # nothing to resume from
+    assert not strategy.history and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_adaptive_clipping_never_raises_the_bound_above_dp_clip():
+    cfg = run_config(**{"dp-adaptive-clip": True, "dp-clip-count-stddev": 0.6, "dp-clip": 0.8})
+    strategy = build_strategy(parse_settings(cfg))
+    drive(strategy, NODES, 3, small_updates(strategy, norm=5.0))  # every update clipped: the bound wants to grow
+    assert [r.extra["dp"]["clip"] for r in strategy.history] == [0.8, 0.8, 0.8] and strategy.dp.clip == 0.8
