@@ -310,13 +310,13 @@ def next_clip(clip: float, unclipped_share: float, target_quantile: float, learn
 @dataclass(frozen=True)
 class Bound:
     """An (epsilon, delta) bound and how it was found: ``epsilon`` is the tighter of the Rényi-DP accountant's bound
-    (``rdp``) and the privacy-loss-distribution accountant's (``pld``: None where it cannot account the event, the
-    fixed-size cohort); ``accountant`` names the one that gave it."""
+    (``rdp``) and the privacy-loss-distribution accountant's (``pld``; for a fixed-size cohort, which it cannot
+    account, the bound of the same rounds without amplification); ``accountant`` names the one that gave it."""
 
     epsilon: float
     accountant: str
     rdp: float
-    pld: float | None
+    pld: float
 
 
 def _rdp_epsilon(noise_multiplier: float, count: int, delta: float, population: int, cohort: int, sampled: bool):
@@ -352,8 +352,8 @@ def _pld_epsilon(noise_multiplier: float, count: int, delta: float, epsilon_scal
     return float(accountant.get_epsilon(delta))
 
 
-def _tighter(rdp: float, pld: float | None) -> Bound:
-    if pld is not None and pld < rdp:
+def _tighter(rdp: float, pld: float) -> Bound:
+    if pld < rdp:
         return Bound(pld, "pld", rdp, pld)
     return Bound(rdp, "rdp", rdp, pld)
 
