@@ -9,11 +9,13 @@ from these records; ``tests/privacy/test_readme_dp_examples.py`` checks that the
 
     python benchmarks/dp_examples.py              # every example (about 10 minutes on a quiet 2-core machine)
     python benchmarks/dp_examples.py --dry-run    # the commands it read, run nothing
+    python benchmarks/dp_examples.py --lines      # the README's result lines, from the records
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -63,11 +65,31 @@ def examples(readme: Path = README) -> list[dict[str, Any]]:
     return out
 
 
+def result_line(record: dict[str, Any]) -> str:
+    """What a README example cost and gave, from its record (the line README.md and docs/privacy.md show)."""
+    cfg, s = record["run-config"], record["summary"]
+    return (
+        f"- `{cfg['method']}`, {cfg['dp-mode']} DP: ({s['epsilon']:.3g}, {s['delta']:g})-DP after {s['rounds']} "
+        f"rounds, personalized accuracy {s['personal-acc']:.3f}"
+    )
+
+
+def records(raw_dir: Path = RAW) -> dict[str, dict[str, Any]]:
+    """method -> its example's record."""
+    folder = raw_dir / GRID
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="print the commands read from README.md, run nothing")
     ap.add_argument("--raw-dir", default=str(RAW), help="where the records go (default benchmarks/raw)")
+    ap.add_argument("--lines", action="store_true", help="print the README's result lines from the records")
     args = ap.parse_args(argv)
+    if args.lines:
+        for rec in records(Path(args.raw_dir)).values():
+            print(result_line(rec))
+        return 0
     found = examples()
     for ex in found:
         print(ex["command"])
