@@ -297,8 +297,8 @@ def central_aggregate(strategy: Any, server_round: int, updates: Sequence[Any]) 
     journaled = journaled_release(results, server_round) if results is not None else None
     if journaled is not None:
         entry, arrays = journaled
-        if entry["reference"] != digest:
-            raise PrivacyConfigError(
+        if entry["reference"] != digest:  # the run stops (its summary says why) rather than release a second view
+            raise RunAborted(
                 f"round {server_round}'s release in {results / JOURNAL} was taken against another model than the "
                 "checkpoint this run resumed from: releasing a new one would show two noisy views of the round"
             )

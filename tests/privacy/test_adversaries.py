@@ -24,10 +24,10 @@ from safetensors.numpy import load_file
 
 from server_app.app import build_strategy
 from server_app.results import ResultsWriter
+from strategies.exchange import RunAborted
 from strategies.persistence import read_checkpoint, resume
 from task.config import parse_settings
 from task.params import to_record
-from task.privacy import PrivacyConfigError
 from tests.strategy_harness import drive
 
 # ---------------------------------------------------------------------------------------------- secret cohorts
@@ -190,5 +190,5 @@ def test_a_journaled_release_taken_against_another_model_is_refused_not_replaced
     resumed = build_strategy(central(**{"resume-from": str(tmp_path)}))
     resume(resumed, saved, done)
     resumed.results_dir = tmp_path
-    with pytest.raises(PrivacyConfigError, match=r"round 3's release in .* was taken against another model"):
+    with pytest.raises(RunAborted, match=r"round 3's release in .* was taken against another model"):
         drive(resumed, NODES, [3])
