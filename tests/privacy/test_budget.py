@@ -18,6 +18,7 @@ from server_app.results import ResultsWriter
 from strategies.exchange import RunAborted
 from strategies.persistence import read_checkpoint, resume
 from strategies.pfedlia import PFedLIAStrategy
+from strategies.privacy import journaled_local_releases
 from task.checkpoint import load_checkpoint
 from task.config import parse_settings
 from task.params import to_record
@@ -57,7 +58,9 @@ def test_the_run_stops_before_a_round_that_would_exceed_the_maximum_with_its_che
     assert "the run stops after round 2" in reason and f"resume-from='{writer.folder}'" in reason
     assert [r.server_round for r in strategy.history] == [1, 2]  # nothing of round 3 was logged ...
     done, _, _ = load_checkpoint(writer.folder / "checkpoints")
-    assert done == 2  # ... and round 2's checkpoint was written, though checkpoint-every is 4
+    assert done == 2  # ... and round 2's checkpoint was written, though checkpoint-every is 4, to resume from
+    _, saved = read_checkpoint(writer.folder, parse_settings({**cfg, "resume-from": str(writer.folder)}))
+    assert [r["server_round"] for r in saved["base"]["history"]] == [1, 2]
     line = writer.write(strategy, 1.0, stopped=reason)
     summary = json.loads((writer.folder / "summary.json").read_text())
     assert summary["stopped"] == reason and summary["epsilon"] == pytest.approx(two) and two <= maximum
@@ -150,6 +153,8 @@ def test_a_resumed_local_dp_run_charges_the_releases_of_the_rounds_it_repeats(tm
     dp = [r.extra["dp"] for r in resumed.history]
     assert [d["releases"] for d in dp] == [1, 2, 4, 5] and [d["charged"] for d in dp] == [0, 0, 1, 1]
     assert dp[-1]["epsilon"] == pytest.approx(local_epsilon(1.0, 5, 1e-5))
+    # what a second resume would charge from: the most releases a client may have made by round 4's end
+    assert journaled_local_releases(tmp_path) == 5
 
 
 def test_a_maximum_below_the_first_round_stops_before_anything_leaves_and_writes_no_checkpoint(tmp_path):

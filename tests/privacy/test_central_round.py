@@ -170,8 +170,8 @@ def test_under_central_dp_the_models_buffers_stay_home():
 def test_adaptive_clipping_splits_the_rounds_noise_between_the_update_and_the_count():
     """Andrew et al. 2021, Theorem 1: sum and count together are a Gaussian mechanism of sigma when
     z_update^-2 + (2 count_stddev)^-2 = sigma^-2."""
-    z = update_noise_multiplier(1.0, 2.0)
-    assert z**-2 + (2 * 2.0) ** -2 == pytest.approx(1.0)
+    z = update_noise_multiplier(1.5, 2.0)
+    assert z**-2 + (2 * 2.0) ** -2 == pytest.approx(1.5**-2) and z > 1.5
     assert update_noise_multiplier(0.0, 2.0) == 0.0
     with pytest.raises(PrivacyConfigError, match=r"dp-clip-count-stddev, 0.5\) above half of the noise multiplier"):
         update_noise_multiplier(1.0, 0.5)  # 2 x 0.5 = sigma: the count would spend the whole round
@@ -200,5 +200,5 @@ def test_the_unclipped_share_is_the_noised_count_of_updates_within_the_bound_ove
     assert noisy_unclipped_share([0.5, 1.0, 1.5, 3.0], 1.0, 0.0, rng) == 0.5  # a norm equal to the bound is unclipped
     shares = [noisy_unclipped_share([0.5, 2.0], 1.0, 0.3, rng) for _ in range(20_000)]
     assert np.mean(shares) == pytest.approx(0.5, abs=0.01) and np.std(shares) == pytest.approx(0.15, rel=0.05)
-    with pytest.raises(PrivacyConfigError, match="at least one update"):
+    with pytest.raises(PrivacyConfigError, match=r"^the unclipped share needs at least one update$"):
         noisy_unclipped_share([], 1.0, 0.3, rng)
