@@ -25,10 +25,11 @@ A method overrides these hooks, and nothing else of the base: :meth:`shared_keys
 and broadcasts), :meth:`reply_spec` (what a reply of a phase must carry, :mod:`strategies.replies`),
 :meth:`disclosure` (what every message type carries out of a client and into it, :mod:`strategies.disclosure`),
 :meth:`round_config` and :meth:`payload` (what one node receives), :meth:`prepare_round` (extra phases before
-the cohort is drawn), :meth:`wants_client_ids`, :meth:`sample` (the cohort), :meth:`aggregate` (the valid train
-replies), :meth:`on_evaluated`, :meth:`on_round_end`, :meth:`server_models` and :meth:`write_artifacts` (its
-models and files), :meth:`clustering_outcome` (for the run's summary), :meth:`state` and :meth:`restore` (what
-a checkpoint holds of it).
+the cohort is drawn), :meth:`wants_client_ids`, :meth:`sample` (the cohort), :meth:`local_releases` (under local
+DP, the most models a client releases in a round), :meth:`aggregate` (the valid train replies),
+:meth:`on_evaluated`, :meth:`on_round_end`, :meth:`server_models` and :meth:`write_artifacts` (its models and
+files), :meth:`clustering_outcome` (for the run's summary), :meth:`state` and :meth:`restore` (what a checkpoint
+holds of it).
 """
 
 from __future__ import annotations
