@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -32,19 +33,22 @@ def run_config(**over):
     return {"method": "fedavg", "model": "mlp", "dp-mode": "central", "min-nodes": 4, "num-server-rounds": 3, **over}
 
 
-def test_a_target_epsilon_calibrates_the_noise_before_round_one_for_the_connected_nodes():
+def test_a_target_epsilon_calibrates_the_noise_before_round_one_for_the_connected_nodes(caplog):
     strategy = build_strategy(parse_settings(run_config(**{"dp-target-epsilon": 4.0, "dp-noise-multiplier": 9.0})))
-    drive(strategy, NODES, 3)
+    with caplog.at_level(logging.INFO, logger="flwr.pflower"):
+        drive(strategy, NODES, 3)
     dp = [r.extra["dp"] for r in strategy.history]
     sigma = calibrate_central(4.0, 1e-5, 3, 4, 4)
     assert all(d["noise-multiplier"] == sigma for d in dp)  # dp-noise-multiplier is replaced, not used
     assert 3.99 <= dp[-1]["epsilon"] <= 4.0  # the planned rounds spend the target, no more
     assert dp[0]["noise-std"] == pytest.approx(sigma * 1.0 / 4)
+    said = f"[dp] noise multiplier {sigma:.4g}: epsilon 4 at delta 1e-05 after 3 rounds of 4 of 4 clients"
+    assert said in caplog.text
 
 
 def test_the_run_stops_before_a_round_that_would_exceed_the_maximum_with_its_checkpoint_and_reason(tmp_path):
     two, three = (central_epsilon(1.0, r, 1e-5, 4, 4) for r in (2, 3))
-    maximum = (two + three) / 2
+    maximum = two  # a round that reaches the maximum exactly runs; the next one would exceed it
     cfg = run_config(**{"dp-max-epsilon": maximum, "num-server-rounds": 5, "checkpoint-every": 4})
     cfg["results-dir"] = str(tmp_path)
     settings = parse_settings(cfg)
@@ -136,25 +140,48 @@ def test_a_count_noise_that_would_spend_the_whole_round_stops_the_run_with_the_k
 
 
 # ---------------------------------------------------------------------------------------------- local DP, resumed
+LOCAL = {"method": "fedc2i", "model": "mlp", "dp-mode": "local", "min-nodes": 4, "num-server-rounds": 6}
+
+
+def resumed_from(folder):
+    """A strategy resumed from the last checkpoint in ``folder`` (local DP, checkpoint-every 2), as the ServerApp
+    builds one."""
+    cfg = {**LOCAL, "checkpoint-every": 2, "resume-from": str(folder)}
+    done, saved = read_checkpoint(folder, parse_settings(cfg))
+    strategy = build_strategy(parse_settings(cfg))
+    resume(strategy, saved, done)
+    strategy.results_dir = folder
+    return strategy
+
+
 def test_a_resumed_local_dp_run_charges_the_releases_of_the_rounds_it_repeats(tmp_path):
     """Rounds 1-3 ran, the checkpoint is of round 2 (checkpoint-every 2): round 3's releases left the clients and
-    leave again, with fresh noise, when the resumed run repeats round 3.  Every client's epsilon counts both."""
-    cfg = {"method": "fedc2i", "model": "mlp", "dp-mode": "local", "min-nodes": 4, "num-server-rounds": 4}
-    cfg["checkpoint-every"] = 2
-    first = build_strategy(parse_settings(cfg))
+    leave again, with fresh noise, when the resumed run repeats round 3.  Every client's epsilon counts both; a
+    second crash in round 5 charges round 5's releases on top."""
+    first = build_strategy(parse_settings({**LOCAL, "checkpoint-every": 2}))
     first.results_dir = tmp_path
     drive(first, NODES, 3)
-    resumed_settings = parse_settings({**cfg, "resume-from": str(tmp_path)})
-    done, saved = read_checkpoint(tmp_path, resumed_settings)
-    resumed = build_strategy(resumed_settings)
-    resume(resumed, saved, done)
-    resumed.results_dir = tmp_path
+    resumed = resumed_from(tmp_path)
     drive(resumed, NODES, [3, 4])
     dp = [r.extra["dp"] for r in resumed.history]
     assert [d["releases"] for d in dp] == [1, 2, 4, 5] and [d["charged"] for d in dp] == [0, 0, 1, 1]
     assert dp[-1]["epsilon"] == pytest.approx(local_epsilon(1.0, 5, 1e-5))
-    # what a second resume would charge from: the most releases a client may have made by round 4's end
+    # what a second resume charges from: the most releases a client may have made by round 4's end
     assert journaled_local_releases(tmp_path) == 5
+    drive(resumed, NODES, [5])  # its releases leave, then the run crashes before round 6's checkpoint
+    again = resumed_from(tmp_path)
+    drive(again, NODES, [5])
+    assert [r.extra["dp"]["releases"] for r in again.history][-2:] == [5, 7]
+    assert again.history[-1].extra["dp"]["charged"] == 2
+
+
+def test_a_run_resumed_right_after_its_checkpoint_charges_nothing(tmp_path):
+    first = build_strategy(parse_settings({**LOCAL, "checkpoint-every": 2}))
+    first.results_dir = tmp_path
+    drive(first, NODES, 2)  # stopped right after round 2's checkpoint: no release of round 3 left
+    resumed = resumed_from(tmp_path)
+    drive(resumed, NODES, [3])
+    assert [(r.extra["dp"]["releases"], r.extra["dp"]["charged"]) for r in resumed.history] == [(1, 0), (2, 0), (3, 0)]
 
 
 def test_a_maximum_below_the_first_round_stops_before_anything_leaves_and_writes_no_checkpoint(tmp_path):
@@ -165,6 +192,14 @@ def test_a_maximum_below_the_first_round_stops_before_anything_leaves_and_writes
         drive(strategy, NODES, 1)
     assert str(err.value).endswith("the run stops after round 0")  # nothing to resume from
     assert not strategy.history and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_maximum_below_one_is_a_maximum_too():
+    cfg = run_config(**{"dp-noise-multiplier": 8.0, "dp-max-epsilon": central_epsilon(8.0, 1, 1e-5, 4, 4) / 2})
+    assert cfg["dp-max-epsilon"] < 1
+    strategy = build_strategy(parse_settings(cfg))
+    with pytest.raises(PrivacyBudgetExhausted, match=r"^round 1 would take epsilon to"):
+        drive(strategy, NODES, 1)
 
 
 def test_adaptive_clipping_never_raises_the_bound_above_dp_clip():
