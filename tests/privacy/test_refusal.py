@@ -117,6 +117,8 @@ def test_a_budget_or_adaptive_clipping_that_cannot_work_is_refused_at_start_up(e
 
 
 def test_budget_keys_without_dp_and_adaptive_clipping_under_local_dp_are_refused():
+    with pytest.raises(ConfigConflict, match=r"^dp-max-epsilon: only with dp-mode='central' or 'local'"):
+        parse_settings({"dp-max-epsilon": 0.5})  # a maximum below one is a maximum too
     with pytest.raises(
         ConfigConflict, match=r"^dp-target-epsilon, dp-max-epsilon, dp-adaptive-clip: only with dp-mode"
     ):
