@@ -54,7 +54,7 @@ from task.data.clients import default_cache_dir
 from task.export import model_manifest, read_manifest, save_model
 from task.models import SplitModel, body_keys, build_model, head_keys
 from task.params import contiguous, load_record, record_to_numpy, to_record
-from task.train import evaluate, resolve_device, train
+from task.train import evaluate, recompute_norm_statistics, resolve_device, train
 
 #: what :meth:`ClientMethod.global_model` returns when the personalized model is the global model
 SAME_AS_PERSONAL = object()
@@ -297,6 +297,7 @@ class ClientMethod:
         """The evaluation metrics of the models ``content`` gives this client (and the saved model, if asked)."""
         x, y = self.test_split()
         model = self.personal_model(content)
+        self.own_norm_statistics(model)
         loss, acc = evaluate(model, x, y)
         metrics: dict[str, Any] = {"personal-acc": acc, "personal-loss": loss, "test-examples": len(y)}
         metrics.update(
@@ -308,9 +309,18 @@ class ClientMethod:
         if glob is SAME_AS_PERSONAL:
             metrics.update({"global-acc": acc, "global-loss": loss})
         elif isinstance(glob, nn.Module):
+            self.own_norm_statistics(glob)
             metrics["global-loss"], metrics["global-acc"] = evaluate(glob, x, y)
         metrics.update(self.evaluation_extras(content, model))
         return metrics
+
+    def own_norm_statistics(self, model: nn.Module) -> None:
+        """Under differential privacy, the model's BatchNorm statistics recomputed on this client's training split
+        before it is scored (and saved): central DP never sends them (they stay home), local DP's releases carry
+        them noised (without noise they are the clients' own, and kept as they are)."""
+        s = self.settings
+        if s.dp_mode == "central" or (s.dp_mode == "local" and s.dp_noise_multiplier > 0):
+            recompute_norm_statistics(model, self.data.x_train)
 
     def save_personal_model(self, model: nn.Module, metrics: Mapping[str, Any]) -> Path | None:
         """Write the personalized model (safetensors + manifest) to node config ``model-dir``, else the folder

@@ -2,12 +2,16 @@
 
 - ``dp-mode='central'``: a train reply's ``arrays`` leave the client clipped: ``w_ref + clip(w - w_ref, C)``, with
   ``w_ref`` the shared model the message brought (``arrays`` of the message), so what the server averages has norm
-  at most ``dp-clip`` around a model it sent itself.  The noise is the server's (once, on the mean).
+  at most ``dp-clip`` around a model it sent itself.  The noise is the server's (once, on the mean).  Only the
+  model's trained parameters leave: its buffers (BatchNorm's running means and variances, statistics of the client's
+  inputs) stay home, and the client recomputes them on its own data before it scores a model
+  (:func:`task.train.recompute_norm_statistics`).
 - ``dp-mode='local'``: a train reply's ``arrays`` are a local release, ``w_ref + clip(w - w_ref, C) + N(0, (sigma
   C)^2 I)``, with ``w_ref`` what the method names as its release reference (:meth:`ClientMethod.release_reference`,
-  e.g. FedC2I's own previous release, which the message brought back).  The noise is drawn from the operating
-  system's entropy, never from the run's ``seed``: the run config travels to the server and to every client, so
-  noise seeded by it could be regenerated and subtracted by anyone who sees the release.  BatchNorm's running
+  e.g. FedC2I's own previous release, which the message brought back).  The noise is drawn from a generator seeded
+  by the operating system's CSPRNG (:func:`task.privacy.noise_source`), never from the run's ``seed``: the run
+  config travels to the server and to every client, so noise seeded by it could be regenerated and subtracted by
+  anyone who sees the release.  BatchNorm's running
   variances are set to ``max(v, 0)`` after the noise (post-processing: it costs no privacy).
 
 In both modes integer arrays (BatchNorm's ``num_batches_tracked``, which counts the batches the client trained)
@@ -23,8 +27,9 @@ import numpy as np
 from flwr.app import RecordDict
 
 from client_app.floor import node_floor
+from task.models import model_info
 from task.params import record_to_numpy, to_record
-from task.privacy import PrivacyConfigError, clip_bound, clip_update, local_release, model_delta
+from task.privacy import PrivacyConfigError, clip_bound, clip_update, local_release, model_delta, noise_source
 
 #: the suffix of the arrays that are variances (BatchNorm's running variances): kept >= 0 after the noise
 VARIANCE_SUFFIX = "running_var"
@@ -34,23 +39,27 @@ def _floating(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v for k, v in arrays.items() if np.issubdtype(v.dtype, np.floating)}
 
 
-def clipped_reply(reply: RecordDict, message: RecordDict, clip: float) -> RecordDict:
-    """``reply`` with its ``arrays`` clipped to L2 distance ``clip`` from the message's ``arrays``, integer arrays
-    left out; a reply without arrays is returned as it is."""
+def clipped_reply(
+    reply: RecordDict, message: RecordDict, clip: float, home: frozenset[str] = frozenset()
+) -> RecordDict:
+    """``reply`` with its ``arrays`` clipped to L2 distance ``clip`` from the message's ``arrays``, integer arrays and
+    the keys in ``home`` (the model's buffers) left out; a reply without arrays is returned as it is."""
     if "arrays" not in reply.array_records:
         return reply
     if "arrays" not in message.array_records:
         raise PrivacyConfigError("central DP clips the reply against the model the message brought, but it had none")
-    floating = _floating(record_to_numpy(reply.array_records["arrays"]))
+    arrays = record_to_numpy(reply.array_records["arrays"])
+    floating = _floating({k: v for k, v in arrays.items() if k not in home})
     reference = record_to_numpy(message.array_records["arrays"])
     change = clip_update(model_delta(floating, reference), clip)
     reply["arrays"] = to_record({k: (reference[k] + change[k]).astype(v.dtype) for k, v in floating.items()})
     return reply
 
 
-def noise_source() -> np.random.Generator:
-    """A generator seeded from the operating system's entropy: local DP's noise must be secret to the client."""
-    return np.random.default_rng()
+def buffers(settings: Any) -> frozenset[str]:
+    """The run's model's buffers (BatchNorm's running statistics and counters): under central DP they stay home."""
+    info = model_info(settings.model, settings.in_channels, settings.image_size, settings.num_classes)
+    return frozenset(info.buffer_keys)
 
 
 def released_reply(
@@ -81,7 +90,7 @@ def private_reply(method: Any, reply: RecordDict, message: RecordDict) -> Record
     # the node's own floor, on the values the release below uses (the run was admitted against it already)
     node_floor(method.context.node_config).check_release(settings.dp_mode, settings.dp_noise_multiplier, clip)
     if settings.dp_mode == "central":  # the update leaves clipped; the server adds the noise
-        return clipped_reply(reply, message, clip)
+        return clipped_reply(reply, message, clip, buffers(settings))
     if settings.dp_mode == "local":  # clipped and noised here, before it leaves
         reference = method.release_reference(message)
         return released_reply(reply, reference, settings.dp_noise_multiplier, clip, noise_source())

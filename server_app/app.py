@@ -9,6 +9,7 @@ from typing import NoReturn
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 from server_app.recorder import RecordingGrid
 from server_app.results import ResultsWriter, resolve_results_path
@@ -78,7 +79,8 @@ def main(grid: Grid, context: Context) -> None:
     watchers.update(strategy.history)  # a resumed run's restored rounds at once
     strategy.round_watchers.append(watchers.update)
     start = time.monotonic()
-    aborted, failed = None, True
+    aborted = stopped = None
+    failed = True
     try:
         try:
             strategy.start(
@@ -89,10 +91,12 @@ def main(grid: Grid, context: Context) -> None:
             )
         except RunAborted as err:
             aborted = str(err)
+        except PrivacyBudgetExhausted as err:  # dp-max-epsilon: a clean stop before the round, its checkpoint written
+            stopped = str(err)
         except SimulatedCrash as stop:  # stop-after: one line scripts can read, then stop as a crash would
             print(stop_line(settings.stop_after, writer.folder), flush=True)
             raise stop.with_traceback(None) from None
-        summary = writer.write(strategy, time.monotonic() - start, aborted=aborted)
+        summary = writer.write(strategy, time.monotonic() - start, aborted=aborted, stopped=stopped)
         failed = aborted is not None
     finally:  # also when the ServerApp stops on an error: the rounds recorded so far
         watchers.finish(strategy.history, failed)

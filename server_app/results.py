@@ -129,7 +129,7 @@ class ResultsWriter:
             )
             write_json(folder / "resumes.json", resumes)
 
-    def write(self, strategy, seconds: float, aborted: str | None = None) -> str:
+    def write(self, strategy, seconds: float, aborted: str | None = None, stopped: str | None = None) -> str:
         rows = [{"round": r.server_round, **round_scalars(r)} for r in strategy.history]
         write_json(
             self.folder / "rounds.json",
@@ -182,9 +182,15 @@ class ResultsWriter:
             last = released[-1] if released else {"epsilon": 0.0, "delta": self.settings.dp_delta}
             summary.update({"dp-mode": self.settings.dp_mode, "epsilon": last["epsilon"], "delta": last["delta"]})
             summary["dp-neighbours"] = last.get("neighbours")
-            privacy = f", ({last['epsilon']:.3g}, {last['delta']:g})-DP ({self.settings.dp_mode})"
+            summary["dp-accountant"] = last.get("accountant")
+            summary["dp-noise-multiplier"] = last.get("noise-multiplier")
+            accountant = str(last.get("accountant"))
+            how = f" by the {accountant.upper()} accountant" if accountant in ("rdp", "pld") else ""
+            privacy = f", ({last['epsilon']:.3g}, {last['delta']:g})-DP ({self.settings.dp_mode}){how}"
         if aborted:
             summary["aborted"] = aborted
+        if stopped:
+            summary["stopped"] = stopped
         if self.settings.data.dataset == "dialects":  # next-word prediction: perplexity = exp(token CE)
             for key in ("personal", "global"):
                 loss = summary[f"{key}-loss"]
@@ -202,6 +208,7 @@ class ResultsWriter:
             f"{acc(summary['personal-acc'])}, global acc {acc(summary['global-acc'])}, "
             f"{summary['failures']} rejected replies{privacy}, {seconds:.1f} s"
             + (f", ABORTED: {aborted}" if aborted else "")
+            + (f", STOPPED: {stopped}" if stopped else "")
             + f" -> {self.folder}"
         )
 

@@ -26,17 +26,16 @@ A method overrides these hooks, and nothing else of the base: :meth:`shared_keys
 and broadcasts), :meth:`reply_spec` (what a reply of a phase must carry, :mod:`strategies.replies`),
 :meth:`disclosure` (what every message type carries out of a client and into it, :mod:`strategies.disclosure`),
 :meth:`round_config` and :meth:`payload` (what one node receives), :meth:`prepare_round` (extra phases before
-the cohort is drawn), :meth:`wants_client_ids`, :meth:`sample` (the cohort), :meth:`aggregate` (the valid train
-replies), :meth:`on_evaluated`, :meth:`on_round_end`, :meth:`server_models` (its models),
-:meth:`clustering_outcome` (for the run's summary), :meth:`state` and :meth:`restore` (what a checkpoint holds of
-it).  Its files (JSON, PNG) are written beside it, in ``strategies/<method>_artifacts.py``, which its registry
-entry names.
+the cohort is drawn), :meth:`wants_client_ids`, :meth:`sample` (the cohort), :meth:`local_releases` (under local
+DP, the most models a client releases in a round), :meth:`aggregate` (the valid train replies),
+:meth:`on_evaluated`, :meth:`on_round_end`, :meth:`server_models` (its models), :meth:`clustering_outcome` (for the
+run's summary), :meth:`state` and :meth:`restore` (what a checkpoint holds of it).  Its files (JSON, PNG) are written
+beside it, in ``strategies/<method>_artifacts.py``, which its registry entry names.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -60,7 +59,7 @@ from strategies.history import (
     train_metrics,
 )
 from strategies.persistence import after_round
-from strategies.privacy import central_aggregate, noise_secret
+from strategies.privacy import ServerPrivacy, central_aggregate, cohort_generator
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Reply, ReplySpec
 from strategies.schedule import EvaluationSchedule
 from strategies.services import IDENTIFY, StrategyServices
@@ -96,9 +95,10 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         #: the gate's node id -> client id, client id -> its node, rejected replies and silent nodes (the same objects)
         self.client_of, self.node_of, self.failures = self.gate.client_of, self.gate.node_of, self.gate.failures
         self.schedule = EvaluationSchedule(settings, self.evaluate_in_train)
-        self.rng = random.Random(settings.seed)
-        #: the seed of central DP's noise, known to the server only (never the run's seed, which clients receive)
-        self.noise_secret = noise_secret()
+        #: draws cohorts: from the run's seed, so a run repeats; under DP from a secret only the server holds
+        self.rng = cohort_generator(settings)
+        #: what differential privacy keeps across rounds (noise multiplier, clip bound, release journal)
+        self.dp = ServerPrivacy(settings)
         self.history: list[RoundLog] = []
         self.client_eval: dict[int, dict[str, float]] = {}  # client id -> last evaluate metrics
         self.results_dir: Path | None = None
@@ -176,6 +176,11 @@ class PersonalizedStrategy(StrategyServices, Strategy):
     def sample(self, server_round: int, nodes: list[int]) -> list[int]:
         """The round's cohort: ``fraction-train`` of the nodes, drawn by client id with the run's seed."""
         return self.draw(nodes, self.cohort_size(len(nodes), self.settings.fraction_train))
+
+    def local_releases(self, server_round: int) -> int:
+        """Under local DP: the most models one client releases in round ``server_round`` (default 1, its train
+        reply; pFedLIA's clustering round adds the lazy model).  The privacy budget is checked with it."""
+        return 1
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         """Default: example-weighted average of the shared keys (FedAvg), or the run's robust ``aggregator``
@@ -258,6 +263,10 @@ class PersonalizedStrategy(StrategyServices, Strategy):
     ) -> Iterable[Message]:
         self._round_start = time.monotonic()
         nodes = self.available_nodes(grid)  # before the round is logged: a run that gives up here has no round r
+        if self.settings.dp_mode != "off":  # calibration, budget: before anything of the round leaves a node
+            self.dp.before_round(
+                self, server_round, len(nodes), self.cohort_size(len(nodes), self.settings.fraction_train)
+            )
         self.history.append(RoundLog(server_round))
         if self.identify_everyone or self.wants_client_ids(server_round, nodes):
             self.identify(grid, server_round, nodes)

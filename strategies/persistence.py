@@ -46,6 +46,7 @@ RESUMABLE_CHANGES = frozenset(
         "save-best",
         "min-nodes",
         "node-wait-timeout",
+        "dp-max-epsilon",
     }
 )
 
@@ -128,9 +129,8 @@ def save_server_models(results: Path, settings: Settings, server_round: int, mod
 
 def checkpoint_state(strategy: PersonalizedStrategy) -> dict[str, Any]:
     """What a checkpoint of ``strategy`` holds: the base's part (history, failures, each client's last evaluation,
-    the sampling generator, an evaluation waiting for the next round's train messages, the global model, central
-    DP's noise secret) and
-    the method's own ``state()``."""
+    the sampling generator, an evaluation waiting for the next round's train messages, the global model, what
+    differential privacy keeps across rounds) and the method's own ``state()``."""
     base = {
         "history": [asdict(r) for r in strategy.history],
         "failures": strategy.gate.failures,
@@ -138,7 +138,7 @@ def checkpoint_state(strategy: PersonalizedStrategy) -> dict[str, Any]:
         "rng": strategy.rng,
         "pending-evaluation": strategy.schedule.pending,
         "global": strategy.global_state,
-        "noise-secret": strategy.noise_secret,
+        "dp": strategy.dp.state(),
     }
     return {"base": base, "method": strategy.state()}
 
@@ -154,8 +154,8 @@ def resume(strategy: PersonalizedStrategy, saved: Mapping[str, Any], rounds_done
     strategy.rng = base["rng"]
     strategy.schedule.pending = int(base["pending-evaluation"])
     strategy.global_state = base["global"]
-    # a checkpoint from before the secret existed keeps the fresh one: its repeated rounds draw new noise
-    strategy.noise_secret = base.get("noise-secret", strategy.noise_secret)
+    if "dp" in base:  # a checkpoint from before it existed: the settings' noise multiplier and clip bound
+        strategy.dp.restore(base["dp"], rounds_done)
     strategy.restore(saved["method"])
     strategy.rounds_done, strategy.identify_everyone = rounds_done, True
 

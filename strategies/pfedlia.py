@@ -189,6 +189,10 @@ class PFedLIAStrategy(PersonalizedStrategy):
             return spec
         return spec
 
+    def local_releases(self, server_round: int) -> int:
+        """The clustering round releases the lazy model too (pFedLIA, not the Oracle)."""
+        return 2 if not self.clustered and server_round > self.warmup and self.mode != "oracle" else 1
+
     def prepare_round(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         if not self.clustered and server_round > self.warmup:
             self.cluster(grid, server_round, nodes)
@@ -279,7 +283,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
         per lazy query (also a round whose replies were all rejected: the clients released all the same)."""
         if self.settings.dp_mode == "local":
             self.history[-1].extra["dp"] = account_local(
-                self.history, self.releases, self.settings, extra=self.lazy_queries
+                self.history, self.releases, self.settings, extra=self.lazy_queries, charged=self.dp.charged
             )
         self.releases = 0
 

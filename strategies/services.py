@@ -28,6 +28,7 @@ from strategies.history import RoundLog, add_seconds, note_timing
 from strategies.replies import BASE, Arrays, Dim, Reply, ReplySpec
 from strategies.robust import Outcome, aggregate_rows, aggregate_states, bounded_model
 from task.config import Settings
+from task.models import ModelInfo
 from task.params import weighted_average
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class StrategyServices:
     initial_state: dict[str, np.ndarray]
     exchange: MessageExchange
     gate: ReplyGate
+    model_info: ModelInfo
     rng: random.Random
     history: list[RoundLog]
     node_of: dict[int, int]
@@ -90,11 +92,15 @@ class StrategyServices:
     # ------------------------------------------------------------------ the shared model, clients, sampling, phases
     def released_keys(self) -> list[str]:
         """The shared keys a train reply carries: all of them, but under differential privacy only floating-point
-        arrays (an integer buffer such as BatchNorm's ``num_batches_tracked`` counts a client's batches)."""
+        arrays (an integer buffer such as BatchNorm's ``num_batches_tracked`` counts a client's batches), and under
+        central DP only trained parameters (BatchNorm's running statistics stay on the client, docs/privacy.md)."""
         keys = self.shared_keys()
         if self.settings.dp_mode == "off":
             return keys
-        return [k for k in keys if np.issubdtype(np.asarray(self.initial_state[k]).dtype, np.floating)]
+        home = set(self.model_info.buffer_keys) if self.settings.dp_mode == "central" else set()
+        return [
+            k for k in keys if np.issubdtype(np.asarray(self.initial_state[k]).dtype, np.floating) and k not in home
+        ]
 
     @property
     def global_state(self) -> dict[str, np.ndarray]:

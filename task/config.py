@@ -20,7 +20,7 @@ from task.methods import METHODS, method_spec
 from task.models import IMAGE_ONLY, MODELS
 from task.options import ConfigConflict, OptionSet, option
 from task.privacy import MODES as DP_MODES
-from task.privacy import privacy_conflicts
+from task.privacy import calibrate_local, privacy_conflicts
 from task.robust import RobustOptions, robust_conflicts
 
 
@@ -140,6 +140,35 @@ class RunOptions(AttackOptions, RobustOptions):
         "dp-noise-multiplier", 1.0, "DP: noise std over the clip bound (central: on the sum)", minimum=0.0
     )
     dp_delta: float = option("dp-delta", 1e-5, "DP: the delta epsilon is reported at", minimum=0.0, maximum=1.0)
+    dp_target_epsilon: float = option(
+        "dp-target-epsilon",
+        0.0,
+        "DP: calibrate the noise multiplier before round 1 so that epsilon after num-server-rounds is this (replaces "
+        "dp-noise-multiplier; 0: off)",
+        minimum=0.0,
+    )
+    dp_max_epsilon: float = option(
+        "dp-max-epsilon",
+        0.0,
+        "DP: stop cleanly before a round that would take epsilon above this (0: no limit)",
+        minimum=0.0,
+    )
+    dp_adaptive_clip: bool = option(
+        "dp-adaptive-clip",
+        False,
+        "central DP: adapt the clip bound each round toward a quantile of the update norms (Andrew et al.), starting "
+        "at dp-clip and never above it",
+    )
+    dp_clip_quantile: float = option(
+        "dp-clip-quantile", 0.5, "adaptive clipping: the share of updates to leave unclipped", minimum=0.0, maximum=1.0
+    )
+    dp_clip_lr: float = option("dp-clip-lr", 0.2, "adaptive clipping: the clip bound's learning rate", minimum=0.0)
+    dp_clip_count_stddev: float = option(
+        "dp-clip-count-stddev",
+        0.0,
+        "adaptive clipping: noise std on the count of unclipped updates (0: the cohort size / 20, Andrew et al.)",
+        minimum=0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -176,6 +205,12 @@ class Settings:
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
     dp_delta: float = 1e-5
+    dp_target_epsilon: float = 0.0
+    dp_max_epsilon: float = 0.0
+    dp_adaptive_clip: bool = False
+    dp_clip_quantile: float = 0.5
+    dp_clip_lr: float = 0.2
+    dp_clip_count_stddev: float = 0.0
     record_messages: bool = False
     tensorboard: bool = True
     mlflow: bool = False
@@ -297,11 +332,13 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
     )
     problems = data_conflicts(run) + options.conflicts(settings) + (spec.conflicts(settings) if spec.conflicts else [])
     problems += robust_conflicts(run.method, robust, settings) + attack_conflicts(attacks, run.method, settings)
-    problems += privacy_conflicts(
-        run.method, run.dp_mode, run.dp_clip, run.dp_noise_multiplier, run.dp_delta, spec.privacy
-    )
+    problems += privacy_conflicts(run.method, run, spec.privacy)
     if problems:
         raise ConfigConflict("; ".join(problems))
+    if settings.dp_mode == "local" and settings.dp_target_epsilon > 0:  # each client noises: both sides calibrate
+        releases = settings.num_rounds + spec.privacy.query_releases
+        sigma = calibrate_local(settings.dp_target_epsilon, settings.dp_delta, releases)
+        settings = dataclasses.replace(settings, dp_noise_multiplier=sigma)
     return settings
 
 

@@ -32,8 +32,10 @@ Everything here is numpy and Flower's accountant; the functions are pure (noise 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,18 +52,26 @@ class PrivacySupport:
 
     modes: tuple[str, ...] = ()
     why_not: str = "it declares no differential-privacy mode (privacy= on its registry entry)"
+    #: under local DP, the releases a run plans besides one train reply per round (pFedLIA: its lazy model, once);
+    #: ``dp-target-epsilon`` calibrates the noise for ``num-server-rounds`` plus these
+    query_releases: int = 0
 
 
 #: central DP on the averaged shared part; local DP, possible for the same methods, is not implemented yet
 CENTRAL = PrivacySupport(("central",), "local DP is not implemented for it yet")
 
 
-def privacy_conflicts(
-    method: str, mode: str, clip: float, noise_multiplier: float, delta: float, support: PrivacySupport
-) -> list[str]:
-    """Why the run's ``dp-*`` settings cannot work with ``method`` (empty: they can); checked at start-up."""
+def privacy_conflicts(method: str, run: Any, support: PrivacySupport) -> list[str]:
+    """Why the run's ``dp-*`` settings (``run``: the parsed run options) cannot work with ``method`` (empty: they
+    can); checked at start-up, on the server and on every client alike."""
+    mode = run.dp_mode
     if mode == "off":
-        return []
+        asked = [
+            k
+            for k, v in (("dp-target-epsilon", run.dp_target_epsilon), ("dp-max-epsilon", run.dp_max_epsilon))
+            if v > 0
+        ] + (["dp-adaptive-clip"] if run.dp_adaptive_clip else [])
+        return [f"{', '.join(asked)}: only with dp-mode='central' or 'local' (dp-mode is 'off')"] if asked else []
     if mode not in support.modes:
         reason = (
             f"dp-mode={mode!r} is not available for method {method!r}: {support.why_not} (docs/privacy.md lists "
@@ -69,13 +79,26 @@ def privacy_conflicts(
         )
         return [reason]
     problems = []
-    if clip == 0 and noise_multiplier > 0:
+    noise = run.dp_noise_multiplier > 0 or run.dp_target_epsilon > 0
+    if run.dp_clip == 0 and noise:
+        what = "dp-target-epsilon" if run.dp_target_epsilon > 0 else f"dp-noise-multiplier={run.dp_noise_multiplier}"
         problems.append(
-            f"dp-noise-multiplier={noise_multiplier} needs a clip bound dp-clip > 0 (0: no clipping): noise on "
-            "unbounded updates gives no guarantee"
+            f"{what} needs a clip bound dp-clip > 0 (0: no clipping): noise on unbounded updates gives no guarantee"
         )
-    if not 0 < delta < 1:
-        problems.append(f"dp-delta must be strictly between 0 and 1, got {delta}")
+    if not 0 < run.dp_delta < 1:
+        problems.append(f"dp-delta must be strictly between 0 and 1, got {run.dp_delta}")
+    if 0 < run.dp_max_epsilon < run.dp_target_epsilon:
+        problems.append(
+            f"dp-target-epsilon={run.dp_target_epsilon:g} exceeds dp-max-epsilon={run.dp_max_epsilon:g}: the run "
+            "would stop before its last round; lower the target or raise the maximum"
+        )
+    if run.dp_adaptive_clip and mode != "central":
+        problems.append(
+            "dp-adaptive-clip adapts the server's clip bound, so it needs dp-mode='central' (under local DP each "
+            "client clips to dp-clip before its model leaves)"
+        )
+    if run.dp_adaptive_clip and run.dp_clip == 0:
+        problems.append("dp-adaptive-clip starts from dp-clip and never exceeds it: dp-clip must be > 0")
     return problems
 
 
@@ -241,7 +264,61 @@ def local_release(
     return {k: (ref[k] + noisy[k]).astype(np.asarray(model[k]).dtype) for k in model}
 
 
+# ---------------------------------------------------------------------------------------------- noise source
+def noise_source() -> np.random.Generator:
+    """A generator for DP noise, seeded with 128 bits from the operating system's CSPRNG (:mod:`secrets`) and never
+    stored: nobody who knows the run config (the seed included) can regenerate the noise.  Central DP draws one per
+    release on the server, local DP one per release on the client."""
+    return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+
+
+# ---------------------------------------------------------------------------------------------- adaptive clipping
+def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
+    """Adaptive clipping's split of the round's privacy (Andrew et al. 2021, "Differentially private learning with
+    adaptive clipping", Theorem 1): the noised sum of the updates (multiplier ``z_update``) and the noised count of
+    unclipped updates (std ``count_stddev``, sensitivity 1/2 with the bits centred) together are one Gaussian
+    mechanism of multiplier ``sigma`` when ``z_update = (sigma^-2 - (2 count_stddev)^-2)^-1/2``.  The accountant
+    then composes ``sigma`` as without adaptive clipping.  Needs ``2 count_stddev > sigma``."""
+    noise_multiplier = check_noise_multiplier(noise_multiplier)
+    if noise_multiplier == 0:
+        return 0.0
+    if not 2 * count_stddev > noise_multiplier:
+        raise PrivacyConfigError(
+            f"adaptive clipping needs the count's noise std (dp-clip-count-stddev, {count_stddev:g}) above half of "
+            f"the noise multiplier ({noise_multiplier:g} / 2): otherwise the count alone spends the round's budget"
+        )
+    return float((noise_multiplier**-2 - (2 * count_stddev) ** -2) ** -0.5)
+
+
+def noisy_unclipped_share(norms: Sequence[float], clip: float, count_stddev: float, rng: np.random.Generator) -> float:
+    """The round's share of updates that the clip bound left unchanged, noised: ``(sum_i 1[||Δ_i|| <= C] +
+    N(0, count_stddev^2)) / m`` (Andrew et al. 2021, Algorithm 1)."""
+    if not norms:
+        raise PrivacyConfigError("the unclipped share needs at least one update")
+    unclipped = sum(1 for n in norms if n <= clip)
+    return float((unclipped + rng.normal(0.0, count_stddev)) / len(norms))
+
+
+def next_clip(clip: float, unclipped_share: float, target_quantile: float, learning_rate: float) -> float:
+    """The geometric update of the clip bound toward the ``target_quantile`` of the update norms (Andrew et al. 2021,
+    Algorithm 1): ``C * exp(-lr (b - gamma))``, ``b`` the noised unclipped share.  More updates unclipped than the
+    target: the bound shrinks."""
+    return float(clip * math.exp(-learning_rate * (unclipped_share - target_quantile)))
+
+
 # ---------------------------------------------------------------------------------------------- accountant
+@dataclass(frozen=True)
+class Bound:
+    """An (epsilon, delta) bound and how it was found: ``epsilon`` is the tighter of the Rényi-DP accountant's bound
+    (``rdp``) and the privacy-loss-distribution accountant's (``pld``; for a fixed-size cohort, which it cannot
+    account, the bound of the same rounds without amplification); ``accountant`` names the one that gave it."""
+
+    epsilon: float
+    accountant: str
+    rdp: float
+    pld: float
+
+
 def _rdp_epsilon(noise_multiplier: float, count: int, delta: float, population: int, cohort: int, sampled: bool):
     """Epsilon of ``count`` identical Gaussian events through Flower's RdpAccountant (dp-accounting backend)."""
     from flwr.serverapp import GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod
@@ -257,45 +334,189 @@ def _rdp_epsilon(noise_multiplier: float, count: int, delta: float, population: 
     return accountant.get_epsilon(delta)
 
 
-def central_epsilon(noise_multiplier: float, rounds: int, delta: float, population: int, cohort: int) -> float:
-    """Epsilon at ``delta`` after ``rounds`` noised means of ``cohort`` of ``population`` clients (central DP).
+def _pld_accountant(epsilon_scale: float):
+    """dp-accounting's PLD accountant, its discretization 1e-4 of ``epsilon_scale`` (at least 1e-3): pessimistic
+    (an upper bound whatever the step), and fast also where epsilon is in the thousands."""
+    from dp_accounting.pld import PLDAccountant
+
+    return PLDAccountant(value_discretization_interval=max(1e-3, 1e-4 * epsilon_scale))
+
+
+def _pld_epsilon(noise_multiplier: float, count: int, delta: float, epsilon_scale: float) -> float:
+    """Epsilon of ``count`` Gaussian mechanisms of multiplier sigma, add-or-remove-one, through dp-accounting's
+    privacy-loss-distribution accountant (near the exact curve: Gaussian compositions are a Gaussian)."""
+    import dp_accounting
+
+    accountant = _pld_accountant(epsilon_scale)
+    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier), count)
+    return float(accountant.get_epsilon(delta))
+
+
+def _tighter(rdp: float, pld: float) -> Bound:
+    if pld < rdp:
+        return Bound(pld, "pld", rdp, pld)
+    return Bound(rdp, "rdp", rdp, pld)
+
+
+def _check_count(name: str, count: int) -> None:
+    if count < 0:
+        raise PrivacyConfigError(f"{name} must be >= 0, got {count}")
+
+
+def central_bound(noise_multiplier: float, rounds: int, delta: float, population: int, cohort: int) -> Bound:
+    """The bound after ``rounds`` noised means of ``cohort`` of ``population`` clients (central DP).
 
     ``cohort == population``: the Gaussian mechanism with noise multiplier sigma, add-or-remove-one-client neighbours,
-    no amplification.  ``cohort < population`` (drawn uniformly without replacement every round): the sampled
-    Gaussian mechanism at rate ``cohort / population`` with replace-one neighbours and noise multiplier sigma / 2
-    (module docstring), or the same Gaussian without amplification where that bound is lower (cohorts close to the
-    population).  0 rounds: 0; sigma = 0 (no noise): infinity.
+    no amplification (both accountants).  ``cohort < population`` (drawn uniformly without replacement every round,
+    by a generator only the server holds): the sampled Gaussian mechanism at rate ``cohort / population`` with
+    replace-one neighbours and noise multiplier sigma / 2 (module docstring; Rényi DP only: dp-accounting's PLD
+    accountant has no fixed-size sampling), or the same Gaussian without amplification (both accountants) where that
+    bound is lower (cohorts close to the population).  0 rounds: 0; sigma = 0 (no noise): infinity.
     """
     noise_multiplier, delta = check_noise_multiplier(noise_multiplier), check_delta(delta)
-    if rounds < 0:
-        raise PrivacyConfigError(f"rounds must be >= 0, got {rounds}")
+    _check_count("rounds", rounds)
     if not 1 <= cohort <= population:
         raise PrivacyConfigError(f"need 1 <= cohort <= population, got cohort {cohort} of {population} clients")
     if rounds == 0:
-        return 0.0
+        return Bound(0.0, "none", 0.0, 0.0)
     if noise_multiplier == 0:
-        return math.inf
+        return Bound(math.inf, "none", math.inf, math.inf)
     if cohort == population:
-        return _rdp_epsilon(noise_multiplier, rounds, delta, population, cohort, sampled=False)
+        rdp = _rdp_epsilon(noise_multiplier, rounds, delta, population, cohort, sampled=False)
+        return _tighter(rdp, _pld_epsilon(noise_multiplier, rounds, delta, rdp))
     # sampling can only help: the replace-one Gaussian without amplification bounds the same mechanism, and
     # Wang et al.'s bound is the looser of the two for cohorts close to the population
-    return min(
-        _rdp_epsilon(noise_multiplier / 2, rounds, delta, population, cohort, sampled=True),
-        local_epsilon(noise_multiplier, rounds, delta),
-    )
+    unamplified = local_bound(noise_multiplier, rounds, delta)
+    sampled = _rdp_epsilon(noise_multiplier / 2, rounds, delta, population, cohort, sampled=True)
+    return _tighter(min(sampled, unamplified.rdp), unamplified.pld)
 
 
-def local_epsilon(noise_multiplier: float, releases: int, delta: float) -> float:
-    """Epsilon at ``delta`` of one client after ``releases`` local-DP releases of its model.
+def local_bound(noise_multiplier: float, releases: int, delta: float) -> Bound:
+    """The bound of one client after ``releases`` local-DP releases of its model.
 
     Each release is the Gaussian mechanism with noise std sigma·C on a change that moves by up to 2·C between any two
     data sets of the client: noise multiplier sigma / 2, composed ``releases`` times, no amplification.
     """
     noise_multiplier, delta = check_noise_multiplier(noise_multiplier), check_delta(delta)
-    if releases < 0:
-        raise PrivacyConfigError(f"releases must be >= 0, got {releases}")
+    _check_count("releases", releases)
     if releases == 0:
-        return 0.0
+        return Bound(0.0, "none", 0.0, 0.0)
     if noise_multiplier == 0:
-        return math.inf
-    return _rdp_epsilon(noise_multiplier / 2, releases, delta, population=1, cohort=1, sampled=False)
+        return Bound(math.inf, "none", math.inf, math.inf)
+    rdp = _rdp_epsilon(noise_multiplier / 2, releases, delta, population=1, cohort=1, sampled=False)
+    return _tighter(rdp, _pld_epsilon(noise_multiplier / 2, releases, delta, rdp))
+
+
+def central_epsilon(noise_multiplier: float, rounds: int, delta: float, population: int, cohort: int) -> float:
+    """Epsilon at ``delta`` after ``rounds`` noised means of ``cohort`` of ``population`` clients: the tighter
+    accountant's (:func:`central_bound`)."""
+    return central_bound(noise_multiplier, rounds, delta, population, cohort).epsilon
+
+
+def local_epsilon(noise_multiplier: float, releases: int, delta: float) -> float:
+    """Epsilon at ``delta`` of one client after ``releases`` local-DP releases: the tighter accountant's
+    (:func:`local_bound`)."""
+    return local_bound(noise_multiplier, releases, delta).epsilon
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+def _calibrate(make_accountant, make_event, target_epsilon: float, delta: float, bracket) -> float:
+    import dp_accounting
+
+    return float(dp_accounting.calibrate_dp_mechanism(make_accountant, make_event, target_epsilon, delta, bracket))
+
+
+def _smallest_within(bound, target_epsilon: float, candidates: list[float]) -> float:
+    """The smallest candidate whose reported bound is at most the target (each candidate was calibrated by one
+    accountant; the reported bound is the tighter of them, so each is a valid answer), nudged up by a hair where a
+    different discretization put the report a rounding above it."""
+    sigma = min(candidates)
+    while bound(sigma) > target_epsilon:
+        sigma *= 1.0001
+    return sigma
+
+
+def calibrate_central(target_epsilon: float, delta: float, rounds: int, population: int, cohort: int) -> float:
+    """The noise multiplier whose :func:`central_bound` after ``rounds`` rounds of ``cohort`` of ``population``
+    clients is ``target_epsilon`` at ``delta`` (at most, within 1e-6 of sigma): dp-accounting's
+    ``calibrate_dp_mechanism`` on each accountant that can account the run, the smallest multiplier kept (as Opacus's
+    ``make_private_with_epsilon`` does for DP-SGD)."""
+    import dp_accounting
+
+    target_epsilon, delta = _check_target(target_epsilon), check_delta(delta)
+    if rounds < 1 or not 1 <= cohort <= population:
+        raise PrivacyConfigError(
+            f"calibration needs rounds >= 1 and 1 <= cohort <= population, got {rounds}, {cohort} of {population}"
+        )
+    replace = dp_accounting.NeighboringRelation.REPLACE_ONE
+    bracket = dp_accounting.LowerEndpointAndGuess(1e-3, 1.0)
+    if cohort == population:
+        rdp = _calibrate(
+            dp_accounting.rdp.RdpAccountant,
+            lambda s: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(s), rounds),
+            target_epsilon,
+            delta,
+            bracket,
+        )
+        candidates = [rdp, _calibrate_pld(target_epsilon, delta, rounds, rdp, scale=1.0)]
+    else:
+        sampled = _calibrate(
+            lambda: dp_accounting.rdp.RdpAccountant(neighboring_relation=replace),
+            lambda s: dp_accounting.SelfComposedDpEvent(
+                dp_accounting.SampledWithoutReplacementDpEvent(
+                    population, cohort, dp_accounting.GaussianDpEvent(s / 2)
+                ),
+                rounds,
+            ),
+            target_epsilon,
+            delta,
+            bracket,
+        )
+        candidates = [sampled, calibrate_local(target_epsilon, delta, rounds)]
+    return _smallest_within(
+        lambda s: central_bound(s, rounds, delta, population, cohort).epsilon, target_epsilon, candidates
+    )
+
+
+def calibrate_local(target_epsilon: float, delta: float, releases: int) -> float:
+    """The noise multiplier whose :func:`local_bound` after ``releases`` releases is ``target_epsilon`` at
+    ``delta`` (at most): dp-accounting's ``calibrate_dp_mechanism`` on the Rényi-DP and on the PLD accountant."""
+    import dp_accounting
+
+    target_epsilon, delta = _check_target(target_epsilon), check_delta(delta)
+    if releases < 1:
+        raise PrivacyConfigError(f"calibration needs at least one release, got {releases}")
+    rdp = 2 * _calibrate(
+        dp_accounting.rdp.RdpAccountant,
+        lambda s: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(s), releases),
+        target_epsilon,
+        delta,
+        dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+    )
+    candidates = [rdp, _calibrate_pld(target_epsilon, delta, releases, rdp, scale=2.0)]
+    return _smallest_within(lambda s: local_bound(s, releases, delta).epsilon, target_epsilon, candidates)
+
+
+def _calibrate_pld(target_epsilon: float, delta: float, count: int, rdp_sigma: float, scale: float) -> float:
+    """The PLD accountant's multiplier (times ``scale``: local DP's events have multiplier sigma / 2), searched below
+    the Rényi-DP one, which the PLD bound never exceeds in practice; the Rényi-DP one where that fails."""
+    import dp_accounting
+
+    def make():
+        return _pld_accountant(target_epsilon)
+
+    def event(s):
+        return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(s), count)
+
+    low, high = rdp_sigma / scale / 2, rdp_sigma / scale
+    try:
+        return scale * _calibrate(make, event, target_epsilon, delta, dp_accounting.ExplicitBracketInterval(low, high))
+    except ValueError:  # no sign change in the bracket: keep the Rényi-DP multiplier
+        return rdp_sigma
+
+
+def _check_target(target_epsilon: float) -> float:
+    target_epsilon = float(target_epsilon)
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise PrivacyConfigError(f"a target epsilon must be finite and > 0, got {target_epsilon}")
+    return target_epsilon

@@ -123,6 +123,33 @@ def evaluate(
     return total / y.numel(), correct / y.numel()  # per target: tokens for next-word prediction
 
 
+@torch.no_grad()
+def recompute_norm_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> int:
+    """Recompute every BatchNorm layer's running mean and variance of ``model`` on ``x``: the layers' statistics
+    reset, then averaged over the batches of ``x`` (momentum None: a plain mean over batches), the model's weights
+    unchanged and every other layer in eval mode; the model is left in eval mode.  Under differential privacy a
+    client scores a model with statistics of its own data instead of ones it received.  Returns the layers
+    recomputed (0: none, or no data)."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    model.eval()
+    if not norms or len(x) == 0:
+        return 0
+    device = next(model.parameters()).device
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+        m.train()
+    try:
+        for idx in batches(len(x), batch_size, None, shuffle=False):
+            model(x[idx].to(device))
+    finally:
+        for m, momentum in zip(norms, momenta, strict=True):
+            m.momentum = momentum
+        model.eval()
+    return len(norms)
+
+
 def batched_losses(
     model: nn.Module, stacked_state: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:

@@ -404,8 +404,6 @@ def corruptions(spec: ReplySpec, content: RecordDict, record: str = "metrics") -
 # ---------------------------------------------------------------------------------------------- state
 _IGNORED = {
     # central DP's noise secret: drawn afresh by every strategy on purpose (no two runs share their noise)
-    "noise_secret",
-    "noise-secret",  # the same secret as saved in a checkpoint
     "failures",
     "_outbox",
     "_t0",

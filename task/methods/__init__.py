@@ -187,6 +187,7 @@ METHODS: dict[str, MethodSpec] = {
                 "model averages depends on its peers' data without noise; only local DP (dp-mode='local', every model "
                 "noised on the client before it leaves) protects the models"
             ),
+            query_releases=1,  # the lazy model of the clustering round
         ),
     ),
     "oracle": _m(

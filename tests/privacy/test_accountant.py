@@ -22,7 +22,15 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from task.privacy import PrivacyConfigError, central_epsilon, local_epsilon
+from task.privacy import (
+    PrivacyConfigError,
+    calibrate_central,
+    calibrate_local,
+    central_bound,
+    central_epsilon,
+    local_bound,
+    local_epsilon,
+)
 
 CASES = [(1.0, 1, 1e-5), (1.0, 10, 1e-5), (2.0, 50, 1e-5), (0.8, 3, 1e-3), (5.0, 100, 1e-6), (1.5, 200, 1e-5)]
 
@@ -157,3 +165,68 @@ def test_impossible_accounting_settings_are_refused(kwargs, match):
 def test_a_negative_number_of_releases_is_refused():
     with pytest.raises(PrivacyConfigError, match=r"^releases must be >= 0, got -1$"):
         local_epsilon(1.0, -1, 1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- PLD beside RDP
+@pytest.mark.parametrize("sigma,rounds,delta", CASES[:4])
+def test_without_sampling_the_pld_bound_is_the_exact_curve_and_is_reported_as_the_tighter(sigma, rounds, delta):
+    """dp-accounting's privacy-loss-distribution accountant is pessimistic (an upper bound) and, for Gaussian
+    compositions, within its discretization of the exact curve; Rényi DP is looser there, so PLD is reported."""
+    exact = exact_gaussian_epsilon(sigma, rounds, delta)
+    bound = central_bound(sigma, rounds, delta, population=8, cohort=8)
+    assert exact <= bound.pld <= exact + max(2e-3, 2e-4 * exact)
+    assert bound.accountant == "pld" and bound.epsilon == bound.pld < bound.rdp
+    assert bound.rdp == pytest.approx(central_epsilon_rdp(sigma, rounds, delta))
+    local = local_bound(sigma, rounds, delta)
+    exact_local = exact_gaussian_epsilon(sigma / 2, rounds, delta)
+    assert exact_local <= local.epsilon <= exact_local + max(2e-3, 2e-4 * exact_local) and local.accountant == "pld"
+
+
+def central_epsilon_rdp(sigma, rounds, delta):
+    """The Rényi-DP bound through Flower's accountant directly, as before PLD was added."""
+    from flwr.serverapp import GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod
+
+    config = PrivacyConfig(delta, 8, NeighboringRelation.ADD_OR_REMOVE_ONE, SamplingMethod.NO_AMPLIFICATION)
+    accountant = RdpAccountant(config)
+    accountant.compose(GaussianPrivacyEvent(sigma, 8, 8), count=rounds)
+    return accountant.get_epsilon(delta)
+
+
+def test_a_sampled_cohort_is_accounted_by_renyi_dp_the_only_one_with_fixed_size_sampling():
+    bound = central_bound(1.0, 10, 1e-5, population=100, cohort=10)
+    assert bound.accountant == "rdp" and bound.epsilon == bound.rdp
+    # the PLD bound given beside it is that of the same rounds without amplification: valid, much looser
+    assert bound.pld == pytest.approx(local_bound(1.0, 10, 1e-5).pld) and bound.pld > 2 * bound.rdp
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+@pytest.mark.parametrize(
+    "target,rounds,population,cohort",
+    [(4.0, 10, 10, 10), (1.0, 5, 4, 4), (16.0, 10, 10, 10), (4.0, 20, 10, 5)],
+)
+def test_the_calibrated_noise_reaches_the_target_epsilon_and_no_less_noise_would(target, rounds, population, cohort):
+    sigma = calibrate_central(target, 1e-5, rounds, population, cohort)
+    assert central_epsilon(sigma, rounds, 1e-5, population, cohort) <= target
+    assert central_epsilon(sigma * 0.999, rounds, 1e-5, population, cohort) > target  # within 0.1 % of the optimum
+
+
+def test_local_calibration_reaches_the_target_over_the_releases():
+    sigma = calibrate_local(4.0, 1e-5, 11)
+    assert local_epsilon(sigma, 11, 1e-5) <= 4.0 < local_epsilon(sigma * 0.999, 11, 1e-5)
+
+
+@pytest.mark.parametrize("target", [0.0, -1.0, math.inf])
+def test_an_impossible_target_is_refused(target):
+    with pytest.raises(PrivacyConfigError, match=r"a target epsilon must be finite and > 0"):
+        calibrate_central(target, 1e-5, 10, 10, 10)
+    with pytest.raises(PrivacyConfigError, match=r"a target epsilon must be finite and > 0"):
+        calibrate_local(target, 1e-5, 10)
+
+
+def test_calibration_needs_a_round_and_a_cohort_within_the_population():
+    with pytest.raises(PrivacyConfigError, match=r"calibration needs rounds >= 1 and 1 <= cohort <= population"):
+        calibrate_central(4.0, 1e-5, 0, 10, 10)
+    with pytest.raises(PrivacyConfigError, match=r"calibration needs rounds >= 1 and 1 <= cohort <= population"):
+        calibrate_central(4.0, 1e-5, 3, 10, 11)
+    with pytest.raises(PrivacyConfigError, match=r"calibration needs at least one release, got 0"):
+        calibrate_local(4.0, 1e-5, 0)

@@ -3,24 +3,26 @@ it was sent, without integer buffers; the server averages the updates unweighted
 adds the noise once and reports the run's epsilon after every noised round so far."""
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, RecordDict
 
+import task.privacy as task_privacy
 from client_app.privacy import clipped_reply
 from strategies.history import RoundLog
-from strategies.privacy import account, central_round, noise_secret
+from strategies.privacy import account, central_round
 from task.params import record_to_numpy, to_record
-from task.privacy import PrivacyConfigError, central_epsilon, local_epsilon, update_norm
-
-#: a fixed server secret, so that a test's noise repeats
-SECRET = "0123456789abcdef0123456789abcdef"
-
-
-def settings(**kw):
-    return SimpleNamespace(**{"dp_clip": 1.0, "dp_noise_multiplier": 1.0, "dp_delta": 1e-5, "seed": 0, **kw})
+from task.privacy import (
+    PrivacyConfigError,
+    central_epsilon,
+    local_epsilon,
+    next_clip,
+    noise_source,
+    noisy_unclipped_share,
+    update_noise_multiplier,
+    update_norm,
+)
 
 
 def test_a_reply_leaves_clipped_around_the_model_the_message_brought_without_integer_buffers():
@@ -46,8 +48,7 @@ def test_the_server_adds_noise_of_std_sigma_clip_over_m_to_the_unweighted_mean_o
     m, n = 4, 200_000
     global_state = {"w": np.zeros(n), "count": np.array(5)}
     replies = [{"w": np.full(n, 0.001 * (i + 1))} for i in range(m)]  # norms 0.45 .. 1.8: the last two clipped
-    s = settings(dp_clip=1.0, dp_noise_multiplier=0.8)
-    new, released = central_round(global_state, replies, ["w"], s, server_round=3, secret=SECRET)
+    new, released = central_round(global_state, replies, ["w"], 1.0, 0.8, np.random.default_rng(3))
     clipped = [min(1.0, 1.0 / (0.001 * (i + 1) * math.sqrt(n))) * 0.001 * (i + 1) for i in range(m)]
     noise = new["w"] - np.mean(clipped)
     expected = 0.8 * 1.0 / m
@@ -55,66 +56,71 @@ def test_the_server_adds_noise_of_std_sigma_clip_over_m_to_the_unweighted_mean_o
     assert abs(noise.std() - expected) < 6 * expected / math.sqrt(2 * n)
     assert new["count"] == 5  # integer buffers are not released, so not updated
     assert released["clients"] == m and released["noise-std"] == pytest.approx(expected)
-    assert released["largest-update-norm"] == pytest.approx(0.004 * math.sqrt(n))
 
 
-def test_the_same_round_under_the_same_secret_draws_the_same_noise_and_another_round_or_secret_other_noise():
+def test_a_round_releases_only_what_is_noised_or_public_never_a_statistic_of_the_updates():
+    """The round's record goes into rounds.json: the clip bound, the noise scale, how many replies; no norm of an
+    update, no un-noised aggregate (the largest update norm used to be there)."""
+    state, replies = {"w": np.zeros(100)}, [{"w": np.full(100, 0.01 * (i + 1))} for i in range(3)]
+    _, released = central_round(state, replies, ["w"], 1.0, 1.0, noise_source())
+    assert released == {"mode": "central", "clients": 3, "clip": 1.0, "noise-std": pytest.approx(1.0 / 3)}
+    _, adaptive = central_round(state, replies, ["w"], 1.0, 1.0, noise_source(), count_stddev=1.0)
+    assert set(adaptive) - set(released) == {"unclipped-share"}  # the noised count, nothing else
+
+
+def test_every_release_draws_fresh_noise_from_a_generator_seeded_by_the_operating_systems_csprng(monkeypatch):
     state, replies = {"w": np.zeros(1000)}, [{"w": np.full(1000, 0.01)}]
-    a, _ = central_round(state, replies, ["w"], settings(), 2, SECRET)
-    b, _ = central_round(state, replies, ["w"], settings(), 2, SECRET)
-    c, _ = central_round(state, replies, ["w"], settings(), 3, SECRET)
-    d, _ = central_round(state, replies, ["w"], settings(), 2, noise_secret())
-    assert np.array_equal(a["w"], b["w"]) and not np.array_equal(a["w"], c["w"])
-    assert not np.array_equal(a["w"], d["w"])
+    a, _ = central_round(state, replies, ["w"], 1.0, 1.0, noise_source())
+    b, _ = central_round(state, replies, ["w"], 1.0, 1.0, noise_source())
+    assert not np.array_equal(a["w"], b["w"])  # nothing of the run config (nor the round) seeds it
+    asked: list[int] = []
 
+    def randbits(k: int) -> int:
+        asked.append(k)
+        return 12345
 
-def test_the_servers_secret_is_a_hex_string_of_at_least_128_bits():
-    secret = noise_secret()
-    assert len(secret) >= 32 and int(secret, 16) >= 0
-
-
-def test_the_noise_cannot_be_regenerated_from_the_run_config():
-    # every client receives the run config (its seed among it): two servers with the same settings must not draw
-    # the same noise, or a client could subtract it from the released mean
-    state, replies = {"w": np.zeros(1000)}, [{"w": np.full(1000, 0.01)}]
-    a, _ = central_round(state, replies, ["w"], settings(seed=7), 1, noise_secret())
-    b, _ = central_round(state, replies, ["w"], settings(seed=7), 1, noise_secret())
-    assert not np.array_equal(a["w"], b["w"])
+    monkeypatch.setattr(task_privacy.secrets, "randbits", randbits)
+    c, _ = central_round(state, replies, ["w"], 1.0, 1.0, noise_source())
+    d, _ = central_round(state, replies, ["w"], 1.0, 1.0, noise_source())
+    assert asked == [128, 128] and np.array_equal(c["w"], d["w"])  # 128 bits of the CSPRNG are the whole seed
 
 
 def test_no_noise_and_no_clipping_is_the_unweighted_mean():
     state = {"w": np.array([1.0, 2.0])}
     replies = [{"w": np.array([3.0, 2.0])}, {"w": np.array([1.0, 8.0])}, {"w": np.array([2.0, 5.0])}]
-    new, _ = central_round(state, replies, ["w"], settings(dp_clip=0.0, dp_noise_multiplier=0.0), 1, SECRET)
+    new, _ = central_round(state, replies, ["w"], math.inf, 0.0, noise_source())
     np.testing.assert_allclose(new["w"], [2.0, 5.0])
 
 
+def record(history, sigma, population, cohort, delta=1e-5):
+    return account(history, {}, sigma, delta, population, cohort)
+
+
 def test_epsilon_counts_every_noised_round_at_the_highest_sampling_rate():
-    s = settings(dp_noise_multiplier=1.2)
     history = []
     for r, (population, cohort) in enumerate([(10, 10), (10, 10), (10, 10)], start=1):
         history.append(RoundLog(r))
-        history[-1].extra["dp"] = account(history, {}, s, population, cohort)
+        history[-1].extra["dp"] = record(history, 1.2, population, cohort)
     assert [h.extra["dp"]["noised-rounds"] for h in history] == [1, 2, 3]
     assert history[-1].extra["dp"]["epsilon"] == pytest.approx(central_epsilon(1.2, 3, 1e-5, 10, 10))
     assert history[-1].extra["dp"]["neighbours"] == "add-or-remove-one"
     history.append(RoundLog(4))  # a round without a release (no valid replies) is not counted
     history.append(RoundLog(5))
-    sampled = account(history, {}, s, population=10, cohort=4)
+    sampled = record(history, 1.2, population=10, cohort=4)
     assert sampled["noised-rounds"] == 4 and sampled["neighbours"] == "replace-one"
     # once a cohort was drawn, every round counts as replace-one at the worst rate (here: every client)
     assert sampled["epsilon"] == pytest.approx(local_epsilon(1.2, 4, 1e-5))
     later = [RoundLog(1), RoundLog(2)]
-    later[0].extra["dp"] = account(later[:1], {}, s, 10, 4)
-    assert account(later, {}, s, 10, 2)["epsilon"] == pytest.approx(central_epsilon(1.2, 2, 1e-5, 10, 4))
+    later[0].extra["dp"] = record(later[:1], 1.2, 10, 4)
+    assert record(later, 1.2, 10, 2)["epsilon"] == pytest.approx(central_epsilon(1.2, 2, 1e-5, 10, 4))
 
 
-def test_noised_running_variances_are_projected_back_to_zero_or_more():
-    state = {"bn.running_var": np.full(5000, 0.05), "w": np.zeros(5000)}
-    replies = [{"bn.running_var": np.full(5000, 0.05), "w": np.zeros(5000)}]
-    new, _ = central_round(state, replies, ["bn.running_var", "w"], settings(), 1, SECRET, variances=["bn.running_var"])
-    assert new["bn.running_var"].min() == 0.0 and (new["bn.running_var"] > 0.05).any()  # noisy, never negative
-    assert new["w"].min() < 0  # other arrays keep their noise as drawn
+def test_the_record_names_the_tighter_accountant_and_gives_both_bounds():
+    full = record([RoundLog(1)], 1.0, 4, 4)
+    assert full["accountant"] == "pld" and full["epsilon"] == full["epsilon-pld"] < full["epsilon-rdp"]
+    assert full["noise-multiplier"] == 1.0
+    sampled = record([RoundLog(1)], 1.0, 100, 10)  # fixed-size sampling: only the Rényi-DP accountant amplifies
+    assert sampled["accountant"] == "rdp" and sampled["epsilon"] == sampled["epsilon-rdp"] < sampled["epsilon-pld"]
 
 
 def test_a_message_without_a_model_cannot_be_clipped_against():
@@ -124,17 +130,75 @@ def test_a_message_without_a_model_cannot_be_clipped_against():
 
 
 def test_a_float32_model_stays_float32_and_the_round_says_what_it_released():
-    state = {"w": np.zeros(50, np.float32), "bn.running_var": np.ones(50, np.float32)}
-    replies = [{"w": np.full(50, 0.01, np.float32), "bn.running_var": np.ones(50, np.float32)}]
-    new, released = central_round(state, replies, ["w", "bn.running_var"], settings(), 1, SECRET, ["bn.running_var"])
-    assert new["w"].dtype == np.float32 and new["bn.running_var"].dtype == np.float32
+    state = {"w": np.zeros(50, np.float32)}
+    replies = [{"w": np.full(50, 0.01, np.float32)}]
+    new, released = central_round(state, replies, ["w"], 1.0, 1.0, noise_source())
+    assert new["w"].dtype == np.float32
     assert released["mode"] == "central"
-    assert account([RoundLog(1)], released, settings(dp_delta=1e-6), 4, 4)["delta"] == 1e-6
+    assert account([RoundLog(1)], released, 1.0, 1e-6, 4, 4)["delta"] == 1e-6
 
 
 def test_the_worst_sampling_rate_is_the_highest_share_of_clients_not_the_largest_cohort():
-    s = settings()
     history = [RoundLog(1), RoundLog(2)]
-    history[0].extra["dp"] = account(history[:1], {}, s, population=20, cohort=5)  # a quarter of 20
-    now = account(history, {}, s, population=10, cohort=4)  # 40 % of 10: the worse rate
+    history[0].extra["dp"] = record(history[:1], 1.0, population=20, cohort=5)  # a quarter of 20
+    now = record(history, 1.0, population=10, cohort=4)  # 40 % of 10: the worse rate
     assert now["epsilon"] == pytest.approx(central_epsilon(1.0, 2, 1e-5, 10, 4))
+
+
+def test_under_central_dp_the_models_buffers_stay_home():
+    """BatchNorm's running statistics describe the client's inputs; under central DP they never leave (the server
+    would otherwise noise a variance below zero), and the parameters are clipped as one vector without them."""
+    sent: dict[str, np.ndarray] = {
+        "w": np.zeros(4, np.float32),
+        "bn.running_mean": np.zeros(2),
+        "bn.running_var": np.ones(2),
+    }
+    trained: dict[str, np.ndarray] = {
+        "w": np.full(4, 0.1, np.float32),
+        "bn.running_mean": np.full(2, 9.0, np.float32),
+        "bn.running_var": np.full(2, 4.0),
+    }
+    message = RecordDict({"arrays": to_record(sent)})
+    home = frozenset({"bn.running_mean", "bn.running_var"})
+    out = record_to_numpy(
+        clipped_reply(RecordDict({"arrays": to_record(trained)}), message, 1.0, home).array_records["arrays"]
+    )
+    assert sorted(out) == ["w"]
+    np.testing.assert_array_equal(out["w"], trained["w"])  # norm 0.2: the statistics' change did not eat the bound
+
+
+def test_adaptive_clipping_splits_the_rounds_noise_between_the_update_and_the_count():
+    """Andrew et al. 2021, Theorem 1: sum and count together are a Gaussian mechanism of sigma when
+    z_update^-2 + (2 count_stddev)^-2 = sigma^-2."""
+    z = update_noise_multiplier(1.5, 2.0)
+    assert z**-2 + (2 * 2.0) ** -2 == pytest.approx(1.5**-2) and z > 1.5
+    assert update_noise_multiplier(0.0, 2.0) == 0.0
+    with pytest.raises(PrivacyConfigError, match=r"dp-clip-count-stddev, 0.5\) above half of the noise multiplier"):
+        update_noise_multiplier(1.0, 0.5)  # 2 x 0.5 = sigma: the count would spend the whole round
+
+
+def test_the_clip_bound_moves_toward_the_target_quantile_geometrically():
+    assert next_clip(1.0, 0.9, 0.5, 0.2) == pytest.approx(math.exp(-0.2 * 0.4))  # too many unclipped: shrink
+    assert next_clip(1.0, 0.1, 0.5, 0.2) == pytest.approx(math.exp(0.2 * 0.4))  # too many clipped: grow
+    assert next_clip(2.0, 0.5, 0.5, 0.2) == 2.0
+
+
+def test_an_adaptive_round_noises_the_update_with_the_multiplier_the_count_leaves():
+    m, n = 5, 200_000
+    sizes = (0.1, 0.2, 0.3, 2.0, 3.0)  # update norms: three below the clip bound 1
+    replies = [{"w": np.full(n, s / math.sqrt(n))} for s in sizes]
+    new, released = central_round({"w": np.zeros(n)}, replies, ["w"], 1.0, 1.0, noise_source(), count_stddev=2.0)
+    expected_std = update_noise_multiplier(1.0, 2.0) * 1.0 / m
+    assert released["noise-std"] == pytest.approx(expected_std) and expected_std > 1.0 / m
+    noise = new["w"] - np.mean([min(s, 1.0) / math.sqrt(n) for s in sizes])
+    assert abs(noise.std() - expected_std) < 6 * expected_std / math.sqrt(2 * n)
+    assert released["unclipped-share"] != pytest.approx(3 / 5, abs=1e-9)  # the count is noised
+
+
+def test_the_unclipped_share_is_the_noised_count_of_updates_within_the_bound_over_the_cohort():
+    rng = np.random.default_rng(0)
+    assert noisy_unclipped_share([0.5, 1.0, 1.5, 3.0], 1.0, 0.0, rng) == 0.5  # a norm equal to the bound is unclipped
+    shares = [noisy_unclipped_share([0.5, 2.0], 1.0, 0.3, rng) for _ in range(20_000)]
+    assert np.mean(shares) == pytest.approx(0.5, abs=0.01) and np.std(shares) == pytest.approx(0.15, rel=0.05)
+    with pytest.raises(PrivacyConfigError, match=r"^the unclipped share needs at least one update$"):
+        noisy_unclipped_share([], 1.0, 0.3, rng)

@@ -1,24 +1,24 @@
 """Central DP in the base strategy's round (``strategies.privacy.central_aggregate``, called by the default
 ``aggregate``): the new global model is the noised, clipped, unweighted mean of exactly the round's valid train
-replies around the model the server sent, with the server's own secret, the round's number and the model's
-running variances kept non-negative; integer buffers never leave; the round reports the epsilon of its own
-population and cohort."""
+replies around the model the server sent; integer buffers and BatchNorm's running statistics never leave; the round
+reports the epsilon of its own population and cohort."""
 
 import numpy as np
+import pytest
 
 from strategies.base import PersonalizedStrategy
 from strategies.history import RoundLog
 from strategies.privacy import account, central_round
 from task.config import parse_settings
 from task.params import record_to_numpy
+from task.privacy import noise_source
 from tests.strategy_harness import build_as, drive
 
 NODES = {101: 0, 102: 1, 103: 2, 104: 3}
 
 
-def test_a_central_dp_round_releases_the_noised_mean_of_the_valid_replies_and_its_epsilon():
-    cfg = {"method": "fedavg", "dp-mode": "central", "dp-noise-multiplier": 5.0, "dp-clip": 1.0}
-    settings = parse_settings({**cfg, "fraction-train": 0.5, "min-nodes": 4, "seed": 3})
+def run_round(cfg):
+    settings = parse_settings({"method": "fedavg", "dp-mode": "central", "fraction-train": 0.5, "min-nodes": 4, **cfg})
     strategy = build_as(PersonalizedStrategy, settings)
     sent: dict[int, dict[str, np.ndarray]] = {}
     before = {k: v.copy() for k, v in strategy.global_state.items()}
@@ -28,21 +28,33 @@ def test_a_central_dp_round_releases_the_noised_mean_of_the_valid_replies_and_it
             sent[node] = record_to_numpy(content.array_records["arrays"])
 
     drive(strategy, NODES, [2], answer)
+    return settings, strategy, before, [sent[n] for n in sorted(sent)]
+
+
+def test_a_central_dp_round_releases_the_clipped_unweighted_mean_of_the_valid_replies_and_its_epsilon():
+    settings, strategy, before, replies = run_round({"dp-noise-multiplier": 0.0, "dp-clip": 0.5})
     keys = strategy.released_keys()
-    assert keys and not any(k.endswith("num_batches_tracked") for k in keys)  # integer buffers stay home
-    assert len(sent) == 2  # half of the four nodes trained
-    variances = [k for k in keys if k.endswith("running_var")]
-    assert variances
-    expected, released = central_round(
-        before, [sent[n] for n in sorted(sent)], keys, settings, 2, strategy.noise_secret, variances
-    )
+    assert keys and not any(k.endswith(("num_batches_tracked", "running_mean", "running_var")) for k in keys)
+    assert len(replies) == 2  # half of the four nodes trained
+    expected, released = central_round(before, replies, keys, 0.5, 0.0, noise_source())
     assert sorted(strategy.global_state) == sorted(expected)
     for k, v in expected.items():
-        np.testing.assert_array_equal(strategy.global_state[k], v, err_msg=k)
-    assert min(float(strategy.global_state[k].min()) for k in variances) == 0.0  # noise this large went below 0
+        np.testing.assert_allclose(strategy.global_state[k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+    for k in strategy.model_info.buffer_keys:  # statistics of the clients' inputs stay home: the server's never move
+        np.testing.assert_array_equal(strategy.global_state[k], before[k], err_msg=k)
     dp = strategy.history[-1].extra["dp"]
-    assert dp == account([RoundLog(2)], released, settings, population=4, cohort=2)
-    assert dp["population"] == 4 and dp["cohort"] == 2 and dp["epsilon"] > 0
+    assert dp == account([RoundLog(2)], released, 0.0, settings.dp_delta, population=4, cohort=2)
+    assert dp["population"] == 4 and dp["cohort"] == 2
+
+
+def test_the_noise_on_the_mean_has_std_sigma_clip_over_m():
+    _, strategy, before, replies = run_round({"dp-noise-multiplier": 3.0, "dp-clip": 0.5})
+    keys = strategy.released_keys()
+    mean, _ = central_round(before, replies, keys, 0.5, 0.0, noise_source())
+    noise = np.concatenate([(strategy.global_state[k] - mean[k]).ravel() for k in keys])
+    assert noise.std() == pytest.approx(3.0 * 0.5 / 2, rel=0.03) and abs(noise.mean()) < 0.03
+    dp = strategy.history[-1].extra["dp"]
+    assert dp["noise-std"] == pytest.approx(0.75) and dp["epsilon"] > 0 and dp["noise-multiplier"] == 3.0
 
 
 def test_without_dp_the_default_aggregate_is_the_example_weighted_mean():

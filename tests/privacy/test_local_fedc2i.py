@@ -181,7 +181,11 @@ def test_every_clients_epsilon_composes_its_releases_round_by_round():
     assert [d["epsilon"] for d in dp] == pytest.approx([local_epsilon(0.8, r, 1e-6) for r in (1, 2, 3, 4)])
     assert all(d["noise-std"] == pytest.approx(0.8 * 0.5) and d["delta"] == 1e-6 for d in dp)
     # what rounds.json says of a round: its mode and the neighbouring relation the epsilon is for, by name
-    assert sorted(dp[0]) == ["clients", "delta", "epsilon", "mode", "neighbours", "noise-std", "releases"]
+    assert sorted(dp[0]) == [
+        *("accountant", "charged", "clients", "delta", "epsilon", "epsilon-pld", "epsilon-rdp", "mode"),
+        *("neighbours", "noise-multiplier", "noise-std", "releases"),
+    ]
+    assert all(d["accountant"] == "pld" and d["epsilon-pld"] < d["epsilon-rdp"] for d in dp)
     assert (dp[0]["mode"], dp[0]["neighbours"]) == ("local", "replace-one-data-set")
 
 

@@ -101,3 +101,16 @@ def test_what_a_train_reply_could_tell_follows_what_it_sends():
     local, fedavg = declarations("local")[0]["train"], declarations("fedavg")[0]["train"]
     assert "arrays" not in local.sends and "fits its data" in local.reveals
     assert "arrays" in fedavg.sends and "moved" in fedavg.reveals
+
+
+def test_the_accountants_examples_in_the_page_are_what_the_accountants_give():
+    from task.privacy import central_bound, local_bound
+
+    text = " ".join(DOC.read_text().split())
+    full, local = central_bound(1.0, 10, 1e-5, 4, 4), local_bound(1.0, 3, 1e-5)
+    sampled = central_bound(1.0, 100, 1e-5, 100, 10)
+    assert f"RDP {full.rdp:.2f}, PLD {full.pld:.2f} (reported)" in text and full.accountant == "pld"
+    assert f"RDP {local.rdp:.2f}, PLD {local.pld:.2f}" in text and local.accountant == "pld"
+    assert f"RDP with amplification {sampled.rdp:.2f} (reported); PLD without amplification {sampled.pld:.2f}" in text
+    assert sampled.accountant == "rdp"
+    assert "No benchmark of accuracy against epsilon has been run yet" not in text

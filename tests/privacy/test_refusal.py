@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from strategies.privacy import ServerPrivacy
 from task.config import parse_settings
 from task.methods import METHODS
 from task.options import ConfigConflict
+from task.privacy import calibrate_local
 
 CENTRAL = sorted(m for m, spec in METHODS.items() if "central" in spec.privacy.modes)
 LOCAL = sorted(m for m, spec in METHODS.items() if "local" in spec.privacy.modes)
@@ -89,7 +91,7 @@ def test_fedc2i_under_local_dp_refuses_the_ablation_that_weights_peers_by_their_
 @pytest.mark.parametrize(
     "extra,match",
     [
-        ({"dp-clip": 0.0}, "needs a clip bound dp-clip > 0 .*: noise on unbounded updates gives no guarantee$"),
+        ({"dp-clip": 0.0}, r"^dp-noise-multiplier=1.0 needs a clip bound dp-clip > 0 .*: noise on unbounded updates"),
         ({"dp-delta": 0.0}, "dp-delta must be strictly between 0 and 1"),
         ({"dp-delta": 1.0}, "dp-delta must be strictly between 0 and 1"),
     ],
@@ -97,6 +99,56 @@ def test_fedc2i_under_local_dp_refuses_the_ablation_that_weights_peers_by_their_
 def test_impossible_dp_settings_are_refused_at_start_up(extra, match):
     with pytest.raises(ConfigConflict, match=match):
         parse_settings({"method": "fedavg", "dp-mode": "central", **extra})
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (
+            {"dp-target-epsilon": 8.0, "dp-max-epsilon": 4.0},
+            r"^dp-target-epsilon=8 exceeds dp-max-epsilon=4: the run would stop before its last round",
+        ),
+        ({"dp-target-epsilon": 4.0, "dp-clip": 0.0}, r"^dp-target-epsilon needs a clip bound dp-clip > 0"),
+        (
+            {"dp-target-epsilon": 0.5, "dp-clip": 0.0, "dp-noise-multiplier": 0.0},
+            r"^dp-target-epsilon needs a clip bound dp-clip > 0",
+        ),
+        ({"dp-target-epsilon": 0.8, "dp-max-epsilon": 0.5}, r"^dp-target-epsilon=0.8 exceeds dp-max-epsilon=0.5"),
+        ({"dp-adaptive-clip": True, "dp-clip": 0.0, "dp-noise-multiplier": 0.0}, r"dp-adaptive-clip starts from"),
+    ],
+)
+def test_a_budget_or_adaptive_clipping_that_cannot_work_is_refused_at_start_up(extra, match):
+    with pytest.raises(ConfigConflict, match=match):
+        parse_settings({"method": "fedavg", "dp-mode": "central", **extra})
+
+
+def test_a_target_equal_to_the_maximum_is_allowed_and_a_target_below_one_is_calibrated_by_the_server():
+    assert parse_settings({"dp-mode": "central", "dp-target-epsilon": 4.0, "dp-max-epsilon": 4.0}).dp_max_epsilon == 4.0
+    s = parse_settings({"dp-mode": "central", "dp-target-epsilon": 0.5})
+    assert ServerPrivacy(s).noise_multiplier is None  # calibrated at round 1, not dp-noise-multiplier
+
+
+def test_budget_keys_without_dp_and_adaptive_clipping_under_local_dp_are_refused():
+    with pytest.raises(ConfigConflict, match=r"^dp-max-epsilon: only with dp-mode='central' or 'local'"):
+        parse_settings({"dp-max-epsilon": 0.5})  # a maximum below one is a maximum too
+    with pytest.raises(
+        ConfigConflict, match=r"^dp-target-epsilon, dp-max-epsilon, dp-adaptive-clip: only with dp-mode"
+    ):
+        parse_settings({"dp-target-epsilon": 4.0, "dp-max-epsilon": 5.0, "dp-adaptive-clip": True})
+    with pytest.raises(
+        ConfigConflict, match=r"^dp-adaptive-clip adapts the server's clip bound, so it needs dp-mode='central'"
+    ):
+        parse_settings({"method": "fedc2i", "dp-mode": "local", "dp-adaptive-clip": True})
+
+
+@pytest.mark.parametrize("method,query_releases", [("fedc2i", 0), ("pfedlia", 1)])
+def test_under_local_dp_a_target_epsilon_sets_the_noise_every_client_adds(method, query_releases):
+    """Each client noises its own releases, so the server and every client calibrate alike from the run config:
+    the planned rounds plus the releases a method makes outside its train replies (pFedLIA's lazy model)."""
+    s = parse_settings({"method": method, "dp-mode": "local", "dp-target-epsilon": 6.0, "num-server-rounds": 7})
+    assert s.dp_noise_multiplier == calibrate_local(6.0, 1e-5, 7 + query_releases)
+    central = parse_settings({"method": "fedavg", "dp-mode": "central", "dp-target-epsilon": 6.0})
+    assert central.dp_noise_multiplier == 1.0  # central: the server calibrates at round 1, from the connected nodes
 
 
 def test_no_noise_without_clipping_is_allowed_and_dp_off_ignores_the_dp_keys():

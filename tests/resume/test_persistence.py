@@ -171,15 +171,23 @@ def test_a_checkpointed_strategy_is_put_back_as_it_was_and_continues_after_its_r
     assert back.client_of == {}  # who each node is is not saved: the nodes are new
 
 
-def test_a_resumed_strategy_draws_central_dp_noise_from_the_secret_of_the_run_it_resumes(tmp_path):
-    # a repeated round must release the same noised model again, not a second noisy view of the same mean
-    s = midway()
-    fresh = counting()
-    assert fresh.noise_secret != s.noise_secret  # every run draws its own
-    write_checkpoint(tmp_path, 3, checkpoint_state(s), s.settings)
-    done, saved = read_checkpoint(tmp_path, counting(**{"resume-from": str(tmp_path)}).settings)
+def test_a_resumed_dp_strategy_keeps_its_secret_cohort_generator_and_what_dp_kept_across_rounds(tmp_path):
+    """Under DP the cohort generator is seeded by a secret only the server holds: a resumed run goes on drawing
+    from the one in the checkpoint (not a fresh secret, nor the run's seed), with the calibrated noise multiplier,
+    the adapted clip bound and the releases charged so far."""
+    dp = {"dp-mode": "central", "dp-target-epsilon": 8.0, "dp-adaptive-clip": True}
+    s = counting(**dp)
+    s.history = [RoundLog(1)]
+    s.rng.random()
+    s.dp.noise_multiplier, s.dp.clip, s.dp.count_stddev, s.dp.charged = 1.7, 0.4, 0.2, 3
+    fresh = counting(**dp)
+    assert fresh.dp.noise_multiplier is None  # calibrated at the first round, from the connected nodes
+    write_checkpoint(tmp_path, 1, checkpoint_state(s), s.settings)
+    done, saved = read_checkpoint(tmp_path, counting(**dp, **{"resume-from": str(tmp_path)}).settings)
     resume(fresh, saved, done)
-    assert fresh.noise_secret == s.noise_secret
+    assert fresh.rng.random() == s.rng.random()
+    assert fresh.dp.state() == s.dp.state() == {"noise-multiplier": 1.7, "clip": 0.4, "count-stddev": 0.2, "charged": 3}
+    assert fresh.dp.resumed_after == 1
 
 
 @pytest.mark.parametrize("with_folder", [True, False])

@@ -1,0 +1,209 @@
+"""A privacy budget on the server's round loop (strategies/privacy.py: ServerPrivacy), driven without clients:
+``dp-target-epsilon`` calibrates the noise before round 1 for the nodes that connected; ``dp-max-epsilon`` stops the
+run before a round that would exceed it, with its checkpoint written and the reason in the summary; adaptive clipping
+moves the clip bound by the noised count alone; a resumed local-DP run charges the releases of the rounds it
+repeats."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+
+import numpy as np
+import pytest
+from flwr.serverapp.exception import PrivacyBudgetExhausted
+
+from server_app.app import build_strategy
+from server_app.results import ResultsWriter
+from strategies.exchange import RunAborted
+from strategies.persistence import read_checkpoint, resume
+from strategies.pfedlia import PFedLIAStrategy
+from strategies.privacy import journaled_local_releases
+from task.checkpoint import load_checkpoint
+from task.config import parse_settings
+from task.params import to_record
+from task.privacy import calibrate_central, central_epsilon, local_epsilon, next_clip
+from tests.strategy_harness import build_as, drive
+
+NODES = {21: 0, 22: 1, 23: 2, 24: 3}
+
+
+def run_config(**over):
+    return {"method": "fedavg", "model": "mlp", "dp-mode": "central", "min-nodes": 4, "num-server-rounds": 3, **over}
+
+
+def test_a_target_epsilon_calibrates_the_noise_before_round_one_for_the_connected_nodes(caplog):
+    strategy = build_strategy(parse_settings(run_config(**{"dp-target-epsilon": 4.0, "dp-noise-multiplier": 9.0})))
+    with caplog.at_level(logging.INFO, logger="flwr.pflower"):
+        drive(strategy, NODES, 3)
+    dp = [r.extra["dp"] for r in strategy.history]
+    sigma = calibrate_central(4.0, 1e-5, 3, 4, 4)
+    assert all(d["noise-multiplier"] == sigma for d in dp)  # dp-noise-multiplier is replaced, not used
+    assert 3.99 <= dp[-1]["epsilon"] <= 4.0  # the planned rounds spend the target, no more
+    assert dp[0]["noise-std"] == pytest.approx(sigma * 1.0 / 4)
+    said = f"[dp] noise multiplier {sigma:.4g}: epsilon 4 at delta 1e-05 after 3 rounds of 4 of 4 clients"
+    assert said in caplog.text
+
+
+def test_the_run_stops_before_a_round_that_would_exceed_the_maximum_with_its_checkpoint_and_reason(tmp_path):
+    two, three = (central_epsilon(1.0, r, 1e-5, 4, 4) for r in (2, 3))
+    maximum = two  # a round that reaches the maximum exactly runs; the next one would exceed it
+    cfg = run_config(**{"dp-max-epsilon": maximum, "num-server-rounds": 5, "checkpoint-every": 4})
+    cfg["results-dir"] = str(tmp_path)
+    settings = parse_settings(cfg)
+    strategy = build_strategy(settings)
+    writer = ResultsWriter(settings, run_id=3)
+    strategy.results_dir = writer.folder
+    with pytest.raises(PrivacyBudgetExhausted) as err:
+        drive(strategy, NODES, 5)
+    reason = str(err.value)
+    assert reason.startswith(f"round 3 would take epsilon to {three:.4g} (delta 1e-05), above dp-max-epsilon=")
+    assert "the run stops after round 2" in reason and f"resume-from='{writer.folder}'" in reason
+    assert [r.server_round for r in strategy.history] == [1, 2]  # nothing of round 3 was logged ...
+    done, _, _ = load_checkpoint(writer.folder / "checkpoints")
+    assert done == 2  # ... and round 2's checkpoint was written, though checkpoint-every is 4, to resume from
+    _, saved = read_checkpoint(writer.folder, parse_settings({**cfg, "resume-from": str(writer.folder)}))
+    assert [r["server_round"] for r in saved["base"]["history"]] == [1, 2]
+    line = writer.write(strategy, 1.0, stopped=reason)
+    summary = json.loads((writer.folder / "summary.json").read_text())
+    assert summary["stopped"] == reason and summary["epsilon"] == pytest.approx(two) and two <= maximum
+    assert f", STOPPED: {reason}" in line and "ABORTED" not in line
+
+
+def test_no_message_of_a_round_over_the_budget_leaves_the_server():
+    maximum = (central_epsilon(1.0, 1, 1e-5, 4, 4) + central_epsilon(1.0, 2, 1e-5, 4, 4)) / 2
+    strategy = build_strategy(parse_settings(run_config(**{"dp-max-epsilon": maximum})))
+    grid = drive(strategy, NODES, 1)
+    before = len(grid.sent)
+    with pytest.raises(PrivacyBudgetExhausted):
+        drive(strategy, NODES, [2])
+    assert {int(m.content["config"]["server-round"]) for m in grid.sent[:before]} == {1}
+    assert strategy.rounds_done == 1
+
+
+def test_a_local_dp_run_stops_before_the_release_that_would_exceed_the_maximum():
+    maximum = (local_epsilon(1.0, 2, 1e-5) + local_epsilon(1.0, 3, 1e-5)) / 2
+    cfg = {"method": "fedc2i", "model": "mlp", "dp-mode": "local", "min-nodes": 4, "num-server-rounds": 4}
+    strategy = build_strategy(parse_settings({**cfg, "dp-max-epsilon": maximum}))
+    with pytest.raises(PrivacyBudgetExhausted, match=r"^round 3 would take epsilon to"):
+        drive(strategy, NODES, 4)
+    assert [r.extra["dp"]["releases"] for r in strategy.history] == [1, 2]
+
+
+def test_pfedlias_clustering_round_counts_its_lazy_release_in_the_budget():
+    """Round 2 is the clustering round: two releases (the lazy model and the train reply) take a client to three;
+    a maximum between two and three releases stops the run before it, not after the lazy models left."""
+    maximum = (local_epsilon(1.0, 2, 1e-5) + local_epsilon(1.0, 3, 1e-5)) / 2
+    cfg = {"method": "pfedlia", "model": "mlp", "dp-mode": "local", "min-nodes": 4, "num-server-rounds": 3}
+    strategy = build_as(PFedLIAStrategy, parse_settings({**cfg, "warmup-rounds": 1, "dp-max-epsilon": maximum}))
+    with pytest.raises(PrivacyBudgetExhausted, match=r"^round 2 would take epsilon to"):
+        drive(strategy, NODES, 3)
+    assert strategy.lazy_queries == 0  # no lazy model was asked for
+
+
+# ---------------------------------------------------------------------------------------------- adaptive clipping
+def small_updates(strategy, norm=0.05):
+    """Every client's update has norm ``norm`` (below the clip bound): the unclipped share is 1 before its noise."""
+
+    def answer(server_round, node, phase, content):
+        if phase == "train":
+            keys = strategy.released_keys()
+            size = sum(strategy.global_state[k].size for k in keys)
+            step = np.float32(norm / np.sqrt(size))
+            content["arrays"] = to_record({k: strategy.global_state[k] + step for k in keys})
+
+    return answer
+
+
+def test_adaptive_clipping_moves_the_bound_by_the_noised_count_and_never_above_dp_clip():
+    cfg = run_config(**{"dp-adaptive-clip": True, "dp-clip-count-stddev": 0.6, "num-server-rounds": 4, "dp-clip": 0.8})
+    strategy = build_strategy(parse_settings(cfg))
+    drive(strategy, NODES, 4, small_updates(strategy))
+    dp = [r.extra["dp"] for r in strategy.history]
+    assert dp[0]["clip"] == 0.8  # it starts at dp-clip
+    for before, after in itertools.pairwise(dp):  # each bound follows from the previous round's noised share
+        assert after["clip"] == pytest.approx(min(next_clip(before["clip"], before["unclipped-share"], 0.5, 0.2), 0.8))
+    assert strategy.dp.clip == pytest.approx(min(next_clip(dp[-1]["clip"], dp[-1]["unclipped-share"], 0.5, 0.2), 0.8))
+    # the count took its share of the round's budget: the update's noise is above sigma's, epsilon is sigma's
+    assert all(d["noise-std"] > 1.0 * d["clip"] / 4 for d in dp)
+    assert dp[-1]["epsilon"] == pytest.approx(central_epsilon(1.0, 4, 1e-5, 4, 4))
+
+
+def test_a_count_noise_that_would_spend_the_whole_round_stops_the_run_with_the_keys_to_change():
+    cfg = run_config(**{"dp-adaptive-clip": True})  # the default count noise: a cohort of 4 / 20 = 0.2 < sigma / 2
+    strategy = build_strategy(parse_settings(cfg))
+    with pytest.raises(
+        RunAborted, match=r"dp-clip-count-stddev, 0.2\) above half of the noise multiplier .*cohort of 4"
+    ):
+        drive(strategy, NODES, 1)
+
+
+# ---------------------------------------------------------------------------------------------- local DP, resumed
+LOCAL = {"method": "fedc2i", "model": "mlp", "dp-mode": "local", "min-nodes": 4, "num-server-rounds": 6}
+
+
+def resumed_from(folder):
+    """A strategy resumed from the last checkpoint in ``folder`` (local DP, checkpoint-every 2), as the ServerApp
+    builds one."""
+    cfg = {**LOCAL, "checkpoint-every": 2, "resume-from": str(folder)}
+    done, saved = read_checkpoint(folder, parse_settings(cfg))
+    strategy = build_strategy(parse_settings(cfg))
+    resume(strategy, saved, done)
+    strategy.results_dir = folder
+    return strategy
+
+
+def test_a_resumed_local_dp_run_charges_the_releases_of_the_rounds_it_repeats(tmp_path):
+    """Rounds 1-3 ran, the checkpoint is of round 2 (checkpoint-every 2): round 3's releases left the clients and
+    leave again, with fresh noise, when the resumed run repeats round 3.  Every client's epsilon counts both; a
+    second crash in round 5 charges round 5's releases on top."""
+    first = build_strategy(parse_settings({**LOCAL, "checkpoint-every": 2}))
+    first.results_dir = tmp_path
+    drive(first, NODES, 3)
+    resumed = resumed_from(tmp_path)
+    drive(resumed, NODES, [3, 4])
+    dp = [r.extra["dp"] for r in resumed.history]
+    assert [d["releases"] for d in dp] == [1, 2, 4, 5] and [d["charged"] for d in dp] == [0, 0, 1, 1]
+    assert dp[-1]["epsilon"] == pytest.approx(local_epsilon(1.0, 5, 1e-5))
+    # what a second resume charges from: the most releases a client may have made by round 4's end
+    assert journaled_local_releases(tmp_path) == 5
+    drive(resumed, NODES, [5])  # its releases leave, then the run crashes before round 6's checkpoint
+    again = resumed_from(tmp_path)
+    drive(again, NODES, [5])
+    assert [r.extra["dp"]["releases"] for r in again.history][-2:] == [5, 7]
+    assert again.history[-1].extra["dp"]["charged"] == 2
+
+
+def test_a_run_resumed_right_after_its_checkpoint_charges_nothing(tmp_path):
+    first = build_strategy(parse_settings({**LOCAL, "checkpoint-every": 2}))
+    first.results_dir = tmp_path
+    drive(first, NODES, 2)  # stopped right after round 2's checkpoint: no release of round 3 left
+    resumed = resumed_from(tmp_path)
+    drive(resumed, NODES, [3])
+    assert [(r.extra["dp"]["releases"], r.extra["dp"]["charged"]) for r in resumed.history] == [(1, 0), (2, 0), (3, 0)]
+
+
+def test_a_maximum_below_the_first_round_stops_before_anything_leaves_and_writes_no_checkpoint(tmp_path):
+    cfg = run_config(**{"dp-max-epsilon": central_epsilon(1.0, 1, 1e-5, 4, 4) / 2, "results-dir": str(tmp_path)})
+    strategy = build_strategy(parse_settings(cfg))
+    strategy.results_dir = tmp_path / "run"
+    with pytest.raises(PrivacyBudgetExhausted) as err:
+        drive(strategy, NODES, 1)
+    assert str(err.value).endswith("the run stops after round 0")  # nothing to resume from
+    assert not strategy.history and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_maximum_below_one_is_a_maximum_too():
+    cfg = run_config(**{"dp-noise-multiplier": 8.0, "dp-max-epsilon": central_epsilon(8.0, 1, 1e-5, 4, 4) / 2})
+    assert cfg["dp-max-epsilon"] < 1
+    strategy = build_strategy(parse_settings(cfg))
+    with pytest.raises(PrivacyBudgetExhausted, match=r"^round 1 would take epsilon to"):
+        drive(strategy, NODES, 1)
+
+
+def test_adaptive_clipping_never_raises_the_bound_above_dp_clip():
+    cfg = run_config(**{"dp-adaptive-clip": True, "dp-clip-count-stddev": 0.6, "dp-clip": 0.8})
+    strategy = build_strategy(parse_settings(cfg))
+    drive(strategy, NODES, 3, small_updates(strategy, norm=5.0))  # every update clipped: the bound wants to grow
+    assert [r.extra["dp"]["clip"] for r in strategy.history] == [0.8, 0.8, 0.8] and strategy.dp.clip == 0.8
