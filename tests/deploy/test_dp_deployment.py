@@ -8,7 +8,8 @@ One short run per mode (two SuperNodes that take part, two rounds, the run's oth
 skips where tests/deploy/test_local_cluster.py skips.  The default test run deploys local DP, whose accounting is
 where the deployment differs from a simulation: each client counts its own releases in its own state folder, from
 a fresh ClientApp process per message.  The same cluster has a third SuperNode with node config
-``dp-min-noise-multiplier=2.0``, above the run's 1.0: a node config only a real SuperNode has (a simulation gives
+``dp-min-noise-multiplier=2.0``, above the run's 1.0 (the two that take part carry README.md's example floor, which
+the run meets): a node config only a real SuperNode has (a simulation gives
 its nodes a partition id and nothing else), so its refusal is checked here, in the same run to save a cluster's
 start-up.  Central DP, accounted by the server as in a simulation (tests/privacy runs it there), is deployed with
 ``python -m pytest -m extended``."""
@@ -38,12 +39,24 @@ REFUSING = NODES
 FLOOR = "dp-min-noise-multiplier=2.0"
 
 
+def readme_floor() -> str:
+    """The floor README.md's example SuperNode sets (its ``dp-`` node config keys): the accepting SuperNodes of the
+    local-DP run carry it, so the README's node config is what a real SuperNode gets, and the run (the defaults'
+    noise multiplier and clip) satisfies it."""
+    from tests.readme import readme_commands
+
+    [line] = [c.text for c in readme_commands() if c.text.startswith("flower-supernode ") and "dp-" in c.text]
+    config = line.split("--node-config", 1)[1].strip().strip('"')
+    return " ".join(kv for kv in config.split() if kv.startswith("dp-"))
+
+
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory) -> dict:
     return run_cluster(
         tmp_path_factory.mktemp("dp-local"),
         *("--nodes", str(NODES + 1), "--rounds", str(ROUNDS), "--method", "fedc2i"),
         *("--run-config", f"dp-mode='local' eval-every={ROUNDS}"),
+        *[a for i in range(NODES) for a in ("--node-config", f"{i}:{readme_floor()}")],
         *("--node-config", f"{REFUSING}:{FLOOR}", "--refused-by", str(REFUSING)),
     )
 

@@ -272,6 +272,54 @@ def test_the_recording_example_writes_what_each_side_sent_as_the_method_declares
     assert mismatches(declared, server, clients=len(clients)) == []
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_tensorboard_example_serves_each_runs_curves(tmp_path):
+    """The README's ``tensorboard --logdir results``, as written (plus a loopback address and a free port), on a
+    results folder holding two runs' event files as pflower writes them: TensorBoard lists both runs and serves
+    ``eval/personal-acc`` for each."""
+    import urllib.request
+
+    from server_app.app import build_strategy
+    from server_app.tracking import open_watchers
+    from task.config import parse_settings
+    from tests.strategy_harness import drive
+
+    [command] = find(r"^tensorboard ")
+    for name in ("run-a", "run-b"):
+        s = parse_settings({"model": "mlp", "min-nodes": 3, "method": "fedavg", "num-server-rounds": 2})
+        strategy = build_strategy(s)
+        watchers = open_watchers(s, tmp_path / "results" / name, resumed=False)
+        strategy.round_watchers.append(watchers.update)
+        drive(strategy, {11: 0, 12: 1, 13: 2}, 2)
+        watchers.finish(strategy.history, failed=False)
+    port = free_port()
+    tokens = shlex.split(command.text.split("#")[0]) + ["--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(tokens, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        tags: dict = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all("eval/personal-acc" in tags.get(r, {}) for r in ("run-a", "run-b")):
+            assert server.poll() is None, server.stderr.read().decode() if server.stderr else "tensorboard exited"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as r:
+                    tags = json.loads(r.read())
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert {"run-a", "run-b"} <= set(tags), f"tensorboard lists {sorted(tags)}"
+        assert all("eval/personal-acc" in tags[r] for r in ("run-a", "run-b")), tags
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+
+
 # --------------------------------------------------------------------------- every command is run by a test
 def default_job_runs_in_ci(command: Command) -> bool:
     """Set-up command 1 (the default job, about a minute at full size) runs in .ci/run as written, which then checks
@@ -308,6 +356,13 @@ ACCOUNTED = [
         ),
     ),
 ]
+ACCOUNTED.append(
+    (
+        r"^flower-supernode \.\.\. --node-config ",
+        "tests/deploy/test_dp_deployment.py (the local-DP run's accepting SuperNodes carry this floor)",
+        lambda c: "readme_floor()" in (ROOT / "tests/deploy/test_dp_deployment.py").read_text(),
+    )
+)
 #: the commands run here: the recipe for one's own SuperLink (its set-up and kill in ``own_superlink``), and the
 #: examples of the tests above
 RUN_HERE = [
@@ -318,6 +373,7 @@ RUN_HERE = [
     r"^python deploy/export_partitions\.py --out /tmp/nodes|^python -m task\.predict results/<that folder>",
     r"dp-mode=",
     r"record-messages=true",
+    r"^tensorboard --logdir results",
 ]
 
 
