@@ -300,12 +300,13 @@ def test_the_tensorboard_example_serves_each_runs_curves(tmp_path):
         drive(strategy, {11: 0, 12: 1, 13: 2}, 2)
         watchers.finish(strategy.history, failed=False)
     port = free_port()
-    tokens = shlex.split(command.text.split("#")[0]) + ["--host", "127.0.0.1", "--port", str(port)]
+    tokens = [*shlex.split(command.text.split("#")[0]), "--host", "127.0.0.1", "--port", str(port)]
     server = subprocess.Popen(tokens, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         tags: dict = {}
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not all("eval/personal-acc" in tags.get(r, {}) for r in ("run-a", "run-b")):
+        runs = ("run-a", "run-b")
+        while time.monotonic() < deadline and not all("eval/personal-acc" in tags.get(r, {}) for r in runs):
             assert server.poll() is None, server.stderr.read().decode() if server.stderr else "tensorboard exited"
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as r:
