@@ -19,7 +19,7 @@ from strategies.pifl_math import (
     shapley_scores,
 )
 from task.config import parse_settings
-from task.methods.pifl import MICRO, PIFLOptions, bid_policy, mixture_weights
+from task.methods.pifl import MICRO, PIFLOptions, bid_policy, mixture_weights, personal_weights
 
 
 def play_round(ledger, bids, utilities, scores, counts, rng, n_perf, n_rand, dropouts):
@@ -595,3 +595,15 @@ def test_every_rejected_ledger_operation_says_exactly_why():
     refused(lambda: ledger.charge(0, [1, 1]), "a client appears twice among the payers")
     refused(lambda: ledger.charge(0, [9]), "unknown client 9")
     refused(lambda: ledger.charge(0, [2]), "client 2 cannot pay 1000000 (balance 999999)")
+
+
+@pytest.mark.parametrize("accuracies", [[0.2, 0.6, 0.0], [0.9, 0.1], [0.5, 0.5]])
+def test_choosing_keeps_the_mixture_unless_the_best_tier_scores_strictly_higher(accuracies):
+    # pifl-personal='choose': the client compares the Eq. 4 mixture with its single most accurate tier on the same
+    # calibration data; without a mixture accuracy (the default, 'mixture') the weights are Eq. 4's
+    best = int(np.argmax(accuracies))
+    np.testing.assert_allclose(personal_weights(accuracies), mixture_weights(accuracies))
+    for mixture_acc in (accuracies[best], accuracies[best] + 0.01, 1.0):  # the mixture at least as good
+        np.testing.assert_allclose(personal_weights(accuracies, mixture_acc), mixture_weights(accuracies))
+    one_hot = personal_weights(accuracies, accuracies[best] - 0.01)  # the best tier strictly better
+    assert one_hot.tolist() == [1.0 if k == best else 0.0 for k in range(len(accuracies))]
