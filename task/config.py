@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from task.data import DATASETS, DOMAINS, MIXTURES, PARTITIONS, DataSettings, dataset_info
+from task.data.catalogue import MIN_CLIENT_SAMPLES
 from task.methods import METHODS, method_spec
 from task.models import IMAGE_ONLY, MODELS
 from task.options import ConfigConflict, OptionSet, option
@@ -29,7 +30,16 @@ class RunOptions(OptionSet):
     method: str = option("method", "fedavg", "the method (see task/methods)", choices=tuple(METHODS))
     dataset: str = option("dataset", "digits", "the data set", choices=tuple(DATASETS))
     partition: str = option("partition", "dirichlet", "how the data is split over clients", choices=PARTITIONS)
-    alpha: float = option("alpha", 0.5, "Dirichlet concentration (partition 'dirichlet')", minimum=1e-9)
+    alpha: float = option(
+        "alpha", 0.5, "Dirichlet concentration of labels (partitions 'dirichlet', 'quantity-dirichlet')", minimum=1e-9
+    )
+    size_sigma: float = option(
+        "size-sigma",
+        1.0,
+        "quantity skew (partition 'quantity-dirichlet'): client sizes in proportion to lognormal(0, size-sigma) "
+        f"draws, at least {MIN_CLIENT_SAMPLES} samples each (0: equal sizes)",
+        minimum=0.0,
+    )
     classes_per_client: int = option("classes-per-client", 2, "labels per client (partition 'pathological')", minimum=1)
     num_clusters: int = option("num-clusters", 5, "planted groups (partition 'planted-clusters*'; dialects)", minimum=1)
     mixture: str = option("mixture", "10:90", "two-source mixture (partition 'two-source')", choices=MIXTURES)
@@ -257,6 +267,7 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         dataset=run.dataset,
         partition=run.partition,
         alpha=run.alpha,
+        size_sigma=run.size_sigma,
         classes_per_client=run.classes_per_client,
         num_clusters=run.num_clusters,
         mixture=run.mixture,

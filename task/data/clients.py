@@ -34,6 +34,7 @@ class DataSettings:
     dataset: str = "digits"
     partition: str = "dirichlet"
     alpha: float = 0.5
+    size_sigma: float = 1.0
     classes_per_client: int = 2
     num_clusters: int = 5
     mixture: str = "10:90"
@@ -60,8 +61,10 @@ class DataSettings:
             raise ValueError(
                 f"unknown partition {self.partition!r} (run-config key 'partition'); allowed: {list(PARTITIONS)}"
             )
-        if self.partition == "dirichlet" and not self.alpha > 0:
-            raise ValueError(f"alpha must be > 0 for partition 'dirichlet', got {self.alpha}")
+        if self.partition in ("dirichlet", "quantity-dirichlet") and not self.alpha > 0:
+            raise ValueError(f"alpha must be > 0 for partition {self.partition!r}, got {self.alpha}")
+        if not self.size_sigma >= 0:
+            raise ValueError(f"size-sigma must be >= 0, got {self.size_sigma}")
         if self.partition == "two-source" and self.mixture not in MIXTURES:
             raise ValueError(f"unknown mixture {self.mixture!r} (run-config key 'mixture'); allowed: {list(MIXTURES)}")
         if not 0.0 <= self.test_fraction < 1.0 or not 0.0 <= self.val_fraction < 1.0:

@@ -193,3 +193,94 @@ def test_strong_dirichlet_skew_over_many_clients_lowers_the_minimum_size_instead
     assert_disjoint(parts, len(digits.y))
     assert all(len(p) >= 1 for p in parts)
     assert "lowering the minimum client size" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------- quantity skew
+def test_quantity_sizes_sum_to_the_data_set_and_give_everyone_the_minimum():
+    from task.data.partitioners import MIN_CLIENT_SAMPLES, quantity_sizes
+
+    for n, sigma, seed in ((10, 1.0, 0), (100, 1.0, 3), (179, 2.0, 1), (7, 0.5, 9)):
+        sizes = quantity_sizes(1797, n, sigma, seed)
+        assert sizes.shape == (n,) and sizes.sum() == 1797
+        assert sizes.min() >= MIN_CLIENT_SAMPLES
+
+
+def test_quantity_sizes_spread_grows_with_size_sigma_and_sigma_zero_is_equal():
+    from task.data.partitioners import quantity_sizes
+
+    def spread(sigma):  # coefficient of variation of the sizes, over a few seeds
+        return np.mean([(s := quantity_sizes(5000, 50, sigma, seed)).std() / s.mean() for seed in range(5)])
+
+    equal = quantity_sizes(1797, 10, 0.0, 0)
+    assert equal.max() - equal.min() <= 1
+    assert spread(0.25) > 0.1
+    assert spread(1.0) > 2 * spread(0.25)
+    assert spread(2.0) > spread(1.0)
+
+
+def test_quantity_sizes_follow_the_lognormal_draws_beyond_the_minimum():
+    """Above the floor every client gets a share in proportion to its own draw: sizes are ordered as the draws,
+    and the largest client is many times the smallest at size-sigma 1."""
+    from task.data.partitioners import MIN_CLIENT_SAMPLES, quantity_sizes
+
+    draws = np.random.default_rng([4, 7_411]).lognormal(0.0, 1.0, size=20)
+    sizes = quantity_sizes(10_000, 20, 1.0, 4)
+    spare = 10_000 - MIN_CLIENT_SAMPLES * 20
+    np.testing.assert_allclose(sizes - MIN_CLIENT_SAMPLES, spare * draws / draws.sum(), atol=1.0)
+    assert sizes.max() > 5 * sizes.min()
+
+
+def test_quantity_sizes_are_seeded():
+    from task.data.partitioners import quantity_sizes
+
+    np.testing.assert_array_equal(quantity_sizes(1797, 30, 1.0, 5), quantity_sizes(1797, 30, 1.0, 5))
+    assert not np.array_equal(quantity_sizes(1797, 30, 1.0, 5), quantity_sizes(1797, 30, 1.0, 6))
+
+
+def test_quantity_sizes_refuse_too_many_clients_saying_how_many_fit():
+    from task.data.partitioners import quantity_sizes
+
+    assert quantity_sizes(1797, 179, 1.0, 0).min() == 10  # exactly enough
+    with pytest.raises(ValueError, match=r"at least 10 samples: 180 clients need 1800, the data set has 1797; "):
+        quantity_sizes(1797, 180, 1.0, 0)
+    with pytest.raises(ValueError, match="use at most 179 clients"):
+        quantity_sizes(1797, 500, 1.0, 0)
+    with pytest.raises(ValueError, match="size-sigma must be >= 0"):
+        quantity_sizes(1797, 10, -0.5, 0)
+
+
+def test_quantity_dirichlet_partition_has_the_drawn_sizes_and_covers_the_data(digits):
+    part = make("quantity-dirichlet", 30, digits.y, alpha=0.5, size_sigma=1.0, seed=2)
+    parts = all_parts(part, 30)
+    assert_disjoint(parts, len(digits.y))
+    assert sum(map(len, parts)) == len(digits.y)
+    np.testing.assert_array_equal([len(p) for p in parts], part.partition_sizes)
+    assert max(map(len, parts)) > 4 * min(map(len, parts))
+
+
+def test_quantity_dirichlet_skews_labels_more_for_small_alpha(digits):
+    def skew(alpha):  # mean share of a client's most common label, over the clients of a few seeds
+        parts = [
+            p
+            for seed in range(3)
+            for p in all_parts(make("quantity-dirichlet", 10, digits.y, alpha=alpha, seed=seed), 10)
+        ]
+        return float(np.mean([np.bincount(digits.y[p], minlength=10).max() / len(p) for p in parts]))
+
+    assert skew(0.1) > skew(100.0) + 0.2
+
+
+def test_quantity_dirichlet_refuses_bad_parameters(digits):
+    with pytest.raises(ValueError, match="alpha must be > 0 for partition 'quantity-dirichlet'"):
+        build_partitioner("quantity-dirichlet", 10, alpha=0.0)
+    with pytest.raises(ValueError, match="size-sigma must be >= 0"):
+        build_partitioner("quantity-dirichlet", 10, size_sigma=-1.0)
+
+
+def test_quantity_dirichlet_clients_get_their_splits_and_too_many_clients_fail_clearly():
+    s = DataSettings(partition="quantity-dirichlet", alpha=0.5, size_sigma=1.0, seed=1)
+    clients = [load_client_data(s, i, 12) for i in range(12)]
+    totals = [c.num_train + len(c.y_val) + len(c.y_test) for c in clients]
+    assert sum(totals) == 1797 and min(totals) >= 10 and max(totals) > 4 * min(totals)
+    with pytest.raises(ValueError, match="use at most 179 clients"):
+        load_client_data(s, 0, 200)
