@@ -80,7 +80,13 @@ class RunOptions(OptionSet):
     test_fraction: float = option("test-fraction", 0.2, "each client's held-out test share", minimum=0.0, maximum=0.89)
     val_fraction: float = option("val-fraction", 0.1, "each client's validation share", minimum=0.0, maximum=0.89)
     noise_std: float = option("noise-std", 0.0, "fixed Gaussian pixel noise on the data", minimum=0.0)
-    data_copies: int = option("data-copies", 1, "jittered copies of the data set (many clients)", minimum=1)
+    data_copies: int = option(
+        "data-copies",
+        1,
+        "jittered copies of every training image (a copy trains where its original trains; held-out splits and "
+        "the number of clients a data set fits are unchanged)",
+        minimum=1,
+    )
     train_samples: int = option(
         "train-samples",
         0,

@@ -23,7 +23,15 @@ import importlib
 from typing import Any
 
 from task.data.catalogue import DATASETS, DOMAINS, MIXTURES, PARTITIONS, DatasetInfo, dataset_info, synth_concept
-from task.data.clients import ClientData, DataSettings, load_client_data, partition_indices, stratified_split
+from task.data.clients import (
+    ClientData,
+    DataSettings,
+    SplitIndices,
+    load_client_data,
+    partition_indices,
+    split_indices,
+    stratified_split,
+)
 from task.data.domains import apply_domain, domain_of
 from task.data.files import export_client_file, load_local_file
 from task.data.sources import Centralized, load_centralized
@@ -57,6 +65,7 @@ __all__ = [
     "DataSettings",
     "DatasetInfo",
     "PlantedClusterPartitioner",
+    "SplitIndices",
     "TwoSourcePartitioner",
     "apply_domain",
     "build_partitioner",
@@ -70,6 +79,7 @@ __all__ = [
     "partition_indices",
     "partitioner_for",
     "source_shares",
+    "split_indices",
     "stratified_split",
     "synth_concept",
 ]

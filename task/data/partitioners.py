@@ -368,12 +368,16 @@ class _SeededDirichlet(DirichletPartitioner):
 
 @functools.lru_cache(maxsize=8)
 def partitioner_for(settings, num_partitions: int) -> tuple[Partitioner, Centralized]:
-    """The run's partitioner over ``num_partitions`` clients and the whole data set it partitions (cached)."""
+    """The run's partitioner over ``num_partitions`` clients and the whole data set whose originals it partitions
+    (cached)."""
     data = load_centralized(settings.dataset, settings.data_dir, settings.noise_std, settings.data_copies)
-    if len(data.y) < 2 * num_partitions:
+    if data.originals < 2 * num_partitions:
+        copies = (
+            " (data-copies only enlarges training splits, it adds no samples to partition)" if data.copies > 1 else ""
+        )
         raise ValueError(
-            f"num-partitions={num_partitions} is too many for dataset {settings.dataset!r} with {len(data.y)} "
-            f"samples: every client needs at least 2 (use at most {len(data.y) // 2} clients)"
+            f"num-partitions={num_partitions} is too many for dataset {settings.dataset!r} with {data.originals} "
+            f"samples: every client needs at least 2 (use at most {data.originals // 2} clients){copies}"
         )
     part = build_partitioner(
         settings.partition,
@@ -388,5 +392,5 @@ def partitioner_for(settings, num_partitions: int) -> tuple[Partitioner, Central
     )
     if isinstance(part, TwoSourcePartitioner) and data.source is not None:
         part.sources = data.source
-    part.dataset = index_table(data.y)
+    part.dataset = index_table(data.y[: data.originals])  # copies follow their originals (Centralized.with_copies)
     return part, data

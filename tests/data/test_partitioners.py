@@ -163,12 +163,62 @@ def test_client_data_is_deterministic():
 
 def test_data_copies_add_jittered_samples(digits):
     big = load_centralized("digits", copies=3)
-    assert big.x.shape[0] == 3 * len(digits.y)
+    assert big.x.shape[0] == 3 * len(digits.y) and big.originals == len(digits.y)
     np.testing.assert_array_equal(big.y[: len(digits.y)], digits.y)
     np.testing.assert_array_equal(big.x[: len(digits.y)], digits.x)
     assert not np.allclose(big.x[len(digits.y) : 2 * len(digits.y)], digits.x)
-    parts = all_parts(make("iid", 1000, big.y), 1000)
-    assert min(map(len, parts)) >= 5
+    np.testing.assert_array_equal(big.with_copies(np.array([5, 0])), [5, 0, 1802, 1797, 3599, 3594])
+    with pytest.raises(ValueError, match=r"only originals have copies: indices must be in \[0, 1797\)"):
+        big.with_copies(np.array([1797]))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        DataSettings(partition="dirichlet", alpha=0.5, data_copies=3, seed=0),
+        DataSettings(partition="iid", data_copies=4, train_samples=150, seed=2),
+        DataSettings(partition="two-source", data_copies=2, seed=1),
+    ],
+    ids=["dirichlet", "iid-capped", "two-source"],
+)
+def test_data_copies_never_put_a_near_copy_of_a_held_out_image_into_training(settings):
+    """A jittered copy trains only where its original trains: no training image of any client is a copy of any
+    client's validation, test or calibration image, and the held-out splits hold originals only."""
+    from task.data.clients import split_indices
+    from task.data.partitioners import partitioner_for
+
+    n = 10
+    _, data = partitioner_for(settings, n)
+    splits = [split_indices(settings, i, n) for i in range(n)]
+    held_out = np.concatenate(
+        [np.concatenate([s.val, s.test, *([s.calib] if s.calib is not None else [])]) for s in splits]
+    )
+    trained = np.concatenate([s.train for s in splits])
+    assert held_out.max() < data.originals  # originals only
+    assert not set((trained % data.originals).tolist()) & set(held_out.tolist())
+    # the same by content: no training image of any client is any copy of a held-out image
+    training_images = {row.tobytes() for i in range(n) for row in load_client_data(settings, i, n).x_train.numpy()}
+    copies_of_held_out = data.x[data.with_copies(np.unique(held_out))]
+    assert not any(row.tobytes() in training_images for row in copies_of_held_out)
+    assert len(trained) > len(np.unique(trained % data.originals))  # copies did enlarge the training splits
+
+
+def test_data_copies_multiply_the_training_split_and_leave_held_out_splits_as_without_copies():
+    one, three = DataSettings(partition="dirichlet", seed=3), DataSettings(partition="dirichlet", seed=3, data_copies=3)
+    for pid in (0, 4):
+        a, b = load_client_data(one, pid, 8), load_client_data(three, pid, 8)
+        assert b.num_train == 3 * a.num_train
+        np.testing.assert_array_equal(b.x_test.numpy(), a.x_test.numpy())
+        np.testing.assert_array_equal(b.x_val.numpy(), a.x_val.numpy())
+        np.testing.assert_array_equal(b.x_train.numpy()[: a.num_train], a.x_train.numpy())
+
+
+def test_data_copies_add_no_clients():
+    """Every client needs 2 originals: digits' 1,797 images fit 898 clients, with or without copies."""
+    s = DataSettings(partition="iid", data_copies=7)
+    assert load_client_data(s, 897, 898).num_train > 0
+    with pytest.raises(ValueError, match=r"use at most 898 clients\) \(data-copies only enlarges training splits"):
+        load_client_data(s, 0, 899)
 
 
 def test_synth_concept_sources_conflict_and_mix_per_client():
