@@ -31,6 +31,11 @@ EXTRA_SCALARS = {
 }
 
 
+#: the spread of the final personalized accuracy over clients in ``summary.json`` and the summary line, under the names
+#: :func:`strategies.history.spread_metrics` gives them in every evaluated round
+FAIRNESS = ("personal-acc-std", "personal-acc-min", "personal-acc-p10")
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
@@ -161,6 +166,9 @@ class ResultsWriter:
             "personal-acc": final.get("personal-acc"),
             "global-acc": final.get("global-acc"),
             "trained-acc": strategy.history[-1].train.get("trained-acc") if strategy.history else None,
+            # the spread of the final personalized accuracy over the evaluated clients (strategies.history's
+            # spread_metrics): how unequal they are, the worst client, and the bound of the worst tenth
+            **{k: final.get(k) for k in FAIRNESS},
             "personal-loss": final.get("personal-loss"),
             "global-loss": final.get("global-loss"),
             "clients": len(clients),
@@ -191,10 +199,16 @@ class ResultsWriter:
             return "n/a" if v is None else f"{v:.4f}"
 
         clustering = f", {summary['clustering']}" if outcome is not None else ""
+        spread = ""
+        if summary["personal-acc-std"] is not None:
+            spread = (
+                f" (over clients: std {acc(summary['personal-acc-std'])}, worst {acc(summary['personal-acc-min'])}, "
+                f"10th percentile {acc(summary['personal-acc-p10'])})"
+            )
         return (
             f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "
             f"{summary['rounds']} rounds, {summary['clients']} clients{clustering}, personalized acc "
-            f"{acc(summary['personal-acc'])}, global acc {acc(summary['global-acc'])}, "
+            f"{acc(summary['personal-acc'])}{spread}, global acc {acc(summary['global-acc'])}, "
             f"{summary['failures']} rejected replies{privacy}, {seconds:.1f} s"
             + (f", ABORTED: {aborted}" if aborted else "")
             + f" -> {self.folder}"
