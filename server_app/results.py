@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from strategies.history import RoundLog
+from strategies.newcomers import NEWCOMER_METRICS
 from strategies.plots import integer_ticks, pyplot
 from task.config import Settings
 from task.methods import load_object, method_spec
@@ -134,6 +135,9 @@ class ResultsWriter:
             write_json(folder / "resumes.json", resumes)
 
     def write(self, strategy, seconds: float, aborted: str | None = None) -> str:
+        def acc(v: object) -> str:
+            return "n/a" if v is None else f"{v:.4f}"
+
         rows = [{"round": r.server_round, **round_scalars(r)} for r in strategy.history]
         write_json(
             self.folder / "rounds.json",
@@ -147,12 +151,14 @@ class ResultsWriter:
             rounds_csv = csv.DictWriter(fh, fieldnames=fields)
             rounds_csv.writeheader()
             rounds_csv.writerows(rows)
+        # the trained clients' last evaluations, and each held-out client's newcomer scores (holdout-clients)
         clients = sorted(strategy.client_eval.items())
-        client_fields = sorted({k for _, m in clients for k in m})
+        newcomers = sorted(strategy.holdout.results.items())
+        client_fields = sorted({k for _, m in clients + newcomers for k in m})
         with (self.folder / "clients.csv").open("w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(["client", *client_fields])
-            for pid, m in clients:
+            for pid, m in sorted(clients + newcomers):
                 w.writerow([pid, *(m.get(k, "") for k in client_fields)])
         write_json(self.folder / "failures.json", strategy.failures)
         write_artifacts(strategy, self.settings.method, self.folder)
@@ -179,6 +185,17 @@ class ResultsWriter:
         outcome = clustering_outcome(strategy)
         if outcome is not None:
             summary["clusters"], summary["clustering"] = outcome
+        held_out = ""
+        if self.settings.holdout_clients:  # what the method gave the clients that never trained, before and after
+            means = strategy.holdout.means()  # fine-tuning (strategies/newcomers.py)
+            summary["holdout-clients"] = self.settings.holdout_clients
+            summary["newcomers"] = len(strategy.holdout.results)
+            for key in NEWCOMER_METRICS:
+                summary[key] = means.get(key)
+            held_out = (
+                f", {summary['newcomers']} newcomers (held out): acc {acc(summary['newcomer-acc'])}, "
+                f"fine-tuned {acc(summary['newcomer-finetuned-acc'])}"
+            )
         privacy = ""
         if self.settings.dp_mode != "off":  # the (epsilon, delta) after the last noised round (0: none yet)
             released = [r.extra["dp"] for r in strategy.history if "dp" in r.extra]
@@ -195,9 +212,6 @@ class ResultsWriter:
                     summary[f"{key}-perplexity"] = float(np.exp(float(loss)))
         write_json(self.folder / "summary.json", summary)
 
-        def acc(v: object) -> str:
-            return "n/a" if v is None else f"{v:.4f}"
-
         clustering = f", {summary['clustering']}" if outcome is not None else ""
         spread = ""
         if summary["personal-acc-std"] is not None:
@@ -208,7 +222,7 @@ class ResultsWriter:
         return (
             f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "
             f"{summary['rounds']} rounds, {summary['clients']} clients{clustering}, personalized acc "
-            f"{acc(summary['personal-acc'])}{spread}, global acc {acc(summary['global-acc'])}, "
+            f"{acc(summary['personal-acc'])}{spread}, global acc {acc(summary['global-acc'])}{held_out}, "
             f"{summary['failures']} rejected replies{privacy}, {seconds:.1f} s"
             + (f", ABORTED: {aborted}" if aborted else "")
             + f" -> {self.folder}"

@@ -129,8 +129,7 @@ def save_server_models(results: Path, settings: Settings, server_round: int, mod
 def checkpoint_state(strategy: PersonalizedStrategy) -> dict[str, Any]:
     """What a checkpoint of ``strategy`` holds: the base's part (history, failures, each client's last evaluation,
     the sampling generator, an evaluation waiting for the next round's train messages, the global model, central
-    DP's noise secret) and
-    the method's own ``state()``."""
+    DP's noise secret, which clients are held out) and the method's own ``state()``."""
     base = {
         "history": [asdict(r) for r in strategy.history],
         "failures": strategy.gate.failures,
@@ -139,6 +138,7 @@ def checkpoint_state(strategy: PersonalizedStrategy) -> dict[str, Any]:
         "pending-evaluation": strategy.schedule.pending,
         "global": strategy.global_state,
         "noise-secret": strategy.noise_secret,
+        "holdout-first": strategy.holdout.first,
     }
     return {"base": base, "method": strategy.state()}
 
@@ -156,6 +156,7 @@ def resume(strategy: PersonalizedStrategy, saved: Mapping[str, Any], rounds_done
     strategy.global_state = base["global"]
     # a checkpoint from before the secret existed keeps the fresh one: its repeated rounds draw new noise
     strategy.noise_secret = base.get("noise-secret", strategy.noise_secret)
+    strategy.holdout.first = int(base.get("holdout-first", -1))  # which clients are held out stays as it was
     strategy.restore(saved["method"])
     strategy.rounds_done, strategy.identify_everyone = rounds_done, True
 

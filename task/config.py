@@ -101,6 +101,14 @@ class RunOptions(OptionSet):
         "dropped on every client, unseen by any method)",
         choices=("test", "validation"),
     )
+    holdout_clients: int = option(
+        "holdout-clients",
+        0,
+        "clients held out of training (the largest partition ids): after the last round each scores what the method "
+        "gives a newcomer, before and after local-epochs of fine-tuning on its own data (newcomer-acc, "
+        "newcomer-finetuned-acc)",
+        minimum=0,
+    )
     seed: int = option("seed", 0, "seed of partitions, initial model and sampling", minimum=0)
     device: str = option("device", "auto", "auto (CUDA if available), cpu, cuda or cuda:N")
     round_timeout: float = option("round-timeout", 3600.0, "seconds to wait for a phase's replies", minimum=1.0)
@@ -185,6 +193,7 @@ class Settings:
     resume_from: str = ""
     stop_after: int = 0
     evaluate_split: str = "test"
+    holdout_clients: int = 0
     dp_mode: str = "off"
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
