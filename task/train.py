@@ -123,6 +123,29 @@ def evaluate(
     return total / y.numel(), correct / y.numel()  # per target: tokens for next-word prediction
 
 
+@torch.no_grad()
+def norm_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> None:
+    """Recompute the running statistics of every BatchNorm layer of ``model`` from ``x`` alone (their cumulative
+    average over the batches, the other parameters untouched): the statistics of a client's own data, where a method
+    keeps them on the client and a newcomer has none yet.  A model without BatchNorm, or fewer than two samples, is
+    left as it is; the model's train / eval mode is kept."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms or len(x) < 2:
+        return
+    device = next(model.parameters()).device
+    momenta, training = [m.momentum for m in norms], model.training
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average, not an exponential one
+    model.train()
+    for idx in batches(len(x), batch_size, None, shuffle=False):
+        if len(idx) >= 2:  # BatchNorm cannot take the statistics of a batch of one
+            model(x[idx].to(device))
+    for m, momentum in zip(norms, momenta, strict=True):
+        m.momentum = momentum
+    model.train(training)
+
+
 def batched_losses(
     model: nn.Module, stacked_state: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:

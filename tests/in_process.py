@@ -66,10 +66,20 @@ def handler(message_type: str):
     return client_app._query_handler(message_type.removeprefix("query."))
 
 
-def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
-    """Two rounds (``SHRUNK``) of ``method`` with ``NODES`` real clients (``extra``: more run config); (the
+def run_in_process(
+    method: str, tmp_path, nodes: int = NODES, **extra: Any
+) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
+    """Two rounds (``SHRUNK``) of ``method`` with ``nodes`` real clients (``extra``: more run config); (the
     strategy after them, the server's recording, each client's, the run config)."""
-    config = {"method": method, **SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {}), **extra}
+    node_ids = {1001 + 7 * pid: pid for pid in range(nodes)}
+    config = {
+        "method": method,
+        **SHRUNK,
+        "min-nodes": nodes,
+        **NEEDS.get(method, {}),
+        **SETTINGS.get(method, {}),
+        **extra,
+    }
     strategy = build_strategy(parse_settings(config))
     strategy.results_dir = tmp_path / "run"
     strategy.results_dir.mkdir()
@@ -77,11 +87,11 @@ def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict]
         node: Context(
             run_id=1,
             node_id=node,
-            node_config={"partition-id": pid, "num-partitions": NODES, "cache-dir": ""},
+            node_config={"partition-id": pid, "num-partitions": nodes, "cache-dir": ""},
             state=RecordDict(),
             run_config=config,
         )
-        for node, pid in NODE_IDS.items()
+        for node, pid in node_ids.items()
     }
 
     def respond(message: Any) -> list[Any]:
@@ -96,7 +106,7 @@ def run_in_process(method: str, tmp_path, **extra: Any) -> tuple[Any, list[dict]
             return [reply_message(node, error=f"{type(err).__name__}: {err}")]
         return [reply_message(node, reply.content)]
 
-    grid = RecordingGrid(cast(Grid, ReplayGrid(NODE_IDS, respond)), strategy.results_dir / SERVER_FILE)
+    grid = RecordingGrid(cast(Grid, ReplayGrid(node_ids, respond)), strategy.results_dir / SERVER_FILE)
     with outgoing_messages(), mock.patch.object(client_app, "Message", Reply):
         strategy.start(
             grid=grid,
