@@ -276,7 +276,8 @@ class QuantityDirichletPartitioner(InnerDirichletPartitioner):
             raise ValueError(f"alpha must be > 0 for partition 'quantity-dirichlet', got {alpha}")
         if not sigma >= 0:
             raise ValueError(f"size-sigma must be >= 0, got {sigma}")
-        super().__init__([0] * num_partitions, partition_by="label", alpha=float(alpha), shuffle=True, seed=seed)
+        # the sizes are drawn when the data set is set (below); flwr-datasets shuffles each partition with the seed
+        super().__init__([0] * num_partitions, partition_by="label", alpha=float(alpha), seed=seed)
         self.sigma, self.size_seed = sigma, seed
 
     @Partitioner.dataset.setter

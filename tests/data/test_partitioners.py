@@ -268,6 +268,29 @@ def test_quantity_sizes_spread_grows_with_size_sigma_and_sigma_zero_is_equal():
     assert spread(2.0) > spread(1.0)
 
 
+def test_quantity_sizes_round_the_shares_by_their_largest_remainders():
+    """Each client's size above the floor is its share of the rest rounded down, plus one for the clients whose
+    shares lost the most in rounding (as many as the rounding lost in all)."""
+    from task.data.partitioners import MIN_CLIENT_SAMPLES, quantity_sizes
+
+    for seed in range(5):
+        draws = np.random.default_rng([seed, 7_411]).lognormal(0.0, 1.0, size=13)
+        share = (1000 - 13 * MIN_CLIENT_SAMPLES) * draws / draws.sum()
+        extra = quantity_sizes(1000, 13, 1.0, seed) - MIN_CLIENT_SAMPLES - np.floor(share)
+        assert set(extra.tolist()) <= {0, 1} and extra.sum() == round(share.sum() - np.floor(share).sum())
+        remainders = share - np.floor(share)
+        assert remainders[extra == 1].min(initial=1.0) >= remainders[extra == 0].max(initial=0.0)
+
+
+def test_quantity_sizes_of_one_client_or_of_exactly_the_minimum_each():
+    from task.data.partitioners import MIN_CLIENT_SAMPLES, quantity_sizes
+
+    assert quantity_sizes(57, 1, 1.0, 0).tolist() == [57]
+    assert quantity_sizes(7 * MIN_CLIENT_SAMPLES, 7, 1.0, 0).tolist() == [MIN_CLIENT_SAMPLES] * 7
+    with pytest.raises(ValueError, match="num-partitions must be >= 1, got 0"):
+        quantity_sizes(57, 0, 1.0, 0)
+
+
 def test_quantity_sizes_follow_the_lognormal_draws_beyond_the_minimum():
     """Above the floor every client gets a share in proportion to its own draw: sizes are ordered as the draws,
     and the largest client is many times the smallest at size-sigma 1."""
@@ -306,6 +329,20 @@ def test_quantity_dirichlet_partition_has_the_drawn_sizes_and_covers_the_data(di
     assert sum(map(len, parts)) == len(digits.y)
     np.testing.assert_array_equal([len(p) for p in parts], part.partition_sizes)
     assert max(map(len, parts)) > 4 * min(map(len, parts))
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.5])
+def test_quantity_dirichlet_labels_are_seeded_whatever_the_sizes(digits, sigma):
+    """Equal sizes (size-sigma 0) or not, a seed gives the same partition and another seed another one."""
+
+    def parts(seed):
+        return all_parts(make("quantity-dirichlet", 8, digits.y, alpha=0.5, size_sigma=sigma, seed=seed), 8)
+
+    assert all(np.array_equal(a, b) for a, b in zip(parts(1), parts(1), strict=True))
+    other = parts(2)
+    assert not all(np.array_equal(np.sort(a), np.sort(b)) for a, b in zip(parts(1), other, strict=True))
+    if sigma == 0.0:
+        assert max(map(len, other)) - min(map(len, other)) <= 1
 
 
 def test_quantity_dirichlet_skews_labels_more_for_small_alpha(digits):
