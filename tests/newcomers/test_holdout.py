@@ -148,6 +148,17 @@ def test_a_node_that_connects_after_the_start_with_a_larger_id_is_a_newcomer_and
     assert sorted(fed.strategy.holdout.results) == [4, 5] and "train" not in fed.types(5)
 
 
+def test_a_held_out_node_that_connects_only_after_the_last_round_is_still_scored_as_a_newcomer():
+    fed = Federation(rounds=2, present=(0, 1, 2, 3, 4), **{"holdout-clients": 1})
+    with outgoing_messages():
+        for r in (1, 2):
+            run_round(fed.strategy, fed.grid, r)
+        fed.grid.nodes = [NODE_OF[c] for c in range(6)]  # client 5 shows up now, never asked who it is before
+        evaluate_newcomers(fed.strategy, fed.grid, 2)
+    assert fed.types(5) == ["query.identify", "query.newcomer"]
+    assert sorted(fed.strategy.holdout.results) == [4, 5]
+
+
 def test_a_resumed_run_holds_out_the_clients_the_interrupted_one_did():
     fed = Federation(rounds=2, **{"holdout-clients": 2}).run()
     resumed = build_strategy(fed.strategy.settings)
