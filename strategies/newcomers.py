@@ -64,16 +64,15 @@ class Holdout:
         self.results: dict[int, dict[str, float]] = {}
 
     def fix(self, clients: Iterable[int]) -> None:
-        """Hold out the ``count`` largest of ``clients`` (the first round's), unless that is already done; raises
-        :class:`RunAborted` when no client would be left to train."""
-        if not self.count or self.first >= 0:
-            return
+        """Hold out the ``count`` largest of ``clients`` (the first clients known), unless that is already done or
+        no client is known yet; raises :class:`RunAborted` when no client would be left to train."""
         known = sorted(set(clients))
+        if not self.count or self.first >= 0 or not known:
+            return
         if len(known) <= self.count:
             raise RunAborted(
                 f"holdout-clients={self.count} holds out every one of the {len(known)} clients connected at the start "
-                f"(partition ids {known}): none would train; use holdout-clients < {max(len(known), 1)} or start "
-                "more nodes"
+                f"(partition ids {known}): none would train; use holdout-clients < {len(known)} or start more nodes"
             )
         self.first = known[-self.count]
 

@@ -94,8 +94,18 @@ def test_the_clients_held_out_are_fixed_by_the_first_round_whoever_connects_late
 
 @pytest.mark.parametrize("count,clients", [(3, 3), (4, 3), (1, 1)])
 def test_holding_out_every_client_at_the_start_stops_the_run_saying_why(count, clients):
-    with pytest.raises(RunAborted, match=rf"holdout-clients={count} holds out every one of the {clients} clients"):
+    with pytest.raises(
+        RunAborted,
+        match=rf"holdout-clients={count} holds out every one of the {clients} clients connected at the start "
+        rf"\(partition ids \[.*\]\): none would train; use holdout-clients < {clients} or start more nodes$",
+    ):
         Holdout(count).training(range(clients), {i: i for i in range(clients)})
+
+
+def test_while_no_client_is_known_nobody_trains_and_nobody_is_held_out_yet():
+    holdout = Holdout(1)
+    assert holdout.training([1, 2], {}) == [] and holdout.first == -1
+    assert holdout.training([1, 2], {1: 0, 2: 5}) == [1] and holdout.first == 5
 
 
 def test_a_negative_holdout_count_is_refused_at_start_up():
@@ -156,7 +166,19 @@ def test_a_held_out_node_that_connects_only_after_the_last_round_is_still_scored
         fed.grid.nodes = [NODE_OF[c] for c in range(6)]  # client 5 shows up now, never asked who it is before
         evaluate_newcomers(fed.strategy, fed.grid, 2)
     assert fed.types(5) == ["query.identify", "query.newcomer"]
+    assert [rnd for rnd, _, _ in fed.received[5]] == [2, 2]
     assert sorted(fed.strategy.holdout.results) == [4, 5]
+
+
+def test_when_no_held_out_client_is_connected_at_the_end_the_last_round_says_so():
+    fed = Federation(rounds=2, **{"holdout-clients": 2})
+    with outgoing_messages():
+        for r in (1, 2):
+            run_round(fed.strategy, fed.grid, r)
+        fed.grid.nodes = [NODE_OF[c] for c in range(4)]  # the held-out clients 4 and 5 are gone
+        entry = evaluate_newcomers(fed.strategy, fed.grid, 2)
+    assert entry == {"clients": [], "asked": [], "comm": {}} == fed.strategy.history[-1].extra["newcomers"]
+    assert fed.strategy.holdout.results == {} and fed.strategy.holdout.means() == {}
 
 
 def test_a_resumed_run_holds_out_the_clients_the_interrupted_one_did():
@@ -189,7 +211,7 @@ def test_the_newcomers_scores_go_into_the_summary_the_last_rounds_history_and_cl
     assert summary["newcomer-finetuned-acc"] == pytest.approx(0.875)
     assert ", 2 newcomers (held out): acc 0.3750, fine-tuned 0.8750, " in line
     entry = json.loads((writer.folder / "rounds.json").read_text())[-1]["extra"]["newcomers"]
-    assert entry["clients"] == [4, 5] and entry["newcomer-acc"] == pytest.approx(0.375)
+    assert entry["clients"] == entry["asked"] == [4, 5] and entry["newcomer-acc"] == pytest.approx(0.375)
     assert entry["per-client"]["5"]["newcomer-finetuned-acc"] == 1.0 and entry["comm"]["newcomer-bytes-up"] > 0
     with (writer.folder / "clients.csv").open() as fh:
         rows = {int(r["client"]): r for r in csv.DictReader(fh)}
