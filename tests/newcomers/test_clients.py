@@ -100,7 +100,8 @@ def test_the_scores_are_on_the_split_every_method_is_scored_on_and_on_the_valida
     content = message(arrays=arrays(high))
     on_test = client("fedavg", data)
     on_test.begin(content)
-    on_validation = client("fedavg", data, **{"evaluate-split": "validation", "val-fraction": 0.2})
+    selecting: dict[str, str | float] = {"evaluate-split": "validation", "val-fraction": 0.2}
+    on_validation = client("fedavg", data, **selecting)
     on_validation.data = data.scored_on_validation()
     on_validation.begin(content)
     assert on_test.newcomer_evaluation(content)["newcomer-acc"] > 0.8  # the HIGH model on HIGH test digits
@@ -116,7 +117,7 @@ def test_local_gives_a_newcomer_the_common_initial_model_and_nothing_else(states
 @pytest.mark.parametrize("method", ["ditto", "fedrod", "fedprox", "moon", "client2vec"])
 def test_a_method_with_a_global_model_gives_a_newcomer_that_model(states, method):
     _, low, _ = states
-    extra = {"c2v-encoder": "synthetic"} if method == "client2vec" else {}
+    extra: dict[str, str] = {"c2v-encoder": "synthetic"} if method == "client2vec" else {}
     c = client(method, client_data(HIGH), **extra)
     assert same(newcomer(c, message(arrays=arrays(low))), low, low)
     assert_keeps_nothing(c)
@@ -194,8 +195,9 @@ def test_norm_statistics_are_the_mean_and_unbiased_variance_of_the_data_and_leav
     model.eval()
     before = state_of(model)
     x = c.data.x_train
-    bn = model.conv[1]
-    seen = {}
+    bn = model.get_submodule("conv.1")
+    assert isinstance(bn, torch.nn.BatchNorm2d)
+    seen: dict[str, torch.Tensor] = {}
     hook = bn.register_forward_hook(lambda m, inp, out: seen.setdefault("x", inp[0].detach().clone()))
     norm_statistics(model, x, batch_size=len(x))
     hook.remove()

@@ -22,7 +22,7 @@ EXTRA = {"pfedlia": {"query.lia"}}
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_a_held_out_client_is_only_a_newcomer_and_its_messages_are_declared(method, tmp_path):
     strategy, server, _, config = run_in_process(method, tmp_path, nodes=4, **{"holdout-clients": 1})
-    to_node = {}
+    to_node: dict[int, list[tuple[int, str]]] = {}
     for line in server:
         if line["direction"] == "pushed":
             to_node.setdefault(line["node"], []).append((line["round"], line["type"]))

@@ -9,13 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server_app.app import build_strategy
+from strategies.cfl import CFLStrategy
+from strategies.fedc2i import FedC2IStrategy
 from strategies.newcomers import evaluate_newcomers
 from task.config import parse_settings
 from task.params import record_to_numpy
 from tests.pfedlia import test_server as lia
 from tests.pfedlia.test_server import CLIENTS, PLANTED, Federation, assert_holds, fedavg
-from tests.strategy_harness import ReplayGrid, drive, outgoing_messages
+from tests.strategy_harness import ReplayGrid, build_as, drive, outgoing_messages
 
 NEWCOMER = 40  # held out: the largest client id, planted group 0
 
@@ -73,7 +74,9 @@ NODES = {1003: 0, 7: 1, 42: 2, 555: 3, 90: 4}
 
 
 def test_cfl_gives_a_newcomer_every_cluster_model_to_choose_from():
-    s = build_strategy(parse_settings({"method": "cfl", "model": "mlp", "holdout-clients": 1, "cfl-min-rounds": 1}))
+    s = build_as(
+        CFLStrategy, parse_settings({"method": "cfl", "model": "mlp", "holdout-clients": 1, "cfl-min-rounds": 1})
+    )
     grid = drive(s, NODES, 2)
     s.models[1] = {k: v + 1 for k, v in s.models[0].items()}  # a second cluster
     with outgoing_messages():
@@ -86,7 +89,7 @@ def test_cfl_gives_a_newcomer_every_cluster_model_to_choose_from():
 
 
 def test_fedc2i_gives_a_newcomer_the_initial_model_first_then_the_stored_models_with_their_ids():
-    s = build_strategy(parse_settings({"method": "fedc2i", "model": "mlp", "holdout-clients": 1}))
+    s = build_as(FedC2IStrategy, parse_settings({"method": "fedc2i", "model": "mlp", "holdout-clients": 1}))
     grid = drive(s, NODES, 2)
     with outgoing_messages():
         evaluate_newcomers(s, grid, 2)
