@@ -8,7 +8,8 @@ The package is split by concern:
 
 - :mod:`task.data.catalogue` - the data sets, partition / mixture / domain names;
 - :mod:`task.data.sources` - whole data sets in memory (digits, synthetic concept shift, real copies);
-- :mod:`task.data.partitioners` - flwr-datasets partitioners and ours (planted clusters, two-source);
+- :mod:`task.data.partitioners` - flwr-datasets partitioners (quantity skew crossed with label skew on its inner
+  Dirichlet) and ours (planted clusters, two-source);
 - :mod:`task.data.domains` - feature-shift transforms;
 - :mod:`task.data.clients` - data settings, a client's splits and their on-disk cache;
 - :mod:`task.data.files` - a deployed node's own ``.npz`` data file.
