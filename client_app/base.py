@@ -15,6 +15,8 @@ A method overrides these hooks, and nothing else of the base:
 - :meth:`ClientMethod.test_split` - the data the personalized model is scored on (default: the test split;
   with run-config ``evaluate-split='validation'`` the client's data holds its validation split there instead);
 - :meth:`ClientMethod.query` - extra phases (``query.<name>``);
+- :meth:`ClientMethod.newcomer_model` - the model the method gives a client that never took part in training
+  (run-config ``holdout-clients``; the base scores it and fine-tunes it, :meth:`ClientMethod.newcomer_evaluation`);
 - :meth:`ClientMethod.release_reference` - what a train reply's model is released against under local
   differential privacy (only for a method that declares ``local``, docs/privacy.md); a query whose reply's model
   leaves the same way is named in :attr:`ClientMethod.released_queries`.
@@ -52,9 +54,10 @@ from task.config import Settings, parse_settings
 from task.data import ClientData, load_client_data, load_local_file
 from task.data.clients import default_cache_dir
 from task.export import model_manifest, read_manifest, save_model
+from task.methods import NEWCOMER
 from task.models import SplitModel, body_keys, build_model, head_keys
 from task.params import contiguous, load_record, record_to_numpy, to_record
-from task.train import evaluate, recompute_norm_statistics, resolve_device, train
+from task.train import evaluate, norm_statistics, resolve_device, train
 
 #: what :meth:`ClientMethod.global_model` returns when the personalized model is the global model
 SAME_AS_PERSONAL = object()
@@ -320,7 +323,7 @@ class ClientMethod:
         them noised (without noise they are the clients' own, and kept as they are)."""
         s = self.settings
         if s.dp_mode == "central" or (s.dp_mode == "local" and s.dp_noise_multiplier > 0):
-            recompute_norm_statistics(model, self.data.x_train)
+            norm_statistics(model, self.data.x_train)
 
     def save_personal_model(self, model: nn.Module, metrics: Mapping[str, Any]) -> Path | None:
         """Write the personalized model (safetensors + manifest) to node config ``model-dir``, else the folder
@@ -354,6 +357,32 @@ class ClientMethod:
         self.begin(content)
         return self.reply({**self.base_metrics(), **self.evaluation(content)})
 
+    # ---------------------------------------------------------------- a client that never trained (holdout-clients)
+    def newcomer_model(self, content: RecordDict) -> nn.Module:
+        """The model this method gives a client that never took part in training, from the ``query.newcomer``
+        message the server sends every held-out client after the last round (strategies/newcomers.py).  Default: the
+        personalized model built from the message as an evaluation builds it, which for a client with no state of
+        its own is the global model, or its own choice among the cluster or tier models the message brings."""
+        return self.personal_model(content)
+
+    def newcomer_evaluation(self, content: RecordDict) -> dict[str, MetricValue]:
+        """``newcomer-acc`` (and loss): the model :meth:`newcomer_model` gives on this client's test split;
+        ``newcomer-finetuned-acc`` (and loss): the same model after ``local-epochs`` of the run's local training on
+        this client's training split (every parameter, the run's optimiser), as a newcomer would adapt it.  Nothing
+        is kept: a held-out client never trains for the federation."""
+        x, y = self.test_split()
+        model = self.newcomer_model(content)
+        loss, acc = evaluate(model, x, y)
+        self.fit(model)
+        tuned_loss, tuned_acc = evaluate(model, x, y)
+        return {
+            "newcomer-acc": acc,
+            "newcomer-loss": loss,
+            "newcomer-finetuned-acc": tuned_acc,
+            "newcomer-finetuned-loss": tuned_loss,
+            "test-examples": len(y),
+        }
+
     def release_reference(self, content: RecordDict) -> dict[str, np.ndarray]:
         """Under ``dp-mode='local'``: the model the train reply's model (and the model of a reply to one of
         :attr:`released_queries`) is released against (its change from it is clipped and noised).  It must not
@@ -365,9 +394,13 @@ class ClientMethod:
         )
 
     def query(self, name: str, content: RecordDict) -> RecordDict:
-        """Extra phases; every method answers ``identify`` (who this client is: its partition id and size)."""
+        """Extra phases; every method answers ``identify`` (who this client is: its partition id and size) and
+        ``newcomer`` (a held-out client's scores of what the method gives a newcomer, :meth:`newcomer_evaluation`)."""
         if name == "identify":
             return self.reply(self.base_metrics())
+        if name == NEWCOMER:
+            evaluation = self.newcomer_evaluation(content)
+            return self.reply({**self.base_metrics(), **evaluation})
         raise ValueError(f"method {self.settings.method!r} does not answer query {name!r}")
 
 

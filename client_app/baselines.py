@@ -18,8 +18,9 @@ from flwr.app import RecordDict
 from torch import nn
 
 from client_app.base import SAME_AS_PERSONAL, ClientMethod, load_shared
+from client_app.ifca import lowest_loss_model
 from task.methods.baselines import DittoOptions, FedProxOptions, FedRepOptions, MoonOptions
-from task.models import SplitModel
+from task.models import SplitModel, parameters_of
 from task.params import load_record, model_to_record
 from task.train import proximal_term
 
@@ -102,6 +103,18 @@ class FedPerClient(ClientMethod):
     def personal_model(self, content: RecordDict) -> nn.Module:
         return self._model(content)
 
+    def head_epochs(self) -> int:
+        """Epochs a newcomer fits its own head for: the run's ``local-epochs`` (FedRep: its ``head-epochs``)."""
+        return self.settings.local_epochs
+
+    def newcomer_model(self, content: RecordDict) -> nn.Module:
+        """A newcomer has no head of its own: the global body under a head fitted on its training split with the body
+        frozen, for :meth:`head_epochs` (from the common initial head; nothing is kept)."""
+        model = self.reset_model()
+        load_shared(model, content)
+        self.fit(model, epochs=self.head_epochs(), params=parameters_of(model, self.head_keys(model)))
+        return model
+
 
 class FedRepClient(FedPerClient):
     """FedRep: ``head-epochs`` on the head with the body frozen, then ``local-epochs`` on the body."""
@@ -113,6 +126,9 @@ class FedRepClient(FedPerClient):
         body_params = [p for n, p in model.named_parameters() if not n.startswith("head.")]
         self.fit(model, epochs=self.options.head_epochs, params=head_params)
         return self.fit(model, params=body_params)
+
+    def head_epochs(self) -> int:
+        return self.options.head_epochs
 
 
 def balanced_softmax_loss(class_counts: torch.Tensor):
@@ -238,6 +254,11 @@ class ClusterModelClient(FedAvgClient):
 
     def global_model(self, content: RecordDict, personal: nn.Module) -> nn.Module | None:
         return None
+
+    def newcomer_model(self, content: RecordDict) -> nn.Module:
+        """A newcomer belongs to no cluster yet: of the cluster models the message stacks (``tiers``), the one with the
+        lowest loss on its validation split (its training split without one)."""
+        return lowest_loss_model(self, content)
 
 
 # ---------------------------------------------------------------------------------------------- MOON

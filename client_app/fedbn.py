@@ -14,7 +14,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from client_app.base import ClientMethod
-from task.models import norm_keys
+from task.models import norm_keys, parameters_of
 from task.params import load_record, model_to_record, record_to_numpy
 
 
@@ -59,3 +59,11 @@ class FedBNClient(ClientMethod):
         """The averaged layers of the message (an evaluate message, or the next round's train message: the same
         layers) with this client's own normalisation layers."""
         return self._model(content)
+
+    def newcomer_model(self, content: RecordDict) -> nn.Module:
+        """A newcomer has no normalisation layers of its own: the averaged layers with normalisation layers fitted on
+        its training split (weight and bias trained, statistics its data's) with every other layer frozen, for
+        ``local-epochs`` (from the common initial ones; nothing is kept)."""
+        model = self._model(content)
+        self.fit(model, params=parameters_of(model, norm_keys(model)))
+        return model

@@ -78,21 +78,26 @@ class FedC2IClient(ClientMethod):
         model.load_state_dict({**own, **body, "head.weight": w, "head.bias": b})
         return lam.tolist()
 
+    def _mix_sent(self, model: SplitModel, content: RecordDict) -> list[float]:
+        """Load into ``model`` the personalized mix of the models a message stacks in ``peers`` (its own first; under
+        local DP the one it kept at home instead of its release); returns lambda (nothing sent: the model as it is)."""
+        rec = self.message_arrays(content, "peers")
+        if rec is None:
+            return []
+        stacked = stacked_tensors(rec, self.device)
+        if (home := self._home()) is not None:  # its own un-noised model, not its release, is first
+            stacked = {n: torch.cat([torch.as_tensor(home[n]).to(v)[None], v[1:]]) for n, v in stacked.items()}
+        peers = content.config_records.get("peer-clients")
+        peer_sizes = peers.get("num-examples", []) if peers else []
+        if not isinstance(peer_sizes, list):
+            raise ValueError(f"'peer-clients' needs a list 'num-examples', got {peer_sizes!r}")
+        sizes = [self.data.num_train, *(int(n) for n in peer_sizes)]
+        with self.timed("method"):
+            return self._personalized(model, stacked, sizes)
+
     def train(self, content: RecordDict) -> RecordDict:
         model = self.reset_model()
-        rec = self.message_arrays(content, "peers")
-        lam: list[float] = []
-        if rec is not None:
-            stacked = stacked_tensors(rec, self.device)
-            if (home := self._home()) is not None:  # its own un-noised model, not its release, is first
-                stacked = {n: torch.cat([torch.as_tensor(home[n]).to(v)[None], v[1:]]) for n, v in stacked.items()}
-            peers = content.config_records.get("peer-clients")
-            peer_sizes = peers.get("num-examples", []) if peers else []
-            if not isinstance(peer_sizes, list):
-                raise ValueError(f"'peer-clients' needs a list 'num-examples', got {peer_sizes!r}")
-            sizes = [self.data.num_train, *(int(n) for n in peer_sizes)]
-            with self.timed("method"):
-                lam = self._personalized(model, stacked, sizes)
+        lam = self._mix_sent(model, content)
         metrics = self.fit(model)
         if self.settings.dp_mode == "local":
             self.save_state("model", model.state_dict())
@@ -112,6 +117,13 @@ class FedC2IClient(ClientMethod):
         if peers is None:
             raise ValueError("local DP releases FedC2I's model against the client's own, first in 'peers': none came")
         return {k: v[0] for k, v in record_to_numpy(peers).items()}
+
+    def newcomer_model(self, content: RecordDict) -> torch.nn.Module:
+        """A newcomer computes what a client computes before its first training: the influence-weighted mix (Eqs. 5-10)
+        of the stored models the message stacks in ``peers``, its own (the common initial model) first."""
+        model = self.reset_model()
+        self._mix_sent(model, content)
+        return model
 
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
         """This client's own latest model (fedc2i.md §6.12): under local DP the one it kept at home, else ``arrays``

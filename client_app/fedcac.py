@@ -20,7 +20,7 @@ from client_app.base import ClientMethod
 from client_app.fedcac_math import critical_masks, merge_customized, parameter_sensitivity
 from task.methods.fedcac import FedCACOptions, pack_masks, unpack_masks
 from task.params import load_record, model_to_record, record_to_numpy, to_record
-from task.train import evaluate
+from task.train import evaluate, norm_statistics
 
 
 class FedCACClient(ClientMethod):
@@ -96,6 +96,16 @@ class FedCACClient(ClientMethod):
         glob = copy.deepcopy(personal)  # w_bar with this client's BN statistics (they never leave it)
         load_record(glob, global_rec)
         return glob
+
+    def newcomer_model(self, content: RecordDict) -> torch.nn.Module:
+        """A newcomer has neither a critical mask nor BatchNorm statistics of its own (they never leave a client): the
+        global model w_bar with the BatchNorm statistics of its own training split (nothing is kept)."""
+        model = self.reset_model()
+        global_rec = self.message_arrays(content, "global")
+        if global_rec is not None:
+            load_record(model, global_rec)
+        norm_statistics(model, self.data.x_train)
+        return model
 
     def evaluation_extras(self, content: RecordDict, personal: torch.nn.Module) -> dict:
         """The model right after last round's local training, before aggregation (fedcac.md §6.9 logs both)."""

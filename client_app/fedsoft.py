@@ -52,7 +52,11 @@ class FedSoftClient(ClientMethod):
     def query(self, name: str, content: RecordDict) -> RecordDict:
         if name != "fedsoft_u":
             return super().query(name, content)
-        centres = self._centres(content)
+        u = self._importance(self._centres(content))
+        return self.reply({**self.base_metrics(), "fedsoft-u": [float(x) for x in u]})
+
+    def _importance(self, centres: dict[str, torch.Tensor]) -> np.ndarray:
+        """This client's importance weights over ``centres``: the share of its training points each fits best."""
         model = self.reset_model()
         model.eval()
         k = next(iter(centres.values())).shape[0]
@@ -62,8 +66,7 @@ class FedSoftClient(ClientMethod):
                 model.load_state_dict(model_at(centres, s))
                 logits = model(self.data.x_train)
                 losses.append(torch.nn.functional.cross_entropy(logits, self.data.y_train, reduction="none").numpy())
-            u = importance_weights(np.stack(losses))
-        return self.reply({**self.base_metrics(), "fedsoft-u": [float(x) for x in u]})
+            return importance_weights(np.stack(losses))
 
     def _model(self, content: RecordDict) -> tuple[torch.nn.Module, dict[str, torch.Tensor], np.ndarray]:
         centres = self._centres(content)
@@ -87,3 +90,11 @@ class FedSoftClient(ClientMethod):
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
         """This client's own model (the u-weighted mix of the centres before it first trains)."""
         return self._model(content)[0]
+
+    def newcomer_model(self, content: RecordDict) -> torch.nn.Module:
+        """What a client starts from before it first trains: the mix of the centres weighted by its own importance
+        weights, estimated on its training split as ``query.fedsoft_u`` does (the server knows none for a newcomer)."""
+        centres = self._centres(content)
+        model = self.reset_model()
+        model.load_state_dict(self._mixed(centres, self._importance(centres)))
+        return model

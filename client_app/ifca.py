@@ -10,17 +10,30 @@ from task.params import model_at, model_to_record, stacked_tensors
 from task.train import evaluate
 
 
+def best_of(client: ClientMethod, content: RecordDict, x, y) -> tuple[torch.nn.Module, int]:
+    """(the model of the ``tiers`` the message stacks with the lowest loss on ``(x, y)``, its index)."""
+    stacked = stacked_tensors(content.array_records["tiers"], client.device)
+    model = client.reset_model()
+    losses = []
+    for j in range(next(iter(stacked.values())).shape[0]):
+        model.load_state_dict(model_at(stacked, j))
+        losses.append(evaluate(model, x, y)[0])
+    best = int(torch.tensor(losses).argmin())
+    model.load_state_dict(model_at(stacked, best))
+    return model, best
+
+
+def lowest_loss_model(client: ClientMethod, content: RecordDict) -> torch.nn.Module:
+    """Of the models the message stacks (``tiers``), the one with the lowest loss on the client's validation split
+    (its training split without one)."""
+    d = client.data
+    x, y = (d.x_val, d.y_val) if len(d.y_val) else (d.x_train, d.y_train)
+    return best_of(client, content, x, y)[0]
+
+
 class IFCAClient(ClientMethod):
     def _best(self, content: RecordDict, x, y) -> tuple[torch.nn.Module, int]:
-        stacked = stacked_tensors(content.array_records["tiers"], self.device)
-        model = self.reset_model()
-        losses = []
-        for j in range(next(iter(stacked.values())).shape[0]):
-            model.load_state_dict(model_at(stacked, j))
-            losses.append(evaluate(model, x, y)[0])
-        best = int(torch.tensor(losses).argmin())
-        model.load_state_dict(model_at(stacked, best))
-        return model, best
+        return best_of(self, content, x, y)
 
     def train(self, content: RecordDict) -> RecordDict:
         with self.timed("method"):

@@ -14,6 +14,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from client_app.base import ClientMethod
+from task.models import parameters_of
 from task.params import load_record, model_to_record, record_to_numpy
 
 
@@ -57,3 +58,10 @@ class LGFedAvgClient(ClientMethod):
         """This client's body under the global head of the message (an evaluate message, or the train message
         of the next round: the same head)."""
         return self._model(content)
+
+    def newcomer_model(self, content: RecordDict) -> nn.Module:
+        """A newcomer has no local layers of its own: the global head over a body fitted on its training split with
+        the head frozen, for ``local-epochs`` (from the common initial body; nothing is kept)."""
+        model = self._model(content)
+        self.fit(model, params=parameters_of(model, self.body_keys(model)))
+        return model

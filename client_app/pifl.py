@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import torch
 from flwr.app import RecordDict
 
 from client_app.base import ClientMethod, load_shared
-from task.methods.pifl import PIFLOptions, bid_policy, mixture_weights
+from task.methods.pifl import PIFLOptions, bid_policy, mixture_weights, personal_weights
 from task.params import model_at, model_to_record, stacked_tensors
 from task.train import evaluate
 
@@ -87,18 +88,32 @@ class PIFLClient(ClientMethod):
 
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
         """The one-shot personalized model (Eq. 4): the tier models weighted by their accuracy on the
-        calibration part of this client's goal data (goal_splits); it never leaves the client."""
+        calibration part of this client's goal data (goal_splits); it never leaves the client.  With
+        ``pifl-personal='choose'`` the client keeps its single most accurate tier instead where that tier scores
+        higher than the mixture on the same calibration data (:func:`task.methods.pifl.personal_weights`)."""
         tiers = self._tiers(content)
+        calibration = self.goal_splits()[0]
         with self.timed("method"):
-            weights = torch.from_numpy(mixture_weights(self._tier_accuracies(tiers, *self.goal_splits()[0]))).float()
-            model = self.reset_model()
-            model.load_state_dict(
-                {
-                    k: (torch.tensordot(weights.to(v.dtype), v, dims=1) if v.is_floating_point() else v[0])
-                    for k, v in tiers.items()
-                }
-            )
+            accuracies = self._tier_accuracies(tiers, *calibration)
+            weights = mixture_weights(accuracies)
+            model = self._mixed(tiers, weights)
+            if self.options.personal == "choose":
+                chosen = personal_weights(accuracies, evaluate(model, *calibration)[1])
+                if not np.array_equal(chosen, weights):
+                    weights, model = chosen, self._mixed(tiers, chosen)
         self._weights = [float(w) for w in weights]
+        return model
+
+    def _mixed(self, tiers: dict[str, torch.Tensor], weights: np.ndarray) -> torch.nn.Module:
+        """sum_k weights_k * tier_k for floating-point entries; integer buffers (BatchNorm's counters) from tier 0."""
+        w = torch.from_numpy(np.asarray(weights)).float()
+        model = self.reset_model()
+        model.load_state_dict(
+            {
+                k: (torch.tensordot(w.to(v.dtype), v, dims=1) if v.is_floating_point() else v[0])
+                for k, v in tiers.items()
+            }
+        )
         return model
 
     def evaluation_extras(self, content: RecordDict, personal: torch.nn.Module) -> dict:

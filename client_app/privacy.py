@@ -5,7 +5,7 @@
   at most ``dp-clip`` around a model it sent itself.  The noise is the server's (once, on the mean).  Only the
   model's trained parameters leave: its buffers (BatchNorm's running means and variances, statistics of the client's
   inputs) stay home, and the client recomputes them on its own data before it scores a model
-  (:func:`task.train.recompute_norm_statistics`).
+  (:func:`task.train.norm_statistics`).
 - ``dp-mode='local'``: a train reply's ``arrays`` are a local release, ``w_ref + clip(w - w_ref, C) + N(0, (sigma
   C)^2 I)``, with ``w_ref`` what the method names as its release reference (:meth:`ClientMethod.release_reference`,
   e.g. FedC2I's own previous release, which the message brought back).  The noise is drawn from a generator seeded

@@ -17,6 +17,7 @@ import numpy as np
 
 from strategies import attack_report
 from strategies.history import RoundLog
+from strategies.newcomers import NEWCOMER_METRICS
 from strategies.plots import integer_ticks, pyplot
 from task.config import Settings
 from task.methods import load_object, method_spec
@@ -30,6 +31,11 @@ EXTRA_SCALARS = {
     "checkpoint-seconds": "time",
     "server-peak-rss-mb": "memory",
 }
+
+
+#: the spread of the final personalized accuracy over clients in ``summary.json`` and the summary line, under the names
+#: :func:`strategies.history.spread_metrics` gives them in every evaluated round
+FAIRNESS = ("personal-acc-std", "personal-acc-min", "personal-acc-p10")
 
 
 def _number(value: Any) -> bool:
@@ -130,6 +136,9 @@ class ResultsWriter:
             write_json(folder / "resumes.json", resumes)
 
     def write(self, strategy, seconds: float, aborted: str | None = None, stopped: str | None = None) -> str:
+        def acc(v: object) -> str:
+            return "n/a" if v is None else f"{v:.4f}"
+
         rows = [{"round": r.server_round, **round_scalars(r)} for r in strategy.history]
         write_json(
             self.folder / "rounds.json",
@@ -143,12 +152,14 @@ class ResultsWriter:
             rounds_csv = csv.DictWriter(fh, fieldnames=fields)
             rounds_csv.writeheader()
             rounds_csv.writerows(rows)
+        # the trained clients' last evaluations, and each held-out client's newcomer scores (holdout-clients)
         clients = sorted(strategy.client_eval.items())
-        client_fields = sorted({k for _, m in clients for k in m})
+        newcomers = sorted(strategy.holdout.results.items())
+        client_fields = sorted({k for _, m in clients + newcomers for k in m})
         with (self.folder / "clients.csv").open("w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(["client", *client_fields])
-            for pid, m in clients:
+            for pid, m in sorted(clients + newcomers):
                 w.writerow([pid, *(m.get(k, "") for k in client_fields)])
         write_json(self.folder / "failures.json", strategy.failures)
         write_artifacts(strategy, self.settings.method, self.folder)
@@ -162,6 +173,9 @@ class ResultsWriter:
             "personal-acc": final.get("personal-acc"),
             "global-acc": final.get("global-acc"),
             "trained-acc": strategy.history[-1].train.get("trained-acc") if strategy.history else None,
+            # the spread of the final personalized accuracy over the evaluated clients (strategies.history's
+            # spread_metrics): how unequal they are, the worst client, and the bound of the worst tenth
+            **{k: final.get(k) for k in FAIRNESS},
             "personal-loss": final.get("personal-loss"),
             "global-loss": final.get("global-loss"),
             "clients": len(clients),
@@ -176,6 +190,17 @@ class ResultsWriter:
         outcome = clustering_outcome(strategy)
         if outcome is not None:
             summary["clusters"], summary["clustering"] = outcome
+        held_out = ""
+        if self.settings.holdout_clients:  # what the method gave the clients that never trained, before and after
+            means = strategy.holdout.means()  # fine-tuning (strategies/newcomers.py)
+            summary["holdout-clients"] = self.settings.holdout_clients
+            summary["newcomers"] = len(strategy.holdout.results)
+            for key in NEWCOMER_METRICS:
+                summary[key] = means.get(key)
+            held_out = (
+                f", {summary['newcomers']} newcomers (held out): acc {acc(summary['newcomer-acc'])}, "
+                f"fine-tuned {acc(summary['newcomer-finetuned-acc'])}"
+            )
         privacy = ""
         if self.settings.dp_mode != "off":  # the (epsilon, delta) after the last noised round (0: none yet)
             released = [r.extra["dp"] for r in strategy.history if "dp" in r.extra]
@@ -198,14 +223,17 @@ class ResultsWriter:
                     summary[f"{key}-perplexity"] = float(np.exp(float(loss)))
         write_json(self.folder / "summary.json", summary)
 
-        def acc(v: object) -> str:
-            return "n/a" if v is None else f"{v:.4f}"
-
         clustering = f", {summary['clustering']}" if outcome is not None else ""
+        spread = ""
+        if summary["personal-acc-std"] is not None:
+            spread = (
+                f" (over clients: std {acc(summary['personal-acc-std'])}, worst {acc(summary['personal-acc-min'])}, "
+                f"10th percentile {acc(summary['personal-acc-p10'])})"
+            )
         return (
             f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "
             f"{summary['rounds']} rounds, {summary['clients']} clients{clustering}, personalized acc "
-            f"{acc(summary['personal-acc'])}, global acc {acc(summary['global-acc'])}, "
+            f"{acc(summary['personal-acc'])}{spread}, global acc {acc(summary['global-acc'])}{held_out}, "
             f"{summary['failures']} rejected replies{privacy}, {seconds:.1f} s"
             + (f", ABORTED: {aborted}" if aborted else "")
             + (f", STOPPED: {stopped}" if stopped else "")

@@ -28,9 +28,11 @@ and broadcasts), :meth:`reply_spec` (what a reply of a phase must carry, :mod:`s
 :meth:`round_config` and :meth:`payload` (what one node receives), :meth:`prepare_round` (extra phases before
 the cohort is drawn), :meth:`wants_client_ids`, :meth:`sample` (the cohort), :meth:`local_releases` (under local
 DP, the most models a client releases in a round), :meth:`aggregate` (the valid train replies),
-:meth:`on_evaluated`, :meth:`on_round_end`, :meth:`server_models` (its models), :meth:`clustering_outcome` (for the
-run's summary), :meth:`state` and :meth:`restore` (what a checkpoint holds of it).  Its files (JSON, PNG) are written
-beside it, in ``strategies/<method>_artifacts.py``, which its registry entry names.
+:meth:`on_evaluated`, :meth:`on_round_end`, :meth:`newcomer_payloads` and :meth:`newcomer_receives` (what a
+held-out client gets after the last round, :mod:`strategies.newcomers`), :meth:`server_models` (its models),
+:meth:`clustering_outcome` (for the run's summary), :meth:`state` and :meth:`restore` (what a checkpoint holds of
+it).  Its files (JSON, PNG) are written beside it, in ``strategies/<method>_artifacts.py``, which its registry
+entry names.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from strategies.attack_report import honest_metrics, with_attack_metrics
-from strategies.disclosure import Disclosure
+from strategies.disclosure import Disclosure, Part
 from strategies.exchange import MessageExchange, RunAborted
 from strategies.gate import ReplyGate, shared_model
 from strategies.history import (
@@ -58,12 +60,14 @@ from strategies.history import (
     record_evaluation,
     train_metrics,
 )
+from strategies.newcomers import NEWCOMER_SPEC, Holdout, evaluate_newcomers, newcomer_disclosure
 from strategies.persistence import after_round
 from strategies.privacy import ServerPrivacy, central_aggregate, cohort_generator
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Reply, ReplySpec
 from strategies.schedule import EvaluationSchedule
 from strategies.services import IDENTIFY, StrategyServices
 from task.config import Settings
+from task.methods import NEWCOMER
 from task.models import ModelInfo
 from task.params import to_record
 
@@ -111,6 +115,8 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         self._first_round = 1
         #: this round's (population, cohort size), for differential privacy's accountant
         self.dp_sample = (1, 1)
+        #: the clients held out of training (run-config ``holdout-clients``), evaluated at the end as newcomers
+        self.holdout = Holdout(settings.holdout_clients)
 
     # ------------------------------------------------------------------ hooks for methods
     def shared_keys(self) -> list[str]:
@@ -128,6 +134,8 @@ class PersonalizedStrategy(StrategyServices, Strategy):
                 evaluation = self.reply_spec("evaluate", node_id).metrics
                 spec = spec.with_evaluation({k: v for k, v in evaluation.items() if k not in BASE.metrics})
             return spec
+        if phase == NEWCOMER:
+            return NEWCOMER_SPEC
         return with_attack_metrics(EVALUATE, self.settings) if phase == "evaluate" else BASE
 
     def disclosure(self) -> dict[str, Disclosure]:
@@ -139,7 +147,7 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         if self.shared_keys():
             receives["arrays"] = self.model_part("the global model: the shared keys averaged over the clients")
         moved = "how its data moved the shared keys" if self.shared_keys() else "how well its own model fits its data"
-        return {
+        declared = {
             MessageType.TRAIN: Disclosure(
                 self.sends("train", {"arrays": "its trained model's shared keys"}), receives, moved
             ),
@@ -148,6 +156,9 @@ class PersonalizedStrategy(StrategyServices, Strategy):
                 self.sends(IDENTIFY), {"config": self.config_part()}, "which client it is"
             ),
         }
+        if self.holdout.count:  # held-out clients get query.newcomer after the last round
+            declared[f"{MessageType.QUERY}.{NEWCOMER}"] = newcomer_disclosure(self, declared)
+        return declared
 
     def round_config(self, server_round: int, phase: str) -> ConfigRecord:
         """The config of every message: the round and phase; where clients keep state and models (a node's own
@@ -198,6 +209,19 @@ class PersonalizedStrategy(StrategyServices, Strategy):
 
     def on_round_end(self, server_round: int) -> None:
         """Called after evaluation of every round (e.g. to settle tokens or record tier tables)."""
+
+    def newcomer_payloads(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, RecordDict]:
+        """What each held-out node (run-config ``holdout-clients``) gets after the last round to build the model the
+        method gives a client that never trained (:mod:`strategies.newcomers`; the client's ``newcomer_model``
+        builds it).  Default: what an evaluate message gives a node the server knows nothing about (the global
+        model; every cluster or tier model where the client chooses among them).  A method whose newcomer message
+        differs also declares it in :meth:`newcomer_receives`."""
+        return {n: self.payload(n, server_round, "evaluate") for n in nodes}
+
+    def newcomer_receives(self) -> Mapping[str, Part] | None:
+        """What a ``query.newcomer`` message brings, for the method's declaration (:meth:`disclosure`); None (the
+        default): what its evaluate message brings."""
+        return None
 
     def server_models(self) -> dict[str, dict[str, np.ndarray]]:
         """The models the server holds, by name (default: the global model, where the method has one)."""
@@ -256,6 +280,8 @@ class PersonalizedStrategy(StrategyServices, Strategy):
                 result.evaluate_metrics_clientapp[server_round] = metrics
             if evaluate_fn is not None and (metrics := evaluate_fn(server_round, arrays)) is not None:
                 result.evaluate_metrics_serverapp[server_round] = metrics
+        if self.holdout.count:  # the held-out clients, as newcomers, after the last round
+            evaluate_newcomers(self, grid, num_rounds)
         return result
 
     def configure_train(
@@ -268,9 +294,10 @@ class PersonalizedStrategy(StrategyServices, Strategy):
                 self, server_round, len(nodes), self.cohort_size(len(nodes), self.settings.fraction_train)
             )
         self.history.append(RoundLog(server_round))
-        if self.identify_everyone or self.wants_client_ids(server_round, nodes):
+        if self.identify_everyone or self.holdout.count or self.wants_client_ids(server_round, nodes):
             self.identify(grid, server_round, nodes)
             self.identify_everyone = False
+        nodes = self.holdout.training(nodes, self.client_of)  # a held-out client never takes part
         self.prepare_round(grid, server_round, nodes)
         cohort = self.sample(server_round, nodes)
         self.dp_sample = (len(nodes), len(cohort))  # (population, cohort) for the accountant
@@ -305,6 +332,9 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         if not self.schedule.has_evaluate_phase(server_round):
             return []
         nodes = self.available_nodes(grid)
+        if self.holdout.count:  # a held-out client is evaluated only as a newcomer, at the end
+            self.identify(grid, server_round, nodes)
+            nodes = self.holdout.training(nodes, self.client_of)
         k = self.cohort_size(len(nodes), self.settings.fraction_evaluate)
         if k < len(nodes):
             self.identify(grid, server_round, nodes)

@@ -25,12 +25,23 @@ class MoonStrategy(FedAvgStrategy):
 
 
 class LocalStrategy(PersonalizedStrategy):
-    """Local / Separate training: nothing is shared, each client trains and keeps its own model."""
+    """Local / Separate training: nothing is shared, each client trains and keeps its own model, in every round.
+
+    A client that trains alone needs no server to draw it: with ``fraction-train`` < 1 (a federation that hears
+    from only part of its clients per round) every client still trains in every round, as a local-only client
+    would, so Local is the reference a federated method must beat at equal local work, not a client that idles
+    while unsampled."""
 
     has_global_model = False
 
     def shared_keys(self) -> list[str]:
         return []
+
+    def wants_client_ids(self, server_round: int, nodes: list[int]) -> bool:
+        return False  # every node trains: whose it is does not change the cohort
+
+    def sample(self, server_round: int, nodes: list[int]) -> list[int]:
+        return self.by_client(nodes)
 
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         return RecordDict()

@@ -5,15 +5,17 @@ See docs/methods/pfedlia.md; its last section says where each section number cit
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
+from flwr.serverapp import Grid
 
-from strategies.api import PersonalizedStrategy, Reply
+from strategies.api import PER_CLIENT, Part, PersonalizedStrategy, Reply
 from strategies.cfl_math import cosine_similarity_matrix, optimal_bipartition, should_split
 from task.methods.pfedlia import CFLOptions
-from task.params import to_record
+from task.params import stacked_record, to_record
 
 
 class CFLStrategy(PersonalizedStrategy):
@@ -43,6 +45,15 @@ class CFLStrategy(PersonalizedStrategy):
 
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         return RecordDict({"arrays": to_record(self._model(node_id))})
+
+    def newcomer_payloads(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, RecordDict]:
+        """A newcomer is in no cluster: it gets every cluster model (``tiers``) and takes the one with the lowest loss
+        on its own data (its updates, which CFL splits clusters by, it has none of)."""
+        stacked = stacked_record([m for _, m in sorted(self.models.items())], self.model_info.keys)
+        return {n: RecordDict({"tiers": stacked}) for n in nodes}
+
+    def newcomer_receives(self) -> Mapping[str, Part]:
+        return {"config": self.config_part(), "tiers": self.model_part("every cluster model", count=PER_CLIENT)}
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         norms = {}

@@ -19,10 +19,12 @@ See docs/methods/fedc2i.md; its last section says where each section number cite
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, RecordDict
+from flwr.serverapp import Grid
 
 from strategies.api import (
     PER_CLIENT,
@@ -82,7 +84,18 @@ class FedC2IStrategy(PersonalizedStrategy):
             return RecordDict({"arrays": to_record(self.own_model(node_id))})
         peers = self.peers_for(node_id, server_round)
         self.sent_peers[node_id] = peers
-        models = [self.own_model(node_id), *(self.store[c] for c in peers)]
+        return self._peers_payload(self.own_model(node_id), peers)
+
+    def newcomer_payloads(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, RecordDict]:
+        """What a client gets before its first training: the common initial model (its own) stacked with the stored
+        models it would be sent, so the newcomer mixes its personalized model by their influence on its data."""
+        return {n: self._peers_payload(self.initial_state, self.peers_for(n, server_round)) for n in nodes}
+
+    def newcomer_receives(self) -> Mapping[str, Part]:
+        return self._peers_part()
+
+    def _peers_payload(self, own: dict[str, np.ndarray], peers: list[int]) -> RecordDict:
+        models = [own, *(self.store[c] for c in peers)]
         payload = RecordDict({"peers": stacked_record(models, self.model_info.keys)})
         if peers:  # the other clients' ids and training-set sizes (not under local DP), in the order of their models
             about: dict[str, Any] = {"client-ids": [int(c) for c in peers]}
@@ -95,11 +108,23 @@ class FedC2IStrategy(PersonalizedStrategy):
         """Out: the whole trained model and the influence vector over the models it was sent.  In (train): its
         own latest model stacked with the latest whole model of every other client (``c2i-peers`` bounds how
         many), their client ids and (not under local DP) training-set sizes; (evaluate) its own latest model only."""
+        peers = self._peers_part()
+        own = {"config": self.config_part(), "arrays": self.model_part("its own latest model", from_peers=False)}
+        what = {"arrays": "its whole trained model"}
+        count = Dim(1, self.num_peers) if self.num_peers else PER_CLIENT
+        sends = lengths_on(self.sends("train", what), "metrics", {"influence": count})  # one per model it was sent
+        out = super().disclosure()
+        out["train"] = Disclosure(sends, peers, "its model, and which peers' data resemble its own")
+        out["evaluate"] = Disclosure(self.sends("evaluate"), own, out["evaluate"].reveals)
+        return out
+
+    def _peers_part(self) -> dict[str, Part]:
+        """What a message with ``peers`` brings: its own latest model stacked with peers' and their ids (and sizes)."""
         count = Dim(1, self.num_peers) if self.num_peers else PER_CLIENT
         others = Dim(1, self.num_peers - 1) if self.num_peers else PER_PEER  # peer-clients only when there are peers
         sizes = self.settings.dp_mode != "local"  # under local DP peers get each other's ids only
         about = {"client-ids": True, "num-examples": True} if sizes else {"client-ids": True}
-        peers = {
+        return {
             "config": self.config_part(),
             "peers": self.model_part("its own latest model, then each peer's latest whole model", count=count),
             "peer-clients": Part(
@@ -110,13 +135,6 @@ class FedC2IStrategy(PersonalizedStrategy):
                 lengths=dict.fromkeys(about, others),
             ),
         }
-        own = {"config": self.config_part(), "arrays": self.model_part("its own latest model", from_peers=False)}
-        what = {"arrays": "its whole trained model"}
-        sends = lengths_on(self.sends("train", what), "metrics", {"influence": count})  # one per model it was sent
-        out = super().disclosure()
-        out["train"] = Disclosure(sends, peers, "its model, and which peers' data resemble its own")
-        out["evaluate"] = Disclosure(self.sends("evaluate"), own, out["evaluate"].reveals)
-        return out
 
     def reply_spec(self, phase: str, node_id: int) -> ReplySpec:
         spec = super().reply_spec(phase, node_id)

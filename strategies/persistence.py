@@ -130,7 +130,7 @@ def save_server_models(results: Path, settings: Settings, server_round: int, mod
 def checkpoint_state(strategy: PersonalizedStrategy) -> dict[str, Any]:
     """What a checkpoint of ``strategy`` holds: the base's part (history, failures, each client's last evaluation,
     the sampling generator, an evaluation waiting for the next round's train messages, the global model, what
-    differential privacy keeps across rounds) and the method's own ``state()``."""
+    differential privacy keeps across rounds, which clients are held out) and the method's own ``state()``."""
     base = {
         "history": [asdict(r) for r in strategy.history],
         "failures": strategy.gate.failures,
@@ -139,6 +139,7 @@ def checkpoint_state(strategy: PersonalizedStrategy) -> dict[str, Any]:
         "pending-evaluation": strategy.schedule.pending,
         "global": strategy.global_state,
         "dp": strategy.dp.state(),
+        "holdout-first": strategy.holdout.first,
     }
     return {"base": base, "method": strategy.state()}
 
@@ -156,6 +157,7 @@ def resume(strategy: PersonalizedStrategy, saved: Mapping[str, Any], rounds_done
     strategy.global_state = base["global"]
     if "dp" in base:  # a checkpoint from before it existed: the settings' noise multiplier and clip bound
         strategy.dp.restore(base["dp"], rounds_done)
+    strategy.holdout.first = int(base.get("holdout-first", -1))  # which clients are held out stays as it was
     strategy.restore(saved["method"])
     strategy.rounds_done, strategy.identify_everyone = rounds_done, True
 

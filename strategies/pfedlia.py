@@ -21,6 +21,7 @@ See docs/methods/pfedlia.md; its last section says where each section number cit
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,7 @@ from strategies.api import (
 )
 from strategies.pfedlia_math import adjusted_rand, assign_late_joiner, cluster_influence, groups_from_sets
 from task.methods.pfedlia import PFedLIAOptions
-from task.params import stack_states, to_record
+from task.params import stack_states, to_record, weighted_average
 
 
 class PFedLIAStrategy(PersonalizedStrategy):
@@ -225,9 +226,9 @@ class PFedLIAStrategy(PersonalizedStrategy):
 
     def _join_planted_groups(self) -> None:
         """Oracle: every client whose planted group is known and that has no cluster joins its group (a group nobody
-        was in yet starts from theta_0)."""
+        was in yet starts from theta_0); a held-out client (``holdout-clients``) joins none."""
         for client, group in sorted(self.planted.items()):
-            if client not in self.assignment:
+            if client not in self.assignment and not self.holdout.held_out(client):
                 self.assignment[client] = group
                 self.cluster_models.setdefault(group, self.start_model())
 
@@ -405,6 +406,37 @@ class PFedLIAStrategy(PersonalizedStrategy):
             self.clustering.get("ari"),
             self.clustering["seconds"],
         )
+
+    def newcomer_payloads(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, RecordDict]:
+        """What the late-joiner path (pfedlia.md §2.8) gives a newcomer, without making it a member: it scores the
+        stored lazy models (``query.lia``) and gets the model of the cluster they point to (central), or the mean
+        of its beneficial peers' models (peer-to-peer); the Oracle's newcomer gets its planted group's model.
+        Before any clustering: the global model; a newcomer that names no cluster (its reply rejected, its group
+        without members): theta_0."""
+        if not self.clustered:
+            return super().newcomer_payloads(grid, server_round, nodes)
+        start = self.start_model()
+        models = dict.fromkeys(nodes, start)
+        if self.mode == "oracle":
+            for n in nodes:
+                client = self.client(n)
+                group = self.planted.get(client) if client is not None else None  # reported when it identified
+                models[n] = self.cluster_models.get(group, start) if group is not None else start
+        elif self.lazy_stacked is not None:
+            order = list(self.matrix_clients)
+            labels = np.array([self.assignment[m] for m in order])
+            rows = self._rows(grid, server_round, nodes)
+            for n in nodes:
+                if (client := self.client(n)) not in rows:
+                    continue
+                row, beneficial = rows[client]
+                if self.mode == "p2p":
+                    peers: list[Mapping[str, np.ndarray]] = [self.personal[c] for c in beneficial if c in self.personal]
+                    models[n] = weighted_average(peers, [1] * len(peers)) if peers else start
+                else:
+                    cols = [self.lazy_clients.index(m) for m in order]
+                    models[n] = self.cluster_models.get(assign_late_joiner(row[cols], labels), start)
+        return {n: RecordDict({"arrays": to_record(models[n])}) for n in nodes}
 
     def join_late(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         """pfedlia.md §2.8: newcomers score the stored lazy models and join the best cluster (or their 2-means set)."""

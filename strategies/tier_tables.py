@@ -37,7 +37,7 @@ class SourceHoldouts:
         if not isinstance(part, TwoSourcePartitioner):
             return
         used = np.concatenate([np.asarray(part.load_partition(i)["idx"], np.int64) for i in range(num_partitions)])
-        rest = np.setdiff1d(np.arange(len(data.y)), used)
+        rest = np.setdiff1d(np.arange(data.originals), used)  # originals: a copy of a trained sample is no holdout
         source = part.source_of_labels(data.y, settings.num_classes)
         rng = np.random.default_rng(54_321)
         for name, s in (("A", 0), ("B", 1)):

@@ -16,6 +16,7 @@ from typing import Any
 
 from task.attacks import AttackOptions, attack_conflicts
 from task.data import DATASETS, DOMAINS, MIXTURES, PARTITIONS, DataSettings, dataset_info
+from task.data.catalogue import MIN_CLIENT_SAMPLES
 from task.methods import METHODS, method_spec
 from task.models import IMAGE_ONLY, MODELS
 from task.options import ConfigConflict, OptionSet, option
@@ -32,7 +33,16 @@ class RunOptions(AttackOptions, RobustOptions):
     method: str = option("method", "fedavg", "the method (see task/methods)", choices=tuple(METHODS))
     dataset: str = option("dataset", "digits", "the data set", choices=tuple(DATASETS))
     partition: str = option("partition", "dirichlet", "how the data is split over clients", choices=PARTITIONS)
-    alpha: float = option("alpha", 0.5, "Dirichlet concentration (partition 'dirichlet')", minimum=1e-9)
+    alpha: float = option(
+        "alpha", 0.5, "Dirichlet concentration of labels (partitions 'dirichlet', 'quantity-dirichlet')", minimum=1e-9
+    )
+    size_sigma: float = option(
+        "size-sigma",
+        1.0,
+        "quantity skew (partition 'quantity-dirichlet'): client sizes in proportion to lognormal(0, size-sigma) "
+        f"draws, at least {MIN_CLIENT_SAMPLES} samples each (0: equal sizes)",
+        minimum=0.0,
+    )
     classes_per_client: int = option("classes-per-client", 2, "labels per client (partition 'pathological')", minimum=1)
     num_clusters: int = option("num-clusters", 5, "planted groups (partition 'planted-clusters*'; dialects)", minimum=1)
     mixture: str = option("mixture", "10:90", "two-source mixture (partition 'two-source')", choices=MIXTURES)
@@ -73,7 +83,13 @@ class RunOptions(AttackOptions, RobustOptions):
     test_fraction: float = option("test-fraction", 0.2, "each client's held-out test share", minimum=0.0, maximum=0.89)
     val_fraction: float = option("val-fraction", 0.1, "each client's validation share", minimum=0.0, maximum=0.89)
     noise_std: float = option("noise-std", 0.0, "fixed Gaussian pixel noise on the data", minimum=0.0)
-    data_copies: int = option("data-copies", 1, "jittered copies of the data set (many clients)", minimum=1)
+    data_copies: int = option(
+        "data-copies",
+        1,
+        "jittered copies of every training image (a copy trains where its original trains; held-out splits and "
+        "the number of clients a data set fits are unchanged)",
+        minimum=1,
+    )
     train_samples: int = option(
         "train-samples",
         0,
@@ -87,6 +103,14 @@ class RunOptions(AttackOptions, RobustOptions):
         "what clients score models on: 'test', or 'validation' for selecting settings (the test split is then "
         "dropped on every client, unseen by any method)",
         choices=("test", "validation"),
+    )
+    holdout_clients: int = option(
+        "holdout-clients",
+        0,
+        "clients held out of training (the largest partition ids): after the last round each scores what the method "
+        "gives a newcomer, before and after local-epochs of fine-tuning on its own data (newcomer-acc, "
+        "newcomer-finetuned-acc)",
+        minimum=0,
     )
     seed: int = option("seed", 0, "seed of partitions, initial model and sampling", minimum=0)
     device: str = option("device", "auto", "auto (CUDA if available), cpu, cuda or cuda:N")
@@ -201,6 +225,7 @@ class Settings:
     resume_from: str = ""
     stop_after: int = 0
     evaluate_split: str = "test"
+    holdout_clients: int = 0
     dp_mode: str = "off"
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
@@ -298,6 +323,7 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         dataset=run.dataset,
         partition=run.partition,
         alpha=run.alpha,
+        size_sigma=run.size_sigma,
         classes_per_client=run.classes_per_client,
         num_clusters=run.num_clusters,
         mixture=run.mixture,

@@ -328,6 +328,12 @@ def head_keys(model_or_state: nn.Module | dict) -> list[str]:
     return [k for k in state if k.startswith(HEAD_PREFIX)]
 
 
+def parameters_of(model: nn.Module, keys: list[str]) -> list[nn.Parameter]:
+    """The trained parameters of ``model`` among ``keys`` (state names; buffers such as BN statistics are left out)."""
+    wanted = set(keys)
+    return [p for name, p in model.named_parameters() if name in wanted]
+
+
 def body_keys(model_or_state: nn.Module | dict) -> list[str]:
     """Names (state_dict order) of the feature extractor's parameters and buffers (incl. BN statistics)."""
     state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else model_or_state

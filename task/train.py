@@ -124,29 +124,32 @@ def evaluate(
 
 
 @torch.no_grad()
-def recompute_norm_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> int:
-    """Recompute every BatchNorm layer's running mean and variance of ``model`` on ``x``: the layers' statistics
-    reset, then averaged over the batches of ``x`` (momentum None: a plain mean over batches), the model's weights
-    unchanged and every other layer in eval mode; the model is left in eval mode.  Under differential privacy a
-    client scores a model with statistics of its own data instead of ones it received.  Returns the layers
-    recomputed (0: none, or no data)."""
+def norm_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> int:
+    """Recompute the running mean and variance of every BatchNorm layer of ``model`` from ``x`` alone (the layers'
+    statistics reset, then their cumulative average over the batches: momentum None), the model's weights unchanged
+    and every other layer in eval mode while it runs; the model's train / eval mode is kept.  The statistics of a
+    client's own data: where a method keeps them on the client, where a newcomer has none yet, and under
+    differential privacy, where a client scores a model with them instead of ones it received.  A batch of one is
+    skipped (BatchNorm has no variance of it).  Returns the layers recomputed (0: none, or fewer than two samples,
+    and the model is left as it is)."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
-    model.eval()
-    if not norms or len(x) == 0:
+    if not norms or len(x) < 2:
         return 0
     device = next(model.parameters()).device
-    momenta = [m.momentum for m in norms]
+    momenta, training = [m.momentum for m in norms], model.training
+    model.eval()
     for m in norms:
         m.reset_running_stats()
-        m.momentum = None
+        m.momentum = None  # a cumulative average, not an exponential one
         m.train()
     try:
         for idx in batches(len(x), batch_size, None, shuffle=False):
-            model(x[idx].to(device))
+            if len(idx) >= 2:
+                model(x[idx].to(device))
     finally:
         for m, momentum in zip(norms, momenta, strict=True):
             m.momentum = momentum
-        model.eval()
+        model.train(training)
     return len(norms)
 
 

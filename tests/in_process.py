@@ -89,7 +89,12 @@ def federation(
         node: Context(
             run_id=1,
             node_id=node,
-            node_config={"partition-id": pid, "num-partitions": NODES, "cache-dir": "", **node_configs.get(pid, {})},
+            node_config={
+                "partition-id": pid,
+                "num-partitions": len(node_ids),
+                "cache-dir": "",
+                **node_configs.get(pid, {}),
+            },
             state=RecordDict(),
             run_config=config,
         )
@@ -132,21 +137,30 @@ def run_in_process(
     *,  # **{"key": value}, which a type checker would otherwise match against them
     late: Any = (),  # Iterable[int]
     resume_after: Any = 0,  # int
+    nodes: Any = NODES,  # int
     **extra: Any,
 ) -> tuple[Any, list[dict], dict[int, list[dict]], dict]:
-    """Two rounds (``SHRUNK``) of ``method`` with ``NODES`` real clients (``extra``: more run config;
+    """Two rounds (``SHRUNK``) of ``method`` with ``nodes`` real clients (``extra``: more run config;
     ``node_configs``: more node config by partition id; ``late``: the partition ids whose nodes connect only after
     round 1; ``resume_after``: the run stops after that round as a crash would (``stop-after``) and a new server
     resumes it (``resume-from``, as the ServerApp does) with new node ids and fresh clients, recording into the same
     folder); (the strategy after them, the server's recording, each client's, the run config)."""
-    config = {"method": method, **SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {}), **extra}
+    config = {
+        "method": method,
+        **SHRUNK,
+        "min-nodes": nodes,
+        **NEEDS.get(method, {}),
+        **SETTINGS.get(method, {}),
+        **extra,
+    }
+    node_ids = {1001 + 7 * pid: pid for pid in range(nodes)}
     folder = tmp_path / "run"
     folder.mkdir()
     first = {**config, "stop-after": resume_after} if resume_after else config
     strategy = build_strategy(parse_settings(first))
     strategy.results_dir = folder
     try:
-        federation(strategy, first, NODE_IDS, node_configs or {}, set(late))
+        federation(strategy, first, node_ids, node_configs or {}, set(late))
     except SimulatedCrash:
         if not resume_after:
             raise
@@ -155,7 +169,7 @@ def run_in_process(
         strategy = build_strategy(settings)
         assert resume_point(settings, strategy) == (folder, resume_after)
         strategy.results_dir = folder
-        federation(strategy, config, RESUMED_NODE_IDS, node_configs or {}, set())
+        federation(strategy, config, {2003 + 11 * pid: pid for pid in range(nodes)}, node_configs or {}, set())
     else:
         assert not resume_after, f"stop-after={resume_after} did not stop the run"
     server, clients = read_run(folder)

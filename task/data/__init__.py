@@ -8,7 +8,8 @@ The package is split by concern:
 
 - :mod:`task.data.catalogue` - the data sets, partition / mixture / domain names;
 - :mod:`task.data.sources` - whole data sets in memory (digits, synthetic concept shift, real copies);
-- :mod:`task.data.partitioners` - flwr-datasets partitioners and ours (planted clusters, two-source);
+- :mod:`task.data.partitioners` - flwr-datasets partitioners (quantity skew crossed with label skew on its inner
+  Dirichlet) and ours (planted clusters, two-source);
 - :mod:`task.data.domains` - feature-shift transforms;
 - :mod:`task.data.clients` - data settings, a client's splits and their on-disk cache;
 - :mod:`task.data.files` - a deployed node's own ``.npz`` data file.
@@ -23,7 +24,15 @@ import importlib
 from typing import Any
 
 from task.data.catalogue import DATASETS, DOMAINS, MIXTURES, PARTITIONS, DatasetInfo, dataset_info, synth_concept
-from task.data.clients import ClientData, DataSettings, load_client_data, partition_indices, stratified_split
+from task.data.clients import (
+    ClientData,
+    DataSettings,
+    SplitIndices,
+    load_client_data,
+    partition_indices,
+    split_indices,
+    stratified_split,
+)
 from task.data.domains import apply_domain, domain_of
 from task.data.files import export_client_file, load_local_file
 from task.data.sources import Centralized, load_centralized
@@ -57,6 +66,7 @@ __all__ = [
     "DataSettings",
     "DatasetInfo",
     "PlantedClusterPartitioner",
+    "SplitIndices",
     "TwoSourcePartitioner",
     "apply_domain",
     "build_partitioner",
@@ -70,6 +80,7 @@ __all__ = [
     "partition_indices",
     "partitioner_for",
     "source_shares",
+    "split_indices",
     "stratified_split",
     "synth_concept",
 ]

@@ -66,7 +66,17 @@ def synth_concept(
     return x, logits.argmax(1).astype(np.int64), source.astype(np.int64)
 
 
-PARTITIONS = ("iid", "dirichlet", "pathological", "planted-clusters", "planted-clusters-noisy", "two-source")
+PARTITIONS = (
+    "iid",
+    "dirichlet",
+    "quantity-dirichlet",
+    "pathological",
+    "planted-clusters",
+    "planted-clusters-noisy",
+    "two-source",
+)
+#: the fewest samples partition 'quantity-dirichlet' gives a client (before its train / validation / test split)
+MIN_CLIENT_SAMPLES = 10
 MIXTURES = ("10:90", "30:70", "linear", "random")
 DOMAINS = ("original", "inverted", "rotated", "noisy", "shifted", "thickened", "blurred")
 

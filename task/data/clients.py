@@ -34,6 +34,7 @@ class DataSettings:
     dataset: str = "digits"
     partition: str = "dirichlet"
     alpha: float = 0.5
+    size_sigma: float = 1.0
     classes_per_client: int = 2
     num_clusters: int = 5
     mixture: str = "10:90"
@@ -60,8 +61,10 @@ class DataSettings:
             raise ValueError(
                 f"unknown partition {self.partition!r} (run-config key 'partition'); allowed: {list(PARTITIONS)}"
             )
-        if self.partition == "dirichlet" and not self.alpha > 0:
-            raise ValueError(f"alpha must be > 0 for partition 'dirichlet', got {self.alpha}")
+        if self.partition in ("dirichlet", "quantity-dirichlet") and not self.alpha > 0:
+            raise ValueError(f"alpha must be > 0 for partition {self.partition!r}, got {self.alpha}")
+        if not self.size_sigma >= 0:
+            raise ValueError(f"size-sigma must be >= 0, got {self.size_sigma}")
         if self.partition == "two-source" and self.mixture not in MIXTURES:
             raise ValueError(f"unknown mixture {self.mixture!r} (run-config key 'mixture'); allowed: {list(MIXTURES)}")
         if not 0.0 <= self.test_fraction < 1.0 or not 0.0 <= self.val_fraction < 1.0:
@@ -275,10 +278,26 @@ def load_client_data(
     return data
 
 
-def _build_client_data(settings: DataSettings, partition_id: int, num_partitions: int) -> ClientData:
-    if settings.dataset == "dialects":
-        return _dialect_client(settings, partition_id, num_partitions)
-    from task.data.partitioners import PlantedClusterPartitioner, TwoSourcePartitioner, partitioner_for
+@dataclass(frozen=True)
+class SplitIndices:
+    """Where a client's splits come from: indices into the run's whole data set (:class:`Centralized`), the
+    training split with the jittered copies of its originals (``data-copies``), the held-out ones originals only."""
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+    calib: np.ndarray | None = None
+
+
+def split_indices(settings: DataSettings, partition_id: int, num_partitions: int) -> SplitIndices:
+    """Client ``partition_id``'s train / validation / test (and calibration) indices into the whole data set.
+
+    The partitioner shares out originals; the client's originals are split (stratified by label, seeded by
+    (seed, partition id)), and only then does the training split take the copies of its own originals, so a copy
+    never stands in, or beside, a held-out split (the training cap ``train-samples`` picks from originals and
+    copies alike).  With a two-source partition the test split is half of the client's goal mixture from a
+    separate pool, the other half its calibration split."""
+    from task.data.partitioners import TwoSourcePartitioner, partitioner_for
 
     part, data = partitioner_for(settings, num_partitions)
     idx = np.asarray(part.load_partition(partition_id)["idx"], dtype=np.int64)
@@ -288,7 +307,7 @@ def _build_client_data(settings: DataSettings, partition_id: int, num_partitions
         )
     rng = np.random.default_rng([settings.seed, partition_id])
     labels = data.y[idx]
-    calib_idx = None
+    calib = None
     if isinstance(part, TwoSourcePartitioner):
         tr, va, _ = stratified_split(labels, 0.0, settings.val_fraction, rng)
         goal = np.asarray(part.load_goal_partition(partition_id)["idx"], dtype=np.int64)
@@ -296,21 +315,32 @@ def _build_client_data(settings: DataSettings, partition_id: int, num_partitions
         # the same held-out half, PI-FL fits its mixture weights on the calibration half only
         src = part.source_of_labels(data.y, data.info.num_classes)[goal]
         calib_pos, _, test_pos = stratified_split(src, 0.5, 0.0, rng)
-        calib_idx, test_idx = goal[calib_pos], goal[test_pos]
+        calib, test = goal[calib_pos], goal[test_pos]
     else:
         tr, va, te = stratified_split(labels, settings.test_fraction, settings.val_fraction, rng)
-        test_idx = idx[te]
-    tr = tr[training_subsample(labels[tr], settings.train_samples, subsample_rng(settings, partition_id))]
+        test = idx[te]
+    train = data.with_copies(idx[tr])
+    train = train[training_subsample(data.y[train], settings.train_samples, subsample_rng(settings, partition_id))]
+    return SplitIndices(train, idx[va], test, calib)
+
+
+def _build_client_data(settings: DataSettings, partition_id: int, num_partitions: int) -> ClientData:
+    if settings.dataset == "dialects":
+        return _dialect_client(settings, partition_id, num_partitions)
+    from task.data.partitioners import PlantedClusterPartitioner, TwoSourcePartitioner, partitioner_for
+
+    part, data = partitioner_for(settings, num_partitions)
+    where = split_indices(settings, partition_id, num_partitions)
     domain = domain_of(partition_id, settings.feature_shift) if settings.feature_shift else "original"
 
     def tensors(sel: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         x = apply_domain(data.x[sel], domain, seed=partition_id)
         return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(data.y[sel])
 
-    x_tr, y_tr = tensors(idx[tr])
-    x_va, y_va = tensors(idx[va])
-    x_te, y_te = tensors(test_idx)
-    x_ca, y_ca = tensors(calib_idx) if calib_idx is not None else (None, None)
+    x_tr, y_tr = tensors(where.train)
+    x_va, y_va = tensors(where.val)
+    x_te, y_te = tensors(where.test)
+    x_ca, y_ca = tensors(where.calib) if where.calib is not None else (None, None)
     meta: dict[str, int | float] = {"num-partitions": num_partitions, "partition-id": partition_id}
     if isinstance(part, PlantedClusterPartitioner):
         meta["planted-cluster"] = part.cluster_of(partition_id)

@@ -1,5 +1,6 @@
-"""Partitioners in flwr-datasets' ``Partitioner`` interface: flwr-datasets' own (IID, Dirichlet, pathological)
-and the ones it lacks (planted clusters as in pFedLIA, two-source mixtures as in PI-FL).  They work on a
+"""Partitioners in flwr-datasets' ``Partitioner`` interface: flwr-datasets' own (IID, Dirichlet, pathological, and its
+inner Dirichlet over unequal client sizes for quantity skew crossed with label skew) and the ones it lacks (planted
+clusters as in pFedLIA, two-source mixtures as in PI-FL).  They work on a
 light index table (columns ``idx`` and ``label``) so that images stay in one numpy array.
 
 This module imports ``datasets`` and ``flwr_datasets``; a client only loads it when its partition is not
@@ -14,9 +15,15 @@ import warnings
 
 import numpy as np
 from datasets import Dataset
-from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner, PathologicalPartitioner
+from flwr_datasets.partitioner import (
+    DirichletPartitioner,
+    IidPartitioner,
+    InnerDirichletPartitioner,
+    Partitioner,
+    PathologicalPartitioner,
+)
 
-from task.data.catalogue import MIXTURES, PARTITIONS
+from task.data.catalogue import MIN_CLIENT_SAMPLES, MIXTURES, PARTITIONS
 from task.data.sources import Centralized, load_centralized
 
 log = logging.getLogger("flwr.pflower")
@@ -234,6 +241,56 @@ class TwoSourcePartitioner(_IndexPartitioner):
         return self.dataset.select(self._goal_indices[partition_id].tolist())
 
 
+def quantity_sizes(
+    total: int, num_partitions: int, sigma: float, seed: int, minimum: int = MIN_CLIENT_SAMPLES
+) -> np.ndarray:
+    """Unequal client sizes summing to ``total``: every client gets ``minimum`` samples, and the rest is shared in
+    proportion to seeded lognormal(0, ``sigma``) draws (largest remainders round it; ``sigma`` 0: equal sizes).
+
+    Raises ValueError when ``total`` cannot give every client ``minimum`` samples."""
+    if num_partitions < 1:
+        raise ValueError(f"num-partitions must be >= 1, got {num_partitions}")
+    if not sigma >= 0:
+        raise ValueError(f"size-sigma must be >= 0, got {sigma}")
+    if total < minimum * num_partitions:
+        raise ValueError(
+            f"partition 'quantity-dirichlet' gives every client at least {minimum} samples: {num_partitions} clients "
+            f"need {minimum * num_partitions}, the data set has {total}; use at most {total // minimum} clients"
+        )
+    weights = np.random.default_rng([seed, 7_411]).lognormal(0.0, sigma, size=num_partitions)
+    share = (total - minimum * num_partitions) * weights / weights.sum()
+    sizes = np.floor(share).astype(np.int64)
+    left = total - minimum * num_partitions - int(sizes.sum())
+    sizes[np.argsort(sizes - share, kind="stable")[:left]] += 1  # the largest remainders first
+    return sizes + minimum
+
+
+class QuantityDirichletPartitioner(InnerDirichletPartitioner):
+    """Quantity skew crossed with label skew: client sizes from :func:`quantity_sizes` (lognormal(0, ``sigma``),
+    at least :data:`MIN_CLIENT_SAMPLES` each), labels Dirichlet(``alpha``) within each client, filled by
+    flwr-datasets' inner Dirichlet partitioner (Acar et al., FedDyn); the sizes are drawn once the data set is
+    known."""
+
+    def __init__(self, num_partitions: int, alpha: float, sigma: float, seed: int) -> None:
+        if not alpha > 0:
+            raise ValueError(f"alpha must be > 0 for partition 'quantity-dirichlet', got {alpha}")
+        if not sigma >= 0:
+            raise ValueError(f"size-sigma must be >= 0, got {sigma}")
+        # the sizes are drawn when the data set is set (below); flwr-datasets shuffles each partition with the seed
+        super().__init__([0] * num_partitions, partition_by="label", alpha=float(alpha), seed=seed)
+        self.sigma, self.size_seed = sigma, seed
+
+    @Partitioner.dataset.setter
+    def dataset(self, value: Dataset) -> None:
+        Partitioner.dataset.fset(self, value)
+        self._partition_sizes = quantity_sizes(len(value), self._num_partitions, self.sigma, self.size_seed)
+
+    @property
+    def partition_sizes(self) -> np.ndarray:
+        """Every client's number of samples (known once the data set is set)."""
+        return np.asarray(self._partition_sizes)
+
+
 def build_partitioner(
     partition: str,
     num_partitions: int,
@@ -244,6 +301,7 @@ def build_partitioner(
     mixture: str = "10:90",
     seed: int = 0,
     goal: str = "inverted",
+    size_sigma: float = 1.0,
 ) -> Partitioner:
     """The partitioner named by run-config ``partition`` with its parameters (validated)."""
     if num_partitions < 1:
@@ -254,6 +312,8 @@ def build_partitioner(
         if not alpha > 0:
             raise ValueError(f"alpha must be > 0 for partition 'dirichlet', got {alpha}")
         return _SeededDirichlet(num_partitions, alpha, seed)
+    if partition == "quantity-dirichlet":
+        return QuantityDirichletPartitioner(num_partitions, alpha, size_sigma, seed)
     if partition == "pathological":
         if classes_per_client < 1:
             raise ValueError(f"classes-per-client must be >= 1, got {classes_per_client}")
@@ -309,12 +369,16 @@ class _SeededDirichlet(DirichletPartitioner):
 
 @functools.lru_cache(maxsize=8)
 def partitioner_for(settings, num_partitions: int) -> tuple[Partitioner, Centralized]:
-    """The run's partitioner over ``num_partitions`` clients and the whole data set it partitions (cached)."""
+    """The run's partitioner over ``num_partitions`` clients and the whole data set whose originals it partitions
+    (cached)."""
     data = load_centralized(settings.dataset, settings.data_dir, settings.noise_std, settings.data_copies)
-    if len(data.y) < 2 * num_partitions:
+    if data.originals < 2 * num_partitions:
+        copies = (
+            " (data-copies only enlarges training splits, it adds no samples to partition)" if data.copies > 1 else ""
+        )
         raise ValueError(
-            f"num-partitions={num_partitions} is too many for dataset {settings.dataset!r} with {len(data.y)} "
-            f"samples: every client needs at least 2 (use at most {len(data.y) // 2} clients)"
+            f"num-partitions={num_partitions} is too many for dataset {settings.dataset!r} with {data.originals} "
+            f"samples: every client needs at least 2 (use at most {data.originals // 2} clients){copies}"
         )
     part = build_partitioner(
         settings.partition,
@@ -324,9 +388,10 @@ def partitioner_for(settings, num_partitions: int) -> tuple[Partitioner, Central
         num_clusters=settings.num_clusters,
         mixture=settings.mixture,
         seed=settings.seed,
+        size_sigma=settings.size_sigma,
         goal="same" if data.source is not None else "inverted",  # pifl.md §4: synthetic goal = training mix
     )
     if isinstance(part, TwoSourcePartitioner) and data.source is not None:
         part.sources = data.source
-    part.dataset = index_table(data.y)
+    part.dataset = index_table(data.y[: data.originals])  # copies follow their originals (Centralized.with_copies)
     return part, data

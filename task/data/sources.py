@@ -19,12 +19,30 @@ NOISE_SEED = 7_777
 
 @dataclass
 class Centralized:
-    """A whole data set in memory: images ``x`` (N, C, H, W) float32 in [0, 1], labels ``y`` (N,) int64."""
+    """A whole data set in memory: images ``x`` (N, C, H, W) float32 in [0, 1], labels ``y`` (N,) int64.
+
+    With ``copies`` > 1 (run-config ``data-copies``) the first :attr:`originals` samples are the data set and the
+    rest are jittered copies of them in blocks: sample ``i + j * originals`` is copy ``j`` of original ``i``.
+    Partitions and held-out splits are made of originals only; a copy goes only where its original trains
+    (:meth:`with_copies`), so no training split holds a near copy of any client's validation or test image."""
 
     x: np.ndarray
     y: np.ndarray
     info: DatasetInfo
     source: np.ndarray | None = None  # concept-shift data: which source labelled each sample
+    copies: int = 1
+
+    @property
+    def originals(self) -> int:
+        """How many samples are the data set's own (the rest are their jittered copies)."""
+        return len(self.y) // self.copies
+
+    def with_copies(self, indices: np.ndarray) -> np.ndarray:
+        """``indices`` of originals followed by their copies, block by block (``indices`` alone without copies)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= self.originals):
+            raise ValueError(f"only originals have copies: indices must be in [0, {self.originals})")
+        return np.concatenate([indices + j * self.originals for j in range(self.copies)])
 
 
 def _images_to_array(images: list, channels: int) -> np.ndarray:
@@ -82,8 +100,8 @@ def load_centralized(name: str, data_dir: str = "", noise_std: float = 0.0, copi
 
     ``noise_std`` > 0 adds fixed Gaussian pixel noise (its own seed): clean digits are too easy to tell
     methods apart (fedcac.md §8 uses 0.7).  ``copies`` > 1 appends jittered copies of the data (each
-    shifted by up to one pixel, with light noise; fixed seed), so that many clients (scale runs with
-    1,000 clients) still get a few samples each from the small embedded data set.
+    shifted by up to one pixel, with light noise; fixed seed) that enlarge the clients' training splits only
+    (:class:`Centralized`: a copy trains where its original trains, and never stands in a held-out split).
     """
     info = dataset_info(name)
     if noise_std < 0:
@@ -122,4 +140,4 @@ def load_centralized(name: str, data_dir: str = "", noise_std: float = 0.0, copi
     if noise_std > 0:
         rng = np.random.default_rng(NOISE_SEED)
         x = (x + rng.normal(0.0, noise_std, size=x.shape)).astype(np.float32)
-    return Centralized(np.ascontiguousarray(x, dtype=np.float32), y, info)
+    return Centralized(np.ascontiguousarray(x, dtype=np.float32), y, info, copies=copies)

@@ -298,6 +298,12 @@ def method_spec(method: str) -> MethodSpec:
     return METHODS[method]
 
 
+#: the query a held-out client (run-config ``holdout-clients``) gets after the last round: it scores what the method
+#: gives a client that never trained, before and after fine-tuning it (strategies/newcomers.py)
+NEWCOMER = "newcomer"
+
+
 def all_queries() -> set[str]:
-    """Every ``query.<name>`` a ClientApp answers: ``identify`` (all methods) and each method's own."""
-    return {"identify"} | {q for spec in METHODS.values() for q in spec.queries}
+    """Every ``query.<name>`` a ClientApp answers: ``identify`` and ``newcomer`` (all methods) and each method's
+    own."""
+    return {"identify", NEWCOMER} | {q for spec in METHODS.values() for q in spec.queries}

@@ -48,6 +48,13 @@ class PIFLOptions(TierOptions):
     server_set_size: int = option(
         "server-set-size", 500, "samples of the server's IID set for Shapley scores", minimum=1
     )
+    personal: str = option(
+        "pifl-personal",
+        "mixture",
+        "each client's personalized model: the Eq. 4 mixture of the tier models (the paper's), or, with 'choose', "
+        "whichever of the mixture and its single most accurate tier scores higher on its calibration split",
+        choices=("mixture", "choose"),
+    )
 
     def conflicts(self, settings) -> list[str]:
         problems = []
@@ -101,6 +108,23 @@ def bid_policy(
     acc = np.asarray(accuracies, float)
     chosen = set(np.flatnonzero(acc >= threshold).tolist()) | {int(np.argmax(acc))}
     return sorted(sorted(chosen, key=lambda k: (-acc[k], k))[:max_bids])
+
+
+def personal_weights(accuracies: list[float], mixture_accuracy: float | None = None) -> np.ndarray:
+    """The weights of a client's personalized model over the tier models.
+
+    ``mixture_accuracy`` None: the Eq. 4 mixture (:func:`mixture_weights`).  Otherwise (``pifl-personal='choose'``)
+    the client compares, on the same calibration data the ``accuracies`` were measured on, the mixture's accuracy
+    with its single most accurate tier's (the lowest index among equals): one-hot weights on that tier when it
+    scores strictly higher, else the mixture.
+    """
+    weights = mixture_weights(accuracies)
+    if mixture_accuracy is None:
+        return weights
+    best = int(np.argmax(np.asarray(accuracies, float)))
+    if accuracies[best] > mixture_accuracy:
+        return np.eye(len(accuracies))[best]
+    return weights
 
 
 def mixture_weights(accuracies: list[float]) -> np.ndarray:

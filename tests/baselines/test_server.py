@@ -52,6 +52,28 @@ def test_local_shares_nothing():
     assert len(s.payload(1, 1, "train")) == 0
 
 
+def trained_per_round(method, rounds=3, n=10, **cfg):
+    from tests.strategy_harness import drive, phase_of
+
+    strat = strategy(method, **{"model": "mlp", "min-nodes": n, **cfg})
+    grid = drive(strat, {i + 1: i for i in range(n)}, rounds)
+    per_round: dict[int, list[int]] = {}
+    for m in grid.sent:
+        if phase_of(m) == "train":
+            per_round.setdefault(int(m.content["config"]["server-round"]), []).append(m.metadata.dst_node_id)
+    return strat, per_round
+
+
+def test_local_trains_every_client_in_every_round_whatever_fraction_train():
+    """A local-only client does not wait to be drawn: with fraction-train 0.2 all 10 clients train in each round
+    (and the rounds record 10 replies), while FedAvg under the same settings trains 2 per round."""
+    strat, local = trained_per_round("local", **{"fraction-train": 0.2})
+    assert local == {r: list(range(1, 11)) for r in (1, 2, 3)}
+    assert [r.train["num-replies"] for r in strat.history] == [10, 10, 10]
+    _, fedavg = trained_per_round("fedavg", **{"fraction-train": 0.2})
+    assert sorted(map(len, fedavg.values())) == [2, 2, 2]
+
+
 @pytest.mark.parametrize("method", ["fedrod", "ditto", "fedprox"])
 def test_global_model_methods_share_the_whole_model(method):
     s = strategy(method)

@@ -23,6 +23,7 @@ def test_defaults_parse():
         ({"model": "vgg"}, r"unknown model 'vgg' \(run-config key 'model'\); allowed"),
         ({"alpha": 0.0}, r"'alpha' must be a number >= 1e-09, got 0.0"),
         ({"alpha": -1.0}, r"'alpha' must be a number >= 1e-09"),
+        ({"partition": "quantity-dirichlet", "size-sigma": -1.0}, r"'size-sigma' must be a number >= 0, got -1.0"),
         ({"partition": "two-source", "mixture": "1:2"}, r"'mixture' must be one of \['10:90'"),
         ({"fraction-train": 0.0}, r"'fraction-train' must be a number in \[1e-09, 1\]"),
         ({"num-server-rounds": 0}, r"'num-server-rounds' must be an integer >= 1"),

@@ -204,6 +204,33 @@ def test_one_tier_model_or_one_hot_weights_give_that_tier_model(tier_models):
     assert list(evaluate_reply(c, stacked(low))["mixture-weights"]) == [1.0]
 
 
+def test_choosing_keeps_the_single_best_tier_where_it_beats_the_mixture_on_the_calibration_data(tier_models):
+    # pifl-personal='choose': on calibration data of LOW digits and one HIGH digit both tiers score, so Eq. 4 mixes
+    # them; the mixture of a tier fitted to LOW and one fitted to HIGH scores worse there than the LOW tier alone,
+    # so the client keeps the LOW tier, as one-hot weights it reports; the default ('mixture') keeps Eq. 4's weights
+    _init, low, high = tier_models
+    tiers = stacked(high, low)
+    mixture = client("pifl", goal_data(calib_classes=[*LOW, 5], test_classes=LOW))
+    w = list(evaluate_reply(mixture, tiers)["mixture-weights"])
+    assert 0 < w[1] < 1  # a real mixture
+    mixed = mixture.personal_model(RecordDict({"tiers": tiers})).state_dict()
+    calibration = (mixture.data.x_calib, mixture.data.y_calib)
+    assert accuracy(mixture, low, *calibration) > accuracy(mixture, mixed, *calibration)  # the case this pins
+    chooser = client("pifl", goal_data(calib_classes=[*LOW, 5], test_classes=LOW), **{"pifl-personal": "choose"})
+    m = evaluate_reply(chooser, tiers)
+    assert list(m["mixture-weights"]) == [0.0, 1.0]
+    for k, v in chooser.personal_model(RecordDict({"tiers": tiers})).state_dict().items():
+        torch.testing.assert_close(v, low[k])
+    assert m["personal-acc"] == pytest.approx(accuracy(chooser, low, chooser.data.x_test, chooser.data.y_test))
+
+
+def test_choosing_keeps_the_mixture_where_no_single_tier_beats_it(tier_models):
+    # two equal tiers: the mixture is each of them, no tier scores strictly higher, so Eq. 4's weights stay
+    _init, low, _high = tier_models
+    c = client("pifl", goal_data(calib_classes=LOW, test_classes=LOW), **{"pifl-personal": "choose"})
+    assert list(evaluate_reply(c, stacked(low, low))["mixture-weights"]) == pytest.approx([0.5, 0.5])
+
+
 def test_on_a_node_data_file_the_test_split_is_halved_calibration_first(tier_models):
     # pifl.md §2.2 step 3: split the goal data into a calibration half (for upsilon) and a held-out half (reported);
     # a node's own data file has only a test split, which may follow another distribution than its training data:

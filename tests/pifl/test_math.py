@@ -14,7 +14,7 @@ from strategies.pifl_math import (
     shapley_scores,
 )
 from task.config import parse_settings
-from task.methods.pifl import MICRO, PIFLOptions, bid_policy, mixture_weights
+from task.methods.pifl import MICRO, PIFLOptions, bid_policy, mixture_weights, personal_weights
 
 
 def test_scheduler_rules():
@@ -221,3 +221,15 @@ def test_each_tiers_performance_slots_go_by_that_tiers_own_scores_and_participat
     counts = {0: {3: 5, 1: 2}, 1: {3: 9, 7: 1}}
     winners, _ = schedule(bids, 2, {}, counts, 1, 0, random.Random(0))
     assert winners == {0: [3], 1: [7]}
+
+
+@pytest.mark.parametrize("accuracies", [[0.2, 0.6, 0.0], [0.9, 0.1], [0.5, 0.5]])
+def test_choosing_keeps_the_mixture_unless_the_best_tier_scores_strictly_higher(accuracies):
+    # pifl-personal='choose': the client compares the Eq. 4 mixture with its single most accurate tier on the same
+    # calibration data; without a mixture accuracy (the default, 'mixture') the weights are Eq. 4's
+    best = int(np.argmax(accuracies))
+    np.testing.assert_allclose(personal_weights(accuracies), mixture_weights(accuracies))
+    for mixture_acc in (accuracies[best], accuracies[best] + 0.01, 1.0):  # the mixture at least as good
+        np.testing.assert_allclose(personal_weights(accuracies, mixture_acc), mixture_weights(accuracies))
+    one_hot = personal_weights(accuracies, accuracies[best] - 0.01)  # the best tier strictly better
+    assert one_hot.tolist() == [1.0 if k == best else 0.0 for k in range(len(accuracies))]

@@ -84,6 +84,22 @@ def test_each_source_holdout_is_every_sample_of_that_source_no_client_trains_on(
         assert labels <= ({0, 1, 2, 3, 4} if name == "A" else {5, 6, 7, 8, 9})  # digits: source A = labels 0-4
 
 
+def test_a_holdout_holds_no_copy_of_an_image_a_client_trains_on():
+    """With ``data-copies`` the holdouts are originals no client holds, never a jittered copy of a trained one."""
+    from task.data import load_client_data
+
+    settings = two_source(**{"data-copies": 3})
+    holdouts = SourceHoldouts(settings, 5)
+    _, data = partitioner_for(settings.data, 5)
+    trained = set().union(*(rows(load_client_data(settings.data, i, 5).x_train) for i in range(5)))
+    held = set().union(*(rows(x) for x, _ in holdouts.sets.values()))
+    assert held and held <= {r.tobytes() for r in data.x[: data.originals]}
+    originals_of_trained = {
+        data.x[i % data.originals].tobytes() for i in range(len(data.y)) if data.x[i].tobytes() in trained
+    }
+    assert not held & (trained | originals_of_trained)
+
+
 def test_a_holdout_is_capped_at_max_per_source_samples_of_its_source():
     settings = two_source()
     expected = unused_rows(settings, 5)

@@ -15,7 +15,7 @@ from torch import nn
 
 from client_app.privacy import buffers
 from task.params import state_to_numpy, to_record
-from task.train import evaluate, recompute_norm_statistics
+from task.train import evaluate, norm_statistics
 from tests.client_kit import users_client
 
 
@@ -24,11 +24,11 @@ def test_the_statistics_are_the_mean_and_unbiased_variance_of_the_data_and_nothi
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Dropout(0.5), nn.Linear(4, 2))
     x = torch.randn(50, 3) * 3 + 1
     weights = {k: v.clone() for k, v in model.state_dict().items() if "running" not in k and "num_batches" not in k}
-    assert recompute_norm_statistics(model, x, batch_size=64) == 1
+    assert norm_statistics(model, x, batch_size=64) == 1  # in train mode: dropout is off while it runs
     hidden = model[0](x).detach()
     torch.testing.assert_close(model[1].running_mean, hidden.mean(0))
     torch.testing.assert_close(model[1].running_var, hidden.var(0, unbiased=True))
-    assert model[1].momentum == 0.1 and not model.training and not model[2].training
+    assert model[1].momentum == 0.1 and model.training and model[2].training  # the mode kept
     for k, v in weights.items():
         torch.testing.assert_close(model.state_dict()[k], v)
 
@@ -36,15 +36,16 @@ def test_the_statistics_are_the_mean_and_unbiased_variance_of_the_data_and_nothi
 def test_several_batches_average_the_batches_statistics():
     model = nn.Sequential(nn.BatchNorm1d(2))
     x = torch.cat([torch.zeros(4, 2), torch.full((4, 2), 2.0)])
-    recompute_norm_statistics(model, x, batch_size=4)
+    norm_statistics(model, x, batch_size=4)
     torch.testing.assert_close(model[0].running_mean, torch.full((2,), 1.0))  # (0 + 2) / 2
     torch.testing.assert_close(model[0].running_var, torch.zeros(2))  # each batch is constant
 
 
 def test_a_model_without_batchnorm_or_data_is_left_as_it_is():
-    assert recompute_norm_statistics(nn.Sequential(nn.Linear(2, 2)), torch.zeros(3, 2)) == 0
+    assert norm_statistics(nn.Sequential(nn.Linear(2, 2)), torch.zeros(3, 2)) == 0
     bn = nn.Sequential(nn.BatchNorm1d(2))
-    assert recompute_norm_statistics(bn, torch.zeros(0, 2)) == 0
+    assert norm_statistics(bn, torch.zeros(0, 2)) == 0
+    assert norm_statistics(bn, torch.ones(1, 2)) == 0  # one sample has no variance
     torch.testing.assert_close(bn[0].running_var, torch.ones(2))
 
 
@@ -66,7 +67,7 @@ def test_under_dp_a_client_scores_models_with_statistics_of_its_own_data(mode, n
     client.begin(content)
     metrics = client.evaluation(content)
     model = client.personal_model(content)
-    recompute_norm_statistics(model, client.data.x_train)
+    norm_statistics(model, client.data.x_train)
     expected_loss, expected_acc = evaluate(model, client.data.x_test, client.data.y_test)
     assert metrics["personal-loss"] == pytest.approx(expected_loss) and metrics["personal-acc"] == expected_acc
     assert math.isfinite(metrics["personal-loss"]) and metrics["personal-loss"] < 100
