@@ -136,6 +136,9 @@ def _rounds(folder: Path) -> list[dict[str, Any]]:
             "round": r["round"],
             "personal-acc": e.get("personal-acc"),
             "global-acc": e.get("global-acc"),
+            # under an injected attack (docs/robustness.md): the honest clients' mean, the backdoor's success
+            "honest-personal-acc": e.get("honest-personal-acc"),
+            "backdoor-success": e.get("backdoor-success"),
             "trained-acc": t.get("trained-acc"),
             "personal-loss": e.get("personal-loss"),
             "seconds": x.get("seconds"),
@@ -220,6 +223,9 @@ def _artefacts(folder: Path) -> dict[str, Any]:
     cac = _read_json(folder / "fedcac_communication.json")
     if cac:
         art["fedcac"] = cac
+    robust = _read_json(folder / "robustness.json")
+    if robust:  # what the method's mechanism and the aggregation rule did with the attackers
+        art["robustness"] = {k: robust.get(k) for k in ("mechanism", "rule")}
     return art
 
 
@@ -279,6 +285,15 @@ def record_from_run(
         "dp-mode",
         "epsilon",
         "delta",
+        # under an attack or a robust rule (strategies/attack_report.py)
+        "attack",
+        "aggregator",
+        "attackers",
+        "honest-personal-acc",
+        "honest-global-acc",
+        "attackers-personal-acc",
+        "backdoor-success",
+        "attackers-isolated",
     )
     return {
         "schema": SCHEMA,
