@@ -37,7 +37,7 @@ from benchmarks.records import (
     run_config_defaults,
     write_record,
 )
-from server_app.runner import LocalSimulation, RunFailed
+from server_app.runner import LocalSimulation, RunFailed, results_folder_from_output
 
 OUT = BENCHMARKS / "out"
 #: the app's code: a run's record says whether it differed from the commit it names
@@ -285,6 +285,7 @@ def record_from_run(
         "dp-mode",
         "epsilon",
         "delta",
+        "aborted",  # why the ServerApp stopped the run early (its record has ``error`` too)
         # under an attack or a robust rule (strategies/attack_report.py)
         "attack",
         "aggregator",
@@ -336,6 +337,15 @@ def measurement_record(
 
 
 # --------------------------------------------------------------------------- running cells
+def stopped_folder(exc: Exception) -> Path | None:
+    """The results folder of a run that the ServerApp stopped early (its summary says ``aborted``: e.g. every train
+    reply of a round failed), whose rounds until then the record keeps; None for any other failure."""
+    folder = results_folder_from_output(exc.output) if isinstance(exc, RunFailed) else None
+    if folder is None or not (folder / "summary.json").exists():
+        return None
+    return folder if (_read_json(folder / "summary.json") or {}).get("aborted") else None
+
+
 class Bench:
     """A private SuperLink that runs grid cells and writes one raw record per run (failed runs too)."""
 
@@ -370,6 +380,7 @@ class Bench:
             folder = Path(self.sim.run(cfg, num_supernodes=clients, timeout=self.timeout)["results"])
         except (RunFailed, OSError, ValueError) as exc:  # keep going: the record says what failed
             error = "\n".join(str(exc).splitlines()[-15:])
+            folder = stopped_folder(exc)
         except Exception as exc:  # noqa: BLE001  (subprocess timeouts and the like)
             error = f"{type(exc).__name__}: {exc}"[-2000:]
         rec = record_from_run(
