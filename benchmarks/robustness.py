@@ -101,7 +101,8 @@ def refusal(cell: Cell) -> str | None:
 def split_refused(planned: list[Cell]) -> tuple[list[Cell], dict[tuple[str, str, str], str]]:
     """(the cells the app accepts, the reason of each refused (method, attack, rule)); a reason that depended on the
     share or the seed would make one record per refusal wrong, so it stops the script."""
-    accepted, reasons = [], {}
+    accepted: list[Cell] = []
+    reasons: dict[tuple[str, str, str], str] = {}
     for cell in planned:
         why = refusal(cell)
         key = (cell.method, cell.attack, cell.aggregator)
