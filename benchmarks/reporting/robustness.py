@@ -31,6 +31,7 @@ import numpy as np
 from benchmarks.attack_grid import (
     AGGREGATORS,
     ATTACKS,
+    CLIENTS,
     GRID,
     METHODS,
     NO_ATTACK,
@@ -564,6 +565,30 @@ def attack_claims(grid: Records, attack: str, share: float) -> list[str]:
     return out
 
 
+def overall_claims(grid: Records) -> list[str]:
+    """The (method, rule) combinations that held under every attack they were run against, with how many of the
+    grid's attack settings that is."""
+    settings = [b for b in attack_shares() if b[0] != NO_ATTACK]
+    runs: dict[tuple[str, str], list[tuple[str, float, Outcome]]] = {}
+    for attack, share in settings:
+        for o in outcomes(grid, attack, share):
+            runs.setdefault((o.method, o.rule), []).append((attack, share, o))
+    if not runs:
+        return ["No method and rule has been run under an attack yet."]
+    held = [(key, found) for key, found in runs.items() if all(o.held for _, _, o in found)]
+
+    def one(key: tuple[str, str], found: list[tuple[str, float, Outcome]]) -> str:
+        what = "; ".join(block_name(a, s) for a, s, _ in found)
+        return f"{found[0][2].label()} ({len(found)} of {len(settings)} attack settings run: {what})"
+
+    return [
+        "Held under every attack it was run against: "
+        + (", ".join(one(k, f) for k, f in held) if held else "no method and rule")
+        + f"; {plural(len(runs) - len(held), 'other combination')} broke or lost more than {HELD * 100:g} points "
+        "under at least one."
+    ]
+
+
 def isolation_claims(grid: Records, attack: str, share: float) -> list[str]:
     """Per method and verdict: isolated in every run, in none, or in some."""
     out = []
@@ -589,29 +614,54 @@ def settings_line(grid: Records, d: dict[str, Any]) -> str:
     return header(plain, [], d)
 
 
-INTRO = (
-    "How each method copes when some clients lie (docs/robustness.md): every method at the defaults a user gets "
-    "(digits, Dirichlet labels, 10 clients, 10 rounds, the default model), under no attack and under each "
-    "attack by 10 % and 30 % of the clients (partitions chosen by the run config alone; 30 %: 3 of 10, 10 %: 1), "
-    "with each aggregation rule, seeds paired (the same seed gives every cell the same data). "
-    "The plan and its order are in `benchmarks/attack_grid.py`.\n\n"
-    "Cells: the honest clients' accuracy (each honest client's own model on its own test split, mean over the "
-    "honest clients, last round; without an attack every client), mean (min-max) over the seeds that ran to the "
-    "end [seeds]; Δ: minus the same honest clients' accuracy in the run of the same method, rule and seed without "
-    "an attack, in points, mean (min to max) over seeds; under the backdoor, the share of honest clients' triggered "
-    "test inputs of other classes that their models send to the target. *stopped*: the attack drove every train "
-    "reply of a round to a failure (NaN) and the app stopped the run in that round (what it evaluated until then is "
-    "in its record, not in the mean). *refused*: the app refuses the combination at start-up (reasons under the "
-    "table); *not run*: planned, no record yet."
-)
+def intro(grid: Records, d: dict[str, Any]) -> str:
+    """What the grid runs, its settings read from the records (the defaults ``d`` before any run), and how to read
+    the cells."""
+    rounds = sorted({str(r["run-config"].get("num-server-rounds")) for r in grid.runs if r.get("run-config")})
+    rounds = rounds or [str(d.get("num-server-rounds"))]
+    who: dict[float, list[int]] = {}
+    for r in ok(grid.runs):
+        if r["cell"]["attack"] != NO_ATTACK and r["summary"].get("attackers") is not None:
+            who.setdefault(float(r["cell"]["attackers"]), r["summary"]["attackers"])
+    shares = " and ".join(f"{s * 100:g} %" for s in SHARES)
+    chosen = "; ".join(
+        f"{s * 100:g} %: partition{'s' if len(ids) != 1 else ''} {', '.join(map(str, ids))}"
+        for s, ids in sorted(who.items())
+    )
+    return (
+        "How each method copes when some clients lie (docs/robustness.md): every method at the defaults a user gets "
+        f"({spec_setting(grid, d)}, {CLIENTS} clients, {' / '.join(rounds)} rounds, the default model), under no "
+        f"attack and under each attack by {shares} of the clients (chosen by the run config alone"
+        + (f"; {chosen}" if chosen else "")
+        + "), with each aggregation rule, seeds paired (the same seed gives every cell the same data). The plan "
+        "and its order are in `benchmarks/attack_grid.py`.\n\n"
+        "Cells: the honest clients' accuracy (each honest client's own model on its own test split, mean over the "
+        "honest clients, last round; without an attack every client), mean (min-max) over the seeds that ran to the "
+        "end [seeds]; Δ: minus the same honest clients' accuracy in the run of the same method, rule and seed "
+        "without an attack, in points, mean (min to max) over seeds; under the backdoor, the share of honest "
+        "clients' triggered test inputs of other classes that their models send to the target. *stopped*: the "
+        "attack drove every train reply of a round to a failure (NaN) and the app stopped the run in that round "
+        "(what it evaluated until then is in its record, not in the mean). *refused*: the app refuses the "
+        "combination at start-up (reasons at the end of this section); *not run*: planned, no record yet."
+    )
+
+
+def spec_setting(grid: Records, d: dict[str, Any]) -> str:
+    """The data set and partition the runs used (from their run configs; the defaults ``d`` before any run)."""
+
+    def one(key: str) -> str:
+        vals = sorted({str(r["run-config"].get(key)) for r in grid.runs if r.get("run-config")})
+        return " / ".join(vals or [str(d.get(key))])
+
+    return f"{one('dataset')}, {one('partition')} labels (alpha {one('alpha')})"
 
 
 def render_robustness(raw: Path, d: dict[str, Any]) -> str:
     grid = Records.load(raw)
     if not grid.runs:
-        return INTRO + "\n\n" + f"*Not yet run: run `{COMMAND}`, then `python -m benchmarks.report`.*"
+        return intro(grid, d) + "\n\n" + f"*Not yet run: run `{COMMAND}`, then `python -m benchmarks.report`.*"
     lines, _ = coverage(grid)
-    parts = [INTRO, settings_line(grid, d), bullets(lines)]
+    parts = [intro(grid, d), settings_line(grid, d), bullets(lines)]
     parts += ["**No attack: what each rule costs.**", cost_table(grid), bullets(cost_claims(grid))]
     for attack, share in grid.blocks():
         if attack == NO_ATTACK:
@@ -651,7 +701,7 @@ def figures_robustness(raw: Path) -> list[Figure]:
         lines = []
         for m in METHODS:
             recs = [r for g in AGGREGATORS for r in grid.seeds(m, attack, share, g)]
-            line = seed_line(name(m), recs, _rule_point, "o-")
+            line = seed_line(name(m), recs, _rule_point, "o")  # markers only: the rules are categories
             if line is not None:
                 lines.append(line)
         if lines:
@@ -686,7 +736,7 @@ def render_advice(raw: Path) -> str:
     lines, _ = coverage(grid)
     out = [head, bullets(lines), "What each rule costs when nobody attacks:", bullets(cost_claims(grid))]
     out.append("Under attack:")
-    claims: list[str] = []
+    claims: list[str] = overall_claims(grid)
     for attack, share in attack_shares(ATTACKS, SHARES):
         if attack == NO_ATTACK:
             continue

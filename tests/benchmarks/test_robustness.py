@@ -272,6 +272,11 @@ def test_the_claims_sort_combinations_into_held_and_broke_by_their_loss(tmp_path
     assert "median" not in claims[0] and "FedAvg with the median (-30.0 points)" in claims[1]
     assert "median" not in claims[2]  # the highest accuracies are of those that did not break
     assert section.attack_claims(grid, "backdoor", 0.1) == ["Backdoor by 10 % of the clients: not yet measured."]
+    (overall,) = section.overall_claims(grid)
+    total = (len(spec.ATTACKS) - 1) * len(spec.SHARES)
+    assert f"FedAvg with Multi-Krum (1 of {total} attack settings run: sign-flip by 30 % of the clients)" in overall
+    assert "PI-FL with the mean (1 of" in overall and "FedAvg with the median" not in overall
+    assert overall.endswith("1 other combination broke or lost more than 2 points under at least one.")
 
 
 def test_the_isolation_verdicts_are_counted_over_runs(tmp_path):
