@@ -7,14 +7,15 @@ The package is in layers; a module imports only from the layers below it (``test
 2. ``running``: runs grid cells through Flower (``Bench``, a private simulation SuperLink) and turns a run's
    results folder into a record (``record_from_run``), with the machine and the code it ran on; resumable grids.
    ``families``: the specification of the equal-tuning grids (families, rows, settings, seeds, the selection
-   rule, the plan of runs), read by the script that runs them and by the report alike.
+   rule, the plan of runs), read by the script that runs them and by the report alike; ``attack_grid``: the same
+   for the robustness grid (methods x attacks x shares of attackers x aggregation rules, the order of its runs).
 3. ``reporting``: the sections of ``RESULTS.md``, its figures, and the generated parts of ``docs/``, from the
    records and the grids' specification only.
 4. the scripts, each run from the repository's root as ``python -m benchmarks.<name>`` (``--help`` says what it
    runs): ``defaults``, ``grids``, ``privacy``, ``baselines``, ``fedc2i``, ``fedc2i_speed``, ``fedcac``,
-   ``client2vec``, ``pfedlia``, ``pifl``, ``scale``, ``speed``, ``gaps``; ``reproduce`` (re-runs a record's run
-   config on today's code) and ``report`` (rebuilds RESULTS.md, its figures and the choosing page; ``--check``).
-   A script imports the layers below, never another script.
+   ``client2vec``, ``pfedlia``, ``pifl``, ``scale``, ``speed``, ``gaps``, ``robustness``; ``reproduce`` (re-runs a
+   record's run config on today's code) and ``report`` (rebuilds RESULTS.md, its figures and the generated blocks of
+   docs/; ``--check``).  A script imports the layers below, never another script.
 
 ``benchmarks/run_committed.sh "<script> <args>"`` runs scripts on a commit's code while the working tree changes.
 """

@@ -9,8 +9,8 @@ The records must match the code (``reporting/freshness.py``): ``--check`` lists 
 the shared training code differ between its commit and the working tree, and fails on them unless
 ``--allow-stale``; it needs the records' commits in the repository's history (a shallow clone gets a clear message).
 
-It also rewrites the generated block of ``docs/choosing-a-method.md`` (``reporting/choosing.py``; ``--check``
-checks it too).
+It also rewrites the generated blocks of ``docs/choosing-a-method.md`` (``reporting/choosing.py``) and of
+``docs/robustness.md`` (``reporting/robustness.py``); ``--check`` checks them too.
 
 The tables are rendered by the package ``benchmarks/reporting/``: the table of ``benchmarks/X.py`` by
 ``benchmarks/reporting/X.py``; how to add one is in ``reporting/__init__.py``.  Benchmark scripts print their own
@@ -27,6 +27,8 @@ from benchmarks.records import BENCHMARKS, RAW
 from benchmarks.reporting import build, build_figures, freshness, stale_figures
 from benchmarks.reporting.choosing import PAGE, build_page
 from benchmarks.reporting.figures import draw
+from benchmarks.reporting.robustness import PAGE as ROBUSTNESS_PAGE
+from benchmarks.reporting.robustness import build_page as build_robustness_page
 
 RESULTS = BENCHMARKS / "RESULTS.md"
 
@@ -36,6 +38,11 @@ def main() -> None:
     ap.add_argument("--raw-dir", default=str(RAW))
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--page", default=str(PAGE), help="the page whose generated block to rewrite or check")
+    ap.add_argument(
+        "--robustness-page",
+        default=str(ROBUSTNESS_PAGE),
+        help="the robustness page (docs/robustness.md) whose generated block to rewrite or check",
+    )
     ap.add_argument("--check", action="store_true", help="exit 1 if a file differs from what the records give")
     ap.add_argument("--allow-stale", action="store_true", help="with --check: list stale records, do not fail on them")
     args = ap.parse_args()
@@ -43,22 +50,29 @@ def main() -> None:
     text = build(raw)
     out, page = Path(args.out), Path(args.page)
     page_text = build_page(raw, page)
+    robustness_page = Path(args.robustness_page)
+    robustness_text = build_robustness_page(raw, robustness_page)
     if args.check:
         same = out.exists() and out.read_text() == text
         print(f"{out}: {'up to date' if same else 'differs from the raw records; run python -m benchmarks.report'}")
         stale = stale_figures(raw, out.parent)
         for name in stale:
             print(f"{out.parent / name}: missing or drawn from other data; run python -m benchmarks.report")
-        page_same = page.read_text() == page_text
-        print(
-            f"{page}: {'up to date' if page_same else 'differs from the raw records; run python -m benchmarks.report'}"
-        )
+        pages_same = True
+        for path, expected in ((page, page_text), (robustness_page, robustness_text)):
+            page_same = path.read_text() == expected
+            pages_same = pages_same and page_same
+            print(
+                f"{path}: "
+                f"{'up to date' if page_same else 'differs from the raw records; run python -m benchmarks.report'}"
+            )
         fresh = check_records(raw, args.allow_stale)
-        sys.exit(0 if same and not stale and page_same and fresh else 1)
+        sys.exit(0 if same and not stale and pages_same and fresh else 1)
     out.write_text(text)
     page.write_text(page_text)
+    robustness_page.write_text(robustness_text)
     drawn = [draw(fig, out.parent) for fig in build_figures(raw)]
-    print(f"wrote {out}, {page}{''.join(f', {p.name}' for p in drawn)} from {args.raw_dir}")
+    print(f"wrote {out}, {page}, {robustness_page}{''.join(f', {p.name}' for p in drawn)} from {args.raw_dir}")
 
 
 def check_records(raw: Path, allow_stale: bool = False, checker: freshness.Checker | None = None) -> bool:

@@ -37,7 +37,7 @@ from benchmarks.records import (
     run_config_defaults,
     write_record,
 )
-from server_app.runner import LocalSimulation, RunFailed
+from server_app.runner import LocalSimulation, RunFailed, results_folder_from_output
 
 OUT = BENCHMARKS / "out"
 #: the app's code: a run's record says whether it differed from the commit it names
@@ -139,6 +139,9 @@ def _rounds(folder: Path) -> list[dict[str, Any]]:
             "round": r["round"],
             "personal-acc": e.get("personal-acc"),
             "global-acc": e.get("global-acc"),
+            # under an injected attack (docs/robustness.md): the honest clients' mean, the backdoor's success
+            "honest-personal-acc": e.get("honest-personal-acc"),
+            "backdoor-success": e.get("backdoor-success"),
             "trained-acc": t.get("trained-acc"),
             "personal-loss": e.get("personal-loss"),
             "seconds": x.get("seconds"),
@@ -223,6 +226,9 @@ def _artefacts(folder: Path) -> dict[str, Any]:
     cac = _read_json(folder / "fedcac_communication.json")
     if cac:
         art["fedcac"] = cac
+    robust = _read_json(folder / "robustness.json")
+    if robust:  # what the method's mechanism and the aggregation rule did with the attackers
+        art["robustness"] = {k: robust.get(k) for k in ("mechanism", "rule")}
     return art
 
 
@@ -282,6 +288,16 @@ def record_from_run(
         "dp-mode",
         "epsilon",
         "delta",
+        "aborted",  # why the ServerApp stopped the run early (its record has ``error`` too)
+        # under an attack or a robust rule (strategies/attack_report.py)
+        "attack",
+        "aggregator",
+        "attackers",
+        "honest-personal-acc",
+        "honest-global-acc",
+        "attackers-personal-acc",
+        "backdoor-success",
+        "attackers-isolated",
     )
     return {
         "schema": SCHEMA,
@@ -326,6 +342,15 @@ def measurement_record(
 
 
 # --------------------------------------------------------------------------- running cells
+def stopped_folder(exc: Exception) -> Path | None:
+    """The results folder of a run that the ServerApp stopped early (its summary says ``aborted``: e.g. every train
+    reply of a round failed), whose rounds until then the record keeps; None for any other failure."""
+    folder = results_folder_from_output(exc.output) if isinstance(exc, RunFailed) else None
+    if folder is None or not (folder / "summary.json").exists():
+        return None
+    return folder if (_read_json(folder / "summary.json") or {}).get("aborted") else None
+
+
 class Bench:
     """A private SuperLink that runs grid cells and writes one raw record per run (failed runs too)."""
 
@@ -360,6 +385,7 @@ class Bench:
             folder = Path(self.sim.run(cfg, num_supernodes=clients, timeout=self.timeout)["results"])
         except (RunFailed, OSError, ValueError) as exc:  # keep going: the record says what failed
             error = "\n".join(str(exc).splitlines()[-15:])
+            folder = stopped_folder(exc)
         except Exception as exc:  # noqa: BLE001  (subprocess timeouts and the like)
             error = f"{type(exc).__name__}: {exc}"[-2000:]
         rec = record_from_run(

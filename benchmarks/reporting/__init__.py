@@ -56,6 +56,7 @@ from . import (
     pfedlia,
     pifl,
     privacy,
+    robustness,
     scale,
     speed,
 )
@@ -104,6 +105,12 @@ SECTIONS = [
         ["privacy"],
         privacy.render_privacy,
         figures=privacy.figures_privacy,
+    ),
+    Section(
+        "How each method copes with clients that lie",
+        [robustness.GRID, robustness.REFUSED_GRID],
+        robustness.render_robustness,
+        figures=robustness.figures_robustness,
     ),
     Section("Baselines on digits (issue 2)", ["baselines-clean", "baselines-noisy"], baselines.render_baselines),
     Section("FedC2I on feature-shift digits (issue 4)", ["fedc2i"], fedc2i.render_fedc2i),

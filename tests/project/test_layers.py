@@ -21,6 +21,7 @@ BENCHMARK_LAYERS = {
     "benchmarks.records": 1,
     "benchmarks.running": 2,
     "benchmarks.families": 2,
+    "benchmarks.attack_grid": 2,
     "benchmarks.reporting": 3,
 }
 SCRIPTS = 4
