@@ -5,7 +5,7 @@ run to ``benchmarks/raw/baselines-<grid>/`` and prints the table ``python -m ben
 final personalized accuracy (each client's own model on its own test split, mean over clients) and the global
 model's accuracy where one exists, mean and std over seeds.
 
-Expected (issue 2): on pathological 2 classes/client, Local and FedPer/FedRep beat FedAvg's global model;
+Expected: on pathological 2 classes/client, Local and FedPer/FedRep beat FedAvg's global model;
 on IID, FedAvg's global model beats Local.
 
 Grids (``--grid``; any option below overrides the grid's value):

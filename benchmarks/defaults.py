@@ -1,4 +1,4 @@
-"""Every method at the defaults a new user gets (issue 25): does each one train a useful model out of the box?
+"""Every method at the defaults a new user gets: does each one train a useful model out of the box?
 
 Each value of the run-config key ``method`` (read from the method registry, ``task.methods.METHODS``, so a method
 added there is run too) is run with nothing but ``method`` and ``seed`` set, exactly as

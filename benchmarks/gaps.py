@@ -1,4 +1,4 @@
-"""Why FedC2I, PI-FL and FedSoft trail FedAvg or Local at the defaults a new user gets (issue 25).
+"""Why FedC2I, PI-FL and FedSoft trail FedAvg or Local at the defaults a new user gets.
 
 Every run is ``flwr run . --run-config "method='X' seed=S"`` on 10 simulated nodes (``min-nodes=10``) and nothing
 else: digits, Dirichlet alpha 0.5, the ``cnn`` (BatchNorm), SGD lr 0.05 momentum 0.9, batch 20, one local epoch,

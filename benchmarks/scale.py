@@ -1,4 +1,4 @@
-"""Speed and scale of every method through Flower's simulation runtime (issue 9).
+"""Speed and scale of every method through Flower's simulation runtime.
 
 Four parts; each writes one raw record per run (or kernel) to ``benchmarks/raw/scale-<part>/`` and prints the
 table ``python -m benchmarks.report`` builds from them:

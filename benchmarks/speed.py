@@ -1,4 +1,4 @@
-"""How close pflower's rounds come to what Flower's runtime allows (issue 17).
+"""How close pflower's rounds come to what Flower's runtime allows.
 
 Three parts; each writes one raw record per measurement to ``benchmarks/raw/speed-<part>/`` and prints the
 table ``python -m benchmarks.report`` builds from them:
@@ -45,7 +45,7 @@ from server_app.runner import CONNECTION, LocalSimulation, RunFailed, run_config
 
 NOOP_APP = BENCHMARKS / "noop_app"
 REPO = BENCHMARKS.parent
-#: the setting of issue 17 (measured there against a single-process research library)
+#: the setting the speed target was set on
 SETTING = {
     "dataset": "digits",
     "partition": "pathological",

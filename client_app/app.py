@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-_APP_IMPORT = time.time()  # when this module's own imports start (issue 17: where a message's time goes)
+_APP_IMPORT = time.time()  # when this module's own imports start (where a message's time goes)
 
 import functools  # noqa: E402
 import os  # noqa: E402

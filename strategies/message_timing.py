@@ -1,4 +1,4 @@
-"""Where a message's time goes (issue 17): from the server pushing it to the server pulling its reply.
+"""Where a message's time goes: from the server pushing it to the server pulling its reply.
 
 Every reply carries a ``timing`` record (``client_app/app.py``: unix seconds at which the client's process
 started, its app module's imports began and ended, and the handler began, finished its set-up and ended).

@@ -1,4 +1,4 @@
-"""Mutation-testing results, kept traceable (issue 14 §3; how to run mutmut: docs/mutation/README.md).
+"""Mutation-testing results, kept traceable (how to run mutmut: docs/mutation/README.md).
 
 mutmut keeps its verdicts in ``mutants/**/*.meta``, which is not committed (it is a copy of the tree with every
 mutant in it).  This script copies the verdicts that matter into ``docs/mutation/verdicts.json`` (committed) and
@@ -61,7 +61,7 @@ CAUGHT = ("killed", "timeout", "type check", "segfault")
 #: kinds of reviewed mutants (docs/mutation/equivalent.csv): ``equivalent`` and ``import-time`` are left out of the
 #: score; ``gpu-only`` (a device move that only a GPU run can tell from the original) stays in it as not caught
 KINDS = ("equivalent", "import-time", "gpu-only")
-#: issue 14 §3's target: at least this share of the non-equivalent mutants caught in every method module
+#: the target: at least this share of the non-equivalent mutants caught in every method module
 TARGET = 0.90
 #: the modules of each method (and the code every method runs); the target applies to each of them
 METHOD_MODULES = {
@@ -294,7 +294,7 @@ def method_summary(data: dict, per: dict[str, Counter], methods: dict = METHOD_M
     """One row per method: is every module of it run completely, and is each at or above the target?"""
     out = [
         (
-            f"Target (issue 14 §3): at least {TARGET:.0%} of the non-equivalent mutants caught in every module of "
+            f"Target: at least {TARGET:.0%} of the non-equivalent mutants caught in every module of "
             "every method, with every mutant run."
         ),
         "",

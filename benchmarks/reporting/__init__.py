@@ -89,19 +89,19 @@ same seed) is printed only when the two runs share their data (and, where claime
 #: the sections of RESULTS.md, in order
 SECTIONS = [
     Section(
-        "Every method at its defaults (issue 25)",
+        "Every method at its defaults",
         ["defaults"],
         defaults.render_defaults,
         figures=defaults.figures_defaults,
     ),
     Section(
-        "When each method pays off: grids over samples and heterogeneity, every method tuned alike (issue 25)",
+        "When each method pays off: grids over samples and heterogeneity, every method tuned alike",
         [g for f in grids.FAMILIES.values() for g in (f.select_grid, f.grid)],
         grids.render_grids,
         figures=grids.figures_grids,
     ),
     Section(
-        "Personalized accuracy against the privacy budget epsilon (issue 27)",
+        "Personalized accuracy against the privacy budget epsilon",
         ["privacy"],
         privacy.render_privacy,
         figures=privacy.figures_privacy,
@@ -112,29 +112,27 @@ SECTIONS = [
         robustness.render_robustness,
         figures=robustness.figures_robustness,
     ),
-    Section("Baselines on digits (issue 2)", ["baselines-clean", "baselines-noisy"], baselines.render_baselines),
-    Section("FedC2I on feature-shift digits (issue 4)", ["fedc2i"], fedc2i.render_fedc2i),
+    Section("Baselines on digits", ["baselines-clean", "baselines-noisy"], baselines.render_baselines),
+    Section("FedC2I on feature-shift digits", ["fedc2i"], fedc2i.render_fedc2i),
+    Section("FedC2I: influence phase vs local training", ["fedc2i-speed"], fedc2i_speed.render_fedc2i_speed, 3),
+    Section("FedCAC on noisy digits", ["fedcac"], fedcac.render_fedcac),
     Section(
-        "FedC2I: influence phase vs local training (issue 4)", ["fedc2i-speed"], fedc2i_speed.render_fedc2i_speed, 3
-    ),
-    Section("FedCAC on noisy digits (issue 3)", ["fedcac"], fedcac.render_fedcac),
-    Section(
-        "Client2Vec case studies on feature-shift x label-skew digits (issue 7)",
+        "Client2Vec case studies on feature-shift x label-skew digits",
         ["client2vec"],
         client2vec.render_client2vec,
     ),
-    Section("pFedLIA on planted clusters (issue 5)", ["pfedlia"], pfedlia.render_pfedlia),
+    Section("pFedLIA on planted clusters", ["pfedlia"], pfedlia.render_pfedlia),
     Section(
         "pFedLIA: next-word prediction on three synthetic dialects", ["pfedlia-dialects"], pfedlia.render_dialects, 3
     ),
     Section(
-        "Speed and scale (issue 9)",
+        "Speed and scale",
         ["scale-floor", "scale-overhead", "scale-scale", "scale-kernels"],
         scale.render_scale,
     ),
-    Section("PI-FL on two-source data (issue 6)", ["pifl"], pifl.render_pifl),
+    Section("PI-FL on two-source data", ["pifl"], pifl.render_pifl),
     Section(
-        "Rounds as fast as the runtime allows (issue 17)",
+        "Rounds as fast as the runtime allows",
         ["speed-sim", "speed-deploy", "speed-compose"],
         speed.render_speed,
     ),

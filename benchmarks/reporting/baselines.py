@@ -86,7 +86,8 @@ def _baselines_claims(recs: list[Rec]) -> list[str]:
 
 def render_baselines(raw: Path, d: dict[str, Any]) -> str:
     intro = (
-        "The baselines of issue 2 on the embedded digits. Expected: on the pathological split (2 classes per "
+        "The baseline methods (Local, FedAvg and the personalized baselines) on the embedded digits. Expected: on the "
+        "pathological split (2 classes per "
         "client) Local and the personalized methods beat FedAvg's global model; on IID, FedAvg's global model "
         "beats Local. Accuracy = each client's own model on its own test split, mean over clients, last round."
     )

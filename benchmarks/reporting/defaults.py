@@ -1,7 +1,8 @@
 """The table and learning curves of ``benchmarks/defaults.py`` (grid ``defaults``: every method at its defaults).
 
-Issue 25's "useful" criterion, applied to the means over seeds: a method is flagged when its personalized
-accuracy is more than 5 points below Local's, or more than 2 points below the better of Local's and FedAvg's.
+The "useful" criterion (a method at its defaults must train a useful model out of the box), applied to the
+means over seeds: a method is flagged when its personalized accuracy is more than 5 points below Local's, or
+more than 2 points below the better of Local's and FedAvg's.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from .text import accuracy_cell, bullets, md_table, mean_range, missing, plural,
 GRID = "defaults"
 COMMAND = "python -m benchmarks.defaults"
 CURVES = "defaults_learning_curves.png"
-BELOW_LOCAL = 0.05  # issue 25: no method more than 5 points below Local
-BELOW_BEST = 0.02  # issue 25: a method more than 2 points below the better of Local and FedAvg needs its reason
+BELOW_LOCAL = 0.05  # useful: no method more than 5 points below Local
+BELOW_BEST = 0.02  # useful: a method more than 2 points below the better of Local and FedAvg needs its reason
 SECONDS = summary("seconds")
 
 
@@ -54,7 +55,7 @@ def order(recs: list[Rec]) -> list[str]:
 
 
 def verdict(acc: float | None, local: float | None, fedavg: float | None) -> tuple[str, str]:
-    """(kind, text) of issue 25's criterion for a method's mean accuracy: kind is "useful", "below-local",
+    """(kind, text) of the "useful" criterion for a method's mean accuracy: kind is "useful", "below-local",
     "gap", "failed" or "unknown" (no Local / FedAvg to compare with)."""
     if acc is None:
         return "failed", "no result"
@@ -75,7 +76,7 @@ def _claims(recs: list[Rec], methods: list[str], kinds: dict[str, str]) -> list[
         groups.setdefault(kinds[m], []).append(name(m))
     useful = groups.get("useful", [])
     out.append(
-        f"Useful by issue 25's criterion: {len(useful)} of {plural(len(methods), 'method')}"
+        f"Useful by the criterion above: {len(useful)} of {plural(len(methods), 'method')}"
         + (
             f" (flagged: {', '.join(groups.get('below-local', []) + groups.get('gap', []))})"
             if groups.get("below-local") or groups.get("gap")
@@ -133,7 +134,7 @@ def render_defaults(raw: Path, d: dict[str, Any]) -> str:
         "for all ten nodes. Personalized accuracy: each client's model on its own test split, mean over "
         "clients, last round; global: the method's global model where it has one. Spreads are min-max over "
         "seeds. Δ: the method minus Local (or FedAvg) on the same seed, in points, paired only when the two "
-        "runs' data fingerprints agree. Useful (issue 25): not more than "
+        "runs' data fingerprints agree. Useful: not more than "
         f"{BELOW_LOCAL * 100:g} points below Local, and not more than {BELOW_BEST * 100:g} points below the "
         "better of Local and FedAvg (a flagged gap needs its measured reason in the method's docs page)."
     )

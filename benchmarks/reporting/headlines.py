@@ -241,7 +241,7 @@ CLAIMS = [
         "FedC2I",
         "with a visual domain per client, FedC2I's influence-weighted mixing beats both FedAvg and Local",
         "feature-shift digits, each client with its own domain, the paper's optimizer and learning rate",
-        "FedC2I on feature-shift digits (issue 4)",
+        "FedC2I on feature-shift digits",
         _fedc2i,
     ),
     Claim(
@@ -250,7 +250,7 @@ CLAIMS = [
         "with clients in hidden groups, pFedLIA recovers the groups (without being told how many) and then beats "
         "FedAvg and clustered FL (CFL)",
         "planted clusters of digits (groups of clients sharing two labels), with and without noisy clients",
-        "pFedLIA on planted clusters (issue 5)",
+        "pFedLIA on planted clusters",
         _pfedlia,
     ),
     Claim(
@@ -258,7 +258,7 @@ CLAIMS = [
         "FedCAC",
         "under label skew FedCAC beats Local, FedAvg and the personalized baselines FedPer, FedRep and Ditto",
         "digits with Gaussian pixel noise (so that the partitions separate the methods)",
-        "FedCAC on noisy digits (issue 3)",
+        "FedCAC on noisy digits",
         _fedcac,
     ),
     Claim(
@@ -267,7 +267,7 @@ CLAIMS = [
         "when clients mix data of two sources, PI-FL's bidding forms tiers that specialise, and its personalized "
         "models beat FedAvg and the same protocol with random bids",
         "two-source data (synthetic concept shift, and the lower digits against the upper), mixed 10:90",
-        "PI-FL on two-source data (issue 6)",
+        "PI-FL on two-source data",
         _pifl,
     ),
     Claim(
@@ -276,7 +276,7 @@ CLAIMS = [
         "on feature-shift x label-skew data, the client index used for sampling, aggregation and the local loss "
         "together beats FedAvg",
         "digits in feature-shift domains crossed with Dirichlet label skew, a cohort of the clients per round",
-        "Client2Vec case studies on feature-shift x label-skew digits (issue 7)",
+        "Client2Vec case studies on feature-shift x label-skew digits",
         _client2vec,
     ),
 ]

@@ -112,7 +112,7 @@ SCALE_METHODS = [
     "client2vec",
     "moon",
 ]
-FLOOR_TARGET = 1.5  # issue 9: a round within 1.5x of its pure local training
+FLOOR_TARGET = 1.5  # target: a round within 1.5x of its pure local training
 
 
 def render_scale(raw: Path, d: dict[str, Any]) -> str:
@@ -135,7 +135,7 @@ def render_scale(raw: Path, d: dict[str, Any]) -> str:
                 parts.append(
                     f"- One client's local training takes {s['train-per-client']:.2f} s; the round is "
                     f"{s['ratio']:.2f}x its floor ({'within' if s['ratio'] <= FLOOR_TARGET else 'above'} the "
-                    f"{FLOOR_TARGET}x target of issue 9)."
+                    f"{FLOOR_TARGET}x target)."
                 )
     else:
         parts.append(missing("python -m benchmarks.scale floor"))

@@ -24,13 +24,13 @@ def _median(xs: list[float]) -> float:
     return float(np.median(xs))
 
 
-#: issue 17 also compared rounds with a single-process research library's, from figures quoted in the issue;
+#: figures for a single-process research library's rounds were once quoted from outside the repository;
 #: no record says which library, version or command produced them, so the report does not make that comparison
 NO_LIBRARY_COMPARISON = (
-    "Issue 17 also set a target against the median round of a single-process research library on this setting, "
-    "with figures its author measured outside pflower; which library, which version and which command produced "
+    "No comparison with the median round of a single-process research library is made here: figures for one "
+    "on this setting were measured outside pflower, and which library, which version and which command produced "
     "them is recorded nowhere in the repository, so that comparison cannot be reproduced or checked from a raw "
-    "record and is not made here."
+    "record."
 )
 SIM_TARGET, DEPLOY_TARGET = 1.1, 3.0
 
@@ -60,7 +60,7 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
         "How close a round comes to what Flower's runtime allows: pflower against a no-op Flower app "
         "(`benchmarks/noop_app`, a ClientApp that replies at once) with the same nodes and messages, and on the "
         "deployment runtime against the time a fresh ClientApp process needs to import torch and flwr. "
-        "Since issue 17 a round sends one message per client: the evaluation of round r rides on round r + 1's "
+        "A round sends one message per client: the evaluation of round r rides on round r + 1's "
         "train message, and only the last round has an evaluate phase. Seconds per round are the server's "
         "(rounds.json); a round's compute is the clients' handler time summed over its messages, over the "
         "clients that run at a time."
@@ -75,7 +75,7 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
         parts.append(
             header(sim, [], d).split("\n")[0]
             + "\n"
-            + "Setting (issue 17's): "
+            + "Setting: "
             + ", ".join(f"`{k}={v}`" for k, v in shown.items())
             + "; `client-resources-num-cpus=1` (two clients at a time on 2 cores); "
             + noop_payload(sim)

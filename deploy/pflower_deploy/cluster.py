@@ -91,7 +91,7 @@ class Cluster:
             FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         )
         # how often the SuperExec (SuperLink: ServerApp; SuperNode: ClientApp) asks for a new task; Flower's
-        # default 1 s is paid by every message (issue 17)
+        # default 1 s is paid by every message
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = f"{self.args.task_poll_interval:g}"
         return env
 

@@ -47,7 +47,7 @@ def test_two_rounds(simulation, method):
     watched = check_event_files_match_rounds_json(folder)
     assert [step for step, _ in watched["eval/personal-acc-min"]] == [1, 2]  # the worst client, round by round
     comm = rounds[0]["extra"]["comm"]
-    # one message per client in round 1: its evaluation rode on round 2's train messages (issue 17) ...
+    # one message per client in round 1: its evaluation rode on round 2's train messages ...
     assert comm["train-bytes-up"] > 0 and "evaluate-bytes-up" not in comm and "evaluate-bytes-down" not in comm
     assert rounds[0]["evaluate"]["num-replies"] == 4 and 0.1 < rounds[0]["evaluate"]["personal-acc"] <= 1.0
     # ... and the last round, which has no next round, keeps its own evaluate phase

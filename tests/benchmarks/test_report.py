@@ -464,7 +464,7 @@ def test_defaults_table_pairs_by_seed_and_flags_methods_that_are_not_useful(tmp_
     assert oracle[-1].startswith("failed")
     assert "`oracle` failed in 3 of 3 runs: task.options.ConfigConflict: oracle needs planted clusters." in text_
     assert oracle[3] == "—" and oracle[5] == "—"
-    assert "Useful by issue 25's criterion: 3 of 6 methods (flagged: `bad`, `gap`)." in text_
+    assert "Useful by the criterion above: 3 of 6 methods (flagged: `bad`, `gap`)." in text_
     # the rows come best first after the two references
     order = [line.split(" | ")[0][2:] for line in text_.splitlines() if line.startswith("| ")][1:]
     assert order == ["`local`", "`fedavg`", "`good`", "`gap`", "`bad`", "`oracle`"]

@@ -414,7 +414,7 @@ def _dead_features_and_train_acc(c, content, x):
 
 
 def test_case_study_iii_at_the_users_defaults_trains_like_the_base_algorithm(cfg):
-    """Issue 25's collapse, pinned (docs/methods/client2vec.md, "Why the defaults"): with the optimiser and model a
+    """The collapse at the old defaults (docs/methods/client2vec.md, "Why the defaults"): with the optimiser and model a
     user gets (cnn with BatchNorm, SGD lr 0.05 momentum 0.9, batches of 20; two local epochs here) and the
     near-identical feature indices a random-weight CLIP gives (M = 10 rows), the local update with (iii) must
     train like the one without it.  With L_orth summed over the clients and L_dist reaching the features, the

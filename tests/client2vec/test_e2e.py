@@ -63,7 +63,7 @@ def test_client2vec_global_mode_with_open_clip_and_moon(simulation, tmp_path):
 
 
 def test_client2vec_with_a_users_defaults_trains_like_fedavg(simulation, tmp_path):
-    """Issue 25: ``flwr run . --run-config "method='client2vec'"`` trained a useless model (personalized accuracy
+    """Formerly ``flwr run . --run-config "method='client2vec'"`` trained a useless model (personalized accuracy
     0.22 at 10 nodes where FedAvg reached 0.98; 0.44 here against FedAvg's 0.96).  Everything is what a user gets
     (open_clip encoder with random weights, Global DSA-IGN, all three case studies, the cnn with BatchNorm, SGD
     lr 0.05 momentum 0.9, digits with Dirichlet 0.5) except the sizes: 4 nodes and 3 rounds, and the embedding

@@ -130,7 +130,7 @@ def assert_states_close(got, expected, atol=1e-5):
 # ------------------------------------------------------------------------------------------------ the method
 @pytest.mark.parametrize("k", [2, 3])
 def test_a_client_starts_from_the_mix_of_everyone_it_was_sent_not_from_its_own_model(k):
-    """Issue 14's broken-method example (a client that ignores its peers and trains alone) must fail here.
+    """The broken-method example (a client that ignores its peers and trains alone) must fail here.
 
     fedc2i.md §7 test 2: gamma = 0 gives lambda = Lambda = 1/M, so the personalized extractor and classifier are the
     uniform mean of the received models (M = 2 works, fedc2i.md §7 test 10); the influence it reports is uniform."""

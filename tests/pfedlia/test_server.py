@@ -220,7 +220,7 @@ def _metrics_reply(client, **metrics):
 
 
 def test_a_lia_reply_is_a_finite_row_over_the_lazy_models_and_distinct_indices_into_them():
-    """pfedlia.md §2.7 (issue 14 §2): the row has one bounded score per lazy model, of either sign; p2p's beneficial
+    """pfedlia.md §2.7: the row has one bounded score per lazy model, of either sign; p2p's beneficial
     peers are distinct indices into the lazy list (at most all of them); anything else is rejected."""
     from strategies.replies import VALUE_LIMIT
 

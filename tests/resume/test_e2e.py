@@ -1,4 +1,4 @@
-"""Runs that survive a crash, and the models a run leaves behind (issue 15), end to end through Flower.
+"""Runs that survive a crash, and the models a run leaves behind, end to end through Flower.
 
 Every method, with the default model: a run stopped after round k (``stop-after=k``: the ServerApp stops right
 after that round's checkpoint, as a crash would), resumed with ``resume-from``, killed (SIGKILL of its ServerApp

@@ -1,4 +1,4 @@
-"""A resume folder that does not fit the run fails at once, with the reason, and touches nothing (issue 15).
+"""A resume folder that does not fit the run fails at once, with the reason, and touches nothing.
 
 The ServerApp's own check (``server_app.app.resume_point``) on a checkpoint written by a real strategy; one
 case also goes through Flower end to end (tests/resume/test_e2e.py).

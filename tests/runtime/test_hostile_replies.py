@@ -1,4 +1,4 @@
-"""A hostile reply never changes a strategy's state (issue 14 §2).
+"""A hostile reply never changes a strategy's state.
 
 Every strategy is driven through its own round loop - configure/aggregate of train and evaluate and every
 ``query.*`` phase it sends - over a :class:`ReplayGrid` whose replies are made from the strategy's own

@@ -1,4 +1,4 @@
-"""A ClientApp process pays only for what its run needs (issue 17): in deployment every message starts a fresh
+"""A ClientApp process pays only for what its run needs: in deployment every message starts a fresh
 ``flwr-clientapp`` process, so importing the app and answering a digits FedAvg message must not pull in
 datasets, flwr-datasets, open_clip, transformers, tokenizers, matplotlib or scikit-learn once the node's
 partition is in its on-disk cache."""

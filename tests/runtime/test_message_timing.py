@@ -1,4 +1,4 @@
-"""Where a message's time goes (issue 17): the client's stamps and the server's split (the server's own pulling:
+"""Where a message's time goes: the client's stamps and the server's split (the server's own pulling:
 tests/runtime/test_exchange.py)."""
 
 import math

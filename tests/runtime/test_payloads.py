@@ -1,6 +1,6 @@
 """What the server sends: every message of a round carries the model the strategy holds when the round starts.
 
-The global model's record is built once per phase and shared by the messages of that phase (speed, issue 17);
+The global model's record is built once per phase and shared by the messages of that phase (speed);
 these tests pin that sharing never sends a stale or another round's model.
 """
 
