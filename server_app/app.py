@@ -16,7 +16,7 @@ from server_app.results import ResultsWriter, resolve_results_path
 from server_app.runner import REFUSED_AT_START_UP, stop_line
 from server_app.tracking import check_installed, open_watchers
 from strategies.base import PersonalizedStrategy, RunAborted
-from strategies.persistence import SimulatedCrash, read_checkpoint, resume
+from strategies.persistence import SimulatedCrash, read_checkpoint
 from task.checkpoint import CheckpointError
 from task.config import Settings, parse_settings
 from task.methods import load_object, method_spec
@@ -44,7 +44,7 @@ def resume_point(settings: Settings, strategy: PersonalizedStrategy) -> tuple[Pa
     checkpoint, or a run with no round left fail here, before anything is written."""
     folder = resolve_results_path(settings.resume_from)
     done, state = read_checkpoint(folder, settings)
-    resume(strategy, state, done)
+    strategy.resume(state, done)
     return folder, done
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -61,7 +62,7 @@ from strategies.history import (
     train_metrics,
 )
 from strategies.newcomers import NEWCOMER_SPEC, Holdout, evaluate_newcomers, newcomer_disclosure
-from strategies.persistence import after_round
+from strategies.persistence import after_round, stop_if_asked
 from strategies.privacy import ServerPrivacy, central_aggregate, cohort_generator
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Reply, ReplySpec
 from strategies.schedule import EvaluationSchedule
@@ -242,6 +243,30 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         """Put back what :meth:`state` returned, into a strategy freshly built from the same settings."""
 
     # ------------------------------------------------------------------ Flower's Strategy API
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint holds, as plain data: the base's part (history, each client's last evaluation, the
+        cohort generator's state, the global model, and each part's own ``state()``) and the method's."""
+        base = {"history": [asdict(r) for r in self.history], "client-eval": self.client_eval}
+        base |= {"rng": self.rng.getstate(), "global": self.global_state, "dp": self.dp.state()}
+        return {"base": base | self.gate.state() | self.schedule.state() | self.holdout.state(), "method": self.state()}
+
+    def resume(self, saved: Mapping[str, Any], rounds_done: int) -> None:
+        """Take back :meth:`checkpoint_state` (this strategy freshly built from the same settings) to continue after
+        round ``rounds_done``; node ids change between runs, so every node is asked who it is before the next round."""
+        base = saved["base"]
+        self.history = [RoundLog(**r) for r in base["history"]]
+        self.client_eval = dict(base["client-eval"])
+        rng = base["rng"]  # the generator's state; a checkpoint of an older format holds the generator itself
+        self.rng.setstate(rng if isinstance(rng, tuple) else rng.getstate())
+        self.global_state = base["global"]
+        self.gate.restore(base)
+        self.schedule.restore(base)
+        self.holdout.restore(base)
+        if "dp" in base:  # a checkpoint from before it existed: the settings' noise multiplier and clip bound
+            self.dp.restore(base["dp"], rounds_done)
+        self.restore(saved["method"])
+        self.rounds_done, self.identify_everyone = rounds_done, True
+
     def summary(self) -> None:
         s = self.settings
         log.info(
@@ -352,10 +377,19 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         log.info(progress_line(self.name, server_round, self.schedule.last_round, ran, self._t0, metrics, how))
         for watch in self.round_watchers:
             watch(self.history)
-        after_round(self, server_round)  # models, checkpoint, stop-after (strategies.persistence)
+        self.after_round(server_round)
         return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
 
     # ------------------------------------------------------------------ the round's pieces
+    def after_round(self, server_round: int) -> None:
+        """The server's models and the checkpoint when due (its seconds into the history), then ``stop-after``."""
+        models = self.server_models if self.schedule.saves_models(server_round) else None
+        last = self.schedule.last_round
+        seconds = after_round(self.results_dir, self.settings, server_round, last, models, self.checkpoint_state)
+        if seconds is not None:
+            self.history[-1].extra["checkpoint-seconds"] = seconds
+        stop_if_asked(self.settings, server_round, last, self.results_dir)
+
     def _messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int], phase: str, kind: str
     ) -> list[Message]:

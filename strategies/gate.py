@@ -144,6 +144,13 @@ class ReplyGate:
         self.node_of: dict[int, int] = {}  # client id -> the node currently speaking for it
         self.failures: list[dict[str, Any]] = []
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the gate: the rejected replies and silent nodes so far."""
+        return {"failures": self.failures}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.failures[:] = state["failures"]  # the same list: the strategy shares it
+
     def admit(self, server_round: int, phase: str, arrivals: Arrivals) -> list[tuple[Arrival, Reply]]:
         """The valid replies of one phase with what they arrived as, ordered by client id; every other reply (error,
         duplicate, a field that does not match the spec, a client id that clashes) and every silent node is

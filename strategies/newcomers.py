@@ -36,8 +36,6 @@ from task.methods import NEWCOMER
 if TYPE_CHECKING:
     from flwr.serverapp import Grid
 
-    from strategies.base import PersonalizedStrategy
-
 #: what a newcomer's reply carries: the accuracy (and loss) of the model the method gives it, before and after
 #: fine-tuning, on its test split
 NEWCOMER_SPEC = BASE.with_metrics(
@@ -62,6 +60,13 @@ class Holdout:
         self.first = -1
         #: held-out client id -> its newcomer reply's metrics
         self.results: dict[int, dict[str, float]] = {}
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: which clients are held out (fixed once, by the first round's clients)."""
+        return {"holdout-first": self.first}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.first = int(state.get("holdout-first", -1))  # a checkpoint from before holdouts: not fixed yet
 
     def fix(self, clients: Iterable[int]) -> None:
         """Hold out the ``count`` largest of ``clients`` (the first clients known), unless that is already done or
@@ -122,8 +127,9 @@ class SameAsEvaluate(Mapping[str, Part]):
         return len(self._parts())
 
 
-def newcomer_disclosure(strategy: PersonalizedStrategy, declared: Mapping[str, Disclosure]) -> Disclosure:
-    """The ``query.newcomer`` entry of ``strategy``'s declaration: its reply's metrics, and what the message brings
+def newcomer_disclosure(strategy: Any, declared: Mapping[str, Disclosure]) -> Disclosure:
+    """The ``query.newcomer`` entry of ``strategy``'s declaration (a :class:`strategies.base.PersonalizedStrategy`,
+    which imports this module): its reply's metrics, and what the message brings
     (the method's :meth:`newcomer_receives`, by default what its evaluate message brings)."""
     receives = strategy.newcomer_receives()
     return Disclosure(
@@ -133,7 +139,7 @@ def newcomer_disclosure(strategy: PersonalizedStrategy, declared: Mapping[str, D
     )
 
 
-def evaluate_newcomers(strategy: PersonalizedStrategy, grid: Grid, server_round: int) -> dict[str, Any]:
+def evaluate_newcomers(strategy: Any, grid: Grid, server_round: int) -> dict[str, Any]:
     """After the last round (``server_round``): every connected held-out client scores what the method gives a
     newcomer (``query.newcomer``); their metrics go into ``strategy.holdout.results`` and the means, with each client's
     and the phase's bytes, into the last round's history entry (``newcomers``), which this returns."""

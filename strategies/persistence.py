@@ -2,13 +2,12 @@
 
 After every ``checkpoint-every`` rounds (and the last) the strategy writes what a resumed run needs into
 ``<results>/checkpoints/`` (:mod:`task.checkpoint`: one JSON tree and one safetensors file, written
-atomically): the base's part (history, failures, last evaluations, the sampling generator, an evaluation
-waiting for the next round's train messages, the global model) and the method's own part, which the method
-declares with ``state()`` / ``restore()`` next to its logic.  Nothing derivable is saved: names and shapes
-come from the model, options from the run config, node ids change between runs anyway.
+atomically) the plain data (dicts, lists, numbers, numpy arrays) the strategy gives: the base assembles it
+from its own part and each part's ``state()`` (gate, schedule, privacy, holdout) and the method's, and takes it
+back with ``resume``.  Nothing derivable is saved: names and shapes come from the model, options from the run
+config, node ids change between runs anyway.  This module only writes and reads files; it knows no strategy.
 
-:func:`checkpoint_state` gathers what a checkpoint holds and :func:`resume` puts it back into a strategy freshly
-built from the same settings; :func:`after_round` is what the round loop asks of persistence after each round.
+:func:`after_round` is what the round loop asks of persistence after each round.
 
 ``resume-from`` names the results folder of an interrupted run: its checkpoint must be of the same method,
 model and data set, and every run-config key but those in :data:`RESUMABLE_CHANGES` must be unchanged.
@@ -19,18 +18,13 @@ test resuming.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from strategies.history import RoundLog
 from task.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, to_tree
 from task.config import RunOptions, Settings
 from task.export import model_manifest, save_model
-
-if TYPE_CHECKING:
-    from strategies.base import PersonalizedStrategy
 
 #: run-config keys that may differ between an interrupted run and its resumption
 RESUMABLE_CHANGES = frozenset(
@@ -127,48 +121,20 @@ def save_server_models(results: Path, settings: Settings, server_round: int, mod
         save_model(results / "models" / "server" / name, state, manifest)
 
 
-def checkpoint_state(strategy: PersonalizedStrategy) -> dict[str, Any]:
-    """What a checkpoint of ``strategy`` holds: the base's part (history, failures, each client's last evaluation,
-    the sampling generator, an evaluation waiting for the next round's train messages, the global model, what
-    differential privacy keeps across rounds, which clients are held out) and the method's own ``state()``."""
-    base = {
-        "history": [asdict(r) for r in strategy.history],
-        "failures": strategy.gate.failures,
-        "client-eval": strategy.client_eval,
-        "rng": strategy.rng,
-        "pending-evaluation": strategy.schedule.pending,
-        "global": strategy.global_state,
-        "dp": strategy.dp.state(),
-        "holdout-first": strategy.holdout.first,
-    }
-    return {"base": base, "method": strategy.state()}
-
-
-def resume(strategy: PersonalizedStrategy, saved: Mapping[str, Any], rounds_done: int) -> None:
-    """Put a checkpoint's state (:func:`checkpoint_state`) into ``strategy``, freshly built from the same settings,
-    so that it continues after round ``rounds_done``.  Node ids change between runs (simulation), so every node
-    is asked who it is before the next round."""
-    base = saved["base"]
-    strategy.history = [RoundLog(**r) for r in base["history"]]
-    strategy.gate.failures[:] = base["failures"]
-    strategy.client_eval = dict(base["client-eval"])
-    strategy.rng = base["rng"]
-    strategy.schedule.pending = int(base["pending-evaluation"])
-    strategy.global_state = base["global"]
-    if "dp" in base:  # a checkpoint from before it existed: the settings' noise multiplier and clip bound
-        strategy.dp.restore(base["dp"], rounds_done)
-    strategy.holdout.first = int(base.get("holdout-first", -1))  # which clients are held out stays as it was
-    strategy.restore(saved["method"])
-    strategy.rounds_done, strategy.identify_everyone = rounds_done, True
-
-
-def after_round(strategy: PersonalizedStrategy, server_round: int) -> None:
-    """After round ``server_round`` of a run with a results folder: the server's models when the schedule saves
-    them, the checkpoint when due (the seconds it took into the round's history), then ``stop-after``'s crash."""
-    results, settings, last = strategy.results_dir, strategy.settings, strategy.schedule.last_round
-    if results is not None and strategy.schedule.saves_models(server_round):
-        save_server_models(results, settings, server_round, strategy.server_models())
-    if results is not None and checkpoint_due(settings, server_round, last):
-        seconds = write_checkpoint(results, server_round, checkpoint_state(strategy), settings)
-        strategy.history[-1].extra["checkpoint-seconds"] = seconds
-    stop_if_asked(settings, server_round, last, results)
+def after_round(
+    results: Path | None,
+    settings: Settings,
+    server_round: int,
+    last_round: int,
+    models: Callable[[], dict[str, Any]] | None,
+    state: Callable[[], dict[str, Any]],
+) -> float | None:
+    """After round ``server_round``: the server's ``models()`` when the schedule saves them (``None``: it does not),
+    the checkpoint of ``state()`` when due; the seconds the checkpoint took (``None``: none written).  Without a
+    results folder nothing is written.  ``stop-after``'s crash comes after it (:func:`stop_if_asked`)."""
+    seconds = None
+    if results is not None and models is not None:
+        save_server_models(results, settings, server_round, models())
+    if results is not None and checkpoint_due(settings, server_round, last_round):
+        seconds = write_checkpoint(results, server_round, state(), settings)
+    return seconds

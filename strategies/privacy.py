@@ -39,6 +39,7 @@ import numpy as np
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 from strategies.exchange import RunAborted
+from strategies.persistence import write_checkpoint
 from task.privacy import (
     PrivacyConfigError,
     calibrate_central,
@@ -270,12 +271,10 @@ def local_releases_so_far(history: Sequence[Any]) -> int:
 def stop_for_budget(strategy: Any, server_round: int, epsilon: float) -> None:
     """Stop before round ``server_round``: write the checkpoint of the last complete round (where checkpoints are
     on), then raise Flower's :class:`PrivacyBudgetExhausted` with the reason."""
-    from strategies.persistence import checkpoint_state, write_checkpoint
-
     s = strategy.settings
     done = strategy.rounds_done
     if strategy.results_dir is not None and s.checkpoint_every and done:
-        write_checkpoint(strategy.results_dir, done, checkpoint_state(strategy), s)
+        write_checkpoint(strategy.results_dir, done, strategy.checkpoint_state(), s)
     raise PrivacyBudgetExhausted(
         f"round {server_round} would take epsilon to {epsilon:.4g} (delta {s.dp_delta:g}), above dp-max-epsilon="
         f"{s.dp_max_epsilon:g}: the run stops after round {done}"

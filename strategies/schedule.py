@@ -16,6 +16,7 @@ message that evaluates it says ``save-model``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from task.config import Settings
@@ -38,6 +39,13 @@ class EvaluationSchedule:
         self.pending = 0
         #: the round evaluated by the train replies of the round in progress (0: none)
         self.fused = 0
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the schedule: the evaluation waiting for the next round's train messages."""
+        return {"pending-evaluation": self.pending}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.pending = int(state["pending-evaluation"])
 
     def evaluates(self, server_round: int) -> bool:
         """Round ``server_round`` is evaluated: every ``eval-every`` rounds and always in the last one."""

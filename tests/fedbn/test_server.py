@@ -8,7 +8,6 @@ from flwr.app import MetricRecord, RecordDict
 
 from server_app.app import build_strategy
 from strategies.base import Reply
-from strategies.persistence import checkpoint_state, resume
 from task.config import parse_settings
 from task.models import build_model, norm_keys
 from task.options import ConfigConflict
@@ -118,9 +117,9 @@ def test_a_checkpoint_restores_the_average_and_leaves_out_what_follows_from_the_
             )
         ],
     )
-    state = checkpoint_state(s)
+    state = s.checkpoint_state()
     assert state["method"] == {}  # nothing of its own: the layers follow from the model, the average is the base's
     resumed = strategy("fedbn")
-    resume(resumed, state, 1)
+    resumed.resume(state, 1)
     assert resumed.model_info.norm_keys == s.model_info.norm_keys
     assert all(np.array_equal(resumed.global_state[k], s.global_state[k]) for k in s.shared_keys())

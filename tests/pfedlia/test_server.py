@@ -10,7 +10,6 @@ import pytest
 from flwr.app import MetricRecord, RecordDict
 
 from server_app.app import build_strategy
-from strategies.persistence import checkpoint_state, resume
 from task.config import parse_settings
 from tests.pfedlia.server_kit import (
     CLIENTS,
@@ -380,5 +379,5 @@ def test_theta_0_read_before_the_clustering_round_set_it_is_an_error_that_says_w
     assert s.clustered
     assert_holds(s.start_model(), fedavg(CLIENTS, 1))
     resumed = Federation(rounds=3).strategy
-    resume(resumed, checkpoint_state(s), 2)
+    resumed.resume(s.checkpoint_state(), 2)
     assert_holds(resumed.start_model(), fedavg(CLIENTS, 1))  # restored without a clustering round

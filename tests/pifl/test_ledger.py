@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from strategies.persistence import checkpoint_state, resume
 from strategies.pifl_artifacts import write_artifacts
 from strategies.pifl_math import (
     LedgerError,
@@ -233,5 +232,5 @@ def test_the_ledger_used_before_the_first_round_opened_it_is_an_error_that_says_
     opened = strat.open_ledger()
     assert opened is strat.ledger and sorted(opened.balances) == sorted(NODES.values())
     resumed = pifl()
-    resume(resumed, checkpoint_state(strat), 1)
+    resumed.resume(strat.checkpoint_state(), 1)
     assert resumed.open_ledger().balances == opened.balances  # restored without a round

@@ -25,7 +25,7 @@ from safetensors.numpy import load_file
 from server_app.app import build_strategy
 from server_app.results import ResultsWriter
 from strategies.exchange import RunAborted
-from strategies.persistence import read_checkpoint, resume
+from strategies.persistence import read_checkpoint
 from task.config import parse_settings
 from task.params import to_record
 from tests.strategy_harness import drive
@@ -112,7 +112,7 @@ def test_a_resumed_round_releases_nothing_that_reconstructs_one_clients_update(t
     done, saved = read_checkpoint(tmp_path, central(**{"resume-from": str(tmp_path)}))
     assert done == 2  # checkpoint-every 2: round 3's release is not in the checkpoint
     resumed = build_strategy(central(**{"resume-from": str(tmp_path)}))
-    resume(resumed, saved, done)
+    resumed.resume(saved, done)
     resumed.results_dir = tmp_path
     for k in keys:
         np.testing.assert_array_equal(resumed.global_state[k], reference[k])
@@ -188,7 +188,7 @@ def test_a_journaled_release_taken_against_another_model_is_refused_not_replaced
     entry.write_text(json.dumps({**json.loads(entry.read_text()), "reference": "0" * 64}))
     done, saved = read_checkpoint(tmp_path, central(**{"resume-from": str(tmp_path)}))
     resumed = build_strategy(central(**{"resume-from": str(tmp_path)}))
-    resume(resumed, saved, done)
+    resumed.resume(saved, done)
     resumed.results_dir = tmp_path
     with pytest.raises(RunAborted, match=r"round 3's release in .* was taken against another model"):
         drive(resumed, NODES, [3])

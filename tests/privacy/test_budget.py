@@ -17,7 +17,7 @@ from flwr.serverapp.exception import PrivacyBudgetExhausted
 from server_app.app import build_strategy
 from server_app.results import ResultsWriter
 from strategies.exchange import RunAborted
-from strategies.persistence import read_checkpoint, resume
+from strategies.persistence import read_checkpoint
 from strategies.pfedlia import PFedLIAStrategy
 from strategies.privacy import journaled_local_releases
 from task.checkpoint import load_checkpoint
@@ -149,7 +149,7 @@ def resumed_from(folder):
     cfg = {**LOCAL, "checkpoint-every": 2, "resume-from": str(folder)}
     done, saved = read_checkpoint(folder, parse_settings(cfg))
     strategy = build_strategy(parse_settings(cfg))
-    resume(strategy, saved, done)
+    strategy.resume(saved, done)
     strategy.results_dir = folder
     return strategy
 

@@ -20,7 +20,6 @@ from flwr.app import ConfigRecord, Context, RecordDict
 
 from client_app.app import query_reply
 from client_app.privacy import private_reply
-from strategies.persistence import checkpoint_state, resume
 from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.params import record_to_numpy, to_record
@@ -273,7 +272,7 @@ def test_a_resumed_run_still_counts_the_lazy_model_released_before_the_interrupt
         for r in (1, 2):
             run_round(fed.strategy, grid, r)
         resumed = Federation(rounds=3, **LOCAL)
-        resume(resumed.strategy, checkpoint_state(fed.strategy), 2)
+        resumed.strategy.resume(fed.strategy.checkpoint_state(), 2)
         run_round(resumed.strategy, ReplayGrid([NODE[c] for c in CLIENTS], resumed.respond), 3)
     assert [h.extra["dp"]["releases"] for h in resumed.strategy.history] == [1, 3, 4]
 

@@ -25,9 +25,8 @@ BENCHMARK_LAYERS = {
     "benchmarks.reporting": 3,
 }
 SCRIPTS = 4
-#: packages whose modules import in no circle (strategies/: its base and persistence still import each other;
-#: deploy/: pflower_deploy's checks and cluster)
-ACYCLIC = ("task", "client_app", "server_app", "benchmarks")
+#: packages whose modules import in no circle (deploy/: pflower_deploy's checks and cluster still import each other)
+ACYCLIC = ("task", "client_app", "server_app", "strategies", "benchmarks")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -178,6 +177,12 @@ def benchmark_layer(module: str) -> int:
 @pytest.mark.parametrize("package", ACYCLIC)
 def test_no_package_imports_in_a_circle(package):
     assert circles(import_graph(package)) == []
+
+
+def test_persistence_knows_no_strategy():
+    """strategies/persistence.py writes and reads plain data (the base assembles it from its parts' ``state()``):
+    it imports nothing of strategies/, not even under ``TYPE_CHECKING`` or inside a function."""
+    assert [m for m in imported_modules(STRATEGIES / "persistence.py") if m.split(".")[0] == "strategies"] == []
 
 
 def test_the_circle_finder_finds_one():

@@ -17,7 +17,7 @@ import pytest
 
 from server_app.app import build_strategy
 from server_app.results import write_artifacts
-from strategies.persistence import checkpoint_state, read_checkpoint, resume
+from strategies.persistence import read_checkpoint
 from task.config import parse_settings
 from tests.runtime.test_hostile_replies import COMMON, SCENARIOS
 from tests.strategy_harness import assert_same_state, drive, snapshot
@@ -83,11 +83,11 @@ def test_a_resumed_method_ends_in_the_state_of_the_uninterrupted_run(name, round
     assert done == stop_after
 
     resumed = build_strategy(settings)
-    resume(resumed, saved, done)
+    resumed.resume(saved, done)
     resumed.results_dir = tmp_path / "b"
     drive(resumed, NEW_NODES, range(stop_after + 1, rounds + 1), as_a_client_would)
 
     assert [r.server_round for r in resumed.history] == list(range(1, rounds + 1))
     assert resumed.failures == [] and whole.failures == []
-    assert_same_state(snapshot(comparable(checkpoint_state(whole))), snapshot(comparable(checkpoint_state(resumed))))
+    assert_same_state(snapshot(comparable(whole.checkpoint_state())), snapshot(comparable(resumed.checkpoint_state())))
     assert artefacts(resumed, tmp_path / "resumed") == artefacts(whole, tmp_path / "whole")

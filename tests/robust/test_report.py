@@ -21,7 +21,7 @@ from strategies.attack_report import (
 )
 from strategies.gate import parse_reply
 from strategies.history import RoundLog
-from strategies.persistence import read_checkpoint, resume
+from strategies.persistence import read_checkpoint
 from strategies.replies import EVALUATE, InvalidReply
 from task.config import parse_settings
 from tests.in_process import NODES, run_in_process
@@ -149,7 +149,7 @@ def test_a_resumed_run_reports_what_the_uninterrupted_run_reports(tmp_path, meth
     drive(interrupted, nodes, 1)
     done, saved = read_checkpoint(tmp_path / "b", settings)
     resumed = build_strategy(settings)
-    resume(resumed, saved, done)
+    resumed.resume(saved, done)
     resumed.results_dir = tmp_path / "b"
     drive(resumed, others, range(2, 4))
     expected = report(whole)
