@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, RecordDict
@@ -22,6 +23,8 @@ from flwr.server.strategy.aggregate import aggregate_median
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 
+from task.config import Settings
+from task.params import weighted_average
 from task.robust import RobustOptions
 
 
@@ -174,3 +177,67 @@ def bounded_model(
         out[k] = flat[pos : pos + like.size].reshape(like.shape).astype(like.dtype)
         pos += like.size
     return out, float(norms[0])
+
+
+class RobustAveraging:
+    """The run's aggregation rule wherever a method averages client models (docs/robustness.md), mixed into the
+    strategy's services (:class:`strategies.services.StrategyServices`); what the rule did goes into the history."""
+
+    settings: Settings
+    history: list[Any]
+
+    def average_models(
+        self,
+        models: Sequence[Mapping[str, np.ndarray]],
+        weights: Sequence[float] | np.ndarray,
+        clients: Sequence[int],
+        reference: Mapping[str, np.ndarray] | None = None,
+        group: str = "global",
+    ) -> dict[str, np.ndarray]:
+        """The average of ``models`` (of ``clients``, one each) that a method builds: its own ``weights``' mean under
+        ``aggregator='mean'``, else the run's robust rule (:mod:`strategies.robust`), with ``reference`` the model the
+        server sent them (norm-bound's reference).  What the rule did goes into the round's ``robust`` entry as
+        ``group``."""
+        if self.settings.robust.aggregator == "mean":
+            return weighted_average(list(models), weights)
+        out, outcome = aggregate_states(models, weights, self.settings.robust, reference)
+        self._note_rule(group, clients, outcome)
+        return out
+
+    def average_rows(
+        self,
+        rows: np.ndarray,
+        weights: np.ndarray | None,
+        clients: list[int],
+        reference: np.ndarray | None = None,
+        group: str = "global",
+    ) -> np.ndarray:
+        """:meth:`average_models` on models flattened into the rows of a matrix (``weights`` None: uniform)."""
+        out, outcome = aggregate_rows(rows, weights, self.settings.robust, reference)
+        if outcome.rule != "mean":
+            self._note_rule(group, clients, outcome)
+        return out
+
+    def bound_model(
+        self, model: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], client: int, group: str = "client"
+    ) -> dict[str, np.ndarray]:
+        """``model`` as a method keeps it: unchanged, or under ``aggregator='norm-bound'`` within that L2 distance of
+        ``reference`` (FedC2I's forwarded models)."""
+        if self.settings.robust.aggregator != "norm-bound":
+            return {k: np.array(v) for k, v in model.items()}
+        bound = self.settings.robust.norm_bound
+        out, norm = bounded_model(model, reference, bound)
+        self._note_rule(group, [client], Outcome("norm-bound", 1, clipped=[0] if norm > bound else [], norms=[norm]))
+        return out
+
+    def _note_rule(self, group: str, clients: Sequence[int], outcome: Outcome) -> None:
+        """What the rule did with one average, by client id, into the round's ``robust`` history entry."""
+        if not self.history:
+            return
+        entry: dict[str, Any] = {"group": group, "rule": outcome.rule, "clients": [int(c) for c in clients]}
+        if outcome.selected is not None:
+            entry["selected"] = [int(clients[i]) for i in outcome.selected]
+        if outcome.clipped is not None:
+            entry["clipped"] = [int(clients[i]) for i in outcome.clipped]
+            entry["update-norms"] = [round(x, 6) for x in outcome.norms]
+        self.history[-1].extra.setdefault("robust", []).append(entry)

@@ -4,16 +4,16 @@ The base (``strategies/base.py``) holds the hooks a method overrides and the rou
 a method calls from them, each a thin front of one part: the shared model (:attr:`global_state`, the keys a
 reply releases), clients and sampling (the reply gate's client ids, :meth:`by_client`, :meth:`draw`,
 :meth:`cohort_size`), extra phases (:meth:`send_query`, :meth:`identify`, :meth:`receive`), the time a round's
-server work took, the run's aggregation rule wherever a method averages client models (:meth:`average_models`,
-:meth:`average_rows`, :meth:`bound_model`; docs/robustness.md), and the parts of a method's declaration of what its
-messages carry (:meth:`sends`, :meth:`model_part`, :meth:`config_part`; see :mod:`strategies.disclosure`).  Nothing
-here is overridden.
+server work took, the run's aggregation rule wherever a method averages client models (``average_models``,
+``average_rows``, ``bound_model``: :class:`strategies.robust.RobustAveraging`, docs/robustness.md), and the
+parts of a method's declaration of what its messages carry (:meth:`sends`, :meth:`model_part`,
+:meth:`config_part`; see :mod:`strategies.disclosure`).  Nothing here is overridden.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -26,10 +26,9 @@ from strategies.exchange import MessageExchange, wait_for_nodes
 from strategies.gate import ReplyGate, cohort_size
 from strategies.history import RoundLog, add_seconds, note_timing
 from strategies.replies import BASE, Arrays, Dim, Reply, ReplySpec
-from strategies.robust import Outcome, aggregate_rows, aggregate_states, bounded_model
+from strategies.robust import RobustAveraging
 from task.config import Settings
 from task.models import ModelInfo
-from task.params import weighted_average
 
 if TYPE_CHECKING:
     from flwr.app import ConfigRecord
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
 IDENTIFY = "identify"
 
 
-class StrategyServices:
+class StrategyServices(RobustAveraging):
     """The services of a personalized strategy (see the module docstring); the base provides the state below."""
 
     settings: Settings
@@ -161,60 +160,3 @@ class StrategyServices:
         admitted = self.gate.admit(server_round, phase, self.exchange.receive(server_round, phase, replies))
         note_timing(self.history, phase, self.exchange.account(server_round, phase, admitted))
         return [reply for _, reply in admitted]
-
-    # ------------------------------------------------------------------ averaging client models (docs/robustness.md)
-    def average_models(
-        self,
-        models: Sequence[Mapping[str, np.ndarray]],
-        weights: Sequence[float] | np.ndarray,
-        clients: Sequence[int],
-        reference: Mapping[str, np.ndarray] | None = None,
-        group: str = "global",
-    ) -> dict[str, np.ndarray]:
-        """The average of ``models`` (of ``clients``, one each) that a method builds: its own ``weights``' mean under
-        ``aggregator='mean'``, else the run's robust rule (:mod:`strategies.robust`), with ``reference`` the model the
-        server sent them (norm-bound's reference).  What the rule did goes into the round's ``robust`` entry as
-        ``group``."""
-        if self.settings.robust.aggregator == "mean":
-            return weighted_average(list(models), weights)
-        out, outcome = aggregate_states(models, weights, self.settings.robust, reference)
-        self._note_rule(group, clients, outcome)
-        return out
-
-    def average_rows(
-        self,
-        rows: np.ndarray,
-        weights: np.ndarray | None,
-        clients: list[int],
-        reference: np.ndarray | None = None,
-        group: str = "global",
-    ) -> np.ndarray:
-        """:meth:`average_models` on models flattened into the rows of a matrix (``weights`` None: uniform)."""
-        out, outcome = aggregate_rows(rows, weights, self.settings.robust, reference)
-        if outcome.rule != "mean":
-            self._note_rule(group, clients, outcome)
-        return out
-
-    def bound_model(
-        self, model: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], client: int, group: str = "client"
-    ) -> dict[str, np.ndarray]:
-        """``model`` as a method keeps it: unchanged, or under ``aggregator='norm-bound'`` within that L2 distance of
-        ``reference`` (FedC2I's forwarded models)."""
-        if self.settings.robust.aggregator != "norm-bound":
-            return {k: np.array(v) for k, v in model.items()}
-        bound = self.settings.robust.norm_bound
-        out, norm = bounded_model(model, reference, bound)
-        self._note_rule(group, [client], Outcome("norm-bound", 1, clipped=[0] if norm > bound else [], norms=[norm]))
-        return out
-
-    def _note_rule(self, group: str, clients: Sequence[int], outcome: Outcome) -> None:
-        """What the rule did with one average, by client id, into the round's ``robust`` history entry."""
-        if not self.history:
-            return
-        entry: dict[str, Any] = {"group": group, "rule": outcome.rule, "clients": [int(c) for c in clients]}
-        if outcome.selected is not None:
-            entry["selected"] = [int(clients[i]) for i in outcome.selected]
-        if outcome.clipped is not None:
-            entry["clipped"] = [int(clients[i]) for i in outcome.clipped]
-            entry["update-norms"] = [round(x, 6) for x in outcome.norms]
-        self.history[-1].extra.setdefault("robust", []).append(entry)
