@@ -1,33 +1,16 @@
-"""What every client method shares: settings, data, the model (built once per process), evaluation, saved
-models and the state a node keeps between rounds.
+"""What every client method shares: settings, data, the model (built once per process), training, evaluation and
+the handlers (docs/adding-a-method.md, step 4, tells how a method uses them).
 
-A handler reads like a recipe: ``model = self.reset_model()``; load what the message carries and what the
-node kept (:meth:`ClientMethod.load_state`); ``self.fit(model, ...)``; reply with ``self.reply(...)``.  Data
-and model are loaded once per process (cached by settings), not again in every handler: ``reset_model``
+A method overrides these hooks, and nothing else of the base: :meth:`ClientMethod.train` (the local update and its
+reply), :meth:`~ClientMethod.personal_model`, :meth:`~ClientMethod.global_model`,
+:meth:`~ClientMethod.evaluation_extras`, :meth:`~ClientMethod.test_split`, :meth:`~ClientMethod.query` (extra
+phases, ``query.<name>``), :meth:`~ClientMethod.release_reference` (local DP only) and ``newcomer_model``
+(client_app/newcomers.py).  Data and model are loaded once per process (cached by settings): ``reset_model``
 returns the process's one network, reset to the common initial weights.
 
-A method overrides these hooks, and nothing else of the base:
-
-- :meth:`ClientMethod.train` - the local update and its reply;
-- :meth:`ClientMethod.personal_model` - the model this client uses for its own predictions;
-- :meth:`ClientMethod.global_model` - the method's global model as this client sees it (if it has one);
-- :meth:`ClientMethod.evaluation_extras` - method-specific evaluation metrics;
-- :meth:`ClientMethod.test_split` - the data the personalized model is scored on (default: the test split;
-  with run-config ``evaluate-split='validation'`` the client's data holds its validation split there instead);
-- :meth:`ClientMethod.query` - extra phases (``query.<name>``);
-- :meth:`ClientMethod.newcomer_model` - the model the method gives a client that never took part in training
-  (run-config ``holdout-clients``; the base scores it and fine-tunes it, :meth:`ClientMethod.newcomer_evaluation`);
-- :meth:`ClientMethod.release_reference` - what a train reply's model is released against under local
-  differential privacy (only for a method that declares ``local``, docs/privacy.md); a query whose reply's model
-  leaves the same way is named in :attr:`ClientMethod.released_queries`.
-
-The base's :meth:`ClientMethod.evaluate` scores the personalized (and global) model, saves the personalized
-model when the server asks (``save-model``) and answers the same way when the evaluation rides on a train
-message (``evaluate`` in a train message's config: the model of the previous round, before local training).
-What a method keeps between rounds it declares in :attr:`ClientMethod.keeps` (name -> what it is), next to its
-logic; :meth:`ClientMethod.save_state` / :meth:`ClientMethod.load_state` refuse any other name.  Kept state
-lives in ``context.state`` and, when the node has a state folder (node config ``state-dir``, else the one the
-server names), on disk, so a restarted SuperNode or a resumed run picks up where it was.
+The base's parts live beside it: the state kept between rounds (``keeps``, ``load_state`` / ``save_state``:
+client_app/state.py), a held-out client's scores (client_app/newcomers.py) and the saved personalized model
+(client_app/saving.py).
 """
 
 from __future__ import annotations
@@ -35,13 +18,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import json
-import os
 import resource
-import tempfile
 import time
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -49,15 +28,17 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from torch import nn
 
+from client_app.newcomers import NewcomerScores
+from client_app.saving import ScoredModel
+from client_app.state import KeptState
 from task.attacks import backdoor_metrics
 from task.config import Settings, parse_settings
 from task.data import ClientData, load_client_data, load_local_file
 from task.data.clients import default_cache_dir
-from task.export import model_manifest, read_manifest, save_model
 from task.methods import NEWCOMER
 from task.models import SplitModel, body_keys, build_model, head_keys
-from task.params import contiguous, load_record, record_to_numpy, to_record
-from task.train import evaluate, norm_statistics, resolve_device, train
+from task.params import load_record
+from task.train import evaluate, resolve_device, train
 
 #: what :meth:`ClientMethod.global_model` returns when the personalized model is the global model
 SAME_AS_PERSONAL = object()
@@ -75,7 +56,7 @@ def _cached_model(
 MetricValue = int | float | list[int] | list[float]
 
 
-class ClientMethod:
+class ClientMethod(KeptState, NewcomerScores, ScoredModel):
     """Base of the client side of a method: a subclass implements :meth:`train` and overrides the evaluation
     hooks it needs (see the module docstring); the base's :meth:`evaluate` serves every method."""
 
@@ -115,7 +96,7 @@ class ClientMethod:
         self.seed = int(self.settings.seed) * 100_003 + self.partition_id
         self.timings: dict[str, float] = {}
 
-    # ---------------------------------------------------------------- model and state
+    # ---------------------------------------------------------------- model and messages
     def reset_model(self) -> SplitModel:
         """The process's model for these settings, reset to the common initial weights."""
         s = self.settings
@@ -131,78 +112,6 @@ class ClientMethod:
 
     def head_keys(self, model: nn.Module) -> list[str]:
         return head_keys(model)
-
-    # ---------------------------------------------------------------- state kept between rounds
-    def _state_dir(self) -> Path | None:
-        """``<state-dir>/<run-key>/client-<id>``: node config ``state-dir`` wins over the server's suggestion."""
-        config = getattr(self, "config", {})
-        base = str(self.context.node_config.get("state-dir", config.get("state-dir", "")))
-        key = str(config.get("run-key", ""))
-        return Path(base).expanduser() / key / f"client-{self.partition_id}" if base and key else None
-
-    def _kept(self, name: str) -> None:
-        if name not in self.keeps:
-            raise ValueError(
-                f"{type(self).__name__} keeps {sorted(self.keeps) or 'nothing'} between rounds, not {name!r}: "
-                "declare it in its 'keeps'"
-            )
-
-    def _state_files(self, folder: Path, name: str) -> dict[int, Path]:
-        """``round -> file`` of the state saved under ``name`` in ``folder`` (``<name>.round-<r>.safetensors``)."""
-        files = {}
-        for path in folder.glob(f"{name}.round-*.safetensors"):
-            tag = path.name[len(name) + len(".round-") : -len(".safetensors")]
-            if tag.isdigit():
-                files[int(tag)] = path
-        return files
-
-    def load_state(self, name: str) -> dict[str, np.ndarray] | None:
-        """Arrays this node saved under ``name`` (``context.state``, else the node's state folder), or None.
-
-        On disk, state is kept per round, and a message of round r reads the newest state saved before round r:
-        after a crash in the middle of round r (clients already trained and saved round r's state) the run
-        resumes from the server's checkpoint of an earlier round, and its clients must continue from the state
-        that matches that checkpoint, not from the round that was lost."""
-        self._kept(name)
-        if name in self.context.state.array_records:
-            return record_to_numpy(self.context.state.array_records[name])
-        folder = self._state_dir()
-        if folder is None or not folder.is_dir():
-            return None
-        current = int(self.config.get("server-round", 0))
-        earlier = {r: p for r, p in self._state_files(folder, name).items() if not current or r < current}
-        if not earlier:
-            return None
-        from safetensors.numpy import load_file
-
-        arrays = load_file(str(earlier[max(earlier)]))
-        self.context.state[name] = to_record(arrays)
-        return arrays
-
-    def save_state(self, name: str, state: Mapping[str, Any], keys: Iterable[str] | None = None) -> None:
-        """Keep ``state`` (restricted to ``keys``) for the next rounds, in ``context.state`` and on disk (one file
-        per round, written atomically).  The newest ``checkpoint-every + 1`` rounds are kept: the server resumes from
-        its last checkpoint, at most ``checkpoint-every`` rounds back."""
-        self._kept(name)
-        record = to_record(state, keys)
-        self.context.state[name] = record
-        folder = self._state_dir()
-        if folder is not None:
-            from safetensors.numpy import save_file
-
-            folder.mkdir(parents=True, exist_ok=True)
-            current = int(self.config.get("server-round", 0))
-            fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-            os.close(fd)
-            tmp = Path(tmp_name)
-            try:
-                save_file({k: contiguous(v) for k, v in record_to_numpy(record).items()}, tmp_name)
-                tmp.replace(folder / f"{name}.round-{current:05d}.safetensors")  # a crash leaves earlier rounds
-            finally:
-                tmp.unlink(missing_ok=True)
-            files = self._state_files(folder, name)
-            for r in sorted(files)[: -(max(self.settings.checkpoint_every, 1) + 1)]:
-                files[r].unlink(missing_ok=True)
 
     @staticmethod
     def message_arrays(content: RecordDict, key: str = "arrays") -> ArrayRecord | None:
@@ -317,35 +226,6 @@ class ClientMethod:
         metrics.update(self.evaluation_extras(content, model))
         return metrics
 
-    def own_norm_statistics(self, model: nn.Module) -> None:
-        """Under differential privacy, the model's BatchNorm statistics recomputed on this client's training split
-        before it is scored (and saved): central DP never sends them (they stay home), local DP's releases carry
-        them noised (without noise they are the clients' own, and kept as they are)."""
-        s = self.settings
-        if s.dp_mode == "central" or (s.dp_mode == "local" and s.dp_noise_multiplier > 0):
-            norm_statistics(model, self.data.x_train)
-
-    def save_personal_model(self, model: nn.Module, metrics: Mapping[str, Any]) -> Path | None:
-        """Write the personalized model (safetensors + manifest) to node config ``model-dir``, else the folder
-        the server names; with ``save-best`` only when it beats the model saved before."""
-        base = str(self.context.node_config.get("model-dir", self.config.get("model-dir", "")))
-        if not base:
-            return None
-        path = Path(base).expanduser() / f"client-{self.partition_id}"
-        if self.config.get("save-best") and path.with_suffix(".json").is_file():
-            try:
-                if read_manifest(path).get("personal-acc", -1.0) >= metrics["personal-acc"]:
-                    return None
-            except (ValueError, json.JSONDecodeError):
-                pass  # an unreadable manifest is replaced
-        manifest = model_manifest(
-            self.settings,
-            client=self.partition_id,
-            round=int(self.config.get("evaluate-round", self.server_round)),
-            **{"personal-acc": metrics["personal-acc"], "personal-loss": metrics["personal-loss"]},
-        )
-        return save_model(path, model.state_dict(), manifest)
-
     # ---------------------------------------------------------------- handlers
     # Handlers take and return a message's content (RecordDict); client_app.app wraps them in Messages,
     # so they can be unit-tested with a hand-built Context and RecordDict.
@@ -356,32 +236,6 @@ class ClientMethod:
         """The evaluate handler: the personalized model's (and the global model's) accuracy on the test split."""
         self.begin(content)
         return self.reply({**self.base_metrics(), **self.evaluation(content)})
-
-    # ---------------------------------------------------------------- a client that never trained (holdout-clients)
-    def newcomer_model(self, content: RecordDict) -> nn.Module:
-        """The model this method gives a client that never took part in training, from the ``query.newcomer``
-        message the server sends every held-out client after the last round (strategies/newcomers.py).  Default: the
-        personalized model built from the message as an evaluation builds it, which for a client with no state of
-        its own is the global model, or its own choice among the cluster or tier models the message brings."""
-        return self.personal_model(content)
-
-    def newcomer_evaluation(self, content: RecordDict) -> dict[str, MetricValue]:
-        """``newcomer-acc`` (and loss): the model :meth:`newcomer_model` gives on this client's test split;
-        ``newcomer-finetuned-acc`` (and loss): the same model after ``local-epochs`` of the run's local training on
-        this client's training split (every parameter, the run's optimiser), as a newcomer would adapt it.  Nothing
-        is kept: a held-out client never trains for the federation."""
-        x, y = self.test_split()
-        model = self.newcomer_model(content)
-        loss, acc = evaluate(model, x, y)
-        self.fit(model)
-        tuned_loss, tuned_acc = evaluate(model, x, y)
-        return {
-            "newcomer-acc": acc,
-            "newcomer-loss": loss,
-            "newcomer-finetuned-acc": tuned_acc,
-            "newcomer-finetuned-loss": tuned_loss,
-            "test-examples": len(y),
-        }
 
     def release_reference(self, content: RecordDict) -> dict[str, np.ndarray]:
         """Under ``dp-mode='local'``: the model the train reply's model (and the model of a reply to one of
