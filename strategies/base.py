@@ -1,17 +1,11 @@
 """The personalized base every strategy here stands on: the hooks a method overrides and the round loop.
 
-:class:`PersonalizedStrategy` is a ``flwr.serverapp.strategy.Strategy`` (Message API) composed of parts, each
-in its own module: the message exchange (:mod:`strategies.exchange`: push, pull, time-outs, each reply attributed
-to its node, the silent nodes, message timing, bytes), the reply gate (:mod:`strategies.gate`: every reply
-validated against its phase's reply spec or rejected, client ids bound by partition id, failures, nodes ordered
-and drawn by client id), the evaluation schedule
-(:mod:`strategies.schedule`: what rides on which message, when models are saved), the history
-(:mod:`strategies.history`) and persistence (:mod:`strategies.persistence`: the server's models, checkpoints,
-resume).  What a method calls besides its hooks (the shared model, clients and sampling, extra phases, the parts
-of its disclosure) is :class:`strategies.services.StrategyServices`.  Per-client state is keyed by **client id**
-(the ``partition-id`` a node reports), never by Flower's node id; when the server must choose among nodes it has
-not heard from yet it first asks them who they are (``query.identify``), so that a seed draws the same clients
-in every run.
+`PersonalizedStrategy` is a ``flwr.serverapp.strategy.Strategy`` (Message API) composed of parts, each in its own
+module (docs/adding-a-method.md, step 3, lists them; a method reaches them through
+:class:`strategies.services.StrategyServices`), and its checkpoint (:mod:`strategies.checkpointing`).  Per-client
+state is keyed by **client id** (the ``partition-id`` a node reports), never by Flower's node id; nodes the server
+has not heard from are asked who they are (``query.identify``) before it chooses among them, so that a seed draws
+the same clients in every run.
 
 Flower's contract.  :meth:`start` honours ``Strategy.start``: its arguments (``initial_arrays`` is the shared
 model the run starts from, ``timeout`` the wait for each phase's replies, ``train_config`` / ``evaluate_config``
@@ -22,17 +16,11 @@ keep Flower's signatures and use every argument: ``arrays`` is the shared model 
 Each node gets its own content from :meth:`payload`, which is where a personalized method differs from Flower's
 broadcast.
 
-A method overrides these hooks, and nothing else of the base: :meth:`shared_keys` (what the server aggregates
-and broadcasts), :meth:`reply_spec` (what a reply of a phase must carry, :mod:`strategies.replies`),
-:meth:`disclosure` (what every message type carries out of a client and into it, :mod:`strategies.disclosure`),
-:meth:`round_config` and :meth:`payload` (what one node receives), :meth:`prepare_round` (extra phases before
-the cohort is drawn), :meth:`wants_client_ids`, :meth:`sample` (the cohort), :meth:`local_releases` (under local
-DP, the most models a client releases in a round), :meth:`aggregate` (the valid train replies),
-:meth:`on_evaluated`, :meth:`on_round_end`, :meth:`newcomer_payloads` and :meth:`newcomer_receives` (what a
-held-out client gets after the last round, :mod:`strategies.newcomers`), :meth:`server_models` (its models),
-:meth:`clustering_outcome` (for the run's summary), :meth:`state` and :meth:`restore` (what a checkpoint holds of
-it).  Its files (JSON, PNG) are written beside it, in ``strategies/<method>_artifacts.py``, which its registry
-entry names.
+A method overrides the hooks of the first section below (``hooks for methods``: what the server aggregates and
+sends, what a reply must carry, what each message discloses, what one node receives, the cohort, the aggregation,
+what a held-out client gets, its models and its checkpoint state), and nothing else of the base
+(docs/adding-a-method.md, step 3, tabulates them).  Its files (JSON, PNG) are written beside it, in
+``strategies/<method>_artifacts.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +28,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -50,6 +37,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from strategies.attack_report import honest_metrics, with_attack_metrics
+from strategies.checkpointing import Checkpointing
 from strategies.disclosure import Disclosure, Part
 from strategies.exchange import MessageExchange, RunAborted
 from strategies.gate import ReplyGate, shared_model
@@ -62,7 +50,6 @@ from strategies.history import (
     train_metrics,
 )
 from strategies.newcomers import NEWCOMER_SPEC, Holdout, evaluate_newcomers, newcomer_disclosure
-from strategies.persistence import after_round, stop_if_asked
 from strategies.privacy import ServerPrivacy, central_aggregate, cohort_generator
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Reply, ReplySpec
 from strategies.schedule import EvaluationSchedule
@@ -77,7 +64,7 @@ __all__ = ["IDENTIFY", "PersonalizedStrategy", "Reply", "RunAborted", "log"]
 log = logging.getLogger("flwr.pflower")
 
 
-class PersonalizedStrategy(StrategyServices, Strategy):
+class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
     """Round loop, client identities and reply validation shared by all methods (see the module docstring)."""
 
     #: whether the server holds a global model whose accuracy clients report as ``global-acc``
@@ -243,30 +230,6 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         """Put back what :meth:`state` returned, into a strategy freshly built from the same settings."""
 
     # ------------------------------------------------------------------ Flower's Strategy API
-    def checkpoint_state(self) -> dict[str, Any]:
-        """What a checkpoint holds, as plain data: the base's part (history, each client's last evaluation, the
-        cohort generator's state, the global model, and each part's own ``state()``) and the method's."""
-        base = {"history": [asdict(r) for r in self.history], "client-eval": self.client_eval}
-        base |= {"rng": self.rng.getstate(), "global": self.global_state, "dp": self.dp.state()}
-        return {"base": base | self.gate.state() | self.schedule.state() | self.holdout.state(), "method": self.state()}
-
-    def resume(self, saved: Mapping[str, Any], rounds_done: int) -> None:
-        """Take back :meth:`checkpoint_state` (this strategy freshly built from the same settings) to continue after
-        round ``rounds_done``; node ids change between runs, so every node is asked who it is before the next round."""
-        base = saved["base"]
-        self.history = [RoundLog(**r) for r in base["history"]]
-        self.client_eval = dict(base["client-eval"])
-        rng = base["rng"]  # the generator's state; a checkpoint of an older format holds the generator itself
-        self.rng.setstate(rng if isinstance(rng, tuple) else rng.getstate())
-        self.global_state = base["global"]
-        self.gate.restore(base)
-        self.schedule.restore(base)
-        self.holdout.restore(base)
-        if "dp" in base:  # a checkpoint from before it existed: the settings' noise multiplier and clip bound
-            self.dp.restore(base["dp"], rounds_done)
-        self.restore(saved["method"])
-        self.rounds_done, self.identify_everyone = rounds_done, True
-
     def summary(self) -> None:
         s = self.settings
         log.info(
@@ -381,15 +344,6 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
 
     # ------------------------------------------------------------------ the round's pieces
-    def after_round(self, server_round: int) -> None:
-        """The server's models and the checkpoint when due (its seconds into the history), then ``stop-after``."""
-        models = self.server_models if self.schedule.saves_models(server_round) else None
-        last = self.schedule.last_round
-        seconds = after_round(self.results_dir, self.settings, server_round, last, models, self.checkpoint_state)
-        if seconds is not None:
-            self.history[-1].extra["checkpoint-seconds"] = seconds
-        stop_if_asked(self.settings, server_round, last, self.results_dir)
-
     def _messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int], phase: str, kind: str
     ) -> list[Message]:
