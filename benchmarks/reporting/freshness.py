@@ -3,11 +3,11 @@ in the commit it ran and in the code that runs now; otherwise it is *stale* and 
 
 A method's files come from the registry (``task.methods.METHODS``): its strategy module, its client module, the module
 of its options, its artefacts writer, and the method-math modules (``*_math``) these import.  Every method shares
-:data:`SHARED`: the training loop and models, the data (partitions, splits, domains), the client's base and handlers,
-and the server's round loop.  The comparison is ``git diff <record's commit> <now> -- <files>`` (now: the working
-tree, or a commit), so it needs the record's commit in the repository's history: a shallow clone lacks it and gets
-a clear message instead of a verdict.  ``python -m benchmarks.report --check`` refuses stale records; the grids
-script runs a stale record's run again.
+:data:`SHARED`: the training loop and models, the data (partitions, splits, domains), the client's base (with its
+parts: kept state, newcomers, saved models) and handlers, and the server's round loop and checkpoint.  The comparison is
+``git diff <record's commit> <now> -- <files>`` (now: the working tree, or a commit), so it needs the record's commit
+in the repository's history: a shallow clone lacks it and gets a clear message instead of a verdict.
+``python -m benchmarks.report --check`` refuses stale records; the grids script runs a stale record's run again.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ SHARED = (
     "task/models.py",
     "task/data",
     "client_app/base.py",
+    "client_app/state.py",
+    "client_app/newcomers.py",
+    "client_app/saving.py",
     "client_app/app.py",
     "strategies/base.py",
+    "strategies/checkpointing.py",
 )
 
 
