@@ -15,15 +15,38 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import REPO
 from .credentials import make_key, write_connections
 from .netns import holder_link, in_ns
 from .processes import ClusterError
 
-if TYPE_CHECKING:
-    from .cluster import Cluster
+
+class Cluster(Protocol):
+    """What the checks read of a running cluster (``cluster.Cluster``, which calls them; declared here so that the
+    checks import nothing of the cluster back)."""
+
+    args: Any  # the command line (nodes, rounds, netns, kill, refused_by, startup_timeout)
+    work: Path
+    certs: Path
+    keys: Path
+    report: dict[str, Any]
+    proxied: bool
+    superlink_port: int
+    superlink: Any  # processes.Proc, None before it starts
+    unregistered: Any  # processes.Proc, None unless the unregistered-node check runs
+    nginx: Any  # proxy.Nginx, when proxied
+    operator: Any  # netns.Link, when the operator has a namespace
+    node_ids: dict[int, int]
+
+    def event(self, what: str, **info: Any) -> None: ...
+    def fleet_address(self, k: int) -> str: ...
+    def control_address(self) -> str: ...
+    def flwr(self, *argv: str, timeout: float = 120.0, link: Any = None, home: Path | None = None) -> Any: ...
+    def list_nodes(self) -> list[dict[str, Any]]: ...
+    def list_runs(self) -> list[dict[str, Any]]: ...
+
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 PROBES = Path(__file__).resolve().parent / "probes.py"
