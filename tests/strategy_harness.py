@@ -296,9 +296,9 @@ def _bad_numbers(rule: Number) -> list[tuple[str, Any]]:
         ("-inf", float("-inf")),
         ("a list", [1.0, 2.0]),
         ("huge", 1e308 if rule.kind is float else 2**62),
-        # the next number above the maximum (adding 0.5 to a maximum as large as float32's would change nothing)
+        # the next number beyond each bound (adding or taking 1 at float32's limits would change nothing)
         ("above the maximum", rule.maximum + 1 if rule.kind is int else math.nextafter(rule.maximum, math.inf)),
-        ("below the minimum", rule.minimum - 1),
+        ("below the minimum", rule.minimum - 1 if rule.kind is int else math.nextafter(rule.minimum, -math.inf)),
     ]
     if rule.minimum >= 0:
         bad.append(("negative", -1e6 if rule.kind is float else -1))
