@@ -145,6 +145,12 @@ def test_a_bounded_model_moves_at_most_the_bound_from_its_reference():
     assert np.array_equal(same["w"], model["w"])
 
 
+def test_a_model_without_floating_arrays_is_kept_as_it_is_at_distance_zero():
+    """Integer arrays (counters) are never bounded: a model that holds only such arrays has moved nowhere."""
+    out, norm = bounded_model({"n": np.array(9), "m": np.array([1, 2])}, {"n": np.array(7), "m": np.array([0, 0])}, 1.0)
+    assert norm == 0.0 and int(out["n"]) == 9 and out["m"].tolist() == [1, 2]
+
+
 # ---------------------------------------------------------------------------------------------- robustness properties
 FINITE32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
 HONEST = st.floats(-1e3, 1e3, width=32)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from pathlib import Path
 
 from flwr.app import MetricRecord
 
@@ -127,3 +128,41 @@ def test_a_method_that_does_not_cluster_and_a_run_without_rounds_say_nothing_of_
     line, summary = summarise(never, aborted="gave up waiting for nodes")
     assert line.startswith("pflower cfl on digits/dirichlet: 0 rounds, 0 clients, personalized acc n/a")
     assert "clusters" not in summary and summary["aborted"] == "gave up waiting for nodes"
+
+
+# ------------------------------------------------------------------------------------ the clustering methods' artefacts
+def artefact(summary: dict, name: str) -> dict:
+    """A method's artefact in the results folder the run's summary names."""
+    return json.loads((Path(summary["results"]) / name).read_text())
+
+
+def test_cfl_writes_each_split_and_every_clients_cluster_to_cfl_clusters_json(tmp_path):
+    always = {"method": "cfl", "cfl-min-rounds": 1, "cfl-eps1": 1e9, "cfl-eps2": 0.0, "results-dir": str(tmp_path)}
+    strategy = drive(always)
+    _, summary = summarise(strategy)
+    info = artefact(summary, "cfl_clusters.json")
+    assert set(info) == {"splits", "assignment"}
+    # every client by its id, in the cluster the strategy sends it the model of
+    assert info["assignment"] == {str(c): strategy.cluster_of[c] for c in CLIENT_OF.values()}
+    assert len(set(info["assignment"].values())) == summary["clusters"] >= 2
+    # one entry per split: the round, the cluster split and the new one, and both halves' sizes
+    assert len(info["splits"]) == summary["clusters"] - 1
+    for split in info["splits"]:
+        assert split["round"] in (1, 2) and split["new-cluster"] in info["assignment"].values()
+        assert min(split["sizes"]) >= 1
+
+
+def test_ifca_writes_each_rounds_choices_and_tier_table_to_ifca_clusters_json(tmp_path):
+    two_source = {"partition": "two-source", "mixture": "10:90"}
+    cfg = {"method": "ifca", "tiers": 2, "results-dir": str(tmp_path), **two_source}
+    strategy = drive(cfg, rounds=2, edit=_ifca_choice(lambda r, c: (c + r) % 2))
+    _, summary = summarise(strategy)
+    info = artefact(summary, "ifca_clusters.json")
+    tables = "tier-table (accuracy of each cluster model on the source A / B holdouts)"
+    assert set(info) == {"choices", tables}
+    # each round by its number: every client's chosen cluster model, by client id
+    assert info["choices"] == {str(r): {str(c): (c + r) % 2 for c in CLIENT_OF.values()} for r in (1, 2)}
+    # each round's table: one row per cluster model, its accuracy on each source's holdout
+    assert set(info[tables]) == {"1", "2"}
+    for table in info[tables].values():
+        assert len(table) == 2 and all(0.0 <= acc <= 1.0 for row in table for acc in row.values())
