@@ -4,6 +4,7 @@ stay inside the range of the honest models coordinate by coordinate, and Multi-K
 from every honest one."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -134,6 +135,29 @@ def test_a_state_keeps_its_arrays_dtypes_and_shapes_and_integer_buffers_follow_t
     kept, outcome = aggregate_states(states, [1, 3, 1], rule("multi-krum", krum_byzantine=0.34, krum_select=2))
     assert outcome.selected == [0, 1]  # the distances count the floating arrays only
     assert np.allclose(kept["w"], 0.75) and int(kept["count"]) == round((3 + 3 * 5) / 4)
+
+
+def test_integer_buffers_follow_the_trimmed_mean_and_the_weighted_mean_of_every_model():
+    """A counter (BatchNorm's batches seen) is averaged the way the floating arrays are: the trimmed mean cuts the
+    same ends, the mean and norm bounding weigh every model by its weight (norm bounding clips floats only)."""
+    counts = (3, 5, 100, 7, 9)
+    states = [{"w": np.array([float(c)]), "count": np.array(c, np.int64)} for c in counts]
+    trimmed, _ = aggregate_states(states, None, rule("trimmed-mean", trim_fraction=0.2))
+    assert int(trimmed["count"]) == round((5 + 7 + 9) / 3) and trimmed["count"].dtype == np.int64
+    weights = [1, 1, 2, 0, 0]
+    mean, _ = aggregate_states(states, weights, rule("mean"))
+    assert int(mean["count"]) == round((3 + 5 + 2 * 100) / 4)
+    reference = {"w": np.zeros(1), "count": np.array(0, np.int64)}
+    bounded, outcome = aggregate_states(states, weights, rule("norm-bound", norm_bound=1.0), reference)
+    assert int(bounded["count"]) == round((3 + 5 + 2 * 100) / 4) and outcome.clipped
+
+
+@pytest.mark.parametrize("weights", [[1, 1], [1, -1, 1], [0, 0, 0], [[1, 1, 1]]])
+def test_weights_of_the_wrong_length_negative_or_summing_to_zero_are_refused_with_what_is_allowed(weights):
+    states = [{"w": np.zeros(2)} for _ in range(3)]
+    message = "need 3 non-negative weights with a positive sum, got " + str(weights)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        aggregate_states(states, weights, rule("mean"))
 
 
 def test_a_bounded_model_moves_at_most_the_bound_from_its_reference():
