@@ -5,6 +5,7 @@ from every honest one."""
 
 import math
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -119,9 +120,66 @@ def test_norm_bound_clips_every_update_to_the_bound_and_averages_the_clipped_upd
     assert outcome.norms == pytest.approx(norms) and outcome.clipped == [i for i, x in enumerate(norms) if x > bound]
 
 
+def exactly(message: str) -> str:
+    """A ``pytest.raises`` pattern that matches the whole message and nothing else."""
+    return "^" + re.escape(message) + "$"
+
+
 def test_norm_bound_needs_the_model_the_server_sent():
-    with pytest.raises(ValueError, match="norm-bound needs the model the server sent"):
+    message = exactly("norm-bound needs the model the server sent (the reference of the updates)")
+    with pytest.raises(ValueError, match=message):
         aggregate_rows(np.ones((2, 3)), None, rule("norm-bound"))
+    with pytest.raises(ValueError, match=message):
+        aggregate_states([{"w": np.ones(3)}, {"w": np.zeros(3)}], None, rule("norm-bound"))
+
+
+def test_an_empty_aggregate_and_an_unknown_rule_are_refused_with_what_was_wrong():
+    with pytest.raises(ValueError, match=exactly("an aggregate needs at least one model")):
+        aggregate_rows(np.zeros((0, 3)), None, rule("median"))
+    with pytest.raises(ValueError, match=exactly("an aggregate needs at least one model")):
+        aggregate_states([], None, rule("median"))
+    with pytest.raises(ValueError, match=exactly("unknown aggregator 'krum'")):
+        aggregate_rows(np.ones((2, 3)), None, SimpleNamespace(aggregator="krum"))
+
+
+@pytest.mark.parametrize("name", ["mean", "median", "trimmed-mean", "multi-krum", "norm-bound"])
+def test_every_rule_computes_in_float64_whatever_the_models_dtype(name):
+    """float32 models (what clients send) are averaged in float64: the rows come back float64 and equal to the rule
+    on the same values given as float64, and the outcome counts the models."""
+    rows32 = np.array([[1.0, 3.0], [1.0000001, 3.0000002], [1.0000002, 3.0000005], [1.0000004, 2.9999998]], np.float32)
+    options = rule(name, trim_fraction=0.25, krum_byzantine=0.25, norm_bound=1e-7)
+    reference = np.array([1.0, 3.0], np.float32)
+    out, outcome = aggregate_rows(rows32, [1, 2, 3, 4], options, reference)
+    expected, _ = aggregate_rows(rows32.astype(np.float64), [1, 2, 3, 4], options, reference.astype(np.float64))
+    assert out.dtype == np.float64 and np.array_equal(out, expected)
+    assert outcome.n == 4
+
+
+def test_integer_arrays_count_in_no_distance_or_norm():
+    """A counter that differs by thousands between clients neither makes an update long nor a model far."""
+    states = [{"w": np.array([0.1 * i, 0.0]), "count": np.array(1000 * i, np.int64)} for i in range(4)]
+    reference = {"w": np.zeros(2), "count": np.array(0, np.int64)}
+    _, outcome = aggregate_states(states, None, rule("norm-bound", norm_bound=1.0), reference)
+    assert outcome.norms == pytest.approx([0.0, 0.1, 0.2, 0.3]) and outcome.clipped == []
+    states[0]["w"] = np.array([50.0, 50.0])
+    _, outcome = aggregate_states(states, None, rule("multi-krum", krum_byzantine=0.25, krum_select=3))
+    assert outcome.selected == [1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["mean", "median", "norm-bound"])
+def test_a_model_of_integer_arrays_only_is_aggregated_by_the_rule(name):
+    """No floating array at all (nothing to measure a distance on): each integer array still follows the rule."""
+    states = [{"count": np.array([c, 2 * c], np.int64)} for c in (1, 3, 20)]
+    reference = {"count": np.array([0, 0], np.int64)}
+    out, _ = aggregate_states(states, [1, 1, 2], rule(name), reference)
+    expected = [3, 6] if name == "median" else [round((1 + 3 + 40) / 4), round((2 + 6 + 80) / 4)]
+    assert out["count"].dtype == np.int64 and out["count"].tolist() == expected
+
+
+def test_the_median_of_integer_arrays_is_taken_element_by_element():
+    states = [{"w": np.zeros(1), "counts": np.array(c, np.int64)} for c in ([1, 50], [2, 60], [90, 3])]
+    out, _ = aggregate_states(states, None, rule("median"))
+    assert out["counts"].tolist() == [2, 50]
 
 
 def test_a_state_keeps_its_arrays_dtypes_and_shapes_and_integer_buffers_follow_the_rule():

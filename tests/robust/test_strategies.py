@@ -8,6 +8,7 @@ import pytest
 from strategies.base import PersonalizedStrategy
 from strategies.gate import Reply
 from strategies.history import RoundLog
+from strategies.robust import RobustAveraging
 from task.config import parse_settings
 from task.params import weighted_average
 from tests.in_process import run_in_process
@@ -75,3 +76,61 @@ def test_every_average_of_client_models_goes_through_the_runs_rule(tmp_path, met
     assert all(e["rule"] == rule for r in strategy.history for e in r.extra.get("robust", []))
     assert all(recorded), f"a round averaged without the rule: {recorded}"
     assert not strategy.failures
+
+
+class Averaging(RobustAveraging):
+    """The rule's mixin on its own: the run's settings and a history with one round."""
+
+    def __init__(self, **keys):
+        self.settings = parse_settings({"method": "fedavg", **keys})
+        self.history = [RoundLog(1)]
+
+    @property
+    def entries(self):
+        return self.history[-1].extra.get("robust", [])
+
+
+def test_averaging_rows_uses_the_methods_weights_and_the_model_sent_and_records_the_rule_by_client_id():
+    rows = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 3.0], [90.0, 90.0]])
+    krum = Averaging(aggregator="multi-krum", **{"krum-byzantine": 0.25, "krum-select": 3})
+    out = krum.average_rows(rows, np.array([1.0, 2.0, 1.0, 1.0]), [7, 8, 9, 10], group="cluster 1")
+    assert np.allclose(out, (rows[0] + 2 * rows[1] + rows[2]) / 4)
+    assert krum.entries == [
+        {"group": "cluster 1", "rule": "multi-krum", "clients": [7, 8, 9, 10], "selected": [7, 8, 9]}
+    ]
+    bound = Averaging(aggregator="norm-bound", **{"norm-bound": 2.0})
+    reference = np.array([1.0, 1.0])
+    out = bound.average_rows(rows[:2], None, [4, 5], reference=reference)
+    assert np.allclose(out, reference + (np.array([-1.0, -1.0]) + np.array([0.0, -1.0])) / 2)
+    [entry] = bound.entries
+    assert entry["clipped"] == [] and entry["update-norms"] == [round(2**0.5, 6), 1.0]
+
+
+def test_averaging_rows_under_the_mean_is_the_weighted_mean_and_records_nothing():
+    mean = Averaging()
+    out = mean.average_rows(np.array([[0.0], [4.0]]), np.array([3.0, 1.0]), [0, 1])
+    assert np.allclose(out, [1.0]) and mean.entries == []
+
+
+def test_a_bounded_model_is_recorded_with_its_distance_and_whether_it_was_clipped():
+    reference = {"w": np.zeros(2)}
+    over = Averaging(aggregator="norm-bound", **{"norm-bound": 1.0})
+    out = over.bound_model({"w": np.array([1 / 3, 1.0])}, reference, client=6)
+    assert np.allclose(np.linalg.norm(out["w"]), 1.0)
+    distance = float(np.hypot(1 / 3, 1.0))
+    assert over.entries == [
+        {"group": "client", "rule": "norm-bound", "clients": [6], "clipped": [6], "update-norms": [round(distance, 6)]}
+    ]
+    at = Averaging(aggregator="norm-bound", **{"norm-bound": 5.0})
+    at.bound_model({"w": np.array([3.0, 4.0])}, reference, client=2, group="client 2")
+    under = Averaging(aggregator="norm-bound", **{"norm-bound": 5.0})
+    under.bound_model({"w": np.array([0.3, 0.4])}, reference, client=3)
+    assert at.entries[0]["clipped"] == [] and at.entries[0]["group"] == "client 2"
+    assert under.entries[0]["clipped"] == [] and under.entries[0]["update-norms"] == [0.5]
+
+
+def test_a_model_is_kept_unchanged_without_norm_bounding():
+    keep = Averaging(aggregator="median")
+    model = {"w": np.array([30.0, 40.0])}
+    out = keep.bound_model(model, {"w": np.zeros(2)}, client=1)
+    assert np.array_equal(out["w"], model["w"]) and out["w"] is not model["w"] and keep.entries == []
