@@ -8,7 +8,7 @@ import pytest
 from flwr.app import MetricRecord, RecordDict
 
 from strategies.gate import parse_reply
-from strategies.message_timing import breakdown, summarize
+from strategies.message_timing import FRESH_SLACK, breakdown, summarize
 from strategies.replies import BASE, InvalidReply
 
 STAMPS = {
@@ -108,3 +108,26 @@ def test_every_phase_of_a_round_with_real_clients_says_where_its_messages_time_w
         for row in timing.values():
             assert row["messages"] == NODES
             assert 0 <= row["work"] <= row["total"]
+
+
+def test_a_process_started_within_the_slack_before_the_push_counts_as_started_for_the_message():
+    """/proc's clock ticks are coarse: a process stamped up to FRESH_SLACK before the push was still started for it
+    (a fresh process's start-up is split off), and one started earlier was already running."""
+    pushed = 100.5
+    for proc in (pushed - FRESH_SLACK, pushed - FRESH_SLACK / 5):
+        row = breakdown(pushed, {**STAMPS, "process-start": proc}, None)
+        assert row["dispatch"] == proc - pushed and row["start-up"] == STAMPS["app-import"] - proc
+    before = breakdown(pushed, {**STAMPS, "process-start": pushed - 2 * FRESH_SLACK}, None)
+    assert "start-up" not in before and before["dispatch"] == STAMPS["handler-start"] - pushed
+
+
+def test_without_a_set_up_stamp_the_whole_handler_is_work_and_half_a_handler_says_nothing():
+    stamps = {"handler-start": 10.0, "handler-end": 12.5}
+    assert breakdown(9.0, stamps, 13.0) == {"dispatch": 1.0, "work": 2.5, "return": 0.5, "total": 4.0}
+    assert breakdown(9.0, {"handler-start": 10.0}, 13.0) == {}
+    assert breakdown(9.0, {"handler-end": 12.5}, 13.0) == {}
+
+
+def test_the_handler_sum_counts_set_up_and_work_where_a_message_has_them():
+    rows = [{"work": 2.0}, {"setup": 0.5}, {"dispatch": 1.0}, {"setup": 0.25, "work": 1.0}]
+    assert summarize(rows)["handler-sum"] == 2.0 + 0.5 + 0.25 + 1.0
