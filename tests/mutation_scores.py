@@ -9,6 +9,8 @@ equivalent mutants, ``docs/mutation/equivalent.csv``; no score in the README is 
     python tests/mutation_scores.py table            # rewrites the table in docs/mutation/README.md
     python tests/mutation_scores.py table --check    # exit 1 if the README's table is not what the files give
     python tests/mutation_scores.py list [--status survived ...]   # every mutant: name, status, commit
+    python tests/mutation_scores.py stale [--check]  # verdicts whose function changed since the commit they name
+    python tests/mutation_scores.py stale --drop     # drop them, and count every module's mutants in today's code
 
 ``collect`` records, for each mutant mutmut has a verdict for (optionally only those matching the globs), its
 status and the commit of the tree it was run on; it also records every module's mutant count so that the
@@ -25,16 +27,19 @@ has a reason in equivalent.csv, and one listed there that a test now kills is re
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import fcntl
 import fnmatch
 import json
 import re
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
-FOLDER = Path(__file__).resolve().parents[1] / "docs" / "mutation"
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = ROOT / "docs" / "mutation"
 RESULTS = FOLDER / "verdicts.json"
 EQUIVALENT = FOLDER / "equivalent.csv"
 DOC = FOLDER / "README.md"
@@ -198,6 +203,116 @@ def collect(mutants_dir: Path, commit: str, only: list[str], path: Path = RESULT
     return added, counted
 
 
+def function_sources(source: str) -> dict[str, str]:
+    """Each function mutmut mutates (``x_name`` for a module's function, ``xǁClassǁname`` for a method, as in its
+    mutant names) as normalised code: docstrings, comments and type annotations out, one layout.  mutmut mutates none
+    of these, so two versions with the same normalised code have the same mutants under the same numbers."""
+
+    class Unannotated(ast.NodeTransformer):
+        def visit_arg(self, node: ast.arg) -> ast.arg:
+            node.annotation = None
+            return node
+
+        def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+            if node.value is None:
+                return ast.Pass()
+            return ast.Assign(targets=[node.target], value=self.visit(node.value), lineno=node.lineno)
+
+    def normalised(node: ast.AST) -> str:
+        node = Unannotated().visit(ast.parse(ast.unparse(node)).body[0])
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+        for n in ast.walk(node):
+            body = getattr(n, "body", None)
+            if (
+                isinstance(body, list)
+                and body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                n.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
+        return ast.unparse(node)
+
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out[f"x_{node.name}"] = normalised(node)
+        elif isinstance(node, ast.ClassDef):
+            for sub in node.body:
+                if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    out[f"xǁ{node.name}ǁ{sub.name}"] = normalised(sub)
+    return out
+
+
+def stale(data: dict, root: Path = ROOT) -> tuple[dict[str, str], list[str]]:
+    """The recorded verdicts that no longer describe today's code: {mutant: why} for each whose function's code at the
+    commit the verdict names differs from the working tree's (or is gone), and the commits git does not have (a
+    shallow clone), whose verdicts cannot be checked."""
+    at: dict[tuple[str, str], dict[str, str] | None] = {}
+    now: dict[str, dict[str, str]] = {}
+    out, missing = {}, set()
+    for name, rec in data["mutants"].items():
+        module, commit = rec["module"], rec["commit"]
+        if module not in now:
+            path = root / module
+            now[module] = function_sources(path.read_text()) if path.exists() else {}
+        if (commit, module) not in at:
+            shown = subprocess.run(
+                ["git", "-C", str(root), "show", f"{commit}:{module}"], capture_output=True, text=True, check=False
+            )
+            at[commit, module] = function_sources(shown.stdout) if shown.returncode == 0 else None
+        then = at[commit, module]
+        if then is None:
+            missing.add(commit)
+            continue
+        function = name[len(module[: -len(".py")].replace("/", ".")) + 1 :].rsplit("__mutmut_", 1)[0]
+        if function not in now[module]:
+            out[name] = f"{function} is no longer in {module}"
+        elif then.get(function) != now[module][function]:
+            out[name] = f"{function} changed since {commit}"
+    return out, sorted(missing)
+
+
+def todays_mutants(modules: list[str], root: Path = ROOT) -> dict[str, list[str]]:
+    """Every mutant mutmut makes of each module today (its names, generated the way ``mutmut run`` does; run from the
+    repository root, whose pyproject.toml holds mutmut's configuration)."""
+    import mutmut.__main__ as mm  # mutmut reads its configuration when imported
+
+    out: dict[str, list[str]] = {}
+    for module in modules:
+        path = root / module
+        if not path.exists():
+            out[module] = []
+            continue
+        prefix = module[: -len(".py")].replace("/", ".") + "."
+        names = mm.mutate_file_contents(module, path.read_text()).mutant_names
+        out[module] = [n if n.startswith(prefix) else prefix + n for n in names]
+    return out
+
+
+def drop_stale(path: Path = RESULTS, root: Path = ROOT) -> tuple[int, int]:
+    """Drop every verdict that no longer describes today's code (:func:`stale`, and any for a mutant today's code does
+    not have) and set each module's mutant count to today's, so that the table counts what was never run on today's
+    code as not run.  Returns (verdicts dropped, verdicts kept)."""
+    with path.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load(path)
+        old, missing = stale(data, root)
+        if missing:
+            raise SystemExit(f"git does not have {', '.join(missing)}: fetch the history (git fetch --unshallow) first")
+        today = todays_mutants(sorted(data["modules"]), root)
+        names = {n for ns in today.values() for n in ns}
+        gone = [n for n in data["mutants"] if n in old or n not in names]
+        for n in gone:
+            del data["mutants"][n]
+        data["modules"] = {m: len(today[m]) for m in sorted(data["modules"])}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(compact(data), indent=1, ensure_ascii=False) + "\n")
+        tmp.replace(path)
+    return len(gone), len(data["mutants"])
+
+
 def equivalents(path: Path = EQUIVALENT) -> dict[str, tuple[str, str]]:
     if not path.exists():
         return {}
@@ -350,11 +465,27 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--check", action="store_true")
     li = sub.add_parser("list", help="every recorded mutant: name, status, commit (one a line)")
     li.add_argument("--status", nargs="*", default=[], help="only these statuses (e.g. survived timeout)")
+    st = sub.add_parser("stale", help="verdicts whose function changed since the commit they were run on")
+    st.add_argument("--check", action="store_true", help="exit 1 if there is any")
+    st.add_argument("--drop", action="store_true", help="drop them and count each module's mutants in today's code")
     args = ap.parse_args(argv)
     if args.cmd == "collect":
         added, modules = collect(args.mutants_dir, args.commit, args.only)
         print(f"collected {added} verdicts from {modules} modules into {RESULTS}")
         return 0
+    if args.cmd == "stale" and args.drop:
+        dropped, kept = drop_stale()
+        print(f"dropped {dropped} verdicts of code that has since changed; {kept} kept")
+        return 0
+    if args.cmd == "stale":
+        old, missing = stale(load())
+        per = Counter(why for why in old.values())
+        for why, n in sorted(per.items()):
+            print(f"{n:5d}  {why}")
+        if missing:
+            print("commits git does not have (their verdicts were not checked):", ", ".join(missing))
+        print(f"{len(old)} of {len(load()['mutants'])} verdicts describe code that has since changed")
+        return 1 if args.check and (old or missing) else 0
     if args.cmd == "list":
         for name, rec in load()["mutants"].items():
             if not args.status or rec["status"] in args.status:

@@ -153,6 +153,9 @@ def test_artefacts_of_a_run_without_an_evaluated_round_or_domains(tmp_path, monk
     strat.history[0].evaluate["global-acc"] = 0.0
     write_artifacts(strat, tmp_path)
     assert json.loads((tmp_path / "client2vec.json").read_text())["best-global-acc"] == 0.0
+    strat.history.clear()  # a run stopped before any round was recorded: no best accuracy either
+    write_artifacts(strat, tmp_path)
+    assert json.loads((tmp_path / "client2vec.json").read_text())["best-global-acc"] is None
     for fig in figures[1:]:
         plt.close(fig)
 
