@@ -59,9 +59,13 @@ def message_with_broken_statistics(client):
     return RecordDict({"arrays": to_record(state), "config": ConfigRecord({"server-round": 2})})
 
 
-@pytest.mark.parametrize("mode,noise", [("central", 1.0), ("central", 0.0), ("local", 1.0)])
-def test_under_dp_a_client_scores_models_with_statistics_of_its_own_data(mode, noise):
-    method = "fedavg" if mode == "central" else "pfedlia"
+@pytest.mark.parametrize(
+    "method,mode,noise",
+    [("fedavg", "central", 1.0), ("fedavg", "central", 0.0), ("pfedlia", "local", 1.0), ("fedrod", "central", 1.0)],
+)
+def test_under_dp_a_client_scores_models_with_statistics_of_its_own_data(method, mode, noise):
+    """The personalized model, and a global model of the method's own (FedRoD's), both scored on this client's
+    statistics."""
     client = users_client(method, **{"dp-mode": mode, "dp-noise-multiplier": noise})
     content = message_with_broken_statistics(client)
     client.begin(content)
@@ -71,6 +75,12 @@ def test_under_dp_a_client_scores_models_with_statistics_of_its_own_data(mode, n
     expected_loss, expected_acc = evaluate(model, client.data.x_test, client.data.y_test)
     assert metrics["personal-loss"] == pytest.approx(expected_loss) and metrics["personal-acc"] == expected_acc
     assert math.isfinite(metrics["personal-loss"]) and metrics["personal-loss"] < 100
+    glob = client.global_model(content, client.personal_model(content))
+    if method == "fedrod":  # a global model of its own, scored the same way
+        assert isinstance(glob, nn.Module)
+        norm_statistics(glob, client.data.x_train)
+        expected_loss, expected_acc = evaluate(glob, client.data.x_test, client.data.y_test)
+        assert metrics["global-loss"] == pytest.approx(expected_loss) and metrics["global-acc"] == expected_acc
 
 
 @pytest.mark.parametrize("cfg", [{}, {"dp-mode": "local", "dp-noise-multiplier": 0.0}])
