@@ -364,7 +364,8 @@ def table(data: dict, equiv: dict[str, tuple[str, str]]) -> tuple[str, list[str]
     for module in sorted(per):
         c = per[module]
         total = data["modules"].get(module, c["run"])
-        if not c["run"]:
+        if not c["run"]:  # no row (listed under "Not run at all"), but its mutants count in the total
+            totals["total"] += total
             continue
         scored = c["run"] - c["equivalent"] - c["import-time"]
         score = f"{100 * c['caught'] / scored:.1f}%" if scored else "-"

@@ -69,6 +69,11 @@ def test_scores_count_verdicts_and_leave_equivalents_out(tmp_path):
     assert row["timeout / crash"] == "1"  # the timeout counts as caught, and is shown apart
     assert f"`{m}.x_f__mutmut_6`" in text and f"`{m}.x_f__mutmut_5` | equivalent" in text
     assert stale == [] and "`0123456789ab`" in text
+    data["modules"]["strategies/never.py"] = 5  # a module none of whose mutants has a verdict of today's code
+    text, _ = ms.table(data, equiv)
+    total = _row(text, "**all of the above**")
+    assert (total["mutants"], total["not run"], total["run"]) == ("13", "6", "7")
+    assert "Not run at all: `strategies/never.py` (5)" in text
 
 
 def test_an_equivalent_that_a_test_kills_is_reported_stale(tmp_path):
