@@ -162,6 +162,18 @@ def expand(stored: dict) -> dict:
     return {"modules": dict(stored["modules"]), "mutants": dict(sorted(mutants.items()))}
 
 
+def _save(data: dict, path: Path) -> None:
+    """Write ``data`` compactly to ``path`` in one step (a reader never sees half a file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(compact(data), indent=1, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def _dotted(module: str) -> str:
+    """A module's path as the prefix of its mutant names: ``strategies/robust.py`` -> ``strategies.robust``."""
+    return module[: -len(".py")].replace("/", ".")
+
+
 def load(path: Path = RESULTS) -> dict:
     if path.exists():
         return expand(json.loads(path.read_text()))
@@ -197,9 +209,7 @@ def collect(mutants_dir: Path, commit: str, only: list[str], path: Path = RESULT
             counted += 1
         data["mutants"] = dict(sorted(data["mutants"].items()))
         data["modules"] = dict(sorted(data["modules"].items()))
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(compact(data), indent=1, ensure_ascii=False) + "\n")
-        tmp.replace(path)
+        _save(data, path)
     return added, counted
 
 
@@ -266,7 +276,7 @@ def stale(data: dict, root: Path = ROOT) -> tuple[dict[str, str], list[str]]:
         if then is None:
             missing.add(commit)
             continue
-        function = name[len(module[: -len(".py")].replace("/", ".")) + 1 :].rsplit("__mutmut_", 1)[0]
+        function = name[len(_dotted(module)) + 1 :].rsplit("__mutmut_", 1)[0]
         if function not in now[module]:
             out[name] = f"{function} is no longer in {module}"
         elif then.get(function) != now[module][function]:
@@ -285,7 +295,7 @@ def todays_mutants(modules: list[str], root: Path = ROOT) -> dict[str, list[str]
         if not path.exists():
             out[module] = []
             continue
-        prefix = module[: -len(".py")].replace("/", ".") + "."
+        prefix = _dotted(module) + "."
         names = mm.mutate_file_contents(module, path.read_text()).mutant_names
         out[module] = [n if n.startswith(prefix) else prefix + n for n in names]
     return out
@@ -307,9 +317,7 @@ def drop_stale(path: Path = RESULTS, root: Path = ROOT) -> tuple[int, int]:
         for n in gone:
             del data["mutants"][n]
         data["modules"] = {m: len(today[m]) for m in sorted(data["modules"])}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(compact(data), indent=1, ensure_ascii=False) + "\n")
-        tmp.replace(path)
+        _save(data, path)
     return len(gone), len(data["mutants"])
 
 
@@ -479,13 +487,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dropped {dropped} verdicts of code that has since changed; {kept} kept")
         return 0
     if args.cmd == "stale":
-        old, missing = stale(load())
+        data = load()
+        old, missing = stale(data)
         per = Counter(why for why in old.values())
         for why, n in sorted(per.items()):
             print(f"{n:5d}  {why}")
         if missing:
             print("commits git does not have (their verdicts were not checked):", ", ".join(missing))
-        print(f"{len(old)} of {len(load()['mutants'])} verdicts describe code that has since changed")
+        print(f"{len(old)} of {len(data['mutants'])} verdicts describe code that has since changed")
         return 1 if args.check and (old or missing) else 0
     if args.cmd == "list":
         for name, rec in load()["mutants"].items():
