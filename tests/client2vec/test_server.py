@@ -4,6 +4,8 @@ from what the clients sent: Eq. 1 cohorts and Eq. 3 aggregation on the collected
 the paired arms, and the same draws whatever Flower's node ids.  The math alone is in test_sampling_and_weights.py,
 the index phase in test_index_phase.py, the artefacts in test_artifacts.py."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -111,6 +113,18 @@ def test_cohorts_and_aggregation_weights_follow_eq1_and_eq3_on_the_collected_ind
         assert [int(c["metrics"]["partition-id"]) for c in updates] == rows.tolist()
         model = {k: sum(w * arrays(c)[k].astype(np.float64) for w, c in zip(p, updates, strict=False)) for k in model}
     assert_state_close(strat.global_state, model)
+
+    # a strategy restored from this one's checkpointed state goes on under the same c2v-tau, c2v-gamma, c2v-lambda1
+    restored = c2v(**{"fraction-train": 0.34, "c2v-tau": tau, "c2v-gamma": gamma, "c2v-lambda1": lam, "seed": seed})
+    restored.restore(copy.deepcopy(strat.state()))
+    going_on, resumed = strat.c2v, restored.c2v
+    np.testing.assert_array_equal(resumed.probabilities(rounds + 1), going_on.probabilities(rounds + 1))
+    rows = going_on.sample(rounds + 1, 2, use_index=True)
+    np.testing.assert_array_equal(resumed.sample(rounds + 1, 2, use_index=True), rows)
+    going_on.observe(rows)
+    resumed.observe(rows)
+    np.testing.assert_array_equal(resumed.H, going_on.H)
+    np.testing.assert_array_equal(resumed.weights(rows, use_index=True), going_on.weights(rows, use_index=True))
 
 
 def test_the_cohort_is_drawn_among_the_connected_clients_only_and_sized_by_them():
@@ -266,3 +280,18 @@ def test_a_seed_draws_the_same_clients_whatever_flowers_node_ids():
     full_b, index_full_b = _cohorts_and_index("+i+ii+iii", second)
     assert full_a == full_b and index_full_a == index_full_b
     assert all(len(c) == 3 for c in cohorts_a.values())
+
+
+@pytest.mark.parametrize("change", ["drop", "add"])
+def test_a_checkpoint_whose_dsa_ign_lacks_or_adds_a_tensor_is_refused(change):
+    """A resume restores the DSA-IGN that indexed the clients, all of it: a checkpoint missing one of its tensors
+    (or holding one it does not have) is refused rather than resumed with that tensor freshly initialised."""
+    state = c2v().state()
+    ign = dict(state["ign"])
+    key = min(ign)
+    if change == "drop":
+        del ign[key]
+    else:
+        ign["extra.weight"] = ign[key]
+    with pytest.raises(ValueError, match="lacks 1 model keys" if change == "drop" else "not a parameter"):
+        c2v().restore({**state, "ign": ign})

@@ -55,6 +55,25 @@ def test_w_bar_is_the_uniform_or_example_weighted_mean_as_configured(weighting, 
         np.testing.assert_allclose(strat.global_state[k], expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("aggregator", ["mean", "median"])
+def test_the_global_and_customized_models_keep_the_models_dtype(aggregator):
+    """Eq. 9 and Eq. 10 (or the run's robust rule) are computed over float32 rows; the models the server keeps and
+    sends are the model's own dtype, not a float64 copy twice the size on the wire."""
+    strat, _ = strategy_round(aggregator=aggregator)
+    for k in strat.param_keys:
+        assert strat.global_state[k].dtype == strat.initial_state[k].dtype == np.float32, k
+        assert {m[k].dtype for m in strat.custom.values()} == {np.dtype(np.float32)}, k
+
+
+def test_with_a_sampled_cohort_the_customized_models_are_the_last_cohorts():
+    """``fraction-train`` < 1: the nodes are identified before round 1 and each round draws two of three; the round's
+    customized models (Eq. 10) are its participants' only."""
+    strat, _ = strategy_round(rounds=3, n=3, **{"fraction-train": 0.67})
+    assert strat.custom_round == 3
+    participants = strat.history[-1].extra["fedcac"]["collaborators"]  # one entry per participant
+    assert len(participants) == 2 and sorted(strat.custom) == sorted(participants)
+
+
 @pytest.mark.parametrize("strict, expected", [(True, 0), (False, 1)])
 def test_the_strict_beta_cutoff_option_reaches_the_collaborator_sets(strict, expected):
     """fedcac.md §2.6 / §6.8: with all-ones masks (tau = 1) O_avg = O_max, so without the strict cutoff the clients

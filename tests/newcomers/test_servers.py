@@ -100,3 +100,64 @@ def test_fedc2i_gives_a_newcomer_the_initial_model_first_then_the_stored_models_
     assert list(sent.content["peer-clients"]["num-examples"]) == [s.sizes[c] for c in ids]
     for k in s.model_info.keys:
         np.testing.assert_array_equal(peers[k], np.stack([s.initial_state[k], *(s.store[c][k] for c in ids)]))
+
+
+# A newcomer the late-joiner path cannot place gets theta_0 (pfedlia.md §2.8's start model), and one newcomer that
+# cannot be placed does not keep the others from theirs.
+THETA0 = fedavg(CLIENTS, 1)  # the model the warm-up round (warmup-rounds=1) ended with
+
+
+def test_a_pfedlia_newcomer_whose_scores_never_came_gets_theta_0(with_newcomer):
+    fed = run_with_newcomer(silent={(3, "lia", NEWCOMER)})
+    assert_holds(fed.payload(3, "newcomer", NEWCOMER), THETA0)
+
+
+@pytest.mark.parametrize("silent", [NEWCOMER, NEWCOMER + 5])
+def test_a_newcomer_that_cannot_be_placed_does_not_keep_another_from_its_cluster(with_newcomer, monkeypatch, silent):
+    other = NEWCOMER + 5  # held out too, planted group 1 (the first newcomer's is 0)
+    monkeypatch.setitem(lia.NODE, other, 7002)
+    monkeypatch.setitem(lia.PLANTED, other, 1)
+    monkeypatch.setitem(lia.EXAMPLES, other, 6)
+    fed = Federation(clients=[*CLIENTS, NEWCOMER, other], **{"holdout-clients": 2}, silent={(3, "lia", silent)})
+    fed.run()
+    with outgoing_messages():
+        evaluate_newcomers(fed.strategy, ReplayGrid([lia.NODE[c] for c in [*CLIENTS, NEWCOMER, other]], fed.respond), 3)
+    (placed,) = {NEWCOMER, other} - {silent}
+    assert_holds(fed.payload(3, "newcomer", silent), THETA0)
+    assert_holds(
+        fed.payload(3, "newcomer", placed), fedavg([c for c in CLIENTS if PLANTED[c] == lia.PLANTED[placed]], 3)
+    )
+
+
+def test_a_pfedlia_p2p_newcomer_without_beneficial_peers_gets_theta_0(with_newcomer):
+    fed = Federation(
+        clients=[*CLIENTS, NEWCOMER],
+        beneficial=lambda i, lazy_ids: (
+            [] if i == NEWCOMER else [k for k, j in enumerate(lazy_ids) if PLANTED[j] == PLANTED[i] and j != i]
+        ),
+        **{"holdout-clients": 1, "lia-mode": "p2p"},
+    )
+    fed.run()
+    with outgoing_messages():
+        evaluate_newcomers(fed.strategy, ReplayGrid([lia.NODE[c] for c in [*CLIENTS, NEWCOMER]], fed.respond), 3)
+    assert_holds(fed.payload(3, "newcomer", NEWCOMER), THETA0)
+
+
+def test_the_oracles_newcomer_from_a_group_no_client_trained_in_gets_theta_0(with_newcomer, monkeypatch):
+    monkeypatch.setitem(lia.PLANTED, NEWCOMER, 2)  # no training client is in planted group 2
+    fed = run_with_newcomer(method="oracle", identify_planted=True)
+    assert 2 not in fed.strategy.cluster_models
+    assert_holds(fed.payload(3, "newcomer", NEWCOMER), THETA0)
+
+
+def test_a_fedc2i_newcomer_gets_the_peers_its_train_message_would_carry():
+    """With ``c2i-peers`` the peers are drawn per (seed, round, client): a newcomer's are those its own train message
+    would carry in that round, drawn with its client id like every client's."""
+    s = build_as(
+        FedC2IStrategy, parse_settings({"method": "fedc2i", "model": "mlp", "holdout-clients": 1, "c2i-peers": 2})
+    )
+    grid = drive(s, NODES, 2)
+    (newcomer,) = [n for n, c in NODES.items() if c == 4]
+    for rnd in range(2, 10):
+        got = s.newcomer_payloads(grid, rnd, [newcomer])[newcomer]["peer-clients"]["client-ids"]
+        assert list(got) == list(s.payload(newcomer, rnd, "train")["peer-clients"]["client-ids"]), rnd

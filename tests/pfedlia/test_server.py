@@ -381,3 +381,18 @@ def test_theta_0_read_before_the_clustering_round_set_it_is_an_error_that_says_w
     resumed = Federation(rounds=3).strategy
     resumed.resume(s.checkpoint_state(), 2)
     assert_holds(resumed.start_model(), fedavg(CLIENTS, 1))  # restored without a clustering round
+
+
+def test_reading_theta_0_or_scoring_rows_too_early_is_a_clear_error():
+    """theta_0 exists once the clustering round has started, the rows once lazy models were collected: a strategy
+    asked for either before says which and when it exists, instead of sending a None model."""
+    s = build_strategy(parse_settings({"method": "pfedlia", "model": "mlp"}))
+    with pytest.raises(RuntimeError) as theta0:
+        s.start_model()
+    assert str(theta0.value) == (
+        "pFedLIA's theta_0 is read before the clustering round set it; it exists once the clustering round "
+        "(the first after the warm-up rounds) has started or a resume has restored it"
+    )
+    with pytest.raises(RuntimeError) as rows:
+        s._rows(None, 2, [])
+    assert str(rows.value) == "pFedLIA scores influence rows before any lazy model was collected"

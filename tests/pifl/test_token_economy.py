@@ -386,3 +386,16 @@ def test_every_rejected_ledger_operation_says_exactly_why():
     refused(lambda: ledger.charge(0, [1, 1]), "a client appears twice among the payers")
     refused(lambda: ledger.charge(0, [9]), "unknown client 9")
     refused(lambda: ledger.charge(0, [2]), "client 2 cannot pay 1000000 (balance 999999)")
+
+
+def test_the_ledger_used_before_round_one_opened_it_is_a_clear_error():
+    from server_app.app import build_strategy
+    from task.config import parse_settings
+
+    s = build_strategy(parse_settings({"method": "pifl", "model": "mlp"}))
+    with pytest.raises(RuntimeError) as err:
+        s.open_ledger()
+    assert str(err.value) == (
+        "PI-FL's token ledger is used before the first round opened it; it exists once round 1 has started "
+        "(prepare_round) or a resume has restored it"
+    )

@@ -73,3 +73,23 @@ def test_without_dp_the_default_aggregate_is_the_example_weighted_mean():
             mean = sum(arrays[k].astype(np.float64) * n for arrays, n in sent.values()) / total
             np.testing.assert_allclose(v, mean, rtol=1e-5, atol=1e-6, err_msg=k)
     assert "dp" not in strategy.history[-1].extra
+
+
+def test_a_run_without_dp_does_no_dp_accounting(tmp_path, monkeypatch):
+    """dp-mode off: no epsilon is computed before a round (the accountant costs time every round); with central DP
+    the budget is accounted before round 1 leaves."""
+    from strategies import privacy
+    from tests.strategy_harness import strategy
+
+    for mode in ("off", "central"):
+        calls: list = []
+
+        def account(*args, calls=calls, **kwargs):
+            calls.append(args)
+            return {"epsilon": 0.0}
+
+        monkeypatch.setattr(privacy, "account", account)
+        s = strategy("fedavg", **{"dp-mode": mode})
+        s.results_dir = tmp_path / mode
+        drive(s, {1: 0, 2: 1, 3: 2, 4: 3}, 1)
+        assert bool(calls) is (mode == "central"), mode

@@ -475,3 +475,79 @@ def test_sent_declares_the_length_of_every_list_a_reply_spec_reads():
         metrics={"row": Numbers(float, 0, 1, length=4), "bids": Numbers(int, 0, 9, max_length=2), **BASE.metrics}
     )
     assert sent(spec)["metrics"].lengths == {"row": 4, "bids": Dim(0, 2)}
+
+
+def _declared_by(method: str, **config) -> dict[str, Disclosure]:
+    return build_strategy(parse_settings({"method": method, **config})).disclosure()
+
+
+def _with_lengths(parts, direction: str, kind: str, record: str, **lengths: int) -> dict:
+    out = line(parts, direction, kind)
+    out["content"]["lengths"].setdefault(record, {}).update(lengths)
+    return out
+
+
+def test_pifl_declares_bids_from_none_to_max_bids_and_one_value_per_tier():
+    """A PI-FL client without tokens bids for nothing; one with tokens for at most ``max-bids`` tiers (1 in this
+    version); its evaluation (also the one riding on a train reply) has one accuracy, goal and mixture weight per
+    tier."""
+    pifl = _declared_by("pifl", tiers=3, **{"min-nodes": 3})
+    sends = pifl["query.bid"].sends
+    assert mismatches(pifl, [_with_lengths(sends, "sent", "query.bid", "metrics", bid=0, **{"tier-acc": 3})]) == []
+    assert mismatches(pifl, [_with_lengths(sends, "sent", "query.bid", "metrics", bid=1, **{"tier-acc": 3})]) == []
+    assert mismatches(pifl, [_with_lengths(sends, "sent", "query.bid", "metrics", bid=2, **{"tier-acc": 3})]) == [
+        "sent query.bid (round 1, node 7): record 'metrics' entry 'bid' is a list of 2 values, declared 0..1"
+    ]
+    train = pifl["train"].sends
+    per_tier = {"tier-acc": 3, "tier-goal-acc": 3, "mixture-weights": 3}
+    assert mismatches(pifl, [_with_lengths(train, "sent", "train", "evaluation", **per_tier)]) == []
+    for name in per_tier:
+        longer = _with_lengths(train, "sent", "train", "evaluation", **{**per_tier, name: 4})
+        assert mismatches(pifl, [longer]) == [
+            f"sent train (round 1, node 7): record 'evaluation' entry '{name}' is a list of 4 values, declared 3"
+        ]
+
+
+def test_a_pifl_train_message_without_the_tier_it_won_is_caught():
+    pifl = _declared_by("pifl")
+    received = line(pifl["train"].receives, "received", "train")
+    received["content"]["configs"]["tier"] = []
+    assert mismatches(pifl, [received]) == [
+        "received train (round 1, node 7): record 'tier' lacks required entries ['tier']"
+    ]
+
+
+def test_a_pfedlia_client_may_find_no_beneficial_peer():
+    lia = _declared_by("pfedlia", **{"lia-mode": "p2p"})
+    sends = lia["query.lia"].sends
+    for n in (0, 3):
+        assert mismatches(lia, [_with_lengths(sends, "sent", "query.lia", "metrics", beneficial=n)]) == []
+        assert mismatches(lia, [_with_lengths(sends, "sent", "query.lia", "metrics", beneficial=n)], clients=4) == []
+
+
+def test_fedc2i_with_c2i_peers_declares_one_influence_per_model_sent():
+    """``c2i-peers = k``: the client is sent its own model and k - 1 peers' with their k - 1 ids and sizes, and scores
+    each model: k influences."""
+    c2i = _declared_by("fedc2i", **{"c2i-peers": 3})
+    received = c2i["train"].receives
+    peers = {"client-ids": 2, "num-examples": 2}
+    assert mismatches(c2i, [_with_lengths(received, "received", "train", "peer-clients", **peers)], clients=10) == []
+    for name in peers:
+        more = _with_lengths(received, "received", "train", "peer-clients", **{**peers, name: 3})
+        said = f"received train (round 1, node 7): record 'peer-clients' entry '{name}' is a list of 3 values"
+        assert mismatches(c2i, [more], clients=10) == [f"{said}, declared 1..2"]
+    sends = c2i["train"].sends
+    assert mismatches(c2i, [_with_lengths(sends, "sent", "train", "metrics", influence=3)], clients=10) == []
+    assert mismatches(c2i, [_with_lengths(sends, "sent", "train", "metrics", influence=4)], clients=10) == [
+        "sent train (round 1, node 7): record 'metrics' entry 'influence' is a list of 4 values, declared 1..3"
+    ]
+
+
+def test_a_client2vec_message_without_its_c2v_local_switch_is_caught():
+    """Every Client2Vec message says whether the client trains with its own index term (``c2v-local``)."""
+    c2v = _declared_by("client2vec")
+    received = line(c2v["train"].receives, "received", "train")
+    received["content"]["configs"]["config"].remove("c2v-local")
+    assert mismatches(c2v, [received]) == [
+        "received train (round 1, node 7): record 'config' lacks required entries ['c2v-local']"
+    ]

@@ -114,3 +114,12 @@ def test_the_accountants_examples_in_the_page_are_what_the_accountants_give():
     assert f"RDP with amplification {sampled.rdp:.2f} (reported); PLD without amplification {sampled.pld:.2f}" in text
     assert sampled.accountant == "rdp"
     assert "No benchmark of accuracy against epsilon has been run yet" not in text
+
+
+def test_with_held_out_clients_the_newcomer_message_says_what_its_reply_could_tell():
+    """``holdout-clients`` adds ``query.newcomer``: its declaration, like every message type's, says in words what the
+    reply could tell about the newcomer's data."""
+    by_type, _ = declarations("fedavg", **{"holdout-clients": 1})
+    assert by_type["query.newcomer"].reveals == (
+        "how well the model the federation gives a newcomer fits its data, before and after fine-tuning on it"
+    )

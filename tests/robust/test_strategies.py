@@ -78,6 +78,19 @@ def test_every_average_of_client_models_goes_through_the_runs_rule(tmp_path, met
     assert not strategy.failures
 
 
+def test_the_federated_dsa_ign_average_goes_through_the_runs_rule_as_its_own_group(tmp_path):
+    """Client2Vec's federated DSA-IGN rounds average the nodes' IGN updates with the run's rule too, recorded as
+    the ``dsa-ign`` group over the clients that sent them, apart from the model's ``global`` average."""
+    config = {"c2v-ign-mode": "federated", "c2v-ign-fraction": 0.5, "c2v-ign-epochs": 2, "record-messages": False}
+    strategy, _, _, _ = run_in_process("client2vec", tmp_path, aggregator="multi-krum", **config)
+    entries = [e for r in strategy.history for e in r.extra.get("robust", [])]
+    ign = [e for e in entries if e["group"] == "dsa-ign"]
+    assert ign and {e["group"] for e in entries} == {"dsa-ign", "global"}
+    assert all(e["rule"] == "multi-krum" and e["clients"] == sorted(e["clients"]) and e["clients"] for e in ign)
+    assert set().union(*(e["clients"] for e in ign)) <= set(range(strategy.settings.min_nodes))
+    assert not strategy.failures
+
+
 class Averaging(RobustAveraging):
     """The rule's mixin on its own: the run's settings and a history with one round."""
 
