@@ -170,8 +170,10 @@ def _save(data: dict, path: Path) -> None:
 
 
 def _dotted(module: str) -> str:
-    """A module's path as the prefix of its mutant names: ``strategies/robust.py`` -> ``strategies.robust``."""
-    return module[: -len(".py")].replace("/", ".")
+    """A module's path as the prefix of its mutant names: ``strategies/robust.py`` -> ``strategies.robust``; a
+    package's ``__init__.py`` is the package (``task/methods/__init__.py`` -> ``task.methods``), as mutmut names it."""
+    dotted = module[: -len(".py")].replace("/", ".")
+    return dotted.removesuffix(".__init__")
 
 
 def load(path: Path = RESULTS) -> dict:

@@ -194,6 +194,8 @@ def test_a_verdict_goes_stale_when_its_function_changes_and_only_then(tmp_path):
         "def f(a):\n    return a + 1\n\n\ndef g(a: int) -> int:\n    return a * 2\n\n\n"
         "class C:\n    def h(self):\n        return 3\n\n\ndef k():\n    return 0\n"
     )
+    package = module.parent / "__init__.py"  # mutmut names a package's functions after the package: m.x_p
+    package.write_text("def p():\n    return 1\n")
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "0")
     _git(tmp_path, "add", ".")
@@ -203,6 +205,7 @@ def test_a_verdict_goes_stale_when_its_function_changes_and_only_then(tmp_path):
     ).stdout.strip()
     names = ["m.x.x_f__mutmut_1", "m.x.x_g__mutmut_1", "m.x.xǁCǁh__mutmut_1", "m.x.x_k__mutmut_1"]
     data = {"mutants": {n: {"module": "m/x.py", "status": "killed", "commit": commit} for n in names}}
+    data["mutants"]["m.x_p__mutmut_1"] = {"module": "m/__init__.py", "status": "killed", "commit": commit}
     assert ms.stale(data, tmp_path) == ({}, [])
     module.write_text(
         "def f(a):\n    return a - 1\n\n\n"
@@ -211,6 +214,8 @@ def test_a_verdict_goes_stale_when_its_function_changes_and_only_then(tmp_path):
     )
     old, missing = ms.stale(data, tmp_path)
     assert missing == [] and set(old) == {"m.x.x_f__mutmut_1", "m.x.xǁCǁh__mutmut_1", "m.x.x_k__mutmut_1"}
+    package.write_text("def p():\n    return 2\n")
+    assert set(ms.stale(data, tmp_path)[0]) == set(old) | {"m.x_p__mutmut_1"}
     assert old["m.x.x_k__mutmut_1"] == "x_k is no longer in m/x.py" and commit in old["m.x.x_f__mutmut_1"]
     unknown = {"mutants": {"m.x.x_f__mutmut_1": {"module": "m/x.py", "status": "killed", "commit": "0123456789ab"}}}
     assert ms.stale(unknown, tmp_path) == ({}, ["0123456789ab"])
