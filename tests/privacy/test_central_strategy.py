@@ -93,3 +93,37 @@ def test_a_run_without_dp_does_no_dp_accounting(tmp_path, monkeypatch):
         s.results_dir = tmp_path / mode
         drive(s, {1: 0, 2: 1, 3: 2, 4: 3}, 1)
         assert bool(calls) is (mode == "central"), mode
+
+
+def test_a_journaled_round_is_released_again_only_against_the_model_it_was_taken_against(tmp_path, caplog):
+    """A resumed run that repeats a journaled round releases the journaled model again (and says so); if the model
+    the round starts from is not the one the release was taken against, the run stops rather than release a second
+    noisy view of the round."""
+    import logging
+
+    from strategies.exchange import RunAborted
+    from strategies.privacy import central_aggregate
+
+    strategy = build_as(
+        PersonalizedStrategy, parse_settings({"method": "fedavg", "dp-mode": "central", "min-nodes": 4})
+    )
+    strategy.results_dir = tmp_path
+    start = {k: v.copy() for k, v in strategy.global_state.items()}
+    drive(strategy, NODES, 1)
+    released = {k: v.copy() for k, v in strategy.global_state.items()}
+
+    strategy.global_state = {k: v.copy() for k, v in start.items()}  # resumed from the checkpoint before round 1
+    with caplog.at_level(logging.INFO):
+        central_aggregate(strategy, 1, [])
+    said = "[dp] round 1: released again as journaled before the resume (the new replies are unused)"
+    assert said in [r.getMessage() for r in caplog.records]
+    for k, v in released.items():
+        np.testing.assert_array_equal(strategy.global_state[k], v)
+
+    strategy.global_state = {k: v + 1 for k, v in start.items()}  # another model than the release's
+    with pytest.raises(RunAborted) as stopped:
+        central_aggregate(strategy, 1, [])
+    assert str(stopped.value) == (
+        f"round 1's release in {tmp_path / 'checkpoints' / 'dp-journal'} was taken against another model than the "
+        "checkpoint this run resumed from: releasing a new one would show two noisy views of the round"
+    )
