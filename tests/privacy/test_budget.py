@@ -231,3 +231,15 @@ def test_the_release_journal_is_written_beside_its_final_name_and_renamed_into_p
     (final,) = (p for p in tmp_path.rglob("*") if p.is_file())
     assert written.parent == final.parent and not written.exists()
     assert journaled_local_releases(tmp_path) == 3
+
+
+def test_before_its_first_round_a_local_dp_run_journals_that_rounds_releases_only(tmp_path):
+    """Nothing was released before round 1: the journal then holds round 1's releases (one model per client for
+    FedC2I), and the budget is checked on that count."""
+    from strategies.privacy import journaled_local_releases
+    from tests.strategy_harness import strategy
+
+    s = strategy("fedc2i", **{"dp-mode": "local", "min-nodes": 4})
+    s.results_dir = tmp_path
+    s.dp.before_round(s, 1, 4, 4)
+    assert journaled_local_releases(tmp_path) == s.local_releases(1) == 1
