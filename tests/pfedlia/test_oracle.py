@@ -22,6 +22,7 @@ def test_oracle_clusters_by_the_planted_groups_without_any_lazy_round():
             assert_holds(fed.payload(3, "train", c), fedavg(members, 2))
     info = s.history[1].extra["clustering"]
     assert info["mode"] == "oracle" and info["clusters"] == 2 and info["ari"] == 1.0 and "clients-asked" not in info
+    assert info["bytes-down-per-client"] == info["bytes-up-per-client"] == 0  # no lazy or influence query
 
 
 def test_oracle_asks_a_client_that_has_not_trained_for_its_group_and_sends_it_its_clusters_model():
