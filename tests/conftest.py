@@ -36,3 +36,21 @@ def simulation():
 
     with LocalSimulation(num_cpus=None) as sim:
         yield sim
+
+
+@pytest.fixture
+def temporary_files(monkeypatch):
+    """Every file ``tempfile.mkstemp`` creates during the test, as paths (an atomic write's temporary files)."""
+    import tempfile
+    from pathlib import Path
+
+    made: list[Path] = []
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        fd, name = real(*args, **kwargs)
+        made.append(Path(name))
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    return made

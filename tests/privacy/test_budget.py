@@ -209,25 +209,13 @@ def test_adaptive_clipping_never_raises_the_bound_above_dp_clip():
     assert [r.extra["dp"]["clip"] for r in strategy.history] == [0.8, 0.8, 0.8] and strategy.dp.clip == 0.8
 
 
-def test_the_release_journal_is_written_beside_its_final_name_and_renamed_into_place(tmp_path, monkeypatch):
+def test_the_release_journal_is_written_beside_its_final_name_and_renamed_into_place(tmp_path, temporary_files):
     """Local DP's journal of releases is written under a temporary name in its own folder and renamed over its final
     name (atomic within one file system): a crash leaves the earlier journal whole, never a half-written one."""
-    import tempfile
-    from pathlib import Path
-
     from strategies.privacy import journal_local_releases, journaled_local_releases
 
-    made = []
-    real = tempfile.mkstemp
-
-    def mkstemp(*args, **kwargs):
-        fd, name = real(*args, **kwargs)
-        made.append(Path(name))
-        return fd, name
-
-    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     journal_local_releases(tmp_path, 3)
-    (written,) = made
+    (written,) = temporary_files
     (final,) = (p for p in tmp_path.rglob("*") if p.is_file())
     assert written.parent == final.parent and not written.exists()
     assert journaled_local_releases(tmp_path) == 3

@@ -2,9 +2,7 @@
 in a new process, with every array's shape and values: a resumed run or a restarted SuperNode continues with the
 default model (BatchNorm's 0-d num_batches_tracked included)."""
 
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -140,19 +138,10 @@ def test_a_message_without_model_arrays_leaves_the_model_as_it_was(arrays):
         assert torch.equal(v, before[k]), k
 
 
-def test_a_state_file_is_written_beside_its_final_name_and_renamed_into_place(tmp_path, monkeypatch):
+def test_a_state_file_is_written_beside_its_final_name_and_renamed_into_place(tmp_path, temporary_files):
     """The file is written under a temporary name in the state folder itself and renamed over its final name: a
     rename within one folder (one file system) is atomic, so a crash leaves the earlier round's file whole."""
-    made = []
-    real = tempfile.mkstemp
-
-    def mkstemp(*args, **kwargs):
-        fd, name = real(*args, **kwargs)
-        made.append(Path(name))
-        return fd, name
-
-    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     node(tmp_path, {}).save_state("model", {"w": np.ones(3, np.float32)})
-    (written,) = made
+    (written,) = temporary_files
     (final,) = tmp_path.rglob("*.safetensors")
     assert written.parent == final.parent and not written.exists()  # renamed within its folder, nothing left
