@@ -17,6 +17,7 @@ from strategies.pifl_math import (
     schedule,
 )
 from task.methods.pifl import MICRO
+from tests.strategy_harness import strategy
 
 
 def play_round(ledger, bids, utilities, scores, counts, rng, n_perf, n_rand, dropouts):
@@ -389,10 +390,7 @@ def test_every_rejected_ledger_operation_says_exactly_why():
 
 
 def test_the_ledger_used_before_round_one_opened_it_is_a_clear_error():
-    from server_app.app import build_strategy
-    from task.config import parse_settings
-
-    s = build_strategy(parse_settings({"method": "pifl", "model": "mlp"}))
+    s = strategy("pifl", model="mlp")
     with pytest.raises(RuntimeError) as err:
         s.open_ledger()
     assert str(err.value) == (

@@ -11,6 +11,7 @@ from strategies.disclosure import PER_CLIENT, PER_PEER, Disclosure, Part, sent
 from strategies.disclosure_check import disagreements, mismatches
 from strategies.replies import BASE, Arrays, Dim, Numbers, ReplySpec, Tensor
 from task.config import parse_settings
+from tests.strategy_harness import strategy
 
 
 def _fits(tensor: Tensor) -> list:
@@ -478,7 +479,7 @@ def test_sent_declares_the_length_of_every_list_a_reply_spec_reads():
 
 
 def _declared_by(method: str, **config) -> dict[str, Disclosure]:
-    return build_strategy(parse_settings({"method": method, **config})).disclosure()
+    return strategy(method, **config).disclosure()
 
 
 def _with_lengths(parts, direction: str, kind: str, record: str, **lengths: int) -> dict:
