@@ -160,4 +160,4 @@ def test_a_fedc2i_newcomer_gets_the_peers_its_train_message_would_carry():
     (newcomer,) = [n for n, c in NODES.items() if c == 4]
     for rnd in range(2, 10):
         got = s.newcomer_payloads(grid, rnd, [newcomer])[newcomer]["peer-clients"]["client-ids"]
-        assert list(got) == list(s.payload(newcomer, rnd, "train")["peer-clients"]["client-ids"]), rnd
+        assert got == s.payload(newcomer, rnd, "train")["peer-clients"]["client-ids"], rnd

@@ -10,6 +10,7 @@ import pytest
 from flwr.app import MetricRecord, RecordDict
 
 from server_app.app import build_strategy
+from strategies.pfedlia import PFedLIAStrategy
 from task.config import parse_settings
 from tests.pfedlia.server_kit import (
     CLIENTS,
@@ -24,6 +25,7 @@ from tests.pfedlia.server_kit import (
 )
 from tests.strategy_harness import (
     ReplayGrid,
+    build_as,
     outgoing_messages,
     run_round,
     valid_content,
@@ -386,7 +388,7 @@ def test_theta_0_read_before_the_clustering_round_set_it_is_an_error_that_says_w
 def test_reading_theta_0_or_scoring_rows_too_early_is_a_clear_error():
     """theta_0 exists once the clustering round has started, the rows once lazy models were collected: a strategy
     asked for either before says which and when it exists, instead of sending a None model."""
-    s = build_strategy(parse_settings({"method": "pfedlia", "model": "mlp"}))
+    s = build_as(PFedLIAStrategy, parse_settings({"method": "pfedlia", "model": "mlp"}))
     with pytest.raises(RuntimeError) as theta0:
         s.start_model()
     assert str(theta0.value) == (
@@ -394,5 +396,5 @@ def test_reading_theta_0_or_scoring_rows_too_early_is_a_clear_error():
         "(the first after the warm-up rounds) has started or a resume has restored it"
     )
     with pytest.raises(RuntimeError) as rows:
-        s._rows(None, 2, [])
+        s._rows(ReplayGrid([], lambda m: []), 2, [])
     assert str(rows.value) == "pFedLIA scores influence rows before any lazy model was collected"

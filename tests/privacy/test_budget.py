@@ -12,6 +12,7 @@ import logging
 
 import numpy as np
 import pytest
+from flwr.app import UserConfigValue
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 from server_app.app import build_strategy
@@ -227,7 +228,8 @@ def test_before_its_first_round_a_local_dp_run_journals_that_rounds_releases_onl
     from strategies.privacy import journaled_local_releases
     from tests.strategy_harness import strategy
 
-    s = strategy("fedc2i", **{"dp-mode": "local", "min-nodes": 4})
+    config: dict[str, UserConfigValue] = {"dp-mode": "local", "min-nodes": 4}
+    s = strategy("fedc2i", **config)
     s.results_dir = tmp_path
     s.dp.before_round(s, 1, 4, 4)
     assert journaled_local_releases(tmp_path) == s.local_releases(1) == 1

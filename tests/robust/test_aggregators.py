@@ -5,7 +5,6 @@ from every honest one."""
 
 import math
 import re
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -139,7 +138,7 @@ def test_an_empty_aggregate_and_an_unknown_rule_are_refused_with_what_was_wrong(
     with pytest.raises(ValueError, match=exactly("an aggregate needs at least one model")):
         aggregate_states([], None, rule("median"))
     with pytest.raises(ValueError, match=exactly("unknown aggregator 'krum'")):
-        aggregate_rows(np.ones((2, 3)), None, SimpleNamespace(aggregator="krum"))
+        aggregate_rows(np.ones((2, 3)), None, rule("krum"))
 
 
 @pytest.mark.parametrize("name", ["mean", "median", "trimmed-mean", "multi-krum", "norm-bound"])
