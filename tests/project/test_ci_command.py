@@ -18,15 +18,25 @@ def readme_commands() -> list[str]:
     return [line for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
 
 
+def ci_line(command: str) -> str:
+    """The line of .ci/run that runs ``command`` as written: CI may keep a copy of the output (`2>&1 | tee log`) and
+    stop on its failure (`|| exit`), but runs the command itself unchanged."""
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "set -euo pipefail" in ci_lines, ".ci/run must stop at the first failing command"
+    ran = [
+        line
+        for line in ci_lines
+        if line.removesuffix(" || exit") == command or line.startswith(f"{command} 2>&1 | tee ")
+    ]
+    assert len(ran) == 1, f".ci/run does not run the README's command as written (once): {command}"
+    return ran[0]
+
+
 def test_ci_runs_the_readme_commands_verbatim():
     commands = readme_commands()
     assert len(commands) == 2, commands
-    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     for command in commands:
-        # CI may keep a copy of the output (`2>&1 | tee log`), but runs the command itself unchanged
-        ran = [line for line in ci_lines if line == command or line.startswith(f"{command} 2>&1 | tee ")]
-        assert ran, f".ci/run does not run the README's command as written: {command}"
-    assert "set -euo pipefail" in ci_lines, ".ci/run must stop at the first failing command"
+        ci_line(command)
 
 
 def fake_tools(folder: Path, failing: str) -> Path:
@@ -56,3 +66,17 @@ def test_the_test_command_lints_formats_and_type_checks_before_pytest(tmp_path, 
         assert calls.index("ruff check .") < pytest_call
         assert calls.index("ruff format --check .") < pytest_call
         assert calls.index("mypy") < pytest_call
+
+
+@pytest.mark.parametrize("failing", ["ruff", "mypy", "python"])
+def test_a_failing_check_of_the_test_command_stops_ci(tmp_path, failing):
+    """Under .ci/run's `set -euo pipefail` a failing command inside an && list does not stop the script (only the
+    list's last one does): the test command's line must still stop CI when ruff or mypy fails, instead of skipping
+    pytest and going on to the demo, which passed CI with no test run."""
+    line = ci_line(readme_commands()[1])
+    fake_tools(tmp_path, failing)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    script = f"set -euo pipefail\n{line}\necho CI went on\n"
+    done = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode != 0, f"a failing {failing} did not stop .ci/run"
+    assert "CI went on" not in done.stdout
