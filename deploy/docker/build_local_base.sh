@@ -51,7 +51,7 @@ import sys, tomllib
 print(" ".join(f"'{d}'" for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
 EOF
 )"
-chroot "$ROOT" /bin/sh -c "python3 -m venv /opt/venv && PIP_ROOT_USER_ACTION=ignore /opt/venv/bin/pip install -q $DEPS" \
+chroot "$ROOT" /bin/sh -c "python3 -m venv /opt/venv && PIP_ROOT_USER_ACTION=ignore /opt/venv/bin/pip install -q --no-cache-dir $DEPS" \
   || die "pip install in the root file system failed"
 rm -f "$ROOT/etc/resolv.conf"
 for ((i=${#MOUNTS[@]}-1; i>=0; i--)); do umount -l "${MOUNTS[$i]}"; done
@@ -59,9 +59,19 @@ MOUNTS=()
 rm -rf "$ROOT/root/.cache" "$ROOT/var/cache/apt/archives"/*.deb
 
 echo "[4/4] docker import -> $TAG (t+${SECONDS} s)"
-tar -C "$ROOT" -c . | docker import \
+# The tree (torch and its CUDA libraries: about 6 GB) and the image's layer would otherwise be on disk together, which
+# a machine with little free space cannot hold: tar removes each file once it is in the stream. Nothing may still be
+# mounted in the tree then (a bind mount's host files would be removed with it).
+if findmnt -rn -o TARGET | grep -q "^$ROOT"; then die "something is still mounted under $ROOT: not streaming it"; fi
+previous="$(docker image inspect -f '{{.Id}}' "$TAG" 2>/dev/null || true)"
+mapfile -t top < <(ls -A "$ROOT")
+(cd "$ROOT" && tar -c --remove-files -- "${top[@]}") | docker import \
   -c 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   -c 'ENV PYTHONUNBUFFERED=1' -c 'WORKDIR /app' - "$TAG"
+# a rebuilt base leaves its predecessor untagged: remove it unless images built on it still need it
+if [ -n "$previous" ] && [ "$previous" != "$(docker image inspect -f '{{.Id}}' "$TAG")" ]; then
+  docker image rm "$previous" >/dev/null 2>&1 && echo "removed the previous $TAG ($previous)" || true
+fi
 docker image ls "$TAG"
 cleanup
 trap - EXIT
