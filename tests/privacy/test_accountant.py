@@ -23,6 +23,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from task.privacy import (
+    Bound,
     PrivacyConfigError,
     calibrate_central,
     calibrate_local,
@@ -143,6 +144,20 @@ def test_epsilon_grows_with_rounds_and_shrinks_with_noise_and_delta(population, 
 def test_no_rounds_cost_nothing_and_no_noise_gives_no_guarantee():
     assert central_epsilon(1.0, 0, 1e-5, 10, 10) == 0.0 and local_epsilon(1.0, 0, 1e-5) == 0.0
     assert central_epsilon(0.0, 3, 1e-5, 10, 4) == math.inf and local_epsilon(0.0, 1, 1e-5) == math.inf
+    # the whole bound, as the records report it (dp-accountant in the summary): neither accountant was asked, so
+    # both of their columns carry the same 0 or infinity and the accountant is named "none"
+    nothing, no_noise = Bound(0.0, "none", 0.0, 0.0), Bound(math.inf, "none", math.inf, math.inf)
+    assert central_bound(1.0, 0, 1e-5, 10, 4) == central_bound(1.0, 0, 1e-5, 10, 10) == nothing
+    assert local_bound(1.0, 0, 1e-5) == nothing
+    assert central_bound(0.0, 3, 1e-5, 10, 4) == central_bound(0.0, 3, 1e-5, 10, 10) == no_noise
+    assert local_bound(0.0, 1, 1e-5) == no_noise
+
+
+@pytest.mark.parametrize("count", ["rounds", "releases"])
+def test_a_negative_count_is_refused_with_its_name(count):
+    with pytest.raises(PrivacyConfigError) as refused:
+        central_bound(1.0, -2, 1e-5, 10, 10) if count == "rounds" else local_bound(1.0, -2, 1e-5)
+    assert str(refused.value) == f"{count} must be >= 0, got -2"
 
 
 @pytest.mark.parametrize(
@@ -213,6 +228,29 @@ def test_the_calibrated_noise_reaches_the_target_epsilon_and_no_less_noise_would
 def test_local_calibration_reaches_the_target_over_the_releases():
     sigma = calibrate_local(4.0, 1e-5, 11)
     assert local_epsilon(sigma, 11, 1e-5) <= 4.0 < local_epsilon(sigma * 0.999, 11, 1e-5)
+
+
+@pytest.mark.parametrize("rounds,population,cohort", [(1, 4, 4), (1, 10, 1), (3, 10, 1)])
+def test_a_single_round_or_a_cohort_of_one_can_be_calibrated(rounds, population, cohort):
+    """The smallest runs the accountant allows (one round, one client a round) are calibrated, not refused."""
+    sigma = calibrate_central(2.0, 1e-5, rounds, population, cohort)
+    assert central_epsilon(sigma, rounds, 1e-5, population, cohort) <= 2.0
+    assert central_epsilon(sigma * 0.999, rounds, 1e-5, population, cohort) > 2.0
+    single = calibrate_local(2.0, 1e-5, 1)
+    assert local_epsilon(single, 1, 1e-5) <= 2.0 < local_epsilon(single * 0.999, 1, 1e-5)
+
+
+def test_a_candidate_whose_report_is_above_the_target_is_raised_to_the_smallest_multiplier_within_it():
+    """Each accountant's calibration is a candidate; where the reported (tighter) bound of the smallest one still
+    lies above the target, the multiplier is raised in steps of 0.01 % to the first whose report is within it."""
+    from task.privacy import _smallest_within
+
+    def report(sigma):  # a bound falling with the noise: within 0.5 from sigma 2 on
+        return 1.0 / sigma
+
+    raised = _smallest_within(report, 0.5, [1.3, 5.0])
+    assert 2.0 <= raised <= 2.0 * 1.0001 and report(raised) <= 0.5
+    assert _smallest_within(report, 0.5, [3.0, 2.5]) == 2.5  # already within: the smallest candidate, unchanged
 
 
 @pytest.mark.parametrize("target", [0.0, -1.0, math.inf])
