@@ -144,10 +144,10 @@ def test_a_count_noise_that_would_spend_the_whole_round_stops_the_run_with_the_k
 LOCAL = {"method": "fedc2i", "model": "mlp", "dp-mode": "local", "min-nodes": 4, "num-server-rounds": 6}
 
 
-def resumed_from(folder):
+def resumed_from(folder, run=LOCAL):
     """A strategy resumed from the last checkpoint in ``folder`` (local DP, checkpoint-every 2), as the ServerApp
     builds one."""
-    cfg = {**LOCAL, "checkpoint-every": 2, "resume-from": str(folder)}
+    cfg = {**run, "checkpoint-every": 2, "resume-from": str(folder)}
     done, saved = read_checkpoint(folder, parse_settings(cfg))
     strategy = build_strategy(parse_settings(cfg))
     strategy.resume(saved, done)
@@ -174,6 +174,21 @@ def test_a_resumed_local_dp_run_charges_the_releases_of_the_rounds_it_repeats(tm
     drive(again, NODES, [5])
     assert [r.extra["dp"]["releases"] for r in again.history][-2:] == [5, 7]
     assert again.history[-1].extra["dp"]["charged"] == 2
+
+
+def test_a_resumed_pfedlia_run_charges_the_releases_of_the_round_it_repeats(tmp_path):
+    """pFedLIA accounts its own rounds (the lazy release beside the train ones): a resume that repeats round 3 charges
+    its release on top, as for every method."""
+    run = {**LOCAL, "method": "pfedlia", "warmup-rounds": 1}
+    first = build_strategy(parse_settings({**run, "checkpoint-every": 2}))
+    first.results_dir = tmp_path
+    drive(first, NODES, 3)
+    uninterrupted = first.history[-1].extra["dp"]["releases"]
+    resumed = resumed_from(tmp_path, run)
+    drive(resumed, NODES, [3])
+    dp = resumed.history[-1].extra["dp"]
+    assert dp["charged"] == 1 and dp["releases"] == uninterrupted + 1
+    assert dp["epsilon"] == pytest.approx(local_epsilon(1.0, uninterrupted + 1, 1e-5))
 
 
 def test_a_run_resumed_right_after_its_checkpoint_charges_nothing(tmp_path):
@@ -233,3 +248,61 @@ def test_before_its_first_round_a_local_dp_run_journals_that_rounds_releases_onl
     s.results_dir = tmp_path
     s.dp.before_round(s, 1, 4, 4)
     assert journaled_local_releases(tmp_path) == s.local_releases(1) == 1
+
+
+# ---------------------------------------------------------------------------------------------- forecast and account
+LOCAL_RUNS = {
+    "fedc2i": {},
+    "pfedlia": {"warmup-rounds": 1},  # round 2 clusters: the lazy model leaves beside the train reply
+    "oracle": {"warmup-rounds": 1, "partition": "planted-clusters"},  # clusters by the planted groups: no lazy model
+}
+
+
+@pytest.mark.parametrize("method", sorted(LOCAL_RUNS))
+def test_the_releases_the_budget_check_counts_before_a_round_are_those_the_round_then_accounts(tmp_path, method):
+    """Before each local-DP round the server checks the budget against the releases a client will have made by its
+    end (and journals that count for a resume); after the round it reports every client's epsilon over the releases
+    made.  The two counts must agree in every round (warm-up, clustering, after): a forecast below the account would
+    let a round exceed dp-max-epsilon, one above would stop a run early."""
+    cfg = {"model": "mlp", "dp-mode": "local", "min-nodes": 4, "num-server-rounds": 4, **LOCAL_RUNS[method]}
+    strategy = build_strategy(parse_settings({"method": method, **cfg}))
+    strategy.results_dir = tmp_path
+    forecast = []
+    for server_round in range(1, 5):
+        drive(strategy, NODES, [server_round])
+        forecast.append(journaled_local_releases(tmp_path))
+    accounted = [r.extra["dp"] for r in strategy.history]
+    assert forecast == [d["releases"] for d in accounted]
+    assert [d["clients"] for d in accounted] == [len(NODES)] * 4  # the valid train releases each round received
+    if method == "pfedlia":  # the clustering round's lazy release is counted, once
+        assert [b - a for a, b in itertools.pairwise([0, *forecast])] == [1, 2, 1, 1]
+
+
+def test_under_local_dp_pfedlias_average_weighs_every_release_alike():
+    """Training-set sizes are not noised, so under local DP the average is a post-processing of the releases alone:
+    unweighted.  Without DP it is FedAvg, weighted by the sizes."""
+
+    def averaged(dp_mode):
+        cfg = {"method": "pfedlia", "model": "mlp", "min-nodes": 4, "num-server-rounds": 3, "warmup-rounds": 2}
+        strategy = build_as(PFedLIAStrategy, parse_settings({**cfg, "dp-mode": dp_mode}))
+        start = {k: v.copy() for k, v in strategy.global_state.items()}
+        shift = {client: float(client + 1) for client in NODES.values()}  # client c moves every weight by c + 1
+        sizes = {client: 10 * (client + 1) ** 2 for client in NODES.values()}
+
+        def answer(server_round, node, phase, content):
+            if phase == "train":
+                client = NODES[node]
+                keys = strategy.released_keys()
+                content["arrays"] = to_record({k: start[k] + np.float32(shift[client]) for k in keys})
+                content["metrics"]["num-examples"] = sizes[client]
+
+        drive(strategy, NODES, [1], answer=answer)
+        key = strategy.released_keys()[0]
+        moved = float(np.mean(strategy.global_state[key] - start[key]))
+        weighted = sum(sizes[c] * shift[c] for c in shift) / sum(sizes.values())
+        return moved, float(np.mean(list(shift.values()))), weighted
+
+    moved, mean, weighted = averaged("local")
+    assert moved == pytest.approx(mean, abs=1e-4) and abs(mean - weighted) > 0.5
+    moved, mean, weighted = averaged("off")
+    assert moved == pytest.approx(weighted, abs=1e-4)
