@@ -114,7 +114,10 @@ def test_impossible_dp_settings_are_refused_at_start_up(extra, match):
             r"^dp-target-epsilon needs a clip bound dp-clip > 0",
         ),
         ({"dp-target-epsilon": 0.8, "dp-max-epsilon": 0.5}, r"^dp-target-epsilon=0.8 exceeds dp-max-epsilon=0.5"),
-        ({"dp-adaptive-clip": True, "dp-clip": 0.0, "dp-noise-multiplier": 0.0}, r"dp-adaptive-clip starts from"),
+        (
+            {"dp-adaptive-clip": True, "dp-clip": 0.0, "dp-noise-multiplier": 0.0},
+            r"^dp-adaptive-clip starts from dp-clip and never exceeds it: dp-clip must be > 0$",
+        ),
     ],
 )
 def test_a_budget_or_adaptive_clipping_that_cannot_work_is_refused_at_start_up(extra, match):
@@ -135,10 +138,13 @@ def test_budget_keys_without_dp_and_adaptive_clipping_under_local_dp_are_refused
         ConfigConflict, match=r"^dp-target-epsilon, dp-max-epsilon, dp-adaptive-clip: only with dp-mode"
     ):
         parse_settings({"dp-target-epsilon": 4.0, "dp-max-epsilon": 5.0, "dp-adaptive-clip": True})
-    with pytest.raises(
-        ConfigConflict, match=r"^dp-adaptive-clip adapts the server's clip bound, so it needs dp-mode='central'"
-    ):
+    with pytest.raises(ConfigConflict) as local:
         parse_settings({"method": "fedc2i", "dp-mode": "local", "dp-adaptive-clip": True})
+    assert str(local.value) == (
+        "dp-adaptive-clip adapts the server's clip bound, so it needs dp-mode='central' (under local DP each client "
+        "clips to dp-clip before its model leaves)"
+    )
+    assert parse_settings({"method": "fedavg", "dp-mode": "central", "dp-adaptive-clip": True}).dp_adaptive_clip
 
 
 @pytest.mark.parametrize("method,query_releases", [("fedc2i", 0), ("pfedlia", 1)])
