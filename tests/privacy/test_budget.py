@@ -12,7 +12,7 @@ import logging
 
 import numpy as np
 import pytest
-from flwr.app import UserConfigValue
+from flwr.app import RecordDict, UserConfigValue
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 from server_app.app import build_strategy
@@ -251,7 +251,7 @@ def test_before_its_first_round_a_local_dp_run_journals_that_rounds_releases_onl
 
 
 # ---------------------------------------------------------------------------------------------- forecast and account
-LOCAL_RUNS = {
+LOCAL_RUNS: dict[str, dict[str, UserConfigValue]] = {
     "fedc2i": {},
     "pfedlia": {"warmup-rounds": 1},  # round 2 clusters: the lazy model leaves beside the train reply
     "oracle": {"warmup-rounds": 1, "partition": "planted-clusters"},  # clusters by the planted groups: no lazy model
@@ -306,3 +306,27 @@ def test_under_local_dp_pfedlias_average_weighs_every_release_alike():
     assert moved == pytest.approx(mean, abs=1e-4) and abs(mean - weighted) > 0.5
     moved, mean, weighted = averaged("off")
     assert moved == pytest.approx(weighted, abs=1e-4)
+
+
+@pytest.mark.parametrize("method", ["fedc2i", "pfedlia"])
+def test_a_local_dp_round_without_a_valid_reply_counts_with_no_client(method):
+    """A client whose reply was rejected or never came may have released its model all the same: a round without a
+    valid train reply counts one release more, and reports that no release reached the server (also as the run's
+    first round, and after a round that had some)."""
+    cfg = {"model": "mlp", "dp-mode": "local", "min-nodes": 4, "num-server-rounds": 4, "warmup-rounds": 3}
+    strategy = build_strategy(parse_settings({"method": method, **cfg}))
+
+    def nothing_valid_in_rounds_1_and_3(server_round, node, phase, content):
+        if phase != "train" or server_round not in (1, 3):
+            return None
+        if node == min(NODES):
+            return [RecordDict()]  # rejected: no metrics
+        if node == max(NODES):
+            del content["arrays"]  # rejected for another reason: no model
+            return [content]
+        return []  # never came
+
+    drive(strategy, NODES, 3, answer=nothing_valid_in_rounds_1_and_3)
+    dp = [r.extra["dp"] for r in strategy.history]
+    assert [d["clients"] for d in dp] == [0, len(NODES), 0]
+    assert [d["releases"] for d in dp] == [1, 2, 3]

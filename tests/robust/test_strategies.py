@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from strategies.base import PersonalizedStrategy
+from strategies.fedc2i import FedC2IStrategy
 from strategies.gate import Reply
 from strategies.history import RoundLog
 from strategies.robust import RobustAveraging
 from task.config import parse_settings
-from task.params import weighted_average
+from task.params import to_record, weighted_average
 from tests.in_process import run_in_process
-from tests.strategy_harness import build_as
+from tests.strategy_harness import build_as, drive
 
 
 def replies(strategy, values):
@@ -147,3 +148,24 @@ def test_a_model_is_kept_unchanged_without_norm_bounding():
     model = {"w": np.array([30.0, 40.0])}
     out = keep.bound_model(model, {"w": np.zeros(2)}, client=1)
     assert np.array_equal(out["w"], model["w"]) and out["w"] is not model["w"] and keep.entries == []
+
+
+def test_fedc2i_bounds_a_forwarded_model_by_the_distance_from_that_clients_previous_one():
+    """FedC2I forwards each client's own model: under norm-bound the model it keeps is within the bound of what that
+    client sent before (its previous stored model), so a client that moves steadily is never clipped back towards
+    the initial model."""
+    nodes = {31: 0, 32: 1, 33: 2}
+    settings = {"method": "fedc2i", "model": "mlp", "min-nodes": 3, "aggregator": "norm-bound", "norm-bound": 5.0}
+    strategy = build_as(FedC2IStrategy, parse_settings(settings))
+    start = {k: v.copy() for k, v in strategy.initial_state.items()}
+    step = {k: np.full_like(v, 4.0 / np.sqrt(sum(w.size for w in start.values()))) for k, v in start.items()}  # norm 4
+
+    def steady(server_round, node, phase, content):  # each round 4 further from the initial model, in one direction
+        if phase == "train":
+            content["arrays"] = to_record({k: start[k] + server_round * step[k] for k in start})
+
+    drive(strategy, nodes, 2, answer=steady)
+    for client in nodes.values():
+        kept = strategy.store[client]
+        distance = np.sqrt(sum(float(np.sum((kept[k] - start[k]) ** 2)) for k in start))
+        assert distance == pytest.approx(8.0, rel=1e-4)  # round 2's model as sent: 4 from round 1's, 8 from the start
