@@ -88,12 +88,15 @@ def test_a_client_that_cannot_pay_the_price_does_not_bid(tier_models):
     assert len(ask(ni, bid_message(tiers, balance=MICRO, price=MICRO))[0]) == 1
 
 
-def test_a_ledger_without_a_price_still_lets_a_funded_client_bid(tier_models):
+def test_a_ledger_without_a_price_lets_a_funded_client_bid_and_one_without_a_balance_offers_no_credit(tier_models):
     # the price defaults to the smallest amount (one micro-token), never to nothing
     c = client("pifl", client_data(LOW))
     content = RecordDict({"tiers": stacked(tier_models[2], tier_models[1]), "ledger": ConfigRecord({"balance": 1})})
     assert ask(c, content)[0] == [1]
     content = RecordDict({"tiers": stacked(tier_models[2], tier_models[1]), "ledger": ConfigRecord({"balance": 0})})
+    assert ask(c, content)[0] == []
+    # and one without a balance offers no credit, as no ledger does
+    content = RecordDict({"tiers": stacked(tier_models[2], tier_models[1]), "ledger": ConfigRecord({"price": 1})})
     assert ask(c, content)[0] == []
 
 
