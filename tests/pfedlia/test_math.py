@@ -386,8 +386,12 @@ def test_cfl_may_first_split_in_the_last_round_but_not_after_it():
     from task.options import ConfigConflict
 
     parse_settings({"method": "cfl", "num-server-rounds": 5, "cfl-min-rounds": 5})
-    with pytest.raises(ConfigConflict, match="cfl-min-rounds=6"):
+    with pytest.raises(ConfigConflict) as err:
         parse_settings({"method": "cfl", "num-server-rounds": 5, "cfl-min-rounds": 6})
+    assert str(err.value) == (
+        "cfl-min-rounds=6 is after the last round (num-server-rounds=5): no cluster could ever split; use "
+        "cfl-min-rounds <= num-server-rounds"
+    )
 
 
 def test_two_clients_are_never_split():

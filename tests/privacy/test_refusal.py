@@ -83,6 +83,7 @@ def test_fedc2i_under_local_dp_refuses_the_ablation_that_weights_peers_by_their_
         parse_settings({"method": "fedc2i", "dp-mode": "local", "c2i-variant": "class-level-averaged-extractor"})
     message = str(err.value)
     assert "training-set sizes, which local DP does not forward to peers" in message
+    assert message.endswith(": use another c2i-variant, one of ['full', 'client-level', 'class-level-own-extractor']")
     for variant in ("full", "client-level", "class-level-own-extractor"):
         assert repr(variant) in message
         assert parse_settings({"method": "fedc2i", "dp-mode": "local", "c2i-variant": variant}).dp_mode == "local"
