@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from typing import Any
 
 from task.attacks import AttackOptions, attack_conflicts
@@ -313,8 +314,33 @@ def data_conflicts(run: RunOptions) -> list[str]:
     return out
 
 
+def run_config_keys() -> set[str]:
+    """Every key a run config may hold: the keys of every run and those of every method's options (the keys
+    pyproject.toml declares, so that Flower passes each run all of them)."""
+    keys = set(RunOptions.declared())
+    for spec in METHODS.values():
+        keys |= set(spec.options.declared())
+    return keys
+
+
+def _check_known_keys(cfg: Mapping[str, Any]) -> None:
+    """Flower refuses a key pyproject.toml does not declare before the run starts; a script or test that builds
+    settings itself gets the same refusal here, instead of a misspelt key passing silently as its default."""
+    known = run_config_keys()
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        hints = [
+            f"{k!r} (did you mean {close[0]!r}?)" if (close := get_close_matches(k, known, 1)) else repr(k)
+            for k in unknown
+        ]
+        raise ConfigConflict(
+            f"unknown run-config key(s): {', '.join(hints)}; `python -m task.config` lists every key with its default"
+        )
+
+
 def parse_settings(cfg: Mapping[str, Any]) -> Settings:
     """Validate the run config; every error names the key(s) and what is allowed."""
+    _check_known_keys(cfg)
     run = RunOptions.parse(cfg)
     spec = method_spec(run.method)
     options = spec.options.parse(cfg, spec.fixed)

@@ -4,9 +4,10 @@ import re
 
 import pytest
 
-from task.config import parse_settings
+from task.config import parse_settings, run_config_keys
 from task.data import DataSettings, load_client_data
 from task.methods.pifl import PIFLOptions
+from task.options import ConfigConflict
 
 
 def test_defaults_parse():
@@ -215,3 +216,25 @@ def test_every_impossible_setting_of_a_run_is_named_at_once():
     said = str(err.value)
     assert said.startswith("slots-performance + slots-random must be >= 1")
     assert "; tiers=3 is more than min-nodes=2" in said and "; PI-FL's profiler scores every update" in said
+
+
+def test_a_key_no_run_config_has_is_refused_with_the_nearest_key_and_where_to_find_them_all():
+    """Flower refuses an undeclared key before a run starts; settings built by a script or a test refuse it too,
+    instead of running the option's default under a misspelt name."""
+    with pytest.raises(ConfigConflict) as err:
+        parse_settings({"method": "pifl", "tier": 3, "zzz": 1})
+    assert str(err.value) == (
+        "unknown run-config key(s): 'tier' (did you mean 'tiers'?), 'zzz'; `python -m task.config` lists every key "
+        "with its default"
+    )
+
+
+def test_the_keys_a_run_config_may_hold_are_those_pyproject_declares():
+    """Flower passes every run the keys of pyproject.toml's app config: each is known, and every known key is there
+    (so a run config Flower accepts is never refused here)."""
+    import tomllib
+    from pathlib import Path
+
+    declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert set(declared["tool"]["flwr"]["app"]["config"]) == run_config_keys()
+    parse_settings(declared["tool"]["flwr"]["app"]["config"])  # the defaults Flower passes parse
