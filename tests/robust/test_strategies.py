@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from strategies.base import PersonalizedStrategy
+from strategies.client2vec import Client2VecStrategy
 from strategies.fedc2i import FedC2IStrategy
 from strategies.gate import Reply
 from strategies.history import RoundLog
@@ -169,3 +170,33 @@ def test_fedc2i_bounds_a_forwarded_model_by_the_distance_from_that_clients_previ
         kept = strategy.store[client]
         distance = np.sqrt(sum(float(np.sum((kept[k] - start[k]) ** 2)) for k in start))
         assert distance == pytest.approx(8.0, rel=1e-4)  # round 2's model as sent: 4 from round 1's, 8 from the start
+
+
+def test_client2vec_bounds_each_average_by_the_distance_from_the_model_it_sent():
+    """norm-bound clips a client's model by its distance from the model the server sent it: for Client2Vec's model
+    and for its federated DSA-IGN.  Clients that send back exactly what they got are never clipped, however small
+    the bound (a distance from anything else, e.g. zero, would clip every one)."""
+    from task.params import state_to_numpy
+
+    settings = {
+        "method": "client2vec",
+        "model": "mlp",
+        "min-nodes": 3,
+        "aggregator": "norm-bound",
+        "norm-bound": 1e-6,
+        "c2v-ign-mode": "federated",
+        "c2v-ign-fraction": 1.0,
+        "c2v-ign-epochs": 2,
+    }
+    strategy = build_as(Client2VecStrategy, parse_settings(settings))
+
+    def unchanged(server_round, node, phase, content):
+        if phase == "train":
+            content["arrays"] = to_record(strategy.global_state)
+        elif phase == "c2v_ign":
+            content["arrays"] = to_record(state_to_numpy(strategy.ign.state_dict()))
+
+    drive(strategy, {41: 0, 42: 1, 43: 2}, 2, answer=unchanged)
+    entries = [e for r in strategy.history for e in r.extra.get("robust", [])]
+    assert {e["group"] for e in entries} == {"global", "dsa-ign"}
+    assert all(e["clipped"] == [] and max(e["update-norms"]) <= 1e-6 for e in entries), entries
