@@ -75,3 +75,24 @@ def test_the_progress_line_says_how_a_round_without_accuracies_was_evaluated():
         "no evaluation replies",  # the last round has its own evaluate phase: nobody answered it
     ]
     assert apart.how_evaluated(2) == "no evaluation replies" and apart.how_evaluated(3) == "not evaluated this round"
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_the_server_writes_its_models_only_after_the_rounds_its_schedule_saves(tmp_path, save):
+    """The server's models go to models/server/ after a round that saves (save-every 2: rounds 2 and the last, 3);
+    with save-models off it writes none, though it still writes its checkpoints."""
+    import json
+
+    from server_app.app import build_strategy
+    from tests.strategy_harness import drive
+
+    cfg = {"model": "mlp", "min-nodes": 2, "num-server-rounds": 3, "save-every": 2, "checkpoint-every": 1}
+    strategy = build_strategy(parse_settings({**cfg, "save-models": save}))
+    strategy.results_dir = tmp_path
+    written = []
+    for server_round in (1, 2, 3):
+        drive(strategy, {51: 0, 52: 1}, [server_round])
+        manifests = sorted((tmp_path / "models" / "server").rglob("*.json"))
+        written.append(sorted({json.loads(m.read_text())["round"] for m in manifests}))
+    assert written == ([[], [2], [3]] if save else [[], [], []])
+    assert (tmp_path / "checkpoints").is_dir()
