@@ -206,15 +206,25 @@ def test_a_bad_floor_value_fails_every_message_with_its_reason():
         client_app.train(_message(), _context({"dp-max-clip": "big"}, method="fedavg"))
 
 
-def test_nothing_leaves_with_less_than_the_floor_whatever_the_privacy_step_is_given():
+@pytest.mark.parametrize("name,mode", [("fedc2i", "local"), ("fedavg", "central")])
+def test_nothing_leaves_with_less_than_the_floor_whatever_the_privacy_step_is_given(name, mode):
     """The privacy step checks the values it releases with against the node's floor, not only the run config the
-    ClientApp admitted: a reply about to leave with less noise than the floor is refused."""
-    settings = parse_settings({"method": "fedc2i", "dp-mode": "local", "dp-noise-multiplier": 0.5})
+    ClientApp admitted: a reply about to leave with less noise than the floor is refused, saying whose noise it is."""
+    settings = parse_settings({"method": name, "dp-mode": mode, "dp-noise-multiplier": 0.5})
     method = SimpleNamespace(
         settings=settings,
         context=SimpleNamespace(node_config={"dp-min-noise-multiplier": 1.0}),
         release_reference=lambda content: {"w": np.zeros(3, np.float32)},
     )
     reply = RecordDict({"arrays": to_record({"w": np.ones(3, np.float32)})})
-    with pytest.raises(RunRefused, match=r"^this node refuses to send the reply: node config dp-min-noise-multiplier="):
+    with pytest.raises(RunRefused) as refused:
         private_reply(method, reply, RecordDict())
+    where = (
+        "declares dp-noise-multiplier=0.5 (dp-mode='central': the server adds that noise, which this node cannot see)"
+        if mode == "central"
+        else "asks for dp-noise-multiplier=0.5 (dp-mode='local')"
+    )
+    assert str(refused.value) == (
+        "this node refuses to send the reply: node config dp-min-noise-multiplier=1 is the least noise this node "
+        f"accepts, and the run {where}"
+    )
