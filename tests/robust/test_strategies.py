@@ -200,3 +200,33 @@ def test_client2vec_bounds_each_average_by_the_distance_from_the_model_it_sent()
     entries = [e for r in strategy.history for e in r.extra.get("robust", [])]
     assert {e["group"] for e in entries} == {"global", "dsa-ign"}
     assert all(e["clipped"] == [] and max(e["update-norms"]) <= 1e-6 for e in entries), entries
+
+
+def test_fedcacs_global_average_under_a_rule_keeps_its_num_examples_weights():
+    """fedcac-weighting='num-examples' weighs Eq. 9's global average by the clients' sizes; under a robust rule
+    (here multi-krum keeping every client, so the rule is its weighted mean) the sizes still weigh it."""
+    from strategies.fedcac import FedCACStrategy
+
+    nodes = {61: 0, 62: 1, 63: 2}
+    shift, sizes = {0: 0.0, 1: 1.0, 2: 4.0}, {0: 10, 1: 10, 2: 80}
+    settings = {
+        "method": "fedcac",
+        "model": "mlp",
+        "min-nodes": 3,
+        "fedcac-weighting": "num-examples",
+        "aggregator": "multi-krum",
+        "krum-select": 3,
+    }
+    strategy = build_as(FedCACStrategy, parse_settings(settings))
+    start = {k: v.copy() for k, v in strategy.global_state.items()}
+
+    def shifted(server_round, node, phase, content):
+        if phase == "train":
+            client = nodes[node]
+            content["arrays"] = to_record({k: start[k] + np.float32(shift[client]) for k in content["arrays"]})
+            content["metrics"]["num-examples"] = sizes[client]
+
+    drive(strategy, nodes, [1], answer=shifted)
+    weighted = sum(sizes[c] * shift[c] for c in shift) / sum(sizes.values())  # 3.3; unweighted: 5/3
+    key = strategy.param_keys[0]
+    np.testing.assert_allclose(strategy.global_state[key], start[key] + weighted, atol=1e-4)
