@@ -260,3 +260,43 @@ def test_fedcacs_all_ones_mask_makes_every_honest_client_choose_the_attacker(tmp
     strategy, _, _, _ = run_in_process("fedcac", tmp_path, attack="side-channel", **{"record-messages": False})
     chosen = strategy.history[0].extra["fedcac"]["collaborators"]  # round 1, client id -> its collaborators
     assert all(ATTACKER in chosen[c] for c in chosen if c != ATTACKER)
+
+
+def test_the_clientapps_query_handler_sends_the_attackers_lie_and_the_honest_clients_truth():
+    """The lies above reach the wire through the ClientApp's handler of ``query.<name>``: a PI-FL attacker's bid
+    reply says every tier fits it perfectly, an honest client's gives its real tier accuracies."""
+    from types import SimpleNamespace
+    from typing import cast
+    from unittest import mock
+
+    from flwr.app import Context, Message
+
+    import client_app.app as client_app
+    from tests.client_kit import distinct_states, numpy_state
+    from tests.in_process import Reply
+
+    def bid_reply(pid: int) -> list[float]:
+        c = users_client("pifl", {"partition-id": pid}, attack="side-channel")
+        tiers = stacked_record([numpy_state(s) for s in distinct_states(c, 2, seed=1, spread=0.1)])
+        content = RecordDict(
+            {
+                "tiers": tiers,
+                "ledger": ConfigRecord({"balance": 5, "price": 1}),
+                "config": ConfigRecord({"server-round": 2}),
+            }
+        )
+        context = Context(
+            run_id=1,
+            node_id=c.context.node_id,
+            node_config=c.context.node_config,
+            state=RecordDict(),
+            run_config=c.context.run_config,
+        )
+        message = cast(Message, SimpleNamespace(content=content, metadata=SimpleNamespace(message_type="query.bid")))
+        with mock.patch.object(client_app, "Message", Reply):
+            reply = client_app._query_handler("bid")(message, context)
+        return [float(v) for v in reply.content["metrics"]["tier-acc"]]
+
+    assert bid_reply(ATTACKER) == [1.0, 1.0]
+    honest = bid_reply(HONEST)
+    assert len(honest) == 2 and max(honest) < 1.0
