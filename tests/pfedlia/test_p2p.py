@@ -81,3 +81,13 @@ def test_p2p_late_joiner_gets_its_own_set_and_theta_0():
     assert_holds(fed.payload(3, "train", late), fedavg(CLIENTS, 1))  # theta_0 in the round it joins
     assert_holds(s.personal[late], fedavg(s.sets[late], 3))
     assert s.assignment[late] not in {s.assignment[c] for c in lazy_ids}
+
+
+def test_under_a_robust_rule_each_clients_set_is_averaged_as_its_own_group():
+    """pfedlia.md §2.6 p2p with the run's rule (docs/robustness.md): every client's personal model is its set's
+    average, recorded under the set it belongs to ("set of <client>"), apart from the warm-up's global average."""
+    fed = Federation(**{"lia-mode": "p2p", "aggregator": "median"}, beneficial=p2p_beneficial).run()
+    by_round = [{e["group"]: e["clients"] for e in r.extra.get("robust", [])} for r in fed.strategy.history]
+    assert set(by_round[0]) == {"global"}  # the warm-up
+    for groups in by_round[1:]:  # after clustering: one group per client, over its set's members
+        assert groups == {f"set of {c}": P2P_SETS[c] for c in CLIENTS}
