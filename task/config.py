@@ -10,6 +10,7 @@ values that would make the method's defining step impossible (:class:`~task.opti
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from difflib import get_close_matches
@@ -18,7 +19,7 @@ from typing import Any
 from task.attacks import AttackOptions, attack_conflicts
 from task.data import DATASETS, DOMAINS, MIXTURES, PARTITIONS, DataSettings, dataset_info
 from task.data.catalogue import MIN_CLIENT_SAMPLES
-from task.methods import METHODS, method_spec
+from task.methods import METHODS, OPTION_SETS, method_spec
 from task.models import IMAGE_ONLY, MODELS
 from task.options import ConfigConflict, OptionSet, option
 from task.privacy import MODES as DP_MODES
@@ -314,13 +315,12 @@ def data_conflicts(run: RunOptions) -> list[str]:
     return out
 
 
-def run_config_keys() -> set[str]:
+@functools.cache
+def run_config_keys() -> frozenset[str]:
     """Every key a run config may hold: the keys of every run and those of every method's options (the keys
-    pyproject.toml declares, so that Flower passes each run all of them)."""
-    keys = set(RunOptions.declared())
-    for spec in METHODS.values():
-        keys |= set(spec.options.declared())
-    return keys
+    pyproject.toml declares, so that Flower passes each run all of them).  Fixed at import: computed once."""
+    sets: tuple[type[OptionSet], ...] = (RunOptions, *OPTION_SETS)
+    return frozenset(key for cls in sets for key in cls.declared())
 
 
 def _check_known_keys(cfg: Mapping[str, Any]) -> None:

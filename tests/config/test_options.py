@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from task.config import RunOptions, parse_settings
+from task.config import RunOptions, parse_settings, run_config_keys
 from task.methods import METHODS, OPTION_SETS
 from task.options import ConfigConflict, Option, OptionSet, option
 
@@ -32,6 +32,9 @@ def test_pyproject_holds_exactly_the_declared_keys_and_defaults():
         assert all(o == opts[0] for o in opts), f"{key} is declared differently in two option sets"
         assert type(config[key]) is opts[0].kind and config[key] == opts[0].default, (key, config[key], opts[0].default)
         assert opts[0].help
+    # the parser knows exactly these keys (it refuses any other, as Flower does) and takes the defaults Flower passes
+    assert run_config_keys() == set(keys)
+    parse_settings(config)
 
 
 #: the data a method needs beyond the default (digits, Dirichlet): it is refused at start-up without it
