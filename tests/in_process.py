@@ -68,6 +68,14 @@ def handler(message_type: str):
     return client_app._query_handler(message_type.removeprefix("query."))
 
 
+def handled(message_type: str, content: RecordDict, context: Context) -> RecordDict:
+    """What the ClientApp's handler of ``message_type`` replies to ``content`` on the node of ``context``, outside
+    a run (the message as after Flower's transport, the reply built as :class:`Reply`)."""
+    message = cast(Message, SimpleNamespace(content=content, metadata=SimpleNamespace(message_type=message_type)))
+    with mock.patch.object(client_app, "Message", Reply):
+        return handler(message_type)(message, context).content
+
+
 class JoiningGrid(ReplayGrid):
     """A ReplayGrid whose ``late`` nodes connect only once the strategy has finished round 1 (a late joiner)."""
 

@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from types import SimpleNamespace
-from typing import Any, cast
-from unittest import mock
+from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict
 from scipy import stats
 
-import client_app.app as client_app
 from task.params import record_to_numpy, stacked_record, to_record
 from task.privacy import update_norm
 from tests.client_kit import distinct_states, numpy_state, users_client
-from tests.in_process import Reply
+from tests.in_process import handled
 
 #: the probability that an honest release fails the checks (all of them together)
 ALPHA = 1e-6
@@ -97,11 +94,7 @@ def _context(method: str, **run_config: Any) -> Context:
 def leaves(method: str, kind: str, content: RecordDict, **run_config: Any) -> Arrays:
     """The arrays of the reply the ClientApp's handler for ``kind`` sends for ``content`` (a fresh node)."""
     context = _context(method, **{"dp-mode": "local", **run_config})
-    handler = client_app.train if kind == "train" else client_app._query_handler(kind.removeprefix("query."))
-    message = cast(Message, SimpleNamespace(content=content, metadata=SimpleNamespace(message_type=kind)))
-    with mock.patch.object(client_app, "Message", Reply):
-        reply = handler(message, context)
-    return record_to_numpy(reply.content.array_records["arrays"])
+    return record_to_numpy(handled(kind, content, context).array_records["arrays"])
 
 
 def _fedc2i() -> tuple[RecordDict, Arrays]:

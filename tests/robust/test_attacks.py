@@ -265,15 +265,8 @@ def test_fedcacs_all_ones_mask_makes_every_honest_client_choose_the_attacker(tmp
 def test_the_clientapps_query_handler_sends_the_attackers_lie_and_the_honest_clients_truth():
     """The lies above reach the wire through the ClientApp's handler of ``query.<name>``: a PI-FL attacker's bid
     reply says every tier fits it perfectly, an honest client's gives its real tier accuracies."""
-    from types import SimpleNamespace
-    from typing import cast
-    from unittest import mock
-
-    from flwr.app import Context, Message
-
-    import client_app.app as client_app
-    from tests.client_kit import distinct_states, numpy_state
-    from tests.in_process import Reply
+    from tests.client_kit import distinct_states, numpy_state, users_context
+    from tests.in_process import handled
 
     def bid_reply(pid: int) -> list[float]:
         c = users_client("pifl", {"partition-id": pid}, attack="side-channel")
@@ -285,17 +278,10 @@ def test_the_clientapps_query_handler_sends_the_attackers_lie_and_the_honest_cli
                 "config": ConfigRecord({"server-round": 2}),
             }
         )
-        context = Context(
-            run_id=1,
-            node_id=c.context.node_id,
-            node_config=c.context.node_config,
-            state=RecordDict(),
-            run_config=c.context.run_config,
-        )
-        message = cast(Message, SimpleNamespace(content=content, metadata=SimpleNamespace(message_type="query.bid")))
-        with mock.patch.object(client_app, "Message", Reply):
-            reply = client_app._query_handler("bid")(message, context)
-        return [float(v) for v in reply.content["metrics"]["tier-acc"]]
+        context = users_context("pifl", {"partition-id": pid}, attack="side-channel")
+        accuracies = handled("query.bid", content, context).metric_records["metrics"]["tier-acc"]
+        assert isinstance(accuracies, list)
+        return [float(v) for v in accuracies]
 
     assert bid_reply(ATTACKER) == [1.0, 1.0]
     honest = bid_reply(HONEST)
