@@ -54,3 +54,14 @@ def temporary_files(monkeypatch):
 
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     return made
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """Flower's simulation runtime in this test process (server_app/engine.py): the runtime of the method-level
+    end-to-end tests, held to ``flwr run`` by tests/engine/test_equality.py.  ``engine.run(run_config,
+    num_supernodes)`` returns the run's summary.json plus ``log``, as ``simulation.run`` does."""
+    from server_app.engine import Engine
+
+    with Engine() as runtime:
+        yield runtime
