@@ -647,9 +647,10 @@ def _audit(
     ledger = load(root / LEDGER)
     mine = {"modules": {}, "mutants": {n: r for n, r in ledger["mutants"].items() if r["module"] in today}}
     outdated, missing = stale(mine, root, at=commit)
-    if missing:
-        raise SystemExit(f"git does not have {', '.join(missing)}: fetch the history (git fetch --unshallow) first")
-    ledger, dropped = merge(ledger, audited, {m: set(names) for m, names in today.items()}, set(outdated))
+    unknown = {n for n, r in mine["mutants"].items() if r["commit"] in missing}
+    if unknown:  # a rebased branch's commit, or a shallow clone: nothing says the verdict is of today's code
+        print(f"{len(unknown)} recorded verdicts name commits git does not have ({', '.join(missing)}): dropped")
+    ledger, dropped = merge(ledger, audited, {m: set(names) for m, names in today.items()}, set(outdated) | unknown)
     save(ledger, root / LEDGER)
     equiv = equivalents(root / EQUIVALENT)
     doc = root / DOC

@@ -296,11 +296,15 @@ def test_an_audit_is_capped_resumable_and_writes_a_report_with_its_commit(tmp_pa
     today = ma.mutants_of("pkg/calc.py", (root / "pkg" / "calc.py").read_text())
     assert len(today) > 2
     kw = {"root": root, "workdir": tmp_path / "work", "date": "2026-12-04", "minutes": 5}
+    # a recorded verdict of a commit git does not have (a rebased branch's) says nothing of today's code
+    unknown = max(today)
+    ma.save(_data({"pkg/calc.py": len(today)}, {unknown: "survived"}, commit="0123456789ab"), root / ma.LEDGER)
 
     report = ma.audit(["pkg/calc.py"], max_mutants=2, **kw)
     assert report == root / "docs" / "mutation" / "reports" / f"2026-12-04-{commit}.md"
     first = ma.load(report.with_suffix(".json"))
     assert len(first["mutants"]) == 2 and first["modules"] == {"pkg/calc.py": len(today)}
+    assert unknown not in first["mutants"] and ma.load(root / ma.LEDGER) == first
     assert f"{len(today) - 2} not run yet" in report.read_text() and commit in report.read_text()
 
     # mutmut's verdicts are the audit's state: one marked a timeout here stays one if the next audit does not rerun it
