@@ -180,10 +180,21 @@ def load(path: Path) -> dict:
 
 
 def save(data: dict, path: Path, **extra: object) -> None:
-    """Write ``data`` compactly (with ``extra`` keys first) to ``path`` in one step: a reader never sees half a file."""
+    """Write ``data`` compactly (with ``extra`` keys first) to ``path`` in one step: a reader never sees half a file.
+    One line per module in each of "modules" and "verdicts", so that an audit's diff shows the modules it changed."""
+
+    def dumps(value: object) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    def block(mapping: dict) -> str:
+        return "{\n" + ",\n".join(f"  {dumps(k)}: {dumps(v)}" for k, v in mapping.items()) + "\n }"
+
+    stored = compact(data)
+    items = [f" {dumps(k)}: {dumps(v)}" for k, v in extra.items()]
+    items += [f" {dumps(k)}: {block(stored[k])}" for k in ("modules", "verdicts")]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(extra | compact(data), indent=1, ensure_ascii=False) + "\n")
+    tmp.write_text("{\n" + ",\n".join(items) + "\n}\n")
     tmp.replace(path)
 
 
