@@ -14,8 +14,9 @@ The package is in layers; a module imports only from the layers below it (``test
 4. the scripts, each run from the repository's root as ``python -m benchmarks.<name>`` (``--help`` says what it
    runs): ``defaults``, ``grids``, ``privacy``, ``baselines``, ``fedc2i``, ``fedc2i_speed``, ``fedcac``,
    ``client2vec``, ``pfedlia``, ``pifl``, ``scale``, ``speed``, ``gaps``, ``robustness``; ``reproduce`` (re-runs a
-   record's run config on today's code) and ``report`` (rebuilds RESULTS.md, its figures and the generated blocks of
-   docs/; ``--check``).  A script imports the layers below, never another script.
+   record's run config on today's code), ``report`` (rebuilds RESULTS.md, its figures and the generated blocks of
+   docs/; ``--check``) and ``mutation_audit`` (mutmut over the modules you name; docs/mutation/README.md).  A script
+   imports the layers below, never another script.
 
 ``benchmarks/run_committed.sh "<script> <args>"`` runs scripts on a commit's code while the working tree changes.
 """
