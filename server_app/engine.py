@@ -365,6 +365,8 @@ def run_app(
                 context = contexts.get_nowait()
             with contextlib.suppress(Empty):
                 error = errors.get_nowait()
+            if error is not None:  # as flwr-simulation reports it: the line, then the ServerApp's traceback
+                logging.getLogger("flwr").error("Simulation raised an exception", exc_info=error)
         except Exception as ex:  # noqa: BLE001 - the runtime itself failed (loading the apps, the vce loop): said
             f_stop.set()
             error = ex

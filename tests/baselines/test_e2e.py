@@ -1,4 +1,5 @@
-"""End-to-end Flower runs (flwr run on a private simulation SuperLink): two rounds of every baseline."""
+"""End-to-end Flower runs on the engine (Flower's simulation runtime in the test process, held to flwr run by
+tests/engine/test_equality.py): two rounds of every baseline."""
 
 import json
 from pathlib import Path
@@ -33,9 +34,9 @@ GLOBAL_MODEL = {"fedavg", "fedprox", "fedrod", "ditto"}
 
 
 @pytest.mark.parametrize("method", BASELINES)
-def test_two_rounds(simulation, method):
+def test_two_rounds(engine, method):
     extra = {"cfl-min-rounds": 1} if method == "cfl" else {}  # a split may come in a two-round run
-    summary = simulation.run({"method": method, "num-server-rounds": 2, "min-nodes": 4, **extra}, num_supernodes=4)
+    summary = engine.run({"method": method, "num-server-rounds": 2, "min-nodes": 4, **extra}, num_supernodes=4)
     assert summary["rounds"] == 2 and summary["clients"] == 4 and summary["failures"] == 0
     assert 0.3 < summary["personal-acc"] <= 1.0  # far above chance (0.1) after two rounds on digits
     folder = Path(summary["results"])
@@ -75,8 +76,8 @@ def test_two_rounds(simulation, method):
         assert "clusters" not in summary
 
 
-def test_bad_replies_are_rejected_and_the_run_goes_on(simulation):
-    summary = simulation.run(
+def test_bad_replies_are_rejected_and_the_run_goes_on(engine):
+    summary = engine.run(
         {"method": "fedavg", "num-server-rounds": 2, "min-nodes": 4, "fault": "nan@1,shape@2,crash@3"}, num_supernodes=4
     )
     failures = json.loads((Path(summary["results"]) / "failures.json").read_text())
@@ -92,20 +93,20 @@ def test_bad_replies_are_rejected_and_the_run_goes_on(simulation):
     assert 0.3 < summary["personal-acc"] <= 1.0  # the healthy client's model kept learning
 
 
-def test_unknown_method_fails_with_a_clear_message(simulation):
+def test_unknown_method_fails_with_a_clear_message(engine):
     from server_app.runner import RunFailed
 
     with pytest.raises(RunFailed, match=r"run-config key 'method' must be one of \[.*\], got 'nosuch'"):
-        simulation.run({"method": "nosuch", "num-server-rounds": 1}, num_supernodes=2, timeout=300)
+        engine.run({"method": "nosuch", "num-server-rounds": 1}, num_supernodes=2, timeout=300)
 
 
-def test_a_run_whose_every_reply_fails_the_same_way_stops_with_that_reason(simulation, tmp_path):
+def test_a_run_whose_every_reply_fails_the_same_way_stops_with_that_reason(engine, tmp_path):
     # the server cannot see the clients' disks: every client fails on the missing data-dir in round 1, and the
     # run stops there with that reason and a non-zero exit instead of running nine empty rounds
     from server_app.runner import RunFailed
 
     with pytest.raises(RunFailed) as err:
-        simulation.run(
+        engine.run(
             {
                 "method": "fedavg",
                 "dataset": "mnist",

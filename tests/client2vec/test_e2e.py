@@ -23,9 +23,9 @@ def _artefacts(summary):
     return folder, index, info, rounds
 
 
-def test_client2vec_global_mode_with_open_clip_and_moon(simulation, tmp_path):
+def test_client2vec_global_mode_with_open_clip_and_moon(engine, tmp_path):
     m = 6
-    summary = simulation.run(
+    summary = engine.run(
         {
             "method": "client2vec",
             "num-server-rounds": 2,
@@ -62,7 +62,7 @@ def test_client2vec_global_mode_with_open_clip_and_moon(simulation, tmp_path):
     assert len(list((tmp_path / "cache").glob("*.npz"))) == m
 
 
-def test_client2vec_with_a_users_defaults_trains_like_fedavg(simulation, tmp_path):
+def test_client2vec_with_a_users_defaults_trains_like_fedavg(engine, tmp_path):
     """Formerly ``flwr run . --run-config "method='client2vec'"`` trained a useless model (personalized accuracy
     0.22 at 10 nodes where FedAvg reached 0.98; 0.44 here against FedAvg's 0.96).  Everything is what a user gets
     (open_clip encoder with random weights, Global DSA-IGN, all three case studies, the cnn with BatchNorm, SGD
@@ -70,8 +70,8 @@ def test_client2vec_with_a_users_defaults_trains_like_fedavg(simulation, tmp_pat
     cache in a temporary folder.  FedAvg at the same settings is the paired baseline."""
     m, chance = 4, 1 / 10
     small = {"num-server-rounds": 3, "min-nodes": m}
-    c2v = simulation.run({**small, "method": "client2vec", "c2v-cache-dir": str(tmp_path / "cache")}, num_supernodes=m)
-    fedavg = simulation.run({**small, "method": "fedavg"}, num_supernodes=m)
+    c2v = engine.run({**small, "method": "client2vec", "c2v-cache-dir": str(tmp_path / "cache")}, num_supernodes=m)
+    fedavg = engine.run({**small, "method": "fedavg"}, num_supernodes=m)
     assert c2v["rounds"] == fedavg["rounds"] == 3 and c2v["failures"] == fedavg["failures"] == 0
     assert fedavg["personal-acc"] > 5 * chance  # the baseline learnt, so the comparison means something
     assert c2v["personal-acc"] >= fedavg["personal-acc"] - 0.1
@@ -80,9 +80,9 @@ def test_client2vec_with_a_users_defaults_trains_like_fedavg(simulation, tmp_pat
 
 
 @pytest.mark.extended  # ~1-3 minutes (python -m pytest -m extended); Global mode runs by default
-def test_client2vec_federated_mode_fedprox_without_local_loss(simulation, tmp_path):
+def test_client2vec_federated_mode_fedprox_without_local_loss(engine, tmp_path):
     m = 4
-    summary = simulation.run(
+    summary = engine.run(
         {
             "method": "client2vec",
             "num-server-rounds": 2,
@@ -115,7 +115,7 @@ def test_client2vec_federated_mode_fedprox_without_local_loss(simulation, tmp_pa
     assert 4 * _mlp_params() <= comm["train-bytes-down"] / 2 < 4 * _mlp_params() + 4_000  # no B_f, no P without (iii)
 
 
-def test_two_runs_with_one_seed_index_and_draw_the_same_clients(simulation, tmp_path):
+def test_two_runs_with_one_seed_index_and_draw_the_same_clients(engine, tmp_path):
     # Flower gives the simulated nodes new random ids in every run: what a seed decides (the DSA-IGN pool,
     # the index rows, the cohorts) must not depend on them, or "paired" seeds would not pair
     cfg = {
@@ -134,7 +134,7 @@ def test_two_runs_with_one_seed_index_and_draw_the_same_clients(simulation, tmp_
         "seed": 4,
         "c2v-cache-dir": str(tmp_path / "cache"),
     }
-    runs = [_artefacts(simulation.run(cfg, num_supernodes=6)) for _ in range(2)]
+    runs = [_artefacts(engine.run(cfg, num_supernodes=6)) for _ in range(2)]
     (_, index_a, info_a, _), (_, index_b, info_b, _) = runs
     for key in ("partition_id", "beta_f", "beta_l", "num_examples"):
         np.testing.assert_array_equal(index_a[key], index_b[key])

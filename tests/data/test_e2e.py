@@ -1,6 +1,6 @@
-"""Unequal clients under partial participation through Flower's runtime (flwr run on a private simulation
-SuperLink): partition 'quantity-dirichlet' with a third of the clients drawn per round; Local trains every client in
-every round, FedAvg the drawn third."""
+"""Unequal clients under partial participation through Flower's runtime (the engine, held to flwr run by
+tests/engine/test_equality.py): partition 'quantity-dirichlet' with a third of the clients drawn per round; Local
+trains every client in every round, FedAvg the drawn third."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ pytestmark = pytest.mark.slow
 
 # FedAvg's draw is the base's (tests/runtime); its Flower run (about 50 s on 2 cores) runs with `-m extended`
 @pytest.mark.parametrize("method,trained", [("local", 6), pytest.param("fedavg", 2, marks=pytest.mark.extended)])
-def test_unequal_clients_with_a_third_drawn_per_round(simulation, method, trained):
+def test_unequal_clients_with_a_third_drawn_per_round(engine, method, trained):
     cfg = {"method": method, "partition": "quantity-dirichlet", "fraction-train": 0.34}
-    summary = simulation.run({**cfg, "num-server-rounds": 2, "min-nodes": 6}, num_supernodes=6)
+    summary = engine.run({**cfg, "num-server-rounds": 2, "min-nodes": 6}, num_supernodes=6)
     folder = Path(summary["results"])
     assert summary["failures"] == 0 and summary["partition"] == "quantity-dirichlet"
     rounds = json.loads((folder / "rounds.json").read_text())

@@ -8,8 +8,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_fedc2i_run_writes_influence(simulation):
-    summary = simulation.run(
+def test_fedc2i_run_writes_influence(engine):
+    summary = engine.run(
         {"method": "fedc2i", "num-server-rounds": 3, "min-nodes": 4, "partition": "iid", "feature-shift": 4},
         num_supernodes=4,
     )

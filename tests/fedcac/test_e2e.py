@@ -9,8 +9,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_fedcac_run_with_a_dropout_in_round_2(simulation):
-    summary = simulation.run(
+def test_fedcac_run_with_a_dropout_in_round_2(engine):
+    summary = engine.run(
         {
             "method": "fedcac",
             "num-server-rounds": 3,

@@ -1,5 +1,5 @@
-"""Held-out clients through Flower's runtime (flwr run on a private simulation SuperLink): IFCA at its defaults with
-the two largest partition ids held out."""
+"""Held-out clients through Flower's runtime (the engine, held to flwr run by tests/engine/test_equality.py): IFCA
+at its defaults with the two largest partition ids held out."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_held_out_clients_never_train_and_are_scored_as_newcomers_at_the_end_at_ifcas_defaults(simulation):
-    summary = simulation.run({"method": "ifca", "holdout-clients": 2, "min-nodes": 5}, num_supernodes=5)
+def test_held_out_clients_never_train_and_are_scored_as_newcomers_at_the_end_at_ifcas_defaults(engine):
+    summary = engine.run({"method": "ifca", "holdout-clients": 2, "min-nodes": 5}, num_supernodes=5)
     folder = Path(summary["results"])
     assert summary["failures"] == 0 and summary["clients"] == 3 and summary["rounds"] == 10
     assert summary["holdout-clients"] == 2 and summary["newcomers"] == 2

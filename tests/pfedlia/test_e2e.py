@@ -30,10 +30,10 @@ def _sets(folder: Path) -> dict:
 
 @pytest.mark.extended  # about 110 s on 2 cores; the summary's clusters through Flower are also checked by CFL's
 # two-round run in tests/baselines/test_e2e.py and by the planted-groups runs below
-def test_pfedlia_at_its_defaults_says_how_many_clusters_it_found(simulation):
+def test_pfedlia_at_its_defaults_says_how_many_clusters_it_found(engine):
     """What a new user runs (``method='pfedlia'``, nothing else, 10 nodes): the summary says how many clusters
     the clustering round found, and spells out a single one (the run was then FedAvg)."""
-    summary = simulation.run({"method": "pfedlia"}, num_supernodes=10)
+    summary = engine.run({"method": "pfedlia"}, num_supernodes=10)
     groups = json.loads((Path(summary["results"]) / "pfedlia_clusters.json").read_text())["assignment"]
     clusters = len(set(groups.values()))
     assert summary["clusters"] == clusters and len(groups) == 10
@@ -42,13 +42,13 @@ def test_pfedlia_at_its_defaults_says_how_many_clusters_it_found(simulation):
     assert f"pflower pfedlia on digits/dirichlet: 10 rounds, 10 clients, {summary['clustering']}, " in summary["log"]
 
 
-def test_oracle_at_its_defaults_is_refused_at_start_up_naming_the_data_it_needs(simulation):
+def test_oracle_at_its_defaults_is_refused_at_start_up_naming_the_data_it_needs(engine):
     """``method='oracle'`` on the default (Dirichlet) data stops before round 1 and says how to get planted groups;
     the ServerApp says so as soon as it starts, before Flower reports the failed run."""
     from server_app.runner import RunFailed
 
     with pytest.raises(RunFailed) as err:
-        simulation.run({"method": "oracle"}, num_supernodes=2, timeout=300)
+        engine.run({"method": "oracle"}, num_supernodes=2, timeout=300)
     out = err.value.output
     said = "the run config was refused at start-up: method 'oracle' clusters the clients by their planted groups"
     assert said in out and "partition='planted-clusters'" in out
@@ -63,8 +63,8 @@ def test_oracle_at_its_defaults_is_refused_at_start_up_naming_the_data_it_needs(
 
 
 @pytest.mark.parametrize("mode", ["p2p", "central"])
-def test_pfedlia_recovers_the_planted_groups(simulation, mode):
-    summary = simulation.run({"method": "pfedlia", "lia-mode": mode, **SMALL}, num_supernodes=10)
+def test_pfedlia_recovers_the_planted_groups(engine, mode):
+    summary = engine.run({"method": "pfedlia", "lia-mode": mode, **SMALL}, num_supernodes=10)
     folder = Path(summary["results"])
     clusters = json.loads((folder / "pfedlia_clusters.json").read_text())["clustering"]
     assert clusters["round"] == 6 and summary["failures"] == 0
@@ -100,10 +100,10 @@ LM = {
 }
 
 
-def test_pfedlia_p2p_groups_dialects_and_beats_fedavg_perplexity(simulation):
+def test_pfedlia_p2p_groups_dialects_and_beats_fedavg_perplexity(engine):
     """Next-word prediction with a GPT-2-config model: p2p pFedLIA finds the dialects, lowers perplexity."""
-    fedavg = simulation.run({"method": "fedavg", **LM}, num_supernodes=6)
-    lia = simulation.run({"method": "pfedlia", "lia-mode": "p2p", **LM}, num_supernodes=6)
+    fedavg = engine.run({"method": "fedavg", **LM}, num_supernodes=6)
+    lia = engine.run({"method": "pfedlia", "lia-mode": "p2p", **LM}, num_supernodes=6)
     clusters = json.loads((Path(lia["results"]) / "pfedlia_clusters.json").read_text())["clustering"]
     assert clusters["ari"] == 1.0 and clusters["p2p-exact-fraction"] == 1.0
     assert lia["personal-perplexity"] < fedavg["personal-perplexity"]

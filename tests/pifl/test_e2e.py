@@ -9,8 +9,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_pifl_tiers_specialise_and_tokens_are_conserved(simulation):
-    summary = simulation.run(
+def test_pifl_tiers_specialise_and_tokens_are_conserved(engine):
+    summary = engine.run(
         {
             "method": "pifl",
             "num-server-rounds": 4,
@@ -48,8 +48,8 @@ def test_pifl_tiers_specialise_and_tokens_are_conserved(simulation):
     assert table[int(a_tier)]["A"] > table[int(a_tier)]["B"] and table[int(b_tier)]["B"] > table[int(b_tier)]["A"]
 
 
-def test_fedsoft_soft_clusters_and_tier_table(simulation):
-    summary = simulation.run(
+def test_fedsoft_soft_clusters_and_tier_table(engine):
+    summary = engine.run(
         {
             "method": "fedsoft",
             "num-server-rounds": 3,
