@@ -1,8 +1,15 @@
 """Running grid cells through Flower and keeping one compact raw record per run (the records layer's writer).
 
-Every run goes through ``server_app.runner.LocalSimulation`` (a private SuperLink, ``flwr run``).  Its full
-results folder stays under ``benchmarks/out/runs`` (gitignored); what the tables need is copied into a
-small JSON record, ``benchmarks/raw/<grid>/<cell>.json`` (schema: ``benchmarks/records.py``), which is committed.
+Every run goes through Flower, on one of two engines (``--engine``, every benchmark script takes it, with ``--jobs``):
+
+- ``in-process`` (the default): Flower's simulation runtime in one process (``server_app/engine.py``), a batch of
+  runs spread over ``--jobs`` worker processes by ``server_app.sweep`` (default: the cores);
+- ``flwr-run``: ``server_app.runner.LocalSimulation`` (a private SuperLink, ``flwr run``, one run at a time), which
+  ``tests/engine/test_equality.py`` holds the engine to, kept for cross-checking records against Flower's runtime.
+
+Each record names its engine.  A run's full results folder stays under ``benchmarks/out/runs`` (gitignored); what
+the tables need is copied into a small JSON record, ``benchmarks/raw/<grid>/<cell>.json`` (schema:
+``benchmarks/records.py``), which is committed.
 ``python -m benchmarks.report`` builds ``benchmarks/RESULTS.md`` from those records only.
 
 ``python -m benchmarks.running refresh`` rebuilds the records from their run folders after a change of what a
@@ -21,7 +28,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
@@ -37,6 +44,7 @@ from benchmarks.records import (
     run_config_defaults,
     write_record,
 )
+from server_app.engine import Engine
 from server_app.runner import LocalSimulation, RunFailed, results_folder_from_output
 
 OUT = BENCHMARKS / "out"
@@ -51,6 +59,16 @@ _DATA_COLUMN = re.compile(r"(^|-)(examples|digest|hash)$")
 SUMMARY_PREFIXES = ("personal-acc-", "global-acc-", "newcomer-")
 #: consecutive failed runs after which a resumable grid stops (a dead SuperLink would otherwise fail every later run)
 MAX_FAILURES_IN_A_ROW = 5
+#: the engines a benchmark can run on (module docstring)
+ENGINES = ("in-process", "flwr-run")
+
+
+class Runtime:
+    """The engine and worker count every ``Bench`` of this process uses unless told otherwise: set from a benchmark
+    script's ``--engine`` / ``--jobs`` when its :func:`parser` parses the command line."""
+
+    engine: str = "in-process"
+    jobs: int = os.cpu_count() or 1
 
 
 # --------------------------------------------------------------------------- what ran, where
@@ -260,8 +278,9 @@ def record_from_run(
     run_config: dict[str, Any],
     load_before: float | None = None,
     error: str | None = None,
+    engine: str | None = None,
 ) -> dict:
-    """The compact raw record of one run (see the module docstring)."""
+    """The compact raw record of one run (see the module docstring); ``engine``: which of :data:`ENGINES` ran it."""
     folder = Path(folder) if folder else None
     config_json = (_read_json(folder / "config.json") or {}) if folder else {}
     config = config_json.get("run-config")
@@ -306,6 +325,7 @@ def record_from_run(
         "command": command,
         "run": folder.name if folder else None,
         "num-supernodes": num_supernodes,
+        "engine": engine,
         "error": error,
         "code": code_version(),
         "machine": machine(load_before),
@@ -352,7 +372,7 @@ def stopped_folder(exc: Exception) -> Path | None:
 
 
 class Bench:
-    """A private SuperLink that runs grid cells and writes one raw record per run (failed runs too)."""
+    """Runs grid cells on an engine (:data:`ENGINES`) and writes one raw record per run (failed runs too)."""
 
     def __init__(
         self,
@@ -362,25 +382,41 @@ class Bench:
         command: str | None = None,
         total: int | None = None,
         timeout: float = 3600.0,
+        engine: str | None = None,
+        jobs: int | None = None,
     ) -> None:
         self.grid, self.raw_dir, self.total, self.timeout = grid, Path(raw_dir), total, timeout
         self.command = command or command_line()
         self.runs_dir = OUT / "runs"
-        self.done, self.t0, self.sim = 0, time.time(), LocalSimulation()
+        self.engine = engine or Runtime.engine
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine {self.engine!r} is not one of {ENGINES}")
+        self.jobs = max(1, jobs or Runtime.jobs)
+        self.done, self.t0 = 0, time.time()
+        self.sim: LocalSimulation | Engine = (
+            LocalSimulation() if self.engine == "flwr-run" else Engine(workdir=OUT / "engine")
+        )
 
     def __enter__(self) -> Self:
-        self.sim.start()
+        if isinstance(self.sim, LocalSimulation):
+            self.sim.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.sim.stop()
 
+    def config(self, cfg: dict[str, Any], clients: int) -> dict[str, Any]:
+        """``cfg`` with the bench's results folder, and ``min-nodes`` = ``clients`` unless set (every round waits
+        for all of them)."""
+        return {"results-dir": str(self.runs_dir), "min-nodes": clients, **cfg}
+
     def run(self, cell: dict[str, Any], cfg: dict[str, Any], clients: int) -> dict:
-        """Run ``cfg`` on ``clients`` simulated nodes (``min-nodes`` defaults to ``clients``: every round waits for
-        all of them); write and return its record (``error`` set if it failed)."""
-        cfg = {"results-dir": str(self.runs_dir), "min-nodes": clients, **cfg}
+        """Run ``cfg`` on ``clients`` simulated nodes in this process (one run); write and return its record
+        (``error`` set if it failed)."""
+        cfg = self.config(cfg, clients)
         load = round(os.getloadavg()[0], 2)
         folder, error = None, None
+        start = time.time()
         try:
             folder = Path(self.sim.run(cfg, num_supernodes=clients, timeout=self.timeout)["results"])
         except (RunFailed, OSError, ValueError) as exc:  # keep going: the record says what failed
@@ -388,6 +424,48 @@ class Bench:
             folder = stopped_folder(exc)
         except Exception as exc:  # noqa: BLE001  (subprocess timeouts and the like)
             error = f"{type(exc).__name__}: {exc}"[-2000:]
+        return self._record(cell, cfg, clients, folder, error, load, time.time() - start)
+
+    def run_many(self, items: list[tuple[str, dict[str, Any], dict[str, Any], int]]) -> Iterator[dict]:
+        """Run every (grid, cell, run config, clients) and yield each record as its run ends: on the in-process
+        engine in ``jobs`` worker processes (``server_app.sweep``), in any order; through ``flwr run`` one after
+        another."""
+        if self.engine == "flwr-run" or self.jobs == 1 or len(items) <= 1:
+            for grid, cell, cfg, clients in items:
+                self.grid = grid
+                yield self.run(cell, cfg, clients)
+            return
+        from server_app.sweep import Spec, run_specs
+
+        specs = {}
+        for grid, cell, cfg, clients in items:
+            spec = Spec(run_config=self.config(cfg, clients), num_supernodes=clients)
+            specs[spec.key] = (grid, cell, spec)
+        load = round(os.getloadavg()[0], 2)
+        for spec, entry in run_specs(
+            [s for _, _, s in specs.values()], out=OUT / "sweep", jobs=min(self.jobs, len(specs))
+        ):
+            grid, cell, _ = specs[spec.key]
+            self.grid = grid
+            folder = Path(entry["results"]) if entry.get("results") else None
+            error = None
+            if entry.get("exit") != 0:
+                error = f"{entry.get('outcome')}\n{_log_tail(spec.key)}"
+                # a run the ServerApp stopped early keeps its rounds until then (its summary says ``aborted``)
+                summary = (_read_json(folder / "summary.json") or {}) if folder else {}
+                folder = folder if summary.get("aborted") else None
+            yield self._record(cell, spec.run_config, spec.num_supernodes, folder, error, load, entry.get("seconds"))
+
+    def _record(
+        self,
+        cell: dict[str, Any],
+        cfg: dict[str, Any],
+        clients: int,
+        folder: Path | None,
+        error: str | None,
+        load: float,
+        wall: float | None,
+    ) -> dict:
         rec = record_from_run(
             folder,
             grid=self.grid,
@@ -397,7 +475,10 @@ class Bench:
             run_config=cfg,
             load_before=load,
             error=error,
+            engine=self.engine,
         )
+        # the run end to end: flwr run's with Ray's start-up; the engine's in its worker, without the worker's start
+        rec["wall-seconds"] = None if wall is None else round(wall, 2)
         write_record(rec, self.raw_dir)
         self.done += 1
         s = rec["summary"]
@@ -416,13 +497,18 @@ class Bench:
         return rec
 
 
+def _log_tail(key: str, lines: int = 15) -> str:
+    path = OUT / "sweep" / "logs" / f"{key}.log"
+    return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
+
+
 def run_grid(
     grid: str, cells: Iterable[tuple[dict[str, Any], dict[str, Any]]], clients: int, raw_dir: Path | str = RAW
 ) -> list[dict]:
-    """Run every (cell, run config) once through ``flwr run``."""
+    """Run every (cell, run config) once, on the engine the script was asked for."""
     cells = list(cells)
     with Bench(grid, raw_dir=raw_dir, total=len(cells)) as bench:
-        return [bench.run(cell, cfg, clients) for cell, cfg in cells]
+        return list(bench.run_many([(grid, cell, cfg, clients) for cell, cfg in cells]))
 
 
 # --------------------------------------------------------------------------- resumable grids
@@ -503,6 +589,11 @@ def _hms(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}"
 
 
+def _run_one(bench: Runner, run: Planned) -> dict[str, Any]:
+    bench.grid = run.grid
+    return bench.run(run.cell, run.config, run.clients)
+
+
 def run_all(
     runs: Iterable[P],
     bench: Runner,
@@ -510,17 +601,20 @@ def run_all(
     progress: Progress,
     expected_failure: Callable[[P], bool] = lambda run: False,
 ) -> None:
-    """Run each planned run on one SuperLink, its record with ``extra`` and its wall time; stop after
-    ``MAX_FAILURES_IN_A_ROW`` failures in a row that were not ``expected_failure``."""
+    """Run each planned run on the bench's engine, its record with ``extra`` and its wall time; stop after
+    ``MAX_FAILURES_IN_A_ROW`` failures in a row (in the order runs end) that were not ``expected_failure``."""
+    runs = list(runs)
+    by_cell = {(r.grid, json.dumps(r.cell, sort_keys=True)): r for r in runs}
     failures = 0
-    for run in runs:
-        bench.grid = run.grid  # one SuperLink for every grid of the script
-        start = time.time()
-        rec = bench.run(run.cell, run.config, run.clients)
+    if isinstance(bench, Bench):
+        records: Iterable[dict] = bench.run_many([(r.grid, r.cell, r.config, r.clients) for r in runs])
+    else:  # any Runner: one run after another
+        records = (_run_one(bench, r) for r in runs)
+    for rec in records:
+        run = by_cell[(rec["grid"], json.dumps(rec["cell"], sort_keys=True))]
         rec.update(run.extra)
-        rec["wall-seconds"] = round(time.time() - start, 2)  # flwr run end to end, Ray start-up included
         write_record(rec, raw_dir)
-        print(progress.line(rec["wall-seconds"]), flush=True)
+        print(progress.line(rec.get("wall-seconds") or 0.0), flush=True)
         failures = failures + 1 if rec.get("error") and not expected_failure(run) else 0
         if failures >= MAX_FAILURES_IN_A_ROW:
             raise SystemExit(
@@ -537,10 +631,29 @@ def product(axes: dict[str, dict[str, dict]], seeds: list[int], base: dict[str, 
     return [({**c, "seed": s}, {**cfg, "seed": s}) for c, cfg in cells for s in seeds]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Sets :class:`Runtime` from ``--engine`` / ``--jobs`` as it parses."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        Runtime.engine, Runtime.jobs = parsed.engine, parsed.jobs
+        return parsed
+
+
 def parser(doc: str | None) -> argparse.ArgumentParser:
-    """A benchmark script's argument parser: its docstring as the help, and ``--raw-dir``."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """A benchmark script's argument parser: its docstring as the help, ``--raw-dir``, ``--engine`` and ``--jobs``."""
+    ap = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw-dir", default=str(RAW), help="where the raw records go (default benchmarks/raw)")
+    ap.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="in-process",
+        help="in-process: Flower's simulation runtime in --jobs worker processes (default); flwr-run: flwr run on a "
+        "private SuperLink, one run at a time",
+    )
+    ap.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="in-process worker processes (default: cores)"
+    )
     return ap
 
 
