@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server_app.engine import APP_DIR, App, EngineError, Federation, _config_values, run_app
+from server_app.engine import APP_DIR, App, EngineError, Federation, _config_values, run_app, toml_value
 from server_app.job import Exit, outcome
 
 #: summary.json's numbers a sweep's table shows for every run
@@ -87,6 +87,15 @@ class Spec:
     def describe(self) -> str:
         shown = self.varied or self.run_config
         return " ".join(f"{k}={v}" for k, v in shown.items()) or "(defaults)"
+
+
+def config_text(config: Mapping[str, Any]) -> str:
+    """A sweep's run config as ``--run-config`` text: arrays (axes) written as TOML arrays."""
+
+    def value(v: Any) -> str:
+        return "[" + ",".join(toml_value(x) for x in v) + "]" if isinstance(v, list) else toml_value(v)
+
+    return " ".join(f"{k}={value(v)}" for k, v in config.items())
 
 
 def expand(config: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -375,7 +375,52 @@ RUN_HERE = [
     r"dp-mode=",
     r"record-messages=true",
     r"^tensorboard --logdir results",
+    r"^python -m server_app\.sweep ",
 ]
+
+
+def fast_sweep(command: Command) -> str:
+    """A ``python -m server_app.sweep .`` command in the suite's form: one round in every run (its axes kept), the
+    app and a grid file named by their absolute paths (the test runs it in a folder of its own)."""
+    from server_app.engine import _config_values
+    from server_app.sweep import config_text
+
+    tokens = shlex.split(command.text)
+    tokens[tokens.index(".")] = str(ROOT)
+    for i, token in enumerate(tokens[:-1]):
+        if token == "--run-config":
+            cfg = _config_values(tokens[i + 1], "--run-config", axes=True)
+            tokens[i + 1] = config_text({**cfg, "num-server-rounds": 1})
+        elif token == "--grid":
+            tokens[i + 1] = str(ROOT / tokens[i + 1])
+            tokens += ["--run-config", "num-server-rounds=1"]  # over every run of the grid
+    return shlex.join(tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", find(r"^python -m server_app\.sweep "), ids=lambda c: f"line{c.line}")
+def test_the_sweep_examples_run(command, tmp_path):
+    """Each sweep example of the README runs (one round per run) and ends as its comments say: one run with its
+    summary line, a grid with its table of every run."""
+    from server_app.sweep import plan
+
+    ran = sh(fast_sweep(command), dict(os.environ), cwd=tmp_path)
+    assert ran.code == Exit.COMPLETED, ran.out[-4000:]
+    tokens = shlex.split(fast_sweep(command))
+    if "--grid" in tokens:
+        import tomllib
+
+        grid = tomllib.loads(Path(tokens[tokens.index("--grid") + 1]).read_text())
+        runs = plan(["num-server-rounds=1"], [], grid)
+    else:
+        runs = plan([t for i, t in enumerate(tokens[1:], 1) if tokens[i - 1] == "--run-config"])
+    if len(runs) == 1:
+        assert summary_of(ran.out).startswith("pflower ")
+    else:
+        with (tmp_path / "results" / "sweep" / "table.csv").open() as fh:
+            table = list(csv.DictReader(fh))
+        assert len(table) == len(runs) and all(row["outcome"] == "completed" for row in table)
+        assert f"{len(runs)} of {len(runs)} runs completed" in ran.out
 
 
 def test_every_command_is_run_by_a_test():
