@@ -18,7 +18,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "deploy" / "docker"
 sys.path.insert(0, str(ROOT / "deploy"))
-from pflower_deploy import pipconf  # noqa: E402
+from pflower_deploy import demo_page, pipconf  # noqa: E402
 
 COMPOSE = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict] = COMPOSE["services"]
@@ -234,3 +234,54 @@ def test_run_demo_names_every_missing_prerequisite_before_doing_anything(tmp_pat
     for tool in ("curl", "openssl", "ssh-keygen", "ip (", "docker (", "docker compose or docker-compose", "flwr"):
         assert tool in said
     assert "python3" not in said
+    readme = (DOCKER / "README.md").read_text()
+    shown = readme[readme.index("## Prerequisites") :].split("\n## ", 1)[0]
+    assert said in shown  # the README shows what the script says
+    for tool in ("curl", "openssl", "ssh-keygen", "ip", "docker", "docker-compose", "python3", "flwr"):
+        assert f"`{tool}`" in shown
+
+
+# --- the README's sample output ---
+
+
+def test_the_readme_shows_what_the_recorded_run_printed():
+    assert demo_page.check(None, None) == []
+
+
+def test_the_recorded_run_passed_every_check_and_printed_its_summary_once():
+    build, demo = demo_page.record()
+    assert re.search(r"^built pflower-base:local in \d+ s", build, re.MULTILINE)
+    lines = demo.splitlines()
+    for claim in (
+        "isolation: supernode-0 cannot reach supernode-1",
+        "isolation: supernode-0 cannot reach a port on the host",
+        "refused: an unregistered SuperNode: its log says 'Exit Code: 305'",
+        "summary.json: 3 rounds, 3 clients",
+        "== demo finished in ",
+    ):
+        assert sum(line.startswith(claim) for line in lines) == 1, claim
+    summaries = [line for line in lines if re.search(r"pflower fedavg on digits/dirichlet: 3 rounds", line)]
+    assert len(summaries) == 1 and summaries[0].startswith("pflower ")
+
+
+def test_the_shape_check_tells_a_changed_line_from_changed_numbers(tmp_path):
+    build, demo = demo_page.record()
+    (tmp_path / "build.log").write_text(build)
+    renumbered = re.sub(r"\d", lambda m: str((int(m.group(0)) + 3) % 10), demo)
+    (tmp_path / "demo.log").write_text(renumbered.replace("\n", "\nWARNING :      a loaded machine's warning\n", 1))
+    assert demo_page.check(tmp_path / "build.log", tmp_path / "demo.log") == []
+    dropped = "\n".join(line for line in demo.splitlines() if not line.startswith("isolation: supernode-0 cannot"))
+    (tmp_path / "demo.log").write_text(dropped)
+    [problem] = demo_page.check(tmp_path / "build.log", tmp_path / "demo.log")
+    assert "-isolation: supernode-N cannot reach supernode-N (its port N answers" in problem
+    (tmp_path / "demo.log").write_text(demo.replace("3 rounds, 3 clients", "3 rounds, 3 nodes"))
+    [problem] = demo_page.check(tmp_path / "build.log", tmp_path / "demo.log")
+    assert "+summary.json: N rounds, N nodes" in problem
+
+
+def test_a_hand_edited_sample_is_caught():
+    page = (DOCKER / "README.md").read_text()
+    block = demo_page.block_of(page)
+    edited = page.replace(block, block.replace("refused: ", "refused:  ", 1))
+    [problem] = demo_page.check(None, None, page=edited)
+    assert "is not what deploy/docker/demo-run/ renders" in problem
