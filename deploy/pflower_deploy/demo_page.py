@@ -7,9 +7,9 @@ lines and the run's log stream; the image build's and compose's own output is le
 
 - ``update BUILD_LOG DEMO_LOG``: copy the two logs of a run into the record and render the README's block.
 - ``check``: the README's block is what the record renders (no stale or hand-edited sample output).
-- ``check BUILD_LOG DEMO_LOG``: also, the logs of the run just made have the record's shape: the same lines in the
-  same order, where numbers, ids, addresses and the machine may differ (and Flower's WARNING lines, which a loaded
-  machine adds, are left aside). .ci/run's demo stage runs it after the demo.
+- ``check BUILD_LOG DEMO_LOG``: also, the logs of the run just made have the record's shape: the same shown lines
+  in the same order, where numbers, ids, addresses and the machine may differ (Flower's WARNING lines, which a
+  loaded machine adds, and the output left out are set aside). .ci/run's demo stage runs it after the demo.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ def shape(line: str) -> str:
 
 
 def shapes(lines: list[str]) -> list[str]:
-    return [shape(line) for line in lines if not line.startswith("WARNING :")]
+    """The shapes of the shown lines, without Flower's warnings (a loaded machine adds them, with lines of their
+    own) and without the ``...`` that stand for the output left out."""
+    return [shape(line) for line in lines if line != "..." and not line.startswith("WARNING :")]
 
 
 def _value(pattern: str, text: str) -> str:

@@ -268,7 +268,11 @@ def test_the_shape_check_tells_a_changed_line_from_changed_numbers(tmp_path):
     build, demo = demo_page.record()
     (tmp_path / "build.log").write_text(build)
     renumbered = re.sub(r"\d", lambda m: str((int(m.group(0)) + 3) % 10), demo)
-    (tmp_path / "demo.log").write_text(renumbered.replace("\n", "\nWARNING :      a loaded machine's warning\n", 1))
+    warning = "\x1b[93mWARNING \x1b[0m:   a loaded machine's warning\n  with a line of its own\n"
+    assert renumbered.count("\nSuccessfully started run ") == 1
+    (tmp_path / "demo.log").write_text(
+        renumbered.replace("\nSuccessfully started run ", f"\n{warning}Successfully started run ")
+    )
     assert demo_page.check(tmp_path / "build.log", tmp_path / "demo.log") == []
     dropped = "\n".join(line for line in demo.splitlines() if not line.startswith("isolation: supernode-0 cannot"))
     (tmp_path / "demo.log").write_text(dropped)
