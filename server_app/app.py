@@ -100,7 +100,6 @@ def main(grid: Grid, context: Context) -> None:
         failed = aborted is not None
     finally:  # also when the ServerApp stops on an error: the rounds recorded so far
         watchers.finish(strategy.history, failed)
-    print(summary, flush=True)
-    log.info(summary)
+    print(summary, flush=True)  # once: scripts read it at a line's start (`^pflower `), Flower streams it as it is
     if aborted:  # a non-zero exit: the run failed, and why is in the summary line and summary.json
         raise RunAborted(aborted)

@@ -2,8 +2,11 @@
 # Build a local base image for the compose demo where no image registry is reachable.
 #
 # debootstrap makes a Debian bookworm root file system (Python 3.11), a virtual environment in it gets
-# pflower's pinned dependencies (flwr, torch, ...) with this machine's pip configuration (its index, local
-# wheels and constraints are bind-mounted read-only), and `docker import` turns the tree into an image.
+# pflower's pinned dependencies (flwr, torch, ...) with this machine's pip configuration, and `docker import` turns
+# the tree into an image. The pip configuration is what `pip config list` shows here (pip's configuration files and
+# PIP_* variables): it is written to the tree's /etc/pip.conf for the install (and removed before the import), and
+# the local paths it names (file:// indexes, find-links folders, constraint files, certificates) are bind-mounted
+# read-only at the same place (deploy/pflower_deploy/pipconf.py). pip runs there with no other PIP_* variable.
 # Where Flower's published images can be pulled, this is not needed: the Dockerfiles default to them.
 # Then it runs build_local_proxy_base.sh: the proxies' small base (Debian minbase + nginx-light), without torch.
 #
@@ -35,14 +38,16 @@ echo "[1/4] debootstrap bookworm (minbase + python3) into $ROOT (t+${SECONDS} s)
 debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates,procps \
   bookworm "$ROOT" "$MIRROR" > "$WORK/debootstrap.log" 2>&1 || { tail -20 "$WORK/debootstrap.log"; die "debootstrap failed"; }
 
-echo "[2/4] bind-mount this machine's pip configuration, wheels and DNS (t+${SECONDS} s)"
+echo "[2/4] this machine's pip configuration into the tree, the local paths it names bind-mounted; DNS (t+${SECONDS} s)"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
 bind() {  # bind <host path> : read-only mount at the same path inside the root
-  [ -e "$1" ] || return 0
+  [ -e "$1" ] || { echo "  (not bind-mounted: $1 does not exist on this machine)"; return 0; }
   if [ -d "$1" ]; then mkdir -p "$ROOT$1"; else mkdir -p "$(dirname "$ROOT$1")"; touch "$ROOT$1"; fi
   mount --bind "$1" "$ROOT$1" && mount -o remount,bind,ro "$ROOT$1" && MOUNTS+=("$ROOT$1")
 }
-for p in /etc/pip.conf /etc/xdg/pip /opt/wheels /opt/pypi /opt/pypi-more /etc/ssl/certs; do bind "$p"; done
+pip_paths="$(PYTHONPATH="$REPO/deploy" python3 -m pflower_deploy.pipconf chroot "$ROOT/etc/pip.conf")" \
+  || die "could not read this machine's pip configuration (pip config list)"
+while read -r p; do [ -z "$p" ] || bind "$p"; done <<< "$pip_paths"
 mount -t proc proc "$ROOT/proc" && MOUNTS+=("$ROOT/proc")
 
 echo "[3/4] install pflower's pinned dependencies into /opt/venv (torch is large: minutes) (t+${SECONDS} s)"
@@ -51,9 +56,11 @@ import sys, tomllib
 print(" ".join(f"'{d}'" for d in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
 EOF
 )"
-chroot "$ROOT" /bin/sh -c "python3 -m venv /opt/venv && PIP_ROOT_USER_ACTION=ignore /opt/venv/bin/pip install -q --no-cache-dir $DEPS" \
+# a clean environment: pip reads the tree's /etc/pip.conf (written above), and no PIP_* variable besides
+env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 PIP_ROOT_USER_ACTION=ignore \
+  chroot "$ROOT" /bin/sh -c "python3 -m venv /opt/venv && /opt/venv/bin/pip install -q --no-cache-dir $DEPS" \
   || die "pip install in the root file system failed"
-rm -f "$ROOT/etc/resolv.conf"
+rm -f "$ROOT/etc/resolv.conf" "$ROOT/etc/pip.conf"  # neither belongs in the image: this machine's, not the image's
 for ((i=${#MOUNTS[@]}-1; i>=0; i--)); do umount -l "${MOUNTS[$i]}"; done
 MOUNTS=()
 rm -rf "$ROOT/root/.cache" "$ROOT/var/cache/apt/archives"/*.deb

@@ -7,7 +7,9 @@ deploy/make_proxy_conf.py):
 - ``proxy``: the nginx configuration in front of the SuperLink (Fleet routes for data holders, Control
   routes for the operator) and running it;
 - ``probes``: what a data holder can reach from its namespace (HTTP probes, run as a script there);
-- ``cluster``: the whole deployment on one machine, its checks and its JSON report.
+- ``cluster``: the whole deployment on one machine, its checks and its JSON report;
+- ``pipconf``: this machine's pip configuration, carried into the compose demo's image builds;
+- ``demo_page``: the compose demo's README sample output, rendered from a recorded run and checked against a run.
 """
 
 from pathlib import Path

@@ -3,7 +3,7 @@
 
 A probe is ``KIND:METHOD:URL`` for HTTP (``https:POST:https://10.200.0.1:9093/v1/control/start-run``; ``http``
 sends plain HTTP to what may be a TLS port) or ``tcp:HOST:PORT``. A result holds the HTTP status, or
-``connected`` / the error (``refused``, ``unreachable``, ``timeout``, or the exception's words).
+``connected`` / the error (``refused``, ``unreachable``, ``timeout``, ``no such name``, or the exception's words).
 Standard library only: it runs with this interpreter in any namespace.
 """
 
@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 def _error(exc: OSError) -> str:
     if isinstance(exc, ConnectionRefusedError):
         return "refused"
+    if isinstance(exc, socket.gaierror):
+        return "no such name"
     if isinstance(exc, (socket.timeout, TimeoutError)):
         return "timeout"
     if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
@@ -66,16 +68,16 @@ def tcp_probe(host: str, port: int, timeout: float = 5.0) -> dict:
         return {"error": _error(exc)}
 
 
-def run(probes: list[str], ca: str | None) -> list[dict]:
+def run(probes: list[str], ca: str | None, timeout: float = 5.0) -> list[dict]:
     results = []
     for spec in probes:
         kind, _, rest = spec.partition(":")
         if kind in ("http", "https"):
             method, _, url = rest.partition(":")
-            results.append({"probe": spec, **http_probe(method, url, ca)})
+            results.append({"probe": spec, **http_probe(method, url, ca, timeout)})
         elif kind == "tcp":
             host, _, port = rest.rpartition(":")
-            results.append({"probe": spec, **tcp_probe(host, int(port))})
+            results.append({"probe": spec, **tcp_probe(host, int(port), timeout)})
         else:
             raise SystemExit(f"probe {spec!r}: expected https:METHOD:URL, http:METHOD:URL or tcp:HOST:PORT")
     return results
@@ -84,9 +86,10 @@ def run(probes: list[str], ca: str | None) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ca", help="CA certificate that verifies the HTTPS servers")
+    ap.add_argument("--timeout", type=float, default=5.0, help="seconds per probe (default 5)")
     ap.add_argument("probes", nargs="+")
     args = ap.parse_args(argv)
-    json.dump(run(args.probes, args.ca), sys.stdout)
+    json.dump(run(args.probes, args.ca, args.timeout), sys.stdout)
 
 
 if __name__ == "__main__":

@@ -185,6 +185,8 @@ def test_a_method_example_runs_on_a_superlink_of_ones_own(own_superlink):
     [command] = block_of(r"method='fedrep'")
     ran = run_flwr(command, own_superlink)
     assert summary_of(ran.out).startswith("pflower fedrep on digits/pathological: 1 rounds, 10 clients, ")
+    # printed once, not a second time as a log line
+    assert sum(summary_of(ran.out) in line for line in ran.out.splitlines()) == 1, ran.out[-3000:]
     assert f"Created run {run_id_of(ran.out)}" in (own_superlink.home / "superlink.log").read_text()
     assert folder_of(ran.out).parent.resolve() == (own_superlink.started_in / "results").resolve()
     address = re.search(r'address = "127\.0\.0\.1:(\d+)"', (own_superlink.home / "config.toml").read_text())
