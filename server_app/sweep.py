@@ -52,6 +52,7 @@ import hashlib
 import itertools
 import json
 import os
+import resource
 import sys
 import time
 import tomllib
@@ -212,6 +213,8 @@ def execute(spec: Spec, app_dir: str, out: str, echo: bool = False) -> dict[str,
         "seconds": round(seconds, 3),
         "started": started,
         "pid": os.getpid(),
+        # the worker's peak memory so far (every run it ran, imports included): what one worker needs
+        "peak-rss-mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "summary": {k: summary.get(k) for k in (*TABLE_METRICS, "rounds", "clients", "coverage")} if summary else None,
         "error": None if code == Exit.COMPLETED else (f"{type(error).__name__}: {error}" if error else said),
     }
