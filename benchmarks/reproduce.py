@@ -1,15 +1,15 @@
 """Run a committed benchmark record's exact run config again on today's code and compare the results.
 
 Each raw record under ``benchmarks/raw/<grid>/`` holds the full run config of its run and the code commit it ran
-on.  This re-runs that config through Flower (a private simulation SuperLink, ``flwr run``) with the same
-number of SuperNodes and prints, metric by metric and round by round, what changed.  A refactor that keeps
-behaviour reproduces the record's numbers up to float noise: where the code now sums in another order, or where
-this machine's CPU kernels differ from the recording machine's (another instruction set gives floats that differ
-by about 1e-8, which methods with personal models amplify over the rounds: into a personal loss that differs in its
-fourth or fifth digit, and for some runs into accuracies that differ by points, a seed of FedCAC among them; a
-single seed's difference of a point or two can be this noise, which is why the tables pair seeds and clients and
-give intervals).  To tell a code change from the machine, run the record's commit (``code.commit``) and today's
-code on one machine: a refactor that keeps behaviour gives them bit for bit.
+on. This re-runs that config through Flower (``--engine``: the in-process engine by default, or ``flwr-run``, a
+private simulation SuperLink) with the same number of SuperNodes and prints, metric by metric and round by round,
+what changed. A refactor that keeps behaviour reproduces the record's numbers up to float noise: where the code now
+sums in another order, or where this machine's CPU kernels differ from the recording machine's (another instruction
+set gives floats that differ by about 1e-8, which methods with personal models amplify over the rounds: into a
+personal loss that differs in its fourth or fifth digit, and for some runs into accuracies that differ by points, a
+seed of FedCAC among them; a single seed's difference of a point or two can be this noise, which is why the tables
+pair seeds and clients and give intervals). To tell a code change from the machine, run the record's commit
+(``code.commit``) and today's code on one machine: a refactor that keeps behaviour gives them bit for bit.
 
     python -m benchmarks.reproduce baselines-clean/pathological__fedavg__0 fedcac/pathological__fedcac__0
 
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from benchmarks.records import run_config_defaults
 from benchmarks.running import machine, parser
+from server_app.engine import Engine
 from server_app.runner import LocalSimulation
 
 METRICS = ("personal-acc", "global-acc", "trained-acc", "personal-loss", "clients", "rounds", "failures")
@@ -56,7 +57,7 @@ def main() -> int:
     args = ap.parse_args()
     declared = run_config_defaults()
     failed = 0
-    with LocalSimulation() as sim:
+    with LocalSimulation() if args.engine == "flwr-run" else Engine() as sim:
         for name in args.records:
             record = json.loads((Path(args.raw_dir) / f"{name}.json").read_text())
             old_cfg = record["run-config"]
