@@ -86,7 +86,8 @@ class Spec:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
-        shown = self.varied or self.run_config
+        """The run's varied keys (those it sets), or its whole run config when nothing varies."""
+        shown = {k: v for k, v in (self.varied or self.run_config).items() if v is not None}
         return " ".join(f"{k}={v}" for k, v in shown.items()) or "(defaults)"
 
 
