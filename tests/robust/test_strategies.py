@@ -110,6 +110,7 @@ class Averaging(RobustAveraging):
 
     def __init__(self, **keys):
         self.settings = parse_settings({"method": "fedavg", **keys})
+        self.client_of: dict[int, int] = {}
         self.history = [RoundLog(1)]
 
     @property
@@ -282,3 +283,57 @@ def test_fedcacs_global_average_under_a_rule_weighs_the_sizes_as_far_as_the_weig
     weighted = sum(sizes[c] * shift[c] for c in shift) / sum(sizes.values()) if cap == 0 else 5 / 3
     key = strategy.param_keys[0]
     np.testing.assert_allclose(strategy.global_state[key], start[key] + weighted, atol=1e-4)
+
+
+def test_fltrusts_root_set_is_drawn_from_the_clients_training_splits_and_never_from_what_they_are_scored_on():
+    from strategies.robust import root_data
+    from task.data import load_client_data
+
+    settings = parse_settings({"method": "fedavg", "aggregator": "fltrust", "fltrust-root-size": 60})
+    x, y = root_data(settings, 4)
+    assert len(x) == len(y) == 60 and torch_equal(root_data(settings, 4)[0], x)  # drawn the same every time
+    clients = [load_client_data(settings.data, p, 4) for p in range(4)]
+
+    def rows(t):
+        return {bytes(np.ascontiguousarray(r.numpy())) for r in t}
+
+    trained = set().union(*(rows(c.x_train) for c in clients))
+    scored = set().union(*(rows(c.x_val) | rows(c.x_test) for c in clients))
+    root = rows(x)
+    assert root <= trained and not root & scored
+
+
+def test_an_operators_root_file_is_the_root_set_and_a_bad_one_is_refused_with_what_it_needs(tmp_path):
+    from strategies.robust import root_data
+
+    path = tmp_path / "root.npz"
+    np.savez(path, x=np.zeros((5, 1, 8, 8), np.float32), y=np.arange(5))
+    settings = parse_settings({"method": "fedavg", "aggregator": "fltrust", "fltrust-root": str(path)})
+    x, y = root_data(settings, 4)
+    assert tuple(x.shape) == (5, 1, 8, 8) and y.tolist() == [0, 1, 2, 3, 4]
+    np.savez(path, x=np.zeros((5, 1, 8, 8), np.float32))
+    with pytest.raises(ValueError, match=r"must be an \.npz file with arrays 'x' and 'y'"):
+        root_data(settings, 4)
+
+
+def test_fltrust_trusts_an_update_the_server_would_make_and_not_its_opposite():
+    """The server trains the model it sent on its root set: a client whose update is that very update gets trust 1, a
+    client sending its opposite gets none, and the average moves by the server's update."""
+    from strategies.robust import RootUpdate
+
+    settings = parse_settings({"method": "fedavg", "model": "mlp", "aggregator": "fltrust"})
+    averaging = Averaging(method="fedavg", model="mlp", aggregator="fltrust")
+    strategy = build_as(PersonalizedStrategy, settings)
+    sent = {k: np.array(v) for k, v in strategy.global_state.items()}
+    server = RootUpdate(settings).trained(sent, 4, 1)
+    twin = {k: np.array(v) for k, v in server.items()}
+    opposite = {k: (2 * sent[k] - server[k]) if np.issubdtype(sent[k].dtype, np.floating) else sent[k] for k in sent}
+    averaging.client_of = {1: 0, 2: 1, 3: 2, 4: 3}
+    out = averaging.average_models([twin, opposite], [1, 1], [0, 1], reference=sent)
+    [entry] = averaging.entries
+    assert entry["trust"] == [1.0, 0.0]
+    assert all(np.allclose(out[k], server[k], atol=1e-6) for k in sent if np.issubdtype(sent[k].dtype, np.floating))
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a == b).all())
