@@ -304,8 +304,9 @@ def test_the_default_norm_bound_is_the_median_norm_of_the_averages_updates(rows)
     median = middle[len(norms) // 2] if len(norms) % 2 else (middle[len(norms) // 2 - 1] + middle[len(norms) // 2]) / 2
     for multiple in (1.0, 2.5):
         _, outcome = aggregate_rows(rows, None, rule("norm-bound", norm_bound_multiple=multiple), reference)
-        assert outcome.bound == pytest.approx(multiple * median) and outcome.norms == pytest.approx(norms)
-        assert outcome.clipped == [i for i, x in enumerate(outcome.norms) if x > outcome.bound]
+        bound = outcome.bound
+        assert bound == pytest.approx(multiple * median) and outcome.norms == pytest.approx(norms)
+        assert bound is not None and outcome.clipped == [i for i, x in enumerate(outcome.norms) if x > bound]
 
 
 def bulyan_by_definition(rows: np.ndarray, f: int) -> list[tuple[list[int], np.ndarray]]:
