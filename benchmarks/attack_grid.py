@@ -34,6 +34,7 @@ seed before any has a second, and within a seed the runs without an attack first
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -230,9 +231,28 @@ def in_order(chosen: Iterable[Cell]) -> list[Cell]:
     return sorted(chosen, key=lambda c: (c.seed, share_rank(c), position.get(c, len(position))))
 
 
-def plan_entry(cell: Cell) -> dict[str, Any]:
-    """One run as the sweep takes it: its run config, its number of simulated nodes and the cell it fills."""
-    return {"run-config": cell.config, "num-supernodes": CLIENTS, "cell": cell.coordinates}
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+def sweep_grid(chosen: Iterable[Cell]) -> str:
+    """The cells as a grid file for ``python -m server_app.sweep --grid``: every round waits for all the clients
+    (``min-nodes``, as the benchmark runs them), the simulation's size, and one ``[[runs]]`` line per run, in order."""
+    lines = [
+        "# the robustness grid's runs (benchmarks/attack_grid.py): python -m server_app.sweep --grid <this file>",
+        "[base]",
+        f"min-nodes = {CLIENTS}",
+        "[federation]",
+        f"num-supernodes = {CLIENTS}",
+    ]
+    for cell in chosen:
+        lines.append("[[runs]]")
+        lines += [f"{key} = {_toml(value)}" for key, value in cell.config.items()]
+    return "\n".join(lines) + "\n"
 
 
 def describe(attack: str) -> str:

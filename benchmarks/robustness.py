@@ -10,10 +10,10 @@ a user gets otherwise.  Every run is a user's command with nothing but these key
     flwr run . --run-config "method='X' seed=S aggregator='R' attack='A' attack-share=P save-models=false \\
                checkpoint-every=0 tensorboard=false" --federation-config "num-supernodes=10"
 
-Here each runs through Flower (a private simulation SuperLink, ``flwr run``) with ``min-nodes=10`` (every round waits
-for all ten nodes); ``--write-plan FILE`` writes the same runs as JSON (``[{"run-config", "num-supernodes", "cell"}]``)
-for ``python -m server_app.sweep``, which runs them on the in-process engine and writes the same results folders.
-Runs are paired: the same seed gives every cell of a setting the same data.
+Here each runs on the in-process engine (``--jobs`` workers; ``--engine flwr-run`` for Flower's Ray runtime) with
+``min-nodes=10`` (every round waits for all ten nodes), one raw record per run; ``--write-plan FILE`` writes the same
+runs as a grid file for ``python -m server_app.sweep --grid FILE`` (results folders, no records).  Runs are paired:
+the same seed gives every cell of a setting the same data.
 
 Before any run, every planned run config is parsed as the app parses it at start-up.  A combination the app refuses
 (a side-channel lie for a method without a side channel; a rule a method has no average for) is not run: one record
@@ -24,7 +24,7 @@ success, whether the attackers were isolated and in how many averages more clien
 stopped (``--retry-failed`` reruns failed ones).
 
     python -m benchmarks.robustness --dry-run                  # the plan, its size and the estimated hours
-    python -m benchmarks.robustness --write-plan plan.json     # the runs, for the sweep (and the refusal records)
+    python -m benchmarks.robustness --write-plan plan.toml     # the runs, for python -m server_app.sweep --grid
     benchmarks/run_committed.sh "robustness"                   # every run, resumable, on a committed tree
     benchmarks/run_committed.sh "robustness --methods fedavg,fedcac --seeds 0"   # a part of it
     python -m benchmarks.report                                # RESULTS.md, its figure, docs/robustness.md's block
@@ -32,7 +32,6 @@ stopped (``--retry-failed`` reruns failed ones).
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from benchmarks.attack_grid import (
     Cell,
     cells,
     in_order,
-    plan_entry,
+    sweep_grid,
 )
 from benchmarks.records import load_records, record_path, write_record
 from benchmarks.reporting import print_section
@@ -217,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the estimated hours, run nothing")
     ap.add_argument("--seconds-per-run", type=float, help="for --dry-run (default: measured, see the output)")
     ap.add_argument(
-        "--write-plan", help="write the runs left to do as JSON for python -m server_app.sweep, run nothing"
+        "--write-plan", help="write the runs left to do as a grid file for python -m server_app.sweep --grid"
     )
     args = ap.parse_args(argv)
     raw_dir = Path(args.raw_dir)
@@ -250,8 +249,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"recorded {write_refusals(reasons, raw_dir)} new refusals in {raw_dir / REFUSED_GRID}/")
     if args.write_plan:  # the sweep runs the plan; the refusals' records are this script's
-        Path(args.write_plan).write_text(json.dumps([plan_entry(r.of) for r in left], indent=1) + "\n")
-        print(f"wrote {len(left)} runs to {args.write_plan}")
+        Path(args.write_plan).write_text(sweep_grid(r.of for r in left))
+        print(f"wrote {len(left)} runs to {args.write_plan}: python -m server_app.sweep --grid {args.write_plan}")
         return
     with Bench(GRID, raw_dir=raw_dir, total=len(left)) as bench:
         run_all(left, bench, raw_dir, Progress(len(left)), expected_failure)

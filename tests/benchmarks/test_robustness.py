@@ -10,7 +10,6 @@ the committed records and the page must agree.
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
@@ -116,16 +115,17 @@ def test_the_dry_run_prints_the_plan_its_size_and_hours_and_writes_nothing(tmp_p
     assert not list(tmp_path.rglob("*.json"))
 
 
-def test_the_plan_written_for_the_sweep_is_every_run_left_with_its_run_config_nodes_and_cell(tmp_path):
-    plan = tmp_path / "plan.json"
-    script.main(["--raw-dir", str(tmp_path), "--write-plan", str(plan), "--methods", "ifca", "--seeds", "0"])
-    entries = json.loads(plan.read_text())
+def test_the_plan_written_for_the_sweep_is_every_run_left_as_the_sweeps_grid_file_reads_it(tmp_path):
+    import tomllib
+
+    from server_app.sweep import plan
+
+    path = tmp_path / "plan.toml"
+    script.main(["--raw-dir", str(tmp_path), "--write-plan", str(path), "--methods", "ifca", "--seeds", "0"])
+    specs = plan(grid=tomllib.loads(path.read_text()))
     expected = [c for c in script.split_refused(spec.cells())[0] if c.method == "ifca" and c.seed == 0]
-    assert len(entries) == len(expected)
-    assert all(e["num-supernodes"] == spec.CLIENTS for e in entries)
-    by_cell = {json.dumps(e["cell"], sort_keys=True): e["run-config"] for e in entries}
-    for c in expected:
-        assert by_cell[json.dumps(c.coordinates, sort_keys=True)] == c.config
+    assert [s.run_config for s in specs] == [{"min-nodes": spec.CLIENTS, **c.config} for c in spec.in_order(expected)]
+    assert {s.num_supernodes for s in specs} == {spec.CLIENTS}
     assert not (tmp_path / spec.GRID).exists()  # a plan runs nothing; the app's refusals are recorded
     _, reasons = script.split_refused(spec.cells())
     assert len(records.load_records(spec.REFUSED_GRID, tmp_path)) == len(reasons)
