@@ -1,6 +1,7 @@
-"""Every attack kind end to end through Flower (flwr run on a private simulation SuperLink), each with one of the
-aggregation rules, at the user's defaults otherwise (two rounds, four clients): the run finishes, names its
-attackers, reports the honest clients' accuracy without the attackers' own, and what the rule did with them."""
+"""Every attack kind end to end through Flower (its simulation runtime on the in-process engine, which
+tests/engine/test_equality.py holds to flwr run), each with one of the aggregation rules, at the user's defaults
+otherwise (two rounds, four clients): the run finishes, names its attackers, reports the honest clients' accuracy
+without the attackers' own, and what the rule did with them."""
 
 import csv
 import json
@@ -29,10 +30,10 @@ KEYS = {"model-replacement": {"attack-num-examples": 2**31 - 1}}
 
 
 @pytest.mark.parametrize("method,attack,rule", RUNS)
-def test_an_attacked_run_reports_the_honest_clients_and_what_isolated_the_attackers(simulation, method, attack, rule):
+def test_an_attacked_run_reports_the_honest_clients_and_what_isolated_the_attackers(engine, method, attack, rule):
     config = {"method": method, "attack": attack, "aggregator": rule, "num-server-rounds": 2, "min-nodes": 4}
     config |= KEYS.get(attack, {})
-    summary = simulation.run(config, num_supernodes=4)
+    summary = engine.run(config, num_supernodes=4)
     folder = Path(summary["results"])
     bad = attackers(AttackOptions(attack=attack), range(4))  # the default attack-share: one of four clients
     assert summary["attack"] == attack and summary["aggregator"] == rule and summary["attackers"] == bad == [1]
