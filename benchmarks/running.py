@@ -317,6 +317,7 @@ def record_from_run(
         "attackers-personal-acc",
         "backdoor-success",
         "attackers-isolated",
+        "outside-assumption",  # the averages in which more clients lied than the rule's guarantee allows
     )
     return {
         "schema": SCHEMA,

@@ -16,16 +16,19 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
+from client_app.attack_math import alie, min_max, min_sum
 from client_app.privacy import VARIANCE_SUFFIX
 from task.attacks import (
     DATA_ATTACKS,
+    KNOWING_ATTACKS,
     MODEL_ATTACKS,
     AttackOptions,
     attack_rng,
+    attackers,
     attacking,
     poisoned_data,
 )
-from task.params import record_to_numpy, to_record
+from task.params import load_record, record_to_numpy, to_record
 
 if TYPE_CHECKING:
     from client_app.base import ClientMethod
@@ -41,8 +44,8 @@ def _attacks(method: ClientMethod) -> bool:
 
 # ---------------------------------------------------------------------------------------------- data
 def poison(method: ClientMethod) -> None:
-    """label-flip / backdoor: the attacker's training split is poisoned (task.attacks.poisoned_data) for this
-    message, from round ``attack-start`` on."""
+    """label-flip / backdoor / model-replacement: the attacker's training split is poisoned
+    (task.attacks.poisoned_data) for this message, from round ``attack-start`` on."""
     options = method.settings.attacks
     if options.attack in DATA_ATTACKS and _attacks(method):
         s = method.settings
@@ -100,6 +103,7 @@ def poisoned_model(
     """The model a model attack sends instead of ``trained``, against ``received`` (``r``), array by array:
 
     - ``sign-flip``: ``r - attack-scale * (w - r)`` on floating arrays;
+    - ``model-replacement``: ``r + attack-scale * (w - r)`` on floating arrays (``w`` trained on backdoored data);
     - ``noise``: ``r + N(0, attack-noise^2)`` on floating arrays, drawn from ``rng`` in the arrays' order;
     - ``free-rider``: ``r`` on every array.
 
@@ -113,8 +117,9 @@ def poisoned_model(
             out[name] = np.array(w)
             continue
         r = np.asarray(received[name])
-        if kind == "sign-flip":
-            value = r.astype(np.float64) - options.attack_scale * (w.astype(np.float64) - r.astype(np.float64))
+        if kind in ("sign-flip", "model-replacement"):
+            sign = -1.0 if kind == "sign-flip" else 1.0
+            value = r.astype(np.float64) + sign * options.attack_scale * (w.astype(np.float64) - r.astype(np.float64))
         elif kind == "noise":
             value = r.astype(np.float64) + rng.normal(0.0, options.attack_noise, size=w.shape)
         elif kind == "free-rider":
@@ -136,21 +141,128 @@ def all_ones_mask(method: ClientMethod) -> np.ndarray:
     return pack_masks({n: torch.ones_like(p, dtype=torch.bool) for n, p in model.named_parameters()}, keys)
 
 
+def floating_keys(trained: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray]) -> list[str]:
+    """The arrays a crafted update moves: the floating arrays of the reply that the received model has too."""
+    return [k for k, v in trained.items() if k in received and _floating(np.asarray(v))]
+
+
+def benign_updates(method: ClientMethod, received: Mapping[str, np.ndarray], keys: list[str]) -> np.ndarray:
+    """The honest updates an attack that knows them estimates (k x d, the ``keys`` flattened): from ``received``, one
+    local training on each client's training split as that client trains in this round (the run's optimizer and
+    local epochs, the client's own seed), every partition of the embedded data set.  This is the strongest attacker
+    of Shejwalkar and Houmansadr's taxonomy, who knows every client's data (an attacker who knew less would estimate
+    worse); it needs the partitions (node config ``num-partitions``)."""
+    from task.data import load_client_data
+    from task.data.clients import default_cache_dir
+    from task.train import train
+
+    s, n = method.settings, method.num_partitions
+    if n < 1:
+        raise ValueError(
+            f"attack={s.attacks.attack!r} estimates the honest updates from every client's training split of the "
+            "embedded data set; this node has its own data file and no node config 'num-partitions'"
+        )
+    cache = str(method.context.node_config.get("cache-dir", default_cache_dir())) or None
+    rows = []
+    for pid in range(n):
+        data = load_client_data(s.data, pid, n, cache)
+        model = method.reset_model()
+        load_record(model, {k: np.asarray(v) for k, v in received.items() if k in model.state_dict()})
+        train(
+            model,
+            data.x_train,
+            data.y_train,
+            epochs=s.local_epochs,
+            batch_size=s.batch_size,
+            lr=s.lr,
+            momentum=s.momentum,
+            weight_decay=s.weight_decay,
+            seed=int(s.seed) * 100_003 + pid + 7919 * method.server_round,  # as partition pid seeds its own
+            optimizer=s.optimizer,
+        )
+        state = model.state_dict()
+        rows.append(
+            np.concatenate(
+                [
+                    (state[k].detach().cpu().numpy().astype(np.float64) - np.asarray(received[k], np.float64)).ravel()
+                    for k in keys
+                ]
+            )
+        )
+    return np.stack(rows)
+
+
+def crafted_model(
+    kind: str,
+    trained: Mapping[str, np.ndarray],
+    received: Mapping[str, np.ndarray],
+    benign: np.ndarray,
+    keys: list[str],
+    clients: int,
+    liars: int,
+) -> dict[str, np.ndarray]:
+    """The model an attack that knows the honest updates sends: ``received`` plus the update
+    client_app/attack_math.py crafts from ``benign`` (ALIE with ``clients`` and ``liars``, min-max, min-sum) on the
+    ``keys``; every other array as trained (a BatchNorm running variance kept >= 0)."""
+    if kind == "alie":
+        update = alie(benign, clients, liars)
+    elif kind == "min-max":
+        update = min_max(benign)[0]
+    elif kind == "min-sum":
+        update = min_sum(benign)[0]
+    else:
+        raise ValueError(f"{kind!r} is not an attack that knows the honest updates ({KNOWING_ATTACKS})")
+    out = {k: np.array(v) for k, v in trained.items()}
+    pos = 0
+    for k in keys:
+        r = np.asarray(received[k])
+        value = r.astype(np.float64) + update[pos : pos + r.size].reshape(r.shape)
+        pos += r.size
+        if k.endswith(VARIANCE_SUFFIX):
+            value = np.maximum(value, 0)
+        out[k] = value.astype(np.asarray(trained[k]).dtype)
+    return out
+
+
+def worst_cluster(method: ClientMethod, message: RecordDict) -> int:
+    """IFCA: the cluster model with the highest loss on the client's training split (the first such)."""
+    from client_app.ifca import cluster_losses
+
+    losses = cluster_losses(method, message, method.data.x_train, method.data.y_train)
+    return int(np.argmax(losses))
+
+
 def train_reply(method: ClientMethod, message: RecordDict, reply: RecordDict) -> RecordDict:
-    """An attacker's train reply: its model replaced (sign-flip, noise, free-rider: :func:`poisoned_model` against
-    :func:`received_model`), or FedCAC's mask set to all ones (side-channel)."""
+    """An attacker's train reply: its model replaced (the model attacks: :func:`poisoned_model` against
+    :func:`received_model`, or :func:`crafted_model` from :func:`benign_updates`), FedCAC's mask set to all ones or
+    IFCA's chosen cluster set to the one that fits it worst (side-channel), and its claimed size set to
+    ``attack-num-examples`` (the size lie, with any attack)."""
     if not _attacks(method):
         return reply
     options, s = method.settings.attacks, method.settings
     if options.attack in MODEL_ATTACKS and "arrays" in reply.array_records:
         trained = record_to_numpy(reply.array_records["arrays"])
         received = received_model(s.method, message, reply)
-        rng = attack_rng(s.seed, method.partition_id, method.server_round)
-        reply["arrays"] = to_record(poisoned_model(options.attack, trained, received, options, rng))
+        if options.attack in KNOWING_ATTACKS:
+            keys = floating_keys(trained, received)
+            benign = benign_updates(method, received, keys)
+            clients = method.num_partitions
+            liars = len(attackers(options, range(clients)))
+            reply["arrays"] = to_record(crafted_model(options.attack, trained, received, benign, keys, clients, liars))
+        else:
+            rng = attack_rng(s.seed, method.partition_id, method.server_round)
+            reply["arrays"] = to_record(poisoned_model(options.attack, trained, received, options, rng))
     if options.attack == "side-channel" and s.method == "fedcac" and "mask" in reply.array_records:
         reply["mask"] = to_record({"bits": all_ones_mask(method)})
     if options.attack == "side-channel" and "evaluation" in reply.metric_records:
         reply["evaluation"] = MetricRecord(evaluation_metrics(method, dict(reply.metric_records["evaluation"])))
+    metrics = dict(reply.metric_records["metrics"]) if "metrics" in reply.metric_records else None
+    if metrics is not None and options.attack == "side-channel" and s.method == "ifca" and "cluster" in metrics:
+        metrics["cluster"] = worst_cluster(method, message)
+    if metrics is not None and options.attack_num_examples and "num-examples" in metrics:
+        metrics["num-examples"] = options.attack_num_examples
+    if metrics is not None and metrics != dict(reply.metric_records["metrics"]):
+        reply["metrics"] = MetricRecord(metrics)
     return reply
 
 
@@ -174,12 +286,12 @@ def evaluate_reply(method: ClientMethod, reply: RecordDict) -> RecordDict:
     return reply
 
 
-def inflated_bid(true_accuracies: list[float], balance: int, price: int, max_bids: int) -> list[int]:
-    """PI-FL: the ``max_bids`` tiers with the highest true accuracy (ties to the lower tier), whenever the client
-    can pay, whatever the bid threshold says."""
+def misplaced_bid(true_accuracies: list[float], balance: int, price: int, max_bids: int) -> list[int]:
+    """PI-FL: the ``max_bids`` tiers with the lowest true accuracy (ties to the lower tier), whenever the client can
+    pay, whatever the bid threshold says: its updates land in the tiers of the clients least like it."""
     if balance < price:
         return []
-    order = sorted(range(len(true_accuracies)), key=lambda t: (-true_accuracies[t], t))
+    order = sorted(range(len(true_accuracies)), key=lambda t: (true_accuracies[t], t))
     return sorted(order[:max_bids])
 
 
@@ -214,7 +326,7 @@ def query_reply(method: ClientMethod, name: str, message: RecordDict, reply: Rec
         ledger: Mapping[str, Any] = message.config_records.get("ledger") or ConfigRecord()
         true = [float(v) for v in metrics["tier-acc"]]
         max_bids = int(getattr(method.options, "max_bids", 1))
-        metrics["bid"] = inflated_bid(true, int(ledger.get("balance", 0)), int(ledger.get("price", 1)), max_bids)
+        metrics["bid"] = misplaced_bid(true, int(ledger.get("balance", 0)), int(ledger.get("price", 1)), max_bids)
         metrics["tier-acc"] = [1.0] * len(true)
     elif name == "lia" and s.method == "pfedlia":
         row = [float(v) for v in metrics["lia-row"]]

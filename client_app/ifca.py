@@ -10,16 +10,22 @@ from task.params import model_at, model_to_record, stacked_tensors
 from task.train import evaluate
 
 
-def best_of(client: ClientMethod, content: RecordDict, x, y) -> tuple[torch.nn.Module, int]:
-    """(the model of the ``tiers`` the message stacks with the lowest loss on ``(x, y)``, its index)."""
+def cluster_losses(client: ClientMethod, content: RecordDict, x, y) -> list[float]:
+    """The loss on ``(x, y)`` of each model the message stacks in ``tiers``, in their order."""
     stacked = stacked_tensors(content.array_records["tiers"], client.device)
     model = client.reset_model()
     losses = []
     for j in range(next(iter(stacked.values())).shape[0]):
         model.load_state_dict(model_at(stacked, j))
         losses.append(evaluate(model, x, y)[0])
-    best = int(torch.tensor(losses).argmin())
-    model.load_state_dict(model_at(stacked, best))
+    return losses
+
+
+def best_of(client: ClientMethod, content: RecordDict, x, y) -> tuple[torch.nn.Module, int]:
+    """(the model of the ``tiers`` the message stacks with the lowest loss on ``(x, y)``, its index)."""
+    best = int(torch.tensor(cluster_losses(client, content, x, y)).argmin())
+    model = client.reset_model()
+    model.load_state_dict(model_at(stacked_tensors(content.array_records["tiers"], client.device), best))
     return model, best
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from strategies.replies import ACCURACY, ReplySpec
-from task.attacks import attackers
+from task.attacks import BACKDOOR_ATTACKS, attackers
 
 #: the evaluation metric honest clients add under ``attack='backdoor'``
 BACKDOOR = "backdoor-success"
@@ -26,7 +26,7 @@ BACKDOOR = "backdoor-success"
 def with_attack_metrics(spec: ReplySpec, settings: Any) -> ReplySpec:
     """An evaluate reply's spec with ``backdoor-success`` (a share in [0, 1]; absent on a client with no test input
     of another class than the target) under ``attack='backdoor'``."""
-    if settings.attacks.attack != "backdoor":
+    if settings.attacks.attack not in BACKDOOR_ATTACKS:
         return spec
     return spec.with_metrics(**{BACKDOOR: replace(ACCURACY, required=False)})
 
@@ -173,26 +173,40 @@ def mechanism(strategy: Any, bad: set[int]) -> dict[str, Any]:
 
 def rule_outcome(history: Sequence[Any], bad: set[int]) -> dict[str, Any]:
     """What the aggregation rule did over the run (the rounds' ``robust`` entries): of every attacker's and every
-    honest client's models offered to it, the share Multi-Krum kept and the share norm-bound clipped."""
+    honest client's models offered to it, the share Multi-Krum or Bulyan kept, the share norm-bound clipped and the
+    mean trust FLTrust gave them; and in how many averages more clients lied than the rule's guarantee allows."""
     offered = {"attackers": 0, "honest": 0}
     kept = {"attackers": 0, "honest": 0}
     clipped = {"attackers": 0, "honest": 0}
-    for r in history:
-        for entry in r.extra.get("robust", []):
-            for c in entry["clients"]:
-                kind = "attackers" if c in bad else "honest"
-                offered[kind] += 1
-                kept[kind] += int("selected" in entry and c in entry["selected"])
-                clipped[kind] += int("clipped" in entry and c in entry["clipped"])
+    trust: dict[str, list[float]] = {"attackers": [], "honest": []}
+    entries = [e for r in history for e in r.extra.get("robust", [])]
+    for entry in entries:
+        scores = dict(zip(entry["clients"], entry["trust"], strict=True)) if "trust" in entry else {}
+        for c in entry["clients"]:
+            kind = "attackers" if c in bad else "honest"
+            offered[kind] += 1
+            kept[kind] += int("selected" in entry and c in entry["selected"])
+            clipped[kind] += int("clipped" in entry and c in entry["clipped"])
+            if c in scores:
+                trust[kind].append(scores[c])
     if not any(offered.values()):
         return {}
     share = {k: (v / offered[k] if offered[k] else None) for k, v in kept.items()}
     out: dict[str, Any] = {"models-offered": offered}
-    if any("selected" in e for r in history for e in r.extra.get("robust", [])):
+    if any("selected" in e for e in entries):
         out["share-kept"] = share
         out["isolated"] = offered["attackers"] > 0 and kept["attackers"] == 0
-    if any("clipped" in e for r in history for e in r.extra.get("robust", [])):
+    if any("clipped" in e for e in entries):
         out["share-clipped"] = {k: (v / offered[k] if offered[k] else None) for k, v in clipped.items()}
+    if any("trust" in e for e in entries):
+        out["mean-trust"] = {k: _mean(v) for k, v in trust.items()}
+    judged = [e for e in entries if "outside-assumption" in e]
+    if judged:
+        out["outside-assumption"] = {
+            "averages": sum(bool(e["outside-assumption"]) for e in judged),
+            "of": len(judged),
+            "most-liars": max(e["liars"] for e in judged),
+        }
     return out
 
 
@@ -213,6 +227,8 @@ def report(strategy: Any) -> dict[str, Any]:
     }
     if attack.active:
         out.update({"attack-share": attack.attack_share, "attack-start": attack.attack_start})
+        if attack.attack_num_examples:  # the size lie
+            out["claimed-examples"] = attack.attack_num_examples
     keys = ("honest-personal-acc", "honest-global-acc", "attackers-personal-acc", BACKDOOR)
     out["by-round"] = {
         str(r.server_round): {k: r.evaluate[k] for k in keys if k in r.evaluate} for r in strategy.history
@@ -241,6 +257,9 @@ def summary_entries(record: Mapping[str, Any], final: Mapping[str, Any]) -> dict
         "attackers": record["attackers"],
         "attackers-isolated": verdicts,
     }
+    outside = record["rule"].get("outside-assumption")
+    if outside is not None:  # the averages in which more clients lied than the rule's guarantee allows
+        out["outside-assumption"] = outside["averages"]
     for key in ("honest-personal-acc", "honest-global-acc", "attackers-personal-acc", BACKDOOR):
         if key in final:
             out[key] = final[key]

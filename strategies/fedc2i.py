@@ -82,14 +82,27 @@ class FedC2IStrategy(PersonalizedStrategy):
         ``peer-clients``); evaluate: ``arrays``, the client's own latest model."""
         if phase == "evaluate":
             return RecordDict({"arrays": to_record(self.own_model(node_id))})
-        peers = self.peers_for(node_id, server_round)
+        peers = self.trusted(self.client(node_id), self.own_model(node_id), self.peers_for(node_id, server_round))
         self.sent_peers[node_id] = peers
         return self._peers_payload(self.own_model(node_id), peers)
+
+    def trusted(self, me: int | None, own: dict[str, np.ndarray], peers: list[int]) -> list[int]:
+        """The peers a client mixes: every one, or under ``aggregator='multi-krum'`` those Krum trusts among its own
+        model and theirs (its own always kept; docs/robustness.md)."""
+        models = [own, *(self.store[c] for c in peers)]
+        who = "a newcomer" if me is None else str(me)
+        kept = self.choose_peers(models, [-1 if me is None else me, *peers], f"peers of {who}")
+        return list(kept[1:])
 
     def newcomer_payloads(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, RecordDict]:
         """What a client gets before its first training: the common initial model (its own) stacked with the stored
         models it would be sent, so the newcomer mixes its personalized model by their influence on its data."""
-        return {n: self._peers_payload(self.initial_state, self.peers_for(n, server_round)) for n in nodes}
+        return {
+            n: self._peers_payload(
+                self.initial_state, self.trusted(None, self.initial_state, self.peers_for(n, server_round))
+            )
+            for n in nodes
+        }
 
     def newcomer_receives(self) -> Mapping[str, Part]:
         return self._peers_part()
@@ -149,10 +162,14 @@ class FedC2IStrategy(PersonalizedStrategy):
         for u in updates:
             peers = self.sent_peers.get(u.node_id, [])
             rows[u.client] = dict(zip([u.client, *peers], u.metrics["influence"], strict=True))
-        for u in updates:  # arrays a reply leaves out under DP (integer buffers) keep the initial model's values
-            model = {k: np.array(u.arrays.get(k, self.initial_state[k])) for k in self.initial_state}
-            previous = self.store.get(u.client, self.initial_state)  # norm-bound keeps the new one near it
-            self.store[u.client] = self.bound_model(model, previous, u.client, f"client {u.client}")
+        # arrays a reply leaves out under DP (integer buffers) keep the initial model's values; norm-bound keeps each
+        # new model near the client's previous one
+        models = {
+            u.client: {k: np.array(u.arrays.get(k, self.initial_state[k])) for k in self.initial_state} for u in updates
+        }
+        previous = {c: self.store.get(c, self.initial_state) for c in models}
+        self.store.update(self.bound_models(models, previous))
+        for u in updates:
             self.sizes[u.client] = u.num_examples
         self.influence[server_round] = rows
         self_weights = [row[c] for c, row in rows.items()]

@@ -5,9 +5,9 @@ a method calls from them, each a thin front of one part: the shared model (:attr
 reply releases), clients and sampling (the reply gate's client ids, :meth:`by_client`, :meth:`draw`,
 :meth:`cohort_size`), extra phases (:meth:`send_query`, :meth:`identify`, :meth:`receive`), the time a round's
 server work took, the run's aggregation rule wherever a method averages client models (``average_models``,
-``average_rows``, ``bound_model``: :class:`strategies.robust.RobustAveraging`, docs/robustness.md), and the
-parts of a method's declaration of what its messages carry (:meth:`sends`, :meth:`model_part`,
-:meth:`config_part`; see :mod:`strategies.disclosure`).  Nothing here is overridden.
+``average_rows``, ``bound_models``, ``choose_peers``: :class:`strategies.robust.RobustAveraging`,
+docs/robustness.md), and the parts of a method's declaration of what its messages carry (:meth:`sends`,
+:meth:`model_part`, :meth:`config_part`; see :mod:`strategies.disclosure`).  Nothing here is overridden.
 """
 
 from __future__ import annotations

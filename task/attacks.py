@@ -18,7 +18,16 @@ The kinds (docs/robustness.md says exactly what each changes; client_app/attacks
   or the last features of a vector set high) and the label ``backdoor-target``; every client reports how often its
   model sends triggered test inputs of other classes to the target (``backdoor-success``);
 - ``free-rider``: its train reply's model is ``r``, the model it received, untrained;
-- ``side-channel``: it trains honestly but lies in the method's side channel (:data:`SIDE_CHANNELS`).
+- ``side-channel``: it trains honestly but lies in the method's side channel (:data:`SIDE_CHANNELS`);
+- ``alie``, ``min-max``, ``min-sum``: attacks that know the honest updates (:data:`KNOWING_ATTACKS`): the attacker
+  estimates them by training, from the model it received, on every client's training split (the strongest attacker,
+  who knows every client's data; client_app/attack_math.py crafts the update), and sends the received model plus the
+  crafted update: ALIE (Baruch et al. 2019) and the AGR-agnostic min-max and min-sum (Shejwalkar and Houmansadr 2021);
+- ``model-replacement``: the backdoor boosted (Bagdasaryan et al. 2020): it trains on its backdoored data, then sends
+  ``r + attack-scale * (w - r)``, so that, averaged with weight ``1 / attack-scale``, its model replaces the average.
+
+Whatever the kind, ``attack-num-examples`` > 0 is the size lie: the attacker's train replies claim that many training
+examples (up to 2^31 - 1, the largest count a reply may carry), which weighs its model wherever a method weighs by size.
 """
 
 from __future__ import annotations
@@ -33,11 +42,29 @@ import torch
 
 from task.options import OptionSet, option
 
-ATTACKS = ("none", "label-flip", "sign-flip", "noise", "backdoor", "free-rider", "side-channel")
+ATTACKS = (
+    "none",
+    "label-flip",
+    "sign-flip",
+    "noise",
+    "backdoor",
+    "free-rider",
+    "side-channel",
+    "alie",
+    "min-max",
+    "min-sum",
+    "model-replacement",
+)
+#: the kinds that craft their model from an estimate of the honest updates (client_app/attack_math.py)
+KNOWING_ATTACKS = ("alie", "min-max", "min-sum")
 #: the kinds that change the model a train reply carries
-MODEL_ATTACKS = ("sign-flip", "noise", "free-rider")
+MODEL_ATTACKS = ("sign-flip", "noise", "free-rider", *KNOWING_ATTACKS, "model-replacement")
 #: the kinds that change the attacker's training data
-DATA_ATTACKS = ("label-flip", "backdoor")
+DATA_ATTACKS = ("label-flip", "backdoor", "model-replacement")
+#: the kinds that plant the backdoor trigger (every client then reports ``backdoor-success``)
+BACKDOOR_ATTACKS = ("backdoor", "model-replacement")
+#: the largest count a reply may carry (Flower's and the reply checks' limit): the size lie's largest claim
+LARGEST_COUNT = 2**31 - 1
 #: the share of an attacker's training examples that carry the backdoor trigger
 POISONED_SHARE = 0.5
 #: a tag in the seeds of the attacks' random draws, so they repeat no other random stream of the run
@@ -49,14 +76,23 @@ IMAGE_TRIGGER, VECTOR_TRIGGER = 1.0, 3.0
 #: method -> the lie its side channel carries under ``attack='side-channel'`` (client_app/attacks.py)
 SIDE_CHANNELS: dict[str, str] = {
     "fedcac": "an all-ones critical mask (it claims every parameter is critical, so every client overlaps it fully)",
-    "pifl": "bids for the max-bids best tiers in every round whatever their accuracy, and every tier accuracy "
-    "reported as 1 (in bids and evaluations, which set the tiers' utility and refunds)",
+    "pifl": "a bid in every round it can pay for the tier whose model fits its data worst (so that its updates land "
+    "among clients unlike it), and every tier accuracy reported as 1 (in bids and evaluations, which set the tiers' "
+    "utility and refunds)",
     "pifl-ni": "bids for a tier in every round it can pay and every tier accuracy reported as 1 (evaluations set the "
     "tiers' utility and refunds)",
     "pfedlia": "an inflated influence row (every peer's lazy model scored attack-scale times the row's largest "
     "magnitude; peer-to-peer: every peer named beneficial)",
     "fedsoft": "a forged importance vector: all weight on the centre that fits its data worst",
     "client2vec": "a forged index: both halves replaced by a uniform vector of the same norm",
+    "ifca": "the cluster whose model fits its data worst claimed as its choice, while its model is the one it trained "
+    "from the cluster model that fits it best",
+}
+#: method -> why it has no side channel a lie could use (docs/robustness.md; the side-channel attack is refused)
+NO_SIDE_CHANNEL: dict[str, str] = {
+    "fedc2i": "its influence vector is only recorded by the server (no client's computation reads another's), and "
+    "each client measures its peers' influence itself",
+    "cfl": "its clusters are split by the updates themselves, which the model attacks change",
 }
 
 
@@ -81,12 +117,20 @@ class AttackOptions(OptionSet):
     attack_scale: float = option(
         "attack-scale",
         10.0,
-        "sign-flip: the factor of the flipped update; side-channel (pFedLIA): of the inflated influence row",
+        "sign-flip: the factor of the flipped update; model-replacement: of the backdoored update (the number of "
+        "clients averaged replaces the average); side-channel (pFedLIA): of the inflated influence row",
         minimum=0.0,
     )
     attack_noise: float = option("attack-noise", 1.0, "noise: the standard deviation of the noise update", minimum=0.0)
     backdoor_target: int = option(
-        "backdoor-target", 0, "backdoor: the class triggered inputs are relabelled to", minimum=0
+        "backdoor-target", 0, "backdoor, model-replacement: the class triggered inputs are relabelled to", minimum=0
+    )
+    attack_num_examples: int = option(
+        "attack-num-examples",
+        0,
+        "the size lie: the number of training examples an attacker's train replies claim (0: its true number)",
+        minimum=0,
+        maximum=LARGEST_COUNT,
     )
 
     @property
@@ -155,7 +199,7 @@ def poisoned_data(data: Any, options: AttackOptions, num_classes: int, seed: int
     or half of it triggered and relabelled to the target (backdoor).  Validation and test splits are unchanged."""
     if options.attack == "label-flip":
         return dataclasses.replace(data, y_train=flipped_labels(data.y_train, num_classes))
-    if options.attack == "backdoor":
+    if options.attack in BACKDOOR_ATTACKS:
         rows = torch.from_numpy(poisoned_rows(len(data.y_train), seed, partition_id))
         x, y = data.x_train.clone(), data.y_train.clone()
         x[rows] = with_trigger(x[rows])
@@ -179,9 +223,10 @@ def attack_conflicts(options: AttackOptions, method: str, settings: Any) -> list
     if kind in MODEL_ATTACKS and method == "local":
         out.append(f"attack={kind!r} changes the model a train reply carries, but method 'local' sends none")
     if kind == "side-channel" and method not in SIDE_CHANNELS:
+        why = f" ({NO_SIDE_CHANNEL[method]})" if method in NO_SIDE_CHANNEL else ""
         out.append(
-            f"attack='side-channel' lies in a method's side channel, which method {method!r} has none of here; the "
-            f"methods with one: {sorted(SIDE_CHANNELS)}"
+            f"attack='side-channel' lies in a method's side channel, which method {method!r} has none of here{why}; "
+            f"the methods with one: {sorted(SIDE_CHANNELS)}"
         )
     if kind == "side-channel" and method == "client2vec" and not getattr(settings.options, "enabled", True):
         out.append(
@@ -193,7 +238,7 @@ def attack_conflicts(options: AttackOptions, method: str, settings: Any) -> list
             f"attack={kind!r} changes class labels, but dataset 'dialects' is next-word prediction (every token is a "
             "label); use an image or vector data set"
         )
-    if kind == "backdoor" and options.backdoor_target >= settings.num_classes:
+    if kind in BACKDOOR_ATTACKS and options.backdoor_target >= settings.num_classes:
         out.append(
             f"backdoor-target={options.backdoor_target} is not a class of dataset {settings.data.dataset!r} "
             f"(classes 0..{settings.num_classes - 1})"
@@ -209,9 +254,10 @@ def attack_conflicts(options: AttackOptions, method: str, settings: Any) -> list
 def backdoor_metrics(
     options: AttackOptions, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
 ) -> dict[str, float]:
-    """Under ``attack='backdoor'`` a client's ``backdoor-success``: the share of its triggered test inputs of other
-    classes that ``model`` (its personalized model) sends to ``backdoor-target``; nothing when it has no such input."""
-    if options.attack != "backdoor":
+    """Under a backdoor (``backdoor``, ``model-replacement``) a client's ``backdoor-success``: the share of its
+    triggered test inputs of other classes that ``model`` (its personalized model) sends to ``backdoor-target``; nothing
+    when it has no such input."""
+    if options.attack not in BACKDOOR_ATTACKS:
         return {}
     triggered = backdoor_inputs(x, y, options.backdoor_target)
     if len(triggered) == 0:

@@ -11,7 +11,8 @@ import torch
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
 from client_app import attacks
-from task.attacks import MODEL_ATTACKS, POISONED_SHARE, attackers, backdoor_metrics
+from client_app.attack_math import alie, min_max, min_sum
+from task.attacks import KNOWING_ATTACKS, MODEL_ATTACKS, POISONED_SHARE, attackers, backdoor_metrics
 from task.methods.fedcac import unpack_masks
 from task.params import model_to_record, record_to_numpy, stacked_record, to_record
 from tests.client_kit import users_client
@@ -46,7 +47,7 @@ def honest_and_attacked(method: str, pid: int, server_round: int, **cfg):
 
 
 # ---------------------------------------------------------------------------------------------- the model sent back
-@pytest.mark.parametrize("kind", MODEL_ATTACKS)
+@pytest.mark.parametrize("kind", [k for k in MODEL_ATTACKS if k not in KNOWING_ATTACKS])
 def test_a_model_attack_replaces_the_trained_model_by_its_declared_function_of_the_received_one(kind):
     message, honest, attacked = honest_and_attacked("fedavg", ATTACKER, 1, attack=kind)
     r, w = record_to_numpy(message.array_records["arrays"]), record_to_numpy(honest.array_records["arrays"])
@@ -61,9 +62,10 @@ def test_a_model_attack_replaces_the_trained_model_by_its_declared_function_of_t
         return
     for k in integer:  # a count is sent as trained
         assert np.array_equal(got[k], w[k])
-    if kind == "sign-flip":
+    if kind in ("sign-flip", "model-replacement"):  # the update flipped, or boosted, 10 times (attack-scale)
+        sign = -1.0 if kind == "sign-flip" else 1.0
         for k in floating:
-            expected = r[k] - 10.0 * (w[k].astype(np.float64) - r[k])
+            expected = r[k] + sign * 10.0 * (w[k].astype(np.float64) - r[k])
             if k.endswith("running_var"):
                 expected = np.maximum(expected, 0)
             assert np.allclose(got[k], expected, rtol=1e-5, atol=1e-5), k
@@ -88,6 +90,62 @@ def test_an_honest_client_and_an_attacker_before_attack_start_send_what_they_tra
         for name in honest.array_records:
             a, b = record_to_numpy(honest.array_records[name]), record_to_numpy(attacked.array_records[name])
             assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("kind", KNOWING_ATTACKS)
+def test_an_attack_that_knows_the_honest_updates_sends_the_received_model_plus_its_crafted_update(kind):
+    """The attacker estimates every client's honest update by training from what it received as that client trains
+    (its own estimate is exactly its own honest update), and sends the received model plus the update
+    client_app/attack_math.py crafts from the estimates; counts are sent as trained, and its metrics unchanged."""
+    c = users_client("fedavg", {"partition-id": ATTACKER}, attack=kind)
+    message = train_message(c, 2)
+    c.begin(message)
+    honest = c.train(message)
+    attacked = attacks.train_reply(c, message, copy.deepcopy(honest))
+    r, w = record_to_numpy(message.array_records["arrays"]), record_to_numpy(honest.array_records["arrays"])
+    got = record_to_numpy(attacked.array_records["arrays"])
+    keys = attacks.floating_keys(w, r)
+    benign = attacks.benign_updates(c, r, keys)
+    n = c.num_partitions
+    assert benign.shape[0] == n
+    own = np.concatenate([(w[k].astype(np.float64) - r[k]).ravel() for k in keys])
+    assert np.allclose(benign[ATTACKER], own, atol=1e-6)  # the estimate trains as each client does
+    crafted = {
+        "alie": lambda b: alie(b, n, len(attackers(c.settings.attacks, range(n)))),
+        "min-max": lambda b: min_max(b)[0],
+        "min-sum": lambda b: min_sum(b)[0],
+    }
+    expected = crafted[kind](benign)
+    sent = np.concatenate([(got[k].astype(np.float64) - r[k]).ravel() for k in keys])
+    variance = np.concatenate([np.full(r[k].size, k.endswith("running_var")) for k in keys])
+    assert np.allclose(sent[~variance], expected[~variance], atol=1e-5)
+    assert (np.concatenate([got[k].ravel() for k in keys if k.endswith("running_var")]) >= 0).all()
+    assert all(np.array_equal(got[k], w[k]) for k in w if k not in keys)
+    assert dict(attacked["metrics"]) == dict(honest["metrics"])
+
+
+def test_the_size_lie_claims_attack_num_examples_in_the_train_reply_and_nothing_else():
+    big = 2**31 - 1
+    _, honest, attacked = honest_and_attacked("fedavg", ATTACKER, 1, attack="backdoor", **{"attack-num-examples": big})
+    assert attacked["metrics"]["num-examples"] == big and honest["metrics"]["num-examples"] < 1000
+    assert {k: v for k, v in attacked["metrics"].items() if k != "num-examples"} == {
+        k: v for k, v in honest["metrics"].items() if k != "num-examples"
+    }
+    _, honest, untouched = honest_and_attacked("fedavg", HONEST, 1, attack="backdoor", **{"attack-num-examples": big})
+    assert untouched["metrics"]["num-examples"] == honest["metrics"]["num-examples"]
+
+
+def test_ifcas_lie_claims_the_cluster_that_fits_it_worst_and_sends_the_model_it_trained():
+    c = users_client("ifca", {"partition-id": ATTACKER}, attack="side-channel")
+    base = {k: v.clone() for k, v in c.reset_model().state_dict().items()}
+    far = {k: (v + 3.0 if v.is_floating_point() else v) for k, v in base.items()}
+    message = RecordDict({"tiers": _stack(base, far), "config": ConfigRecord({"server-round": 1})})
+    c.begin(message)
+    honest = c.train(message)
+    attacked = attacks.train_reply(c, message, copy.deepcopy(honest))
+    assert honest["metrics"]["cluster"] == 0 and attacked["metrics"]["cluster"] == 1
+    w, got = record_to_numpy(honest.array_records["arrays"]), record_to_numpy(attacked.array_records["arrays"])
+    assert all(np.array_equal(w[k], got[k]) for k in w)
 
 
 def _stack(*models):
@@ -200,11 +258,13 @@ def _reply(**metrics) -> RecordDict:
 
 
 @pytest.mark.parametrize("method", ["pifl", "pifl-ni"])
-def test_pifls_lie_is_a_bid_for_its_best_tier_in_every_round_it_can_pay_and_every_tier_accuracy_one(method):
+def test_pifls_lie_is_a_bid_for_the_tier_that_fits_it_worst_in_every_round_it_can_pay_and_every_tier_accuracy_one(
+    method,
+):
     c = begun(method, ATTACKER, 2, attack="side-channel")
-    for balance, bid in ((5, [1]), (0, [])):
+    for balance, bid in ((5, [0]), (0, [])):
         message = RecordDict({"ledger": ConfigRecord({"balance": balance, "price": 1})})
-        lied = attacks.query_reply(c, "bid", message, _reply(**{"tier-acc": [0.2, 0.5], "bid": []}))
+        lied = attacks.query_reply(c, "bid", message, _reply(**{"tier-acc": [0.2, 0.5], "bid": [1]}))
         assert lied["metrics"]["bid"] == bid and lied["metrics"]["tier-acc"] == [1.0, 1.0]
     evaluated = attacks.evaluate_reply(c, _reply(**{"tier-acc": [0.2, 0.5], "personal-acc": 0.4}))
     assert evaluated["metrics"]["tier-acc"] == [1.0, 1.0] and evaluated["metrics"]["personal-acc"] == 0.4

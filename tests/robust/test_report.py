@@ -17,6 +17,7 @@ from strategies.attack_report import (
     mechanism,
     report,
     rule_outcome,
+    summary_entries,
     with_attack_metrics,
 )
 from strategies.gate import parse_reply
@@ -94,6 +95,38 @@ def test_the_rule_report_gives_the_share_of_attackers_and_honest_models_kept_and
     clipped = [RoundLog(1, extra={"robust": [{"clients": [0, 1], "clipped": [1], "update-norms": [1, 9]}]})]
     assert rule_outcome(clipped, {1})["share-clipped"] == {"attackers": 1.0, "honest": 0.0}
     assert rule_outcome([RoundLog(1)], {1}) == {}
+
+
+def test_the_rule_report_gives_fltrusts_mean_trust_and_the_averages_outside_the_rules_assumption():
+    history = [
+        RoundLog(
+            1,
+            extra={
+                "robust": [
+                    {
+                        "clients": [0, 1, 2],
+                        "trust": [0.8, 0.0, 0.6],
+                        "liars": 1,
+                        "tolerated": 1,
+                        "outside-assumption": False,
+                    }
+                ]
+            },
+        ),
+        RoundLog(
+            2,
+            extra={
+                "robust": [
+                    {"clients": [0, 1], "trust": [1.0, 0.2], "liars": 1, "tolerated": 0, "outside-assumption": True}
+                ]
+            },
+        ),
+    ]
+    out = rule_outcome(history, {1})
+    assert out["mean-trust"] == {"attackers": pytest.approx(0.1), "honest": pytest.approx(0.8)}
+    assert out["outside-assumption"] == {"averages": 1, "of": 2, "most-liars": 1}
+    record = {"attack": "sign-flip", "aggregator": "bulyan", "attackers": [1], "mechanism": {}, "rule": out}
+    assert summary_entries(record, {})["outside-assumption"] == 1
 
 
 def written(strategy):

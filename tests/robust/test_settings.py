@@ -41,17 +41,15 @@ def test_the_attackers_come_from_the_run_config_and_the_partition_id_alone():
 
 
 # ---------------------------------------------------------------------------------------------- aggregation rules
-REFUSED = {
-    ("local", rule) for rule in ROBUST_RULES
-} | {  # no model leaves a Local client; FedC2I forwards models and averages none; no common start to clip around
-    ("fedc2i", "median"),
-    ("fedc2i", "trimmed-mean"),
-    ("fedc2i", "multi-krum"),
-    ("fedcac", "norm-bound"),
-    ("fedsoft", "norm-bound"),
-}
-# Client2Vec's index-weighted aggregation (on by default) has no median or trimmed mean that keeps its weights
-REFUSED |= {("client2vec", "median"), ("client2vec", "trimmed-mean")}
+REFUSED = {("local", rule) for rule in ROBUST_RULES}  # no model leaves a Local client
+# FedC2I forwards models and averages none: a rule that would replace each client's own influence-weighted mix
+REFUSED |= {("fedc2i", rule) for rule in ("median", "trimmed-mean", "bulyan", "fltrust")}
+# no common model the server sent to measure an update against
+REFUSED |= {(m, rule) for m in ("fedcac", "fedsoft") for rule in ("norm-bound", "fltrust")}
+# FLTrust's server trains a whole model on its root data set: not where only part of the model is averaged
+REFUSED |= {(m, "fltrust") for m in ("fedper", "fedrep", "lgfedavg", "fedbn")}
+# Client2Vec's index-weighted aggregation (on by default) has no rule at weight-cap 1 (uniform) that keeps its weights
+REFUSED |= {("client2vec", rule) for rule in ROBUST_RULES}
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -65,10 +63,19 @@ def test_every_rule_works_for_every_method_that_averages_models_and_is_refused_w
 
 
 def test_the_refusals_that_depend_on_a_methods_own_settings():
-    with pytest.raises(ConfigConflict, match="lia-mode='p2p'"):
-        settings("pfedlia", aggregator="norm-bound", **{"lia-mode": "p2p"})
+    for rule in ("norm-bound", "fltrust"):
+        with pytest.raises(ConfigConflict, match="lia-mode='p2p'"):
+            settings("pfedlia", aggregator=rule, **{"lia-mode": "p2p"})
     assert settings("pfedlia", aggregator="median", **{"lia-mode": "p2p"}).robust.aggregator == "median"
     assert settings("client2vec", aggregator="median", **{"c2v-aggregation": False}).robust.aggregator == "median"
+    # Client2Vec keeps its index weights under a rule that weighs: uncapped, or capped above uniform
+    for cap in (0.0, 2.0):
+        assert settings("client2vec", aggregator="multi-krum", **{"weight-cap": cap}).robust.weight_cap == cap
+
+
+def test_a_weight_cap_no_average_can_meet_is_refused():
+    with pytest.raises(ConfigConflict, match=r"weight-cap=0.5 is impossible: an average of m models cannot give"):
+        settings("fedavg", aggregator="multi-krum", **{"weight-cap": 0.5})
 
 
 @pytest.mark.parametrize("rule", ROBUST_RULES)
@@ -129,7 +136,8 @@ def test_bad_attack_and_rule_values_name_their_key():
         ({"attack-share": 1.5}, "attack-share"),
         ({"aggregator": "krum"}, "aggregator"),
         ({"trim-fraction": 0.5}, "trim-fraction"),
-        ({"norm-bound": 0.0}, "norm-bound"),
+        ({"byzantine-share": 0.5}, "byzantine-share"),
+        ({"norm-bound": -1.0}, "norm-bound"),
     ):
         with pytest.raises(ValueError, match=f"run-config key '{key}'"):
             parse_settings(cfg)
@@ -157,7 +165,7 @@ def test_the_docs_table_of_refused_rules_is_the_codes():
         for method in re.findall(r"`([a-z0-9-]+)`", methods):
             named = set(re.findall(r"`([a-z-]+)`", refused.split(":")[0])) & set(ROBUST_RULES)
             documented |= {(method, rule) for rule in (ROBUST_RULES if "every rule" in refused else named)}
-    conditional = {("pfedlia", "norm-bound")}  # with lia-mode='p2p', the row says
+    conditional = {("pfedlia", "norm-bound"), ("pfedlia", "fltrust")}  # with lia-mode='p2p', the row says
     assert {m for m, _ in documented} <= set(METHODS)
     assert documented - conditional == REFUSED
     assert sorted(METHODS) == sorted(
