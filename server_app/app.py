@@ -18,7 +18,7 @@ from server_app.tracking import check_installed, open_watchers
 from strategies.base import PersonalizedStrategy, RunAborted
 from strategies.persistence import SimulatedCrash, read_checkpoint
 from task.checkpoint import CheckpointError
-from task.config import Settings, parse_settings
+from task.config import Settings, check_clients, parse_settings
 from task.methods import load_object, method_spec
 from task.models import build_model, describe
 from task.params import state_to_numpy, to_record
@@ -48,6 +48,36 @@ def resume_point(settings: Settings, strategy: PersonalizedStrategy) -> tuple[Pa
     return folder, done
 
 
+#: how long the ServerApp waits for Flower to register a simulation's nodes (it does so as the ServerApp starts)
+REGISTRATION_WAIT = 30.0
+
+
+def simulated_clients(grid: Grid, wait: float = REGISTRATION_WAIT) -> int | None:
+    """How many clients a simulation has, or None outside Flower's simulation.
+
+    In simulation (``flwr run`` on a simulation SuperLink, or Flower's runtime driven in one process) every node is a
+    simulated SuperNode holding partition ``partition-id`` of ``num-partitions`` = the number of nodes, all registered
+    as the run starts: their count, once it stops changing, is the number of partitions.  In deployment each
+    SuperNode's own node config says which partition, or which data file, it holds, and only the node knows it.
+    Flower's simulation grid is recognised by its class (``InMemoryGrid``, not part of Flower's public API: a flwr
+    upgrade that moves it turns the check off, which tests/runtime/test_refusals.py's run through ``flwr run``
+    notices)."""
+    try:
+        from flwr.superlink.grid import InMemoryGrid
+    except ImportError:  # pragma: no cover - a flwr that moved it
+        return None
+    if not isinstance(grid, InMemoryGrid):
+        return None
+    deadline, seen = time.monotonic() + wait, -1
+    while time.monotonic() < deadline:
+        count = len(list(grid.get_node_ids()))
+        if count and count == seen:
+            return count
+        seen = count
+        time.sleep(0.05)
+    return seen or None
+
+
 def refuse(err: ValueError) -> NoReturn:
     """Stop at start-up: the reason on one log line, then the same exception for Flower to report the run as
     failed, without the frames of the code that found the problem (the line above says it all)."""
@@ -60,6 +90,8 @@ def main(grid: Grid, context: Context) -> None:
     try:
         settings = parse_settings(context.run_config)
         check_installed(settings)
+        if (clients := simulated_clients(grid)) is not None:  # what each client's splits will hold, before round 1
+            check_clients(settings, clients)
     except ValueError as err:  # said at once: Flower reports the exception only when its simulation backend is up
         refuse(err)
     strategy = build_strategy(settings)
