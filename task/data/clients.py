@@ -24,17 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from task.data.catalogue import DOMAINS, MIXTURES, PARTITIONS, dataset_info
+from task.data.catalogue import DOMAINS, MIXTURES, PARTITIONS, NoShare, dataset_info
 from task.data.domains import apply_domain, domain_of
-
-
-class NoShare(ValueError):
-    """The partition cannot give every client a share at this number of clients; :attr:`reason` says why in a few
-    words (the message adds what to do)."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)

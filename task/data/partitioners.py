@@ -23,8 +23,7 @@ from flwr_datasets.partitioner import (
     PathologicalPartitioner,
 )
 
-from task.data.catalogue import MIN_CLIENT_SAMPLES, MIXTURES, PARTITIONS
-from task.data.clients import NoShare
+from task.data.catalogue import MIN_CLIENT_SAMPLES, MIXTURES, PARTITIONS, NoShare
 from task.data.sources import Centralized, load_centralized
 
 log = logging.getLogger("flwr.pflower")
