@@ -11,6 +11,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 
+from server_app.coverage import coverage, shortfall
 from server_app.recorder import RecordingGrid
 from server_app.results import ResultsWriter, resolve_results_path
 from server_app.runner import REFUSED_AT_START_UP, stop_line
@@ -128,6 +129,8 @@ def main(grid: Grid, context: Context) -> None:
         except SimulatedCrash as stop:  # stop-after: one line scripts can read, then stop as a crash would
             print(stop_line(settings.stop_after, writer.folder), flush=True)
             raise stop.with_traceback(None) from None
+        if aborted is None:  # a mean over too few of the clients asked is no result (server_app/coverage.py)
+            aborted = shortfall(coverage(strategy.history), settings.min_coverage)
         summary = writer.write(strategy, time.monotonic() - start, aborted=aborted, stopped=stopped)
         failed = aborted is not None
     finally:  # also when the ServerApp stops on an error: the rounds recorded so far

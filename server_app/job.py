@@ -24,7 +24,8 @@ itself, gives 1).  This command takes ``flwr run``'s arguments, and
    3     refused: the run config (checked here, by the ServerApp at start-up, e.g. a ``resume-from`` folder
          that does not fit or more simulated clients than the data can serve, or by Flower)
    4     stopped after round k as asked (``stop-after=k``); its last line says how to resume
-   5     aborted: the run could not go on (``ABORTED: ...`` on the summary line, ``aborted`` in summary.json)
+   5     aborted: the run could not go on, or its final means speak for fewer than ``min-coverage`` of the
+         clients asked (``ABORTED: ...`` on the summary line, ``aborted`` in summary.json)
    130   interrupted (Ctrl-C): this command stopped following; the run goes on on the SuperLink
    ====  =====================================================================================================
 

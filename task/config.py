@@ -114,6 +114,15 @@ class RunOptions(AttackOptions, RobustOptions):
         "newcomer-finetuned-acc)",
         minimum=0,
     )
+    min_coverage: float = option(
+        "min-coverage",
+        0.5,
+        "the least share of the clients asked that a mean over clients in the run's summary may speak for (the final "
+        "evaluation, the last round's training, the newcomers): below it the run ends as failed (aborted), and the "
+        "summary says over how many of how many clients each mean is",
+        minimum=0.0,
+        maximum=1.0,
+    )
     seed: int = option("seed", 0, "seed of partitions, initial model and sampling", minimum=0)
     device: str = option("device", "auto", "auto (CUDA if available), cpu, cuda or cuda:N")
     round_timeout: float = option("round-timeout", 3600.0, "seconds to wait for a phase's replies", minimum=1.0)
@@ -228,6 +237,7 @@ class Settings:
     stop_after: int = 0
     evaluate_split: str = "test"
     holdout_clients: int = 0
+    min_coverage: float = 0.5
     dp_mode: str = "off"
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
