@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ NODES = [1003, 7, 42, 555]
 CLIENT_OF = {n: i for i, n in enumerate(NODES)}
 
 
-def run(rejected: dict[str, set[int]], rounds: int = 2, **cfg):
+def run(rejected: dict[str, set[int]], cfg: dict[str, Any], rounds: int = 2):
     """A fedavg run of 4 scripted clients whose last round's ``phase`` replies from the clients in
     ``rejected[phase]`` are errors (a client that crashed); (strategy, summary line, summary.json, its shortfall)."""
     settings = parse_settings(
@@ -49,7 +50,7 @@ def run(rejected: dict[str, set[int]], rounds: int = 2, **cfg):
 
 
 def test_a_run_every_client_answered_says_nothing_more_and_meets_its_coverage(tmp_path):
-    _, line, summary, short = run({}, **{"results-dir": str(tmp_path)})
+    _, line, summary, short = run({}, {"results-dir": str(tmp_path)})
     assert short is None and " of 4 clients" not in line and "ABORTED" not in line
     assert summary["coverage"] == {
         "covered": 4,
@@ -61,7 +62,7 @@ def test_a_run_every_client_answered_says_nothing_more_and_meets_its_coverage(tm
 
 
 def test_means_over_fewer_clients_than_asked_say_so_beside_each_number(tmp_path):
-    strategy, line, summary, short = run({"evaluate": {3}}, **{"results-dir": str(tmp_path)})
+    strategy, line, summary, short = run({"evaluate": {3}}, {"results-dir": str(tmp_path)})
     final = strategy.history[-1].evaluate
     assert short is None and "ABORTED" not in line  # 3 of 4 is above the default min-coverage of 0.5
     assert f"personalized acc {final['personal-acc']:.4f} over 3 of 4 clients (over clients: std " in line
@@ -75,7 +76,7 @@ def test_means_over_fewer_clients_than_asked_say_so_beside_each_number(tmp_path)
 
 
 def test_a_final_evaluation_over_fewer_than_min_coverage_of_the_clients_fails_the_run_with_the_reason(tmp_path):
-    _, line, summary, short = run({"evaluate": {1, 2, 3}}, **{"results-dir": str(tmp_path)})
+    _, line, summary, short = run({"evaluate": {1, 2, 3}}, {"results-dir": str(tmp_path)})
     assert short == (
         "the final evaluation (personalized and global accuracy and loss, their spread over clients) covers 1 of 4 "
         "clients: less than min-coverage=0.5 of the clients asked, too few for a mean over clients (failures.json says "
@@ -87,7 +88,7 @@ def test_a_final_evaluation_over_fewer_than_min_coverage_of_the_clients_fails_th
 
 
 def test_training_replies_from_too_few_clients_fail_the_run_too(tmp_path):
-    _, _, summary, short = run({"train": {0, 1, 2}}, **{"results-dir": str(tmp_path)})
+    _, _, summary, short = run({"train": {0, 1, 2}}, {"results-dir": str(tmp_path)})
     assert short is not None and short.startswith(
         "the last round's training (the accuracy after local training) covers 1 of 4 clients: less than min-coverage"
     )
@@ -96,10 +97,10 @@ def test_training_replies_from_too_few_clients_fail_the_run_too(tmp_path):
 
 
 def test_min_coverage_is_the_share_a_run_asks_for(tmp_path):
-    _, _, summary, short = run({"evaluate": {3}}, **{"results-dir": str(tmp_path), "min-coverage": 0.8})
+    _, _, summary, short = run({"evaluate": {3}}, {"results-dir": str(tmp_path), "min-coverage": 0.8})
     assert short is not None and "covers 3 of 4 clients: less than min-coverage=0.8" in short
     assert summary["coverage"]["min-share"] == 0.8 and not summary["coverage"]["met"]
-    _, _, _, short = run({"evaluate": {1, 2, 3}}, **{"results-dir": str(tmp_path), "min-coverage": 0.0})
+    _, _, _, short = run({"evaluate": {1, 2, 3}}, {"results-dir": str(tmp_path), "min-coverage": 0.0})
     assert short is None  # 0: any mean is reported, each with over how many clients it is
 
 
