@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import NoReturn
@@ -60,14 +61,14 @@ def simulated_clients(grid: Grid, wait: float = REGISTRATION_WAIT) -> int | None
     simulated SuperNode holding partition ``partition-id`` of ``num-partitions`` = the number of nodes, all registered
     as the run starts: their count, once it stops changing, is the number of partitions.  In deployment each
     SuperNode's own node config says which partition, or which data file, it holds, and only the node knows it.
-    Flower's simulation grid is recognised by its class (``InMemoryGrid``, not part of Flower's public API: a flwr
-    upgrade that moves it turns the check off, which tests/runtime/test_refusals.py's run through ``flwr run``
-    notices)."""
-    try:
-        from flwr.superlink.grid import InMemoryGrid
-    except ImportError:  # pragma: no cover - a flwr that moved it
+    Flower's simulation grid is recognised by its class, ``InMemoryGrid``, which is not part of Flower's public API
+    (:mod:`server_app.flwr_internals` pins it; tests/runtime/test_refusals.py's run through ``flwr run`` checks that
+    a simulation is recognised).  A process that never loaded it is not a simulation, and does not load it here."""
+    if "flwr.superlink.grid" not in sys.modules:
         return None
-    if not isinstance(grid, InMemoryGrid):
+    from server_app import flwr_internals
+
+    if not isinstance(grid, flwr_internals.InMemoryGrid):
         return None
     deadline, seen = time.monotonic() + wait, -1
     while time.monotonic() < deadline:
