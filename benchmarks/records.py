@@ -14,8 +14,9 @@ where it does not apply):
 - ``run-config``: the run's full run config (``config.json``); ``overrides``: the keys it set away from the
   defaults of the code that ran; ``resolved-model``: the model ``model=auto`` resolved to
 - ``summary``: the essentials of ``summary.json`` (final accuracies and losses, perplexity, clients, failures,
-  seconds; under differential privacy the mode and the accountant's ``epsilon`` and ``delta`` after the last round;
-  the final spread over clients and what held-out clients got, where the code that ran reports them)
+  seconds, ``coverage``: how many of the clients asked the final means speak for; under differential privacy the
+  mode and the accountant's ``epsilon`` and ``delta`` after the last round; the final spread over clients and what
+  held-out clients got, where the code that ran reports them)
 - ``rounds``: per round: accuracies (personalized, global, after local training), seconds, server seconds,
   bytes down / up (all phases; and the train phase alone), clients that trained / evaluated, mean local
   training and method seconds per client, peak memory, and the cohort where the strategy logs one
@@ -130,8 +131,16 @@ def error_line(error: str | None) -> str:
 
 
 # --------------------------------------------------------------------------- reading: the runs of a cell, their values
+def short_coverage(rec: Rec) -> bool:
+    """Whether a record's final means speak for less than its run's ``min-coverage`` of the clients asked (the
+    summary's ``coverage``; records from before it have none): such a run failed, and no table ranks it."""
+    covered = (rec.get("summary") or {}).get("coverage")
+    return isinstance(covered, dict) and covered.get("met") is False
+
+
 def ok(recs: Iterable[Rec]) -> list[Rec]:
-    return [r for r in recs if not r.get("error")]
+    """The records of runs that completed with results to compare: no error, and means over enough clients."""
+    return [r for r in recs if not r.get("error") and not short_coverage(r)]
 
 
 def select(recs: Iterable[Rec], **coords: Any) -> list[Rec]:

@@ -308,6 +308,7 @@ def record_from_run(
         "epsilon",
         "delta",
         "aborted",  # why the ServerApp stopped the run early (its record has ``error`` too)
+        "coverage",  # how many of the clients asked the final means speak for (server_app/coverage.py)
         # under an attack or a robust rule (strategies/attack_report.py)
         "attack",
         "aggregator",

@@ -34,6 +34,7 @@ from client_app.state import KeptState
 from task.attacks import backdoor_metrics
 from task.config import Settings, parse_settings
 from task.data import ClientData, load_client_data, load_local_file
+from task.data.capacity import client_refusal, run_refusal
 from task.data.clients import default_cache_dir
 from task.methods import NEWCOMER
 from task.models import SplitModel, body_keys, build_model, head_keys
@@ -86,13 +87,24 @@ class ClientMethod(KeptState, NewcomerScores, ScoredModel):
         threads = int(node_cfg.get("num-threads", self.settings.client_threads))
         if threads > 0 and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
+        scored = self.settings.evaluate_split
         if data_path:
             self.data: ClientData = load_local_file(data_path, self.settings.data, self.partition_id)
         else:  # node config cache-dir: where the node keeps its splits ("" = rebuild them in every process)
             cache = str(node_cfg.get("cache-dir", default_cache_dir()))
-            self.data = load_client_data(self.settings.data, self.partition_id, self.num_partitions, cache or None)
-        if self.settings.evaluate_split == "validation":  # selecting settings: the test split is not even kept
+            try:
+                self.data = load_client_data(self.settings.data, self.partition_id, self.num_partitions, cache or None)
+            except ValueError as err:  # a partition that cannot be drawn: every client gives the run's reason
+                if (why := run_refusal(self.settings.data, self.num_partitions, scored)) is not None:
+                    raise ValueError(why) from err
+                raise
+        if scored == "validation":  # selecting settings: the test split is not even kept
             self.data = self.data.scored_on_validation()
+        # a client with nothing to train on or to be scored on refuses the run, saying why (the server, which cannot
+        # see a deployed node's partition, learns it from the refusals; in simulation it refused the run before)
+        partitions = 0 if data_path else self.num_partitions  # a node with its own file holds no partition
+        if why := client_refusal(self.data, self.settings.data, self.partition_id, partitions, scored):
+            raise ValueError(why)
         self.seed = int(self.settings.seed) * 100_003 + self.partition_id
         self.timings: dict[str, float] = {}
 

@@ -8,7 +8,10 @@ itself, gives 1).  This command takes ``flwr run``'s arguments, and
 1. checks the run config first, with pflower's own option parser (the code the ServerApp and every ClientApp run
    on it, over the app's ``pyproject.toml`` defaults as Flower fuses them): a key the app does not declare, a bad
    value or values that conflict are refused here, naming the key and what is allowed, in a few seconds and
-   before anything starts (no SuperLink, no Ray);
+   before anything starts (no SuperLink, no Ray); where ``--federation-config`` sets ``num-supernodes``, also what
+   that many simulated clients would get (:func:`task.config.check_clients`, as the ServerApp checks at start-up:
+   a client without a training or a test example, a partition that cannot be drawn, with how many clients the data
+   can serve) and ``min-nodes`` above it;
 2. runs ``flwr run APP [SUPERLINK] --stream ...``, passing its output through;
 3. reads how the run ended from the ServerApp's own lines (the summary line ``pflower ... -> <folder>`` and
    ``summary.json`` where that folder is readable from here, the stop line, the refusal line) and exits with:
@@ -19,9 +22,10 @@ itself, gives 1).  This command takes ``flwr run``'s arguments, and
          crashed, the SuperLink could not be reached, the run was stopped with ``flwr stop``, ...)
    2     usage: this command's own arguments are wrong
    3     refused: the run config (checked here, by the ServerApp at start-up, e.g. a ``resume-from`` folder
-         that does not fit, or by Flower)
+         that does not fit or more simulated clients than the data can serve, or by Flower)
    4     stopped after round k as asked (``stop-after=k``); its last line says how to resume
-   5     aborted: the run could not go on (``ABORTED: ...`` on the summary line, ``aborted`` in summary.json)
+   5     aborted: the run could not go on, or its final means speak for fewer than ``min-coverage`` of the
+         clients asked (``ABORTED: ...`` on the summary line, ``aborted`` in summary.json)
    130   interrupted (Ctrl-C): this command stopped following; the run goes on on the SuperLink
    ====  =====================================================================================================
 
@@ -87,9 +91,11 @@ def app_defaults(app: str) -> dict[str, Any] | None:
     return flatten_dict(config["tool"]["flwr"]["app"].get("config", {}))
 
 
-def check_run_config(app: str, run_config: list[str]):
+def check_run_config(app: str, run_config: list[str], federation_config: list[str] | None = None):
     """The settings the ServerApp would parse from ``run_config`` (``flwr run``'s ``--run-config`` values) over the
-    app's defaults, or :class:`Refused`; None when the app is not a folder or ``.fab`` this command can read."""
+    app's defaults, or :class:`Refused`; None when the app is not a folder or ``.fab`` this command can read.  Where
+    ``federation_config`` sets ``num-supernodes`` (a simulation of that many clients, each a partition of the run's
+    data set) the run is also checked at that size (:func:`check_simulation`)."""
     import click
     from flwr.common.config import fuse_dicts, parse_config_args
 
@@ -115,18 +121,45 @@ def check_run_config(app: str, run_config: list[str]):
     from task.config import parse_settings  # imports torch: after the checks that need only the keys
 
     try:
-        return parse_settings(fuse_dicts(defaults, overrides))
+        settings = parse_settings(fuse_dicts(defaults, overrides))
     except ValueError as err:
         raise Refused(str(err)) from None
+    if (clients := num_supernodes(federation_config or [])) is not None:
+        check_simulation(settings, clients)
+    return settings
 
 
-def sets_num_supernodes(federation_config: list[str]) -> bool:
+def check_simulation(settings, clients: int) -> None:
+    """Refuse what a simulation of ``clients`` SuperNodes cannot run, as the ServerApp would at its start
+    (:func:`task.config.check_clients`: a client without a training or a test example, a partition that cannot be
+    drawn, every client held out), and ``min-nodes`` above the SuperNodes started (the run would wait
+    ``node-wait-timeout`` seconds for nodes that never come)."""
+    from task.config import client_conflicts
+
+    problems = []
+    if settings.min_nodes > clients:
+        problems.append(
+            f"min-nodes={settings.min_nodes} waits for more nodes than num-supernodes={clients} starts; use "
+            f"min-nodes <= {clients} or more SuperNodes"
+        )
+    try:
+        problems += client_conflicts(settings, clients)
+    except ValueError as err:  # the data set cannot be read from here
+        problems.append(str(err))
+    if problems:
+        raise Refused("; ".join(problems))
+
+
+def num_supernodes(federation_config: list[str]) -> int | None:
+    """``num-supernodes`` of ``--federation-config`` (None when it is not set, or not a whole number: Flower says
+    what is wrong with it)."""
     from flwr.common.config import parse_config_args
 
     try:
-        return "num-supernodes" in parse_config_args(federation_config or None)
+        value = parse_config_args(federation_config or None).get("num-supernodes")
     except Exception:  # noqa: BLE001 - Flower reports a bad --federation-config itself
-        return False
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def read_summary(output: str) -> dict[str, Any] | None:
@@ -204,14 +237,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        settings = check_run_config(args.app, args.run_config)
+        settings = check_run_config(args.app, args.run_config, args.federation_config)
     except Refused as err:
         return finish(Exit.REFUSED, f"refused before the run started: {err}")
     if settings is None:
         print(f"pflower job: {args.app!r} is not an app folder or .fab: the ServerApp will check the run config")
     elif args.check:
         return finish(Exit.COMPLETED, f"the run config is valid (method {settings.method!r})")
-    hide_size_warning = sets_num_supernodes(args.federation_config)
+    hide_size_warning = num_supernodes(args.federation_config) is not None
     lines: list[str] = []
     proc = subprocess.Popen(
         flwr_command(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment()

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from server_app.coverage import coverage, summary_entry
 from strategies import attack_report
 from strategies.history import RoundLog
 from strategies.newcomers import NEWCOMER_METRICS
@@ -183,6 +184,9 @@ class ResultsWriter:
             "seconds": round(seconds, 2),
             "results": str(self.folder),
         }
+        # how many of the clients asked each mean speaks for (server_app/coverage.py), what a sweep must not rank
+        covered = coverage(strategy.history)
+        summary["coverage"] = summary_entry(covered, self.settings.min_coverage)
         robustness = attack_report.report(strategy)  # under an attack or a robust rule (docs/robustness.md)
         if robustness:
             write_json(self.folder / "robustness.json", robustness)
@@ -197,8 +201,10 @@ class ResultsWriter:
             summary["newcomers"] = len(strategy.holdout.results)
             for key in NEWCOMER_METRICS:
                 summary[key] = means.get(key)
+            asked = covered.get("newcomers")
+            of = f" of {asked.total}" if asked is not None and asked.covered < asked.total else ""
             held_out = (
-                f", {summary['newcomers']} newcomers (held out): acc {acc(summary['newcomer-acc'])}, "
+                f", {summary['newcomers']}{of} newcomers (held out): acc {acc(summary['newcomer-acc'])}, "
                 f"fine-tuned {acc(summary['newcomer-finetuned-acc'])}"
             )
         privacy = ""
@@ -224,6 +230,10 @@ class ResultsWriter:
         write_json(self.folder / "summary.json", summary)
 
         clustering = f", {summary['clustering']}" if outcome is not None else ""
+        evaluated = covered.get("evaluation")
+        over = ""  # a mean over fewer clients than were asked says so, beside the number
+        if evaluated is not None and evaluated.covered < evaluated.total:
+            over = f" over {evaluated.covered} of {evaluated.total} clients"
         spread = ""
         if summary["personal-acc-std"] is not None:
             spread = (
@@ -233,7 +243,8 @@ class ResultsWriter:
         return (
             f"pflower {summary['method']} on {summary['dataset']}/{summary['partition']}: "
             f"{summary['rounds']} rounds, {summary['clients']} clients{clustering}, personalized acc "
-            f"{acc(summary['personal-acc'])}{spread}, global acc {acc(summary['global-acc'])}{held_out}, "
+            f"{acc(summary['personal-acc'])}{over if summary['personal-acc'] is not None else ''}{spread}, global acc "
+            f"{acc(summary['global-acc'])}{over if summary['global-acc'] is not None else ''}{held_out}, "
             f"{summary['failures']} rejected replies{privacy}, {seconds:.1f} s"
             + (f", ABORTED: {aborted}" if aborted else "")
             + (f", STOPPED: {stopped}" if stopped else "")

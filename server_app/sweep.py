@@ -369,8 +369,9 @@ def table_rows(specs: Sequence[Spec], entries: Mapping[str, Mapping[str, Any]]) 
         row.update({k: summary.get(k) for k in TABLE_METRICS})
         row["seconds"] = entry.get("seconds")
         row["outcome"] = "not run" if not entry else _short_outcome(entry)
-        if isinstance(coverage, Mapping) and coverage.get("partial"):
-            row["outcome"] += f" (over {coverage.get('covered')} of {coverage.get('clients')} clients)"
+        covered, total = (coverage.get("covered"), coverage.get("total")) if isinstance(coverage, Mapping) else (0, 0)
+        if isinstance(covered, int) and isinstance(total, int) and covered < total:  # server_app/coverage.py
+            row["outcome"] += f" (over {covered} of {total} clients)"
         row["results"] = entry.get("results")
         rows.append(row)
     return rows

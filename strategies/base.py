@@ -93,6 +93,7 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         self.dp = ServerPrivacy(settings)
         self.history: list[RoundLog] = []
         self.client_eval: dict[int, dict[str, float]] = {}  # client id -> last evaluate metrics
+        self.asked: dict[str, int] = {}  # phase -> nodes its latest messages went to
         self.results_dir: Path | None = None
         #: called with the history after every round (the ServerApp's TensorBoard and MLflow writers)
         self.round_watchers: list[Callable[[list[RoundLog]], None]] = []
@@ -299,13 +300,13 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         updates = self.receive(server_round, "train", replies)
         if self.schedule.fused:  # the previous round's evaluation came with these replies
             evaluated = [Reply(u.node_id, u.client, u.num_examples, u.metrics.pop("evaluation")) for u in updates]
-            metrics = self.record_evaluation(self.schedule.fused, evaluated)
+            metrics = self.record_evaluation(self.schedule.fused, evaluated, asked=self.asked.get("train"))
             log.info(late_evaluation_line(self.name, self.schedule.fused, metrics))
             self.schedule.fused = 0
         extra = self.aggregate(server_round, updates) if updates else {}
         if not updates:
             log.warning("round %d: no valid train replies; state left unchanged", server_round)
-        metrics = train_metrics(updates)
+        metrics = train_metrics(updates, asked=self.asked.get("train"))
         self.history[-1].train = metrics
         self.history[-1].extra.update(extra)
         arrays = to_record(self.global_state) if self.global_state else ArrayRecord()
@@ -331,7 +332,8 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         metrics: dict[str, float] = {}
         if self.schedule.has_evaluate_phase(server_round):
-            self.record_evaluation(server_round, self.receive(server_round, "evaluate", replies))
+            evaluated = self.receive(server_round, "evaluate", replies)
+            self.record_evaluation(server_round, evaluated, asked=self.asked.get("evaluate"))
             metrics = self.history[-1].evaluate
         self.on_round_end(server_round)
         close_round(self.history[-1], self.exchange.comm.pop(server_round, {}), time.monotonic() - self._round_start)
@@ -362,9 +364,10 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         self.server_time(time.perf_counter() - start)
         return messages
 
-    def record_evaluation(self, server_round: int, updates: list[Reply]) -> dict[str, float]:
-        """Round ``server_round``'s evaluation replies into the history, then the method's :meth:`on_evaluated`."""
-        metrics = record_evaluation(self.history, self.client_eval, server_round, updates)
+    def record_evaluation(self, server_round: int, updates: list[Reply], asked: int | None = None) -> dict[str, float]:
+        """Round ``server_round``'s evaluation replies (of the ``asked`` nodes asked for one) into the history, then the
+        method's :meth:`on_evaluated`."""
+        metrics = record_evaluation(self.history, self.client_eval, server_round, updates, asked)
         metrics.update(honest_metrics(self.settings, updates))  # under an injected attack (docs/robustness.md)
         self.on_evaluated(server_round, updates)
         return metrics

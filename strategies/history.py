@@ -62,30 +62,46 @@ def spread_metrics(updates: Sequence[Measured], keys: Iterable[str]) -> dict[str
     return out
 
 
-def train_metrics(updates: Sequence[Measured]) -> dict[str, float]:
-    """A round's train means, the maxima of its timings and memory, and its number of valid replies."""
+def train_metrics(updates: Sequence[Measured], asked: int | None = None) -> dict[str, float]:
+    """A round's train means, the maxima of its timings and memory, its number of valid replies and of the nodes
+    asked for one (``num-asked``, where known): how many clients the means speak for, of how many."""
     metrics = mean_metrics(updates, TRAIN_MEANS)
     for key in TRAIN_MAXIMA:
         values = [float(u.metrics[key]) for u in updates if key in u.metrics]
         if values:
             metrics[f"{key}-max"] = max(values)
     metrics["num-replies"] = len(updates)
+    if asked is not None:
+        metrics["num-asked"] = asked
     return metrics
 
 
-def evaluation_metrics(updates: Sequence[Measured]) -> dict[str, float]:
-    """A round's evaluation means, plain and ``-weighted``, their spread over clients and its number of valid
-    replies."""
+def evaluation_metrics(updates: Sequence[Measured], asked: int | None = None) -> dict[str, float]:
+    """A round's evaluation means, plain and ``-weighted``, their spread over clients, its number of valid replies
+    and of the nodes asked for one (``num-asked``, where known)."""
     metrics = mean_metrics(updates, EVALUATION_MEANS)
     metrics.update({f"{k}-weighted": v for k, v in mean_metrics(updates, EVALUATION_MEANS, weighted=True).items()})
     metrics.update(spread_metrics(updates, EVALUATION_MEANS))
     metrics["num-replies"] = len(updates)
+    if asked is not None:
+        metrics["num-asked"] = asked
     return metrics
 
 
+def over(metrics: dict[str, float]) -> str:
+    """`` over k of N clients`` when a round's means speak for fewer clients than were asked (``num-replies`` <
+    ``num-asked``), else ""."""
+    replied, asked = metrics.get("num-replies"), metrics.get("num-asked")
+    if replied is None or asked is None or replied >= asked:
+        return ""
+    return f" over {int(replied)} of {int(asked)} clients"
+
+
 def accuracies(metrics: dict[str, float]) -> str:
-    """``personal-acc 0.9 , global-acc 0.8`` for the accuracies ``metrics`` has ("" when none)."""
-    return ", ".join(f"{k} {metrics[k]:.4f}" for k in ("personal-acc", "global-acc") if k in metrics)
+    """``personal-acc 0.9, global-acc 0.8`` for the accuracies ``metrics`` has ("" when none), and over how many of
+    the clients asked when that is fewer than all (:func:`over`)."""
+    said = ", ".join(f"{k} {metrics[k]:.4f}" for k in ("personal-acc", "global-acc") if k in metrics)
+    return said + over(metrics) if said else ""
 
 
 def progress_line(
@@ -102,14 +118,18 @@ def progress_line(
 
 
 def record_evaluation(
-    rounds: Sequence[RoundLog], client_eval: dict[int, dict[str, float]], server_round: int, updates: Sequence[Any]
+    rounds: Sequence[RoundLog],
+    client_eval: dict[int, dict[str, float]],
+    server_round: int,
+    updates: Sequence[Any],
+    asked: int | None = None,
 ) -> dict[str, float]:
-    """Round ``server_round``'s evaluation replies (:class:`strategies.replies.Reply`): each client's last numeric
-    metrics into ``client_eval`` (client id -> metrics), the round's :func:`evaluation_metrics` into its
-    :class:`RoundLog`, which it returns."""
+    """Round ``server_round``'s evaluation replies (:class:`strategies.replies.Reply`; ``asked``: the nodes asked for
+    one): each client's last numeric metrics into ``client_eval`` (client id -> metrics), the round's
+    :func:`evaluation_metrics` into its :class:`RoundLog`, which it returns."""
     for u in updates:
         client_eval[u.client] = {k: float(v) for k, v in u.metrics.items() if isinstance(v, (int, float))}
-    metrics = evaluation_metrics(updates)
+    metrics = evaluation_metrics(updates, asked)
     next(r for r in rounds if r.server_round == server_round).evaluate = metrics
     return metrics
 

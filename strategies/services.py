@@ -47,6 +47,8 @@ class StrategyServices(RobustAveraging):
     rng: random.Random
     history: list[RoundLog]
     node_of: dict[int, int]
+    #: phase -> how many nodes its latest messages went to (how many clients its valid replies could have spoken for)
+    asked: dict[str, int]
     unread_metrics: ClassVar[Mapping[str, tuple[str, ...]]]
     _global_state: dict[str, np.ndarray] | None
 
@@ -155,8 +157,10 @@ class StrategyServices(RobustAveraging):
 
     def receive(self, server_round: int, phase: str, replies: Iterable[Message]) -> list[Reply]:
         """The phase's valid replies, ordered by client id: the exchange attributes each to its node and names the
-        silent ones, the gate admits the valid ones and records the rest, and the bytes and message times of what
-        it admitted go into the history."""
-        admitted = self.gate.admit(server_round, phase, self.exchange.receive(server_round, phase, replies))
+        silent ones (how many nodes were asked goes into :attr:`asked`), the gate admits the valid ones and records
+        the rest, and the bytes and message times of what it admitted go into the history."""
+        arrivals = self.exchange.receive(server_round, phase, replies)
+        self.asked[phase] = len({a.node for a in arrivals.replies} | set(arrivals.silent))
+        admitted = self.gate.admit(server_round, phase, arrivals)
         note_timing(self.history, phase, self.exchange.account(server_round, phase, admitted))
         return [reply for _, reply in admitted]

@@ -114,6 +114,15 @@ class RunOptions(AttackOptions, RobustOptions):
         "newcomer-finetuned-acc)",
         minimum=0,
     )
+    min_coverage: float = option(
+        "min-coverage",
+        0.5,
+        "the least share of the clients asked that a mean over clients in the run's summary may speak for (the final "
+        "evaluation, the last round's training, the newcomers): below it the run ends as failed (aborted), and the "
+        "summary says over how many of how many clients each mean is",
+        minimum=0.0,
+        maximum=1.0,
+    )
     seed: int = option("seed", 0, "seed of partitions, initial model and sampling", minimum=0)
     device: str = option("device", "auto", "auto (CUDA if available), cpu, cuda or cuda:N")
     round_timeout: float = option("round-timeout", 3600.0, "seconds to wait for a phase's replies", minimum=1.0)
@@ -228,6 +237,7 @@ class Settings:
     stop_after: int = 0
     evaluate_split: str = "test"
     holdout_clients: int = 0
+    min_coverage: float = 0.5
     dp_mode: str = "off"
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
@@ -307,12 +317,51 @@ def data_conflicts(run: RunOptions) -> list[str]:
             "evaluate-split='validation' scores on the validation split, but val-fraction=0 leaves it empty; "
             "use val-fraction > 0 (e.g. 0.2)"
         )
+    if run.dataset == "dialects":  # every client has dialect-sequences lines, split by the fractions
+        lines = run.dialect_sequences
+        held = {"test": round(run.test_fraction * lines), "validation": round(run.val_fraction * lines)}
+        key = "test-fraction" if run.evaluate_split == "test" else "val-fraction"
+        if held[run.evaluate_split] == 0:
+            out.append(
+                f"{key}={run.test_fraction if key == 'test-fraction' else run.val_fraction:g} of "
+                f"dialect-sequences={lines} lines holds out no line of a client to score it on; raise {key} or "
+                "dialect-sequences"
+            )
+        elif lines - held["test"] - held["validation"] < 1:
+            out.append(
+                f"test-fraction and val-fraction leave no line of dialect-sequences={lines} to train on; lower them "
+                "or raise dialect-sequences"
+            )
     if run.feature_shift and info.image_size == 0:
         out.append(
             f"feature-shift={run.feature_shift} transforms images, but dataset {run.dataset!r} has vectors; "
             "use feature-shift=0"
         )
     return out
+
+
+def client_conflicts(settings: Settings, clients: int) -> list[str]:
+    """What a run of ``clients`` clients, each a partition of the run's data set (the simulated SuperNodes of a
+    simulation), cannot do, found before round 1 by the ServerApp in simulation and by ``python -m server_app.job``:
+    held-out clients that leave none to train, and a client left without a training example or an example to be
+    scored on (:func:`task.data.capacity.capacity_problem`, where this process can read the data set's labels)."""
+    from task.data.capacity import capacity_problem, knowable
+
+    out = []
+    if settings.holdout_clients >= clients:
+        out.append(
+            f"holdout-clients={settings.holdout_clients} holds out every one of the {clients} clients: none would "
+            f"train; use holdout-clients < {clients} or more clients"
+        )
+    if knowable(settings.data) and (problem := capacity_problem(settings.data, clients, settings.evaluate_split)):
+        out.append(problem)
+    return out
+
+
+def check_clients(settings: Settings, clients: int) -> None:
+    """:func:`client_conflicts` as one :class:`ConfigConflict` (nothing when there is none)."""
+    if problems := client_conflicts(settings, clients):
+        raise ConfigConflict("; ".join(problems))
 
 
 @functools.cache

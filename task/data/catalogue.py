@@ -81,6 +81,15 @@ MIXTURES = ("10:90", "30:70", "linear", "random")
 DOMAINS = ("original", "inverted", "rotated", "noisy", "shifted", "thickened", "blurred")
 
 
+class NoShare(ValueError):
+    """A partition cannot give every client a share at this number of clients; :attr:`reason` says why in a few
+    words (the message adds what to do)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 def dataset_info(name: str) -> DatasetInfo:
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r} (run-config key 'dataset'); allowed: {sorted(DATASETS)}")

@@ -19,11 +19,12 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from task.data.catalogue import DOMAINS, MIXTURES, PARTITIONS, dataset_info
+from task.data.catalogue import DOMAINS, MIXTURES, PARTITIONS, NoShare, dataset_info
 from task.data.domains import apply_domain, domain_of
 
 
@@ -211,9 +212,14 @@ def _code_version() -> str:
     return h.hexdigest()[:16]
 
 
+def cache_root() -> Path:
+    """``$PFLOWER_CACHE_DIR`` (default ``~/.cache/pflower``): where this machine keeps what a run can rebuild."""
+    return Path(os.environ.get("PFLOWER_CACHE_DIR", "~/.cache/pflower")).expanduser()
+
+
 def default_cache_dir() -> Path:
     """Where clients keep their splits: ``$PFLOWER_CACHE_DIR/partitions`` (default ``~/.cache/pflower``)."""
-    return Path(os.environ.get("PFLOWER_CACHE_DIR", "~/.cache/pflower")).expanduser() / "partitions"
+    return cache_root() / "partitions"
 
 
 def cache_file(settings: DataSettings, partition_id: int, num_partitions: int, cache_dir: str | Path) -> Path:
@@ -297,20 +303,32 @@ def split_indices(settings: DataSettings, partition_id: int, num_partitions: int
     never stands in, or beside, a held-out split (the training cap ``train-samples`` picks from originals and
     copies alike).  With a two-source partition the test split is half of the client's goal mixture from a
     separate pool, the other half its calibration split."""
-    from task.data.partitioners import TwoSourcePartitioner, partitioner_for
+    from task.data.partitioners import partitioner_for
 
     part, data = partitioner_for(settings, num_partitions)
     idx = np.asarray(part.load_partition(partition_id)["idx"], dtype=np.int64)
+    return splits_of(settings, part, data, partition_id, num_partitions, idx)
+
+
+def splits_of(
+    settings: DataSettings, part: Any, data: Any, partition_id: int, num_partitions: int, idx: np.ndarray
+) -> SplitIndices:
+    """:func:`split_indices` of client ``partition_id`` whose share of the partition ``part`` (over ``data``, a
+    :class:`~task.data.sources.Centralized`) is ``idx``: the one place a client's splits are made, for the client
+    itself and for the check of every client before a run (:mod:`task.data.capacity`)."""
+    from task.data.partitioners import TwoSourcePartitioner
+
     if len(idx) < 2:
-        raise ValueError(
-            f"partition {partition_id} of {num_partitions} got {len(idx)} samples; use fewer clients or a larger alpha"
+        raise NoShare(
+            f"partition {partition_id} of {num_partitions} got {len(idx)} samples; use fewer clients or a larger alpha",
+            "some client would get fewer than 2 samples",
         )
     rng = np.random.default_rng([settings.seed, partition_id])
     labels = data.y[idx]
     calib = None
     if isinstance(part, TwoSourcePartitioner):
         tr, va, _ = stratified_split(labels, 0.0, settings.val_fraction, rng)
-        goal = np.asarray(part.load_goal_partition(partition_id)["idx"], dtype=np.int64)
+        goal = part.goal_indices(partition_id)
         # half of the goal set (by source) for calibration, the other half held out: every method is scored on
         # the same held-out half, PI-FL fits its mixture weights on the calibration half only
         src = part.source_of_labels(data.y, data.info.num_classes)[goal]

@@ -23,7 +23,7 @@ from flwr_datasets.partitioner import (
     PathologicalPartitioner,
 )
 
-from task.data.catalogue import MIN_CLIENT_SAMPLES, MIXTURES, PARTITIONS
+from task.data.catalogue import MIN_CLIENT_SAMPLES, MIXTURES, PARTITIONS, NoShare
 from task.data.sources import Centralized, load_centralized
 
 log = logging.getLogger("flwr.pflower")
@@ -234,6 +234,12 @@ class TwoSourcePartitioner(_IndexPartitioner):
             )
         return out
 
+    def goal_indices(self, partition_id: int) -> np.ndarray:
+        """Client ``partition_id``'s goal set: indices into the data set (:meth:`load_goal_partition`'s ``idx``)."""
+        self.partition_indices()
+        assert self._goal_indices is not None
+        return np.asarray(self._goal_indices[partition_id], dtype=np.int64)
+
     def load_goal_partition(self, partition_id: int) -> Dataset:
         """Client ``partition_id``'s test ("goal") data, drawn from the goal pool with mixture ``q_i``."""
         self.partition_indices()
@@ -336,6 +342,7 @@ class _SeededDirichlet(DirichletPartitioner):
 
     def __init__(self, num_partitions: int, alpha: float, seed: int) -> None:
         self._min_size_wanted = 10
+        self.alpha = alpha
         super().__init__(
             num_partitions,
             partition_by="label",
@@ -361,8 +368,15 @@ class _SeededDirichlet(DirichletPartitioner):
                     warnings.simplefilter("ignore", UserWarning)
                     return super()._determine_partition_id_to_indices_if_needed()
             except ValueError as err:
-                if "max number of attempts" not in str(err) or self._min_partition_size <= 1:
+                if "max number of attempts" not in str(err):
                     raise
+                if self._min_partition_size <= 1:
+                    reason = "every draw of flwr-datasets' Dirichlet partitioner left some client without a sample"
+                    raise NoShare(
+                        f"partition 'dirichlet' (alpha={self.alpha:g}) cannot be drawn over {self._num_partitions} "
+                        f"clients of {len(self.dataset)} samples: {reason}; use fewer clients or a larger alpha",
+                        reason,
+                    ) from None
                 self._min_partition_size //= 2
                 log.info("Dirichlet partition: lowering the minimum client size to %d", self._min_partition_size)
 
@@ -372,13 +386,21 @@ def partitioner_for(settings, num_partitions: int) -> tuple[Partitioner, Central
     """The run's partitioner over ``num_partitions`` clients and the whole data set whose originals it partitions
     (cached)."""
     data = load_centralized(settings.dataset, settings.data_dir, settings.noise_std, settings.data_copies)
+    return draw_partition(settings, num_partitions, data), data
+
+
+def draw_partition(settings, num_partitions: int, data: Centralized) -> Partitioner:
+    """The run's partitioner over ``num_partitions`` clients, set on ``data``'s originals (only their labels, and
+    PI-FL's sources, decide it: :func:`task.data.sources.load_labels` is enough).  Raises ValueError when the data
+    cannot give every client a share."""
     if data.originals < 2 * num_partitions:
         copies = (
             " (data-copies only enlarges training splits, it adds no samples to partition)" if data.copies > 1 else ""
         )
-        raise ValueError(
+        raise NoShare(
             f"num-partitions={num_partitions} is too many for dataset {settings.dataset!r} with {data.originals} "
-            f"samples: every client needs at least 2 (use at most {data.originals // 2} clients){copies}"
+            f"samples: every client needs at least 2 (use at most {data.originals // 2} clients){copies}",
+            f"every client needs at least 2 samples{copies}",
         )
     part = build_partitioner(
         settings.partition,
@@ -394,4 +416,24 @@ def partitioner_for(settings, num_partitions: int) -> tuple[Partitioner, Central
     if isinstance(part, TwoSourcePartitioner) and data.source is not None:
         part.sources = data.source
     part.dataset = index_table(data.y[: data.originals])  # copies follow their originals (Centralized.with_copies)
-    return part, data
+    return part
+
+
+def partition_members(part: Partitioner) -> list[np.ndarray]:
+    """Every client's ``idx`` (into the data set), as ``part.load_partition(i)["idx"]`` gives them one client at a time,
+    without building a ``Dataset`` for each (milliseconds per client, seconds for a check over hundreds of them).
+
+    Where the partition is held as index arrays it is read from them: ours (:class:`_IndexPartitioner`), flwr-datasets'
+    drawn ones (Dirichlet, inner Dirichlet, pathological: their ``_partition_id_to_indices`` after the draw, rows of the
+    index table, whose ``idx`` is the row) and the IID one (``Dataset.shard(contiguous=True)``: consecutive blocks, the
+    first ``len % n`` one longer).  tests/data/test_capacity.py pins each against ``load_partition``."""
+    n = part.num_partitions
+    if isinstance(part, _IndexPartitioner):
+        return [np.asarray(i, dtype=np.int64) for i in part.partition_indices()]
+    if isinstance(part, IidPartitioner):
+        return [b.astype(np.int64) for b in np.array_split(np.arange(len(part.dataset)), n)]
+    part.load_partition(0)  # draws the partition
+    drawn = getattr(part, "_partition_id_to_indices", None)
+    if isinstance(drawn, dict) and len(drawn) == n:
+        return [np.asarray(drawn[i], dtype=np.int64) for i in range(n)]
+    return [np.asarray(part.load_partition(i)["idx"], dtype=np.int64) for i in range(n)]

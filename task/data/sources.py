@@ -77,6 +77,19 @@ def _load_hf_dataset(info: DatasetInfo, data_dir: str) -> tuple[np.ndarray, np.n
     return x, y
 
 
+def _hf_labels(info: DatasetInfo, data_dir: str) -> np.ndarray:
+    """The label column of a ``save_to_disk`` folder, its splits pooled in :func:`_load_hf_dataset`'s order, without
+    decoding a single image."""
+    import datasets
+
+    ds = datasets.load_from_disk(data_dir)
+    splits = [ds[s] for s in ds] if isinstance(ds, datasets.DatasetDict) else [ds]
+    label_col = info.label_column if info.label_column in splits[0].column_names else "label"
+    if label_col not in splits[0].column_names:
+        raise ValueError(f"local copy of {info.name!r} has no column {label_col!r}; found {splits[0].column_names}")
+    return np.concatenate([np.asarray(s[label_col], dtype=np.int64) for s in splits])
+
+
 def _load_torchvision(info: DatasetInfo, root: str) -> tuple[np.ndarray, np.ndarray]:
     import torchvision
 
@@ -141,3 +154,29 @@ def load_centralized(name: str, data_dir: str = "", noise_std: float = 0.0, copi
         rng = np.random.default_rng(NOISE_SEED)
         x = (x + rng.normal(0.0, noise_std, size=x.shape)).astype(np.float32)
     return Centralized(np.ascontiguousarray(x, dtype=np.float32), y, info, copies=copies)
+
+
+def _readable_copy(data_dir: str) -> bool:
+    return bool(data_dir) and (
+        (Path(data_dir) / "dataset_dict.json").exists() or (Path(data_dir) / "dataset_info.json").exists()
+    )
+
+
+def labels_known(name: str, data_dir: str = "") -> bool:
+    """Whether this process can read data set ``name``'s labels without a download: the embedded sets, and a local
+    copy (``data-dir``) that exists here.  A data set from the Hugging Face hub is known to the clients only."""
+    return name in ("digits", "synth-concept") or (bool(data_dir) and Path(data_dir).exists())
+
+
+@functools.lru_cache(maxsize=4)
+def load_labels(name: str, data_dir: str = "", copies: int = 1) -> Centralized:
+    """Data set ``name`` as a partition sees it: the labels (and PI-FL's sources) in :func:`load_centralized`'s order,
+    with ``copies``, and samples without features (``x`` of shape (N, 0)).  A ``save_to_disk`` folder is read for its
+    label column only; the embedded sets and a torchvision root are loaded whole."""
+    if name not in ("digits", "synth-concept") and _readable_copy(data_dir):
+        y = _hf_labels(dataset_info(name), data_dir)
+        return Centralized(
+            np.zeros((len(y) * copies, 0), np.float32), np.tile(y, copies), dataset_info(name), None, copies
+        )
+    whole = load_centralized(name, data_dir, 0.0, copies)
+    return Centralized(np.zeros((len(whole.y), 0), np.float32), whole.y, whole.info, whole.source, whole.copies)

@@ -76,11 +76,33 @@ def test_two_rounds(engine, method):
         assert "clusters" not in summary
 
 
-def test_bad_replies_are_rejected_and_the_run_goes_on(engine):
-    summary = engine.run(
-        {"method": "fedavg", "num-server-rounds": 2, "min-nodes": 4, "fault": "nan@1,shape@2,crash@3"}, num_supernodes=4
+def test_bad_replies_are_rejected_the_run_goes_on_and_fails_where_its_means_speak_for_too_few_clients(engine):
+    """Three of four clients send bad train replies (NaN, a wrong shape, a crash): each is rejected and every round
+    runs with the one good update; at the end the accuracy after local training speaks for 1 of the 4 clients, less
+    than min-coverage (0.5), so the run ends as failed (exit 5 from python -m server_app.job), and the evaluation of 3
+    of the 4 says so beside each accuracy."""
+    from server_app.job import Exit, outcome
+    from server_app.runner import RunFailed, results_folder_from_output
+
+    with pytest.raises(RunFailed, match="the run stopped early: the last round's training") as err:
+        engine.run(
+            {"method": "fedavg", "num-server-rounds": 2, "min-nodes": 4, "fault": "nan@1,shape@2,crash@3"},
+            num_supernodes=4,
+        )
+    folder = results_folder_from_output(err.value.output)
+    assert folder is not None
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["aborted"].startswith(
+        "the last round's training (the accuracy after local training) covers 1 of 4 clients: less than "
+        "min-coverage=0.5 of the clients asked"
     )
-    failures = json.loads((Path(summary["results"]) / "failures.json").read_text())
+    assert summary["coverage"]["by-mean"] == {
+        "evaluation": {"covered": 3, "total": 4},
+        "training": {"covered": 1, "total": 4},
+    }
+    assert f"personalized acc {summary['personal-acc']:.4f} over 3 of 4 clients (" in err.value.output
+    assert outcome(0, err.value.output, summary)[0] == Exit.ABORTED
+    failures = json.loads((folder / "failures.json").read_text())
     reasons: dict[tuple[int, str], list[str]] = {(f["round"], f["phase"]): [] for f in failures}
     for f in failures:
         reasons[(f["round"], f["phase"])].append(f["reason"])

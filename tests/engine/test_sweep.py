@@ -91,14 +91,18 @@ def test_the_exit_status_of_a_grid_is_that_of_its_first_run_that_did_not_complet
 
 
 def test_a_row_that_covers_only_some_clients_says_so():
+    """summary.json's coverage (server_app/coverage.py): the final evaluation's covered / total clients."""
     spec = Spec({"seed": 0}, 10, varied={"seed": 0})
-    entry = {
-        "exit": 0,
-        "summary": {"personal-acc": 1.0, "coverage": {"covered": 2, "clients": 10, "partial": True}},
-        "seconds": 1.0,
-    }
-    (row,) = table_rows([spec], {spec.key: entry})
-    assert row["outcome"] == "completed (over 2 of 10 clients)"
+
+    def row_of(covered: int, code: int = 0) -> dict:
+        coverage = {"covered": covered, "total": 10, "min-share": 0.5, "met": covered >= 5, "by-mean": {}}
+        entry = {"exit": code, "summary": {"personal-acc": 1.0, "coverage": coverage}, "seconds": 1.0}
+        (row,) = table_rows([spec], {spec.key: entry})
+        return row
+
+    assert row_of(7)["outcome"] == "completed (over 7 of 10 clients)"
+    assert row_of(10)["outcome"] == "completed"
+    assert row_of(2, code=5)["outcome"].startswith("aborted") and row_of(2, 5)["outcome"].endswith("of 10 clients)")
 
 
 # --------------------------------------------------------------------------- the command, end to end

@@ -366,6 +366,16 @@ ACCOUNTED.append(
         lambda c: "readme_floor()" in (ROOT / "tests/deploy/test_dp_deployment.py").read_text(),
     )
 )
+ACCOUNTED.append(
+    (
+        r"^python -m server_app\.job \. --federation-config \"num-supernodes=800\"",
+        "tests/runtime/test_job.py (the refusal of too many clients, word for word)",
+        lambda c: (
+            "test_the_readmes_800_iid_clients_are_refused_word_for_word"
+            in (ROOT / "tests/runtime/test_job.py").read_text()
+        ),
+    )
+)
 #: the commands run here: the recipe for one's own SuperLink (its set-up and kill in ``own_superlink``), and the
 #: examples of the tests above
 RUN_HERE = [

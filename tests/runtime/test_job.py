@@ -7,6 +7,7 @@ stopped."""
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -60,6 +61,40 @@ def test_a_refused_run_config_exits_3_before_anything_starts(capsys, no_flower, 
     last = out.strip().splitlines()[-1]
     assert last.startswith("pflower job: refused before the run started: ") and last.endswith("(exit 3)")
     assert said in last
+
+
+def test_800_dirichlet_clients_on_digits_are_refused_before_anything_starts_saying_how_many_can_be_served(
+    capsys, no_flower
+):
+    """A new user scaling the default job up (the 800 clients of the issue): refused before flwr run starts."""
+    code, out = run_job(capsys, ".", "--federation-config", "num-supernodes=800")
+    last = out.strip().splitlines()[-1]
+    assert code == 3 and last.startswith(
+        "pflower job: refused before the run started: 800 clients are too many for dataset 'digits' (1,797 samples) "
+        "with partition 'dirichlet' (alpha=0.5): every draw of flwr-datasets' Dirichlet partitioner left some client "
+        "without a sample. "
+    )
+    assert re.search(r"It can serve at most (\d+) clients: use at most \1 clients", last)
+
+
+def test_the_readmes_800_iid_clients_are_refused_word_for_word(capsys, no_flower):
+    """The README's example of too many clients ("Too many clients for the data"): its command, refused before
+    anything starts, with the line it shows (tests/data/test_capacity.py checks its counts against the clients)."""
+    import shlex
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("**Too many clients for the data.**") :].split("```bash\n", 1)[1].split("```", 1)[0]
+    command, *shown = block.strip().splitlines()
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "server_app.job"]
+    code, out = run_job(capsys, *argv[3:])
+    assert code == 3
+    assert out.strip().splitlines()[-1] == " ".join(line.removeprefix("#").strip() for line in shown)
+
+
+def test_more_min_nodes_than_simulated_supernodes_is_refused_instead_of_waiting_for_them(capsys, no_flower):
+    code, out = run_job(capsys, ".", "--check", "--federation-config", "num-supernodes=3", "-c", "min-nodes=4")
+    assert code == 3 and "min-nodes=4 waits for more nodes than num-supernodes=3 starts" in out
 
 
 def test_an_unknown_key_is_named_with_what_flower_would_say(capsys, no_flower):
