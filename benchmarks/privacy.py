@@ -91,7 +91,8 @@ class Accounting:
         from task.privacy import central_bound, local_bound
 
         if self.mode == "central":
-            return central_bound(noise_multiplier, self.rounds, self.delta, self.population, self.cohort).rdp
+            rate = self.cohort / self.population  # each client's chance to be in a round (Poisson, the default)
+            return central_bound(noise_multiplier, self.rounds, self.delta, rate).rdp
         if self.mode == "local":  # every client releases once per round
             return local_bound(noise_multiplier, self.rounds, self.delta).rdp
         raise ValueError(f"no accountant for dp-mode {self.mode!r}")

@@ -109,9 +109,12 @@ def started(msg: Message, context: Context) -> tuple[ClientMethod, float, float]
     """(the method's client for this message, when the handler began, when its set-up ended): unix seconds.
 
     A run that asks for less privacy than the node's own floor (node config ``dp-min-noise-multiplier``,
-    ``dp-max-clip``, ``dp-require``; :mod:`client_app.floor`) is refused here, before any data is loaded."""
+    ``dp-max-clip``, ``dp-require``; :mod:`client_app.floor`) is refused here, before any data is loaded, and so is
+    a message whose round declares less (the noise multiplier and clip bound the server will apply, or this client
+    must)."""
     start = time.time()
     floor.admit(context.run_config, context.node_config)
+    floor.check_declared(context.run_config, context.node_config, msg.content.config_records.get("config"))
     method = method_for(msg, context)
     return method, start, time.time()
 

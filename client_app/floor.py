@@ -92,9 +92,10 @@ class Floor:
     def is_set(self) -> bool:
         return self.require or self.min_noise_multiplier > 0 or math.isfinite(self.max_clip)
 
-    def refusals(self, mode: str, noise_multiplier: float, clip: float) -> list[str]:
-        """Why a run of DP ``mode`` with ``noise_multiplier`` and clip bound ``clip`` (``math.inf``: none) falls
-        below this floor (empty: it does not).  Each reason names the node config key and the value asked for."""
+    def refusals(self, mode: str, noise_multiplier: float | None, clip: float) -> list[str]:
+        """Why a run of DP ``mode`` with ``noise_multiplier`` (None: not known yet, the server calibrates it) and
+        clip bound ``clip`` (``math.inf``: none) falls below this floor (empty: it does not).  Each reason names the
+        node config key and the value asked for."""
         if not self.is_set:
             return []
         if mode == "off":
@@ -107,7 +108,7 @@ class Floor:
             else " (dp-mode='local')"
         )
         reasons = []
-        if noise_multiplier < self.min_noise_multiplier:
+        if noise_multiplier is not None and noise_multiplier < self.min_noise_multiplier:
             reasons.append(
                 f"node config {MIN_NOISE}={_shown(self.min_noise_multiplier)} is the least noise this node accepts, "
                 f"and the run {declared} dp-noise-multiplier={_shown(noise_multiplier)}{where}"
@@ -161,14 +162,43 @@ def node_floor(node_config: Mapping[str, Any]) -> Floor:
 
 
 def run_refusals(settings: Settings, floor: Floor) -> list[str]:
-    """Why the run of ``settings`` falls below ``floor`` (empty: the node takes part)."""
-    return floor.refusals(settings.dp_mode, settings.dp_noise_multiplier, clip_bound(settings.dp_clip))
+    """Why the run of ``settings`` falls below ``floor`` (empty: the node takes part).  With ``dp-target-epsilon``
+    the server calibrates the noise multiplier itself (``dp-noise-multiplier`` is not used), so only what the run
+    config fixes is checked here; every round's declared noise is checked as its messages arrive
+    (:func:`check_declared`)."""
+    noise = None if settings.dp_target_epsilon > 0 else settings.dp_noise_multiplier
+    return floor.refusals(settings.dp_mode, noise, clip_bound(settings.dp_clip))
 
 
 @functools.lru_cache(maxsize=16)
 def _verdict(run_items: tuple, floor_items: tuple) -> str | None:
     reasons = run_refusals(parse_settings(dict(run_items)), node_floor(dict(floor_items)))
     return "this node refuses the run: " + "; ".join(reasons) if reasons else None
+
+
+@functools.lru_cache(maxsize=64)
+def _declared_verdict(run_items: tuple, floor_items: tuple, noise_multiplier: float, clip: float) -> str | None:
+    floor = node_floor(dict(floor_items))
+    if not floor.is_set:
+        return None
+    settings = parse_settings(dict(run_items))
+    reasons = floor.refusals(settings.dp_mode, noise_multiplier, max(clip, clip_bound(settings.dp_clip)))
+    return "; ".join(reasons) if reasons else None
+
+
+def check_declared(run_config: Mapping[str, Any], node_config: Mapping[str, Any], message_config: Any) -> None:
+    """Raise :class:`RunRefused` when a message declares a round's noise multiplier or clip bound
+    (``dp-noise-multiplier``, ``dp-clip`` in its config: what the server will apply under central DP, what this
+    client must under local DP) below the node's floor; the run config's own values may not be those (a target
+    epsilon, a resumed run's kept multiplier).  A message that declares nothing passes (it releases nothing)."""
+    if message_config is None or "dp-noise-multiplier" not in message_config:
+        return
+    floor_items = tuple(sorted((k, v) for k, v in node_config.items() if str(k).startswith("dp-")))
+    noise, clip = float(message_config["dp-noise-multiplier"]), float(message_config.get("dp-clip", 0.0))
+    verdict = _declared_verdict(tuple(sorted(run_config.items())), floor_items, noise, clip)
+    if verdict is not None:
+        server_round = message_config.get("server-round", "?")
+        raise RunRefused(f"this node refuses round {server_round}: {verdict}")
 
 
 def admit(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> None:

@@ -7,21 +7,24 @@
   inputs) stay home, and the client recomputes them on its own data before it scores a model
   (:func:`task.train.norm_statistics`).
 - ``dp-mode='local'``: a train reply's ``arrays`` are a local release, ``w_ref + clip(w - w_ref, C) + N(0, (sigma
-  C)^2 I)``, with ``w_ref`` what the method names as its release reference (:meth:`ClientMethod.release_reference`,
-  e.g. FedC2I's own previous release, which the message brought back).  The noise is drawn from a generator seeded
-  by the operating system's CSPRNG (:func:`task.privacy.noise_source`), never from the run's ``seed``: the run
-  config travels to the server and to every client, so noise seeded by it could be regenerated and subtracted by
-  anyone who sees the release.  BatchNorm's running
-  variances are set to ``max(v, 0)`` after the noise (post-processing: it costs no privacy).
+  C)^2 I)``, sigma the noise multiplier the message declares (the server calibrates and keeps it), with ``w_ref``
+  what the method names as its release reference (:meth:`ClientMethod.release_reference`, e.g. FedC2I's own
+  previous release, which the message brought back).  The noise is drawn from a generator seeded by the operating
+  system's CSPRNG (:func:`task.privacy.noise_source`), never from the run's ``seed``: the run config travels to the
+  server and to every client, so noise seeded by it could be regenerated and subtracted by anyone who sees the
+  release.  BatchNorm's running variances are set to ``max(v, 0)`` after the noise (post-processing: it costs no
+  privacy).
 
 In both modes integer arrays (BatchNorm's ``num_batches_tracked``, which counts the batches the client trained)
-stay home.
+stay home, and an update that is not finite (training diverged) leaves as the zero update: nothing of a release
+says where it overflowed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import RecordDict
@@ -82,16 +85,34 @@ def released_reply(
     return reply
 
 
+def declared(message: RecordDict, mode: str) -> tuple[float, float]:
+    """(noise multiplier, clip bound) the message declares for its round under DP (``dp-noise-multiplier``,
+    ``dp-clip`` in its config; strategies/privacy.py: ``ServerPrivacy.declared``): central, what the server applies;
+    local, what this client must.  A DP message without them is refused: the run's settings alone do not say what
+    the server calibrated or kept."""
+    config = message.config_records.get("config")
+    if config is None or "dp-noise-multiplier" not in config or "dp-clip" not in config:
+        raise PrivacyConfigError(
+            f"dp-mode={mode!r}: the message declares no noise multiplier and clip bound (config dp-noise-multiplier, "
+            "dp-clip), so this node cannot know the noise of what it releases; nothing leaves"
+        )
+    return float(cast(float, config["dp-noise-multiplier"])), float(cast(float, config["dp-clip"]))
+
+
 def private_reply(method: Any, reply: RecordDict, message: RecordDict) -> RecordDict:
     """What of the train ``reply`` of ``method`` (a ClientMethod) may leave under the run's ``dp-mode``; nothing
-    leaves with less privacy than the node's own floor (:class:`client_app.floor.RunRefused`)."""
+    leaves with less privacy than the node's own floor (:class:`client_app.floor.RunRefused`), checked against the
+    noise multiplier and clip bound the message declares for the round (central: the server's; local: this
+    client's own noise)."""
     settings = method.settings
+    if settings.dp_mode == "off":
+        node_floor(method.context.node_config).check_release("off", 0.0, math.inf)
+        return reply
     clip = clip_bound(settings.dp_clip)
-    # the node's own floor, on the values the release below uses (the run was admitted against it already)
-    node_floor(method.context.node_config).check_release(settings.dp_mode, settings.dp_noise_multiplier, clip)
+    sigma, declared_clip = declared(message, settings.dp_mode)
+    node_floor(method.context.node_config).check_release(settings.dp_mode, sigma, max(clip, declared_clip))
     if settings.dp_mode == "central":  # the update leaves clipped; the server adds the noise
         return clipped_reply(reply, message, clip, buffers(settings))
-    if settings.dp_mode == "local":  # clipped and noised here, before it leaves
-        reference = method.release_reference(message)
-        return released_reply(reply, reference, settings.dp_noise_multiplier, clip, noise_source())
-    return reply
+    # local: clipped and noised here, before it leaves, with the declared noise multiplier
+    reference = method.release_reference(message)
+    return released_reply(reply, reference, sigma, clip, noise_source())

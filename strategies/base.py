@@ -50,12 +50,12 @@ from strategies.history import (
     train_metrics,
 )
 from strategies.newcomers import NEWCOMER_SPEC, Holdout, evaluate_newcomers, newcomer_disclosure
-from strategies.privacy import ServerPrivacy, central_aggregate, cohort_generator
+from strategies.privacy import ServerPrivacy, central_aggregate, cohort_generator, poisson_cohort
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Reply, ReplySpec
 from strategies.schedule import EvaluationSchedule
 from strategies.services import IDENTIFY, StrategyServices
 from task.config import Settings
-from task.methods import NEWCOMER
+from task.methods import NEWCOMER, method_spec
 from task.models import ModelInfo
 from task.params import to_record
 
@@ -102,8 +102,6 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         self.identify_everyone = False  # set on resume: ask every node who it is before the next round
         self._t0 = self._round_start = time.monotonic()
         self._first_round = 1
-        #: this round's (population, cohort size), for differential privacy's accountant
-        self.dp_sample = (1, 1)
         #: the clients held out of training (run-config ``holdout-clients``), evaluated at the end as newcomers
         self.holdout = Holdout(settings.holdout_clients)
 
@@ -159,6 +157,8 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
             cfg["model-dir"] = str(self.results_dir / "models" / "clients")
         for key, value in self.schedule.config(server_round, phase).items():
             cfg[key] = value
+        for key, value in self.dp.declared().items():  # under DP: the noise and clip bound of the round
+            cfg[key] = value
         return cfg
 
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
@@ -174,8 +174,17 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         return self.cohort_size(len(nodes), self.settings.fraction_train) < len(nodes)
 
     def sample(self, server_round: int, nodes: list[int]) -> list[int]:
-        """The round's cohort: ``fraction-train`` of the nodes, drawn by client id with the run's seed."""
+        """The round's cohort: ``fraction-train`` of the nodes, drawn by client id with the run's seed; under central
+        DP with ``dp-sampling='poisson'`` (the default) each node independently with probability ``fraction-train``,
+        drawn by the operating system's CSPRNG."""
+        if self.settings.dp_mode == "central" and self.dp.draw.get("sampling") == "poisson":
+            return poisson_cohort(self.rng, self.by_client(nodes), self.settings.fraction_train)
         return self.draw(nodes, self.cohort_size(len(nodes), self.settings.fraction_train))
+
+    def planned_query_releases(self) -> int:
+        """Under local DP: the releases the run plans besides one train reply per round (pFedLIA: its lazy model,
+        once), for ``dp-target-epsilon``'s calibration (the method's registry entry declares them)."""
+        return method_spec(self.settings.method).privacy.query_releases
 
     def local_releases(self, server_round: int) -> int:
         """Under local DP: the most models one client releases in round ``server_round`` (default 1, its train
@@ -186,7 +195,7 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         """Default: example-weighted average of the shared keys (FedAvg), or the run's robust ``aggregator``
         (:meth:`average_models`); under central DP the unweighted mean of the clipped updates plus noise
         (:mod:`strategies.privacy`).  Returns extra history entries."""
-        if updates and self.settings.dp_mode == "central" and self.released_keys():
+        if self.settings.dp_mode == "central" and self.released_keys():
             return central_aggregate(self, server_round, updates)
         if updates and self.shared_keys():
             sizes, clients = [u.num_examples for u in updates], [u.client for u in updates]
@@ -278,18 +287,17 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
     ) -> Iterable[Message]:
         self._round_start = time.monotonic()
         nodes = self.available_nodes(grid)  # before the round is logged: a run that gives up here has no round r
-        if self.settings.dp_mode != "off":  # calibration, budget: before anything of the round leaves a node
-            self.dp.before_round(
-                self, server_round, len(nodes), self.cohort_size(len(nodes), self.settings.fraction_train)
-            )
         self.history.append(RoundLog(server_round))
         if self.identify_everyone or self.holdout.count or self.wants_client_ids(server_round, nodes):
             self.identify(grid, server_round, nodes)
             self.identify_everyone = False
         nodes = self.holdout.training(nodes, self.client_of)  # a held-out client never takes part
+        if self.settings.dp_mode != "off":  # calibration, budget, for the nodes the round draws from: before the
+            self.dp.before_round(self, server_round, len(nodes))  # round releases anything (a stop unlogs it)
+            self.dp.journal_local(self, server_round)  # local DP: journaled before the first release can leave
         self.prepare_round(grid, server_round, nodes)
         cohort = self.sample(server_round, nodes)
-        self.dp_sample = (len(nodes), len(cohort))  # (population, cohort) for the accountant
+        self.dp.drew(cohort)
         self.schedule.start_round()
         return self._messages(server_round, arrays, config, cohort, "train", MessageType.TRAIN)
 
@@ -300,13 +308,16 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         updates = self.receive(server_round, "train", replies)
         if self.schedule.fused:  # the previous round's evaluation came with these replies
             evaluated = [Reply(u.node_id, u.client, u.num_examples, u.metrics.pop("evaluation")) for u in updates]
-            metrics = self.record_evaluation(self.schedule.fused, evaluated, asked=self.asked.get("train"))
+            metrics = self.record_evaluation(self.schedule.fused, evaluated, self.asked.get("train"), counted=False)
             log.info(late_evaluation_line(self.name, self.schedule.fused, metrics))
             self.schedule.fused = 0
-        extra = self.aggregate(server_round, updates) if updates else {}
+        # under Poisson sampling a central-DP round releases noise even without a reply: an unchanged model would
+        # say that nobody was drawn
+        poisson = self.settings.dp_mode == "central" and self.dp.draw.get("sampling") == "poisson"
+        extra = self.aggregate(server_round, updates) if updates or poisson else {}
         if not updates:
             log.warning("round %d: no valid train replies; state left unchanged", server_round)
-        metrics = train_metrics(updates, asked=self.asked.get("train"))
+        metrics = train_metrics(updates, asked=self.asked.get("train"), private=self.settings.dp_mode != "off")
         self.history[-1].train = metrics
         self.history[-1].extra.update(extra)
         arrays = to_record(self.global_state) if self.global_state else ArrayRecord()
@@ -364,10 +375,16 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         self.server_time(time.perf_counter() - start)
         return messages
 
-    def record_evaluation(self, server_round: int, updates: list[Reply], asked: int | None = None) -> dict[str, float]:
+    def record_evaluation(
+        self, server_round: int, updates: list[Reply], asked: int | None = None, counted: bool = True
+    ) -> dict[str, float]:
         """Round ``server_round``'s evaluation replies (of the ``asked`` nodes asked for one) into the history, then the
-        method's :meth:`on_evaluated`."""
-        metrics = record_evaluation(self.history, self.client_eval, server_round, updates, asked)
+        method's :meth:`on_evaluated`.  Under DP no single client's value is kept, and an evaluation that came with
+        train replies (``counted`` False) keeps no count either: its clients are the round's cohort, whose size
+        Poisson sampling does not release."""
+        private = self.settings.dp_mode != "off"
+        counted = counted or not private
+        metrics = record_evaluation(self.history, self.client_eval, server_round, updates, asked, private, counted)
         metrics.update(honest_metrics(self.settings, updates))  # under an injected attack (docs/robustness.md)
         self.on_evaluated(server_round, updates)
         return metrics

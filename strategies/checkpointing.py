@@ -42,9 +42,12 @@ class Checkpointing:
 
     def checkpoint_state(self) -> dict[str, Any]:
         """What a checkpoint holds, as plain data: the base's part (history, each client's last evaluation, the
-        cohort generator's state, the global model, and each part's own ``state()``) and the method's."""
-        base = {"history": [asdict(r) for r in self.history], "client-eval": self.client_eval}
-        base |= {"rng": self.rng.getstate(), "global": self.global_state, "dp": self.dp.state()}
+        cohort generator's state (none under DP), the global model, and each part's own ``state()``) and the
+        method's."""
+        base: dict[str, Any] = {"history": [asdict(r) for r in self.history], "client-eval": self.client_eval}
+        # under DP the cohorts come from the operating system's CSPRNG, which has no state to keep
+        rng = None if isinstance(self.rng, random.SystemRandom) else self.rng.getstate()
+        base |= {"rng": rng, "global": self.global_state, "dp": self.dp.state()}
         return {"base": base | self.gate.state() | self.schedule.state() | self.holdout.state(), "method": self.state()}
 
     def resume(self, saved: Mapping[str, Any], rounds_done: int) -> None:
@@ -54,7 +57,8 @@ class Checkpointing:
         self.history = [RoundLog(**r) for r in base["history"]]
         self.client_eval = dict(base["client-eval"])
         rng = base["rng"]  # the generator's state; a checkpoint of an older format holds the generator itself
-        self.rng.setstate(rng if isinstance(rng, tuple) else rng.getstate())
+        if rng is not None and not isinstance(self.rng, random.SystemRandom):
+            self.rng.setstate(rng if isinstance(rng, tuple) else rng.getstate())
         self.global_state = base["global"]
         self.gate.restore(base)
         self.schedule.restore(base)

@@ -185,7 +185,5 @@ class FedC2IStrategy(PersonalizedStrategy):
         """Under local DP: every client's epsilon after this round, also when no reply of the round was valid
         (the clients released all the same)."""
         if self.settings.dp_mode == "local":
-            self.history[-1].extra["dp"] = account_local(
-                self.history, self.releases, self.settings, charged=self.dp.charged
-            )
+            self.history[-1].extra["dp"] = account_local(self, self.releases)
         self.releases = 0

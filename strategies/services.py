@@ -85,9 +85,10 @@ class StrategyServices(RobustAveraging):
         """The ``config`` record every message carries: the round, the phase, where the client keeps its state
         and models, what to evaluate and save (:meth:`round_config`), and a method's ``more`` entries."""
         optional = ("run-key", "state-dir", "model-dir", "evaluate", "evaluate-round", "save-model", "save-best")
+        declared = ("dp-noise-multiplier", "dp-clip")  # under DP: the round's noise and clip bound
         return Part(
             "the server's instructions (nothing about other clients)",
-            entries={"server-round": True, "phase": True, **dict.fromkeys(optional, False), **more},
+            entries={"server-round": True, "phase": True, **dict.fromkeys(optional + declared, False), **more},
         )
 
     # ------------------------------------------------------------------ the shared model, clients, sampling, phases

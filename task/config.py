@@ -23,7 +23,8 @@ from task.methods import METHODS, OPTION_SETS, method_spec
 from task.models import IMAGE_ONLY, MODELS
 from task.options import ConfigConflict, OptionSet, option
 from task.privacy import MODES as DP_MODES
-from task.privacy import calibrate_local, privacy_conflicts
+from task.privacy import SAMPLINGS as DP_SAMPLINGS
+from task.privacy import privacy_conflicts
 from task.robust import RobustOptions, robust_conflicts
 
 
@@ -175,6 +176,13 @@ class RunOptions(AttackOptions, RobustOptions):
         "dp-noise-multiplier", 1.0, "DP: noise std over the clip bound (central: on the sum)", minimum=0.0
     )
     dp_delta: float = option("dp-delta", 1e-5, "DP: the delta epsilon is reported at", minimum=0.0, maximum=1.0)
+    dp_sampling: str = option(
+        "dp-sampling",
+        "poisson",
+        "central DP with fraction-train < 1: poisson (each client in a round with probability fraction-train) or "
+        "fixed (a cohort of fixed size, accounted against the coalition of the other clients, who know who was drawn)",
+        choices=DP_SAMPLINGS,
+    )
     dp_target_epsilon: float = option(
         "dp-target-epsilon",
         0.0,
@@ -242,6 +250,7 @@ class Settings:
     dp_clip: float = 1.0
     dp_noise_multiplier: float = 1.0
     dp_delta: float = 1e-5
+    dp_sampling: str = "poisson"
     dp_target_epsilon: float = 0.0
     dp_max_epsilon: float = 0.0
     dp_adaptive_clip: bool = False
@@ -436,10 +445,6 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
     problems += privacy_conflicts(run.method, run, spec.privacy)
     if problems:
         raise ConfigConflict("; ".join(problems))
-    if settings.dp_mode == "local" and settings.dp_target_epsilon > 0:  # each client noises: both sides calibrate
-        releases = settings.num_rounds + spec.privacy.query_releases
-        sigma = calibrate_local(settings.dp_target_epsilon, settings.dp_delta, releases)
-        settings = dataclasses.replace(settings, dp_noise_multiplier=sigma)
     return settings
 
 

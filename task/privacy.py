@@ -31,6 +31,7 @@ Everything here is numpy and Flower's accountant; the functions are pure (noise 
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from collections.abc import Mapping, Sequence
@@ -145,15 +146,27 @@ def update_norm(update: Mapping[str, np.ndarray]) -> float:
     return float(math.sqrt(sum(float(np.sum(np.square(np.asarray(v, dtype=np.float64)))) for v in update.values())))
 
 
+def finite_or_zero(update: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``update`` where every value is finite, else the **zero update** (each array zero, its dtype and shape kept).
+
+    An update that overflowed (±inf, NaN: local training diverged) carries where it overflowed; clipping would turn
+    ±inf into NaN exactly there, and noise does not hide a NaN.  Under DP such an update counts as the client sending
+    nothing new: the release is then the reference plus noise, the same whichever coordinates overflowed."""
+    if all(np.isfinite(np.asarray(v)).all() for v in update.values()):
+        return dict(update)
+    return {k: np.zeros(np.shape(v), dtype=np.asarray(v).dtype) for k, v in update.items()}
+
+
 def clip_update(update: Mapping[str, np.ndarray], clip: float) -> dict[str, np.ndarray]:
     """Flat L2 clipping (McMahan et al. 2018, Algorithm 1, ``ClipFn``): ``Δ · min(1, C / ||Δ||_2)``.
 
     The norm is that of the whole update flattened into one vector (:func:`update_norm`), so the result has norm
     at most ``clip``; an update already within the bound (and ``clip = inf``) is returned unchanged.  Each array
-    keeps its dtype and shape.
+    keeps its dtype and shape.  A non-finite update is the zero update (:func:`finite_or_zero`).
     """
     clip = check_clip(clip)
     _check_floating(update)
+    update = finite_or_zero(update)
     norm = update_norm(update)
     scale = 1.0 if norm <= clip else clip / norm
     return {k: (np.asarray(v) * scale).astype(np.asarray(v).dtype) for k, v in update.items()}
@@ -172,15 +185,17 @@ def model_delta(model: Mapping[str, np.ndarray], reference: Mapping[str, np.ndar
     return out
 
 
-def central_noise_std(noise_multiplier: float, clip: float, num_clients: int) -> float:
-    """Std of the noise on the **mean** of ``m`` clipped updates (central DP): ``sigma · C / m``.
+def central_noise_std(noise_multiplier: float, clip: float, denominator: float) -> float:
+    """Std of the noise on the **average** of the clipped updates (central DP): ``sigma · C / d``.
 
-    The same as noise ``sigma · C`` on their sum (DP-FedAvg, McMahan et al. 2018, with the fixed denominator ``m``);
-    Flower's ``compute_stdv`` has the same formula.
+    ``d`` is the round's fixed denominator: the cohort size m drawn (every client, or a fixed-size cohort), or the
+    expected cohort q·N under Poisson sampling (McMahan et al. 2018's fixed-denominator estimator: the number of
+    clients in the round, which would tell whether a given client was in it, is not released).  The same as noise
+    ``sigma · C`` on the sum; Flower's ``compute_stdv`` has the same formula with d = m.
     """
-    if num_clients < 1:
-        raise PrivacyConfigError(f"the noisy mean needs at least one client, got {num_clients}")
-    return local_noise_std(noise_multiplier, clip) / num_clients
+    if not denominator > 0:
+        raise PrivacyConfigError(f"the noisy average needs a denominator > 0 (the cohort), got {denominator}")
+    return local_noise_std(noise_multiplier, clip) / denominator
 
 
 def local_noise_std(noise_multiplier: float, clip: float) -> float:
@@ -219,28 +234,37 @@ def noisy_mean(
     noise_multiplier: float,
     clip: float,
     rng: np.random.Generator,
+    denominator: float | None = None,
+    template: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Central DP's release: ``(1/m) Σ_i Δ_i + N(0, (sigma C / m)² I)`` over the ``m`` clipped updates of a round.
+    """Central DP's release: ``(Σ_i Δ_i + N(0, (sigma C)² I)) / d`` over the round's clipped updates.
 
-    The mean is unweighted: a weight per client (e.g. its number of examples) would change each client's
-    sensitivity and itself reveal the client's data size.  The updates must already be clipped to ``clip``
-    (clients do it, :func:`clip_update`); the noise is added once, here.
+    ``d`` (``denominator``) is the cohort size m by default; under Poisson sampling the expected cohort q·N, fixed
+    before the round (:func:`central_noise_std`), so that the release does not depend on how many clients were in
+    it, and a round with no update (``template`` gives the keys, shapes and dtypes) still releases noise.  The sum
+    is unweighted: a weight per client (e.g. its number of examples) would change each client's sensitivity and
+    itself reveal the client's data size.  The updates must already be clipped to ``clip`` (clients do it,
+    :func:`clip_update`); the noise is added once, here.
     """
-    if not clipped_updates:
-        raise PrivacyConfigError("the noisy mean needs at least one client update")
-    keys = list(clipped_updates[0])
+    if not clipped_updates and template is None:
+        raise PrivacyConfigError("the noisy mean needs at least one client update (or a template of its arrays)")
+    like = clipped_updates[0] if clipped_updates else template
+    assert like is not None
+    keys = list(like)
     for u in clipped_updates:
         if sorted(u) != sorted(keys):
             raise PrivacyConfigError(f"client updates carry different arrays: {sorted(u)} vs {sorted(keys)}")
-    _check_floating(clipped_updates[0])
-    m = len(clipped_updates)
+    _check_floating(like)
+    d = float(len(clipped_updates) if denominator is None else denominator)
     mean = {
-        k: (np.sum([np.asarray(u[k], dtype=np.float64) for u in clipped_updates], axis=0) / m).astype(
-            np.asarray(clipped_updates[0][k]).dtype
-        )
+        k: (
+            np.sum([np.asarray(u[k], dtype=np.float64) for u in clipped_updates], axis=0) / d
+            if clipped_updates
+            else np.zeros(np.shape(like[k]))
+        ).astype(np.asarray(like[k]).dtype)
         for k in keys
     }
-    return add_gaussian_noise(mean, central_noise_std(noise_multiplier, clip, m), rng)
+    return add_gaussian_noise(mean, central_noise_std(noise_multiplier, clip, d), rng)
 
 
 def local_release(
@@ -290,13 +314,17 @@ def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> flo
     return float((noise_multiplier**-2 - (2 * count_stddev) ** -2) ** -0.5)
 
 
-def noisy_unclipped_share(norms: Sequence[float], clip: float, count_stddev: float, rng: np.random.Generator) -> float:
+def noisy_unclipped_share(
+    norms: Sequence[float], clip: float, count_stddev: float, rng: np.random.Generator, denominator: float | None = None
+) -> float:
     """The round's share of updates that the clip bound left unchanged, noised: ``(sum_i 1[||Δ_i|| <= C] +
-    N(0, count_stddev^2)) / m`` (Andrew et al. 2021, Algorithm 1)."""
-    if not norms:
-        raise PrivacyConfigError("the unclipped share needs at least one update")
+    N(0, count_stddev^2)) / d`` (Andrew et al. 2021, Algorithm 1), ``d`` the round's denominator (the cohort m, or
+    the expected cohort q·N under Poisson sampling, as for the updates)."""
+    d = float(len(norms) if denominator is None else denominator)
+    if not d > 0:
+        raise PrivacyConfigError("the unclipped share needs at least one update (or a denominator > 0)")
     unclipped = sum(1 for n in norms if n <= clip)
-    return float((unclipped + rng.normal(0.0, count_stddev)) / len(norms))
+    return float((unclipped + rng.normal(0.0, count_stddev)) / d)
 
 
 def next_clip(clip: float, unclipped_share: float, target_quantile: float, learning_rate: float) -> float:
@@ -307,11 +335,25 @@ def next_clip(clip: float, unclipped_share: float, target_quantile: float, learn
 
 
 # ---------------------------------------------------------------------------------------------- accountant
+#: how a central round's clients are drawn (run-config ``dp-sampling``, with ``fraction-train`` < 1)
+SAMPLINGS = ("poisson", "fixed")
+#: what a release records of how its contributors were drawn: ``all`` (every client of the population), a sampling
+#: of :data:`SAMPLINGS`, or ``local`` (one client's own release of its model)
+RELEASE_KINDS = ("all", *SAMPLINGS, "local")
+#: the Rényi orders for sampled releases: integers (dp-accounting's fractional orders below 2 fail to converge for
+#: Poisson-sampled Gaussians, with a warning each time, and are the best order only at epsilons of tens); releases
+#: without sampling use dp-accounting's default orders, fractional ones included
+RDP_ORDERS = (*range(2, 65), 80, 96, 128, 192, 256, 384, 512, 1024)
+#: the neighbouring relation each kind of run is accounted under (docs/privacy.md, "The accountant")
+ADD_OR_REMOVE, REPLACE_ONE, REPLACE_DATA_SET = "add-or-remove-one", "replace-one", "replace-one-data-set"
+
+
 @dataclass(frozen=True)
 class Bound:
-    """An (epsilon, delta) bound and how it was found: ``epsilon`` is the tighter of the Rényi-DP accountant's bound
-    (``rdp``) and the privacy-loss-distribution accountant's (``pld``; for a fixed-size cohort, which it cannot
-    account, the bound of the same rounds without amplification); ``accountant`` names the one that gave it."""
+    """An (epsilon, delta) bound and how it was found: ``epsilon`` is the tightest sound bound, ``accountant`` names
+    the one that gave it (``pld``, ``rdp`` or, for fixed-size cohorts, ``coalition``); ``rdp`` and ``pld`` are the
+    Rényi-DP and privacy-loss-distribution accountants' bounds (for fixed-size cohorts, which neither accounts
+    against a coalition that knows the cohorts, those of the same releases without amplification)."""
 
     epsilon: float
     accountant: str
@@ -319,19 +361,41 @@ class Bound:
     pld: float
 
 
-def _rdp_epsilon(noise_multiplier: float, count: int, delta: float, population: int, cohort: int, sampled: bool):
-    """Epsilon of ``count`` identical Gaussian events through Flower's RdpAccountant (dp-accounting backend)."""
-    from flwr.serverapp import GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod
+@dataclass(frozen=True)
+class Release:
+    """``count`` releases made alike, as the release journal records them: each one's noise multiplier (the noise
+    std over the clip bound) and how its contributors were drawn (``sampling``, one of :data:`RELEASE_KINDS`; a
+    given client is in it with probability ``rate``: 1 for ``all`` and ``local``, q under Poisson sampling, m / N for
+    a fixed-size cohort of m of N)."""
 
-    config = PrivacyConfig(
-        target_delta=delta,
-        population_size=population,
-        neighboring_relation=NeighboringRelation.REPLACE_ONE if sampled else NeighboringRelation.ADD_OR_REMOVE_ONE,
-        sampling_method=SamplingMethod.WITHOUT_REPLACEMENT if sampled else SamplingMethod.NO_AMPLIFICATION,
-    )
-    accountant = RdpAccountant(config)
-    accountant.compose(GaussianPrivacyEvent(noise_multiplier, cohort, population), count=count)
-    return accountant.get_epsilon(delta)
+    noise_multiplier: float
+    sampling: str = "all"
+    rate: float = 1.0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        check_noise_multiplier(self.noise_multiplier)
+        if self.sampling not in RELEASE_KINDS:
+            raise PrivacyConfigError(f"a release's sampling must be one of {RELEASE_KINDS}, got {self.sampling!r}")
+        if not 0 < self.rate <= 1:
+            raise PrivacyConfigError(f"a release's sampling rate must be in (0, 1], got {self.rate}")
+        _check_count("releases", self.count)
+
+    @property
+    def sampled(self) -> bool:
+        """Whether a given client may be left out of it (a rate below 1)."""
+        return self.sampling in SAMPLINGS and self.rate < 1
+
+
+def _check_count(name: str, count: int) -> None:
+    if count < 0:
+        raise PrivacyConfigError(f"{name} must be >= 0, got {count}")
+
+
+def _tighter(rdp: float, pld: float) -> Bound:
+    if pld < rdp:
+        return Bound(pld, "pld", rdp, pld)
+    return Bound(rdp, "rdp", rdp, pld)
 
 
 def _pld_accountant(epsilon_scale: float):
@@ -342,80 +406,173 @@ def _pld_accountant(epsilon_scale: float):
     return PLDAccountant(value_discretization_interval=max(1e-3, 1e-4 * epsilon_scale))
 
 
-def _pld_epsilon(noise_multiplier: float, count: int, delta: float, epsilon_scale: float) -> float:
-    """Epsilon of ``count`` Gaussian mechanisms of multiplier sigma, add-or-remove-one, through dp-accounting's
-    privacy-loss-distribution accountant (near the exact curve: Gaussian compositions are a Gaussian)."""
+def _rdp_accountant(sampled: bool = True):
     import dp_accounting
 
-    accountant = _pld_accountant(epsilon_scale)
-    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier), count)
-    return float(accountant.get_epsilon(delta))
+    return dp_accounting.rdp.RdpAccountant(orders=list(RDP_ORDERS)) if sampled else dp_accounting.rdp.RdpAccountant()
 
 
-def _tighter(rdp: float, pld: float) -> Bound:
-    if pld < rdp:
-        return Bound(pld, "pld", rdp, pld)
-    return Bound(rdp, "rdp", rdp, pld)
+def _event(noise_multiplier: float, rate: float):
+    """dp-accounting's event of one release: the Gaussian mechanism, Poisson-subsampled where ``rate`` < 1."""
+    import dp_accounting
+
+    gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
+    return gaussian if rate >= 1 else dp_accounting.PoissonSampledDpEvent(rate, gaussian)
 
 
-def _check_count(name: str, count: int) -> None:
-    if count < 0:
-        raise PrivacyConfigError(f"{name} must be >= 0, got {count}")
+def _composed(events: Sequence[tuple[float, float, int]], delta: float) -> Bound:
+    """The tighter of dp-accounting's Rényi-DP and PLD bounds of ``events`` ((noise multiplier, Poisson rate,
+    count) each) composed, add-or-remove-one neighbours."""
+    rdp = _rdp_accountant(sampled=any(rate < 1 for _, rate, _ in events))
+    for sigma, rate, count in events:
+        rdp.compose(_event(sigma, rate), count)
+    rdp_epsilon = float(rdp.get_epsilon(delta))
+    pld = _pld_accountant(rdp_epsilon)
+    for sigma, rate, count in events:
+        pld.compose(_event(sigma, rate), count)
+    return _tighter(rdp_epsilon, float(pld.get_epsilon(delta)))
 
 
-def central_bound(noise_multiplier: float, rounds: int, delta: float, population: int, cohort: int) -> Bound:
-    """The bound after ``rounds`` noised means of ``cohort`` of ``population`` clients (central DP).
+def gaussian_delta(epsilon: float, mu: np.ndarray) -> np.ndarray:
+    """The exact privacy curve of the Gaussian mechanism of sensitivity over noise std ``mu`` (Balle & Wang 2018,
+    Theorem 8): ``Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)`` (0 where mu = 0), computed in log space."""
+    from scipy.special import log_ndtr, ndtr
 
-    ``cohort == population``: the Gaussian mechanism with noise multiplier sigma, add-or-remove-one-client neighbours,
-    no amplification (both accountants).  ``cohort < population`` (drawn uniformly without replacement every round,
-    by a generator only the server holds): the sampled Gaussian mechanism at rate ``cohort / population`` with
-    replace-one neighbours and noise multiplier sigma / 2 (module docstring; Rényi DP only: dp-accounting's PLD
-    accountant has no fixed-size sampling), or the same Gaussian without amplification (both accountants) where that
-    bound is lower (cohorts close to the population).  0 rounds: 0; sigma = 0 (no noise): infinity.
+    mu = np.asarray(mu, dtype=np.float64)
+    out = np.zeros_like(mu)
+    some = mu > 0
+    m = mu[some]
+    out[some] = np.maximum(ndtr(m / 2 - epsilon / m) - np.exp(epsilon + log_ndtr(-m / 2 - epsilon / m)), 0.0)
+    return out
+
+
+#: the most points of the distribution of mu^2 the coalition bound enumerates before it merges rounds (an upper bound)
+_MIXTURE_POINTS = 200_000
+
+
+def _participation(groups: Sequence[tuple[float, float, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(mu, probability) of the rounds a given client is in: in each group of ``count`` rounds of noise multiplier
+    sigma, Binomial(count, rate) of them, each adding (2 / sigma)^2 to mu^2 (replace-one: the sum moves by 2C)."""
+    from scipy.stats import binom
+
+    size = math.prod(count + 1 for _, _, count in groups)
+    if size > _MIXTURE_POINTS:  # merged: the least noise and the highest rate of any group, over every round
+        groups = [(min(g[0] for g in groups), max(g[1] for g in groups), sum(g[2] for g in groups))]
+    mu2, prob = np.zeros(1), np.ones(1)
+    for sigma, rate, count in groups:
+        k = np.arange(count + 1)
+        pk = binom.pmf(k, count, rate)
+        mu2 = (mu2[:, None] + k[None, :] * (2.0 / sigma) ** 2).ravel()
+        prob = (prob[:, None] * pk[None, :]).ravel()
+    return np.sqrt(mu2), prob
+
+
+def coalition_epsilon(groups: Sequence[tuple[float, float, int]], delta: float) -> float:
+    """Epsilon at ``delta`` of fixed-size cohorts against a coalition of the other clients.
+
+    With m of N clients drawn per round, the other N - 1 together know whether a given client was drawn (m, or
+    m - 1 of them were).  Given which rounds it was in (the same in both neighbouring runs: the draw does not
+    depend on data), the releases are a composition of Gaussian mechanisms over those rounds only, replace-one
+    neighbours (sensitivity 2C), so the privacy curve is the mixture over the rounds it may have been in:
+    ``delta(eps) = sum_k P(k) delta_Gauss(eps; mu_k)``.  Exact (up to the root finding, rounded up); ``groups``:
+    (noise multiplier, rate m / N, rounds) of alike rounds.
     """
-    noise_multiplier, delta = check_noise_multiplier(noise_multiplier), check_delta(delta)
+    from scipy.optimize import brentq
+
+    delta = check_delta(delta)
+    mu, prob = _participation(groups)
+
+    def excess(eps: float) -> float:
+        return float(np.dot(prob, gaussian_delta(eps, mu))) - delta
+
+    if excess(0.0) <= 0:
+        return 0.0
+    high = 1.0
+    while excess(high) > 0:
+        high *= 2
+    eps = float(brentq(excess, 0.0, high, xtol=1e-10, rtol=1e-12))
+    while excess(eps) > 0:  # never below the root
+        eps = math.nextafter(eps, math.inf) + 1e-10
+    return eps
+
+
+@functools.lru_cache(maxsize=1024)
+def _bound_of(releases: tuple[Release, ...], delta: float) -> tuple[Bound, str]:
+    kinds = {r.sampling for r in releases}
+    if kinds == {"local"}:  # the clipped change moves by up to 2C: noise multiplier sigma / 2, never amplified
+        return _composed([(r.noise_multiplier / 2, 1.0, r.count) for r in releases], delta), REPLACE_DATA_SET
+    if "local" in kinds:
+        raise PrivacyConfigError("local and central releases cannot be composed into one client's bound")
+    if any(r.sampled and r.sampling == "fixed" for r in releases):
+        groups = [(r.noise_multiplier, r.rate if r.sampled else 1.0, r.count) for r in releases]
+        unamplified = _composed([(r.noise_multiplier / 2, 1.0, r.count) for r in releases], delta)
+        coalition = min(coalition_epsilon(groups, delta), unamplified.epsilon)
+        return Bound(coalition, "coalition", unamplified.rdp, unamplified.pld), REPLACE_ONE
+    events = [(r.noise_multiplier, r.rate if r.sampled else 1.0, r.count) for r in releases]
+    return _composed(events, delta), ADD_OR_REMOVE
+
+
+def releases_bound(releases: Sequence[Release], delta: float) -> tuple[Bound, str]:
+    """(the bound, the neighbouring relation it holds for) of a run's ``releases`` as they were made, each at its
+    own noise multiplier and sampling (docs/privacy.md, "The accountant"):
+
+    - ``local``: each release is the Gaussian mechanism with multiplier sigma / 2 on one client's data set against
+      any other (``replace-one-data-set``), composed over the releases, never amplified;
+    - every client in every round (``all``) or Poisson sampling: the (Poisson-subsampled) Gaussian mechanism of
+      multiplier sigma, ``add-or-remove-one`` neighbours (one client's data in or out, the population N declared);
+      dp-accounting's RDP and PLD accountants, the tighter reported;
+    - once any round drew a fixed-size cohort: ``replace-one`` neighbours, the bound against the coalition of the
+      other clients (:func:`coalition_epsilon`), which knows who was drawn.
+
+    No release: 0; any release without noise: infinity.
+    """
+    delta = check_delta(delta)
+    counts: dict[tuple[float, str, float], int] = {}
+    for r in releases:  # alike releases as one event of their count: a run's bound does not depend on their order
+        if r.count > 0:
+            key = (r.noise_multiplier, r.sampling, r.rate)
+            counts[key] = counts.get(key, 0) + r.count
+    kept = tuple(Release(sigma, kind, rate, count) for (sigma, kind, rate), count in sorted(counts.items()))
+    if not kept:
+        return Bound(0.0, "none", 0.0, 0.0), _neighbours(releases)
+    if any(r.noise_multiplier == 0 for r in kept):
+        return Bound(math.inf, "none", math.inf, math.inf), _neighbours(kept)
+    return _bound_of(kept, delta)
+
+
+def _neighbours(releases: Sequence[Release]) -> str:
+    if releases and all(r.sampling == "local" for r in releases):
+        return REPLACE_DATA_SET
+    return REPLACE_ONE if any(r.sampled and r.sampling == "fixed" for r in releases) else ADD_OR_REMOVE
+
+
+def central_bound(
+    noise_multiplier: float, rounds: int, delta: float, rate: float = 1.0, sampling: str = "poisson"
+) -> Bound:
+    """The bound after ``rounds`` central rounds of noise multiplier sigma, each client in each round with
+    probability ``rate`` (1: every client every round) drawn by ``sampling`` (:func:`releases_bound`)."""
     _check_count("rounds", rounds)
-    if not 1 <= cohort <= population:
-        raise PrivacyConfigError(f"need 1 <= cohort <= population, got cohort {cohort} of {population} clients")
-    if rounds == 0:
-        return Bound(0.0, "none", 0.0, 0.0)
-    if noise_multiplier == 0:
-        return Bound(math.inf, "none", math.inf, math.inf)
-    if cohort == population:
-        rdp = _rdp_epsilon(noise_multiplier, rounds, delta, population, cohort, sampled=False)
-        return _tighter(rdp, _pld_epsilon(noise_multiplier, rounds, delta, rdp))
-    # sampling can only help: the replace-one Gaussian without amplification bounds the same mechanism, and
-    # Wang et al.'s bound is the looser of the two for cohorts close to the population
-    unamplified = local_bound(noise_multiplier, rounds, delta)
-    sampled = _rdp_epsilon(noise_multiplier / 2, rounds, delta, population, cohort, sampled=True)
-    return _tighter(min(sampled, unamplified.rdp), unamplified.pld)
+    if sampling not in SAMPLINGS:
+        raise PrivacyConfigError(f"dp-sampling must be one of {SAMPLINGS}, got {sampling!r}")
+    kind = sampling if rate < 1 else "all"
+    return releases_bound([Release(check_noise_multiplier(noise_multiplier), kind, rate, rounds)], delta)[0]
 
 
 def local_bound(noise_multiplier: float, releases: int, delta: float) -> Bound:
-    """The bound of one client after ``releases`` local-DP releases of its model.
-
-    Each release is the Gaussian mechanism with noise std sigma·C on a change that moves by up to 2·C between any two
-    data sets of the client: noise multiplier sigma / 2, composed ``releases`` times, no amplification.
-    """
-    noise_multiplier, delta = check_noise_multiplier(noise_multiplier), check_delta(delta)
+    """The bound of one client after ``releases`` local-DP releases of its model, each of noise multiplier sigma."""
     _check_count("releases", releases)
-    if releases == 0:
-        return Bound(0.0, "none", 0.0, 0.0)
-    if noise_multiplier == 0:
-        return Bound(math.inf, "none", math.inf, math.inf)
-    rdp = _rdp_epsilon(noise_multiplier / 2, releases, delta, population=1, cohort=1, sampled=False)
-    return _tighter(rdp, _pld_epsilon(noise_multiplier / 2, releases, delta, rdp))
+    return releases_bound([Release(check_noise_multiplier(noise_multiplier), "local", 1.0, releases)], delta)[0]
 
 
-def central_epsilon(noise_multiplier: float, rounds: int, delta: float, population: int, cohort: int) -> float:
-    """Epsilon at ``delta`` after ``rounds`` noised means of ``cohort`` of ``population`` clients: the tighter
-    accountant's (:func:`central_bound`)."""
-    return central_bound(noise_multiplier, rounds, delta, population, cohort).epsilon
+def central_epsilon(
+    noise_multiplier: float, rounds: int, delta: float, rate: float = 1.0, sampling: str = "poisson"
+) -> float:
+    """Epsilon at ``delta`` after ``rounds`` central rounds (:func:`central_bound`)."""
+    return central_bound(noise_multiplier, rounds, delta, rate, sampling).epsilon
 
 
 def local_epsilon(noise_multiplier: float, releases: int, delta: float) -> float:
-    """Epsilon at ``delta`` of one client after ``releases`` local-DP releases: the tighter accountant's
-    (:func:`local_bound`)."""
+    """Epsilon at ``delta`` of one client after ``releases`` local-DP releases (:func:`local_bound`)."""
     return local_bound(noise_multiplier, releases, delta).epsilon
 
 
@@ -436,83 +593,81 @@ def _smallest_within(bound, target_epsilon: float, candidates: list[float]) -> f
     return sigma
 
 
-def calibrate_central(target_epsilon: float, delta: float, rounds: int, population: int, cohort: int) -> float:
-    """The noise multiplier whose :func:`central_bound` after ``rounds`` rounds of ``cohort`` of ``population``
-    clients is ``target_epsilon`` at ``delta`` (at most, within 1e-6 of sigma): dp-accounting's
-    ``calibrate_dp_mechanism`` on each accountant that can account the run, the smallest multiplier kept (as Opacus's
-    ``make_private_with_epsilon`` does for DP-SGD)."""
+def _rdp_and_pld_candidates(target_epsilon: float, delta: float, count: int, rate: float, scale: float) -> list[float]:
+    """Each accountant's multiplier (times ``scale``: local DP's events have multiplier sigma / 2) for ``count``
+    events of rate ``rate``: dp-accounting's ``calibrate_dp_mechanism`` on the Rényi-DP accountant, then on the PLD
+    accountant searched below it (which the PLD bound never exceeds in practice; the Rényi-DP one where that fails)."""
     import dp_accounting
 
+    def event(s):
+        return dp_accounting.SelfComposedDpEvent(_event(s, rate), count)
+
+    rdp = scale * _calibrate(
+        lambda: _rdp_accountant(sampled=rate < 1),
+        event,
+        target_epsilon,
+        delta,
+        dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+    )
+    low, high = rdp / scale / 2, rdp / scale
+    try:
+        pld = scale * _calibrate(
+            lambda: _pld_accountant(target_epsilon),
+            event,
+            target_epsilon,
+            delta,
+            dp_accounting.ExplicitBracketInterval(low, high),
+        )
+    except ValueError:  # no sign change in the bracket: keep the Rényi-DP multiplier
+        pld = rdp
+    return [rdp, pld]
+
+
+def _coalition_sigma(target_epsilon: float, delta: float, rounds: int, rate: float) -> float:
+    """The noise multiplier whose :func:`coalition_epsilon` after ``rounds`` fixed-size rounds is the target."""
+    from scipy.optimize import brentq
+
+    def excess(log_sigma: float) -> float:
+        return coalition_epsilon([(math.exp(log_sigma), rate, rounds)], delta) - target_epsilon
+
+    low, high = 0.0, 0.0
+    while excess(high) > 0:
+        high += 1.0
+    while excess(low) <= 0:
+        low -= 1.0
+    return math.exp(float(brentq(excess, low, high, xtol=1e-7)))
+
+
+def calibrate_central(
+    target_epsilon: float, delta: float, rounds: int, rate: float = 1.0, sampling: str = "poisson"
+) -> float:
+    """The noise multiplier whose :func:`central_bound` after ``rounds`` rounds (each client in each with
+    probability ``rate``, drawn by ``sampling``) is ``target_epsilon`` at ``delta`` (at most, within 1e-6 of sigma):
+    dp-accounting's ``calibrate_dp_mechanism`` on its Rényi-DP and PLD accountants (every client, or Poisson
+    sampling), the coalition bound's own root (fixed-size cohorts); the smallest multiplier kept (as Opacus's
+    ``make_private_with_epsilon`` does for DP-SGD)."""
     target_epsilon, delta = _check_target(target_epsilon), check_delta(delta)
-    if rounds < 1 or not 1 <= cohort <= population:
-        raise PrivacyConfigError(
-            f"calibration needs rounds >= 1 and 1 <= cohort <= population, got {rounds}, {cohort} of {population}"
-        )
-    replace = dp_accounting.NeighboringRelation.REPLACE_ONE
-    bracket = dp_accounting.LowerEndpointAndGuess(1e-3, 1.0)
-    if cohort == population:
-        rdp = _calibrate(
-            dp_accounting.rdp.RdpAccountant,
-            lambda s: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(s), rounds),
-            target_epsilon,
-            delta,
-            bracket,
-        )
-        candidates = [rdp, _calibrate_pld(target_epsilon, delta, rounds, rdp, scale=1.0)]
+    if rounds < 1 or not 0 < rate <= 1:
+        raise PrivacyConfigError(f"calibration needs rounds >= 1 and a rate in (0, 1], got {rounds} and {rate}")
+    if sampling not in SAMPLINGS:
+        raise PrivacyConfigError(f"dp-sampling must be one of {SAMPLINGS}, got {sampling!r}")
+    if sampling == "fixed" and rate < 1:
+        candidates = [_coalition_sigma(target_epsilon, delta, rounds, rate)]
     else:
-        sampled = _calibrate(
-            lambda: dp_accounting.rdp.RdpAccountant(neighboring_relation=replace),
-            lambda s: dp_accounting.SelfComposedDpEvent(
-                dp_accounting.SampledWithoutReplacementDpEvent(
-                    population, cohort, dp_accounting.GaussianDpEvent(s / 2)
-                ),
-                rounds,
-            ),
-            target_epsilon,
-            delta,
-            bracket,
-        )
-        candidates = [sampled, calibrate_local(target_epsilon, delta, rounds)]
+        candidates = _rdp_and_pld_candidates(target_epsilon, delta, rounds, rate, scale=1.0)
     return _smallest_within(
-        lambda s: central_bound(s, rounds, delta, population, cohort).epsilon, target_epsilon, candidates
+        lambda s: central_bound(s, rounds, delta, rate, sampling).epsilon, target_epsilon, candidates
     )
 
 
 def calibrate_local(target_epsilon: float, delta: float, releases: int) -> float:
     """The noise multiplier whose :func:`local_bound` after ``releases`` releases is ``target_epsilon`` at
     ``delta`` (at most): dp-accounting's ``calibrate_dp_mechanism`` on the Rényi-DP and on the PLD accountant."""
-    import dp_accounting
-
     target_epsilon, delta = _check_target(target_epsilon), check_delta(delta)
     if releases < 1:
         raise PrivacyConfigError(f"calibration needs at least one release, got {releases}")
-    rdp = 2 * _calibrate(
-        dp_accounting.rdp.RdpAccountant,
-        lambda s: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(s), releases),
-        target_epsilon,
-        delta,
-        dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
-    )
-    candidates = [rdp, _calibrate_pld(target_epsilon, delta, releases, rdp, scale=2.0)]
+    candidates = _rdp_and_pld_candidates(target_epsilon, delta, releases, 1.0, scale=2.0)
     return _smallest_within(lambda s: local_bound(s, releases, delta).epsilon, target_epsilon, candidates)
-
-
-def _calibrate_pld(target_epsilon: float, delta: float, count: int, rdp_sigma: float, scale: float) -> float:
-    """The PLD accountant's multiplier (times ``scale``: local DP's events have multiplier sigma / 2), searched below
-    the Rényi-DP one, which the PLD bound never exceeds in practice; the Rényi-DP one where that fails."""
-    import dp_accounting
-
-    def make():
-        return _pld_accountant(target_epsilon)
-
-    def event(s):
-        return dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(s), count)
-
-    low, high = rdp_sigma / scale / 2, rdp_sigma / scale
-    try:
-        return scale * _calibrate(make, event, target_epsilon, delta, dp_accounting.ExplicitBracketInterval(low, high))
-    except ValueError:  # no sign change in the bracket: keep the Rényi-DP multiplier
-        return rdp_sigma
 
 
 def _check_target(target_epsilon: float) -> float:

@@ -136,3 +136,20 @@ def distinct_states(client, k=3, seed=0, spread=0.3) -> list[dict[str, torch.Ten
                 s[name] = v + spread * torch.randn(v.shape, generator=g) * (1 + v.abs().mean())
         states.append(s)
     return states
+
+
+def declare(method, content: RecordDict) -> RecordDict:
+    """``content`` with the noise multiplier and clip bound a DP run's server declares in every message
+    (``dp-noise-multiplier``, ``dp-clip``; strategies/privacy.py: ``ServerPrivacy.declared``), here those of the
+    client's own settings, as a server without a target epsilon declares them; the client's privacy step noises with
+    (local) or checks (central) exactly these."""
+    from flwr.app import ConfigRecord
+
+    from task.privacy import clip_bound
+
+    settings = method.settings
+    config = content.config_records.get("config") or ConfigRecord()
+    config["dp-noise-multiplier"] = float(settings.dp_noise_multiplier)
+    config["dp-clip"] = clip_bound(settings.dp_clip)
+    content["config"] = config
+    return content

@@ -31,7 +31,7 @@ def test_the_search_reaches_each_target_on_the_runs_accountant(mode, target):
     assert (acc.rounds, acc.population, acc.cohort, acc.delta) == (10, 10, 10, 1e-5)  # the defaults, 10 nodes
     sigma = script.noise_multiplier_for(target, acc.epsilon)
     direct = (
-        central_bound(sigma, 10, 1e-5, 10, 10).rdp if mode == "central" else local_bound(sigma, 10, 1e-5).rdp
+        central_bound(sigma, 10, 1e-5).rdp if mode == "central" else local_bound(sigma, 10, 1e-5).rdp
     )  # the accountant itself, not the script's wrapper (the Rényi-DP bound the committed runs reported)
     assert target * (1 - script.TOLERANCE) <= direct <= target
     assert sigma == script.round_up(sigma)  # what the run config gets: DIGITS significant digits
@@ -51,7 +51,7 @@ def test_the_search_follows_the_settings_a_cohort_and_more_rounds():
     acc = script.accounting("central", {"num-server-rounds": 20, "fraction-train": 0.5}, clients=10)
     assert (acc.rounds, acc.cohort, acc.population) == (20, 5, 10)
     sigma = script.noise_multiplier_for(4.0, acc.epsilon)
-    assert 4.0 * (1 - script.TOLERANCE) <= central_bound(sigma, 20, 1e-5, 10, 5).rdp <= 4.0
+    assert 4.0 * (1 - script.TOLERANCE) <= central_bound(sigma, 20, 1e-5, 0.5).rdp <= 4.0
 
 
 def test_the_search_refuses_targets_it_cannot_reach():

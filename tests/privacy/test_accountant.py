@@ -59,7 +59,7 @@ def classical_rdp_epsilon(noise_multiplier: float, rounds: int, delta: float) ->
 def test_central_epsilon_with_every_client_is_that_of_the_gaussian_mechanism_of_sigma(sigma, rounds, delta):
     """Every client in every round: the mean moves by at most C/m when one client's data is added or removed,
     the noise has std sigma C/m, so it is the Gaussian mechanism with noise multiplier sigma."""
-    eps = central_epsilon(sigma, rounds, delta, population=8, cohort=8)
+    eps = central_epsilon(sigma, rounds, delta)
     assert exact_gaussian_epsilon(sigma, rounds, delta) <= eps <= classical_rdp_epsilon(sigma, rounds, delta)
 
 
@@ -114,49 +114,120 @@ def sampled_round_lower_bound(noise_multiplier: float, rate: float, delta: float
 def test_a_sampled_round_is_never_reported_below_its_exact_privacy_loss(sigma, population, cohort, delta):
     """A cohort of 999 in 1,000 is barely amplified: its exact loss is close to the unsampled replace-one Gaussian
     (noise multiplier sigma / 2), which counting the run's sigma against replace-one neighbours would understate."""
-    eps = central_epsilon(sigma, 1, delta, population, cohort)
+    eps = central_epsilon(sigma, 1, delta, cohort / population, "fixed")
     assert eps >= sampled_round_lower_bound(sigma, cohort / population, delta)
 
 
-def test_sampling_a_cohort_amplifies_but_never_beyond_the_unsampled_bound():
-    """A cohort drawn without replacement (replace-one neighbours, noise multiplier sigma / 2): epsilon grows with
-    the cohort and never exceeds the same mechanism without sampling (the local-DP accounting of sigma)."""
-    sigma, rounds, delta, population = 1.0, 20, 1e-5, 100
-    unsampled = local_epsilon(sigma, rounds, delta)
-    eps = [central_epsilon(sigma, rounds, delta, population, cohort) for cohort in (1, 10, 60, 99)]
-    assert all(e <= unsampled + 1e-9 for e in eps)
-    assert eps == sorted(eps) and eps[0] < eps[-1]
-    assert eps[1] < unsampled / 2  # a tenth of the clients per round: a real amplification
+def test_sampling_amplifies_and_a_fixed_size_cohort_amplifies_less_against_the_coalition():
+    """Poisson sampling (add-or-remove-one) and fixed-size cohorts (replace-one, against the coalition that knows
+    who was drawn): epsilon grows with the rate and never exceeds the same rounds without sampling; a fixed-size
+    cohort still gains from the rounds a client was not drawn in, far less than Poisson sampling."""
+    sigma, rounds, delta = 1.0, 20, 1e-5
+    everyone = central_epsilon(sigma, rounds, delta)  # add-or-remove-one, every client every round
+    replaced = local_epsilon(sigma, rounds, delta)  # the replace-one Gaussian without amplification
+    rates = (0.01, 0.1, 0.6, 0.99)
+    poisson = [central_epsilon(sigma, rounds, delta, q, "poisson") for q in rates]
+    fixed = [central_epsilon(sigma, rounds, delta, q, "fixed") for q in rates]
+    assert poisson == sorted(poisson) and poisson[-1] <= everyone + 1e-9
+    assert fixed == sorted(fixed) and fixed[-1] <= replaced + 1e-9
+    assert poisson[1] < everyone / 4 and fixed[1] < replaced / 2  # a tenth of the clients per round
+    assert all(p < f for p, f in zip(poisson, fixed, strict=True))
 
 
-@pytest.mark.parametrize("population,cohort", [(10, 10), (10, 3)])
-def test_epsilon_grows_with_rounds_and_shrinks_with_noise_and_delta(population, cohort):
-    by_rounds = [central_epsilon(1.0, r, 1e-5, population, cohort) for r in (1, 5, 20)]
+@pytest.mark.parametrize(
+    "sigma,rate,delta",
+    [(1.0, 0.3, 1e-5), (0.5, 0.5, 1e-5), (2.0, 0.1, 1e-3), (1.0, 0.999, 1e-5)],
+)
+def test_a_poisson_round_is_never_reported_below_its_exact_privacy_loss(sigma, rate, delta):
+    """One Poisson-sampled round, add-or-remove-one: the released sum is N(0, sigma^2) without the client and, with
+    it, the mixture (1 - q) N(0, sigma^2) + q N(1, sigma^2) (in units of C); its exact epsilon (the larger of the two
+    hockey-stick divergences, numerically) is a lower bound on any sound epsilon."""
+    x = np.linspace(-40 * sigma - 2, 40 * sigma + 2, 400_001)
+    without = norm.pdf(x, 0, sigma)
+    with_it = (1 - rate) * without + rate * norm.pdf(x, 1, sigma)
+
+    def exact(p, q):
+        def excess(eps):
+            return float(np.sum(np.maximum(0.0, p - math.exp(eps) * q)) * (x[1] - x[0])) - delta
+
+        return 0.0 if excess(0.0) <= 0 else brentq(excess, 0.0, 200.0, xtol=1e-8)
+
+    bound = central_bound(sigma, 1, delta, rate, "poisson")
+    assert bound.epsilon >= max(exact(with_it, without), exact(without, with_it))
+    assert bound.accountant in ("pld", "rdp") and bound.epsilon == min(bound.rdp, bound.pld)
+
+
+def coalition_epsilon_from_first_principles(sigma: float, rounds: int, rate: float, delta: float) -> float:
+    """Fixed-size cohorts against the coalition of the other clients, who know from their own draws whether the
+    target was drawn: given the k rounds it was in (Binomial(rounds, rate), the same in both neighbouring runs), the
+    releases are k replace-one Gaussian mechanisms (sensitivity 2C, noise sigma C), one Gaussian of mu = 2 sqrt(k) /
+    sigma (Dong, Roth & Su 2022); the observed k is public, so the privacy curve is the mixture
+    delta(eps) = sum_k P(k) delta_mu_k(eps), each delta_mu by Balle & Wang 2018, Theorem 8."""
+    from scipy.stats import binom
+
+    k = np.arange(1, rounds + 1)
+    mu, weight = 2 * np.sqrt(k) / sigma, binom.pmf(k, rounds, rate)
+
+    def curve(eps):
+        gaussian = norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * norm.cdf(-mu / 2 - eps / mu)
+        return float(np.dot(weight, gaussian)) - delta
+
+    return brentq(curve, 0.0, 500.0, xtol=1e-10)
+
+
+def test_the_bound_a_fixed_size_cohort_owes_the_coalition_at_the_old_target_10_is_15_97():
+    """The old accountant calibrated 10 of 100 clients per round, 100 rounds, to epsilon 10 with Wang et al.'s
+    amplification (dp-accounting's Rényi-DP accountant, sampling without replacement): sigma 2.59.  That bound
+    assumes nobody knows who was drawn; the other 99 clients together do.  Against them the same run is at 15.97,
+    and pflower reports that; its own calibration to 10 holds against them."""
+    import dp_accounting
+
+    wang = dp_accounting.calibrate_dp_mechanism(
+        lambda: dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE),
+        lambda s: dp_accounting.SelfComposedDpEvent(
+            dp_accounting.SampledWithoutReplacementDpEvent(100, 10, dp_accounting.GaussianDpEvent(s / 2)), 100
+        ),
+        10.0,
+        1e-5,
+        dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+    )
+    assert round(wang, 2) == 2.59
+    coalition = coalition_epsilon_from_first_principles(wang, 100, 0.1, 1e-5)
+    assert round(coalition, 2) == 15.97
+    reported = central_bound(wang, 100, 1e-5, 0.1, "fixed")
+    assert reported.accountant == "coalition" and coalition <= reported.epsilon <= coalition + 1e-6
+    honest = calibrate_central(10.0, 1e-5, 100, 0.1, "fixed")
+    assert coalition_epsilon_from_first_principles(honest, 100, 0.1, 1e-5) <= 10.0 + 1e-6 and honest > wang
+
+
+@pytest.mark.parametrize("rate,sampling", [(1.0, "poisson"), (0.3, "poisson"), (0.3, "fixed")])
+def test_epsilon_grows_with_rounds_and_shrinks_with_noise_and_delta(rate, sampling):
+    by_rounds = [central_epsilon(1.0, r, 1e-5, rate, sampling) for r in (1, 5, 20)]
     assert all(a < b for a, b in itertools.pairwise(by_rounds))
-    by_sigma = [central_epsilon(s, 10, 1e-5, population, cohort) for s in (0.5, 1.0, 4.0)]
+    by_sigma = [central_epsilon(s, 10, 1e-5, rate, sampling) for s in (0.5, 1.0, 4.0)]
     assert all(a > b for a, b in itertools.pairwise(by_sigma))
-    by_delta = [central_epsilon(1.0, 10, d, population, cohort) for d in (1e-8, 1e-3)]
+    by_delta = [central_epsilon(1.0, 10, d, rate, sampling) for d in (1e-8, 1e-3)]
     assert all(a > b for a, b in itertools.pairwise(by_delta))
     by_releases = [local_epsilon(1.0, r, 1e-5) for r in (1, 3, 10)]
     assert all(a < b for a, b in itertools.pairwise(by_releases))
 
 
 def test_no_rounds_cost_nothing_and_no_noise_gives_no_guarantee():
-    assert central_epsilon(1.0, 0, 1e-5, 10, 10) == 0.0 and local_epsilon(1.0, 0, 1e-5) == 0.0
-    assert central_epsilon(0.0, 3, 1e-5, 10, 4) == math.inf and local_epsilon(0.0, 1, 1e-5) == math.inf
+    assert central_epsilon(1.0, 0, 1e-5) == 0.0 and local_epsilon(1.0, 0, 1e-5) == 0.0
+    assert central_epsilon(0.0, 3, 1e-5, 0.4) == math.inf and local_epsilon(0.0, 1, 1e-5) == math.inf
     # the whole bound, as the records report it (dp-accountant in the summary): neither accountant was asked, so
     # both of their columns carry the same 0 or infinity and the accountant is named "none"
     nothing, no_noise = Bound(0.0, "none", 0.0, 0.0), Bound(math.inf, "none", math.inf, math.inf)
-    assert central_bound(1.0, 0, 1e-5, 10, 4) == central_bound(1.0, 0, 1e-5, 10, 10) == nothing
+    assert central_bound(1.0, 0, 1e-5, 0.4, "fixed") == central_bound(1.0, 0, 1e-5) == nothing
     assert local_bound(1.0, 0, 1e-5) == nothing
-    assert central_bound(0.0, 3, 1e-5, 10, 4) == central_bound(0.0, 3, 1e-5, 10, 10) == no_noise
+    assert central_bound(0.0, 3, 1e-5, 0.4, "fixed") == central_bound(0.0, 3, 1e-5, 0.4) == no_noise
     assert local_bound(0.0, 1, 1e-5) == no_noise
 
 
 @pytest.mark.parametrize("count", ["rounds", "releases"])
 def test_a_negative_count_is_refused_with_its_name(count):
     with pytest.raises(PrivacyConfigError) as refused:
-        central_bound(1.0, -2, 1e-5, 10, 10) if count == "rounds" else local_bound(1.0, -2, 1e-5)
+        central_bound(1.0, -2, 1e-5) if count == "rounds" else local_bound(1.0, -2, 1e-5)
     assert str(refused.value) == f"{count} must be >= 0, got -2"
 
 
@@ -167,12 +238,13 @@ def test_a_negative_count_is_refused_with_its_name(count):
         ({"delta": 1.0}, "dp-delta"),
         ({"noise_multiplier": -1.0}, "dp-noise-multiplier"),
         ({"rounds": -1}, "rounds"),
-        ({"cohort": 11}, "cohort"),
-        ({"cohort": 0}, "cohort"),
+        ({"rate": 1.1}, "rate"),
+        ({"rate": 0.0}, "rate"),
+        ({"sampling": "stratified"}, "dp-sampling"),
     ],
 )
 def test_impossible_accounting_settings_are_refused(kwargs, match):
-    args = {"noise_multiplier": 1.0, "rounds": 3, "delta": 1e-5, "population": 10, "cohort": 5, **kwargs}
+    args = {"noise_multiplier": 1.0, "rounds": 3, "delta": 1e-5, "rate": 0.5, "sampling": "fixed", **kwargs}
     with pytest.raises(PrivacyConfigError, match=match):
         central_epsilon(**args)
 
@@ -188,7 +260,7 @@ def test_without_sampling_the_pld_bound_is_the_exact_curve_and_is_reported_as_th
     """dp-accounting's privacy-loss-distribution accountant is pessimistic (an upper bound) and, for Gaussian
     compositions, within its discretization of the exact curve; Rényi DP is looser there, so PLD is reported."""
     exact = exact_gaussian_epsilon(sigma, rounds, delta)
-    bound = central_bound(sigma, rounds, delta, population=8, cohort=8)
+    bound = central_bound(sigma, rounds, delta)
     assert exact <= bound.pld <= exact + max(2e-3, 2e-4 * exact)
     assert bound.accountant == "pld" and bound.epsilon == bound.pld < bound.rdp
     assert bound.rdp == pytest.approx(central_epsilon_rdp(sigma, rounds, delta))
@@ -207,22 +279,37 @@ def central_epsilon_rdp(sigma, rounds, delta):
     return accountant.get_epsilon(delta)
 
 
-def test_a_sampled_cohort_is_accounted_by_renyi_dp_the_only_one_with_fixed_size_sampling():
-    bound = central_bound(1.0, 10, 1e-5, population=100, cohort=10)
-    assert bound.accountant == "rdp" and bound.epsilon == bound.rdp
-    # the PLD bound given beside it is that of the same rounds without amplification: valid, much looser
-    assert bound.pld == pytest.approx(local_bound(1.0, 10, 1e-5).pld) and bound.pld > 2 * bound.rdp
+def test_poisson_sampling_is_accounted_by_pld_with_renyi_dp_beside_it():
+    """Poisson sampling is what dp-accounting's PLD accountant handles exactly (add-or-remove-one): reported, the
+    Rényi-DP bound beside it; a fixed-size cohort is reported against the coalition, both accountants' bounds beside
+    it being those of the same rounds without amplification (valid, much looser)."""
+    import dp_accounting
+
+    bound = central_bound(1.0, 10, 1e-5, 0.1, "poisson")
+    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    pld.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0)), 10)
+    assert bound.accountant == "pld" and bound.pld < bound.rdp
+    assert pld.get_epsilon(1e-5) <= bound.epsilon <= pld.get_epsilon(1e-5) + 2e-3
+    fixed = central_bound(1.0, 10, 1e-5, 0.1, "fixed")
+    assert fixed.accountant == "coalition" and fixed.pld == pytest.approx(local_bound(1.0, 10, 1e-5).pld)
+    assert fixed.epsilon < fixed.pld / 2
 
 
 # ---------------------------------------------------------------------------------------------- calibration
 @pytest.mark.parametrize(
-    "target,rounds,population,cohort",
-    [(4.0, 10, 10, 10), (1.0, 5, 4, 4), (16.0, 10, 10, 10), (4.0, 20, 10, 5)],
+    "target,rounds,rate,sampling",
+    [
+        (4.0, 10, 1.0, "poisson"),
+        (1.0, 5, 1.0, "poisson"),
+        (16.0, 10, 1.0, "poisson"),
+        (4.0, 20, 0.5, "poisson"),
+        (4.0, 20, 0.5, "fixed"),
+    ],
 )
-def test_the_calibrated_noise_reaches_the_target_epsilon_and_no_less_noise_would(target, rounds, population, cohort):
-    sigma = calibrate_central(target, 1e-5, rounds, population, cohort)
-    assert central_epsilon(sigma, rounds, 1e-5, population, cohort) <= target
-    assert central_epsilon(sigma * 0.999, rounds, 1e-5, population, cohort) > target  # within 0.1 % of the optimum
+def test_the_calibrated_noise_reaches_the_target_epsilon_and_no_less_noise_would(target, rounds, rate, sampling):
+    sigma = calibrate_central(target, 1e-5, rounds, rate, sampling)
+    assert central_epsilon(sigma, rounds, 1e-5, rate, sampling) <= target
+    assert central_epsilon(sigma * 0.999, rounds, 1e-5, rate, sampling) > target  # within 0.1 % of the optimum
 
 
 def test_local_calibration_reaches_the_target_over_the_releases():
@@ -230,12 +317,13 @@ def test_local_calibration_reaches_the_target_over_the_releases():
     assert local_epsilon(sigma, 11, 1e-5) <= 4.0 < local_epsilon(sigma * 0.999, 11, 1e-5)
 
 
-@pytest.mark.parametrize("rounds,population,cohort", [(1, 4, 4), (1, 10, 1), (3, 10, 1)])
-def test_a_single_round_or_a_cohort_of_one_can_be_calibrated(rounds, population, cohort):
-    """The smallest runs the accountant allows (one round, one client a round) are calibrated, not refused."""
-    sigma = calibrate_central(2.0, 1e-5, rounds, population, cohort)
-    assert central_epsilon(sigma, rounds, 1e-5, population, cohort) <= 2.0
-    assert central_epsilon(sigma * 0.999, rounds, 1e-5, population, cohort) > 2.0
+@pytest.mark.parametrize("rounds,rate,sampling", [(1, 1.0, "poisson"), (1, 0.1, "fixed"), (3, 0.1, "poisson")])
+def test_a_single_round_or_a_small_rate_can_be_calibrated(rounds, rate, sampling):
+    """The smallest runs the accountant allows (one round, a tenth of the clients a round) are calibrated, not
+    refused."""
+    sigma = calibrate_central(2.0, 1e-5, rounds, rate, sampling)
+    assert central_epsilon(sigma, rounds, 1e-5, rate, sampling) <= 2.0
+    assert central_epsilon(sigma * 0.999, rounds, 1e-5, rate, sampling) > 2.0
     single = calibrate_local(2.0, 1e-5, 1)
     assert local_epsilon(single, 1, 1e-5) <= 2.0 < local_epsilon(single * 0.999, 1, 1e-5)
 
@@ -256,15 +344,15 @@ def test_a_candidate_whose_report_is_above_the_target_is_raised_to_the_smallest_
 @pytest.mark.parametrize("target", [0.0, -1.0, math.inf])
 def test_an_impossible_target_is_refused(target):
     with pytest.raises(PrivacyConfigError, match=r"a target epsilon must be finite and > 0"):
-        calibrate_central(target, 1e-5, 10, 10, 10)
+        calibrate_central(target, 1e-5, 10)
     with pytest.raises(PrivacyConfigError, match=r"a target epsilon must be finite and > 0"):
         calibrate_local(target, 1e-5, 10)
 
 
-def test_calibration_needs_a_round_and_a_cohort_within_the_population():
-    with pytest.raises(PrivacyConfigError, match=r"calibration needs rounds >= 1 and 1 <= cohort <= population"):
-        calibrate_central(4.0, 1e-5, 0, 10, 10)
-    with pytest.raises(PrivacyConfigError, match=r"calibration needs rounds >= 1 and 1 <= cohort <= population"):
-        calibrate_central(4.0, 1e-5, 3, 10, 11)
+def test_calibration_needs_a_round_and_a_rate_in_the_unit_interval():
+    with pytest.raises(PrivacyConfigError, match=r"calibration needs rounds >= 1 and a rate in \(0, 1\]"):
+        calibrate_central(4.0, 1e-5, 0)
+    with pytest.raises(PrivacyConfigError, match=r"calibration needs rounds >= 1 and a rate in \(0, 1\]"):
+        calibrate_central(4.0, 1e-5, 3, 1.1)
     with pytest.raises(PrivacyConfigError, match=r"calibration needs at least one release, got 0"):
         calibrate_local(4.0, 1e-5, 0)

@@ -39,16 +39,16 @@ def test_a_target_epsilon_calibrates_the_noise_before_round_one_for_the_connecte
     with caplog.at_level(logging.INFO, logger="flwr.pflower"):
         drive(strategy, NODES, 3)
     dp = [r.extra["dp"] for r in strategy.history]
-    sigma = calibrate_central(4.0, 1e-5, 3, 4, 4)
+    sigma = calibrate_central(4.0, 1e-5, 3)
     assert all(d["noise-multiplier"] == sigma for d in dp)  # dp-noise-multiplier is replaced, not used
     assert 3.99 <= dp[-1]["epsilon"] <= 4.0  # the planned rounds spend the target, no more
     assert dp[0]["noise-std"] == pytest.approx(sigma * 1.0 / 4)
-    said = f"[dp] noise multiplier {sigma:.4g}: epsilon 4 at delta 1e-05 after 3 rounds of 4 of 4 clients"
+    said = f"[dp] noise multiplier {sigma:.4g}: epsilon 4 at delta 1e-05 after 3 rounds of every one of 4 clients"
     assert said in [r.getMessage() for r in caplog.records]
 
 
 def test_the_run_stops_before_a_round_that_would_exceed_the_maximum_with_its_checkpoint_and_reason(tmp_path):
-    two, three = (central_epsilon(1.0, r, 1e-5, 4, 4) for r in (2, 3))
+    two, three = (central_epsilon(1.0, r, 1e-5) for r in (2, 3))
     maximum = two  # a round that reaches the maximum exactly runs; the next one would exceed it
     cfg = run_config(**{"dp-max-epsilon": maximum, "num-server-rounds": 5, "checkpoint-every": 4})
     cfg["results-dir"] = str(tmp_path)
@@ -73,7 +73,7 @@ def test_the_run_stops_before_a_round_that_would_exceed_the_maximum_with_its_che
 
 
 def test_no_message_of_a_round_over_the_budget_leaves_the_server():
-    maximum = (central_epsilon(1.0, 1, 1e-5, 4, 4) + central_epsilon(1.0, 2, 1e-5, 4, 4)) / 2
+    maximum = (central_epsilon(1.0, 1, 1e-5) + central_epsilon(1.0, 2, 1e-5)) / 2
     strategy = build_strategy(parse_settings(run_config(**{"dp-max-epsilon": maximum})))
     grid = drive(strategy, NODES, 1)
     before = len(grid.sent)
@@ -128,7 +128,7 @@ def test_adaptive_clipping_moves_the_bound_by_the_noised_count_and_never_above_d
     assert strategy.dp.clip == pytest.approx(min(next_clip(dp[-1]["clip"], dp[-1]["unclipped-share"], 0.5, 0.2), 0.8))
     # the count took its share of the round's budget: the update's noise is above sigma's, epsilon is sigma's
     assert all(d["noise-std"] > 1.0 * d["clip"] / 4 for d in dp)
-    assert dp[-1]["epsilon"] == pytest.approx(central_epsilon(1.0, 4, 1e-5, 4, 4))
+    assert dp[-1]["epsilon"] == pytest.approx(central_epsilon(1.0, 4, 1e-5))
 
 
 def test_a_count_noise_that_would_spend_the_whole_round_stops_the_run_with_the_keys_to_change():
@@ -201,7 +201,7 @@ def test_a_run_resumed_right_after_its_checkpoint_charges_nothing(tmp_path):
 
 
 def test_a_maximum_below_the_first_round_stops_before_anything_leaves_and_writes_no_checkpoint(tmp_path):
-    cfg = run_config(**{"dp-max-epsilon": central_epsilon(1.0, 1, 1e-5, 4, 4) / 2, "results-dir": str(tmp_path)})
+    cfg = run_config(**{"dp-max-epsilon": central_epsilon(1.0, 1, 1e-5) / 2, "results-dir": str(tmp_path)})
     strategy = build_strategy(parse_settings(cfg))
     strategy.results_dir = tmp_path / "run"
     with pytest.raises(PrivacyBudgetExhausted) as err:
@@ -211,7 +211,7 @@ def test_a_maximum_below_the_first_round_stops_before_anything_leaves_and_writes
 
 
 def test_a_maximum_below_one_is_a_maximum_too():
-    cfg = run_config(**{"dp-noise-multiplier": 8.0, "dp-max-epsilon": central_epsilon(8.0, 1, 1e-5, 4, 4) / 2})
+    cfg = run_config(**{"dp-noise-multiplier": 8.0, "dp-max-epsilon": central_epsilon(8.0, 1, 1e-5) / 2})
     assert cfg["dp-max-epsilon"] < 1
     strategy = build_strategy(parse_settings(cfg))
     with pytest.raises(PrivacyBudgetExhausted, match=r"^round 1 would take epsilon to"):
@@ -225,16 +225,19 @@ def test_adaptive_clipping_never_raises_the_bound_above_dp_clip():
     assert [r.extra["dp"]["clip"] for r in strategy.history] == [0.8, 0.8, 0.8] and strategy.dp.clip == 0.8
 
 
-def test_the_release_journal_is_written_beside_its_final_name_and_renamed_into_place(tmp_path, temporary_files):
-    """Local DP's journal of releases is written under a temporary name in its own folder and renamed over its final
-    name (atomic within one file system): a crash leaves the earlier journal whole, never a half-written one."""
-    from strategies.privacy import journal_local_releases, journaled_local_releases
+def test_the_release_journal_keeps_every_whole_line_and_skips_one_a_crash_cut_short(tmp_path):
+    """The journal's ledger is appended one line per release, flushed to the disk before the release can leave: a
+    crash in the middle of a line leaves the lines before it whole, and the cut line (its release never left) is
+    skipped, not read as a release or as an error."""
+    from strategies.privacy import JOURNAL, LEDGER, journal_entry, journaled_entries, journaled_local_releases
 
     assert journaled_local_releases(tmp_path) == 0  # no journal yet: nothing journaled
-    journal_local_releases(tmp_path, 3)
-    (written,) = temporary_files
-    (final,) = (p for p in tmp_path.rglob("*") if p.is_file())
-    assert written.parent == final.parent and not written.exists()
+    first = {"id": "a", "round": 1, "mode": "local", "noise-multiplier": 1.0, "sampling": "local", "rate": 1.0}
+    journal_entry(tmp_path, {**first, "count": 1})
+    journal_entry(tmp_path, {**first, "id": "b", "round": 2, "count": 2})
+    with (tmp_path / JOURNAL / LEDGER).open("a") as fh:
+        fh.write('{"id": "c", "round": 3, "mode": "lo')
+    assert [e["id"] for e in journaled_entries(tmp_path)] == ["a", "b"]
     assert journaled_local_releases(tmp_path) == 3
 
 
@@ -247,7 +250,8 @@ def test_before_its_first_round_a_local_dp_run_journals_that_rounds_releases_onl
     config: dict[str, UserConfigValue] = {"dp-mode": "local", "min-nodes": 4}
     s = strategy("fedc2i", **config)
     s.results_dir = tmp_path
-    s.dp.before_round(s, 1, 4, 4)
+    s.dp.before_round(s, 1, 4)
+    s.dp.journal_local(s, 1)
     assert journaled_local_releases(tmp_path) == s.local_releases(1) == 1
 
 

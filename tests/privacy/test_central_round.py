@@ -10,16 +10,17 @@ from flwr.app import ConfigRecord, RecordDict
 
 import task.privacy as task_privacy
 from client_app.privacy import clipped_reply
-from strategies.history import RoundLog
-from strategies.privacy import account, central_round
+from strategies.privacy import central_round
 from task.params import record_to_numpy, to_record
 from task.privacy import (
     PrivacyConfigError,
+    Release,
     central_epsilon,
     local_epsilon,
     next_clip,
     noise_source,
     noisy_unclipped_share,
+    releases_bound,
     update_noise_multiplier,
     update_norm,
 )
@@ -55,15 +56,15 @@ def test_the_server_adds_noise_of_std_sigma_clip_over_m_to_the_unweighted_mean_o
     assert abs(noise.mean()) < 6 * expected / math.sqrt(n)
     assert abs(noise.std() - expected) < 6 * expected / math.sqrt(2 * n)
     assert new["count"] == 5  # integer buffers are not released, so not updated
-    assert released["clients"] == m and released["noise-std"] == pytest.approx(expected)
+    assert "clients" not in released and released["noise-std"] == pytest.approx(expected)
 
 
 def test_a_round_releases_only_what_is_noised_or_public_never_a_statistic_of_the_updates():
-    """The round's record goes into rounds.json: the clip bound, the noise scale, how many replies; no norm of an
-    update, no un-noised aggregate (the largest update norm used to be there)."""
+    """The round's record goes into rounds.json: the clip bound and the noise scale; no norm of an update, no
+    un-noised aggregate (the largest update norm used to be there), not even how many replied."""
     state, replies = {"w": np.zeros(100)}, [{"w": np.full(100, 0.01 * (i + 1))} for i in range(3)]
-    _, released = central_round(state, replies, ["w"], 1.0, 1.0, noise_source())
-    assert released == {"mode": "central", "clients": 3, "clip": 1.0, "noise-std": pytest.approx(1.0 / 3)}
+    _, released = central_round(state, replies, ["w"], 1.0, 1.0, noise_source(), denominator=4.0)
+    assert released == {"mode": "central", "clip": 1.0, "noise-std": pytest.approx(1.0 / 4)}
     _, adaptive = central_round(state, replies, ["w"], 1.0, 1.0, noise_source(), count_stddev=1.0)
     assert set(adaptive) - set(released) == {"unclipped-share"}  # the noised count, nothing else
 
@@ -92,35 +93,37 @@ def test_no_noise_and_no_clipping_is_the_unweighted_mean():
     np.testing.assert_allclose(new["w"], [2.0, 5.0])
 
 
-def record(history, sigma, population, cohort, delta=1e-5):
-    return account(history, {}, sigma, delta, population, cohort)
+def test_epsilon_composes_every_release_at_the_noise_and_sampling_it_was_made_with():
+    """The accountant composes the releases as they were made, each at its own noise multiplier and rate (never one
+    recomputed for all): alike releases are one event of their count, a Poisson round is its subsampled Gaussian,
+    and one fixed-size round turns the run's bound into the one that holds against the coalition (replace-one)."""
+    import dp_accounting
+
+    def bound(*releases):
+        return releases_bound(list(releases), 1e-5)
+
+    three, neighbours = bound(Release(1.2, "all", 1.0, 2), Release(1.2, "all", 1.0, 1))
+    assert three.epsilon == pytest.approx(central_epsilon(1.2, 3, 1e-5)) and neighbours == "add-or-remove-one"
+    mixed, _ = bound(Release(1.2, "all", 1.0, 3), Release(1.0, "poisson", 0.4, 2))
+    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    pld.compose(dp_accounting.GaussianDpEvent(1.2), 3)
+    pld.compose(dp_accounting.PoissonSampledDpEvent(0.4, dp_accounting.GaussianDpEvent(1.0)), 2)
+    assert pld.get_epsilon(1e-5) - 1e-9 <= mixed.epsilon <= pld.get_epsilon(1e-5) + 5e-3
+    fixed, neighbours = bound(Release(1.2, "all", 1.0, 3), Release(1.2, "fixed", 0.4, 1))
+    assert neighbours == "replace-one" and fixed.accountant == "coalition"
+    assert central_epsilon(1.2, 3, 1e-5) < fixed.epsilon <= local_epsilon(1.2, 4, 1e-5)
+    local, neighbours = bound(Release(1.0, "local", 1.0, 2), Release(2.0, "local", 1.0, 1))
+    assert neighbours == "replace-one-data-set"
+    assert local_epsilon(2.0, 3, 1e-5) < local.epsilon < local_epsilon(1.0, 3, 1e-5)
+    with pytest.raises(PrivacyConfigError, match=r"^local and central releases cannot be composed"):
+        bound(Release(1.0, "local"), Release(1.0, "all"))
 
 
-def test_epsilon_counts_every_noised_round_at_the_highest_sampling_rate():
-    history = []
-    for r, (population, cohort) in enumerate([(10, 10), (10, 10), (10, 10)], start=1):
-        history.append(RoundLog(r))
-        history[-1].extra["dp"] = record(history, 1.2, population, cohort)
-    assert [h.extra["dp"]["noised-rounds"] for h in history] == [1, 2, 3]
-    assert history[-1].extra["dp"]["epsilon"] == pytest.approx(central_epsilon(1.2, 3, 1e-5, 10, 10))
-    assert history[-1].extra["dp"]["neighbours"] == "add-or-remove-one"
-    history.append(RoundLog(4))  # a round without a release (no valid replies) is not counted
-    history.append(RoundLog(5))
-    sampled = record(history, 1.2, population=10, cohort=4)
-    assert sampled["noised-rounds"] == 4 and sampled["neighbours"] == "replace-one"
-    # once a cohort was drawn, every round counts as replace-one at the worst rate (here: every client)
-    assert sampled["epsilon"] == pytest.approx(local_epsilon(1.2, 4, 1e-5))
-    later = [RoundLog(1), RoundLog(2)]
-    later[0].extra["dp"] = record(later[:1], 1.2, 10, 4)
-    assert record(later, 1.2, 10, 2)["epsilon"] == pytest.approx(central_epsilon(1.2, 2, 1e-5, 10, 4))
-
-
-def test_the_record_names_the_tighter_accountant_and_gives_both_bounds():
-    full = record([RoundLog(1)], 1.0, 4, 4)
-    assert full["accountant"] == "pld" and full["epsilon"] == full["epsilon-pld"] < full["epsilon-rdp"]
-    assert full["noise-multiplier"] == 1.0
-    sampled = record([RoundLog(1)], 1.0, 100, 10)  # fixed-size sampling: only the Rényi-DP accountant amplifies
-    assert sampled["accountant"] == "rdp" and sampled["epsilon"] == sampled["epsilon-rdp"] < sampled["epsilon-pld"]
+def test_the_bound_names_the_tighter_accountant_and_gives_both():
+    full, _ = releases_bound([Release(1.0, "all", 1.0, 1)], 1e-5)
+    assert full.accountant == "pld" and full.epsilon == full.pld < full.rdp
+    poisson, _ = releases_bound([Release(1.0, "poisson", 0.1, 10)], 1e-5)
+    assert poisson.accountant == "pld" and poisson.epsilon == poisson.pld < poisson.rdp
 
 
 def test_a_message_without_a_model_cannot_be_clipped_against():
@@ -135,14 +138,6 @@ def test_a_float32_model_stays_float32_and_the_round_says_what_it_released():
     new, released = central_round(state, replies, ["w"], 1.0, 1.0, noise_source())
     assert new["w"].dtype == np.float32
     assert released["mode"] == "central"
-    assert account([RoundLog(1)], released, 1.0, 1e-6, 4, 4)["delta"] == 1e-6
-
-
-def test_the_worst_sampling_rate_is_the_highest_share_of_clients_not_the_largest_cohort():
-    history = [RoundLog(1), RoundLog(2)]
-    history[0].extra["dp"] = record(history[:1], 1.0, population=20, cohort=5)  # a quarter of 20
-    now = record(history, 1.0, population=10, cohort=4)  # 40 % of 10: the worse rate
-    assert now["epsilon"] == pytest.approx(central_epsilon(1.0, 2, 1e-5, 10, 4))
 
 
 def test_under_central_dp_the_models_buffers_stay_home():
@@ -200,5 +195,20 @@ def test_the_unclipped_share_is_the_noised_count_of_updates_within_the_bound_ove
     assert noisy_unclipped_share([0.5, 1.0, 1.5, 3.0], 1.0, 0.0, rng) == 0.5  # a norm equal to the bound is unclipped
     shares = [noisy_unclipped_share([0.5, 2.0], 1.0, 0.3, rng) for _ in range(20_000)]
     assert np.mean(shares) == pytest.approx(0.5, abs=0.01) and np.std(shares) == pytest.approx(0.15, rel=0.05)
-    with pytest.raises(PrivacyConfigError, match=r"^the unclipped share needs at least one update$"):
+    with pytest.raises(
+        PrivacyConfigError, match=r"^the unclipped share needs at least one update \(or a denominator > 0\)$"
+    ):
         noisy_unclipped_share([], 1.0, 0.3, rng)
+
+
+def test_under_poisson_sampling_the_average_is_over_the_expected_cohort_and_an_empty_round_is_noise():
+    """Poisson sampling's fixed denominator q N (McMahan et al. 2018): the release does not depend on how many
+    clients were drawn, and a round nobody was drawn into still moves the model by noise of the same scale."""
+    n = 200_000
+    state = {"w": np.zeros(n, np.float32)}
+    replies = [{"w": np.full(n, 0.5 / math.sqrt(n), np.float32)} for _ in range(3)]
+    new, released = central_round(state, replies, ["w"], 1.0, 1.0, noise_source(), denominator=2.5)
+    assert released["noise-std"] == pytest.approx(1.0 / 2.5)
+    assert float(np.mean(new["w"])) == pytest.approx(3 * 0.5 / math.sqrt(n) / 2.5, abs=6 * 0.4 / math.sqrt(n))
+    empty, released = central_round(state, [], ["w"], 1.0, 1.0, noise_source(), denominator=2.5)
+    assert released["noise-std"] == pytest.approx(0.4) and float(np.std(empty["w"])) == pytest.approx(0.4, rel=0.01)

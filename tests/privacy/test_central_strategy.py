@@ -1,24 +1,25 @@
 """Central DP in the base strategy's round (``strategies.privacy.central_aggregate``, called by the default
 ``aggregate``): the new global model is the noised, clipped, unweighted mean of exactly the round's valid train
 replies around the model the server sent; integer buffers and BatchNorm's running statistics never leave; the round
-reports the epsilon of its own population and cohort."""
+reports the epsilon of every release made, each as it was drawn (Poisson sampling by default, or a fixed-size
+cohort)."""
 
 import numpy as np
 import pytest
 
 from strategies.base import PersonalizedStrategy
-from strategies.history import RoundLog
-from strategies.privacy import account, central_round
+from strategies.privacy import central_round
 from task.config import parse_settings
 from task.params import record_to_numpy
-from task.privacy import noise_source
+from task.privacy import central_epsilon, noise_source
 from tests.strategy_harness import build_as, drive
 
 NODES = {101: 0, 102: 1, 103: 2, 104: 3}
 
 
 def run_round(cfg):
-    settings = parse_settings({"method": "fedavg", "dp-mode": "central", "fraction-train": 0.5, "min-nodes": 4, **cfg})
+    base = {"method": "fedavg", "dp-mode": "central", "fraction-train": 0.5, "dp-sampling": "fixed", "min-nodes": 4}
+    settings = parse_settings({**base, **cfg})
     strategy = build_as(PersonalizedStrategy, settings)
     sent: dict[int, dict[str, np.ndarray]] = {}
     before = {k: v.copy() for k, v in strategy.global_state.items()}
@@ -32,19 +33,20 @@ def run_round(cfg):
 
 
 def test_a_central_dp_round_releases_the_clipped_unweighted_mean_of_the_valid_replies_and_its_epsilon():
-    settings, strategy, before, replies = run_round({"dp-noise-multiplier": 0.0, "dp-clip": 0.5})
+    _, strategy, before, replies = run_round({"dp-noise-multiplier": 0.0, "dp-clip": 0.5})
     keys = strategy.released_keys()
     assert keys and not any(k.endswith(("num_batches_tracked", "running_mean", "running_var")) for k in keys)
     assert len(replies) == 2  # half of the four nodes trained
-    expected, released = central_round(before, replies, keys, 0.5, 0.0, noise_source())
+    expected, released = central_round(before, replies, keys, 0.5, 0.0, noise_source(), denominator=2)
     assert sorted(strategy.global_state) == sorted(expected)
     for k, v in expected.items():
         np.testing.assert_allclose(strategy.global_state[k], v, rtol=1e-6, atol=1e-7, err_msg=k)
     for k in strategy.model_info.buffer_keys:  # statistics of the clients' inputs stay home: the server's never move
         np.testing.assert_array_equal(strategy.global_state[k], before[k], err_msg=k)
     dp = strategy.history[-1].extra["dp"]
-    assert dp == account([RoundLog(2)], released, 0.0, settings.dp_delta, population=4, cohort=2)
-    assert dp["population"] == 4 and dp["cohort"] == 2
+    assert {k: dp[k] for k in released} == released and dp["epsilon"] == float("inf")  # no noise: no guarantee
+    assert (dp["population"], dp["cohort"], dp["rate"], dp["sampling"]) == (4, 2, 0.5, "fixed")
+    assert dp["neighbours"] == "replace-one" and dp["noised-rounds"] == 1
 
 
 def test_the_noise_on_the_mean_has_std_sigma_clip_over_m():
@@ -54,7 +56,31 @@ def test_the_noise_on_the_mean_has_std_sigma_clip_over_m():
     noise = np.concatenate([(strategy.global_state[k] - mean[k]).ravel() for k in keys])
     assert noise.std() == pytest.approx(3.0 * 0.5 / 2, rel=0.03) and abs(noise.mean()) < 0.03
     dp = strategy.history[-1].extra["dp"]
-    assert dp["noise-std"] == pytest.approx(0.75) and dp["epsilon"] > 0 and dp["noise-multiplier"] == 3.0
+    assert dp["noise-std"] == pytest.approx(0.75) and dp["noise-multiplier"] == 3.0
+    assert dp["epsilon"] == pytest.approx(central_epsilon(3.0, 1, 1e-5, 0.5, "fixed"))
+
+
+def test_under_poisson_sampling_each_client_is_drawn_alone_and_the_mean_is_over_the_expected_cohort():
+    """The default under central DP: every client in a round with probability fraction-train, independently (the
+    cohort's size varies, and may be 0), the noised sum over q N = 2 whatever it was, accounted by PLD."""
+    settings = parse_settings({"method": "fedavg", "dp-mode": "central", "fraction-train": 0.5, "min-nodes": 4})
+    strategy = build_as(PersonalizedStrategy, settings)
+    drawn: list[list[int]] = []
+
+    def answer(server_round, node, phase, content):
+        if phase == "train":
+            drawn[-1].append(node)
+
+    for r in range(1, 41):
+        drawn.append([])
+        drive(strategy, NODES, [r], answer)
+    sizes = [len(d) for d in drawn]
+    assert min(sizes) < 2 < max(sizes)  # 40 rounds of Binomial(4, 0.5): the size varies (all equal: p < 1e-10)
+    dp = [r.extra["dp"] for r in strategy.history]
+    assert len(dp) == 40 and all(d["noise-std"] == pytest.approx(1.0 / 2) for d in dp)  # also an empty round
+    assert all(d["sampling"] == "poisson" and d["rate"] == 0.5 and "cohort" not in d for d in dp)
+    assert dp[-1]["accountant"] == "pld" and dp[-1]["neighbours"] == "add-or-remove-one"
+    assert dp[-1]["epsilon"] == pytest.approx(central_epsilon(1.0, 40, 1e-5, 0.5, "poisson"))
 
 
 def test_without_dp_the_default_aggregate_is_the_example_weighted_mean():
@@ -84,11 +110,11 @@ def test_a_run_without_dp_does_no_dp_accounting(tmp_path, monkeypatch):
     for mode in ("off", "central"):
         calls: list = []
 
-        def account(*args, calls=calls, **kwargs):
+        def releases_bound(*args, calls=calls, **kwargs):
             calls.append(args)
-            return {"epsilon": 0.0}
+            return privacy.Bound(0.0, "none", 0.0, 0.0), "add-or-remove-one"
 
-        monkeypatch.setattr(privacy, "account", account)
+        monkeypatch.setattr(privacy, "releases_bound", releases_bound)
         s = strategy("fedavg", **{"dp-mode": mode})
         s.results_dir = tmp_path / mode
         drive(s, {1: 0, 2: 1, 3: 2, 4: 3}, 1)

@@ -19,11 +19,11 @@ pytestmark = pytest.mark.slow
 
 def test_fedavg_with_the_defaults_and_central_dp(simulation):
     summary = simulation.run({"method": "fedavg", "dp-mode": "central", "num-server-rounds": 2, "min-nodes": 4})
-    expected = [central_epsilon(1.0, r, 1e-5, population=4, cohort=4) for r in (1, 2)]
+    expected = [central_epsilon(1.0, r, 1e-5) for r in (1, 2)]
     dp = reported_dp(summary, "central", "add-or-remove-one", expected)
     assert [d["noised-rounds"] for d in dp] == [1, 2]
     for d in dp:  # noise sigma C / m on the mean; the tighter accountant (PLD, no sampling) is named
-        assert d["clients"] == 4 and d["clip"] == 1.0 and d["noise-std"] == pytest.approx(1.0 * 1.0 / 4)
+        assert d["cohort"] == 4 and d["clip"] == 1.0 and d["noise-std"] == pytest.approx(1.0 * 1.0 / 4)
         assert d["accountant"] == "pld" and d["epsilon-pld"] < d["epsilon-rdp"]
     assert summary["dp-accountant"] == "pld" and "by the PLD accountant" in summary["log"]
 
@@ -82,9 +82,9 @@ def test_a_target_epsilon_is_reached_in_the_planned_rounds_and_a_maximum_stops_t
         {"method": "fedavg", "dp-mode": "central", "dp-target-epsilon": 8.0, "num-server-rounds": 2, "min-nodes": 4}
     )
     assert 7.99 <= target["epsilon"] <= 8.0 and target["dp-noise-multiplier"] == pytest.approx(
-        calibrate_central(8.0, 1e-5, 2, 4, 4)
+        calibrate_central(8.0, 1e-5, 2)
     )
-    maximum = (central_epsilon(1.0, 1, 1e-5, 4, 4) + central_epsilon(1.0, 2, 1e-5, 4, 4)) / 2
+    maximum = (central_epsilon(1.0, 1, 1e-5) + central_epsilon(1.0, 2, 1e-5)) / 2
     stopped = simulation.run(
         {"method": "fedavg", "dp-mode": "central", "dp-max-epsilon": maximum, "num-server-rounds": 3, "min-nodes": 4}
     )

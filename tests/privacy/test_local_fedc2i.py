@@ -25,7 +25,8 @@ from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.params import record_to_numpy, stacked_record, to_record
 from task.privacy import local_epsilon, update_norm
-from tests.client_kit import distinct_states, node_contexts, numpy_state
+from tests.client_kit import declare, distinct_states, node_contexts, numpy_state
+from tests.strategy_harness import strategy
 
 CLIENT_CFG = {"method": "fedc2i", "partition": "iid", "dp-mode": "local", "lr": 0.5}
 
@@ -56,7 +57,7 @@ def message(states, server_round=2):
 def release(client, content):
     """What leaves the client for a train message ``content``: its reply after the ClientApp's privacy step."""
     client.begin(content)
-    reply = private_reply(client, client.train(content), content)
+    reply = private_reply(client, client.train(content), declare(client, content))
     return record_to_numpy(reply.array_records["arrays"]), dict(reply["metrics"])
 
 
@@ -141,9 +142,12 @@ def test_the_server_stores_and_forwards_each_release_with_the_initial_integer_bu
     sent, left = {}, {}
     for rnd in (1, 2):
         ups = []
+        strat.history.append(RoundLog(rnd))
+        strat.dp.before_round(strat, rnd, 3)
+        strat.dp.journal_local(strat, rnd)
         for i, ctx in enumerate(ctxs):
             content = strat.payload(10 + i, rnd, "train")
-            content["config"] = ConfigRecord({"server-round": rnd})
+            content["config"] = strat.round_config(rnd, "train")  # with the noise the server declares
             sent[(rnd, i)] = content
             client = cls(ctx, settings)
             client.begin(content)
@@ -152,7 +156,6 @@ def test_the_server_stores_and_forwards_each_release_with_the_initial_integer_bu
             u = strat.gate.check(rnd, 10 + i, reply, "train", set())
             assert u is not None, strat.failures
             ups.append(u)
-        strat.history.append(RoundLog(rnd))
         strat.history[-1].extra.update(strat.aggregate(rnd, ups))
         strat.on_round_end(rnd)
     assert not strat.failures
@@ -170,12 +173,13 @@ def test_the_server_stores_and_forwards_each_release_with_the_initial_integer_bu
 
 
 def test_every_clients_epsilon_composes_its_releases_round_by_round():
-    settings = SimpleNamespace(dp_noise_multiplier=0.8, dp_clip=0.5, dp_delta=1e-6)
-    history = []
+    s = strategy("fedc2i", **{"dp-mode": "local", "dp-noise-multiplier": 0.8, "dp-clip": 0.5, "dp-delta": 1e-6})
     for r in range(1, 5):
-        history.append(RoundLog(r))
-        history[-1].extra["dp"] = account_local(history, 3 if r != 2 else 0, settings)
-    dp = [h.extra["dp"] for h in history]
+        s.history.append(RoundLog(r))
+        s.dp.before_round(s, r, 3)
+        s.dp.journal_local(s, r)
+        s.history[-1].extra["dp"] = account_local(s, 3 if r != 2 else 0)
+    dp = [h.extra["dp"] for h in s.history]
     assert [d["releases"] for d in dp] == [1, 2, 3, 4]  # round 2's replies were all rejected: it counts all the same
     assert [d["clients"] for d in dp] == [3, 0, 3, 3]
     assert [d["epsilon"] for d in dp] == pytest.approx([local_epsilon(0.8, r, 1e-6) for r in (1, 2, 3, 4)])
@@ -209,6 +213,7 @@ def test_the_clientapps_privacy_step_follows_the_runs_dp_mode(mode):
     sent = {"w": rng.normal(size=(40, 25)).astype(np.float32), "bn.num_batches_tracked": np.array(3)}
     trained = {"w": sent["w"] + 0.2, "bn.num_batches_tracked": np.array(9)}  # change of norm ~6.3
     content = RecordDict({"arrays": to_record(sent), "config": ConfigRecord({"server-round": 1})})
+    content["config"]["dp-noise-multiplier"], content["config"]["dp-clip"] = 1.0, 0.4  # what the server declares
     method = SimpleNamespace(
         settings=parse_settings({"method": "fedavg", "dp-mode": "off", "dp-clip": 0.4}),
         context=SimpleNamespace(node_config={}),  # a node without a privacy floor of its own
@@ -239,7 +244,7 @@ def test_the_client_evaluates_and_mixes_what_it_trained_not_its_noised_release()
     client.begin(first)
     reply = client.train(first)
     trained = record_to_numpy(reply.array_records["arrays"])
-    out = record_to_numpy(private_reply(client, reply, first).array_records["arrays"])
+    out = record_to_numpy(private_reply(client, reply, declare(client, first)).array_records["arrays"])
     assert max(float(np.abs(out[k] - trained[k]).max()) for k in floating(out)) > 1.0  # the release is noised
     evaluate = RecordDict({"arrays": to_record(out), "config": ConfigRecord({"server-round": 1})})
     client.begin(evaluate)

@@ -24,6 +24,7 @@ from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.params import record_to_numpy, to_record
 from task.privacy import local_epsilon, update_norm
+from tests.client_kit import declare
 from tests.pfedlia.server_kit import CLIENTS, EXAMPLES, NODE, Federation, lazy_value, trained_value
 from tests.strategy_harness import ReplayGrid, outgoing_messages, run_round
 
@@ -61,6 +62,7 @@ def leaves(client, phase, content):
     """What leaves the client for a ``phase`` ("train" or "lazy") message: its reply after the ClientApp's privacy
     step."""
     client.begin(content)
+    declare(client, content)  # the noise the server declares
     if phase == "train":
         reply = private_reply(client, client.train(content), content)
     else:

@@ -15,6 +15,7 @@ clipped change without noise or with noise of another scale, one array carrying 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -25,7 +26,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from scipy import stats
 
 from task.params import record_to_numpy, stacked_record, to_record
-from task.privacy import update_norm
+from task.privacy import clip_bound, update_norm
 from tests.client_kit import distinct_states, numpy_state, users_client
 from tests.in_process import handled
 
@@ -91,9 +92,15 @@ def _context(method: str, **run_config: Any) -> Context:
     )
 
 
-def leaves(method: str, kind: str, content: RecordDict, **run_config: Any) -> Arrays:
-    """The arrays of the reply the ClientApp's handler for ``kind`` sends for ``content`` (a fresh node)."""
+def leaves(method: str, kind: str, content: RecordDict, declared: float | None = None, **run_config: Any) -> Arrays:
+    """The arrays of the reply the ClientApp's handler for ``kind`` sends for ``content`` (a fresh node), the message
+    declaring the noise multiplier ``declared`` (default: the run config's, as a server without a target declares
+    it) and the run's clip bound."""
     context = _context(method, **{"dp-mode": "local", **run_config})
+    content = copy.deepcopy(content)
+    sigma = float(run_config.get("dp-noise-multiplier", 1.0)) if declared is None else declared
+    content["config"]["dp-noise-multiplier"] = sigma
+    content["config"]["dp-clip"] = clip_bound(float(run_config.get("dp-clip", 1.0)))
     return record_to_numpy(handled(kind, content, context).array_records["arrays"])
 
 
@@ -140,6 +147,16 @@ def test_what_leaves_is_the_clipped_change_plus_noise_of_the_declared_scale(case
     release = leaves(case["method"], case["kind"], case["content"], **{"dp-clip": CLIP, "dp-noise-multiplier": sigma})
     assert sorted(release) == sorted(case["trained"])
     assert noise_problems(release, case["reference"], case["trained"], sigma, CLIP) == []
+
+
+def test_the_noise_is_the_scale_the_message_declares_whatever_the_run_config_says(case):
+    """The server calibrates the noise multiplier (dp-target-epsilon) and a resumed run keeps it: a client noises
+    with what the round's message declares, not with what it would compute from the run config (which, resumed with
+    more rounds, would calibrate less noise)."""
+    run = {"dp-clip": CLIP, "dp-noise-multiplier": 5.0, "dp-target-epsilon": 50.0}
+    release = leaves(case["method"], case["kind"], case["content"], declared=0.1, **run)
+    assert noise_problems(release, case["reference"], case["trained"], 0.1, CLIP) == []
+    assert noise_problems(release, case["reference"], case["trained"], 5.0, CLIP)
 
 
 def _leaks(reference: Arrays, trained: Arrays, sigma: float, rng: np.random.Generator) -> dict[str, Arrays]:

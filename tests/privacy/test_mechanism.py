@@ -7,10 +7,14 @@ import re
 
 import numpy as np
 import pytest
+from flwr.app import RecordDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from client_app.privacy import clipped_reply
+from strategies.privacy import central_round
+from task.params import record_to_numpy, to_record
 from task.privacy import (
     PrivacyConfigError,
     add_gaussian_noise,
@@ -223,10 +227,53 @@ def test_errors_say_what_was_wrong_and_what_is_allowed():
         clip_update({"n": np.array(3)}, 1.0)
     with pytest.raises(PrivacyConfigError, match=r"^w: shape \(3,\) differs from the reference's \(4,\)$"):
         model_delta({"w": np.zeros(3)}, {"w": np.zeros(4)})
-    with pytest.raises(PrivacyConfigError, match=r"^the noisy mean needs at least one client, got 0$"):
+    with pytest.raises(PrivacyConfigError, match=r"^the noisy average needs a denominator > 0 \(the cohort\), got 0$"):
         central_noise_std(1.0, 1.0, 0)
-    with pytest.raises(PrivacyConfigError, match=r"^the noisy mean needs at least one client update$"):
+    with pytest.raises(
+        PrivacyConfigError, match=r"^the noisy mean needs at least one client update \(or a template of its arrays\)$"
+    ):
         noisy_mean([], 1.0, 1.0, np.random.default_rng(0))
     unbounded = "without a bound on the update, noise of any scale gives no guarantee"
     with pytest.raises(PrivacyConfigError, match=f"{re.escape(unbounded)}$"):
         local_noise_std(1.0, math.inf)
+
+
+# ---------------------------------------------------------------------------------------------- a diverged update
+def _overflowed(where: int) -> dict[str, np.ndarray]:
+    """A model whose training overflowed at coordinate ``where`` of ``w`` (+inf) and ``where + 1`` of ``b`` (NaN)."""
+    model = {"w": np.full(50, 0.3, np.float32), "b": np.full(10, -0.2, np.float32)}
+    model["w"][where] = np.inf
+    model["b"][(where + 1) % 10] = np.nan
+    return model
+
+
+def test_a_non_finite_update_leaves_as_the_reference_plus_noise_whatever_overflowed():
+    """Clipping turns +-inf into NaN exactly where it overflowed, and noise does not hide a NaN: a release of such an
+    update would show where.  It is the zero update instead, so the local release is finite and, for the same noise,
+    the same whichever coordinates overflowed; the central client's clipped reply is the model it was sent."""
+    reference = {"w": np.linspace(-1, 1, 50).astype(np.float32), "b": np.zeros(10, np.float32)}
+    releases = [local_release(_overflowed(i), reference, 1.0, 0.5, np.random.default_rng(7)) for i in (3, 17, 41)]
+    noise_only = local_release(reference, reference, 1.0, 0.5, np.random.default_rng(7))
+    for release in releases:
+        assert all(np.isfinite(v).all() for v in release.values())
+        for k in reference:
+            np.testing.assert_array_equal(release[k], noise_only[k], err_msg=k)
+    sent = RecordDict({"arrays": to_record(reference)})
+    for i in (3, 17):
+        reply = clipped_reply(RecordDict({"arrays": to_record(_overflowed(i))}), sent, 0.5)
+        for k, v in record_to_numpy(reply.array_records["arrays"]).items():
+            np.testing.assert_array_equal(v, reference[k], err_msg=k)
+    clipped = clip_update({"w": np.array([np.inf, 1.0]), "b": np.array([np.nan])}, 1.0)
+    assert all(not v.any() for v in clipped.values())
+
+
+def test_a_non_finite_update_in_a_central_round_counts_as_the_zero_update():
+    """The server clips every reply again: one whose change is not finite (a client that skipped its own step)
+    moves the average by nothing, wherever it overflowed."""
+    state = {"w": np.zeros(40)}
+    good = {"w": np.full(40, 0.01)}
+    for where in (0, 33):
+        bad = {"w": np.full(40, 0.01)}
+        bad["w"][where] = -np.inf
+        new, _ = central_round(state, [good, bad], ["w"], 1.0, 0.0, np.random.default_rng(0), denominator=2)
+        np.testing.assert_allclose(new["w"], 0.01 / 2)

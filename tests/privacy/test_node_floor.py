@@ -22,6 +22,23 @@ from tests.in_process import NODE_IDS, NODES, run_in_process
 
 REFUSING = next(node for node, pid in NODE_IDS.items() if pid == 1)
 
+
+def train_replies(clients: dict[int, list[dict]]) -> list[int]:
+    """How many clients sent a train reply in each round, from their own recordings (under DP the server's rounds
+    hold no count)."""
+    rounds = sorted({r["round"] for recs in clients.values() for r in recs})
+    sent = [
+        {
+            pid
+            for pid, recs in clients.items()
+            for r in recs
+            if r["direction"] == "sent" and r["type"] == "train" and r["round"] == k
+        }
+        for k in rounds
+    ]
+    return [len(s) for s in sent]
+
+
 FLOOR = {"dp-min-noise-multiplier": 1.0, "dp-max-clip": 1.0}
 
 
@@ -190,7 +207,7 @@ def test_in_a_federation_the_node_with_a_floor_refuses_and_the_others_train(tmp_
         for f in failed
     )
     assert sorted(clients) == [0, 2]  # the refusing node never got as far as its handler's recording
-    assert [h.train.get("num-replies") for h in strategy.history] == [2, 2]
+    assert train_replies(clients) == [2, 2]
 
 
 def test_a_run_that_meets_every_nodes_floor_is_served_as_without_one(tmp_path):
@@ -198,7 +215,35 @@ def test_a_run_that_meets_every_nodes_floor_is_served_as_without_one(tmp_path):
     run = {"dp-mode": "central", "dp-noise-multiplier": 1.0, "dp-clip": 0.5}
     strategy, _, clients, _ = run_in_process("fedavg", tmp_path, dict.fromkeys(range(NODES), floor), **run)
     assert strategy.gate.failures == [] and sorted(clients) == list(range(NODES))
-    assert [h.train.get("num-replies") for h in strategy.history] == [NODES, NODES]
+    assert train_replies(clients) == [NODES, NODES]
+
+
+@pytest.mark.parametrize("method,mode", [("fedavg", "central"), ("fedc2i", "local")])
+def test_a_node_refuses_every_round_whose_declared_noise_falls_short_also_under_a_target_epsilon(
+    tmp_path, method, mode
+):
+    """With dp-target-epsilon the server calibrates the noise itself; the run config's dp-noise-multiplier says
+    nothing.  Every round's messages declare the multiplier the server applies (central) or the client must (local),
+    and a node whose floor is above it refuses the round, naming the declared value; a floor below it is served."""
+    run = {"dp-mode": mode, "dp-target-epsilon": 1000.0, "dp-noise-multiplier": 5.0}
+    floor = {"dp-min-noise-multiplier": 1.0, "dp-require": True}
+    (tmp_path / "strict").mkdir()
+    strategy, _, clients, _ = run_in_process(method, tmp_path / "strict", {1: floor}, **run)
+    sigma = strategy.dp.noise_multiplier
+    assert sigma < 0.1  # epsilon 1,000 over two rounds: little noise
+    failed = strategy.gate.failures
+    assert {f["node-id"] for f in failed} == {REFUSING} and {f["round"] for f in failed} == {1, 2}
+    where = "declares" if mode == "central" else "asks for"
+    assert all(
+        f"this node refuses round {f['round']}: node config dp-min-noise-multiplier=1 is the least noise this node "
+        f"accepts, and the run {where} dp-noise-multiplier={sigma!r}" in f["reason"]
+        for f in failed
+    )
+    assert train_replies(clients) == [NODES - 1, NODES - 1]
+    lenient = {"dp-min-noise-multiplier": sigma / 2, "dp-require": True}
+    (tmp_path / "lenient").mkdir()
+    strategy, _, clients, _ = run_in_process(method, tmp_path / "lenient", {1: lenient}, **run)
+    assert strategy.gate.failures == [] and train_replies(clients) == [NODES, NODES]
 
 
 def test_a_bad_floor_value_fails_every_message_with_its_reason():
@@ -217,8 +262,9 @@ def test_nothing_leaves_with_less_than_the_floor_whatever_the_privacy_step_is_gi
         release_reference=lambda content: {"w": np.zeros(3, np.float32)},
     )
     reply = RecordDict({"arrays": to_record({"w": np.ones(3, np.float32)})})
+    declared = ConfigRecord({"server-round": 1, "dp-noise-multiplier": 0.5, "dp-clip": 1.0})  # what the round declares
     with pytest.raises(RunRefused) as refused:
-        private_reply(method, reply, RecordDict())
+        private_reply(method, reply, RecordDict({"config": declared}))
     where = (
         "declares dp-noise-multiplier=0.5 (dp-mode='central': the server adds that noise, which this node cannot see)"
         if mode == "central"

@@ -149,13 +149,19 @@ def test_budget_keys_without_dp_and_adaptive_clipping_under_local_dp_are_refused
 
 
 @pytest.mark.parametrize("method,query_releases", [("fedc2i", 0), ("pfedlia", 1)])
-def test_under_local_dp_a_target_epsilon_sets_the_noise_every_client_adds(method, query_releases):
-    """Each client noises its own releases, so the server and every client calibrate alike from the run config:
-    the planned rounds plus the releases a method makes outside its train replies (pFedLIA's lazy model)."""
-    s = parse_settings({"method": method, "dp-mode": "local", "dp-target-epsilon": 6.0, "num-server-rounds": 7})
-    assert s.dp_noise_multiplier == calibrate_local(6.0, 1e-5, 7 + query_releases)
-    central = parse_settings({"method": "fedavg", "dp-mode": "central", "dp-target-epsilon": 6.0})
-    assert central.dp_noise_multiplier == 1.0  # central: the server calibrates at round 1, from the connected nodes
+def test_under_local_dp_a_target_epsilon_sets_the_noise_the_server_declares_to_every_client(method, query_releases):
+    """Each client noises its own releases with what the round's messages declare: the server calibrates it before
+    round 1, for the planned rounds plus the releases a method makes outside its train replies (pFedLIA's lazy
+    model), and keeps it (a resumed run does not recalibrate); the run config's dp-noise-multiplier is not used."""
+    from tests.strategy_harness import strategy
+
+    cfg = {"dp-mode": "local", "dp-target-epsilon": 6.0, "num-server-rounds": 7, "dp-noise-multiplier": 9.0}
+    s = strategy(method, **cfg)
+    assert s.dp.noise_multiplier is None and s.round_config(1, "train").get("dp-noise-multiplier") is None
+    s.dp.before_round(s, 1, 4)
+    sigma = calibrate_local(6.0, 1e-5, 7 + query_releases)
+    assert s.dp.noise_multiplier == sigma
+    assert s.round_config(1, "train")["dp-noise-multiplier"] == sigma and s.round_config(1, "train")["dp-clip"] == 1.0
 
 
 def test_no_noise_without_clipping_is_allowed_and_dp_off_ignores_the_dp_keys():

@@ -168,22 +168,36 @@ def test_a_checkpointed_strategy_is_put_back_as_it_was_and_continues_after_its_r
     assert back.client_of == {}  # who each node is is not saved: the nodes are new
 
 
-def test_a_resumed_dp_strategy_keeps_its_secret_cohort_generator_and_what_dp_kept_across_rounds(tmp_path):
-    """Under DP the cohort generator is seeded by a secret only the server holds: a resumed run goes on drawing
-    from the one in the checkpoint (not a fresh secret, nor the run's seed), with the calibrated noise multiplier,
-    the adapted clip bound and the releases charged so far."""
+def test_a_resumed_dp_strategy_draws_from_the_os_csprng_and_keeps_what_dp_kept_across_rounds(tmp_path):
+    """Under DP the cohorts come from the operating system's CSPRNG: no state of it is in the checkpoint (one that
+    were could be read back and the draws replayed), and a resumed run draws afresh; the calibrated noise multiplier,
+    the adapted clip bound and the ledger of releases made come back."""
+    import random
+
     dp = {"dp-mode": "central", "dp-target-epsilon": 8.0, "dp-adaptive-clip": True}
     s = counting(**dp)
     s.history = [RoundLog(1)]
-    s.rng.random()
-    s.dp.noise_multiplier, s.dp.clip, s.dp.count_stddev, s.dp.charged = 1.7, 0.4, 0.2, 3
+    assert isinstance(s.rng, random.SystemRandom)
+    made = {"id": "x", "round": 1, "mode": "central", "noise-multiplier": 1.7, "sampling": "all", "rate": 1.0}
+    s.dp.noise_multiplier, s.dp.clip, s.dp.count_stddev, s.dp.ledger = 1.7, 0.4, 0.2, [{**made, "count": 1}]
     fresh = counting(**dp)
-    assert fresh.dp.noise_multiplier is None  # calibrated at the first round, from the connected nodes
-    write_checkpoint(tmp_path, 1, s.checkpoint_state(), s.settings)
+    assert fresh.dp.noise_multiplier is None  # calibrated at the first round, for the population it draws from
+    state = s.checkpoint_state()
+    assert state["base"]["rng"] is None
+    write_checkpoint(tmp_path, 1, state, s.settings)
     done, saved = read_checkpoint(tmp_path, counting(**dp, **{"resume-from": str(tmp_path)}).settings)
     fresh.resume(saved, done)
-    assert fresh.rng.random() == s.rng.random()
-    assert fresh.dp.state() == s.dp.state() == {"noise-multiplier": 1.7, "clip": 0.4, "count-stddev": 0.2, "charged": 3}
+    assert isinstance(fresh.rng, random.SystemRandom)
+    assert (
+        fresh.dp.state()
+        == s.dp.state()
+        == {
+            "noise-multiplier": 1.7,
+            "clip": 0.4,
+            "count-stddev": 0.2,
+            "ledger": [{**made, "count": 1}],
+        }
+    )
     assert fresh.dp.resumed_after == 1
 
 
