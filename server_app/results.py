@@ -20,6 +20,7 @@ from strategies import attack_report
 from strategies.history import RoundLog
 from strategies.newcomers import NEWCOMER_METRICS
 from strategies.plots import integer_ticks, pyplot
+from strategies.privacy import central_sampling
 from task.config import Settings
 from task.methods import load_object, method_spec
 
@@ -37,6 +38,17 @@ EXTRA_SCALARS = {
 #: the spread of the final personalized accuracy over clients in ``summary.json`` and the summary line, under the names
 #: :func:`strategies.history.spread_metrics` gives them in every evaluated round
 FAIRNESS = ("personal-acc-std", "personal-acc-min", "personal-acc-p10")
+#: the summary's means of what the clients report (un-noised under DP: ``dp-uncovered`` names those a summary has)
+UNCOVERED = (
+    "personal-acc",
+    "global-acc",
+    "trained-acc",
+    "personal-loss",
+    "global-loss",
+    *NEWCOMER_METRICS,
+    "personal-perplexity",
+    "global-perplexity",
+)
 
 
 def _number(value: Any) -> bool:
@@ -156,12 +168,14 @@ class ResultsWriter:
         # the trained clients' last evaluations, and each held-out client's newcomer scores (holdout-clients)
         clients = sorted(strategy.client_eval.items())
         newcomers = sorted(strategy.holdout.results.items())
-        client_fields = sorted({k for _, m in clients + newcomers for k in m})
-        with (self.folder / "clients.csv").open("w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["client", *client_fields])
-            for pid, m in sorted(clients + newcomers):
-                w.writerow([pid, *(m.get(k, "") for k in client_fields)])
+        private = self.settings.dp_mode != "off"
+        if not private:  # under DP no single client's value is published: every row of clients.csv is one
+            client_fields = sorted({k for _, m in clients + newcomers for k in m})
+            with (self.folder / "clients.csv").open("w", newline="") as fh:
+                w = csv.writer(fh)
+                w.writerow(["client", *client_fields])
+                for pid, m in sorted(clients + newcomers):
+                    w.writerow([pid, *(m.get(k, "") for k in client_fields)])
         write_json(self.folder / "failures.json", strategy.failures)
         write_artifacts(strategy, self.settings.method, self.folder)
         self.plot(strategy)
@@ -175,8 +189,8 @@ class ResultsWriter:
             "global-acc": final.get("global-acc"),
             "trained-acc": strategy.history[-1].train.get("trained-acc") if strategy.history else None,
             # the spread of the final personalized accuracy over the evaluated clients (strategies.history's
-            # spread_metrics): how unequal they are, the worst client, and the bound of the worst tenth
-            **{k: final.get(k) for k in FAIRNESS},
+            # spread_metrics): how unequal they are, the worst client, and the bound of the worst tenth (not under DP)
+            **({} if private else {k: final.get(k) for k in FAIRNESS}),
             "personal-loss": final.get("personal-loss"),
             "global-loss": final.get("global-loss"),
             "clients": len(clients),
@@ -208,25 +222,30 @@ class ResultsWriter:
                 f"fine-tuned {acc(summary['newcomer-finetuned-acc'])}"
             )
         privacy = ""
-        if self.settings.dp_mode != "off":  # the (epsilon, delta) after the last noised round (0: none yet)
-            released = [r.extra["dp"] for r in strategy.history if "dp" in r.extra]
-            last = released[-1] if released else {"epsilon": 0.0, "delta": self.settings.dp_delta}
-            summary.update({"dp-mode": self.settings.dp_mode, "epsilon": last["epsilon"], "delta": last["delta"]})
-            summary["dp-neighbours"] = last.get("neighbours")
-            summary["dp-accountant"] = last.get("accountant")
-            summary["dp-noise-multiplier"] = last.get("noise-multiplier")
-            accountant = str(last.get("accountant"))
-            how = f" by the {accountant.upper()} accountant" if accountant in ("rdp", "pld") else ""
-            privacy = f", ({last['epsilon']:.3g}, {last['delta']:g})-DP ({self.settings.dp_mode}){how}"
+        if private:  # the (epsilon, delta) of every release made (0: none yet), from the release journal's ledger
+            bound, neighbours = strategy.dp.spent()
+            delta = self.settings.dp_delta
+            summary.update({"dp-mode": self.settings.dp_mode, "epsilon": bound.epsilon, "delta": delta})
+            summary["dp-neighbours"] = neighbours
+            summary["dp-accountant"] = bound.accountant
+            summary["dp-noise-multiplier"] = strategy.dp.noise_multiplier
+            if self.settings.dp_mode == "central":
+                summary["dp-sampling"] = central_sampling(self.settings)
+            how = f" by the {bound.accountant.upper()} accountant" if bound.accountant != "none" else ""
+            privacy = f", ({bound.epsilon:.3g}, {delta:g})-DP ({self.settings.dp_mode}){how}"
         if aborted:
             summary["aborted"] = aborted
         if stopped:
             summary["stopped"] = stopped
+        # how the run ended, for scripts (python -m server_app.job and the sweep map it to their exit status)
+        summary["outcome"] = "aborted" if aborted else "budget-exhausted" if stopped else "completed"
         if self.settings.data.dataset == "dialects":  # next-word prediction: perplexity = exp(token CE)
             for key in ("personal", "global"):
                 loss = summary[f"{key}-loss"]
                 if loss is not None:
                     summary[f"{key}-perplexity"] = float(np.exp(float(loss)))
+        if private:  # what of this summary epsilon does not cover: the means of what the clients report, un-noised
+            summary["dp-uncovered"] = [k for k in UNCOVERED if summary.get(k) is not None]
         write_json(self.folder / "summary.json", summary)
 
         clustering = f", {summary['clustering']}" if outcome is not None else ""
@@ -235,7 +254,7 @@ class ResultsWriter:
         if evaluated is not None and evaluated.covered < evaluated.total:
             over = f" over {evaluated.covered} of {evaluated.total} clients"
         spread = ""
-        if summary["personal-acc-std"] is not None:
+        if summary.get("personal-acc-std") is not None:
             spread = (
                 f" (over clients: std {acc(summary['personal-acc-std'])}, worst {acc(summary['personal-acc-min'])}, "
                 f"10th percentile {acc(summary['personal-acc-p10'])})"

@@ -62,10 +62,14 @@ def spread_metrics(updates: Sequence[Measured], keys: Iterable[str]) -> dict[str
     return out
 
 
-def train_metrics(updates: Sequence[Measured], asked: int | None = None) -> dict[str, float]:
+def train_metrics(updates: Sequence[Measured], asked: int | None = None, private: bool = False) -> dict[str, float]:
     """A round's train means, the maxima of its timings and memory, its number of valid replies and of the nodes
-    asked for one (``num-asked``, where known): how many clients the means speak for, of how many."""
+    asked for one (``num-asked``, where known): how many clients the means speak for, of how many.  Under DP
+    (``private``) the means only: a maximum is one client's value, and the counts say how many clients were in the
+    round, which Poisson sampling does not release (docs/privacy.md, "What a DP run publishes")."""
     metrics = mean_metrics(updates, TRAIN_MEANS)
+    if private:
+        return metrics
     for key in TRAIN_MAXIMA:
         values = [float(u.metrics[key]) for u in updates if key in u.metrics]
         if values:
@@ -76,15 +80,21 @@ def train_metrics(updates: Sequence[Measured], asked: int | None = None) -> dict
     return metrics
 
 
-def evaluation_metrics(updates: Sequence[Measured], asked: int | None = None) -> dict[str, float]:
+def evaluation_metrics(
+    updates: Sequence[Measured], asked: int | None = None, private: bool = False, counted: bool = True
+) -> dict[str, float]:
     """A round's evaluation means, plain and ``-weighted``, their spread over clients, its number of valid replies
-    and of the nodes asked for one (``num-asked``, where known)."""
+    and of the nodes asked for one (``num-asked``, where known).  Under DP (``private``) the plain means only (the
+    spread's extremes are single clients' values, the weights their un-noised sizes), with the counts unless
+    ``counted`` is False."""
     metrics = mean_metrics(updates, EVALUATION_MEANS)
-    metrics.update({f"{k}-weighted": v for k, v in mean_metrics(updates, EVALUATION_MEANS, weighted=True).items()})
-    metrics.update(spread_metrics(updates, EVALUATION_MEANS))
-    metrics["num-replies"] = len(updates)
-    if asked is not None:
-        metrics["num-asked"] = asked
+    if not private:
+        metrics.update({f"{k}-weighted": v for k, v in mean_metrics(updates, EVALUATION_MEANS, weighted=True).items()})
+        metrics.update(spread_metrics(updates, EVALUATION_MEANS))
+    if counted:
+        metrics["num-replies"] = len(updates)
+        if asked is not None:
+            metrics["num-asked"] = asked
     return metrics
 
 
@@ -123,13 +133,18 @@ def record_evaluation(
     server_round: int,
     updates: Sequence[Any],
     asked: int | None = None,
+    private: bool = False,
+    counted: bool = True,
 ) -> dict[str, float]:
     """Round ``server_round``'s evaluation replies (:class:`strategies.replies.Reply`; ``asked``: the nodes asked for
-    one): each client's last numeric metrics into ``client_eval`` (client id -> metrics), the round's
-    :func:`evaluation_metrics` into its :class:`RoundLog`, which it returns."""
+    one): each client's last numeric metrics into ``client_eval`` (client id -> metrics; under DP, ``private``, the
+    client id only: no single client's value is kept), the round's :func:`evaluation_metrics` into its
+    :class:`RoundLog`, which it returns."""
     for u in updates:
-        client_eval[u.client] = {k: float(v) for k, v in u.metrics.items() if isinstance(v, (int, float))}
-    metrics = evaluation_metrics(updates, asked)
+        client_eval[u.client] = (
+            {} if private else {k: float(v) for k, v in u.metrics.items() if isinstance(v, (int, float))}
+        )
+    metrics = evaluation_metrics(updates, asked, private, counted)
     next(r for r in rounds if r.server_round == server_round).evaluate = metrics
     return metrics
 

@@ -57,6 +57,23 @@ def test_under_dp_the_cohorts_cannot_be_computed_from_the_run_config(sampling):
     assert replayed != run  # 3 rounds of 20 clients: the same draw by chance has probability below 1e-12
 
 
+def test_under_dp_each_client_is_drawn_by_the_operating_systems_csprng(monkeypatch):
+    """Under DP the draw is the operating system's CSPRNG itself (``secrets.SystemRandom``): what it returns decides
+    who is in the round, and nothing of it lives in the process (no seed, no state a checkpoint could keep).  With
+    the OS answering all zeros every client is drawn, all ones none (Poisson sampling, the default)."""
+    import random
+
+    strategy = build_strategy(parse_settings({**COHORT_RUN, "dp-mode": "central"}))
+    assert isinstance(strategy.rng, random.SystemRandom) and strategy.checkpoint_state()["base"]["rng"] is None
+    drawn = []
+    for byte, server_round in ((b"\x00", 1), (b"\xff", 2)):
+        monkeypatch.setattr(random, "_urandom", lambda n, byte=byte: byte * n)
+        grid = drive(strategy, POPULATION, [server_round])
+        drawn.append(sum(m.metadata.message_type == "train" for m in grid.sent))
+    assert drawn == [20, 0]
+    assert strategy.history[-1].extra["dp"]["noised-rounds"] == 2  # nobody drawn: the round still releases noise
+
+
 def test_without_dp_the_cohorts_repeat_from_the_seed():
     cfg = {**COHORT_RUN, "seed": 3}
     assert cohorts(cfg) == cohorts(cfg)
@@ -195,3 +212,57 @@ def test_a_journaled_release_taken_against_another_model_is_refused_not_replaced
     resumed.results_dir = tmp_path
     with pytest.raises(RunAborted, match=r"round 3's release in .* was taken against another model"):
         drive(resumed, NODES, [3])
+
+
+def test_what_a_dp_run_publishes_holds_no_single_clients_value_only_means(tmp_path):
+    """Every reply carries metrics in the clear: each client's accuracy, loss, timings, memory and number of
+    examples.  Under DP the results folder (rounds, summary, clients.csv, the checkpoints) holds none of one client's
+    values, nor an extreme or a spread over clients (the worst client is one client): only means, which
+    ``dp-uncovered`` in summary.json names as not covered by epsilon."""
+    settings = central(**{"results-dir": str(tmp_path), "num-server-rounds": 2, "checkpoint-every": 1})
+    strategy = build_strategy(settings)
+    writer = ResultsWriter(settings, run_id=8)
+    strategy.results_dir = writer.folder
+    keys = strategy.released_keys()
+    updates = updates_of({k: strategy.global_state[k].shape for k in keys})
+    per_client = {
+        c: {
+            "personal-acc": 0.6131 + 0.0417 * c,
+            "global-acc": 0.5029 + 0.0313 * c,
+            "personal-loss": 1.2345 + 0.1111 * c,
+            "global-loss": 1.4321 + 0.0999 * c,
+            "train-loss": 0.8765 + 0.0123 * c,
+            "time-train": 3.4567 + 1.1 * c,
+            "peak-rss-mb": 512.25 + 37.5 * c,
+            "num-examples": 101 + 17 * c,
+        }
+        for c in NODES.values()
+    }
+    model = answering_with(strategy, updates)
+
+    def answer(server_round, node, phase, content):
+        model(server_round, node, phase, content)
+        client = NODES[node]
+        for name in ("metrics", "evaluation"):
+            if name in content.metric_records:
+                record = content[name]
+                for k, v in per_client[client].items():
+                    if k in record:
+                        record[k] = v
+
+    drive(strategy, NODES, 2, answer)
+    writer.write(strategy, 1.0)
+    values = {f"client {c} {k}": float(v) for c, m in per_client.items() for k, v in m.items()}
+    for k in per_client[0]:
+        column = [float(m[k]) for m in per_client.values()]
+        values |= {f"max {k}": max(column), f"min {k}": min(column), f"std {k}": float(np.std(column))}
+    found = []
+    for path in writer.folder.rglob("*"):
+        if path.suffix in (".json", ".csv", ".txt", ".jsonl"):
+            numbers = numbers_in(path.read_text())
+            found += [f"{path.name}: {name}" for name, v in values.items() for x in numbers if x == pytest.approx(v)]
+    assert not found
+    assert not (writer.folder / "clients.csv").exists()
+    summary = json.loads((writer.folder / "summary.json").read_text())
+    assert summary["personal-acc"] == pytest.approx(np.mean([m["personal-acc"] for m in per_client.values()]))
+    assert "personal-acc" in summary["dp-uncovered"] and "personal-acc-min" not in summary
