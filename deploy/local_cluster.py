@@ -29,7 +29,8 @@ also on failure and on Ctrl-C; namespaces and veth links it made are deleted):
 Exit status (as ``python -m server_app.job``'s): 0 the run completed and every check passed; 1 a check failed or a
 process did not come up; 3 the run config was refused (checked with the ServerApp's own parser before anything
 starts); 4 the run stopped after round k as asked (``--run-config "stop-after=k"``: its checkpoint is there, and
-the last lines say how to resume it); 130 interrupted.  The JSON line's ``outcome`` says the same in words.
+the last lines say how to resume it); 5 the privacy budget stopped the run (``dp-max-epsilon``; its checks passed);
+130 interrupted.  The JSON line's ``outcome`` says the same in words.
 
 Example::
 
@@ -207,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.run()
         code = Exit.STOPPED if cluster.stopped else Exit.COMPLETED
+        if cluster.report.get("outcome-of-run") == "budget-exhausted":  # dp-max-epsilon stopped it: as the job's
+            code = Exit.BUDGET_EXHAUSTED
     except Refused as exc:
         code = Exit.REFUSED
         cluster.report["error"] = f"the run config was refused: {exc}"
@@ -245,6 +248,7 @@ OUTCOMES = {
     Exit.FLOWER_ERROR: "failed",
     Exit.REFUSED: "refused",
     Exit.STOPPED: "stopped as asked",
+    Exit.BUDGET_EXHAUSTED: "privacy budget exhausted",
     Exit.INTERRUPTED: "interrupted",
 }
 

@@ -17,15 +17,17 @@ itself, gives 1).  This command takes ``flwr run``'s arguments, and
    ``summary.json`` where that folder is readable from here, the stop line, the refusal line) and exits with:
 
    ====  =====================================================================================================
-   0     completed: every round ran (the summary line, no ``ABORTED``)
+   0     completed: every round ran (the summary line, no ``ABORTED`` or ``STOPPED``; ``outcome`` in summary.json)
    1     Flower error: ``flwr run`` failed, or the run ended without any of pflower's lines (the ServerApp
          crashed, the SuperLink could not be reached, the run was stopped with ``flwr stop``, ...)
    2     usage: this command's own arguments are wrong
    3     refused: the run config (checked here, by the ServerApp at start-up, e.g. a ``resume-from`` folder
          that does not fit or more simulated clients than the data can serve, or by Flower)
    4     stopped after round k as asked (``stop-after=k``); its last line says how to resume
-   5     aborted: the run could not go on, or its final means speak for fewer than ``min-coverage`` of the
-         clients asked (``ABORTED: ...`` on the summary line, ``aborted`` in summary.json)
+   5     not completed: aborted, the run could not go on, or its final means speak for fewer than
+         ``min-coverage`` of the clients asked (``ABORTED: ...`` on the summary line, ``aborted`` in
+         summary.json); or the privacy budget is exhausted (``dp-max-epsilon``: ``STOPPED: ...`` on the summary
+         line, ``stopped`` in summary.json; ``resume-from`` with a higher maximum continues it)
    130   interrupted (Ctrl-C): this command stopped following; the run goes on on the SuperLink
    ====  =====================================================================================================
 
@@ -61,6 +63,8 @@ class Exit(IntEnum):
     REFUSED = 3
     STOPPED = 4
     ABORTED = 5
+    #: the privacy budget stopped the run (``dp-max-epsilon``): it ended before its last round, as an aborted one
+    BUDGET_EXHAUSTED = 5
     INTERRUPTED = 130
 
 
@@ -185,6 +189,9 @@ def outcome(returncode: int, output: str, summary: dict[str, Any] | None = None)
         aborted = (summary or {}).get("aborted") or (said.split(", ABORTED: ", 1)[1] if ", ABORTED: " in said else "")
         if aborted:
             return Exit.ABORTED, f"aborted: {aborted}"
+        stopped = (summary or {}).get("stopped") or (said.split(", STOPPED: ", 1)[1] if ", STOPPED: " in said else "")
+        if stopped:  # dp-max-epsilon: not every round ran; the checkpoint of the last one is written
+            return Exit.BUDGET_EXHAUSTED, f"privacy budget exhausted: {stopped}"
         if returncode != 0:
             return Exit.FLOWER_ERROR, f"flwr run exited with {returncode} after the run's summary line: {line}"
         return Exit.COMPLETED, f"completed: {line}"
@@ -224,7 +231,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m server_app.job",
         description=__doc__.split("\n\n")[0],
         epilog="exit status: 0 completed, 1 Flower error, 2 usage, 3 run config refused, 4 stopped after round k as "
-        "asked (stop-after), 5 aborted, 130 interrupted",
+        "asked (stop-after), 5 aborted or privacy budget exhausted (dp-max-epsilon), 130 interrupted",
     )
     ap.add_argument("app", nargs="?", default=".", help="the app folder (or .fab), as for flwr run (default: .)")
     ap.add_argument("superlink", nargs="?", help="the SuperLink connection, as for flwr run (default: Flower's)")

@@ -88,7 +88,7 @@ def test_a_central_dp_run_on_the_deployment_runtime_reports_epsilon_and_delta(tm
         *("--run-config", f"dp-mode='central' eval-every={ROUNDS}"),
     )
     assert report["failures"] == 0
-    reported_epsilon(report, "central", [central_epsilon(1.0, r, 1e-5, NODES, NODES) for r in range(1, ROUNDS + 1)])
+    reported_epsilon(report, "central", [central_epsilon(1.0, r, 1e-5) for r in range(1, ROUNDS + 1)])
 
 
 def reported_epsilon(report: dict, mode: str, expected: list[float]) -> None:
@@ -100,13 +100,14 @@ def reported_epsilon(report: dict, mode: str, expected: list[float]) -> None:
     assert f"({expected[-1]:.3g}, 1e-05)-DP ({mode})" in report["summary-line"]
     rounds = json.loads((folder / "rounds.json").read_text())
     assert [r["extra"]["dp"]["epsilon"] for r in rounds] == pytest.approx(expected)
-    assert all(r["extra"]["dp"]["clients"] == NODES for r in rounds)
+    assert all(r["extra"]["dp"]["cohort"] == NODES for r in rounds)
 
 
 @pytest.mark.extended
 def test_under_local_dp_every_deployed_client_calibrates_its_noise_to_the_target_epsilon(tmp_path):
-    """Each SuperNode's ClientApp computes the noise multiplier from the run config itself (it adds the noise), and
-    the server accounts with the same one: epsilon after the planned rounds is the target.  Extended: a third
+    """The server calibrates the noise multiplier and declares it in every round's messages; each SuperNode's
+    ClientApp noises with it, and the server accounts with the same one: epsilon after the planned rounds is the
+    target.  Extended: a third
     deployment (about 95 s on a quiet machine); the default run keeps the local-DP one above and the budget's stop."""
     report = run_cluster(
         tmp_path,
@@ -123,12 +124,14 @@ def test_under_local_dp_every_deployed_client_calibrates_its_noise_to_the_target
 
 def test_a_maximum_epsilon_stops_a_deployed_run_cleanly_before_the_round_that_would_exceed_it(tmp_path):
     """``--rounds 1``: the round the run completes (the cluster's report checks it); the run config plans three."""
-    maximum = (central_epsilon(1.0, 1, 1e-5, NODES, NODES) + central_epsilon(1.0, 2, 1e-5, NODES, NODES)) / 2
+    maximum = (central_epsilon(1.0, 1, 1e-5) + central_epsilon(1.0, 2, 1e-5)) / 2
     report = run_cluster(
         tmp_path,
         *("--nodes", str(NODES), "--rounds", "1", "--method", "fedavg"),
         *("--run-config", f"dp-mode='central' dp-max-epsilon={maximum!r} num-server-rounds=3"),
+        expect=5,  # the budget stopped it: as python -m server_app.job says
     )
+    assert report["outcome"] == "privacy budget exhausted"
     folder = Path(report["results"])
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["rounds"] == 1 and summary["stopped"].startswith("round 2 would take epsilon to")

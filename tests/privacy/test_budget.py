@@ -16,6 +16,7 @@ from flwr.app import RecordDict, UserConfigValue
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 from server_app.app import build_strategy
+from server_app.job import Exit, outcome
 from server_app.results import ResultsWriter
 from strategies.exchange import RunAborted
 from strategies.persistence import read_checkpoint
@@ -24,7 +25,7 @@ from strategies.privacy import journaled_local_releases
 from task.checkpoint import load_checkpoint
 from task.config import parse_settings
 from task.params import to_record
-from task.privacy import calibrate_central, central_epsilon, local_epsilon, next_clip
+from task.privacy import calibrate_central, calibrate_local, central_epsilon, local_epsilon, next_clip
 from tests.strategy_harness import build_as, drive
 
 NODES = {21: 0, 22: 1, 23: 2, 24: 3}
@@ -70,6 +71,9 @@ def test_the_run_stops_before_a_round_that_would_exceed_the_maximum_with_its_che
     summary = json.loads((writer.folder / "summary.json").read_text())
     assert summary["stopped"] == reason and summary["epsilon"] == pytest.approx(two) and two <= maximum
     assert f", STOPPED: {reason}" in line and "ABORTED" not in line
+    # what python -m server_app.job (and the sweep's runner) read from it: the budget stop, exit 5
+    assert summary["outcome"] == "budget-exhausted"
+    assert outcome(0, line, summary) == (Exit.BUDGET_EXHAUSTED, f"privacy budget exhausted: {reason}")
 
 
 def test_no_message_of_a_round_over_the_budget_leaves_the_server():
@@ -335,3 +339,90 @@ def test_a_local_dp_round_without_a_valid_reply_counts_with_no_client(method):
     dp = [r.extra["dp"] for r in strategy.history]
     assert [d["clients"] for d in dp] == [0, len(NODES), 0]
     assert [d["releases"] for d in dp] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------------- epsilon as made
+def declared_noise(grid) -> dict[int, set[float]]:
+    """Round -> the noise multipliers the round's train messages declared (what the clients noise with, local)."""
+    out: dict[int, set[float]] = {}
+    for m in grid.sent:
+        if m.metadata.message_type == "train":
+            config = m.content["config"]
+            out.setdefault(int(config["server-round"]), set()).add(float(config["dp-noise-multiplier"]))
+    return out
+
+
+def exact_local_epsilon(sigmas: list[float], delta: float = 1e-5) -> float:
+    """The exact epsilon of local releases with these noise multipliers: Gaussian mechanisms of sensitivity 2C and
+    noise sigma_i C compose to one of mu = sqrt(sum (2 / sigma_i)^2) (Dong, Roth & Su 2022), whose curve is Balle &
+    Wang 2018's, Theorem 8."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    mu = float(np.sqrt(sum((2 / s) ** 2 for s in sigmas)))
+
+    def excess(eps):
+        return norm.cdf(mu / 2 - eps / mu) - np.exp(eps) * norm.cdf(-mu / 2 - eps / mu) - delta
+
+    return float(brentq(excess, 0.0, 300.0, xtol=1e-10))
+
+
+def test_a_resumed_local_dp_run_with_more_rounds_keeps_its_noise_and_reports_at_least_the_releases_made(tmp_path):
+    """dp-target-epsilon 50 over 2 rounds gives sigma 0.424; resumed with num-server-rounds 4, the clients used to
+    recalibrate to 0.599 and the accountant charged all four releases at 0.599: epsilon went 30.6, 50.0, 40.6, 50.0,
+    while the releases as made (0.424, 0.424, 0.599, 0.599) are at 67.5.  Now the server keeps sigma, declares it in
+    every round, and the epsilon is that of the releases made: never falling, never below the exact value."""
+    run = {**LOCAL, "dp-target-epsilon": 50.0, "num-server-rounds": 2, "checkpoint-every": 1}
+    first = build_strategy(parse_settings(run))
+    first.results_dir = tmp_path
+    before = declared_noise(drive(first, NODES, 2))
+    resumed = resumed_from(tmp_path, {**run, "num-server-rounds": 4})
+    after = declared_noise(drive(resumed, NODES, [3, 4]))
+    sigma = calibrate_local(50.0, 1e-5, 2)
+    assert round(sigma, 3) == 0.424 and {**before, **after} == {r: {sigma} for r in (1, 2, 3, 4)}
+    epsilons = [r.extra["dp"]["epsilon"] for r in resumed.history]
+    assert epsilons == sorted(epsilons) and 49.9 <= epsilons[1] <= 50.0
+    made = exact_local_epsilon([sigma] * 4)
+    assert made <= epsilons[-1] <= made + 0.01
+    recalibrated = [sigma, sigma] + [calibrate_local(50.0, 1e-5, 4)] * 2  # what the clients used to release with
+    assert round(exact_local_epsilon(recalibrated), 1) == 67.5 and epsilons[-1] >= 67.5
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_with_held_out_clients_the_target_is_met_for_the_population_actually_sampled(sampling):
+    """10 nodes, 3 held out, fraction-train 0.5, target 4: the calibration counted all 10 nodes (a cohort of 5 of
+    10) while the rounds drew 4 of the 7 that train, and the run reported 4.349.  Now the calibration, the draw and
+    the accountant use the 7; the planned rounds spend the target and no more."""
+    nodes = {300 + i: i for i in range(10)}
+    cfg = run_config(
+        **{"dp-target-epsilon": 4.0, "holdout-clients": 3, "fraction-train": 0.5, "min-nodes": 10},
+        **{"dp-sampling": sampling},
+    )
+    strategy = build_strategy(parse_settings(cfg))
+    grid = drive(strategy, nodes, 3)
+    dp = [r.extra["dp"] for r in strategy.history]
+    assert all(d["population"] == 7 for d in dp)
+    assert 3.99 <= dp[-1]["epsilon"] <= 4.0
+    held_out = {n for n, c in nodes.items() if strategy.holdout.held_out(c)}
+    trained = {m.metadata.dst_node_id for m in grid.sent if m.metadata.message_type == "train"}
+    assert len(held_out) == 3 and not trained & held_out
+    if sampling == "fixed":
+        assert all(d["cohort"] == 4 and d["rate"] == 4 / 7 for d in dp)
+
+
+def test_a_local_dp_run_stopped_by_its_budget_and_resumed_is_charged_only_the_releases_made(tmp_path):
+    """The journal used to be written before the budget check: a run stopped before round 4 had journaled round 4's
+    releases, and its resume charged them (4 releases, 24.38 instead of 20.13 after 3 real rounds).  Now a round is
+    journaled only once it passed the check, just before its first release leaves."""
+    maximum = (local_epsilon(1.0, 3, 1e-5) + local_epsilon(1.0, 4, 1e-5)) / 2
+    run = {**LOCAL, "checkpoint-every": 1, "dp-max-epsilon": maximum}
+    first = build_strategy(parse_settings(run))
+    first.results_dir = tmp_path
+    with pytest.raises(PrivacyBudgetExhausted, match=r"^round 4 would take epsilon to"):
+        drive(first, NODES, 6)
+    assert journaled_local_releases(tmp_path) == 3
+    resumed = resumed_from(tmp_path, {**run, "dp-max-epsilon": 100.0})  # a higher maximum, as the stop line says
+    drive(resumed, NODES, [4])
+    dp = resumed.history[-1].extra["dp"]
+    assert dp["releases"] == 4 and dp["charged"] == 0
+    assert dp["epsilon"] == pytest.approx(local_epsilon(1.0, 4, 1e-5))

@@ -156,6 +156,18 @@ def test_the_outcome_is_read_from_the_servers_lines(returncode, output, summary,
         assert "continue with --run-config \"resume-from='/r/x'\"" in message
 
 
+STOP = "round 3 would take epsilon to 8.385 (delta 1e-05), above dp-max-epsilon=6.57: the run stops after round 2"
+
+
+@pytest.mark.parametrize("summary", [None, {"stopped": STOP, "outcome": "budget-exhausted"}], ids=["line", "json"])
+def test_a_run_its_privacy_budget_stopped_exits_5_not_completed(summary):
+    """dp-max-epsilon stops the run before its last round: the summary line ends with ``STOPPED: ...`` and
+    summary.json has ``stopped`` (and ``outcome``); that is not "completed every round"."""
+    line = SUMMARY.format(folder="/r/x", aborted="" if summary else f", STOPPED: {STOP}")
+    code, message = outcome(0, line, summary)
+    assert code == Exit.BUDGET_EXHAUSTED == 5 and message == f"privacy budget exhausted: {STOP}"
+
+
 def fake_flwr(folder: Path, lines: list[str], status: int) -> Path:
     """An executable named ``flwr`` that records its arguments and environment, prints ``lines`` and exits."""
     record = folder / "flwr-call.json"
@@ -192,6 +204,48 @@ def test_the_stream_passes_through_and_the_exit_status_is_the_outcome(capsys, mo
     # what a local SuperLink this flwr run starts inherits: no runtime dependency installation, Ray's notice off
     assert call["env"]["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
     assert call["env"]["PYTHONWARNINGS"] == "default::DeprecationWarning,ignore::FutureWarning:ray._private.worker"
+
+
+def test_the_command_exits_5_when_the_privacy_budget_stopped_the_run(capsys, monkeypatch, tmp_path):
+    folder = tmp_path / "results" / "run"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"stopped": STOP, "outcome": "budget-exhausted"}))
+    fake_flwr(tmp_path, [SUMMARY.format(folder=folder, aborted=f", STOPPED: {STOP}")], 0)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    code, out = run_job(capsys, ".", "--run-config", "dp-mode='central' dp-max-epsilon=6.57")
+    assert code == 5 and out.strip().endswith(f"pflower job: privacy budget exhausted: {STOP} (exit 5)")
+
+
+def test_wrong_arguments_of_the_command_itself_exit_2(capsys, no_flower):
+    with pytest.raises(SystemExit) as done:
+        job.main([".", "--no-such-option"])
+    assert done.value.code == Exit.USAGE == 2 and "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_following_the_run_and_exits_130(capsys, monkeypatch):
+    """The command stops following (and stops its own flwr run process); the run goes on on the SuperLink."""
+    stopped: list[str] = []
+
+    class Following:
+        def __init__(self, *args, **kwargs):
+            self.stdout = self
+
+        def __iter__(self):
+            yield "Successfully started run 7\n"
+            raise KeyboardInterrupt
+
+        def terminate(self):
+            stopped.append("terminate")
+
+        def wait(self):
+            stopped.append("wait")
+
+    monkeypatch.setattr(subprocess, "Popen", Following)
+    code, out = run_job(capsys, ".", "--run-config", "num-server-rounds=2")
+    assert code == Exit.INTERRUPTED == 130 and stopped == ["terminate", "wait"]
+    assert out.strip().splitlines()[-1] == (
+        "pflower job: interrupted: stopped following the run, which goes on (flwr stop <run id>) (exit 130)"
+    )
 
 
 @pytest.mark.skipif(shutil.which("flwr") is None, reason="needs the flwr CLI")
