@@ -57,6 +57,13 @@ class FedC2IStrategy(PersonalizedStrategy):
         self.influence: dict[int, dict[int, dict[int, float]]] = {}  # round -> client -> peer client -> weight
         self.releases = 0  # the valid train replies of this round (local DP: the releases the server received)
 
+    def server_models(self) -> dict[str, dict[str, np.ndarray]]:
+        """Under local DP, every client's latest release (what the server forwards to its peers: ``client-<id>``);
+        otherwise none (the clients' own models are theirs, not the server's to publish)."""
+        if self.settings.dp_mode != "local":
+            return {}
+        return {f"client-{c}": model for c, model in sorted(self.store.items())}
+
     def state(self) -> dict[str, Any]:
         return {"store": self.store, "sizes": self.sizes, "influence": self.influence}
 

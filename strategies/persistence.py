@@ -115,10 +115,13 @@ def stop_if_asked(settings: Settings, server_round: int, last_round: int, result
 
 
 def save_server_models(results: Path, settings: Settings, server_round: int, models: dict[str, Any]) -> None:
-    """The server's models (global, cluster, tier) under ``<results>/models/server/`` (safetensors + manifest)."""
+    """The server's models (global, cluster, tier) under ``<results>/models/server/`` (safetensors + manifest); with
+    ``save-history`` a copy of each also under ``models/server/round-<k>/``."""
     for name, state in models.items():
         manifest = model_manifest(settings, round=server_round, **{"server-model": name})
         save_model(results / "models" / "server" / name, state, manifest)
+        if settings.save_history:
+            save_model(results / "models" / "server" / f"round-{server_round:05d}" / name, state, manifest)
 
 
 def after_round(

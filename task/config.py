@@ -135,6 +135,12 @@ class RunOptions(AttackOptions, RobustOptions):
         "save-models", True, "save each client's personalized model (on its node) and the server's models at the end"
     )
     save_every: int = option("save-every", 0, "also save the models every k rounds (0: only at the end)", minimum=0)
+    save_history: bool = option(
+        "save-history",
+        False,
+        "keep the server's models of every round it saves under models/server/round-<k>/, beside the latest (an "
+        "audit of the models over the rounds, benchmarks/privacy_audit.py)",
+    )
     save_best: bool = option(
         "save-best", False, "a client keeps only its best personalized model (by its test accuracy: optimistic)"
     )
@@ -239,6 +245,7 @@ class Settings:
     fault: str = ""
     save_models: bool = True
     save_every: int = 0
+    save_history: bool = False
     save_best: bool = False
     checkpoint_every: int = 1
     resume_from: str = ""

@@ -26,7 +26,7 @@ from task.methods import METHODS, load_object
 from task.params import record_to_numpy, stacked_record, to_record
 from task.privacy import local_epsilon, update_norm
 from tests.client_kit import declare, distinct_states, node_contexts, numpy_state
-from tests.strategy_harness import strategy
+from tests.strategy_harness import drive, strategy
 
 CLIENT_CFG = {"method": "fedc2i", "partition": "iid", "dp-mode": "local", "lr": 0.5}
 
@@ -170,6 +170,21 @@ def test_the_server_stores_and_forwards_each_release_with_the_initial_integer_bu
     assert [d["releases"] for d in dp] == [1, 2] and [d["clients"] for d in dp] == [3, 3]
     assert [d["epsilon"] for d in dp] == pytest.approx([local_epsilon(0.5, r, 1e-5) for r in (1, 2)])
     assert all(d["noise-std"] == pytest.approx(0.5 * 0.1) for d in dp)
+
+
+def test_under_local_dp_the_servers_models_are_the_releases_it_forwards_and_without_dp_none():
+    """What a peer receives of a client is its latest release: under local DP the server saves those as its own
+    models (``client-<id>``), which an audit of the releases reads; without DP the clients' models are theirs."""
+    for mode in ("local", "off"):
+        s = strategy("fedc2i", **{"dp-mode": mode, "min-nodes": 3})
+        drive(s, {41: 0, 42: 1, 43: 2}, 1)
+        models = s.server_models()
+        if mode == "off":
+            assert models == {}
+            continue
+        assert sorted(models) == ["client-0", "client-1", "client-2"]
+        for c in range(3):
+            assert all(np.array_equal(models[f"client-{c}"][k], v) for k, v in s.store[c].items())
 
 
 def test_every_clients_epsilon_composes_its_releases_round_by_round():

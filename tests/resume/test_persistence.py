@@ -115,6 +115,23 @@ def test_the_server_models_are_saved_with_their_manifest(tmp_path):
         assert manifest["round"] == 4 and manifest["server-model"] == name and manifest["method"] == "fedc2i"
 
 
+def test_with_save_history_every_saved_rounds_models_are_kept_beside_the_latest(tmp_path):
+    """save-history: the models of every round the server saves stay under models/server/round-<k>/ (an audit of the
+    releases over the rounds reads them); the latest is where it always is.  Without it, only the latest."""
+    for history, folder in ((True, tmp_path / "kept"), (False, tmp_path / "latest")):
+        for server_round, value in ((1, 1.0), (2, 2.0)):
+            models = {"global": {"w": np.full((2, 2), value, np.float32)}}
+            save_server_models(folder, settings(**{"save-history": history}), server_round, models)
+        server = folder / "models" / "server"
+        assert load_file(str(server / "global.safetensors"))["w"][0, 0] == 2.0
+        rounds = sorted(p.name for p in server.glob("round-*"))
+        assert rounds == (["round-00001", "round-00002"] if history else [])
+        for k in range(1, 3) if history else ():
+            kept = server / f"round-{k:05d}" / "global"
+            assert load_file(str(kept.with_suffix(".safetensors")))["w"][0, 0] == float(k)
+            assert read_manifest(kept)["round"] == k
+
+
 class Counting(PersonalizedStrategy):
     """A method with state of its own: how many evaluations it saw."""
 
