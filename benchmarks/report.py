@@ -9,8 +9,9 @@ The records must match the code (``reporting/freshness.py``): ``--check`` lists 
 the shared training code differ between its commit and the working tree, and fails on them unless
 ``--allow-stale``; it needs the records' commits in the repository's history (a shallow clone gets a clear message).
 
-It also rewrites the generated blocks of ``docs/choosing-a-method.md`` (``reporting/choosing.py``) and of
-``docs/robustness.md`` (``reporting/robustness.py``); ``--check`` checks them too.
+It also rewrites the generated blocks of ``docs/choosing-a-method.md`` (``reporting/choosing.py``), of
+``docs/robustness.md`` (``reporting/robustness.py``) and of ``docs/privacy.md`` (``reporting/privacy_audit.py``);
+``--check`` checks them too.
 
 The tables are rendered by the package ``benchmarks/reporting/``: the table of ``benchmarks/X.py`` by
 ``benchmarks/reporting/X.py``; how to add one is in ``reporting/__init__.py``.  Benchmark scripts print their own
@@ -27,6 +28,8 @@ from benchmarks.records import BENCHMARKS, RAW
 from benchmarks.reporting import build, build_figures, freshness, stale_figures
 from benchmarks.reporting.choosing import PAGE, build_page
 from benchmarks.reporting.figures import draw
+from benchmarks.reporting.privacy_audit import PAGE as PRIVACY_PAGE
+from benchmarks.reporting.privacy_audit import build_page as build_privacy_page
 from benchmarks.reporting.robustness import PAGE as ROBUSTNESS_PAGE
 from benchmarks.reporting.robustness import build_page as build_robustness_page
 
@@ -43,6 +46,11 @@ def main() -> None:
         default=str(ROBUSTNESS_PAGE),
         help="the robustness page (docs/robustness.md) whose generated block to rewrite or check",
     )
+    ap.add_argument(
+        "--privacy-page",
+        default=str(PRIVACY_PAGE),
+        help="the privacy page (docs/privacy.md) whose generated block (the audit) to rewrite or check",
+    )
     ap.add_argument("--check", action="store_true", help="exit 1 if a file differs from what the records give")
     ap.add_argument("--allow-stale", action="store_true", help="with --check: list stale records, do not fail on them")
     args = ap.parse_args()
@@ -52,6 +60,8 @@ def main() -> None:
     page_text = build_page(raw, page)
     robustness_page = Path(args.robustness_page)
     robustness_text = build_robustness_page(raw, robustness_page)
+    privacy_page = Path(args.privacy_page)
+    privacy_text = build_privacy_page(raw, privacy_page)
     if args.check:
         same = out.exists() and out.read_text() == text
         print(f"{out}: {'up to date' if same else 'differs from the raw records; run python -m benchmarks.report'}")
@@ -59,7 +69,8 @@ def main() -> None:
         for name in stale:
             print(f"{out.parent / name}: missing or drawn from other data; run python -m benchmarks.report")
         pages_same = True
-        for path, expected in ((page, page_text), (robustness_page, robustness_text)):
+        pages = ((page, page_text), (robustness_page, robustness_text), (privacy_page, privacy_text))
+        for path, expected in pages:
             page_same = path.read_text() == expected
             pages_same = pages_same and page_same
             print(
@@ -71,8 +82,12 @@ def main() -> None:
     out.write_text(text)
     page.write_text(page_text)
     robustness_page.write_text(robustness_text)
+    privacy_page.write_text(privacy_text)
     drawn = [draw(fig, out.parent) for fig in build_figures(raw)]
-    print(f"wrote {out}, {page}, {robustness_page}{''.join(f', {p.name}' for p in drawn)} from {args.raw_dir}")
+    print(
+        f"wrote {out}, {page}, {robustness_page}, {privacy_page}{''.join(f', {p.name}' for p in drawn)} from "
+        f"{args.raw_dir}"
+    )
 
 
 def check_records(raw: Path, allow_stale: bool = False, checker: freshness.Checker | None = None) -> bool:
