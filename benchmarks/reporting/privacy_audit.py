@@ -37,6 +37,10 @@ def _key(r: Rec) -> tuple[int, float]:
     return ORDER.index(r["cell"]["mode"]), math.inf if target == "inf" else float(target)  # without DP last
 
 
+def _rounds(rounds: list[int]) -> str:
+    return f"round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))}"
+
+
 def render_audit(raw: Path) -> str:
     recs = sorted(load_records(GRID, raw), key=_key)
     if not recs:
@@ -61,16 +65,13 @@ def render_audit(raw: Path) -> str:
             ]
             for a in r["audit"]
         )
-        within = all(a["advantage"] <= a["advantage-bound"] for a in r["audit"])
+        beyond = [a["round"] for a in r["audit"] if a["advantage"] > a["advantage-bound"]]
+        within = "within its bound in every round" if not beyond else f"ABOVE its bound in {_rounds(beyond)}"
         above = [a["round"] for a in r["audit"] if a["advantage"] > a["chance"]]
         last = r["audit"][-1]
-        noise = (
-            f"above its chance level in round{'s' if len(above) > 1 else ''} {', '.join(map(str, above))}"
-            if above
-            else "never above its chance level"
-        )
+        noise = f"above its chance level in {_rounds(above)}" if above else "never above its chance level"
         claims.append(
-            f"{run}: within its bound in {'every round' if within else 'NOT every round'}, {noise}; after round "
+            f"{run}: {within}, {noise}; after round "
             f"{last['round']} {last['advantage']:.3f} (chance {last['chance']:.3f}, bound "
             f"{last['advantage-bound']:.3f}, {last['members']} members and as many non-members)"
         )

@@ -305,15 +305,18 @@ def test_the_check_fails_when_the_page_is_stale(tmp_path):
 def test_report_check_covers_the_page(tmp_path, monkeypatch, capsys):
     """``report.py --check`` (the command the lead and CI run) exits 1 on a stale page and 0 once it is rewritten."""
     from benchmarks import report
+    from benchmarks.reporting import privacy_audit as audit
     from benchmarks.reporting import robustness as generated
 
     page, results, raw = tmp_path / "page.md", tmp_path / "RESULTS.md", tmp_path / "raw"
     page.write_text(FRAME)
     raw.mkdir()
     args = ["report.py", "--raw-dir", str(raw), "--out", str(results), "--page", str(page)]
-    robustness = tmp_path / "robustness.md"  # the other generated page, kept off the committed one
+    robustness = tmp_path / "robustness.md"  # the other generated pages, kept off the committed ones
     robustness.write_text(f"{generated.BEGIN}\n{generated.END}\n")
-    args += ["--robustness-page", str(robustness)]
+    privacy = tmp_path / "privacy.md"
+    privacy.write_text(f"{audit.BEGIN}\n{audit.END}\n")
+    args += ["--robustness-page", str(robustness), "--privacy-page", str(privacy)]
 
     def main(*more: str) -> int:
         monkeypatch.setattr(sys, "argv", [*args, *more])

@@ -104,15 +104,18 @@ def test_what_a_train_reply_could_tell_follows_what_it_sends():
 
 
 def test_the_accountants_examples_in_the_page_are_what_the_accountants_give():
-    from task.privacy import central_bound, local_bound
+    from task.privacy import calibrate_central, central_bound, local_bound
 
     text = " ".join(DOC.read_text().split())
-    full, local = central_bound(1.0, 10, 1e-5, 4, 4), local_bound(1.0, 3, 1e-5)
-    sampled = central_bound(1.0, 100, 1e-5, 100, 10)
+    full, local = central_bound(1.0, 10, 1e-5), local_bound(1.0, 3, 1e-5)
+    poisson, fixed = central_bound(1.0, 100, 1e-5, 0.1, "poisson"), central_bound(1.0, 100, 1e-5, 0.1, "fixed")
     assert f"RDP {full.rdp:.2f}, PLD {full.pld:.2f} (reported)" in text and full.accountant == "pld"
     assert f"RDP {local.rdp:.2f}, PLD {local.pld:.2f}" in text and local.accountant == "pld"
-    assert f"RDP with amplification {sampled.rdp:.2f} (reported); PLD without amplification {sampled.pld:.2f}" in text
-    assert sampled.accountant == "rdp"
+    assert f"PLD {poisson.pld:.2f} (reported), RDP {poisson.rdp:.2f}" in text and poisson.accountant == "pld"
+    said = f"{fixed.epsilon:.2f} against the coalition (reported); without amplification, RDP {fixed.rdp:.2f} and PLD"
+    assert said in text and fixed.accountant == "coalition"
+    assert f"(sigma {calibrate_central(10.0, 1e-5, 100, 0.1, 'fixed'):.2f} for that target)" in text
+    assert f"Poisson sampling needs sigma {calibrate_central(10.0, 1e-5, 100, 0.1, 'poisson'):.2f}" in text
     assert "No benchmark of accuracy against epsilon has been run yet" not in text
 
 
