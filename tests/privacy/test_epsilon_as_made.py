@@ -148,7 +148,7 @@ def exact_epsilon(run: dict[str, Any], population: int, made: list[dict[str, Any
     return mixture_epsilon([(m["sigma"], m["cohort"] / population) for m in made])
 
 
-def example_case(crash_after: int, more: int, nodes: int = 4, **run: Any) -> dict[str, Any]:
+def example_case(crash_after: int, more: int, nodes: int = 4, /, **run: Any) -> dict[str, Any]:
     base = {"model": "mlp", "min-nodes": nodes, "checkpoint-every": 2, "holdout-clients": 0}
     return {"run": {**base, **run}, "nodes": nodes, "crash_after": crash_after, "more": more, "resume": True}
 

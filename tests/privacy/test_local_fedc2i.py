@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, RecordDict
+from flwr.app import ConfigRecord, Context, RecordDict, UserConfigValue
 
 from client_app.privacy import private_reply
 from server_app.app import build_strategy
@@ -188,7 +188,8 @@ def test_under_local_dp_the_servers_models_are_the_releases_it_forwards_and_with
 
 
 def test_every_clients_epsilon_composes_its_releases_round_by_round():
-    s = strategy("fedc2i", **{"dp-mode": "local", "dp-noise-multiplier": 0.8, "dp-clip": 0.5, "dp-delta": 1e-6})
+    run: dict[str, UserConfigValue] = {"dp-mode": "local", "dp-noise-multiplier": 0.8, "dp-clip": 0.5, "dp-delta": 1e-6}
+    s = strategy("fedc2i", **run)
     for r in range(1, 5):
         s.history.append(RoundLog(r))
         s.dp.before_round(s, r, 3)
@@ -227,8 +228,8 @@ def test_the_clientapps_privacy_step_follows_the_runs_dp_mode(mode):
     rng = np.random.default_rng(0)
     sent = {"w": rng.normal(size=(40, 25)).astype(np.float32), "bn.num_batches_tracked": np.array(3)}
     trained = {"w": sent["w"] + 0.2, "bn.num_batches_tracked": np.array(9)}  # change of norm ~6.3
-    content = RecordDict({"arrays": to_record(sent), "config": ConfigRecord({"server-round": 1})})
-    content["config"]["dp-noise-multiplier"], content["config"]["dp-clip"] = 1.0, 0.4  # what the server declares
+    declared = {"dp-noise-multiplier": 1.0, "dp-clip": 0.4}  # what the server declares
+    content = RecordDict({"arrays": to_record(sent), "config": ConfigRecord({"server-round": 1, **declared})})
     method = SimpleNamespace(
         settings=parse_settings({"method": "fedavg", "dp-mode": "off", "dp-clip": 0.4}),
         context=SimpleNamespace(node_config={}),  # a node without a privacy floor of its own

@@ -99,8 +99,9 @@ def leaves(method: str, kind: str, content: RecordDict, declared: float | None =
     context = _context(method, **{"dp-mode": "local", **run_config})
     content = copy.deepcopy(content)
     sigma = float(run_config.get("dp-noise-multiplier", 1.0)) if declared is None else declared
-    content["config"]["dp-noise-multiplier"] = sigma
-    content["config"]["dp-clip"] = clip_bound(float(run_config.get("dp-clip", 1.0)))
+    config = content.config_records["config"]
+    config["dp-noise-multiplier"] = sigma
+    config["dp-clip"] = clip_bound(float(run_config.get("dp-clip", 1.0)))
     return record_to_numpy(handled(kind, content, context).array_records["arrays"])
 
 

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+from flwr.app import UserConfigValue
 
 from strategies.privacy import ServerPrivacy
 from task.config import parse_settings
@@ -155,7 +156,12 @@ def test_under_local_dp_a_target_epsilon_sets_the_noise_the_server_declares_to_e
     model), and keeps it (a resumed run does not recalibrate); the run config's dp-noise-multiplier is not used."""
     from tests.strategy_harness import strategy
 
-    cfg = {"dp-mode": "local", "dp-target-epsilon": 6.0, "num-server-rounds": 7, "dp-noise-multiplier": 9.0}
+    cfg: dict[str, UserConfigValue] = {
+        "dp-mode": "local",
+        "dp-target-epsilon": 6.0,
+        "num-server-rounds": 7,
+        "dp-noise-multiplier": 9.0,
+    }
     s = strategy(method, **cfg)
     assert s.dp.noise_multiplier is None and s.round_config(1, "train").get("dp-noise-multiplier") is None
     s.dp.before_round(s, 1, 4)

@@ -165,7 +165,7 @@ def test_a_run_its_privacy_budget_stopped_exits_5_not_completed(summary):
     summary.json has ``stopped`` (and ``outcome``); that is not "completed every round"."""
     line = SUMMARY.format(folder="/r/x", aborted="" if summary else f", STOPPED: {STOP}")
     code, message = outcome(0, line, summary)
-    assert code == Exit.BUDGET_EXHAUSTED == 5 and message == f"privacy budget exhausted: {STOP}"
+    assert code == Exit.BUDGET_EXHAUSTED and int(code) == 5 and message == f"privacy budget exhausted: {STOP}"
 
 
 def fake_flwr(folder: Path, lines: list[str], status: int) -> Path:
@@ -219,7 +219,11 @@ def test_the_command_exits_5_when_the_privacy_budget_stopped_the_run(capsys, mon
 def test_wrong_arguments_of_the_command_itself_exit_2(capsys, no_flower):
     with pytest.raises(SystemExit) as done:
         job.main([".", "--no-such-option"])
-    assert done.value.code == Exit.USAGE == 2 and "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+    assert (
+        done.value.code == Exit.USAGE
+        and int(Exit.USAGE) == 2
+        and "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+    )
 
 
 def test_ctrl_c_stops_following_the_run_and_exits_130(capsys, monkeypatch):
@@ -242,7 +246,7 @@ def test_ctrl_c_stops_following_the_run_and_exits_130(capsys, monkeypatch):
 
     monkeypatch.setattr(subprocess, "Popen", Following)
     code, out = run_job(capsys, ".", "--run-config", "num-server-rounds=2")
-    assert code == Exit.INTERRUPTED == 130 and stopped == ["terminate", "wait"]
+    assert code == Exit.INTERRUPTED and int(code) == 130 and stopped == ["terminate", "wait"]
     assert out.strip().splitlines()[-1] == (
         "pflower job: interrupted: stopped following the run, which goes on (flwr stop <run id>) (exit 130)"
     )
