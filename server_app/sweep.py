@@ -38,7 +38,8 @@ records its error and the sweep goes on.  At the end it prints a table (the vari
 spread over clients, seconds) and writes it as CSV (``--table``, default ``<out>/table.csv``).
 
 Exit status, as ``python -m server_app.job``'s: one run exits with its own code (0 completed, 1 Flower error, 3
-refused, 4 stopped after round k as asked, 5 aborted); a grid exits 0 when every run completed, else with the code of
+refused, 4 stopped after round k as asked, 5 aborted or stopped by its privacy budget: summary.json's ``outcome``);
+a grid exits 0 when every run completed, else with the code of
 the first run (in grid order) that did not; 2: this command's own arguments are wrong (a bad grid, a bad run config:
 nothing ran); 130: interrupted (the runs that finished are recorded).
 """
