@@ -31,7 +31,11 @@ def scrub(value: Any) -> Any:
     return value
 
 
-def clients_table(folder: Path) -> list[dict[str, str]]:
+def clients_table(folder: Path) -> list[dict[str, str]] | None:
+    """clients.csv without its volatile columns; None where the run wrote none (under DP: no single client's value
+    is published)."""
+    if not (folder / "clients.csv").is_file():
+        return None
     with (folder / "clients.csv").open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     return [{k: v for k, v in row.items() if not VOLATILE_COLUMNS.match(k)} for row in rows]
