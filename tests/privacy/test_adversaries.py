@@ -263,6 +263,11 @@ def test_what_a_dp_run_publishes_holds_no_single_clients_value_only_means(tmp_pa
             found += [f"{path.name}: {name}" for name, v in values.items() for x in numbers if x == pytest.approx(v)]
     assert not found
     assert not (writer.folder / "clients.csv").exists()
+    rounds = json.loads((writer.folder / "rounds.json").read_text())
+    # how many were in a training round is the cohort's size (Poisson sampling keeps it secret); the last round's
+    # evaluation, a phase of its own over every node, keeps its counts for the coverage check
+    assert all("num-replies" not in r["train"] and "num-asked" not in r["train"] for r in rounds)
+    assert "num-replies" not in rounds[0]["evaluate"] and rounds[-1]["evaluate"]["num-replies"] == len(NODES)
     summary = json.loads((writer.folder / "summary.json").read_text())
     assert summary["personal-acc"] == pytest.approx(np.mean([m["personal-acc"] for m in per_client.values()]))
     assert "personal-acc" in summary["dp-uncovered"] and "personal-acc-min" not in summary
