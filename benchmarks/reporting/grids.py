@@ -568,11 +568,11 @@ def render_family(fr: FamilyRecords, d: dict[str, Any]) -> str:
 
 
 def _intro(design: dict[str, Family]) -> str:
-    fams = "; ".join(f"{f.title.lower()}: {', '.join(r.name for r in f.rows)}" for f in design.values())
+    fams = "; ".join(f"{f.title[0].lower()}{f.title[1:]}: {', '.join(r.name for r in f.rows)}" for f in design.values())
     return (
-        f"When does each method pay off? Families on digits ({fams}); each tuned family runs every method at every "
-        "cell of two axes through a middle cell (training samples per client, and heterogeneity), every method tuned "
-        "alike; the others run the federations users run with the settings chosen there."
+        f"When does each method pay off? Families on digits unless named ({fams}); each tuned family runs every "
+        "method at every cell of two axes through a middle cell (training samples per client, and heterogeneity), "
+        "every method tuned alike; the others run the federations users run with the settings chosen there."
     )
 
 

@@ -184,6 +184,22 @@ def test_the_federations_users_run():
     assert 0 < new.base["holdout-clients"] < new.clients
 
 
+def test_mnist1d_runs_the_label_skew_and_the_100_client_families_tuned_on_its_own_selection():
+    """A second data set away from the ceiling: the same rows, cells and tuning as label skew on digits, tuned again on
+    MNIST-1D (never on digits' choices), and the 100-client federation with MNIST-1D's choices; no run copies data."""
+    digits, skew = families.FAMILIES["label-skew"], families.FAMILIES["mnist1d-label-skew"]
+    many = families.FAMILIES["mnist1d-many-clients"]
+    assert skew.rows == digits.rows and skew.cells() == digits.cells() and skew.tuned_from is None
+    assert skew.select_grid not in (digits.select_grid, digits.grid) and skew.grid != digits.grid
+    assert many.tuned_from is skew and many.select_grid == skew.select_grid
+    assert many.clients == families.MANY_CLIENTS.clients and many.heterogeneity == families.MANY_CLIENTS.heterogeneity
+    runs = families.selection_runs(skew) + [
+        r for fam in (skew, many) for r in families.grid_runs(fam, {"local": "lr=0.05 local-epochs=1"}, [0], False)
+    ]
+    assert runs and all(r.config["dataset"] == "mnist1d" and r.config.get("data-copies", 1) == 1 for r in runs)
+    assert {r.grid for r in runs} == {skew.select_grid, skew.grid, many.grid}
+
+
 # =========================================================================== selection
 def test_a_setting_is_chosen_on_mean_validation_accuracy_over_the_selection_seeds_ties_going_to_the_first(tmp_path):
     fam = tiny()["label-skew"]
