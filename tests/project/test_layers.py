@@ -19,6 +19,7 @@ FORBIDDEN = {
 #: the layers of benchmarks/, lowest first; every other module of benchmarks/ is a script, above them all
 BENCHMARK_LAYERS = {
     "benchmarks.records": 1,
+    "benchmarks.method_code": 1,
     "benchmarks.running": 2,
     "benchmarks.families": 2,
     "benchmarks.attack_grid": 2,
