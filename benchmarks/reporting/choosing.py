@@ -14,7 +14,9 @@ when it differs (:func:`stale_page`).  The block is computed from
 
 A method *wins* in a cell when its paired difference to Local and its paired difference to FedAvg (each at its own
 chosen setting, in the same cell, on the seeds the three share) both have a 95 % interval above zero
-(``intervals.py``: a bootstrap over seeds and the clients within them), with at least :data:`MIN_SEEDS` seeds.  A
+(``intervals.py``: a bootstrap over seeds and the clients within them), with at least :data:`MIN_SEEDS` seeds, and,
+where the float noise was measured (``float_noise.py``), both differences are larger than how far the same difference
+moved between two numeric settings of the same code: a win smaller than the noise between CPUs is not called one.  A
 cell without records is "not run yet"; nothing is filled in.
 """
 
@@ -42,7 +44,8 @@ from benchmarks.records import (
 )
 from task.methods.fedc2i import DEPRECATED_VARIANTS
 
-from . import fairness
+from . import fairness, float_noise
+from .float_noise import Noise
 from .grids import NEWCOMER_KEYS, FamilyRecords, axis_cells, budget_text, failed_replies, margins_figure, test_sizes
 from .headlines import render_claims
 from .intervals import Interval, describe, paired_interval
@@ -69,6 +72,14 @@ DEFAULTS_GRID = "defaults"
 STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 
 
+#: what the float noise beside an interval is (``float_noise.py``)
+NOISE_TEXT = (
+    "(float noise ±a / ±b): how far the same two differences moved, at most, when the same runs ran on another numeric "
+    "path of the same code (more torch threads, other CPU kernels; `benchmarks/float_noise.py`): a difference not "
+    "larger than it could come from the CPU alone and is not called a win."
+)
+
+
 class PageError(ValueError):
     """The page's frame lacks the markers of its generated block."""
 
@@ -84,6 +95,8 @@ class Judgement:
     reason: str = ""
     vs_local: Interval | None = None
     vs_fedavg: Interval | None = None
+    #: the float-noise floors of the differences to Local and to FedAvg (None: no float-noise records for the table)
+    floors: tuple[float | None, float | None] | None = None
 
     @property
     def win(self) -> bool:
@@ -100,9 +113,13 @@ class Judgement:
         return min(iv.point for iv in ivs) if len(ivs) == 2 else float("nan")
 
     def versus(self) -> str:
-        """``vs Local +3.1 [+1.0, +5.2], vs FedAvg +1.2 [-0.3, +2.6]`` (points, 95 % intervals)."""
+        """``vs Local +3.1 [+1.0, +5.2], vs FedAvg +1.2 [-0.3, +2.6]`` (points, 95 % intervals), with the float-noise
+        floors beside them where they were measured (``float noise ±0.4 / ±0.2``)."""
         parts = [f"vs {n} {iv.text()}" for n, iv in (("Local", self.vs_local), ("FedAvg", self.vs_fedavg)) if iv]
-        return ", ".join(parts)
+        text = ", ".join(parts)
+        if self.floors is not None and parts:
+            text += " (float noise " + " / ".join("?" if f is None else f"±{f * 100:.1f}" for f in self.floors) + ")"
+        return text
 
     def text(self) -> str:
         """Both paired differences with their intervals (bold: a win), or why there are none."""
@@ -114,9 +131,17 @@ class Judgement:
         return self.status if not self.reason else f"{self.status}: {self.reason}"
 
 
-def judge(arm: list[Rec], local: list[Rec], fedavg: list[Rec], min_seeds: int = MIN_SEEDS) -> Judgement:
+def judge(
+    arm: list[Rec],
+    local: list[Rec],
+    fedavg: list[Rec],
+    min_seeds: int = MIN_SEEDS,
+    noise: Noise | None = None,
+    name: str = "",
+) -> Judgement:
     """Does ``arm`` beat both Local and FedAvg, each by a difference whose 95 % interval is above zero (paired on the
-    seed and the client, same data, on the seeds the three share)?"""
+    seed and the client, same data, on the seeds the three share) and, with the float ``noise`` of the table (``name``:
+    the arm's method or row there), larger than that difference's noise floor?"""
     if not arm:
         return Judgement("not run yet")
     if not ok(arm):
@@ -147,7 +172,14 @@ def judge(arm: list[Rec], local: list[Rec], fedavg: list[Rec], min_seeds: int = 
         status = "too few seeds"
     else:
         status = "win" if vs_l.above and vs_f.above and not failed else "no win"
-    return Judgement(status, seeds, acc, reason, vs_l, vs_f)
+    floors = (noise.floor(name, "local"), noise.floor(name, "fedavg")) if noise is not None else None
+    if status == "win" and floors is not None:
+        fl, ff = floors
+        if fl is None or ff is None:
+            reason = "its float noise was not measured"
+        elif vs_l.point <= fl or vs_f.point <= ff:
+            status, reason = "no win", "not larger than the float noise"
+    return Judgement(status, seeds, acc, reason, vs_l, vs_f, floors)
 
 
 # =========================================================================== what leaves a client (from the code)
@@ -414,7 +446,7 @@ def judgements(fr: FamilyRecords) -> dict[tuple[int, str], dict[str, Judgement]]
             if fr.selection[row.name].chosen is None:
                 row_j[row.name] = Judgement("not run yet", reason=fr.selection[row.name].reason)
                 continue
-            row_j[row.name] = judge(fr.cell(row.name, samples, het), local, fedavg)
+            row_j[row.name] = judge(fr.cell(row.name, samples, het), local, fedavg, noise=fr.noise, name=row.name)
         out[(samples, het)] = row_j
     return out
 
@@ -585,6 +617,14 @@ def family_procedure(fr: FamilyRecords) -> str:
         )
     else:
         lines.append(f"Settings: each method's choice in the {fam.tuned_from.title.lower()} family (not tuned again).")
+    if fr.noise is not None:
+        borrowed = "" if fr.noise_context == fam.name else " (its settings' family: this one was not measured itself)"
+        lines.append(
+            f"Float noise (`benchmarks/float_noise.py`): context `{fr.noise_context}`{borrowed}, arms "
+            f"{', '.join(f'`{a}`' for a in fr.noise.arms)} against the reference."
+        )
+    else:
+        lines.append("Float noise: not measured for this family (`benchmarks/float_noise.py`); wins rest on intervals.")
     unchosen = [r.name for r in fam.rows if not fr.selection[r.name].chosen]
     if unchosen:
         lines.append(
@@ -670,6 +710,7 @@ def render_defaults(raw: Path) -> str:
     methods = list(dict.fromkeys(r["cell"]["method"] for r in sorted(recs, key=lambda r: r["cell"]["seed"])))
     methods = [m for m in REFERENCES if m in methods] + sorted(m for m in methods if m not in REFERENCES)
     local, fedavg = select(recs, method="local"), select(recs, method="fedavg")
+    noise = float_noise.load(raw).get(DEFAULTS_GRID)
     rows, wins = [], []
     for m in methods:
         sel = select(recs, method=m)
@@ -677,7 +718,7 @@ def render_defaults(raw: Path) -> str:
         if m in REFERENCES:
             rows.append([f"`{m}`", _ref_acc(sel), "(reference)", *spread, "", failed_replies(sel)])
             continue
-        j = judge(sel, local, fedavg)
+        j = judge(sel, local, fedavg, noise=noise, name=m)
         worse = fairness.worse_than_local(sel, local, test_may_differ=True).text()
         rows.append([f"`{m}`", _ref_acc(sel), j.text(), *spread, worse, failed_replies(sel)])
         if j.win:
@@ -751,9 +792,10 @@ def not_measured(frs: list[FamilyRecords], raw: Path) -> list[str]:
     return out
 
 
-def defaults_verdict(method: str, recs: list[Rec]) -> str:
+def defaults_verdict(method: str, recs: list[Rec], noise: Noise | None = None) -> str:
     """One method at the defaults against Local and FedAvg there, in words."""
-    j = judge(select(recs, method=method), select(recs, method="local"), select(recs, method="fedavg"))
+    local, fedavg = select(recs, method="local"), select(recs, method="fedavg")
+    j = judge(select(recs, method=method), local, fedavg, noise=noise, name=method)
     if j.win:
         return f"At the defaults it is above both Local and FedAvg ({j.versus()})."
     if j.judged:
@@ -774,7 +816,7 @@ def summary(frs: list[FamilyRecords], raw: Path, claims: dict[str, str]) -> str:
             if fr.family.name in judged and method in {r.name for r in fr.family.rows}
         ]
         text = " ".join(found) if found else f"**{name}**: no grid records."
-        text += f" {defaults_verdict(method, defaults)}"
+        text += f" {defaults_verdict(method, defaults, float_noise.load(raw).get(DEFAULTS_GRID))}"
         if method in claims:
             text += f" Its paper's own claim, in the setting closest to the paper's: {claims[method]} (below)."
         lines.append(text)
@@ -840,7 +882,8 @@ def render_choosing(raw: Path, design: dict[str, Family] | None = None) -> str:
         "## The families, from the plan and the records\n\n" + frame_numbers(frs),
         (
             f"A win needs at least {MIN_SEEDS} seeds shared with Local and FedAvg, and both paired differences above "
-            f"zero with their 95 % intervals. {describe()}"
+            f"zero with their 95 % intervals, and, where the float noise was measured, larger than it. {describe()} "
+            + NOISE_TEXT
         ),
         "## Not measured yet\n\n"
         + ("\n".join(f"- {m}" for m in missing) if missing else "Every planned cell has its seeds' results."),
