@@ -11,7 +11,9 @@ The package is in layers; a module imports only from the layers below it (``test
    rule, the plan of runs), read by the script that runs them and by the report alike; ``attack_grid``: the same
    for the robustness grid (methods x attacks x shares of attackers x aggregation rules, the order of its runs).
 3. ``reporting``: the sections of ``RESULTS.md``, its figures, and the generated parts of ``docs/``, from the
-   records and the grids' specification only.
+   records and the grids' specification only.  ``protocol``: the equal-tuning protocol run on an engine (timing runs,
+   selection with its extensions, every row at its chosen setting), for ``grids`` and ``own_data`` alike; it renders
+   nothing.
 4. the scripts, each run from the repository's root as ``python -m benchmarks.<name>`` (``--help`` says what it
    runs): ``defaults``, ``grids``, ``privacy``, ``baselines``, ``fedc2i``, ``fedc2i_speed``, ``fedcac``,
    ``client2vec``, ``pfedlia``, ``pifl``, ``scale``, ``speed``, ``gaps``, ``robustness``, ``float_noise``;
