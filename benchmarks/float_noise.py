@@ -19,8 +19,11 @@ setting a row chooses comes later; families tuned elsewhere borrow their source'
 data in every arm, so a move is float noise alone.  ``benchmarks/reporting/float_noise.py`` renders the moves and the
 floor every win on the choosing page must clear.
 
+A ``threads-2`` run keeps two cores busy: give ``--jobs`` at most half the cores (on 2 shared cores it took about
+eight times a reference run's seconds).
+
     python -m benchmarks.float_noise --dry-run        # the plan: runs per context and arm
-    benchmarks/run_committed.sh "float_noise"          # every context, 3 seeds, the three arms (resumable)
+    benchmarks/run_committed.sh "float_noise --jobs 8" # every context, 3 seeds, the three arms (resumable)
     python -m benchmarks.float_noise --contexts defaults --methods local,fedavg,fedcac --seeds 0 --raw-dir /tmp/n
 """
 
