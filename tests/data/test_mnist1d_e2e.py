@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from task.methods import METHODS
 pytestmark = pytest.mark.slow
 
 #: what a method needs beyond the defaults to run two rounds on four clients
-EXTRA = {
+EXTRA: dict[str, dict[str, Any]] = {
     "oracle": {"partition": "planted-clusters", "num-clusters": 2, "warmup-rounds": 1},  # by the planted groups
     "pfedlia": {"warmup-rounds": 1},  # its clustering round must come within two rounds
     "cfl": {"cfl-min-rounds": 1},

@@ -89,7 +89,11 @@ def test_the_1d_cnn_convolves_along_the_signal_and_takes_any_length():
     x = torch.randn(4, 40)
     assert torch.equal(model(x), model(x[:, None, :]))
     assert not torch.allclose(model(x), model(torch.roll(x, 3, dims=1)))
-    assert [type(m) for m in model.conv] == [nn.Conv1d, nn.BatchNorm1d, nn.ReLU] * 3
+    assert [type(m) for m in model.modules() if isinstance(m, nn.Conv1d | nn.BatchNorm1d | nn.ReLU)] == [
+        nn.Conv1d,
+        nn.BatchNorm1d,
+        nn.ReLU,
+    ] * 3
     assert count_parameters(model) < 20_000  # a small model: the convolutional baseline of MNIST-1D is about 5k
     assert build_model("cnn1d", 100, 0, 3)(torch.randn(2, 100)).shape == (2, 3)
 
