@@ -17,6 +17,7 @@ own context it borrows its source family's (``tuned_from``), and says so.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +86,15 @@ class Noise:
 
 
 def load(raw: Path) -> dict[str, Noise]:
-    """Every context's :class:`Noise` from the records under ``raw`` (contexts without a comparable run left out)."""
+    """Every context's :class:`Noise` from the records under ``raw`` (contexts without a comparable run left out).
+    Read once per state of the records' folder (the page asks for every family and method)."""
+    folder = Path(raw) / GRID
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    return _load(str(raw), tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in files))
+
+
+@functools.lru_cache(maxsize=8)
+def _load(raw: str, state: tuple[tuple[str, int, int], ...]) -> dict[str, Noise]:
     recs = load_records(GRID, raw)
     contexts = sorted({r["cell"].get("context") for r in recs} - {None})
     found = {c: Noise.from_records(c, recs) for c in contexts}
