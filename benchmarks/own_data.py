@@ -145,6 +145,27 @@ def own_family(args: Any, extra: dict[str, Any]) -> Family:
     )
 
 
+#: keys a timing run may change (fewer rounds; every client training for Local's cost)
+TIMING_CHANGES = {"num-server-rounds", "fraction-train", "method", "seed"}
+
+
+def other_federation(fam: Family, raw_dir: Path) -> str | None:
+    """Why the records under ``raw_dir`` of this family's grids are not of this federation (None: they are, or there
+    are none): a record is skipped when it exists, so records of another federation must not stand in for this one."""
+    config = {k: v for k, v in fam.cell_config(*fam.middle).items() if k not in ("evaluate-split", "train-samples")}
+    for grid in (fam.select_grid, fam.grid, TIMING):
+        for rec in load_records(grid, raw_dir):
+            if grid == TIMING and rec["cell"].get("family") != fam.name:
+                continue
+            ran = rec.get("run-config") or {}
+            for key, value in config.items():
+                if grid == TIMING and key in TIMING_CHANGES:
+                    continue
+                if key in ran and ran[key] != value:
+                    return f"{grid}/ holds runs of another federation ({key}={ran[key]!r}, now {value!r})"
+    return None
+
+
 def planned_runs(fam: Family) -> tuple[list, list]:
     """The selection runs and the grid runs (counted with each row's first setting: the choice comes later)."""
     first = {r.name: setting_label(fam.settings(r)[0]) for r in fam.rows}
@@ -270,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     design = {fam.name: fam}
     select, grid = planned_runs(fam)
     check_configs(select + grid)  # a bad key or value stops here, before any run
+    if why := other_federation(fam, raw_dir):
+        raise SystemExit(f"{raw_dir}/{why}: give another --name or --raw-dir for this federation")
 
     timing = [t for t in timing_runs(design) if not recorded(record_path(t.grid, t.cell, raw_dir))]
     if timing:

@@ -176,6 +176,11 @@ def test_the_readmes_commands_run_shrunk_on_a_local_copy_and_write_the_users_pag
     )
     assert "### Fairness: the spread over clients" in text and "### What each method costs here" in text
 
+    # records of this federation never stand in for another's: the same folder refuses other data or clients
+    with pytest.raises(
+        SystemExit, match=r"holds runs of another federation \(alpha=0.3, now 0.5\).*--name or --raw-dir"
+    ):
+        own_data.main([*command, "--alpha", "0.5"])
     # running it again resumes: nothing left to run; a record gone is run again, and the page follows the records
     own_data.main(command)
     assert "12 runs, 0 not recorded yet" in capsys.readouterr().out
