@@ -8,7 +8,8 @@ where it does not apply):
 
 - ``grid``, ``cell`` (the grid coordinates, e.g. partition / method / seed), ``command`` (what produced it),
   ``run`` (the results folder's name), ``num-supernodes``, ``error`` (the tail of a failed run's log, or None),
-  ``code`` (the commit of the app code that ran, and whether it had uncommitted changes)
+  ``code`` (the commit of the app code that ran, whether it had uncommitted changes, and ``files``: a digest of each
+  file the method's results depend on, as it ran: ``benchmarks/method_code.py``; older records lack it)
 - ``machine``: cores, CPU model and PyTorch's CPU capability, memory, versions, and the 1-minute load
   average before and after the run
 - ``run-config``: the run's full run config (``config.json``); ``overrides``: the keys it set away from the

@@ -6,8 +6,10 @@
     python -m benchmarks.report --check --allow-stale   # the same, stale records listed but not failing
 
 The records must match the code (``reporting/freshness.py``): ``--check`` lists every record whose method's files or
-the shared training code differ between its commit and the working tree, and fails on them unless
-``--allow-stale``; it needs the records' commits in the repository's history (a shallow clone gets a clear message).
+the shared training code differ between the code it ran and the working tree, and fails on them unless
+``--allow-stale``.  A record keeps the digests of the files it ran, so the check reads records and files only: no
+run, no network, no repository history (CI runs it in a fresh clone, ``.ci/run``).  Records made before records kept
+them are compared with ``git diff`` against their commit, which a shallow clone lacks (it gets a clear message).
 
 It also rewrites the generated blocks of ``docs/choosing-a-method.md`` (``reporting/choosing.py``), of
 ``docs/robustness.md`` (``reporting/robustness.py``) and of ``docs/privacy.md`` (``reporting/privacy_audit.py``);

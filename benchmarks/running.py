@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
+from benchmarks.method_code import file_digests
 from benchmarks.records import (
     BENCHMARKS,
     RAW,
@@ -88,6 +89,15 @@ def code_version() -> dict[str, Any]:
     except OSError:
         return {"commit": None, "dirty": None}
     return {"commit": head or None, "dirty": bool(dirty)}
+
+
+def _ran_files(method: Any) -> dict[str, str] | None:
+    """The digests of the files ``method``'s results depend on, as they are in the code that runs (None: a method the
+    registry does not know)."""
+    try:
+        return file_digests(str(method), BENCHMARKS.parent)
+    except KeyError:
+        return None
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -329,7 +339,7 @@ def record_from_run(
         "num-supernodes": num_supernodes,
         "engine": engine,
         "error": error,
-        "code": code_version(),
+        "code": {**code_version(), "files": _ran_files(config.get("method"))},
         "machine": machine(load_before),
         "run-config": config,
         # the keys this run set away from the defaults of the code that ran (a later change of a default is not one)

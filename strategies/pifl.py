@@ -252,9 +252,8 @@ class PIFLStrategy(PersonalizedStrategy):
     # ------------------------------------------------------------------ aggregation and profiling
     def server_set(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._server_set is None:
-            data = load_centralized(
-                self.settings.data.dataset, self.settings.data.data_dir, self.settings.data.noise_std
-            )
+            d = self.settings.data
+            data = load_centralized(d.dataset, d.data_dir, d.noise_std, samples=d.mnist1d_samples)
             idx = np.random.default_rng(12_345).permutation(len(data.y))[: self.options.server_set_size]
             self._server_set = torch.from_numpy(data.x[idx]), torch.from_numpy(data.y[idx])
         return self._server_set

@@ -18,9 +18,9 @@ from typing import Any
 
 from task.attacks import AttackOptions, attack_conflicts
 from task.data import DATASETS, DOMAINS, MIXTURES, PARTITIONS, DataSettings, dataset_info
-from task.data.catalogue import MIN_CLIENT_SAMPLES
+from task.data.catalogue import MIN_CLIENT_SAMPLES, MNIST1D_SAMPLES
 from task.methods import METHODS, OPTION_SETS, method_spec
-from task.models import IMAGE_ONLY, MODELS
+from task.models import IMAGE_ONLY, MODELS, SIGNAL_ONLY
 from task.options import ConfigConflict, OptionSet, option
 from task.privacy import MODES as DP_MODES
 from task.privacy import SAMPLINGS as DP_SAMPLINGS
@@ -61,7 +61,9 @@ class RunOptions(AttackOptions, RobustOptions):
         minimum=0,
         maximum=len(DOMAINS),
     )
-    model: str = option("model", "auto", "the network ('auto': cnn for images, gpt2 for dialects, softmax else)")
+    model: str = option(
+        "model", "auto", "the network ('auto': cnn for images, cnn1d for mnist1d, gpt2 for dialects, softmax else)"
+    )
     num_rounds: int = option("num-server-rounds", 10, "rounds", minimum=1)
     fraction_train: float = option(
         "fraction-train", 1.0, "share of connected nodes trained per round", minimum=1e-9, maximum=1.0
@@ -92,6 +94,13 @@ class RunOptions(AttackOptions, RobustOptions):
         "jittered copies of every training image (a copy trains where its original trains; held-out splits and "
         "the number of clients a data set fits are unchanged)",
         minimum=1,
+    )
+    mnist1d_samples: int = option(
+        "mnist1d-samples",
+        MNIST1D_SAMPLES,
+        "dataset 'mnist1d': how many signals to generate (a multiple of 10, as many of each digit), shared out over "
+        "the clients",
+        minimum=10,
     )
     train_samples: int = option(
         "train-samples",
@@ -297,15 +306,20 @@ def _model_name(run: RunOptions) -> str:
     model = run.model
     if model == "auto":
         info = dataset_info(run.dataset)
-        model = "cnn" if info.image_size > 0 else ("gpt2" if run.dataset == "dialects" else "softmax")
+        model = info.auto_model or ("cnn" if info.image_size > 0 else "softmax")
     if run.lm_pretrained and model == "gpt2":
         model = f"gpt2:{run.lm_pretrained}"  # the model starts from the local pretrained folder
     if model not in MODELS and not model.startswith("gpt2:"):
         raise ValueError(f"unknown model {model!r} (run-config key 'model'); allowed: {sorted(MODELS)} or 'auto'")
     if dataset_info(run.dataset).image_size == 0 and model in IMAGE_ONLY:
         raise ValueError(
-            f"model {model!r} needs image inputs but dataset {run.dataset!r} gives vectors; use 'softmax' "
-            "or 'mlp' (run-config key 'model')"
+            f"model {model!r} needs image inputs but dataset {run.dataset!r} gives vectors; use 'softmax', 'mlp' "
+            "or 'cnn1d' (run-config key 'model')"
+        )
+    if dataset_info(run.dataset).image_size > 0 and model in SIGNAL_ONLY:
+        raise ValueError(
+            f"model {model!r} reads vectors as a signal but dataset {run.dataset!r} gives images; use 'cnn' or "
+            "another image model (run-config key 'model')"
         )
     return model
 
@@ -348,6 +362,12 @@ def data_conflicts(run: RunOptions) -> list[str]:
                 f"test-fraction and val-fraction leave no line of dialect-sequences={lines} to train on; lower them "
                 "or raise dialect-sequences"
             )
+    if run.data_copies > 1 and info.image_size == 0:
+        more = " (MNIST-1D makes as many samples as asked: mnist1d-samples)" if run.dataset == "mnist1d" else ""
+        out.append(
+            f"data-copies={run.data_copies} makes shifted copies of images, but dataset {run.dataset!r} has vectors; "
+            f"use data-copies=1{more}"
+        )
     if run.feature_shift and info.image_size == 0:
         out.append(
             f"feature-shift={run.feature_shift} transforms images, but dataset {run.dataset!r} has vectors; "
@@ -424,6 +444,7 @@ def parse_settings(cfg: Mapping[str, Any]) -> Settings:
         noise_std=run.noise_std,
         data_copies=run.data_copies,
         train_samples=run.train_samples,
+        mnist1d_samples=run.mnist1d_samples,
         data_dir=run.data_dir,
         seed=run.seed,
         dialect_mix=run.dialect_mix,

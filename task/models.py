@@ -208,6 +208,37 @@ class ResNet(SplitModel):
         return self.pool(self.stages(self.stem(x))).flatten(1)
 
 
+class CNN1D(SplitModel):
+    """A small 1-D CNN for signals (MNIST-1D's default): three convolutions of 32 channels (kernel 5 then 3, stride 2,
+    no bias) each followed by BatchNorm and ReLU, FC64, FC.
+
+    The shape of the convolutional baseline of Greydanus & Kobak (ICML 2024; about 94 % on MNIST-1D), with BatchNorm
+    layers (FedBN keeps them on the clients) and a hidden layer before the head (the body / head split of every model
+    here).  Takes vector inputs of ``length`` points, (N, length) or (N, 1, length); 17,450 parameters at length 40.
+    """
+
+    def __init__(self, length: int, num_classes: int, channels: int = 32, hidden: int = 64) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin = 1
+        for kernel in (5, 3, 3):
+            layers += [
+                nn.Conv1d(cin, channels, kernel, stride=2, padding=kernel // 2, bias=False),
+                nn.BatchNorm1d(channels),
+                nn.ReLU(),
+            ]
+            cin = channels
+        self.conv = nn.Sequential(*layers)
+        with torch.no_grad():
+            flat = int(self.conv(torch.zeros(1, 1, length)).flatten(1).shape[1])
+        self.fc = nn.Linear(flat, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(len(x), 1, -1)
+        return torch.relu(self.fc(self.conv(x).flatten(1)))
+
+
 class SoftmaxRegression(SplitModel):
     """Multinomial logistic regression: the body is the identity on the flattened input."""
 
@@ -291,6 +322,8 @@ MODELS: dict[str, Callable[[int, int, int], SplitModel]] = {
     "resnet18": lambda c, s, k: ResNet(c, k, [2, 2, 2, 2], [64, 128, 256, 512]),
     "softmax": lambda c, s, k: SoftmaxRegression(_input_dim(c, s), k),
     "mlp": lambda c, s, k: MLP(_input_dim(c, s), k),
+    # signals (vector inputs of c points: MNIST-1D)
+    "cnn1d": lambda c, s, k: CNN1D(_input_dim(c, s), k),
     # causal LM for the dialects task: c = sequence length, k = vocabulary size ("gpt2:<folder>" = pretrained)
     "gpt2": lambda c, s, k: _causal_lm(k, c),
 }
@@ -301,6 +334,8 @@ def _causal_lm(vocab: int, seq_len: int, pretrained: str = "") -> SplitModel:
 
 
 IMAGE_ONLY = {"cnn", "c2i-cnn", "c2i-small", "lenet", "pifl-cnn", "resnet8", "resnet10", "resnet18"}
+#: models for vector inputs read as one signal (convolutions along it): not for images
+SIGNAL_ONLY = {"cnn1d"}
 
 
 def build_model(name: str, in_channels: int, image_size: int, num_classes: int, seed: int | None = None) -> SplitModel:
@@ -317,6 +352,8 @@ def build_model(name: str, in_channels: int, image_size: int, num_classes: int, 
         raise ValueError(f"unknown model {name!r} (run-config key 'model'); allowed: {sorted(MODELS)} or 'auto'")
     if image_size == 0 and name in IMAGE_ONLY:
         raise ValueError(f"model {name!r} needs image inputs but the data set gives vectors; use 'softmax' or 'mlp'")
+    if image_size > 0 and name in SIGNAL_ONLY:
+        raise ValueError(f"model {name!r} reads vector inputs as a signal but the data set gives images; use 'cnn'")
     if seed is not None:
         torch.manual_seed(seed)
     return MODELS[name](in_channels, image_size, num_classes)

@@ -53,6 +53,7 @@ from . import (
     fedc2i,
     fedc2i_speed,
     fedcac,
+    float_noise,
     grids,
     pfedlia,
     pifl,
@@ -102,6 +103,11 @@ SECTIONS = [
         [g for f in grids.FAMILIES.values() for g in (f.select_grid, f.grid)],
         grids.render_grids,
         figures=grids.figures_grids,
+    ),
+    Section(
+        "Float noise: how far accuracy moves between numeric settings of the same code",
+        [float_noise.GRID],
+        float_noise.render_float_noise,
     ),
     Section(
         "Personalized accuracy against the privacy budget epsilon",

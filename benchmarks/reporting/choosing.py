@@ -14,7 +14,9 @@ when it differs (:func:`stale_page`).  The block is computed from
 
 A method *wins* in a cell when its paired difference to Local and its paired difference to FedAvg (each at its own
 chosen setting, in the same cell, on the seeds the three share) both have a 95 % interval above zero
-(``intervals.py``: a bootstrap over seeds and the clients within them), with at least :data:`MIN_SEEDS` seeds.  A
+(``intervals.py``: a bootstrap over seeds and the clients within them), with at least :data:`MIN_SEEDS` seeds, and,
+where the float noise was measured (``float_noise.py``), both differences are larger than how far the same difference
+moved between two numeric settings of the same code: a win smaller than the noise between CPUs is not called one.  A
 cell without records is "not run yet"; nothing is filled in.
 """
 
@@ -42,7 +44,9 @@ from benchmarks.records import (
 )
 from task.methods.fedc2i import DEPRECATED_VARIANTS
 
-from . import fairness
+from . import fairness, float_noise
+from .figures import Figure
+from .float_noise import Noise
 from .grids import NEWCOMER_KEYS, FamilyRecords, axis_cells, budget_text, failed_replies, margins_figure, test_sizes
 from .headlines import render_claims
 from .intervals import Interval, describe, paired_interval
@@ -69,6 +73,14 @@ DEFAULTS_GRID = "defaults"
 STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 
 
+#: what the float noise beside an interval is (``float_noise.py``)
+NOISE_TEXT = (
+    "(float noise ±a / ±b): how far the same two differences moved, at most, when the same runs ran on another numeric "
+    "path of the same code (more torch threads, other CPU kernels; `benchmarks/float_noise.py`): a difference not "
+    "larger than it could come from the CPU alone and is not called a win."
+)
+
+
 class PageError(ValueError):
     """The page's frame lacks the markers of its generated block."""
 
@@ -84,6 +96,8 @@ class Judgement:
     reason: str = ""
     vs_local: Interval | None = None
     vs_fedavg: Interval | None = None
+    #: the float-noise floors of the differences to Local and to FedAvg (None: no float-noise records for the table)
+    floors: tuple[float | None, float | None] | None = None
 
     @property
     def win(self) -> bool:
@@ -100,9 +114,13 @@ class Judgement:
         return min(iv.point for iv in ivs) if len(ivs) == 2 else float("nan")
 
     def versus(self) -> str:
-        """``vs Local +3.1 [+1.0, +5.2], vs FedAvg +1.2 [-0.3, +2.6]`` (points, 95 % intervals)."""
+        """``vs Local +3.1 [+1.0, +5.2], vs FedAvg +1.2 [-0.3, +2.6]`` (points, 95 % intervals), with the float-noise
+        floors beside them where they were measured (``float noise ±0.4 / ±0.2``)."""
         parts = [f"vs {n} {iv.text()}" for n, iv in (("Local", self.vs_local), ("FedAvg", self.vs_fedavg)) if iv]
-        return ", ".join(parts)
+        text = ", ".join(parts)
+        if self.floors is not None and parts:
+            text += " (float noise " + " / ".join("?" if f is None else f"±{f * 100:.1f}" for f in self.floors) + ")"
+        return text
 
     def text(self) -> str:
         """Both paired differences with their intervals (bold: a win), or why there are none."""
@@ -114,9 +132,17 @@ class Judgement:
         return self.status if not self.reason else f"{self.status}: {self.reason}"
 
 
-def judge(arm: list[Rec], local: list[Rec], fedavg: list[Rec], min_seeds: int = MIN_SEEDS) -> Judgement:
+def judge(
+    arm: list[Rec],
+    local: list[Rec],
+    fedavg: list[Rec],
+    min_seeds: int = MIN_SEEDS,
+    noise: Noise | None = None,
+    name: str = "",
+) -> Judgement:
     """Does ``arm`` beat both Local and FedAvg, each by a difference whose 95 % interval is above zero (paired on the
-    seed and the client, same data, on the seeds the three share)?"""
+    seed and the client, same data, on the seeds the three share) and, with the float ``noise`` of the table (``name``:
+    the arm's method or row there), larger than that difference's noise floor?"""
     if not arm:
         return Judgement("not run yet")
     if not ok(arm):
@@ -147,7 +173,14 @@ def judge(arm: list[Rec], local: list[Rec], fedavg: list[Rec], min_seeds: int = 
         status = "too few seeds"
     else:
         status = "win" if vs_l.above and vs_f.above and not failed else "no win"
-    return Judgement(status, seeds, acc, reason, vs_l, vs_f)
+    floors = (noise.floor(name, "local"), noise.floor(name, "fedavg")) if noise is not None else None
+    if status == "win" and floors is not None:
+        fl, ff = floors
+        if fl is None or ff is None:
+            reason = "its float noise was not measured"
+        elif vs_l.point <= fl or vs_f.point <= ff:
+            status, reason = "no win", "not larger than the float noise"
+    return Judgement(status, seeds, acc, reason, vs_l, vs_f, floors)
 
 
 # =========================================================================== what leaves a client (from the code)
@@ -414,7 +447,7 @@ def judgements(fr: FamilyRecords) -> dict[tuple[int, str], dict[str, Judgement]]
             if fr.selection[row.name].chosen is None:
                 row_j[row.name] = Judgement("not run yet", reason=fr.selection[row.name].reason)
                 continue
-            row_j[row.name] = judge(fr.cell(row.name, samples, het), local, fedavg)
+            row_j[row.name] = judge(fr.cell(row.name, samples, het), local, fedavg, noise=fr.noise, name=row.name)
         out[(samples, het)] = row_j
     return out
 
@@ -585,6 +618,14 @@ def family_procedure(fr: FamilyRecords) -> str:
         )
     else:
         lines.append(f"Settings: each method's choice in the {fam.tuned_from.title.lower()} family (not tuned again).")
+    if fr.noise is not None:
+        borrowed = "" if fr.noise_context == fam.name else " (its settings' family: this one was not measured itself)"
+        lines.append(
+            f"Float noise (`benchmarks/float_noise.py`): context `{fr.noise_context}`{borrowed}, arms "
+            f"{', '.join(f'`{a}`' for a in fr.noise.arms)} against the reference."
+        )
+    else:
+        lines.append("Float noise: not measured for this family (`benchmarks/float_noise.py`); wins rest on intervals.")
     unchosen = [r.name for r in fam.rows if not fr.selection[r.name].chosen]
     if unchosen:
         lines.append(
@@ -611,7 +652,8 @@ def newcomers(fr: FamilyRecords) -> str:
     )
 
 
-def render_family(fr: FamilyRecords) -> str:
+def render_family(fr: FamilyRecords, figures: str = FIGURES) -> str:
+    """One family's section; its figure is linked at ``figures`` (the folder it is drawn to, seen from the page)."""
     fam = fr.family
     head = f"## {fam.title}" + (f" ({fam.question})" if fam.question else "")
     if not fr.grid_recs and (fam.tuned_from is not None or not fr.select_recs):
@@ -638,7 +680,7 @@ def render_family(fr: FamilyRecords) -> str:
     ]
     fig = margins_figure(fr)
     if fig:
-        parts.append(f"Plot: [{fig.title}]({FIGURES}/{fig.file}).")
+        parts.append(f"Plot: [{fig.title}]({figures}/{fig.file}).")
     papers = "\n".join(f"- {line}" for line in paper_lines(fr, judged).values())
     parts += ["### The five papers' methods", papers or "*None of them is in this family.*"]
     if len(fam.samples) > 1:
@@ -670,6 +712,7 @@ def render_defaults(raw: Path) -> str:
     methods = list(dict.fromkeys(r["cell"]["method"] for r in sorted(recs, key=lambda r: r["cell"]["seed"])))
     methods = [m for m in REFERENCES if m in methods] + sorted(m for m in methods if m not in REFERENCES)
     local, fedavg = select(recs, method="local"), select(recs, method="fedavg")
+    noise = float_noise.load(raw).get(DEFAULTS_GRID)
     rows, wins = [], []
     for m in methods:
         sel = select(recs, method=m)
@@ -677,7 +720,7 @@ def render_defaults(raw: Path) -> str:
         if m in REFERENCES:
             rows.append([f"`{m}`", _ref_acc(sel), "(reference)", *spread, "", failed_replies(sel)])
             continue
-        j = judge(sel, local, fedavg)
+        j = judge(sel, local, fedavg, noise=noise, name=m)
         worse = fairness.worse_than_local(sel, local, test_may_differ=True).text()
         rows.append([f"`{m}`", _ref_acc(sel), j.text(), *spread, worse, failed_replies(sel)])
         if j.win:
@@ -724,7 +767,7 @@ def _protocols(design: dict[str, Family], raw: Path) -> list[Protocol]:
     return out
 
 
-def not_measured(frs: list[FamilyRecords], raw: Path) -> list[str]:
+def not_measured(frs: list[FamilyRecords], raw: Path, defaults: bool = True) -> list[str]:
     out = []
     for fr in frs:
         cells = _cells(fr)
@@ -746,14 +789,15 @@ def not_measured(frs: list[FamilyRecords], raw: Path) -> list[str]:
                 + ", ".join(f"`{k}` {v} of {len(cells)}" for k, v in by_row.items())
                 + "."
             )
-    if not load_records(DEFAULTS_GRID, raw):
+    if defaults and not load_records(DEFAULTS_GRID, raw):
         out.append("The defaults (`benchmarks/defaults.py`): no records.")
     return out
 
 
-def defaults_verdict(method: str, recs: list[Rec]) -> str:
+def defaults_verdict(method: str, recs: list[Rec], noise: Noise | None = None) -> str:
     """One method at the defaults against Local and FedAvg there, in words."""
-    j = judge(select(recs, method=method), select(recs, method="local"), select(recs, method="fedavg"))
+    local, fedavg = select(recs, method="local"), select(recs, method="fedavg")
+    j = judge(select(recs, method=method), local, fedavg, noise=noise, name=method)
     if j.win:
         return f"At the defaults it is above both Local and FedAvg ({j.versus()})."
     if j.judged:
@@ -774,7 +818,7 @@ def summary(frs: list[FamilyRecords], raw: Path, claims: dict[str, str]) -> str:
             if fr.family.name in judged and method in {r.name for r in fr.family.rows}
         ]
         text = " ".join(found) if found else f"**{name}**: no grid records."
-        text += f" {defaults_verdict(method, defaults)}"
+        text += f" {defaults_verdict(method, defaults, float_noise.load(raw).get(DEFAULTS_GRID))}"
         if method in claims:
             text += f" Its paper's own claim, in the setting closest to the paper's: {claims[method]} (below)."
         lines.append(text)
@@ -840,7 +884,8 @@ def render_choosing(raw: Path, design: dict[str, Family] | None = None) -> str:
         "## The families, from the plan and the records\n\n" + frame_numbers(frs),
         (
             f"A win needs at least {MIN_SEEDS} seeds shared with Local and FedAvg, and both paired differences above "
-            f"zero with their 95 % intervals. {describe()}"
+            f"zero with their 95 % intervals, and, where the float noise was measured, larger than it. {describe()} "
+            + NOISE_TEXT
         ),
         "## Not measured yet\n\n"
         + ("\n".join(f"- {m}" for m in missing) if missing else "Every planned cell has its seeds' results."),
@@ -856,15 +901,98 @@ def render_choosing(raw: Path, design: dict[str, Family] | None = None) -> str:
     return "\n\n".join(parts)
 
 
-def page_text(frame: str, block: str) -> str:
-    """``frame`` with its generated block replaced by ``block``."""
-    if frame.count(BEGIN) != 1 or frame.count(END) != 1 or frame.index(BEGIN) > frame.index(END):
+# =========================================================================== a user's own data
+OWN_BEGIN = "<!-- BEGIN GENERATED by python -m benchmarks.own_data (benchmarks/reporting/choosing.py): do not edit -->"
+OWN_FRAME = f"""# Choosing a method for your data
+
+Which method should you use on this data, and what will it cost? This page answers from the records of
+`python -m benchmarks.own_data` on your data, and only from them: the same equal-tuning protocol, intervals, fairness
+and cost tables as pflower's own page (`docs/choosing-a-method.md`), generated by the same code
+(`benchmarks/reporting/choosing.py`). Everything between the two markers is rewritten from the records each time the
+command runs; edit this frame, never the generated block.
+
+How to read it: the first table is your federation as it ran. If a method wins (both its paired differences, to Local
+and to FedAvg, have 95 % intervals above zero, and are larger than the float noise where that was measured), its
+interval says what it bought, the fairness table who paid for it, the cost table what it takes from your clients. If
+nothing wins, the better of Local and FedAvg is the honest choice, and the answer below names it.
+
+{OWN_BEGIN}
+{END}
+"""
+
+
+def better_reference(fr: FamilyRecords, cell: tuple[int, str]) -> str:
+    """Which of Local and FedAvg did better at ``cell`` (mean personalized accuracy over its seeds), in words."""
+    means = {m: mean(fr.cell(m, *cell), PERSONAL) for m in REFERENCES}
+    known = {m: v for m, v in means.items() if v is not None}
+    if not known:
+        return "neither Local nor FedAvg has run there yet"
+    best = max(known, key=known.__getitem__)
+    text = f"`{best}` ({known[best]:.3f}"
+    other = next((m for m in known if m != best), None)
+    if other is not None:
+        iv = paired_interval(ok(fr.cell(best, *cell)), ok(fr.cell(other, *cell)), test_may_differ=True)
+        text += f"; vs `{other}` {iv.text()}" if iv.ok else f"; `{other}` {known[other]:.3f}"
+    return text + ")"
+
+
+def own_answer(fr: FamilyRecords) -> str:
+    """The answer for the one cell of a user's federation: the winners with their intervals, or the better of Local
+    and FedAvg."""
+    cell = fr.family.middle
+    judged = judgements(fr).get(cell, {})
+    won = sorted(((n, j) for n, j in judged.items() if j.win), key=lambda x: -x[1].margin)
+    if won:
+        return "Above both Local and FedAvg here: " + "; ".join(f"**`{n}`** ({j.versus()})" for n, j in won) + "."
+    if any(j.judged for j in judged.values()):
+        return f"Nothing here beats the better of Local and FedAvg, which is {better_reference(fr, cell)}."
+    return f"Not judged yet; so far the better of Local and FedAvg is {better_reference(fr, cell)}."
+
+
+def render_own(raw: Path, family: Family, figures: str = ".") -> str:
+    """The generated block of a user's own choosing page: ``family`` (one cell: the user's federation) from the
+    records under ``raw``, with the same tables as ``docs/choosing-a-method.md``'s families (its figure linked in
+    ``figures``, seen from the page: :func:`own_figure`)."""
+    fr = FamilyRecords.load(family, Path(raw))
+    missing = not_measured([fr], Path(raw), defaults=False)
+    parts = [
+        "## Your federation, from the plan and the records\n\n" + frame_numbers([fr]),
+        "## The answer\n\n" + own_answer(fr),
+        (
+            f"A win needs at least {MIN_SEEDS} seeds shared with Local and FedAvg, and both paired differences above "
+            f"zero with their 95 % intervals, and, where the float noise was measured, larger than it. {describe()}"
+        ),
+        "## Not measured yet\n\n"
+        + ("\n".join(f"- {m}" for m in missing) if missing else "Every planned run has its result."),
+        render_family(fr, figures),
+        "## What leaves a client (from the code)",
+        common_metrics_line(),
+        leaves_table(_protocols({family.name: family}, Path(raw))),
+    ]
+    return "\n\n".join(parts)
+
+
+def own_figure(raw: Path, family: Family) -> Figure | None:
+    """The figure of a user's own page: every method's paired differences to Local and to FedAvg with their intervals
+    (None before any can be computed); ``figures.draw`` draws it beside the page."""
+    return margins_figure(FamilyRecords.load(family, Path(raw)))
+
+
+def build_own_page(raw: Path, page: Path, family: Family) -> str:
+    """A user's own page as the records under ``raw`` give it: its frame kept from ``page`` when it exists."""
+    frame = Path(page).read_text() if Path(page).exists() else OWN_FRAME
+    return page_text(frame, render_own(raw, family), OWN_BEGIN)
+
+
+def page_text(frame: str, block: str, begin: str = BEGIN) -> str:
+    """``frame`` with its generated block (after the line ``begin``) replaced by ``block``."""
+    if frame.count(begin) != 1 or frame.count(END) != 1 or frame.index(begin) > frame.index(END):
         raise PageError(
-            f"the page must hold the line {BEGIN!r} once, then {END!r} once (the generated block goes between them)"
+            f"the page must hold the line {begin!r} once, then {END!r} once (the generated block goes between them)"
         )
-    before, rest = frame.split(BEGIN)
+    before, rest = frame.split(begin)
     _, after = rest.split(END)
-    return f"{before}{BEGIN}\n\n{block.strip()}\n\n{END}{after}"
+    return f"{before}{begin}\n\n{block.strip()}\n\n{END}{after}"
 
 
 def build_page(raw: Path, page: Path = PAGE, design: dict[str, Family] | None = None) -> str:

@@ -1,75 +1,29 @@
 """Records that match the code: a record is *fresh* when its method's files and the shared training code are the same
-in the commit it ran and in the code that runs now; otherwise it is *stale* and its numbers describe other code.
+in the code it ran and in the code that runs now; otherwise it is *stale* and its numbers describe other code.
 
-A method's files come from the registry (``task.methods.METHODS``): its strategy module, its client module, the module
-of its options, its artefacts writer, and the method-math modules (``*_math``) these import.  Every method shares
-:data:`SHARED`: the training loop and models, the data (partitions, splits, domains), the client's base (with its
-parts: kept state, newcomers, saved models) and handlers, and the server's round loop and checkpoint.  The comparison is
-``git diff <record's commit> <now> -- <files>`` (now: the working tree, or a commit), so it needs the record's commit
-in the repository's history: a shallow clone lacks it and gets a clear message instead of a verdict.
+Which files count is ``benchmarks/method_code.py``'s (the method's files from the registry, and :data:`SHARED`).  A
+record that keeps the digests of the files it ran (``code.files``) is compared with the files now, digest by digest:
+no repository history is needed, so a fresh shallow clone (CI) can tell.  An older record without them is compared by
+``git diff <record's commit> <now> -- <files>`` (now: the working tree, or a commit), which needs the record's commit
+in the repository's history: a shallow clone lacks it and gets a clear message instead of a verdict.  Against a named
+commit (a committed tree that runs, ``stale_test``) the comparison is always ``git diff``.
 ``python -m benchmarks.report --check`` refuses stale records; the grids script runs a stale record's run again.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
 import json
 import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.method_code import SHARED, file_digests, method_files
 from benchmarks.records import BENCHMARKS, Rec
 
 from .text import plural
 
 ROOT = BENCHMARKS.parent
-#: the code every method's results depend on, beside its own files
-SHARED = (
-    "task/train.py",
-    "task/models.py",
-    "task/data",
-    "client_app/base.py",
-    "client_app/state.py",
-    "client_app/newcomers.py",
-    "client_app/saving.py",
-    "client_app/app.py",
-    "strategies/base.py",
-    "strategies/checkpointing.py",
-)
-
-
-def _module_file(module: str) -> str:
-    return module.replace(".", "/") + ".py"
-
-
-def _math_imports(path: Path) -> set[str]:
-    if not path.exists():
-        return set()
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith("_math"):
-            out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.endswith("_math")}
-    return out
-
-
-@functools.cache
-def method_files(method: str, root: Path = ROOT) -> tuple[str, ...]:
-    """The files of ``method`` (paths relative to the repository), from the registry; :data:`SHARED` not included."""
-    from task.methods import METHODS
-
-    if method not in METHODS:
-        raise KeyError(f"method {method!r} is not in the registry (allowed: {sorted(METHODS)})")
-    spec = METHODS[method]
-    modules = {spec.strategy.split(":")[0], spec.client.split(":")[0], spec.options.__module__}
-    if spec.artifacts:
-        modules.add(spec.artifacts.split(":")[0])
-    for m in list(modules):
-        modules |= _math_imports(root / _module_file(m))
-    return tuple(sorted(_module_file(m) for m in modules))
 
 
 class HistoryMissing(RuntimeError):
@@ -97,10 +51,12 @@ class Verdict:
 
 
 class Checker:
-    """Compares records' commits with the code now (``target``: a commit; None: the working tree) in ``repo``."""
+    """Compares records with the code now (``target``: a commit; None: the working tree) in ``repo``; the files now of
+    a record that keeps its files' digests are those under ``code_root`` (default: ``repo``)."""
 
-    def __init__(self, repo: Path = ROOT, target: str | None = None) -> None:
+    def __init__(self, repo: Path = ROOT, target: str | None = None, code_root: Path | None = None) -> None:
         self.repo, self.target = Path(repo), target
+        self.code_root = Path(code_root) if code_root is not None else self.repo
         self._diffs: dict[tuple[str, str], list[str]] = {}
 
     def git(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -151,6 +107,17 @@ class Checker:
             v.reason = "the record names no commit"
         elif code.get("dirty"):
             v.reason = "it ran on uncommitted changes of the app's code"
+        elif code.get("files") and self.target is None:  # the digests of the files it ran: no history needed
+            try:
+                now = file_digests(method, self.code_root)
+            except KeyError as err:
+                v.reason = str(err)
+                return v
+            ran = code["files"]
+            v.changed = sorted(f for f in {*ran, *now} if ran.get(f) != now.get(f))
+            if v.changed:
+                shown = ", ".join(v.changed[:4]) + (f" and {len(v.changed) - 4} more" if len(v.changed) > 4 else "")
+                v.reason = f"{plural(len(v.changed), 'file')} changed since it ran ({commit[:12]}): {shown}"
         else:
             try:
                 v.changed = self.changed(commit, method)
@@ -198,7 +165,7 @@ def stale_test(raw_dir: Path, stamped: str | None = None) -> Callable[[Path], bo
     if here.usable() and stamped is None:
         checker = here
     else:
-        checker = Checker(Path(raw_dir), stamped)
+        checker = Checker(Path(raw_dir), stamped, code_root=ROOT)
         if not checker.usable():
             raise SystemExit(f"no git repository holds {raw_dir}: cannot tell stale records; keep them instead")
 

@@ -34,8 +34,9 @@ from benchmarks.families import (
 )
 from benchmarks.records import PERSONAL, Rec, load_records, mean, ok, seeds_of
 
-from . import fairness
+from . import fairness, float_noise
 from .figures import Figure, Line, Panel, seed_line
+from .float_noise import Noise
 from .intervals import Interval, describe, interval_cell, paired_interval
 from .pairing import REFERENCES
 from .settings import header
@@ -67,6 +68,10 @@ class FamilyRecords:
     select_recs: list[Rec]
     grid_recs: list[Rec]
     plan: Family | None = None
+    #: the float noise its wins are judged against (``float_noise.py``: the family's own context, else its tuning
+    #: family's), and the context it comes from ("": not measured)
+    noise: Noise | None = None
+    noise_context: str = ""
     _intervals: dict[tuple, Interval] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -77,15 +82,20 @@ class FamilyRecords:
 
     @classmethod
     def load(cls, family: Family, raw: Path) -> FamilyRecords:
-        """The records of ``family``, under the superseded procedure when only its records exist."""
+        """The records of ``family``, under the superseded procedure when only its records exist, with its float
+        noise."""
         fr = cls.read(family, raw)
         old = PREVIOUS.get(family.name)
         current = [r for r in fr.select_recs if r["cell"].get("seed") in family.tuning.select_seeds]
-        if old is None or family.tuned_from is not None or current or not fr.select_recs:
-            return fr
-        previous = cls.read(old, raw)
-        previous.plan = family
-        return previous
+        if not (old is None or family.tuned_from is not None or current or not fr.select_recs):
+            fr = cls.read(old, raw)
+            fr.plan = family
+        measured = float_noise.load(raw)
+        for context in (family.name, family.tuning.name):
+            if context in measured:
+                fr.noise, fr.noise_context = measured[context], context
+                break
+        return fr
 
     @property
     def superseded(self) -> bool:
@@ -568,11 +578,11 @@ def render_family(fr: FamilyRecords, d: dict[str, Any]) -> str:
 
 
 def _intro(design: dict[str, Family]) -> str:
-    fams = "; ".join(f"{f.title.lower()}: {', '.join(r.name for r in f.rows)}" for f in design.values())
+    fams = "; ".join(f"{f.title[0].lower()}{f.title[1:]}: {', '.join(r.name for r in f.rows)}" for f in design.values())
     return (
-        f"When does each method pay off? Families on digits ({fams}); each tuned family runs every method at every "
-        "cell of two axes through a middle cell (training samples per client, and heterogeneity), every method tuned "
-        "alike; the others run the federations users run with the settings chosen there."
+        f"When does each method pay off? Families on digits unless named ({fams}); each tuned family runs every "
+        "method at every cell of two axes through a middle cell (training samples per client, and heterogeneity), "
+        "every method tuned alike; the others run the federations users run with the settings chosen there."
     )
 
 

@@ -75,7 +75,7 @@ def serve(settings: DataSettings, clients: int, scored: str = "test") -> Served:
     """What each of ``clients`` clients' splits would hold (raises ValueError where the data set cannot be read)."""
     from task.data.partitioners import draw_partition, partition_members
 
-    data = load_labels(settings.dataset, settings.data_dir, settings.data_copies)
+    data = load_labels(settings.dataset, settings.data_dir, settings.data_copies, settings.mnist1d_samples)
     try:
         with _quiet():
             part = draw_partition(settings, clients, data)
@@ -178,7 +178,7 @@ def capacity_problem(settings: DataSettings, clients: int, scored: str = "test")
         return None
     split, key = SCORED[scored]
     fraction = settings.test_fraction if key == "test-fraction" else settings.val_fraction
-    samples = load_labels(settings.dataset, settings.data_dir, settings.data_copies).originals
+    samples = load_labels(settings.dataset, settings.data_dir, settings.data_copies, settings.mnist1d_samples).originals
     if at.undrawable is not None:
         why = at.undrawable
     else:

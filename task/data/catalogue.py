@@ -20,6 +20,8 @@ class DatasetInfo:
     label_column: str = "label"
     torchvision_name: str | None = None
     torchvision_kwargs: tuple = ()
+    #: the model run-config ``model='auto'`` picks (empty: ``cnn`` for images, ``softmax`` for vectors)
+    auto_model: str = ""
 
 
 DATASETS: dict[str, DatasetInfo] = {
@@ -45,11 +47,16 @@ DATASETS: dict[str, DatasetInfo] = {
     "svhn": DatasetInfo("svhn", 3, 32, 10, "ufldl-stanford/svhn", "cropped_digits", torchvision_name="SVHN"),
     "usps": DatasetInfo("usps", 1, 16, 10, "flwrlabs/usps", torchvision_name="USPS"),
     "synth-concept": DatasetInfo("synth-concept", 10, 0, 2),
+    # MNIST-1D (Greydanus & Kobak, ICML 2024), generated offline (task/data/sources.py): signals of 40 points
+    "mnist1d": DatasetInfo("mnist1d", 40, 0, 10, auto_model="cnn1d"),
     # next-word prediction on synthetic dialects (task/text.py): in_channels = sequence length,
     # num_classes = vocabulary size of the built-in tokenizer (a pretrained tokenizer changes it)
-    "dialects": DatasetInfo("dialects", 16, 0, 247),
+    "dialects": DatasetInfo("dialects", 16, 0, 247, auto_model="gpt2"),
 }
 SYNTH_CONCEPT_SIZE = 6000
+#: MNIST-1D's default size (run-config ``mnist1d-samples``): at 10 clients a client's test split (a fifth of its
+#: data) holds about 200 signals, so one error moves its accuracy by half a point; 1,000 clients still get 10 each
+MNIST1D_SAMPLES = 10_000
 
 
 def synth_concept(

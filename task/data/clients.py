@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from task.data.catalogue import DOMAINS, MIXTURES, PARTITIONS, NoShare, dataset_info
+from task.data.catalogue import DOMAINS, MIXTURES, MNIST1D_SAMPLES, PARTITIONS, NoShare, dataset_info
 from task.data.domains import apply_domain, domain_of
 
 
@@ -45,6 +45,7 @@ class DataSettings:
     noise_std: float = 0.0
     data_copies: int = 1
     train_samples: int = 0  # cap on each client's training split (0 = all of it)
+    mnist1d_samples: int = MNIST1D_SAMPLES  # how many signals dataset 'mnist1d' makes
     data_dir: str = ""
     seed: int = 0
     dialect_mix: float = 0.5
@@ -74,6 +75,10 @@ class DataSettings:
             raise ValueError("test-fraction + val-fraction must leave at least 10% for training")
         if self.train_samples < 0:
             raise ValueError(f"train-samples must be 0 (all) or a positive cap, got {self.train_samples}")
+        if self.dataset == "mnist1d" and (self.mnist1d_samples < 10 or self.mnist1d_samples % 10):
+            raise ValueError(
+                f"mnist1d-samples must be a positive multiple of 10 (10 digits), got {self.mnist1d_samples}"
+            )
         if not 0 <= self.feature_shift <= len(DOMAINS):
             raise ValueError(f"feature-shift must be 0 (off) or 1..{len(DOMAINS)} domains, got {self.feature_shift}")
 

@@ -385,7 +385,9 @@ class _SeededDirichlet(DirichletPartitioner):
 def partitioner_for(settings, num_partitions: int) -> tuple[Partitioner, Centralized]:
     """The run's partitioner over ``num_partitions`` clients and the whole data set whose originals it partitions
     (cached)."""
-    data = load_centralized(settings.dataset, settings.data_dir, settings.noise_std, settings.data_copies)
+    data = load_centralized(
+        settings.dataset, settings.data_dir, settings.noise_std, settings.data_copies, settings.mnist1d_samples
+    )
     return draw_partition(settings, num_partitions, data), data
 
 

@@ -1,16 +1,18 @@
-"""Whole data sets in memory: the embedded digits, the synthetic concept shift, and real data sets from a local
-copy (a ``Dataset.save_to_disk`` folder or a torchvision root) or the Hugging Face hub.  Heavy libraries
-(``datasets``, ``torchvision``, ``sklearn``) are imported only by the loader that needs them."""
+"""Whole data sets in memory: the embedded digits, the synthetic concept shift, MNIST-1D generated offline, and real
+data sets from a local copy (a ``Dataset.save_to_disk`` folder or a torchvision root) or the Hugging Face hub.  Heavy
+libraries (``datasets``, ``torchvision``, ``sklearn``, ``mnist1d``) are imported only by the loader that needs them."""
 
 from __future__ import annotations
 
 import functools
+import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from task.data.catalogue import DatasetInfo, dataset_info, synth_concept
+from task.data.catalogue import MNIST1D_SAMPLES, DatasetInfo, dataset_info, synth_concept
 
 # Fixed seed of the pixel noise added by ``noise-std`` (fedcac.md §8: "its own fixed seed"), so the
 # noisy data set is the same whatever the run's seed.
@@ -107,9 +109,44 @@ def _load_torchvision(info: DatasetInfo, root: str) -> tuple[np.ndarray, np.ndar
     return np.concatenate(xs), np.concatenate(ys)
 
 
+#: the data sets made here, without a download or a local copy
+OFFLINE = ("digits", "synth-concept", "mnist1d")
+#: numpy's and Python's global generators are the process's: one MNIST-1D generation at a time swaps them
+_GLOBAL_RNG = threading.Lock()
+
+
+def make_mnist1d(num_samples: int = MNIST1D_SAMPLES) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-1D (Greydanus & Kobak, "Scaling down deep learning with MNIST-1D", ICML 2024), made offline by the
+    ``mnist1d`` package's ``make_dataset`` at its published settings (its templates, transforms and seed 42):
+    ``num_samples // 10`` signals of each digit, each 40 points long, standardised over the whole set.  The package's
+    two splits are pooled (every client gets its own train / validation / test split).  Returns (x (N, 40) float32,
+    y (N,) int64), the same for the same ``num_samples`` in any process.
+
+    ``make_dataset`` seeds and draws from numpy's and Python's global generators: their states are saved and put
+    back, so generating the data set changes no other draw of the process."""
+    if num_samples < 10 or num_samples % 10:
+        raise ValueError(f"mnist1d-samples must be a positive multiple of 10 (10 digits), got {num_samples}")
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples = num_samples
+    with _GLOBAL_RNG:
+        numpy_state, python_state = np.random.get_state(), random.getstate()  # noqa: NPY002 - the package's globals
+        try:
+            made = make_dataset(args)
+        finally:
+            np.random.set_state(numpy_state)  # noqa: NPY002
+            random.setstate(python_state)
+    x = np.concatenate([made["x"], made["x_test"]]).astype(np.float32)
+    y = np.concatenate([made["y"], made["y_test"]]).astype(np.int64)
+    return x, y
+
+
 @functools.lru_cache(maxsize=4)
-def load_centralized(name: str, data_dir: str = "", noise_std: float = 0.0, copies: int = 1) -> Centralized:
-    """Load data set ``name`` whole (cached per process).
+def load_centralized(
+    name: str, data_dir: str = "", noise_std: float = 0.0, copies: int = 1, samples: int = MNIST1D_SAMPLES
+) -> Centralized:
+    """Load data set ``name`` whole (cached per process); ``samples``: how many signals MNIST-1D makes.
 
     ``noise_std`` > 0 adds fixed Gaussian pixel noise (its own seed): clean digits are too easy to tell
     methods apart (fedcac.md §8 uses 0.7).  ``copies`` > 1 appends jittered copies of the data (each
@@ -121,10 +158,18 @@ def load_centralized(name: str, data_dir: str = "", noise_std: float = 0.0, copi
         raise ValueError(f"noise-std must be >= 0, got {noise_std}")
     if copies < 1:
         raise ValueError(f"data-copies must be >= 1, got {copies}")
+    if copies > 1 and info.image_size == 0:
+        more = " (MNIST-1D makes as many samples as asked: mnist1d-samples)" if name == "mnist1d" else ""
+        raise ValueError(
+            f"data-copies={copies} makes shifted copies of images, but dataset {name!r} has vectors; use "
+            f"data-copies=1{more}"
+        )
     if name == "synth-concept":
         x, y, source = synth_concept()
         return Centralized(x, y, info, source)
-    if name == "digits":
+    if name == "mnist1d":
+        x, y = make_mnist1d(samples)
+    elif name == "digits":
         from sklearn.datasets import load_digits
 
         d = load_digits()
@@ -165,18 +210,19 @@ def _readable_copy(data_dir: str) -> bool:
 def labels_known(name: str, data_dir: str = "") -> bool:
     """Whether this process can read data set ``name``'s labels without a download: the embedded sets, and a local
     copy (``data-dir``) that exists here.  A data set from the Hugging Face hub is known to the clients only."""
-    return name in ("digits", "synth-concept") or (bool(data_dir) and Path(data_dir).exists())
+    return name in OFFLINE or (bool(data_dir) and Path(data_dir).exists())
 
 
 @functools.lru_cache(maxsize=4)
-def load_labels(name: str, data_dir: str = "", copies: int = 1) -> Centralized:
+def load_labels(name: str, data_dir: str = "", copies: int = 1, samples: int = MNIST1D_SAMPLES) -> Centralized:
     """Data set ``name`` as a partition sees it: the labels (and PI-FL's sources) in :func:`load_centralized`'s order,
-    with ``copies``, and samples without features (``x`` of shape (N, 0)).  A ``save_to_disk`` folder is read for its
-    label column only; the embedded sets and a torchvision root are loaded whole."""
-    if name not in ("digits", "synth-concept") and _readable_copy(data_dir):
+    with ``copies``, and samples without features (``x`` of shape (N, 0)); ``samples``: MNIST-1D's size.  A
+    ``save_to_disk`` folder is read for its label column only; the sets made here and a torchvision root are loaded
+    whole."""
+    if name not in OFFLINE and _readable_copy(data_dir):
         y = _hf_labels(dataset_info(name), data_dir)
         return Centralized(
             np.zeros((len(y) * copies, 0), np.float32), np.tile(y, copies), dataset_info(name), None, copies
         )
-    whole = load_centralized(name, data_dir, 0.0, copies)
+    whole = load_centralized(name, data_dir, 0.0, copies, samples)
     return Centralized(np.zeros((len(whole.y), 0), np.float32), whole.y, whole.info, whole.source, whole.copies)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from task.models import IMAGE_ONLY, MODELS, model_norm_keys
+from task.models import IMAGE_ONLY, MODELS, SIGNAL_ONLY, model_norm_keys
 
 
 def models_with_norm_layers(settings: Any) -> list[str]:
     """The registry's models that have normalisation layers and take this run's inputs (images: every model but
-    the causal LM; the next-word task: the causal LM; other vectors: the vector models)."""
+    the causal LM and the signal models; the next-word task: the causal LM; other vectors: the vector models)."""
     if settings.image_size > 0:
-        fitting = [m for m in MODELS if m != "gpt2"]
+        fitting = [m for m in MODELS if m != "gpt2" and m not in SIGNAL_ONLY]
     elif settings.data.dataset == "dialects":
         fitting = ["gpt2"]
     else:

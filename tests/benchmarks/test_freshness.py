@@ -131,3 +131,36 @@ def test_a_committed_tree_judges_its_records_against_its_own_commit(repo):
     later = commit_change(repo, "strategies/fedcac.py")
     assert freshness.stale_test(raw, later)(path) is True
     assert freshness.stale_test(raw, first)(path) is False
+
+
+def test_a_record_keeping_its_files_digests_is_judged_without_any_history(repo, tmp_path):
+    """What CI's fresh clone can tell: a record that keeps the digests of the files it ran is fresh while its method's
+    files and the shared code are as they ran, stale once one of them changes (committed or not), whatever the
+    history holds; another method's file does not count."""
+    from benchmarks.method_code import file_digests
+
+    shallow = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{repo}", str(shallow)], check=True)
+    rec = run_of("fedcac", "f" * 40)  # a commit no clone holds
+    rec["code"]["files"] = file_digests("fedcac", shallow)
+    assert verdict(freshness.Checker(shallow), rec).fresh
+    (shallow / "strategies" / "baselines.py").write_text("another method's file changed\n")
+    assert verdict(freshness.Checker(shallow), rec).fresh
+    (shallow / "task" / "data" / "__init__.py").write_text("the shared data code changed\n")
+    v = verdict(freshness.Checker(shallow), rec)
+    assert not v.fresh and v.changed == ["task/data/__init__.py"] and "1 file changed since it ran" in (v.reason or "")
+    (shallow / "task" / "data" / "new.py").write_text("a file added to a shared folder\n")
+    assert verdict(freshness.Checker(shallow), rec).changed == ["task/data/__init__.py", "task/data/new.py"]
+
+
+def test_every_record_of_a_run_keeps_the_digests_of_the_files_its_method_ran():
+    from benchmarks.method_code import ROOT, file_digests
+    from benchmarks.running import record_from_run
+
+    rec = record_from_run(
+        None, grid="g", cell={"seed": 0}, command="c", num_supernodes=2, run_config={"method": "fedcac"}, error="x"
+    )
+    files = rec["code"]["files"]
+    assert files == file_digests("fedcac", ROOT)
+    assert {"strategies/fedcac.py", "client_app/fedcac_math.py", "task/train.py", "task/data/sources.py"} <= set(files)
+    assert "strategies/pfedlia.py" not in files and all(len(d) == 16 for d in files.values())

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import families, grids, records, reporting, running
+from benchmarks import families, grids, protocol, records, reporting, running
 from benchmarks.records import write_record
 from benchmarks.reporting import figures
 from benchmarks.reporting import grids as report_grids
@@ -98,11 +98,11 @@ def test_every_planned_run_config_is_one_the_app_accepts():
     assert {"label-skew", "feature-shift", "domain-per-client"} <= set(design)
     for fam in design.values():
         chosen = {r.name: families.setting_label(fam.tuning.settings(r)[-1]) for r in fam.rows}
-        grids.check_configs(families.selection_runs(fam, [0]) + families.grid_runs(fam, chosen, [0], True))
-        grids.check_configs(families.grid_runs(fam, chosen, [0], False))
+        protocol.check_configs(families.selection_runs(fam, [0]) + families.grid_runs(fam, chosen, [0], True))
+        protocol.check_configs(families.grid_runs(fam, chosen, [0], False))
     bad = replace(design["label-skew"], rows=(families.Row("pifl", {"method": "pifl"}, "tiers", (2, 11)),))
     with pytest.raises(SystemExit, match=r"label-skew / pifl: .*tiers=11"):
-        grids.check_configs(families.selection_runs(bad, [0]))
+        protocol.check_configs(families.selection_runs(bad, [0]))
 
 
 def test_a_family_whose_keys_the_app_lacks_is_left_out_with_a_message(capsys):
@@ -184,6 +184,22 @@ def test_the_federations_users_run():
     assert 0 < new.base["holdout-clients"] < new.clients
 
 
+def test_mnist1d_runs_the_label_skew_and_the_100_client_families_tuned_on_its_own_selection():
+    """A second data set away from the ceiling: the same rows, cells and tuning as label skew on digits, tuned again on
+    MNIST-1D (never on digits' choices), and the 100-client federation with MNIST-1D's choices; no run copies data."""
+    digits, skew = families.FAMILIES["label-skew"], families.FAMILIES["mnist1d-label-skew"]
+    many = families.FAMILIES["mnist1d-many-clients"]
+    assert skew.rows == digits.rows and skew.cells() == digits.cells() and skew.tuned_from is None
+    assert skew.select_grid not in (digits.select_grid, digits.grid) and skew.grid != digits.grid
+    assert many.tuned_from is skew and many.select_grid == skew.select_grid
+    assert many.clients == families.MANY_CLIENTS.clients and many.heterogeneity == families.MANY_CLIENTS.heterogeneity
+    runs = families.selection_runs(skew) + [
+        r for fam in (skew, many) for r in families.grid_runs(fam, {"local": "lr=0.05 local-epochs=1"}, [0], False)
+    ]
+    assert runs and all(r.config["dataset"] == "mnist1d" and r.config.get("data-copies", 1) == 1 for r in runs)
+    assert {r.grid for r in runs} == {skew.select_grid, skew.grid, many.grid}
+
+
 # =========================================================================== selection
 def test_a_setting_is_chosen_on_mean_validation_accuracy_over_the_selection_seeds_ties_going_to_the_first(tmp_path):
     fam = tiny()["label-skew"]
@@ -236,7 +252,7 @@ def test_a_learning_rate_chosen_at_an_edge_is_extended_until_the_choice_is_insid
     assert sel.chosen == "lr=0.1 local-epochs=2" and sel.lrs == [0.01, 0.05, 0.1, 0.2] and not sel.edge
     assert sel.budget == 8
     # grids.py asks for exactly the runs a choice waits for
-    assert grids.extension_runs({"label-skew": replace(fam, rows=(row,))}, tmp_path) == []
+    assert protocol.extension_runs({"label-skew": replace(fam, rows=(row,))}, tmp_path) == []
 
 
 def test_a_choice_at_the_end_of_the_ladder_is_kept_and_said_so(tmp_path):
@@ -565,13 +581,13 @@ def test_smoke_records_never_go_to_the_committed_raw_folder():
 
 def test_the_estimate_comes_from_a_timing_run_and_scales_to_the_planned_rounds(tmp_path):
     fam = families.FAMILIES["many-clients"]
-    (fedavg, every) = grids.timing_runs({"many-clients": fam})
+    (fedavg, every) = protocol.timing_runs({"many-clients": fam})
     assert every.config["fraction-train"] == 1.0 and fedavg.config["fraction-train"] == fam.base["fraction-train"]
     assert fedavg.config["num-server-rounds"] == fam.base["eval-every"] + 1
     rounds = [{"round": i + 1, "seconds": s} for i, s in enumerate([20.0] + [2.0] * 10)]
     for run, scale in ((fedavg, 1.0), (every, 5.0)):
         rec = record(
-            grids.TIMING,
+            protocol.TIMING,
             run.cell,
             0.5,
             wall=70.0 * scale,

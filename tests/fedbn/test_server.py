@@ -87,9 +87,11 @@ def test_a_model_without_normalisation_layers_is_refused_naming_the_key_and_the_
     )
 
 
-def test_vector_data_without_any_model_with_normalisation_layers_is_refused_saying_so():
-    with pytest.raises(ConfigConflict, match="has none, so FedBN would be plain FedAvg; no model here for dataset "):
+def test_vector_data_is_pointed_at_the_vector_model_with_normalisation_layers():
+    refusal = r"model 'softmax' .* has none, so FedBN would be plain FedAvg; use one that has: \['cnn1d'\]$"
+    with pytest.raises(ConfigConflict, match=refusal):
         parse_settings({"method": "fedbn", "dataset": "synth-concept"})
+    assert parse_settings({"method": "fedbn", "dataset": "mnist1d"}).model == "cnn1d"  # its default model has them
 
 
 def test_the_next_word_task_is_pointed_at_the_causal_lm_whose_layer_norms_stay_local():

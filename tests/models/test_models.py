@@ -26,6 +26,7 @@ CASES = {
     "resnet18": (3, 32),
     "softmax": (10, 0),
     "mlp": (10, 0),
+    "cnn1d": (40, 0),
 }
 
 
@@ -77,10 +78,34 @@ def test_bad_model_names():
         build_model("vgg", 1, 8, 10)
     with pytest.raises(ValueError, match="needs image inputs"):
         build_model("cnn", 10, 0, 2)
+    with pytest.raises(ValueError, match="reads vector inputs as a signal but the data set gives images"):
+        build_model("cnn1d", 1, 8, 10)
+
+
+def test_the_1d_cnn_convolves_along_the_signal_and_takes_any_length():
+    """A signal shifted along its length changes the 1-D CNN's output (it reads positions, not a bag of values), a
+    signal given with its channel axis is the same signal, and the architecture is built for the length it gets."""
+    model = build_model("cnn1d", 40, 0, 10, seed=0).eval()
+    x = torch.randn(4, 40)
+    assert torch.equal(model(x), model(x[:, None, :]))
+    assert not torch.allclose(model(x), model(torch.roll(x, 3, dims=1)))
+    assert [type(m) for m in model.modules() if isinstance(m, nn.Conv1d | nn.BatchNorm1d | nn.ReLU)] == [
+        nn.Conv1d,
+        nn.BatchNorm1d,
+        nn.ReLU,
+    ] * 3
+    assert count_parameters(model) < 20_000  # a small model: the convolutional baseline of MNIST-1D is about 5k
+    assert build_model("cnn1d", 100, 0, 3)(torch.randn(2, 100)).shape == (2, 3)
 
 
 #: the models with normalisation layers, and the kind of layer
-NORMALISED = {"cnn": nn.BatchNorm2d, "resnet8": nn.BatchNorm2d, "resnet10": nn.BatchNorm2d, "resnet18": nn.BatchNorm2d}
+NORMALISED = {
+    "cnn": nn.BatchNorm2d,
+    "resnet8": nn.BatchNorm2d,
+    "resnet10": nn.BatchNorm2d,
+    "resnet18": nn.BatchNorm2d,
+    "cnn1d": nn.BatchNorm1d,
+}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -80,3 +80,18 @@ def test_a_failing_check_of_the_test_command_stops_ci(tmp_path, failing):
     done = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, check=False)
     assert done.returncode != 0, f"a failing {failing} did not stop .ci/run"
     assert "CI went on" not in done.stdout
+
+
+def test_ci_checks_the_benchmark_pages_and_records_strictly_and_stops_when_they_differ(tmp_path):
+    """.ci/run runs `python -m benchmarks.report --check` (pages against records, records against the code), without
+    --allow-stale, after the tests; a failing check stops CI before the demo."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    [line] = [ln for ln in lines if ln.startswith("python -m benchmarks.report")]
+    assert line.removesuffix(" || exit") == "python -m benchmarks.report --check"
+    assert lines.index(line) > lines.index(ci_line(readme_commands()[1]))
+    assert lines.index(line) < next(i for i, ln in enumerate(lines) if ln.strip() == "demo_stage")
+    fake_tools(tmp_path, "python")
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    script = f"set -euo pipefail\n{line}\necho CI went on\n"
+    done = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode != 0 and "CI went on" not in done.stdout

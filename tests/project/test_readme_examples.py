@@ -361,6 +361,13 @@ ACCOUNTED = [
 ]
 ACCOUNTED.append(
     (
+        r"^python -m benchmarks\.own_data ",
+        "tests/benchmarks/test_own_data.py (the README's commands, shrunk, on a local copy made from the digits)",
+        lambda c: "readme_commands()" in (ROOT / "tests/benchmarks/test_own_data.py").read_text(),
+    )
+)
+ACCOUNTED.append(
+    (
         r"^flower-supernode \.\.\. --node-config ",
         "tests/deploy/test_dp_deployment.py (the local-DP run's accepting SuperNodes carry this floor)",
         lambda c: "readme_floor()" in (ROOT / "tests/deploy/test_dp_deployment.py").read_text(),
