@@ -1,4 +1,5 @@
-"""Runs that survive a crash, and the models a run leaves behind, end to end through Flower.
+"""Runs that survive a crash, and the models a run leaves behind, end to end through Flower (``flwr run`` for one
+method, Flower's runtime on the engine for the others: ``THROUGH_FLWR_RUN``).
 
 Every method, with the default model: a run stopped after round k (``stop-after=k``: the ServerApp stops right
 after that round's checkpoint, as a crash would), resumed with ``resume-from``, killed (SIGKILL of its ServerApp
@@ -13,6 +14,8 @@ import csv
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +26,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from server_app.engine import Engine
 from server_app.job import Exit, outcome
 from server_app.runner import RunFailed, results_folder_from_output, stopped_after
 from task.config import parse_settings
@@ -51,6 +55,10 @@ NEEDS: dict[str, dict[str, Any]] = {
 #: included, run with ``python -m pytest -m extended`` (in the default run, tests/resume/test_by_method.py resumes
 #: every method's strategy in-process and test_client_state_files.py checks what clients keep)
 DEFAULT_RUN = {"fedcac", "pfedlia", "pifl"}
+#: resumed through ``flwr run`` (a SuperLink, the ServerApp in Flower's ``flwr-simulation`` process, which is killed);
+#: the others run on the engine (tests/engine/test_equality.py holds it to ``flwr run``, a stopped and resumed run
+#: included), the ServerApp's process killed being a ``python -m server_app.sweep`` running the resumed run
+THROUGH_FLWR_RUN = {"fedcac"}
 #: the method whose finished reference run also serves as the folder a resume of another method must refuse
 REFUSAL_CHECK = ("fedcac", "fedavg")
 
@@ -87,10 +95,10 @@ def without_measured(tree):
     return tree
 
 
-def stop(simulation, cfg: dict, stop_after: int) -> Path:
+def stop(runtime, cfg: dict, stop_after: int) -> Path:
     """Run ``cfg`` with ``stop-after``; the folder of the stopped run (its checkpoint is round ``stop_after``)."""
     with pytest.raises(RunFailed) as crash:
-        simulation.run({**cfg, "stop-after": stop_after}, num_supernodes=CLIENTS)
+        runtime.run({**cfg, "stop-after": stop_after}, num_supernodes=CLIENTS)
     folder = results_folder_from_output(crash.value.output) or _folder_of_crashed(crash.value.output)
     assert (folder / "checkpoints" / "LATEST").read_text() == f"round-{stop_after:05d}"
     # the ServerApp's stop line names the round and the folder; `python -m server_app.job` exits 4 on it
@@ -112,16 +120,20 @@ def server_app_processes(simulation) -> list[int]:
     return found
 
 
-def resume_and_kill(simulation, cfg: dict, folder: Path, kill_after: int) -> tuple[int, Callable[[], None]]:
+def resume_and_kill(runtime, cfg: dict, folder: Path, kill_after: int) -> tuple[int, Callable[[], None]]:
     """Resume ``folder`` and SIGKILL the ServerApp's process as soon as round ``kill_after``'s checkpoint is
     written, as a crash of the machine would; (the last complete round the checkpoint then names, a function that
-    waits for the killed run's ``flwr run`` to end).  That ``flwr run`` ends only when the SuperLink gives up on
-    the dead ServerApp (its heartbeat, about 30 s here); the next run need not wait for it."""
+    waits for the killed run to end).  Through ``flwr run`` the process is the SuperLink's ``flwr-simulation``, and
+    that ``flwr run`` ends only when the SuperLink gives up on the dead ServerApp (its heartbeat, about 30 s here);
+    the next run need not wait for it.  On the engine it is a ``python -m server_app.sweep`` process running the
+    resumed run."""
     latest, outcome = folder / "checkpoints" / "LATEST", {}
+    if isinstance(runtime, Engine):
+        return _resume_on_the_engine_and_kill(cfg, folder, kill_after, runtime.home)
 
     def resume() -> None:
         try:
-            outcome["summary"] = simulation.run({**cfg, "resume-from": str(folder)}, num_supernodes=CLIENTS)
+            outcome["summary"] = runtime.run({**cfg, "resume-from": str(folder)}, num_supernodes=CLIENTS)
         except RunFailed as err:
             outcome["failed"] = err
 
@@ -130,7 +142,7 @@ def resume_and_kill(simulation, cfg: dict, folder: Path, kill_after: int) -> tup
     deadline = time.monotonic() + 900
     while latest.read_text() < f"round-{kill_after:05d}" and runner.is_alive() and time.monotonic() < deadline:
         time.sleep(0.02)
-    killed = server_app_processes(simulation)
+    killed = server_app_processes(runtime)
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     assert killed, "the resumed run ended before it could be killed"
@@ -144,6 +156,29 @@ def resume_and_kill(simulation, cfg: dict, folder: Path, kill_after: int) -> tup
     return done, ended
 
 
+def _resume_on_the_engine_and_kill(
+    cfg: dict, folder: Path, kill_after: int, home: Path
+) -> tuple[int, Callable[[], None]]:
+    from server_app.engine import APP_DIR, run_config_text
+
+    latest = folder / "checkpoints" / "LATEST"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server_app.sweep", str(APP_DIR), "--run-config",
+         run_config_text({**cfg, "resume-from": str(folder)}), "--federation-config", f"num-supernodes={CLIENTS}",
+         "--out", str(home / "killed-sweep")],
+        cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(APP_DIR)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 900
+    while latest.read_text() < f"round-{kill_after:05d}" and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert process.poll() is None, "the resumed run ended before it could be killed"
+    process.kill()
+    process.wait(60)
+    done = int(latest.read_text().removeprefix("round-"))
+    assert KILL_AFTER <= done < ROUNDS
+    return done, lambda: None
+
+
 def _folder_of_crashed(output: str) -> Path:
     import re
 
@@ -153,12 +188,13 @@ def _folder_of_crashed(output: str) -> Path:
 
 
 @pytest.mark.parametrize("method", [method_param(m) for m in METHODS])
-def test_a_run_stopped_then_killed_and_resumed_ends_like_the_uninterrupted_one(simulation, method):
+def test_a_run_stopped_then_killed_and_resumed_ends_like_the_uninterrupted_one(request, method):
     """The run config a user gets for ``method`` (default model with BatchNorm, SGD with momentum), sized down
     (``SMALL``) and with only what the method needs to run in ``SMALL``'s rounds (``NEEDS``): stopped by
     ``stop-after`` after round 1, resumed and killed (SIGKILL of the ServerApp's process) after round 2's
     checkpoint, resumed again; it ends with the same per-round metrics, per-client results and saved models as
     the run without interruptions."""
+    simulation = request.getfixturevalue("simulation" if method in THROUGH_FLWR_RUN else "engine")
     cfg = {**SMALL, "method": method, **NEEDS.get(method, {})}
     reference = simulation.run(cfg, num_supernodes=CLIENTS)
     folder = stop(simulation, cfg, STOP_AFTER)
