@@ -49,6 +49,7 @@ from . import (
     client2vec,
     compute,
     defaults,
+    engine_check,
     engine_speed,
     fedc2i,
     fedc2i_speed,
@@ -140,6 +141,7 @@ SECTIONS = [
         scale.render_scale,
     ),
     Section("PI-FL on two-source data", ["pifl"], pifl.render_pifl),
+    Section("Engine against Flower's runtime on the evidence", [engine_check.GRID], engine_check.render_engine_check),
     Section(
         "Engine: many runs in one process against flwr run",
         list(engine_speed.GRIDS),

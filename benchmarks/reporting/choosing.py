@@ -44,7 +44,7 @@ from benchmarks.records import (
 )
 from task.methods.fedc2i import DEPRECATED_VARIANTS
 
-from . import fairness, float_noise
+from . import engine_check, fairness, float_noise
 from .figures import Figure
 from .float_noise import Noise
 from .grids import NEWCOMER_KEYS, FamilyRecords, axis_cells, budget_text, failed_replies, margins_figure, test_sizes
@@ -889,6 +889,8 @@ def render_choosing(raw: Path, design: dict[str, Family] | None = None) -> str:
         ),
         "## Not measured yet\n\n"
         + ("\n".join(f"- {m}" for m in missing) if missing else "Every planned cell has its seeds' results."),
+        engine_check.verdict(Path(raw))
+        or "The engine's records have not been run again through `flwr run` yet (`benchmarks/engine_check.py`).",
         "## The users' questions\n\n" + users(frs),
         "## The five papers' methods in short\n\n" + summary(frs, Path(raw), claims),
         "## The papers' own claims, tested once more\n\n" + claims_section,
