@@ -2,10 +2,13 @@
 
 An option set is a frozen dataclass whose fields are made with :func:`option`; :meth:`OptionSet.parse` reads
 it from a run config (the ServerApp and every ClientApp call the same code), converts each value to the
-field's type and checks it, and every error names the key, what it got and what is allowed.  Cross-key
-rules that make a method's defining step impossible (a warm-up as long as the run, ...) live in
-:meth:`OptionSet.conflicts`.  ``pyproject.toml``'s ``[tool.flwr.app.config]`` must list exactly the declared
-keys with the declared defaults (tests/config/test_options.py).
+field's type and checks it, and every error names the key, what it got and what is allowed.  A field made with
+:func:`part` holds another option set read from the same run config (the run's ``Settings`` holds its data
+settings, aggregation rule and attack so), and :func:`declared_in` binds a field to a key another set declares
+(one key, one declaration, read into two places).  Cross-key rules that make a method's defining step impossible
+(a warm-up as long as the run, ...) live in :meth:`OptionSet.conflicts`.  ``pyproject.toml``'s
+``[tool.flwr.app.config]`` must list exactly the declared keys with the declared defaults and types
+(tests/config/test_options.py).
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ class Option:
         if self.maximum is not None:
             return f"{what} <= {self.maximum:g}"
         return what
+
+    def field(self) -> Any:
+        """A dataclass field bound to this option (its default is the option's)."""
+        return dataclasses.field(default=self.default, metadata={"option": self})
 
     def convert(self, value: Any, warn: bool = True) -> Any:
         """``value`` as this option's type, or ValueError naming the key, the value and what is allowed.  A
@@ -100,7 +107,19 @@ def option(
     if choices is not None and not set(opt.aliases.values()) <= set(choices):
         raise ValueError(f"aliases of {key!r} must name allowed values {list(choices)}, got {opt.aliases}")
     opt.convert(default)  # a declaration whose default breaks its own rule is a bug
-    return dataclasses.field(default=default, metadata={"option": opt})
+    return opt.field()
+
+
+def declared_in(cls: type[OptionSet], key: str) -> Any:
+    """A dataclass field bound to the option ``key`` that ``cls`` declares: one declaration, read into a field of
+    ``cls`` and into this one."""
+    return cls.declared()[key].field()
+
+
+def part(cls: type[T]) -> Any:
+    """A dataclass field holding the option set ``cls``, parsed from the same run config as the set it is in (its
+    keys are that set's keys too)."""
+    return dataclasses.field(default_factory=cls, metadata={"part": cls})
 
 
 class ConfigConflict(ValueError):
@@ -113,16 +132,37 @@ class OptionSet:
 
     @classmethod
     def declared(cls) -> dict[str, Option]:
-        """key -> Option, in declaration order."""
-        return {
-            f.metadata["option"].key: f.metadata["option"] for f in dataclasses.fields(cls) if "option" in f.metadata
-        }
+        """key -> Option, in declaration order, with the keys of each :func:`part` where the part is.  A key bound
+        to two different declarations is a bug, refused here."""
+        out: dict[str, Option] = {}
+        for f in dataclasses.fields(cls):
+            if "part" in f.metadata:
+                found = f.metadata["part"].declared()
+            elif "option" in f.metadata:
+                found = {f.metadata["option"].key: f.metadata["option"]}
+            else:
+                continue
+            for key, opt in found.items():
+                if out.setdefault(key, opt) is not opt:
+                    raise TypeError(f"{cls.__name__}: run-config key {key!r} is declared twice")
+        return out
 
     @classmethod
     def parse(cls, cfg: Mapping[str, Any], fixed: Mapping[str, Any] | None = None) -> Self:
-        values = {}
+        """The set read from the run config ``cfg``, ``fixed`` values (a method's) in place of their keys'."""
+        return cls.build(cls.read(cfg, fixed))
+
+    @classmethod
+    def read(cls, cfg: Mapping[str, Any], fixed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Field name -> value, for every field bound to a key (a part's value: a dict of its own), each converted
+        and checked, and nothing built yet: a bad value is refused before any check across keys (a set's own, in
+        its ``__post_init__``) could speak of it."""
+        values: dict[str, Any] = {}
         fixed = dict(fixed or {})
         for f in dataclasses.fields(cls):
+            if "part" in f.metadata:
+                values[f.name] = f.metadata["part"].read(cfg, fixed)
+                continue
             opt = f.metadata.get("option")
             if opt is None:
                 continue
@@ -137,7 +177,13 @@ class OptionSet:
             else:
                 value = opt.convert(cfg.get(opt.key, opt.default))
             values[f.name] = value
-        return cls(**values)
+        return values
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any]) -> Self:
+        """The set from :meth:`read`'s ``values`` (and any field not bound to a key given with them)."""
+        parts = {f.name: f.metadata["part"] for f in dataclasses.fields(cls) if "part" in f.metadata}
+        return cls(**{name: parts[name].build(v) if name in parts else v for name, v in values.items()})
 
     def conflicts(self, settings: Any) -> list[str]:
         """Why these options cannot work with the rest of the run's settings (none by default)."""

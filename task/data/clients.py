@@ -24,33 +24,78 @@ from typing import Any
 import numpy as np
 import torch
 
-from task.data.catalogue import DOMAINS, MIXTURES, MNIST1D_SAMPLES, PARTITIONS, NoShare, dataset_info
+from task.data.catalogue import (
+    DATASETS,
+    DOMAINS,
+    MIN_CLIENT_SAMPLES,
+    MIXTURES,
+    MNIST1D_SAMPLES,
+    PARTITIONS,
+    NoShare,
+    dataset_info,
+)
 from task.data.domains import apply_domain, domain_of
+from task.options import OptionSet, option
 
 
 @dataclass(frozen=True)
-class DataSettings:
-    """Everything that decides a client's data (hashable: it keys the per-process cache)."""
+class DataSettings(OptionSet):
+    """Everything that decides a client's data (hashable: it keys the per-process cache); each field is a run-config
+    key."""
 
-    dataset: str = "digits"
-    partition: str = "dirichlet"
-    alpha: float = 0.5
-    size_sigma: float = 1.0
-    classes_per_client: int = 2
-    num_clusters: int = 5
-    mixture: str = "10:90"
-    feature_shift: int = 0  # number of domains, 0 = none
-    test_fraction: float = 0.2
-    val_fraction: float = 0.1
-    noise_std: float = 0.0
-    data_copies: int = 1
-    train_samples: int = 0  # cap on each client's training split (0 = all of it)
-    mnist1d_samples: int = MNIST1D_SAMPLES  # how many signals dataset 'mnist1d' makes
-    data_dir: str = ""
-    seed: int = 0
-    dialect_mix: float = 0.5
-    dialect_sequences: int = 120
-    lm_pretrained: str = ""
+    dataset: str = option("dataset", "digits", "the data set", choices=tuple(DATASETS))
+    partition: str = option("partition", "dirichlet", "how the data is split over clients", choices=PARTITIONS)
+    alpha: float = option(
+        "alpha", 0.5, "Dirichlet concentration of labels (partitions 'dirichlet', 'quantity-dirichlet')", minimum=1e-9
+    )
+    size_sigma: float = option(
+        "size-sigma",
+        1.0,
+        "quantity skew (partition 'quantity-dirichlet'): client sizes in proportion to lognormal(0, size-sigma) "
+        f"draws, at least {MIN_CLIENT_SAMPLES} samples each (0: equal sizes)",
+        minimum=0.0,
+    )
+    classes_per_client: int = option("classes-per-client", 2, "labels per client (partition 'pathological')", minimum=1)
+    num_clusters: int = option("num-clusters", 5, "planted groups (partition 'planted-clusters*'; dialects)", minimum=1)
+    mixture: str = option("mixture", "10:90", "two-source mixture (partition 'two-source')", choices=MIXTURES)
+    feature_shift: int = option(
+        "feature-shift",
+        0,
+        "feature-shift domains, one transform per client (0 = none)",
+        minimum=0,
+        maximum=len(DOMAINS),
+    )
+    test_fraction: float = option("test-fraction", 0.2, "each client's held-out test share", minimum=0.0, maximum=0.89)
+    val_fraction: float = option("val-fraction", 0.1, "each client's validation share", minimum=0.0, maximum=0.89)
+    noise_std: float = option("noise-std", 0.0, "fixed Gaussian pixel noise on the data", minimum=0.0)
+    data_copies: int = option(
+        "data-copies",
+        1,
+        "jittered copies of every training image (a copy trains where its original trains; held-out splits and "
+        "the number of clients a data set fits are unchanged)",
+        minimum=1,
+    )
+    train_samples: int = option(
+        "train-samples",
+        0,
+        "cap on each client's training examples: a seeded subsample, stratified by label (0 = all); "
+        "validation and test splits unchanged",
+        minimum=0,
+    )
+    mnist1d_samples: int = option(
+        "mnist1d-samples",
+        MNIST1D_SAMPLES,
+        "dataset 'mnist1d': how many signals to generate (a multiple of 10, as many of each digit), shared out over "
+        "the clients",
+        minimum=10,
+    )
+    data_dir: str = option("data-dir", "", "local copy of a real data set (empty: the Hugging Face hub)")
+    seed: int = option("seed", 0, "seed of partitions, initial model and sampling", minimum=0)
+    dialect_mix: float = option(
+        "dialect-mix", 0.5, "dialects: share of dialect-specific transitions", minimum=0.0, maximum=1.0
+    )
+    dialect_sequences: int = option("dialect-sequences", 120, "dialects: lines per client", minimum=4)
+    lm_pretrained: str = option("lm-pretrained", "", "dialects: a local GPT-2 folder (save_pretrained layout)")
 
     def __post_init__(self) -> None:
         dataset_info(self.dataset)
