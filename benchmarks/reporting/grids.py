@@ -275,9 +275,9 @@ def procedure(fr: FamilyRecords, d: dict[str, Any]) -> str:
 
 def _help(key: str) -> str:
     """The app's own line of help for a run-config key (what it does is stated by the code, not retyped here)."""
-    from task.config import RunOptions
+    from task.config import Settings
 
-    opt = RunOptions.declared().get(key)
+    opt = Settings.declared().get(key)
     return f"the app's help for it: {opt.help}" if opt else f"see the run-config key `{key}`"
 
 

@@ -335,9 +335,9 @@ def test_losses_are_made_on_the_inputs_device():
 def test_training_default_seed_is_the_run_configs_and_the_seed_matters():
     """The default seed of train_dsa_ign is the run config's default seed (0), and the seed decides the batches:
     130 pairs in batches of 128 and 2, so another seed puts other pairs in the small batch."""
-    from task.config import RunOptions
+    from task.config import Settings
 
-    seed0 = RunOptions.declared()["seed"].default
+    seed0 = Settings.declared()["seed"].default
     rng = np.random.default_rng(8)
     D, L = rng.normal(size=(130, 16)).astype(np.float32), rng.normal(size=(130, 16)).astype(np.float32)
     a, b, c = build_ign(SMALL, 5), build_ign(SMALL, 5), build_ign(SMALL, 5)

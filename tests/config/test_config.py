@@ -134,10 +134,10 @@ def test_missing_local_copy():
 def test_pifl_ni_runs_with_the_defaults_flower_passes():
     # Flower's run config holds every pyproject key, pifl-incentive = true among them; PI-FL(NI) fixes it to
     # false (a bool fixed to its other value cannot conflict: true is the default, i.e. "not set")
-    from task.config import RunOptions
+    from task.config import Settings
     from task.methods import method_spec
 
-    defaults = {k: o.default for k, o in RunOptions.declared().items()}
+    defaults = {k: o.default for k, o in Settings.declared().items()}
     defaults.update({k: o.default for k, o in method_spec("pifl-ni").options.declared().items()})
     settings = parse_settings(
         {**defaults, "method": "pifl-ni", "slots-performance": 1, "slots-random": 0, "min-nodes": 4}

@@ -1,15 +1,22 @@
-"""Options are declared once (task/options.py, task/config.py, task/methods): pyproject.toml's run config holds
-exactly the declared keys with the declared defaults (flwr rejects --run-config keys pyproject.toml does not
-declare), a key declared by several methods means the same everywhere, and bad values name their key."""
+"""Options are declared once (task/options.py; task/config.py's Settings and the parts it holds; task/methods):
+pyproject.toml's run config holds exactly the declared keys with the declared defaults and types (flwr rejects
+--run-config keys pyproject.toml does not declare, and passes a run every key it does), a key several option sets
+read is one declaration, each key's value reaches the settings field bound to it, and bad values name their key."""
 
 import dataclasses
+import json
 import tomllib
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from task.config import RunOptions, parse_settings, run_config_keys
+from task.config import Settings, parse_settings, run_config_keys
 from task.methods import METHODS, OPTION_SETS
+from task.models import MODELS
 from task.options import ConfigConflict, Option, OptionSet, option
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,24 +24,113 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def declared() -> dict[str, list[Option]]:
     out: dict[str, list[Option]] = {}
-    classes: tuple[type[OptionSet], ...] = (RunOptions, *OPTION_SETS)
+    classes: tuple[type[OptionSet], ...] = (Settings, *OPTION_SETS)
     for cls in classes:
         for key, opt in cls.declared().items():
             out.setdefault(key, []).append(opt)
     return out
 
 
-def test_pyproject_holds_exactly_the_declared_keys_and_defaults():
+def toml_line(opt: Option) -> str:
+    value = opt.default
+    shown = ("true" if value else "false") if isinstance(value, bool) else json.dumps(value)
+    return f"{opt.key} = {shown}"
+
+
+def test_pyproject_holds_exactly_the_declared_keys_defaults_and_types():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    keys = declared()
-    assert set(config) == set(keys), (sorted(set(config) - set(keys)), sorted(set(keys) - set(config)))
-    for key, opts in keys.items():
-        assert all(o == opts[0] for o in opts), f"{key} is declared differently in two option sets"
-        assert type(config[key]) is opts[0].kind and config[key] == opts[0].default, (key, config[key], opts[0].default)
-        assert opts[0].help
+    keys = {key: opts[0] for key, opts in declared().items()}
+    missing = [toml_line(keys[k]) for k in keys if k not in config]
+    assert not missing, "pyproject.toml's [tool.flwr.app.config] lacks declared keys; add:\n" + "\n".join(missing)
+    assert set(config) <= set(keys), f"pyproject.toml holds keys nothing declares: {sorted(set(config) - set(keys))}"
+    wrong = [
+        f"{toml_line(opt)}  (pyproject.toml has {key} = {config[key]!r})"
+        for key, opt in keys.items()
+        if type(config[key]) is not opt.kind or config[key] != opt.default
+    ]
+    assert not wrong, "pyproject.toml's defaults differ from the declared ones; declared:\n" + "\n".join(wrong)
     # the parser knows exactly these keys (it refuses any other, as Flower does) and takes the defaults Flower passes
     assert run_config_keys() == set(keys)
     parse_settings(config)
+
+
+def test_every_key_is_declared_once_with_its_help():
+    """A key that several option sets read (Settings and its data settings: ``seed``; methods that share keys by
+    inheriting a class) is one declaration, not copies that could drift apart."""
+    for key, opts in declared().items():
+        assert all(o is opts[0] for o in opts), f"{key!r} is declared more than once"
+        assert opts[0].help, key
+
+    @dataclasses.dataclass(frozen=True)
+    class Twice(OptionSet):
+        count: int = option("count", 3, "how many")
+        again: int = option("count", 3, "how many")
+
+    with pytest.raises(TypeError, match="'count' is declared twice"):
+        Twice.declared()
+
+
+def bound_fields(obj: Any) -> list[tuple[Any, str, Option]]:
+    """(object, field name, option) of every field of ``obj`` and of its parts that is bound to a key."""
+    out = []
+    for f in dataclasses.fields(obj):
+        if "part" in f.metadata:
+            out += bound_fields(getattr(obj, f.name))
+        elif "option" in f.metadata:
+            out.append((obj, f.name, f.metadata["option"]))
+    return out
+
+
+#: free-text keys, a few values each: the parser takes any string for them but the model's name
+TEXT = {"model": ["auto", *MODELS], "lm-pretrained": [""], "data-dir": [""]}
+
+
+def good_value(opt: Option) -> st.SearchStrategy[Any]:
+    if opt.choices is not None:
+        return st.sampled_from(opt.choices)
+    if opt.kind is bool:
+        return st.booleans()
+    if opt.kind is str:
+        return st.sampled_from(TEXT.get(opt.key, [opt.default, "something"]))
+    low = opt.minimum if opt.minimum is not None else -5
+    high = opt.maximum if opt.maximum is not None else low + 40
+    if opt.kind is int:
+        return st.integers(int(low), int(high))
+    return st.floats(low, high, allow_nan=False)
+
+
+@st.composite
+def run_configs(draw: st.DrawFn) -> dict[str, Any]:
+    """A method and values within their declared ranges for a random third of every run's keys and its own."""
+    method = draw(st.sampled_from(sorted(METHODS)))
+    keys = {**Settings.declared(), **METHODS[method].options.declared()}
+    chosen = draw(st.lists(st.sampled_from(sorted(set(keys) - {"method"})), max_size=len(keys) // 3, unique=True))
+    return {"method": method, **{key: draw(good_value(keys[key])) for key in chosen}}
+
+
+@settings(max_examples=150, deadline=None)
+@given(run_configs())
+def test_each_value_reaches_the_field_bound_to_its_key(cfg):
+    """Whatever the settings a run config parses to, every field bound to a key holds that key's value (or its
+    default), in Settings, in each part (the data, the aggregation rule, the attack) and in the method's options;
+    ``seed`` reaches both the run's and the data's.  ``model`` names the network 'auto' and the data resolve to."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            got = parse_settings(cfg)
+        except ValueError:  # values that each are valid but not together: refused, nothing to hold
+            return
+    fields = bound_fields(got) + bound_fields(got.options)
+    assert {opt.key for _, _, opt in fields} == set(cfg) | set(Settings.declared()) | set(type(got.options).declared())
+    assert sum(opt.key == "seed" for _, _, opt in fields) == 2
+    fixed = METHODS[got.method].fixed
+    for obj, name, opt in fields:
+        held = getattr(obj, name)
+        want = fixed.get(opt.key, opt.convert(cfg.get(opt.key, opt.default)))
+        if opt.key == "model" and want == "auto":
+            assert held in MODELS or held.startswith("gpt2:"), held
+        else:
+            assert held == want and type(held) is type(want), (opt.key, held, want)
 
 
 #: the data a method needs beyond the default (digits, Dirichlet): it is refused at start-up without it

@@ -303,9 +303,9 @@ def test_defaults_are_the_run_configs_declared_defaults():
     """A caller that leaves a setting out trains as a default run would: train()'s keyword defaults are the run
     config's declared defaults (task/config.py: local-epochs, batch-size, lr, momentum, weight-decay, seed).  45
     samples so that a batch size of 20 and one of 21 give different batches."""
-    from task.config import RunOptions
+    from task.config import Settings
 
-    d = {k: o.default for k, o in RunOptions.declared().items()}
+    d = {k: o.default for k, o in Settings.declared().items()}
     x, y = data(n=45)
     implicit, explicit = model(), model()
     out_implicit = train(implicit, x, y)
