@@ -3,14 +3,15 @@ the handlers (docs/adding-a-method.md, step 4, tells how a method uses them).
 
 A method overrides these hooks, and nothing else of the base: :meth:`ClientMethod.train` (the local update and its
 reply), :meth:`~ClientMethod.personal_model`, :meth:`~ClientMethod.global_model`,
-:meth:`~ClientMethod.evaluation_extras`, :meth:`~ClientMethod.test_split`, :meth:`~ClientMethod.query` (extra
-phases, ``query.<name>``), :meth:`~ClientMethod.release_reference` (local DP only) and ``newcomer_model``
-(client_app/newcomers.py).  Data and model are loaded once per process (cached by settings): ``reset_model``
-returns the process's one network, reset to the common initial weights.
+:meth:`~ClientMethod.evaluation_extras`, :meth:`~ClientMethod.test_split`, :meth:`~ClientMethod.newcomer_model`,
+:meth:`~ClientMethod.query` (extra phases, ``query.<name>``) and :meth:`~ClientMethod.release_reference` (local DP
+only).  Data and model are loaded once per process (cached by settings): ``reset_model`` returns the process's one
+network, reset to the common initial weights.
 
-The base's parts live beside it: the state kept between rounds (``keeps``, ``load_state`` / ``save_state``:
-client_app/state.py), a held-out client's scores (client_app/newcomers.py) and the saved personalized model
-(client_app/saving.py).
+One named part: ``self.kept``, the state kept between rounds (``kept.load(name)`` / ``kept.save(name, ...)`` of the
+names in ``keeps``: client_app/state.py).  The base alone uses the others: the personalized model's file
+(``self.model_file``) and its own BatchNorm statistics under DP (client_app/saving.py), a held-out client's scores
+(client_app/newcomers.py).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from torch import nn
 
-from client_app.newcomers import NewcomerScores
-from client_app.saving import ScoredModel
+from client_app.newcomers import newcomer_scores
+from client_app.saving import PersonalModelFile, own_norm_statistics
 from client_app.state import KeptState
 from task.attacks import backdoor_metrics
 from task.config import Settings, parse_settings
@@ -57,7 +58,7 @@ def _cached_model(
 MetricValue = int | float | list[int] | list[float]
 
 
-class ClientMethod(KeptState, NewcomerScores, ScoredModel):
+class ClientMethod:
     """Base of the client side of a method: a subclass implements :meth:`train` and overrides the evaluation
     hooks it needs (see the module docstring); the base's :meth:`evaluate` serves every method."""
 
@@ -107,6 +108,11 @@ class ClientMethod(KeptState, NewcomerScores, ScoredModel):
             raise ValueError(why)
         self.seed = int(self.settings.seed) * 100_003 + self.partition_id
         self.timings: dict[str, float] = {}
+        #: what this node keeps between rounds (client_app/state.py): ``self.kept.load(name)``, ``.save(name, ...)``
+        self.kept = KeptState(
+            context, type(self).__name__, self.keeps, self.partition_id, max(self.settings.checkpoint_every, 1) + 1
+        )
+        self.model_file = PersonalModelFile(context.node_config, self.settings, self.partition_id)
 
     # ---------------------------------------------------------------- model and messages
     def reset_model(self) -> SplitModel:
@@ -137,6 +143,7 @@ class ClientMethod(KeptState, NewcomerScores, ScoredModel):
         """Read what every message's config says (round, where to keep state and models)."""
         self.config = self.message_config(content)
         self.server_round = int(self.config.get("server-round", 0))  # seeds this round's shuffles
+        self.kept.begin(self.config)  # where this round's kept state is read and written
 
     # ---------------------------------------------------------------- training and evaluation
     @contextlib.contextmanager
@@ -217,23 +224,30 @@ class ClientMethod(KeptState, NewcomerScores, ScoredModel):
         """The data the personalized and global models are scored on."""
         return self.data.x_test, self.data.y_test
 
+    def newcomer_model(self, content: RecordDict) -> nn.Module:
+        """The model this method gives a client that never took part in training, from the ``query.newcomer``
+        message the server sends every held-out client after the last round (strategies/newcomers.py).  Default: the
+        personalized model built from the message as an evaluation builds it, which for a client with no state of
+        its own is the global model, or its own choice among the cluster or tier models the message brings."""
+        return self.personal_model(content)
+
     def evaluation(self, content: RecordDict) -> dict[str, Any]:
         """The evaluation metrics of the models ``content`` gives this client (and the saved model, if asked)."""
         x, y = self.test_split()
         model = self.personal_model(content)
-        self.own_norm_statistics(model)
+        own_norm_statistics(model, self.settings, self.data.x_train)
         loss, acc = evaluate(model, x, y)
         metrics: dict[str, Any] = {"personal-acc": acc, "personal-loss": loss, "test-examples": len(y)}
         metrics.update(
             backdoor_metrics(self.settings.attacks, model, x, y)
         )  # run-config attack='backdoor' (docs/robustness.md)
         if self.config.get("save-model"):
-            self.save_personal_model(model, metrics)
+            self.model_file.save(model, metrics, self.config, self.server_round)
         glob = self.global_model(content, model)
         if glob is SAME_AS_PERSONAL:
             metrics.update({"global-acc": acc, "global-loss": loss})
         elif isinstance(glob, nn.Module):
-            self.own_norm_statistics(glob)
+            own_norm_statistics(glob, self.settings, self.data.x_train)
             metrics["global-loss"], metrics["global-acc"] = evaluate(glob, x, y)
         metrics.update(self.evaluation_extras(content, model))
         return metrics
@@ -261,12 +275,14 @@ class ClientMethod(KeptState, NewcomerScores, ScoredModel):
 
     def query(self, name: str, content: RecordDict) -> RecordDict:
         """Extra phases; every method answers ``identify`` (who this client is: its partition id and size) and
-        ``newcomer`` (a held-out client's scores of what the method gives a newcomer, :meth:`newcomer_evaluation`)."""
+        ``newcomer`` (a held-out client's scores of what the method gives a newcomer, :meth:`newcomer_model`, on its
+        test split, before and after ``local-epochs`` of fine-tuning: client_app/newcomers.py)."""
         if name == "identify":
             return self.reply(self.base_metrics())
         if name == NEWCOMER:
-            evaluation = self.newcomer_evaluation(content)
-            return self.reply({**self.base_metrics(), **evaluation})
+            x, y = self.test_split()
+            scores = newcomer_scores(self.newcomer_model(content), x, y, self.fit)
+            return self.reply({**self.base_metrics(), **scores})
         raise ValueError(f"method {self.settings.method!r} does not answer query {name!r}")
 
 

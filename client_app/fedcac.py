@@ -37,7 +37,7 @@ class FedCACClient(ClientMethod):
     def _mixed_model(self, content: RecordDict) -> tuple[torch.nn.Module, torch.nn.Module | None]:
         """(model to start from / evaluate as personalized, stored post-training model or None)."""
         model = self.reset_model()
-        own = self.load_state("model")
+        own = self.kept.load("model")
         global_rec = self.message_arrays(content, "global")
         if own is None:  # first contact: the common initial model with the current global parameters
             if global_rec is not None:
@@ -45,7 +45,7 @@ class FedCACClient(ClientMethod):
             return model, None
         load_record(model, own)
         trained = copy.deepcopy(model)
-        packed = self.load_state("mask")
+        packed = self.kept.load("mask")
         if global_rec is None or packed is None:
             return model, trained
         keys = [n for n, _ in model.named_parameters()]
@@ -72,8 +72,8 @@ class FedCACClient(ClientMethod):
             masks = critical_masks(parameter_sensitivity(before, after), self.options.tau)
             keys = list(after)
             packed = pack_masks(masks, keys)
-        self.save_state("model", model.state_dict())
-        self.save_state("mask", {"bits": packed})
+        self.kept.save("model", model.state_dict())
+        self.kept.save("mask", {"bits": packed})
         _, trained_acc = self.test(model)
         extra = {}
         if self.options.diagnostics:  # simulation-only diagnostic (leaks labels)
