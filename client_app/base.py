@@ -30,17 +30,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDic
 from torch import nn
 
 from client_app.newcomers import newcomer_scores
+from client_app.node import open_node
 from client_app.saving import PersonalModelFile, own_norm_statistics
 from client_app.state import KeptState
 from task.attacks import backdoor_metrics
 from task.config import Settings, parse_settings
-from task.data import ClientData, load_client_data, load_local_file
-from task.data.capacity import client_refusal, run_refusal
-from task.data.clients import default_cache_dir
 from task.methods import NEWCOMER
 from task.models import SplitModel, body_keys, build_model, head_keys
 from task.params import load_record
-from task.train import evaluate, resolve_device, train
+from task.train import evaluate, train
 
 #: what :meth:`ClientMethod.global_model` returns when the personalized model is the global model
 SAME_AS_PERSONAL = object()
@@ -74,38 +72,8 @@ class ClientMethod:
         self.config: dict[str, Any] = {}  # the current message's config (per client, never shared between them)
         self.settings = settings or parse_settings(context.run_config)
         self.options = self.settings.options  # the method's own typed options (task.methods)
-        node_cfg = context.node_config
-        data_path = str(node_cfg.get("data-path", ""))
-        if "partition-id" not in node_cfg or ("num-partitions" not in node_cfg and not data_path):
-            raise ValueError(
-                "node config needs 'partition-id' and either 'num-partitions' (a partition of the embedded data; "
-                'set by the simulation, or --node-config "partition-id=0 num-partitions=3" on a SuperNode) or '
-                "'data-path' (the node's own .npz file: --node-config \"partition-id=0 data-path='/data/me.npz'\")"
-            )
-        self.partition_id = int(node_cfg["partition-id"])
-        self.num_partitions = int(node_cfg.get("num-partitions", 0))
-        self.device = resolve_device(str(node_cfg.get("device", self.settings.device)))
-        threads = int(node_cfg.get("num-threads", self.settings.client_threads))
-        if threads > 0 and torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-        scored = self.settings.evaluate_split
-        if data_path:
-            self.data: ClientData = load_local_file(data_path, self.settings.data, self.partition_id)
-        else:  # node config cache-dir: where the node keeps its splits ("" = rebuild them in every process)
-            cache = str(node_cfg.get("cache-dir", default_cache_dir()))
-            try:
-                self.data = load_client_data(self.settings.data, self.partition_id, self.num_partitions, cache or None)
-            except ValueError as err:  # a partition that cannot be drawn: every client gives the run's reason
-                if (why := run_refusal(self.settings.data, self.num_partitions, scored)) is not None:
-                    raise ValueError(why) from err
-                raise
-        if scored == "validation":  # selecting settings: the test split is not even kept
-            self.data = self.data.scored_on_validation()
-        # a client with nothing to train on or to be scored on refuses the run, saying why (the server, which cannot
-        # see a deployed node's partition, learns it from the refusals; in simulation it refused the run before)
-        partitions = 0 if data_path else self.num_partitions  # a node with its own file holds no partition
-        if why := client_refusal(self.data, self.settings.data, self.partition_id, partitions, scored):
-            raise ValueError(why)
+        # the node's partition, device and data, or the reason it refuses the run (client_app/node.py)
+        self.partition_id, self.num_partitions, self.device, self.data = open_node(context, self.settings)
         self.seed = int(self.settings.seed) * 100_003 + self.partition_id
         self.timings: dict[str, float] = {}
         #: what this node keeps between rounds (client_app/state.py): ``self.kept.load(name)``, ``.save(name, ...)``
