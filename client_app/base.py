@@ -124,26 +124,24 @@ class ClientMethod:
         finally:
             self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - start
 
-    def fit(self, model: nn.Module, epochs: int | None = None, **hooks: Any) -> dict[str, float]:
-        """Local training with the run's settings (timed as ``time-train``); hooks as in task.train.train."""
-        with self.timed("train"):
-            return self._fit(model, epochs, **hooks)
-
-    def _fit(self, model: nn.Module, epochs: int | None = None, **hooks: Any) -> dict[str, float]:
+    def fit(self, model: nn.Module, epochs: int | None = None, phase: str = "train", **hooks: Any) -> dict[str, float]:
+        """Local training with the run's settings, timed as ``time-<phase>`` (a method's own training, e.g. pFedLIA's
+        lazy model, is ``"method"`` work); hooks as in task.train.train."""
         s = self.settings
-        return train(
-            model,
-            self.data.x_train,
-            self.data.y_train,
-            epochs=s.local_epochs if epochs is None else epochs,
-            batch_size=s.batch_size,
-            lr=s.lr,
-            momentum=s.momentum,
-            weight_decay=s.weight_decay,
-            seed=self.seed + 7919 * self.server_round,
-            optimizer=s.optimizer,
-            **hooks,
-        )
+        with self.timed(phase):
+            return train(
+                model,
+                self.data.x_train,
+                self.data.y_train,
+                epochs=s.local_epochs if epochs is None else epochs,
+                batch_size=s.batch_size,
+                lr=s.lr,
+                momentum=s.momentum,
+                weight_decay=s.weight_decay,
+                seed=self.seed + 7919 * self.server_round,
+                optimizer=s.optimizer,
+                **hooks,
+            )
 
     def test(self, model: nn.Module, split: str = "test", **kw: Any) -> tuple[float, float]:
         x, y = getattr(self.data, f"x_{split}"), getattr(self.data, f"y_{split}")
