@@ -1,17 +1,11 @@
-"""What every client method shares: settings, data, the model (built once per process), training, evaluation and
-the handlers (docs/adding-a-method.md, step 4, tells how a method uses them).
+"""What every client method shares (docs/adding-a-method.md, step 4): settings, the node's data, the model (built
+once per process: ``reset_model`` returns the process's one network, reset to the common initial weights), training,
+evaluation and the handlers.  A method overrides the hooks (``train``, ``personal_model``, ``global_model``,
+``evaluation_extras``, ``test_split``, ``newcomer_model``, ``query``, ``release_reference``) and nothing else.
 
-A method overrides these hooks, and nothing else of the base: :meth:`ClientMethod.train` (the local update and its
-reply), :meth:`~ClientMethod.personal_model`, :meth:`~ClientMethod.global_model`,
-:meth:`~ClientMethod.evaluation_extras`, :meth:`~ClientMethod.test_split`, :meth:`~ClientMethod.newcomer_model`,
-:meth:`~ClientMethod.query` (extra phases, ``query.<name>``) and :meth:`~ClientMethod.release_reference` (local DP
-only).  Data and model are loaded once per process (cached by settings): ``reset_model`` returns the process's one
-network, reset to the common initial weights.
-
-One named part: ``self.kept``, the state kept between rounds (``kept.load(name)`` / ``kept.save(name, ...)`` of the
-names in ``keeps``: client_app/state.py).  The base alone uses the others: the personalized model's file
-(``self.model_file``) and its own BatchNorm statistics under DP (client_app/saving.py), a held-out client's scores
-(client_app/newcomers.py).
+Its one named part is ``self.kept``, the state kept between rounds (``kept.load`` / ``kept.save`` of the names in
+``keeps``: client_app/state.py).  The base alone uses the rest: client_app/node.py (the node's data),
+client_app/saving.py (the saved model, DP's own BatchNorm statistics), client_app/newcomers.py (a newcomer's scores).
 """
 
 from __future__ import annotations
