@@ -8,8 +8,8 @@ their commit.
 
 A method's files: its strategy module, its client module, the module of its options, its artefacts writer, and the
 method-math modules (``*_math``) these import.  Every method shares :data:`SHARED`: the training loop and models, the
-data (partitions, splits, domains), the client's base (with its parts: kept state, newcomers, saved models) and
-handlers, and the server's round loop and checkpoint.
+data (partitions, splits, domains), the client's base (with its parts: the node's data, kept state, newcomers, saved
+models) and handlers, and the server's round loop and checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ SHARED = (
     "task/models.py",
     "task/data",
     "client_app/base.py",
+    "client_app/node.py",
     "client_app/state.py",
     "client_app/newcomers.py",
     "client_app/saving.py",

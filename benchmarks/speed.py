@@ -11,7 +11,7 @@ table ``python -m benchmarks.report`` builds from them:
              FedAvg sends; Flower serialises every array of a record on its own).  Median and mean seconds per round,
              the first round, the whole ``flwr run`` wall time, and the ratio
              round / (no-op round + the clients' own compute per round / clients at a time).
-``deploy``   a loopback deployment (``deploy/local_cluster.py``: TLS, node authentication) of 2 and 4
+``deploy``   a loopback deployment (``python -m deploy.local_cluster``: TLS, node authentication) of 2 and 4
              nodes, 4 rounds: seconds per round and the per-message breakdown (``message-timing`` in
              rounds.json), next to ``python -c "import torch, flwr"`` timed in the same run; 2 nodes once
              more with Flower's default task poll interval (1 s) to show what the setting buys.
@@ -194,7 +194,8 @@ def deployed_run(nodes: int, rounds: int, poll: float) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="pflower-speed-deploy-"))
     cmd = [
         sys.executable,
-        str(REPO / "deploy" / "local_cluster.py"),
+        "-m",
+        "deploy.local_cluster",
         "--nodes",
         str(nodes),
         "--rounds",
@@ -206,7 +207,7 @@ def deployed_run(nodes: int, rounds: int, poll: float) -> dict[str, Any]:
         f"{poll:g}",
     ]
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False, cwd=REPO)
     wall = time.monotonic() - start
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     report: dict[str, Any] = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr[-2000:]}

@@ -6,25 +6,22 @@ handler becomes an error reply (Flower does that), which the strategy logs and l
 
 from __future__ import annotations
 
+import functools
+import os
 import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-_APP_IMPORT = time.time()  # when this module's own imports start (where a message's time goes)
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
 
-import functools  # noqa: E402
-import os  # noqa: E402
-from collections.abc import Mapping  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-from flwr.app import Context, Message, MetricRecord, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
-
-from client_app import attacks, faults, floor  # noqa: E402
-from client_app.base import ClientMethod  # noqa: E402
-from client_app.privacy import private_reply  # noqa: E402
-from task import recording  # noqa: E402
-from task.config import Settings, parse_settings  # noqa: E402
-from task.methods import all_queries, load_object, method_spec  # noqa: E402
+from client_app import IMPORT_STARTED, attacks, faults, floor
+from client_app.base import ClientMethod
+from client_app.privacy import private_reply
+from task import recording
+from task.config import Settings, parse_settings
+from task.methods import all_queries, load_object, method_spec
 
 
 def recorder_mod(msg: Message, context: Context, call_next) -> Message:
@@ -70,11 +67,12 @@ _PROCESS_START = _process_start()
 
 
 def stamped(content: RecordDict, handler_start: float, setup_done: float) -> RecordDict:
-    """Add the ``timing`` record: when this process started, when this module's imports began and ended,
-    when the handler began, finished its set-up (settings, data, client) and ended (unix seconds).  The server
-    turns them, with when it pushed the message and pulled the reply, into where a message's time went."""
+    """Add the ``timing`` record: when this process started, when this module's imports began (the package's
+    :data:`client_app.IMPORT_STARTED`: importing this module imports the package first) and ended, when the handler
+    began, finished its set-up (settings, data, client) and ended (unix seconds).  The server turns them, with when
+    it pushed the message and pulled the reply, into where a message's time went."""
     stamps: dict[str, int | float | list[int] | list[float]] = {
-        "app-import": _APP_IMPORT,
+        "app-import": IMPORT_STARTED,
         "app-ready": _APP_READY,
         "handler-start": handler_start,
         "setup-done": setup_done,

@@ -1,16 +1,11 @@
-"""What every client method shares: settings, data, the model (built once per process), training, evaluation and
-the handlers (docs/adding-a-method.md, step 4, tells how a method uses them).
+"""What every client method shares (docs/adding-a-method.md, step 4): settings, the node's data, the model (built
+once per process: ``reset_model`` returns the process's one network, reset to the common initial weights), training,
+evaluation and the handlers.  A method overrides the hooks (``train``, ``personal_model``, ``global_model``,
+``evaluation_extras``, ``test_split``, ``newcomer_model``, ``query``, ``release_reference``) and nothing else.
 
-A method overrides these hooks, and nothing else of the base: :meth:`ClientMethod.train` (the local update and its
-reply), :meth:`~ClientMethod.personal_model`, :meth:`~ClientMethod.global_model`,
-:meth:`~ClientMethod.evaluation_extras`, :meth:`~ClientMethod.test_split`, :meth:`~ClientMethod.query` (extra
-phases, ``query.<name>``), :meth:`~ClientMethod.release_reference` (local DP only) and ``newcomer_model``
-(client_app/newcomers.py).  Data and model are loaded once per process (cached by settings): ``reset_model``
-returns the process's one network, reset to the common initial weights.
-
-The base's parts live beside it: the state kept between rounds (``keeps``, ``load_state`` / ``save_state``:
-client_app/state.py), a held-out client's scores (client_app/newcomers.py) and the saved personalized model
-(client_app/saving.py).
+Its one named part is ``self.kept``, the state kept between rounds (``kept.load`` / ``kept.save`` of the names in
+``keeps``: client_app/state.py).  The base alone uses the rest: client_app/node.py (the node's data),
+client_app/saving.py (the saved model, DP's own BatchNorm statistics), client_app/newcomers.py (a newcomer's scores).
 """
 
 from __future__ import annotations
@@ -28,18 +23,16 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from torch import nn
 
-from client_app.newcomers import NewcomerScores
-from client_app.saving import ScoredModel
+from client_app.newcomers import newcomer_scores
+from client_app.node import open_node
+from client_app.saving import PersonalModelFile, own_norm_statistics
 from client_app.state import KeptState
 from task.attacks import backdoor_metrics
 from task.config import Settings, parse_settings
-from task.data import ClientData, load_client_data, load_local_file
-from task.data.capacity import client_refusal, run_refusal
-from task.data.clients import default_cache_dir
 from task.methods import NEWCOMER
 from task.models import SplitModel, body_keys, build_model, head_keys
 from task.params import load_record
-from task.train import evaluate, resolve_device, train
+from task.train import evaluate, train
 
 #: what :meth:`ClientMethod.global_model` returns when the personalized model is the global model
 SAME_AS_PERSONAL = object()
@@ -57,7 +50,7 @@ def _cached_model(
 MetricValue = int | float | list[int] | list[float]
 
 
-class ClientMethod(KeptState, NewcomerScores, ScoredModel):
+class ClientMethod:
     """Base of the client side of a method: a subclass implements :meth:`train` and overrides the evaluation
     hooks it needs (see the module docstring); the base's :meth:`evaluate` serves every method."""
 
@@ -73,40 +66,15 @@ class ClientMethod(KeptState, NewcomerScores, ScoredModel):
         self.config: dict[str, Any] = {}  # the current message's config (per client, never shared between them)
         self.settings = settings or parse_settings(context.run_config)
         self.options = self.settings.options  # the method's own typed options (task.methods)
-        node_cfg = context.node_config
-        data_path = str(node_cfg.get("data-path", ""))
-        if "partition-id" not in node_cfg or ("num-partitions" not in node_cfg and not data_path):
-            raise ValueError(
-                "node config needs 'partition-id' and either 'num-partitions' (a partition of the embedded data; "
-                'set by the simulation, or --node-config "partition-id=0 num-partitions=3" on a SuperNode) or '
-                "'data-path' (the node's own .npz file: --node-config \"partition-id=0 data-path='/data/me.npz'\")"
-            )
-        self.partition_id = int(node_cfg["partition-id"])
-        self.num_partitions = int(node_cfg.get("num-partitions", 0))
-        self.device = resolve_device(str(node_cfg.get("device", self.settings.device)))
-        threads = int(node_cfg.get("num-threads", self.settings.client_threads))
-        if threads > 0 and torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-        scored = self.settings.evaluate_split
-        if data_path:
-            self.data: ClientData = load_local_file(data_path, self.settings.data, self.partition_id)
-        else:  # node config cache-dir: where the node keeps its splits ("" = rebuild them in every process)
-            cache = str(node_cfg.get("cache-dir", default_cache_dir()))
-            try:
-                self.data = load_client_data(self.settings.data, self.partition_id, self.num_partitions, cache or None)
-            except ValueError as err:  # a partition that cannot be drawn: every client gives the run's reason
-                if (why := run_refusal(self.settings.data, self.num_partitions, scored)) is not None:
-                    raise ValueError(why) from err
-                raise
-        if scored == "validation":  # selecting settings: the test split is not even kept
-            self.data = self.data.scored_on_validation()
-        # a client with nothing to train on or to be scored on refuses the run, saying why (the server, which cannot
-        # see a deployed node's partition, learns it from the refusals; in simulation it refused the run before)
-        partitions = 0 if data_path else self.num_partitions  # a node with its own file holds no partition
-        if why := client_refusal(self.data, self.settings.data, self.partition_id, partitions, scored):
-            raise ValueError(why)
+        # the node's partition, device and data, or the reason it refuses the run (client_app/node.py)
+        self.partition_id, self.num_partitions, self.device, self.data = open_node(context, self.settings)
         self.seed = int(self.settings.seed) * 100_003 + self.partition_id
         self.timings: dict[str, float] = {}
+        #: what this node keeps between rounds (client_app/state.py): ``self.kept.load(name)``, ``.save(name, ...)``
+        self.kept = KeptState(
+            context, type(self).__name__, self.keeps, self.partition_id, max(self.settings.checkpoint_every, 1) + 1
+        )
+        self.model_file = PersonalModelFile(context.node_config, self.settings, self.partition_id)
 
     # ---------------------------------------------------------------- model and messages
     def reset_model(self) -> SplitModel:
@@ -137,6 +105,7 @@ class ClientMethod(KeptState, NewcomerScores, ScoredModel):
         """Read what every message's config says (round, where to keep state and models)."""
         self.config = self.message_config(content)
         self.server_round = int(self.config.get("server-round", 0))  # seeds this round's shuffles
+        self.kept.begin(self.config)  # where this round's kept state is read and written
 
     # ---------------------------------------------------------------- training and evaluation
     @contextlib.contextmanager
@@ -149,26 +118,24 @@ class ClientMethod(KeptState, NewcomerScores, ScoredModel):
         finally:
             self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - start
 
-    def fit(self, model: nn.Module, epochs: int | None = None, **hooks: Any) -> dict[str, float]:
-        """Local training with the run's settings (timed as ``time-train``); hooks as in task.train.train."""
-        with self.timed("train"):
-            return self._fit(model, epochs, **hooks)
-
-    def _fit(self, model: nn.Module, epochs: int | None = None, **hooks: Any) -> dict[str, float]:
+    def fit(self, model: nn.Module, epochs: int | None = None, phase: str = "train", **hooks: Any) -> dict[str, float]:
+        """Local training with the run's settings, timed as ``time-<phase>`` (a method's own training, e.g. pFedLIA's
+        lazy model, is ``"method"`` work); hooks as in task.train.train."""
         s = self.settings
-        return train(
-            model,
-            self.data.x_train,
-            self.data.y_train,
-            epochs=s.local_epochs if epochs is None else epochs,
-            batch_size=s.batch_size,
-            lr=s.lr,
-            momentum=s.momentum,
-            weight_decay=s.weight_decay,
-            seed=self.seed + 7919 * self.server_round,
-            optimizer=s.optimizer,
-            **hooks,
-        )
+        with self.timed(phase):
+            return train(
+                model,
+                self.data.x_train,
+                self.data.y_train,
+                epochs=s.local_epochs if epochs is None else epochs,
+                batch_size=s.batch_size,
+                lr=s.lr,
+                momentum=s.momentum,
+                weight_decay=s.weight_decay,
+                seed=self.seed + 7919 * self.server_round,
+                optimizer=s.optimizer,
+                **hooks,
+            )
 
     def test(self, model: nn.Module, split: str = "test", **kw: Any) -> tuple[float, float]:
         x, y = getattr(self.data, f"x_{split}"), getattr(self.data, f"y_{split}")
@@ -217,23 +184,30 @@ class ClientMethod(KeptState, NewcomerScores, ScoredModel):
         """The data the personalized and global models are scored on."""
         return self.data.x_test, self.data.y_test
 
+    def newcomer_model(self, content: RecordDict) -> nn.Module:
+        """The model this method gives a client that never took part in training, from the ``query.newcomer``
+        message the server sends every held-out client after the last round (strategies/newcomers.py).  Default: the
+        personalized model built from the message as an evaluation builds it, which for a client with no state of
+        its own is the global model, or its own choice among the cluster or tier models the message brings."""
+        return self.personal_model(content)
+
     def evaluation(self, content: RecordDict) -> dict[str, Any]:
         """The evaluation metrics of the models ``content`` gives this client (and the saved model, if asked)."""
         x, y = self.test_split()
         model = self.personal_model(content)
-        self.own_norm_statistics(model)
+        own_norm_statistics(model, self.settings, self.data.x_train)
         loss, acc = evaluate(model, x, y)
         metrics: dict[str, Any] = {"personal-acc": acc, "personal-loss": loss, "test-examples": len(y)}
         metrics.update(
             backdoor_metrics(self.settings.attacks, model, x, y)
         )  # run-config attack='backdoor' (docs/robustness.md)
         if self.config.get("save-model"):
-            self.save_personal_model(model, metrics)
+            self.model_file.save(model, metrics, self.config, self.server_round)
         glob = self.global_model(content, model)
         if glob is SAME_AS_PERSONAL:
             metrics.update({"global-acc": acc, "global-loss": loss})
         elif isinstance(glob, nn.Module):
-            self.own_norm_statistics(glob)
+            own_norm_statistics(glob, self.settings, self.data.x_train)
             metrics["global-loss"], metrics["global-acc"] = evaluate(glob, x, y)
         metrics.update(self.evaluation_extras(content, model))
         return metrics
@@ -261,12 +235,14 @@ class ClientMethod(KeptState, NewcomerScores, ScoredModel):
 
     def query(self, name: str, content: RecordDict) -> RecordDict:
         """Extra phases; every method answers ``identify`` (who this client is: its partition id and size) and
-        ``newcomer`` (a held-out client's scores of what the method gives a newcomer, :meth:`newcomer_evaluation`)."""
+        ``newcomer`` (a held-out client's scores of what the method gives a newcomer, :meth:`newcomer_model`, on its
+        test split, before and after ``local-epochs`` of fine-tuning: client_app/newcomers.py)."""
         if name == "identify":
             return self.reply(self.base_metrics())
         if name == NEWCOMER:
-            evaluation = self.newcomer_evaluation(content)
-            return self.reply({**self.base_metrics(), **evaluation})
+            x, y = self.test_split()
+            scores = newcomer_scores(self.newcomer_model(content), x, y, self.fit)
+            return self.reply({**self.base_metrics(), **scores})
         raise ValueError(f"method {self.settings.method!r} does not answer query {name!r}")
 
 

@@ -59,7 +59,7 @@ class LocalClient(ClientMethod):
 
     def _model(self) -> nn.Module:
         model = self.reset_model()
-        own = self.load_state("model")
+        own = self.kept.load("model")
         if own is not None:
             load_record(model, own)
         return model
@@ -67,7 +67,7 @@ class LocalClient(ClientMethod):
     def train(self, content: RecordDict) -> RecordDict:
         model = self._model()
         metrics = self.fit(model)
-        self.save_state("model", model.state_dict())
+        self.kept.save("model", model.state_dict())
         _, acc = self.test(model)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc})
 
@@ -83,7 +83,7 @@ class FedPerClient(ClientMethod):
     def _model(self, content: RecordDict) -> nn.Module:
         model = self.reset_model()
         load_shared(model, content)
-        head = self.load_state("head")
+        head = self.kept.load("head")
         if head is not None:
             load_record(model, head)
         return model
@@ -94,7 +94,7 @@ class FedPerClient(ClientMethod):
     def train(self, content: RecordDict) -> RecordDict:
         model = self._model(content)
         metrics = self.local_training(model)
-        self.save_state("head", model.state_dict(), self.head_keys(model))
+        self.kept.save("head", model.state_dict(), self.head_keys(model))
         _, acc = self.test(model)
         return self.reply(
             {**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model, self.body_keys(model))
@@ -171,7 +171,7 @@ class FedRoDClient(ClientMethod):
     def _model(self, content: RecordDict) -> _RoDModel:
         rod = _RoDModel(self.reset_model(), self.settings.num_classes)
         load_shared(rod.base, content)
-        own = self.load_state("phead")
+        own = self.kept.load("phead")
         if own is not None:
             rod.phead.load_state_dict({k: torch.from_numpy(v) for k, v in own.items()})
         return rod
@@ -189,7 +189,7 @@ class FedRoDClient(ClientMethod):
         metrics = self.fit(
             rod, forward=rod.forward, loss_fn=balanced_softmax_loss(counts), extra_loss=personal_head_loss
         )
-        self.save_state("phead", rod.phead.state_dict())
+        self.kept.save("phead", rod.phead.state_dict())
         _, acc = self.test(rod, forward=rod.personalized)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(rod.base))
 
@@ -216,7 +216,7 @@ class DittoClient(ClientMethod):
 
     def _personal(self, global_model: nn.Module) -> nn.Module:
         personal = _clone(global_model)
-        own = self.load_state("personal")
+        own = self.kept.load("personal")
         if own is not None:
             load_record(personal, own)
         return personal
@@ -228,7 +228,7 @@ class DittoClient(ClientMethod):
         personal = self._personal(model)
         reference = {k: p.detach().clone() for k, p in model.named_parameters()}
         self.fit(personal, epochs=self.options.ditto_epochs, extra_loss=proximal_term(reference, lam))
-        self.save_state("personal", personal.state_dict())
+        self.kept.save("personal", personal.state_dict())
         metrics = self.fit(model)
         _, acc = self.test(personal)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model))
@@ -307,10 +307,8 @@ class MoonClient(FedAvgClient):
             feats["z"] = model.features(x)
             return model.head(feats["z"])
 
-        term = moon_term(
-            model, feats, self.load_state("moon-prev"), self.options.moon_mu, self.options.moon_temperature
-        )
+        term = moon_term(model, feats, self.kept.load("moon-prev"), self.options.moon_mu, self.options.moon_temperature)
         metrics = self.fit(model, forward=forward, extra_loss=lambda m, x, y, logits: term(x, logits))
-        self.save_state("moon-prev", model.state_dict())
+        self.kept.save("moon-prev", model.state_dict())
         _, trained_acc = self.test(model)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": trained_acc}, model_to_record(model))

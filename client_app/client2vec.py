@@ -128,7 +128,7 @@ class Client2VecClient(ClientMethod):
             terms.append(lambda x, logits: prox(model, x, None, logits))  # type: ignore[arg-type]
         elif self.opts.base == "moon":
             terms.append(
-                moon_term(model, feats, self.load_state("moon-prev"), self.opts.moon_mu, self.opts.moon_temperature)
+                moon_term(model, feats, self.kept.load("moon-prev"), self.opts.moon_mu, self.opts.moon_temperature)
             )
         aux = None
         if "c2v" in content.array_records:
@@ -158,7 +158,7 @@ class Client2VecClient(ClientMethod):
 
         metrics = self.fit(model, forward=forward, params=params, extra_loss=extra_loss if terms else None)
         if self.opts.base == "moon":
-            self.save_state("moon-prev", model.state_dict())
+            self.kept.save("moon-prev", model.state_dict())
         _, trained_acc = self.test(model)
         state: dict[str, Any] = dict(model.state_dict())
         if aux is not None:

@@ -39,7 +39,7 @@ class FedBNClient(ClientMethod):
                     "other layers may come from the server"
                 )
             load_record(model, sent)
-        own = self.load_state("norm")
+        own = self.kept.load("norm")
         if own is not None:
             load_record(model, own)
         return model
@@ -48,7 +48,7 @@ class FedBNClient(ClientMethod):
         model = self._model(content)
         metrics = self.fit(model)  # every layer, the normalisation layers included, on this client's own loss
         local = norm_keys(model)
-        self.save_state("norm", model.state_dict(), local)
+        self.kept.save("norm", model.state_dict(), local)
         _, trained_acc = self.test(model)
         shared = [k for k in model.state_dict() if k not in set(local)]
         return self.reply(

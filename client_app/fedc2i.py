@@ -33,7 +33,7 @@ class FedC2IClient(ClientMethod):
 
     def _home(self) -> dict[str, np.ndarray] | None:
         """Under local DP, the model this client trained last, kept at home; None otherwise (or before round 1)."""
-        return self.load_state("model") if self.settings.dp_mode == "local" else None
+        return self.kept.load("model") if self.settings.dp_mode == "local" else None
 
     def _personalized(self, model: SplitModel, stacked: dict[str, torch.Tensor], sizes: list[int]) -> list[float]:
         """Load the personalized model (Eqs. 5-10, variant per ``c2i-variant``) into ``model``; returns lambda.
@@ -100,7 +100,7 @@ class FedC2IClient(ClientMethod):
         lam = self._mix_sent(model, content)
         metrics = self.fit(model)
         if self.settings.dp_mode == "local":
-            self.save_state("model", model.state_dict())
+            self.kept.save("model", model.state_dict())
         _, acc = self.test(model)
         return self.reply(
             {**self.base_metrics(), **metrics, "trained-acc": acc, "influence": [float(v) for v in lam]},

@@ -34,20 +34,21 @@ class FedCACClient(ClientMethod):
     def _params(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in model.named_parameters()}
 
-    def _mixed_model(self, content: RecordDict) -> tuple[torch.nn.Module, torch.nn.Module | None]:
-        """(model to start from / evaluate as personalized, stored post-training model or None)."""
+    def _mixed_model(self, content: RecordDict) -> torch.nn.Module:
+        """The model to start a round from and to evaluate as personalized: the stored post-training model mixed with
+        the server's global and customized models by the stored mask (the common initial model with the global
+        parameters before the client's first training)."""
         model = self.reset_model()
-        own = self.load_state("model")
+        own = self.kept.load("model")
         global_rec = self.message_arrays(content, "global")
         if own is None:  # first contact: the common initial model with the current global parameters
             if global_rec is not None:
                 load_record(model, global_rec)
-            return model, None
+            return model
         load_record(model, own)
-        trained = copy.deepcopy(model)
-        packed = self.load_state("mask")
+        packed = self.kept.load("mask")
         if global_rec is None or packed is None:
-            return model, trained
+            return model
         keys = [n for n, _ in model.named_parameters()]
         shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
         masks = unpack_masks(packed["bits"], shapes)
@@ -61,10 +62,10 @@ class FedCACClient(ClientMethod):
                 self._params(model), to_t(custom_rec) if custom_rec is not None else None, to_t(global_rec), masks
             )
         load_record(model, {k: v.cpu().numpy() for k, v in mixed.items() if k in keys})
-        return model, trained
+        return model
 
     def train(self, content: RecordDict) -> RecordDict:
-        model, _ = self._mixed_model(content)
+        model = self._mixed_model(content)
         before = self._params(model)
         metrics = self.fit(model)
         with self.timed("method"):
@@ -72,8 +73,8 @@ class FedCACClient(ClientMethod):
             masks = critical_masks(parameter_sensitivity(before, after), self.options.tau)
             keys = list(after)
             packed = pack_masks(masks, keys)
-        self.save_state("model", model.state_dict())
-        self.save_state("mask", {"bits": packed})
+        self.kept.save("model", model.state_dict())
+        self.kept.save("mask", {"bits": packed})
         _, trained_acc = self.test(model)
         extra = {}
         if self.options.diagnostics:  # simulation-only diagnostic (leaks labels)
@@ -86,8 +87,7 @@ class FedCACClient(ClientMethod):
 
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
         """Eq. 11: the server's global and customized models mixed with this client's critical mask."""
-        mixed, self._trained = self._mixed_model(content)
-        return mixed
+        return self._mixed_model(content)
 
     def global_model(self, content: RecordDict, personal: torch.nn.Module) -> torch.nn.Module | None:
         global_rec = self.message_arrays(content, "global")
@@ -108,5 +108,11 @@ class FedCACClient(ClientMethod):
         return model
 
     def evaluation_extras(self, content: RecordDict, personal: torch.nn.Module) -> dict:
-        """The model right after last round's local training, before aggregation (fedcac.md §6.9 logs both)."""
-        return {} if self._trained is None else {"before-agg-acc": evaluate(self._trained, *self.test_split())[1]}
+        """The model right after last round's local training, before aggregation (fedcac.md §6.9 logs both): the
+        stored post-training model (none before the client's first training)."""
+        own = self.kept.load("model")
+        if own is None:
+            return {}
+        trained = self.reset_model()  # called last: the personalized model (the same network) was scored already
+        load_record(trained, own)
+        return {"before-agg-acc": evaluate(trained, *self.test_split())[1]}

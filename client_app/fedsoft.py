@@ -72,7 +72,7 @@ class FedSoftClient(ClientMethod):
         centres = self._centres(content)
         u = self._u(content, next(iter(centres.values())).shape[0])
         model = self.reset_model()
-        own = self.load_state("model")
+        own = self.kept.load("model")
         model.load_state_dict(self._mixed(centres, u)) if own is None else load_record(model, own)
         return model, centres, u
 
@@ -83,7 +83,7 @@ class FedSoftClient(ClientMethod):
         reference = {k: v for k, v in self._mixed(centres, u).items() if v.is_floating_point()}
         names = {n for n, _ in model.named_parameters()}
         metrics = self.fit(model, extra_loss=proximal_term({k: v for k, v in reference.items() if k in names}, lam))
-        self.save_state("model", model.state_dict())
+        self.kept.save("model", model.state_dict())
         _, acc = self.test(model)
         return self.reply({**self.base_metrics(), **metrics, "trained-acc": acc}, model_to_record(model))
 

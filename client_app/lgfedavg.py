@@ -29,7 +29,7 @@ class LGFedAvgClient(ClientMethod):
         """The model this client starts a round from: its stored body (the common initial body before its first
         round) under the head in the message (the initial head when the message has none)."""
         model = self.reset_model()
-        body = self.load_state("body")
+        body = self.kept.load("body")
         if body is not None:
             load_record(model, body)
         rec = self.message_arrays(content)
@@ -47,7 +47,7 @@ class LGFedAvgClient(ClientMethod):
     def train(self, content: RecordDict) -> RecordDict:
         model = self._model(content)
         metrics = self.fit(model)  # local and global layers together, on this client's own loss
-        self.save_state("body", model.state_dict(), self.body_keys(model))
+        self.kept.save("body", model.state_dict(), self.body_keys(model))
         _, trained_acc = self.test(model)
         return self.reply(
             {**self.base_metrics(), **metrics, "trained-acc": trained_acc},

@@ -68,8 +68,7 @@ class PFedLIAClient(ClientMethod):
         """Train a copy of the warm-up model for ``lazy-epochs`` epochs (not to convergence) and return it."""
         model = self.reset_model()
         load_shared(model, content)
-        with self.timed("method"):
-            self._fit(model, epochs=self.options.lazy_epochs)
+        self.fit(model, epochs=self.options.lazy_epochs, phase="method")
         return self.reply(self.base_metrics(), model_to_record(model))
 
     def influence_row(self, content: RecordDict) -> RecordDict:

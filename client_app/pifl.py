@@ -87,22 +87,23 @@ class PIFLClient(ClientMethod):
         return self.goal_splits()[1]
 
     def personal_model(self, content: RecordDict) -> torch.nn.Module:
-        """The one-shot personalized model (Eq. 4): the tier models weighted by their accuracy on the
-        calibration part of this client's goal data (goal_splits); it never leaves the client.  With
-        ``pifl-personal='choose'`` the client keeps its single most accurate tier instead where that tier scores
-        higher than the mixture on the same calibration data (:func:`task.methods.pifl.personal_weights`)."""
+        """The one-shot personalized model (Eq. 4): the tier models weighted by :meth:`personal_mixture`; it never
+        leaves the client."""
         tiers = self._tiers(content)
+        return self._mixed(tiers, self.personal_mixture(tiers))
+
+    def personal_mixture(self, tiers: dict[str, torch.Tensor]) -> np.ndarray:
+        """The personalized model's weights over the tier models: their accuracy on the calibration part of this
+        client's goal data (goal_splits).  With ``pifl-personal='choose'`` the client keeps its single most accurate
+        tier instead where that tier scores higher than the mixture on the same calibration data
+        (:func:`task.methods.pifl.personal_weights`)."""
         calibration = self.goal_splits()[0]
         with self.timed("method"):
             accuracies = self._tier_accuracies(tiers, *calibration)
             weights = mixture_weights(accuracies)
-            model = self._mixed(tiers, weights)
             if self.options.personal == "choose":
-                chosen = personal_weights(accuracies, evaluate(model, *calibration)[1])
-                if not np.array_equal(chosen, weights):
-                    weights, model = chosen, self._mixed(tiers, chosen)
-        self._weights = [float(w) for w in weights]
-        return model
+                return personal_weights(accuracies, evaluate(self._mixed(tiers, weights), *calibration)[1])
+        return weights
 
     def _mixed(self, tiers: dict[str, torch.Tensor], weights: np.ndarray) -> torch.nn.Module:
         """sum_k weights_k * tier_k for floating-point entries; integer buffers (BatchNorm's counters) from tier 0."""
@@ -123,6 +124,6 @@ class PIFLClient(ClientMethod):
         return {
             "tier-acc": self._tier_accuracies(tiers, self.data.x_val, self.data.y_val),
             "tier-goal-acc": self._tier_accuracies(tiers, *self.goal_splits()[1]),
-            "mixture-weights": self._weights,
+            "mixture-weights": [float(w) for w in self.personal_mixture(tiers)],
             **self._extra(),
         }

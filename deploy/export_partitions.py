@@ -1,7 +1,7 @@
 """Write partitions of the embedded data as per-node ``data-path`` files (``.npz``), e.g. to rehearse a deployment
 where every SuperNode holds its own data file instead of a partition of the embedded data set.
 
-    python deploy/export_partitions.py --out nodes/ --num-partitions 3 [--run-config "dataset='digits' alpha=0.3"]
+    python -m deploy.export_partitions --out nodes/ --num-partitions 3 [--run-config "dataset='digits' alpha=0.3"]
 
 writes ``nodes/node-0.npz`` ... ``nodes/node-2.npz`` with arrays ``x``, ``y`` (train + validation) and
 ``x_test``, ``y_test``; start SuperNode i with ``--node-config "partition-id=i data-path='<abs path>/node-i.npz'"``.
@@ -11,10 +11,7 @@ A real data holder writes the same four arrays (or only ``x``, ``y``) from its o
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flwr.common.config import parse_config_args
 

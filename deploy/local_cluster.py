@@ -34,13 +34,13 @@ the last lines say how to resume it); 5 the privacy budget stopped the run (``dp
 
 Example::
 
-    python deploy/local_cluster.py --nodes 3 --rounds 3
-    python deploy/local_cluster.py --nodes 3 --rounds 4 --kill-node 2@2 --restart-node --unregistered-check
-    python deploy/local_cluster.py --nodes 3 --rounds 2 --method fedc2i --run-config "dp-mode='local'" \
+    python -m deploy.local_cluster --nodes 3 --rounds 3
+    python -m deploy.local_cluster --nodes 3 --rounds 4 --kill-node 2@2 --restart-node --unregistered-check
+    python -m deploy.local_cluster --nodes 3 --rounds 2 --method fedc2i --run-config "dp-mode='local'" \
         --node-config 2:dp-min-noise-multiplier=2.0 --refused-by 2
-    python deploy/local_cluster.py --nodes 2 --rounds 4 --workdir /tmp/lc --run-config "stop-after=2"
-    python deploy/local_cluster.py --nodes 2 --rounds 4 --workdir /tmp/lc --run-config "resume-from='<folder>'"
-    sudo python deploy/local_cluster.py --nodes 2 --rounds 2 --netns --holder-check
+    python -m deploy.local_cluster --nodes 2 --rounds 4 --workdir /tmp/lc --run-config "stop-after=2"
+    python -m deploy.local_cluster --nodes 2 --rounds 4 --workdir /tmp/lc --run-config "resume-from='<folder>'"
+    sudo python -m deploy.local_cluster --nodes 2 --rounds 2 --netns --holder-check
 """
 
 from __future__ import annotations
@@ -51,16 +51,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-
-from pflower_deploy.cluster import Cluster  # noqa: E402
-from pflower_deploy.netns import unavailable_reason  # noqa: E402
-from pflower_deploy.processes import ClusterError, say, tail  # noqa: E402
-from pflower_deploy.proxy import nginx_binary  # noqa: E402
-from server_app.job import Exit, Refused  # noqa: E402
+from deploy.pflower_deploy.cluster import Cluster
+from deploy.pflower_deploy.netns import unavailable_reason
+from deploy.pflower_deploy.processes import ClusterError, say, tail
+from deploy.pflower_deploy.proxy import nginx_binary
+from server_app.job import Exit, Refused
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -2,7 +2,7 @@
 """Write the nginx configuration that puts a proxy in front of the SuperLink: the data holders' listener
 forwards the Fleet routes only, the operator's listener the Control routes only (to the operator's addresses).
 
-    python deploy/make_proxy_conf.py --superlink 127.0.0.1:9091 --fleet 10.0.0.5:9092 \\
+    python -m deploy.make_proxy_conf --superlink 127.0.0.1:9091 --fleet 10.0.0.5:9092 \\
         --control 10.0.0.5:9093 --operator 10.0.0.20 --certs /etc/pflower/certs > /etc/nginx/conf.d/pflower.conf
 
 prints the site (server blocks) for Debian's nginx. ``--standalone DIR`` writes ``DIR/nginx.conf`` (a main
@@ -16,9 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from pflower_deploy.proxy import ProxyPlan, render_site, write_standalone
+from deploy.pflower_deploy.proxy import ProxyPlan, render_site, write_standalone
 
 
 def main(argv: list[str] | None = None) -> int:

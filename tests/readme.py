@@ -72,7 +72,7 @@ def readme_commands() -> list[Command]:
 
 
 def local_deployment_commands() -> list[Command]:
-    """deploy/README.md's one-machine section (``local_cluster.py``), up to the compose demo."""
+    """deploy/README.md's one-machine section (``python -m deploy.local_cluster``), up to the compose demo."""
     return commands(ROOT / "deploy" / "README.md", "## One machine", "## Docker")
 
 
@@ -106,9 +106,9 @@ def fast(command: str) -> str:
 
 
 def loopback_example() -> list[Command]:
-    """The README's loopback deployment example: the ``local_cluster.py`` commands (a run stopped by ``stop-after``,
-    then its continuation) and the ``task.predict`` of a holder's model that follows them."""
+    """The README's loopback deployment example: the ``python -m deploy.local_cluster`` commands (a run stopped by
+    ``stop-after``, then its continuation) and the ``task.predict`` of a holder's model that follows them."""
     found = readme_commands()
-    first = next(i for i, c in enumerate(found) if c.text.startswith("python deploy/local_cluster.py"))
+    first = next(i for i, c in enumerate(found) if c.text.startswith("python -m deploy.local_cluster"))
     block = [c for c in found[first:] if c.block == found[first].block]
     return block[: next(i for i, c in enumerate(block) if c.text.startswith("python -m task.predict")) + 1]

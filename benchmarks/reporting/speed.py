@@ -154,7 +154,7 @@ def render_speed(raw: Path, d: dict[str, Any]) -> str:
     if dep:
         ref = next((r["measurements"]["seconds"] for r in dep if r["cell"].get("what") == "import-torch-flwr"), None)
         parts.append(
-            header(dep, [], d).split("\n")[0] + "\n" + "`python deploy/local_cluster.py --nodes N "
+            header(dep, [], d).split("\n")[0] + "\n" + "`python -m deploy.local_cluster --nodes N "
             "--rounds 4` defaults (FedAvg, digits, Dirichlet 0.5, TLS, node authentication, direct topology); "
             "a fresh `flwr-clientapp` process per message. Breakdown: medians over the train messages of "
             "rounds 2 and later (round 1 pays the FAB download); on one machine the client's and server's "

@@ -45,7 +45,7 @@ bind() {  # bind <host path> : read-only mount at the same path inside the root
   if [ -d "$1" ]; then mkdir -p "$ROOT$1"; else mkdir -p "$(dirname "$ROOT$1")"; touch "$ROOT$1"; fi
   mount --bind "$1" "$ROOT$1" && mount -o remount,bind,ro "$ROOT$1" && MOUNTS+=("$ROOT$1")
 }
-pip_paths="$(PYTHONPATH="$REPO/deploy" python3 -m pflower_deploy.pipconf chroot "$ROOT/etc/pip.conf")" \
+pip_paths="$(PYTHONPATH="$REPO" python3 -m deploy.pflower_deploy.pipconf chroot "$ROOT/etc/pip.conf")" \
   || die "could not read this machine's pip configuration (pip config list)"
 while read -r p; do [ -z "$p" ] || bind "$p"; done <<< "$pip_paths"
 mount -t proc proc "$ROOT/proc" && MOUNTS+=("$ROOT/proc")

@@ -66,7 +66,7 @@ phase() {  # phase <name>: start the next phase, noting how long the one before 
 
 if [ -z "${PFLOWER_BASE:-}" ]; then  # the Dockerfile installs the dependencies: with this machine's remote pip indexes
   while IFS='=' read -r name value; do [ -z "$name" ] || export "$name=$value"; done \
-    < <(PYTHONPATH="$REPO/deploy" python3 -m pflower_deploy.pipconf build-args)
+    < <(PYTHONPATH="$REPO" python3 -m deploy.pflower_deploy.pipconf build-args)
 fi
 
 WORK="$(mktemp -d /tmp/pflower-demo.XXXXXX)"
@@ -91,8 +91,8 @@ chmod 644 "$HERE/certs/ca.crt" "$HERE/certs/server.pem" "$HERE/keys/"*.pub
 for f in "$HERE/certs/server.key" "$HERE/keys/node0" "$HERE/keys/node1" "$HERE/keys/node2" "$HERE/keys/node3"; do
   if [ "$(id -u)" = 0 ]; then chown 49999:49999 "$f" && chmod 600 "$f"; else chmod 644 "$f"; fi
 done
-conf() {  # conf <name> <make_proxy_conf.py options...>: a standalone nginx configuration for one proxy container
-  python3 "$REPO/deploy/make_proxy_conf.py" --superlink superlink:9091 --superlink-name superlink \
+conf() {  # conf <name> <deploy.make_proxy_conf options...>: a standalone nginx configuration for one proxy container
+  PYTHONPATH="$REPO" python3 -m deploy.make_proxy_conf --superlink superlink:9091 --superlink-name superlink \
     --certs /certs --no-file-check --standalone "$HERE/proxy/$1" --site-path /etc/pflower-proxy/pflower.conf \
     --logs stdio "${@:2}" 2> /dev/null
 }

@@ -1,5 +1,5 @@
-"""pflower's deployment helpers, one module per concern (used by deploy/local_cluster.py and
-deploy/make_proxy_conf.py):
+"""pflower's deployment helpers, one module per concern (used by ``python -m deploy.local_cluster`` and
+``python -m deploy.make_proxy_conf``):
 
 - ``processes``: child processes in their own process groups, stopped by id; waiting for an HTTPS /health;
 - ``credentials``: the CA and server certificate, SuperNode keys, ``flwr`` connection files;

@@ -28,7 +28,7 @@ from typing import Any
 from server_app.job import check_run_config
 from server_app.runner import free_port, results_folder_from_output, stopped_after, summary_line
 
-from . import DEPLOY, REPO, checks
+from . import REPO, checks
 from .credentials import make_certs, make_key, make_node_keys, parse_json_out, write_connections
 from .netns import Link, Namespaces, holder_link, in_ns, operator_link
 from .processes import ClusterError, Proc, say, tail, wait_healthy
@@ -274,15 +274,16 @@ class Cluster:
         with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as scratch:
             cmd = [
                 sys.executable,
-                str(DEPLOY / "export_partitions.py"),
+                "-m",
+                "deploy.export_partitions",
                 "--out",
-                scratch,
+                str(Path(scratch).resolve()),
                 "--num-partitions",
                 str(self.args.nodes),
                 "--run-config",
                 self.args.run_config,
             ]
-            r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            r = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO)
             if r.returncode != 0:
                 raise ClusterError(f"exporting node data files failed:\n{r.stdout}\n{r.stderr}")
             for k in missing:

@@ -20,12 +20,15 @@ import re
 import sys
 from pathlib import Path
 
-from pflower_deploy import DEPLOY
+from . import DEPLOY
 
 DOCKER = DEPLOY / "docker"
 RECORD = DOCKER / "demo-run"
 README = DOCKER / "README.md"
-BEGIN = "<!-- demo-transcript: rendered by deploy/docker/demo_page.py from deploy/docker/demo-run/; do not edit -->"
+BEGIN = (
+    "<!-- demo-transcript: rendered by python -m deploy.pflower_deploy.demo_page from deploy/docker/demo-run/; "
+    "do not edit -->"
+)
 END = "<!-- end of demo-transcript -->"
 
 # the lines a reader follows; every other line is the image build's or compose's own output
@@ -139,7 +142,7 @@ def check(build_log: Path | None, demo_log: Path | None, page: str | None = None
     if block_of(page) != render(recorded_build, recorded_demo):
         problems.append(
             f"{README.relative_to(DEPLOY.parent)}'s sample output is not what deploy/docker/demo-run/ renders: "
-            "run deploy/docker/demo_page.py update with a run's two logs (or without edits: render)"
+            "run python -m deploy.pflower_deploy.demo_page update with a run's two logs (or without edits: render)"
         )
     for path, recorded, keep, what in (
         (build_log, recorded_build, _BUILD_KEEP, "build_local_base.sh"),
@@ -151,7 +154,7 @@ def check(build_log: Path | None, demo_log: Path | None, page: str | None = None
         if diff:
             problems.append(
                 f"{what} printed lines the page does not show (or left out some it shows); regenerate the page with "
-                "deploy/docker/demo_page.py update BUILD_LOG DEMO_LOG:\n" + "\n".join(diff)
+                "python -m deploy.pflower_deploy.demo_page update BUILD_LOG DEMO_LOG:\n" + "\n".join(diff)
             )
     return problems
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploy.pflower_deploy import demo_page, pipconf
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "deploy" / "docker"
-sys.path.insert(0, str(ROOT / "deploy"))
-from pflower_deploy import demo_page, pipconf  # noqa: E402
 
 COMPOSE = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict] = COMPOSE["services"]
@@ -64,10 +64,10 @@ def proxy_config_files(tmp_path: Path, kind: str, *options: str) -> set[str]:
     """The certificate paths in the nginx configuration run_demo.sh renders for a proxy container."""
     out = tmp_path / kind
     done = subprocess.run(
-        [sys.executable, str(ROOT / "deploy" / "make_proxy_conf.py"), "--superlink", "superlink:9091",
+        [sys.executable, "-m", "deploy.make_proxy_conf", "--superlink", "superlink:9091",
          "--superlink-name", "superlink", "--certs", "/certs", "--no-file-check", "--standalone", str(out),
          "--site-path", "/etc/pflower-proxy/pflower.conf", "--logs", "stdio", *options],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, cwd=ROOT,
     )  # fmt: skip
     assert not done.stdout
     return set(re.findall(r"/certs/[\w.]+", (out / "pflower.conf").read_text() + (out / "nginx.conf").read_text()))
@@ -206,9 +206,9 @@ def test_the_build_arguments_reach_the_dockerfile():
 def test_the_chroot_command_writes_the_file_and_names_the_paths(tmp_path):
     (tmp_path / "listing").write_text(LISTING)
     done = subprocess.run(
-        [sys.executable, "-m", "pflower_deploy.pipconf", "--listing", str(tmp_path / "listing"), "chroot",
+        [sys.executable, "-m", "deploy.pflower_deploy.pipconf", "--listing", str(tmp_path / "listing"), "chroot",
          str(tmp_path / "pip.conf")],
-        capture_output=True, text=True, check=True, cwd=ROOT / "deploy",
+        capture_output=True, text=True, check=True, cwd=ROOT,
     )  # fmt: skip
     assert done.stdout.split() == ["/srv/pypi", "/srv/wheels", "/etc/pip/constraints.txt"]
     assert "https://***@pypi.example.org" in done.stderr and "secret" not in done.stderr

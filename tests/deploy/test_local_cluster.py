@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from flwr.common.config import parse_config_args
 
+from deploy.pflower_deploy.netns import unavailable_reason
+from deploy.pflower_deploy.proxy import nginx_binary
 from server_app.job import Exit
 from server_app.runner import run_config_arg
 from tests.readme import Command, loopback_example
@@ -28,15 +30,13 @@ from tests.readme import Command, loopback_example
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deploy")]
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "deploy" / "local_cluster.py"
+#: the script, run as the README runs it: a module, from the repository root (every call's cwd)
+SCRIPT = ["-m", "deploy.local_cluster"]
 TOOLS = ("flower-superlink", "flower-supernode", "flwr", "openssl", "ssh-keygen")
 missing = [t for t in TOOLS if shutil.which(t) is None]
 if missing:
     pytest.skip(f"deployment tests need {missing} on PATH", allow_module_level=True)
 
-sys.path.insert(0, str(ROOT / "deploy"))
-from pflower_deploy.netns import unavailable_reason  # noqa: E402
-from pflower_deploy.proxy import nginx_binary  # noqa: E402
 
 NO_PROXY_TOPOLOGY = unavailable_reason() or (
     None if nginx_binary() else "nginx is missing (Debian: apt-get install nginx-light)"
@@ -49,7 +49,7 @@ needs_proxy_topology = pytest.mark.skipif(
 def run_cluster(workdir: Path, *args: str, timeout: float = 900, expect: int = 0) -> dict:
     workdir_args = [] if "--workdir" in args else ["--workdir", str(workdir)]
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quiet", *workdir_args, *args],
+        [sys.executable, *SCRIPT, "--quiet", *workdir_args, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -77,8 +77,8 @@ def readme_cluster_args(command: Command, workdir: Path, resume_from: str | None
         assert "<folder it printed>" in text, command
         text = text.replace("<folder it printed>", resume_from)
     tokens = shlex.split(text)
-    assert tokens[:2] == ["python", "deploy/local_cluster.py"], command
-    args = tokens[2:]
+    assert tokens[:3] == ["python", "-m", "deploy.local_cluster"], command
+    args = tokens[3:]
     args[args.index("--rounds") + 1] = str(int(args[args.index("--rounds") + 1]) // 2)
     config = parse_config_args([args[args.index("--run-config") + 1]])
     if "stop-after" in config:
@@ -144,7 +144,7 @@ def test_a_refused_run_config_exits_3_before_anything_starts(tmp_path):
     """The run config is checked with the ServerApp's own parser before any SuperLink, key or node exists."""
     refused = ["--method", "fedcac", "--run-config", "tau=1.5"]
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quiet", "--workdir", str(tmp_path), *refused],
+        [sys.executable, *SCRIPT, "--quiet", "--workdir", str(tmp_path), *refused],
         capture_output=True,
         text=True,
         timeout=300,

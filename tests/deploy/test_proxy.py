@@ -21,12 +21,13 @@ from typing import ClassVar
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "deploy"))
+from deploy.pflower_deploy.processes import wait_healthy
+from deploy.pflower_deploy.proxy import Nginx, ProxyPlan, nginx_binary
+from server_app.runner import free_port
 
-from pflower_deploy.processes import wait_healthy  # noqa: E402
-from pflower_deploy.proxy import Nginx, ProxyPlan, nginx_binary  # noqa: E402
-from server_app.runner import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+#: the script, run as the guide runs it (from the repository root: its cwd in every call below)
+MAKE_PROXY_CONF = [sys.executable, "-m", "deploy.make_proxy_conf"]
 
 if nginx_binary() is None or shutil.which("openssl") is None:
     pytest.skip("the proxy tests need nginx (Debian: apt-get install nginx-light) and openssl", allow_module_level=True)
@@ -204,9 +205,10 @@ def test_plain_http_is_refused_on_both_listeners(proxy):
 )
 def test_make_proxy_conf_names_what_is_wrong(tmp_path, args, message):
     r = subprocess.run(
-        [sys.executable, str(ROOT / "deploy" / "make_proxy_conf.py"), "--certs", str(tmp_path), *args],
+        [*MAKE_PROXY_CONF, "--certs", str(tmp_path), *args],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         check=False,
     )
     assert r.returncode == 2 and message in r.stderr, r.stderr
@@ -215,8 +217,7 @@ def test_make_proxy_conf_names_what_is_wrong(tmp_path, args, message):
 def test_make_proxy_conf_checks_the_certificates_exist(tmp_path):
     r = subprocess.run(
         [
-            sys.executable,
-            str(ROOT / "deploy" / "make_proxy_conf.py"),
+            *MAKE_PROXY_CONF,
             "--certs",
             str(tmp_path),
             "--fleet",
@@ -228,6 +229,7 @@ def test_make_proxy_conf_checks_the_certificates_exist(tmp_path):
         ],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         check=False,
     )
     assert r.returncode == 2 and "server.pem is missing" in r.stderr, r.stderr
@@ -236,8 +238,7 @@ def test_make_proxy_conf_checks_the_certificates_exist(tmp_path):
 def make_site(certs: Path, fleet: str, control: str) -> str:
     r = subprocess.run(
         [
-            sys.executable,
-            str(ROOT / "deploy" / "make_proxy_conf.py"),
+            *MAKE_PROXY_CONF,
             "--superlink",
             "127.0.0.1:9091",
             "--fleet",
@@ -251,6 +252,7 @@ def make_site(certs: Path, fleet: str, control: str) -> str:
         ],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         check=True,
     )
     return r.stdout
@@ -271,8 +273,7 @@ def test_a_proxy_with_one_listener_kind_has_no_route_of_the_other(proxy):
     # the compose demo's two proxies: the data holders' has no Control server at all
     r = subprocess.run(
         [
-            sys.executable,
-            str(ROOT / "deploy" / "make_proxy_conf.py"),
+            *MAKE_PROXY_CONF,
             "--fleet",
             "0.0.0.0:9093",
             "--certs",
@@ -280,6 +281,7 @@ def test_a_proxy_with_one_listener_kind_has_no_route_of_the_other(proxy):
         ],
         capture_output=True,
         text=True,
+        cwd=ROOT,
         check=True,
     )
     assert "location /v1/fleet/" in r.stdout and "location /v1/control/" not in r.stdout

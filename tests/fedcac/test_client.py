@@ -74,8 +74,8 @@ def test_evaluate_scores_eq11_w_bar_and_the_trained_model_and_keeps_the_state(af
     trained_differs = []
     for i, ctx in enumerate(ctxs):
         client = cls(ctx, settings)
-        own = client.load_state("model")  # post-training model, BatchNorm statistics included
-        mask = unpack_masks(client.load_state("mask")["bits"], strat.param_shapes)
+        own = client.kept.load("model")  # post-training model, BatchNorm statistics included
+        mask = unpack_masks(client.kept.load("mask")["bits"], strat.param_shapes)
         u, wbar = strat.custom[i], strat.global_state
         assert any("running" in k for k in own) and set(wbar) == set(strat.param_keys)
         personal = {**own, **{k: np.where(mask[k], u[k], wbar[k]) for k in strat.param_keys}}  # Eq. 11
@@ -96,7 +96,7 @@ def test_evaluate_scores_eq11_w_bar_and_the_trained_model_and_keeps_the_state(af
         assert m["global-loss"] == pytest.approx(expected["global"][0], rel=1e-5)
         assert m["global-acc"] == pytest.approx(expected["global"][1])
         assert m["before-agg-acc"] == pytest.approx(expected["trained"][1])
-        after = cls(ctx, settings).load_state("model")
+        after = cls(ctx, settings).kept.load("model")
         assert all(np.array_equal(after[k], own[k]) for k in own)  # the mix was not stored
     assert any(trained_differs)  # before-agg-acc is told apart from personal-acc by some client
 
@@ -106,8 +106,8 @@ def test_a_client_with_no_fresh_customized_model_keeps_its_own_critical_values(a
     settings, strat, ctxs, cls, diag = after_round_one
     pid = next(p for p in diag["collaborators"] if diag["collaborators"][p])  # its u_i differs from its own
     client = cls(ctxs[pid], settings)
-    own = client.load_state("model")
-    mask = unpack_masks(client.load_state("mask")["bits"], strat.param_shapes)
+    own = client.kept.load("model")
+    mask = unpack_masks(client.kept.load("mask")["bits"], strat.param_shapes)
     wbar = strat.global_state
     kept = {**own, **{k: np.where(mask[k], own[k], wbar[k]) for k in strat.param_keys}}
     custom = {**own, **{k: np.where(mask[k], strat.custom[pid][k], wbar[k]) for k in strat.param_keys}}
@@ -150,7 +150,7 @@ def test_without_the_servers_models_a_trained_client_evaluates_its_own_post_trai
     from its last local training, and there is no global model to score."""
     settings, _strat, ctxs, cls, _ = after_round_one
     client = cls(ctxs[1], settings)
-    own = client.load_state("model")
+    own = client.kept.load("model")
     m = client.evaluate(with_config(RecordDict(), 2))["metrics"]
     assert m["personal-loss"] == pytest.approx(scores(client, own)[0], rel=1e-5)
     assert "global-acc" not in m and m["before-agg-acc"] == pytest.approx(scores(client, own)[1])
@@ -166,7 +166,7 @@ def test_a_train_reply_reports_the_trained_models_accuracy_and_its_time_split_un
     client = cls(ctxs[0], settings)
     reply = client.train(with_config(strat.payload(10, 2, "train"), 2))
     m = reply["metrics"]
-    assert m["trained-acc"] == pytest.approx(scores(client, client.load_state("model"))[1])
+    assert m["trained-acc"] == pytest.approx(scores(client, client.kept.load("model"))[1])
     assert {k for k in m if k.startswith("time-")} == {"time-train", "time-method"}
     assert m["time-method"] > 0
 
@@ -195,7 +195,7 @@ def test_the_global_model_is_w_bar_with_own_bn_statistics_and_leaves_the_persona
     personal = client.personal_model(payload)
     before = {k: v.clone() for k, v in personal.state_dict().items()}
     glob = client.global_model(payload, personal)
-    own = client.load_state("model")
+    own = client.kept.load("model")
     for k, v in glob.state_dict().items():
         expected = strat.global_state[k] if k in strat.global_state else own[k]
         np.testing.assert_array_equal(v.numpy(), expected)

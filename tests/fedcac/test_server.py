@@ -303,7 +303,7 @@ def start_of_round(strat, ctx, cfg, node, rnd):
     payload = strat.payload(node, rnd, "train")
     payload["config"] = ConfigRecord({"server-round": rnd})
     sent = record_to_numpy(client.train(payload)["arrays"])
-    return sent, client.load_state("model")
+    return sent, client.kept.load("model")
 
 
 def test_tau_zero_is_fedavg_on_parameters():
@@ -323,8 +323,8 @@ def test_after_beta_critical_parameters_stay_local():
     assert diags[-1]["collaborators-max"] == 0
     settings_ = parse_settings(cfg)
     client = load_object(METHODS["fedcac"].client)(ctxs[1], settings_)
-    own = dict(client.load_state("model").items())
-    mask = unpack_masks(client.load_state("mask")["bits"], strat.param_shapes)
+    own = dict(client.kept.load("model").items())
+    mask = unpack_masks(client.kept.load("mask")["bits"], strat.param_shapes)
     sent, kept = start_of_round(strat, ctxs[1], cfg, 11, 3)
     assert any(mask[k].any() for k in mask) and not all(mask[k].all() for k in mask)  # both sources are checked
     for k in strat.param_keys:

@@ -351,7 +351,7 @@ ACCOUNTED = [
         lambda c: c.text == setup_commands()[1],
     ),
     (
-        r"^python deploy/local_cluster\.py |^python -m task\.predict /tmp/lc/",
+        r"^python -m deploy\.local_cluster |^python -m task\.predict /tmp/lc/",
         "tests/deploy/test_local_cluster.py (its shared cluster runs the README's loopback example)",
         lambda c: (
             c in loopback_example()
@@ -390,7 +390,7 @@ RUN_HERE = [
     r"method='fedrep'",
     r"^python -m server_app\.job .*tau=1\.5",
     r"stop-after=4|resume-from='results/<that folder>'",
-    r"^python deploy/export_partitions\.py --out /tmp/nodes|^python -m task\.predict results/<that folder>",
+    r"^python -m deploy\.export_partitions --out /tmp/nodes|^python -m task\.predict results/<that folder>",
     r"dp-mode=",
     r"record-messages=true",
     r"^tensorboard --logdir results",
@@ -454,15 +454,15 @@ def test_every_command_is_run_by_a_test():
 
 
 def test_the_loopback_transcripts_are_the_deployment_tests_cluster():
-    """deploy/README.md's one-machine section shows runs of ``local_cluster.py``; the deployment tests' shared
-    cluster runs the same options (with the README's loopback example's stop and resume, and fewer rounds)."""
+    """deploy/README.md's one-machine section shows runs of ``python -m deploy.local_cluster``; the deployment tests'
+    shared cluster runs the same options (with the README's loopback example's stop and resume, and fewer rounds)."""
     shown = local_deployment_commands()
-    assert shown, "deploy/README.md's one-machine section shows no local_cluster.py command"
+    assert shown, "deploy/README.md's one-machine section shows no python -m deploy.local_cluster command"
     source = (ROOT / "tests/deploy/test_local_cluster.py").read_text()
     runs = {"--nodes", "--rounds", "--unregistered-check", "--netns", "--holder-check", "--workdir", "--quiet"}
     for command in shown:
         tokens = shlex.split(command.text)
-        assert tokens[:2] == ["python", "deploy/local_cluster.py"], command
+        assert tokens[:3] == ["python", "-m", "deploy.local_cluster"], command
         flags = {t for t in tokens if t.startswith("--")}
         assert flags <= runs, f"{command}: {sorted(flags - runs)} not run by tests/deploy/test_local_cluster.py"
         for flag in flags - {"--nodes", "--rounds", "--workdir", "--quiet"}:

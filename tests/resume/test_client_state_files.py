@@ -1,14 +1,14 @@
-"""State a client keeps between rounds (client_app/base.py: save_state / load_state) comes back from its files,
-in a new process, with every array's shape and values: a resumed run or a restarted SuperNode continues with the
-default model (BatchNorm's 0-d num_batches_tracked included)."""
+"""State a client keeps between rounds (client_app/state.py: ``client.kept.save`` / ``.load``) comes back from its
+files, in a new process, with every array's shape and values: a resumed run or a restarted SuperNode continues with
+the default model (BatchNorm's 0-d num_batches_tracked included)."""
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Context, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 
 from client_app.base import ClientMethod, load_shared
 from task.config import parse_settings
@@ -20,6 +20,11 @@ class KeepsAModel(ClientMethod):
     keeps: ClassVar[Mapping[str, str]] = {"model": "a whole model", "head": "a classifier"}
 
 
+def message(config: dict[str, Any]) -> RecordDict:
+    """A message's content with this config (what the ClientApp hands ``begin``)."""
+    return RecordDict({"config": ConfigRecord(config)})
+
+
 def node(tmp_path, run_config):
     ctx = Context(
         run_id=1,
@@ -29,7 +34,7 @@ def node(tmp_path, run_config):
         run_config=run_config,
     )
     client = KeepsAModel(ctx, parse_settings(run_config))
-    client.config = {"run-key": "run-1"}
+    client.begin(message({"run-key": "run-1"}))
     return client
 
 
@@ -39,8 +44,8 @@ def test_state_of_the_default_model_comes_back_from_disk_in_a_fresh_node(tmp_pat
     net.train()(torch.randn(4, settings.in_channels, settings.image_size, settings.image_size))
     saved = state_to_numpy(net.state_dict())
     assert any(v.shape == () for v in saved.values())  # the case this pins
-    node(tmp_path, {}).save_state("model", saved)
-    back = node(tmp_path, {}).load_state("model")  # a new Context: only the files remain
+    node(tmp_path, {}).kept.save("model", saved)
+    back = node(tmp_path, {}).kept.load("model")  # a new Context: only the files remain
     assert back is not None and {k: v.shape for k, v in back.items()} == {k: v.shape for k, v in saved.items()}
     for k in saved:
         np.testing.assert_array_equal(back[k], saved[k])
@@ -54,30 +59,30 @@ def test_a_message_reads_the_state_saved_before_its_round_and_old_rounds_are_pru
 
     def in_round(r, **run_config):
         client = node(tmp_path, run_config)
-        client.config = {"run-key": "run-1", "server-round": r}
+        client.begin(message({"run-key": "run-1", "server-round": r}))
         return client
 
     for r in (1, 2, 3):
-        in_round(r).save_state("head", {"w": np.full(2, float(r))})
-    assert in_round(3).load_state("head")["w"].tolist() == [2.0, 2.0]  # round 3 again: round 2's state
-    assert in_round(4).load_state("head")["w"].tolist() == [3.0, 3.0]
-    assert in_round(9).load_state("head")["w"].tolist() == [3.0, 3.0]  # rounds without training in between
-    assert in_round(1).load_state("head") is None  # nothing was saved before round 1
+        in_round(r).kept.save("head", {"w": np.full(2, float(r))})
+    assert in_round(3).kept.load("head")["w"].tolist() == [2.0, 2.0]  # round 3 again: round 2's state
+    assert in_round(4).kept.load("head")["w"].tolist() == [3.0, 3.0]
+    assert in_round(9).kept.load("head")["w"].tolist() == [3.0, 3.0]  # rounds without training in between
+    assert in_round(1).kept.load("head") is None  # nothing was saved before round 1
     folder = tmp_path / "run-1" / "client-0"
     assert sorted(p.name for p in folder.iterdir()) == ["head.round-00002.safetensors", "head.round-00003.safetensors"]
     for r in (4, 5, 6, 7):  # checkpoint-every 3: the server may resume up to 3 rounds back
-        in_round(r, **{"checkpoint-every": 3}).save_state("head", {"w": np.full(2, float(r))})
+        in_round(r, **{"checkpoint-every": 3}).kept.save("head", {"w": np.full(2, float(r))})
     assert len(list(folder.iterdir())) == 4
-    assert in_round(5, **{"checkpoint-every": 3}).load_state("head")["w"].tolist() == [4.0, 4.0]
+    assert in_round(5, **{"checkpoint-every": 3}).kept.load("head")["w"].tolist() == [4.0, 4.0]
 
 
 def test_a_client_keeps_only_the_state_its_method_declares(tmp_path):
     client = node(tmp_path, {})
     for name in ("body", "mask"):
         with pytest.raises(ValueError, match=r"KeepsAModel keeps \['head', 'model'\] between rounds, not '" + name):
-            client.save_state(name, {"w": np.zeros(1)})
+            client.kept.save(name, {"w": np.zeros(1)})
         with pytest.raises(ValueError, match="declare it in its 'keeps'"):
-            client.load_state(name)
+            client.kept.load(name)
     assert not (tmp_path / "run-1").exists()  # nothing was written
 
 
@@ -101,12 +106,13 @@ def test_a_client_keeps_its_state_files_where_the_node_or_else_the_server_says(
         node_config["state-dir"] = str(tmp_path / node_dir)
     ctx = Context(run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config={})
     client = KeepsAModel(ctx, parse_settings({}))
-    client.config = {"server-round": 1}
+    config: dict[str, Any] = {"server-round": 1}
     if suggested:
-        client.config["state-dir"] = str(tmp_path / suggested)
+        config["state-dir"] = str(tmp_path / suggested)
     if run_key:
-        client.config["run-key"] = run_key
-    client.save_state("head", {"w": np.ones(2)})
+        config["run-key"] = run_key
+    client.begin(message(config))
+    client.kept.save("head", {"w": np.ones(2)})
     written = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.rglob("*.safetensors"))
     assert written == ([where] if where else [])
     assert sorted(ctx.state.array_records) == ["head"]  # in memory in every case
@@ -121,7 +127,7 @@ def test_a_client_that_declares_nothing_kept_is_told_so_in_full():
     )
     said = "KeepsNothing keeps nothing between rounds, not 'model': declare it in its 'keeps'"
     with pytest.raises(ValueError, match=r"^KeepsNothing keeps") as err:
-        KeepsNothing(ctx, parse_settings({})).save_state("model", {"w": np.zeros(1)})
+        KeepsNothing(ctx, parse_settings({})).kept.save("model", {"w": np.zeros(1)})
     assert str(err.value) == said
 
 
@@ -141,7 +147,7 @@ def test_a_message_without_model_arrays_leaves_the_model_as_it_was(arrays):
 def test_a_state_file_is_written_beside_its_final_name_and_renamed_into_place(tmp_path, temporary_files):
     """The file is written under a temporary name in the state folder itself and renamed over its final name: a
     rename within one folder (one file system) is atomic, so a crash leaves the earlier round's file whole."""
-    node(tmp_path, {}).save_state("model", {"w": np.ones(3, np.float32)})
+    node(tmp_path, {}).kept.save("model", {"w": np.ones(3, np.float32)})
     (written,) = temporary_files
     (final,) = tmp_path.rglob("*.safetensors")
     assert written.parent == final.parent and not written.exists()  # renamed within its folder, nothing left

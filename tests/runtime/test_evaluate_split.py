@@ -10,7 +10,7 @@ import pytest
 import torch
 from flwr.app import Context, MetricRecord, RecordDict, UserConfig
 
-import client_app.base as client_base
+import client_app.node as client_node
 from server_app.app import build_strategy
 from task.config import parse_settings
 from task.data import ClientData, DataSettings, load_client_data
@@ -46,7 +46,7 @@ def poisoned_test_splits(monkeypatch):
     def load(settings: DataSettings, partition_id: int, num_partitions: int, cache_dir=None) -> ClientData:
         return poisoned(load_client_data(settings, partition_id, num_partitions))
 
-    monkeypatch.setattr(client_base, "load_client_data", load)
+    monkeypatch.setattr(client_node, "load_client_data", load)
 
 
 def answer(client, kind: str, content: RecordDict) -> RecordDict:

@@ -2,6 +2,8 @@
 tests/runtime/test_exchange.py)."""
 
 import math
+import subprocess
+import sys
 import time
 
 import pytest
@@ -93,6 +95,15 @@ def test_the_client_stamps_its_reply_in_the_order_things_happened():
     assert metrics["timing"] == pytest.approx(stamps)
     row = breakdown(stamps["handler-start"] - 1.0, metrics["timing"], stamps["handler-end"] + 0.5)
     assert row["setup"] == pytest.approx(0.001, abs=1e-5) and row["return"] == pytest.approx(0.5, abs=1e-5)
+
+
+def test_the_import_stamp_is_taken_before_the_app_loads_anything_heavy():
+    """``app-import`` is stamped when the client package begins to import (client_app/__init__.py), before flwr, numpy,
+    torch and the app's own modules load: in a fresh process, ``imports`` counts all of them."""
+    heavy = ("flwr", "numpy", "torch", "client_app.app", "client_app.base", "task")
+    code = f"import sys, client_app; print([m for m in {heavy!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_every_phase_of_a_round_with_real_clients_says_where_its_messages_time_went(tmp_path):
