@@ -65,7 +65,7 @@ def shape(line: str) -> str:
         return m.group(0)
     if line.startswith("isolation: ") and "): " in line:
         line = line.rsplit("): ", 1)[0] + ")"
-    line = re.sub(r"(/tmp/pflower-[a-z]+)\.\w+", r"\1.*", line)
+    line = re.sub(r"(/tmp/pflower-[a-z-]+)\.\w+", r"\1.*", line)  # mktemp's names (pflower-proxy-base.XXXXXX)
     line = re.sub(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{6,}\b", "N", line)
     return re.sub(r"\d+(\.\d+)?", "N", line)
 
