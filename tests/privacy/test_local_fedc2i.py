@@ -31,9 +31,11 @@ from tests.strategy_harness import drive, strategy
 CLIENT_CFG = {"method": "fedc2i", "partition": "iid", "dp-mode": "local", "lr": 0.5}
 
 
-def make_client(**cfg):
+def make_client(context: Context | None = None, **cfg):
+    """A FedC2I client of partition 0 with ``cfg`` over the test's run config; ``context``: the node's, as the
+    ClientApp hands one node's context to the client it builds for each message."""
     cfg = {**CLIENT_CFG, **cfg}
-    ctx = Context(
+    ctx = context or Context(
         run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 3}, state=RecordDict(), run_config=cfg
     )
     return load_object(METHODS["fedc2i"].client)(ctx, parse_settings(cfg))
@@ -269,8 +271,7 @@ def test_the_client_evaluates_and_mixes_what_it_trained_not_its_noised_release()
         np.testing.assert_allclose(personal[k], v, rtol=1e-6, atol=1e-7, err_msg=k)
     # round 2, no local training: the model it replies is what it started from - its own, which must be the trained
     # model and not the release that came back first in 'peers'
-    again = make_client(**{"dp-noise-multiplier": 5.0, "dp-clip": 1.0, "local-epochs": 0})
-    again.context = client.context
+    again = make_client(client.context, **{"dp-noise-multiplier": 5.0, "dp-clip": 1.0, "local-epochs": 0})
     second = message([{**states[0], **out}], 2)
     again.begin(second)
     start = record_to_numpy(again.train(second).array_records["arrays"])
