@@ -31,7 +31,7 @@ from tests.strategy_harness import drive, strategy
 CLIENT_CFG = {"method": "fedc2i", "partition": "iid", "dp-mode": "local", "lr": 0.5}
 
 
-def make_client(context: Context | None = None, **cfg):
+def make_client(context: Context | None = None, /, **cfg):
     """A FedC2I client of partition 0 with ``cfg`` over the test's run config; ``context``: the node's, as the
     ClientApp hands one node's context to the client it builds for each message."""
     cfg = {**CLIENT_CFG, **cfg}
