@@ -132,7 +132,7 @@ def main(grid: Grid, context: Context) -> None:
             raise stop.with_traceback(None) from None
         if aborted is None:  # a mean over too few of the clients asked is no result (server_app/coverage.py)
             aborted = shortfall(coverage(strategy.history), settings.min_coverage)
-        summary = writer.write(strategy, time.monotonic() - start, aborted=aborted, stopped=stopped)
+        summary = writer.write(strategy.results(), time.monotonic() - start, aborted=aborted, stopped=stopped)
         failed = aborted is not None
     finally:  # also when the ServerApp stops on an error: the rounds recorded so far
         watchers.finish(strategy.history, failed)

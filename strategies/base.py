@@ -25,6 +25,7 @@ what a held-out client gets, its models and its checkpoint state), and nothing e
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,26 +37,21 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from strategies import attack_report
 from strategies.attack_report import honest_metrics, with_attack_metrics
 from strategies.checkpointing import Checkpointing
 from strategies.disclosure import Disclosure, Part
 from strategies.exchange import MessageExchange, RunAborted
 from strategies.gate import ReplyGate, shared_model
-from strategies.history import (
-    RoundLog,
-    close_round,
-    late_evaluation_line,
-    progress_line,
-    record_evaluation,
-    train_metrics,
-)
+from strategies.history import close_round, late_evaluation_line, progress_line, record_evaluation, train_metrics
 from strategies.newcomers import NEWCOMER_SPEC, Holdout, evaluate_newcomers, newcomer_disclosure
+from strategies.outcome import RoundLog, RunResults
 from strategies.privacy import ServerPrivacy, central_aggregate, cohort_generator, poisson_cohort
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Reply, ReplySpec
 from strategies.schedule import EvaluationSchedule
 from strategies.services import IDENTIFY, StrategyServices
 from task.config import Settings
-from task.methods import NEWCOMER, method_spec
+from task.methods import NEWCOMER, load_object, method_spec
 from task.models import ModelInfo
 from task.params import to_record
 
@@ -238,6 +234,25 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Put back what :meth:`state` returned, into a strategy freshly built from the same settings."""
+
+    def results(self) -> RunResults:
+        """What the run produced, as the results writer takes it (server_app/results.py), read at the end of the run:
+        the rounds, the clients' last evaluations and newcomer scores, the failures, the robustness record, the
+        clustering outcome, the privacy spent, and the method's own files (``strategies/<method>_artifacts.py``)."""
+        artifacts = method_spec(self.name).artifacts
+        outcome = RunResults(
+            self.history,
+            self.client_eval,
+            self.failures,
+            self.holdout.results,
+            self.holdout.means(),
+            attack_report.report(self),
+            self.clustering_outcome() if self.history else None,
+            self.dp.published(),
+        )
+        if artifacts is not None:
+            outcome.write_artifacts = functools.partial(load_object(artifacts), self)
+        return outcome
 
     # ------------------------------------------------------------------ Flower's Strategy API
     def summary(self) -> None:

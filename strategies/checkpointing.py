@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from strategies.gate import ReplyGate
-from strategies.history import RoundLog
 from strategies.newcomers import Holdout
+from strategies.outcome import RoundLog
 from strategies.persistence import after_round, stop_if_asked
 from strategies.privacy import ServerPrivacy
 from strategies.schedule import EvaluationSchedule

@@ -30,6 +30,7 @@ from flwr.app import MessageType
 
 from strategies.disclosure import Disclosure, Part
 from strategies.exchange import RunAborted
+from strategies.outcome import NEWCOMER_METRICS
 from strategies.replies import ACCURACY, BASE, COUNT, LOSS
 from task.methods import NEWCOMER
 
@@ -47,8 +48,6 @@ NEWCOMER_SPEC = BASE.with_metrics(
         "test-examples": replace(COUNT, required=False),
     }
 )
-#: the numbers of a newcomer's reply the run's summary reports (means over the held-out clients)
-NEWCOMER_METRICS = ("newcomer-acc", "newcomer-finetuned-acc", "newcomer-loss", "newcomer-finetuned-loss")
 
 
 class Holdout:

@@ -49,6 +49,7 @@ from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 from strategies.exchange import RunAborted
 from strategies.gate import cohort_size
+from strategies.outcome import PrivacySpent
 from strategies.persistence import write_checkpoint
 from task.privacy import (
     Bound,
@@ -294,6 +295,14 @@ class ServerPrivacy:
     def spent(self, planned: Sequence[Release] = ()) -> tuple[Bound, str]:
         """(the bound, its neighbouring relation) of every release made so far (and ``planned``)."""
         return releases_bound([as_release(e) for e in self.ledger] + list(planned), self.settings.dp_delta)
+
+    def published(self) -> PrivacySpent | None:
+        """What the run's summary says of the privacy spent (None without DP)."""
+        if self.settings.dp_mode == "off":
+            return None
+        bound, neighbours = self.spent()
+        sampling = central_sampling(self.settings) if self.settings.dp_mode == "central" else None
+        return PrivacySpent(bound.epsilon, neighbours, bound.accountant, self.noise_multiplier, sampling)
 
     def charged(self) -> int:
         """Releases a resumed run took from the journal (rounds it repeats, or released before its checkpoint's

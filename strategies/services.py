@@ -24,7 +24,8 @@ from flwr.serverapp import Grid
 from strategies.disclosure import Part, Unread, sent, stacked
 from strategies.exchange import MessageExchange, wait_for_nodes
 from strategies.gate import ReplyGate, cohort_size
-from strategies.history import RoundLog, add_seconds, note_timing
+from strategies.history import add_seconds, note_timing
+from strategies.outcome import RoundLog
 from strategies.replies import BASE, Arrays, Dim, Reply, ReplySpec
 from strategies.robust import RobustAveraging
 from task.config import Settings

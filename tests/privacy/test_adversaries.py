@@ -177,7 +177,7 @@ def test_nothing_a_dp_run_writes_holds_an_un_noised_statistic_of_the_updates(tmp
         drive(strategy, NODES, [1], answering_with(strategy, updates))
         un_noised = {k: before[k] + mean_update[k] for k in keys}
         drive(strategy, NODES, [2], answering_with(strategy, updates))
-        writer.write(strategy, 1.0)
+        writer.write(strategy.results(), 1.0)
     found = []
     texts = {"log": caplog.text}
     for path in writer.folder.rglob("*"):
@@ -251,7 +251,7 @@ def test_what_a_dp_run_publishes_holds_no_single_clients_value_only_means(tmp_pa
                         record[k] = v
 
     drive(strategy, NODES, 2, answer)
-    writer.write(strategy, 1.0)
+    writer.write(strategy.results(), 1.0)
     values = {f"client {c} {k}": float(v) for c, m in per_client.items() for k, v in m.items()}
     for k in per_client[0]:
         column = [float(m[k]) for m in per_client.values()]

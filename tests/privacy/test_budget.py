@@ -67,7 +67,7 @@ def test_the_run_stops_before_a_round_that_would_exceed_the_maximum_with_its_che
     assert done == 2  # ... and round 2's checkpoint was written, though checkpoint-every is 4, to resume from
     _, saved = read_checkpoint(writer.folder, parse_settings({**cfg, "resume-from": str(writer.folder)}))
     assert [r["server_round"] for r in saved["base"]["history"]] == [1, 2]
-    line = writer.write(strategy, 1.0, stopped=reason)
+    line = writer.write(strategy.results(), 1.0, stopped=reason)
     summary = json.loads((writer.folder / "summary.json").read_text())
     assert summary["stopped"] == reason and summary["epsilon"] == pytest.approx(two) and two <= maximum
     assert f", STOPPED: {reason}" in line and "ABORTED" not in line

@@ -19,7 +19,7 @@ from flwr.app import ConfigRecord, Context, RecordDict, UserConfigValue
 
 from client_app.privacy import private_reply
 from server_app.app import build_strategy
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from strategies.privacy import account_local
 from task.config import parse_settings
 from task.methods import METHODS, load_object

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from server_app.app import build_strategy
-from server_app.results import write_artifacts
 from strategies.persistence import read_checkpoint
 from task.config import parse_settings
 from tests.runtime.test_hostile_replies import COMMON, SCENARIOS
@@ -43,7 +42,7 @@ def comparable(tree):
 
 def artefacts(strategy, folder: Path) -> dict[str, object]:
     folder.mkdir()
-    write_artifacts(strategy, strategy.name, folder)
+    strategy.results().write_artifacts(folder)
     return {p.name: comparable(json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))}
 
 

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 
 from server_app.app import build_strategy
 from strategies.base import PersonalizedStrategy
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from strategies.persistence import (
     RESUMABLE_CHANGES,
     SimulatedCrash,

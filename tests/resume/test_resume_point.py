@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from server_app.app import build_strategy, resume_point
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from strategies.persistence import write_checkpoint
 from task.checkpoint import FORMAT_VERSION, CheckpointError
 from task.config import parse_settings

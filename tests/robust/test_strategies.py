@@ -9,7 +9,7 @@ from strategies.base import PersonalizedStrategy
 from strategies.client2vec import Client2VecStrategy
 from strategies.fedc2i import FedC2IStrategy
 from strategies.gate import Reply
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from strategies.robust import RobustAveraging
 from task.config import parse_settings
 from task.params import to_record, weighted_average
