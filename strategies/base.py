@@ -48,6 +48,7 @@ from strategies.newcomers import NEWCOMER_SPEC, Holdout, evaluate_newcomers, new
 from strategies.outcome import RoundLog, RunResults
 from strategies.privacy import ServerPrivacy, central_aggregate, cohort_generator, poisson_cohort
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Reply, ReplySpec
+from strategies.robust import RobustAveraging
 from strategies.schedule import EvaluationSchedule
 from strategies.services import IDENTIFY, StrategyServices
 from task.config import Settings
@@ -78,6 +79,7 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         self.name = settings.method
         self.initial_state = {k: np.array(v) for k, v in initial_state.items()}
         self.model_info = model_info  # keys, shapes, dtypes, body / head / normalisation keys of the model
+        self.history: list[RoundLog] = []  # one entry per round (the same list for the whole run)
         self.exchange = MessageExchange(settings.round_timeout)
         self.gate = ReplyGate(self.reply_spec)
         #: the gate's node id -> client id, client id -> its node, rejected replies and silent nodes (the same objects)
@@ -87,7 +89,8 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         self.rng = cohort_generator(settings)
         #: what differential privacy keeps across rounds (noise multiplier, clip bound, release journal)
         self.dp = ServerPrivacy(settings)
-        self.history: list[RoundLog] = []
+        #: the run's aggregation rule wherever a method averages client models (strategies/robust.py)
+        self.robust = RobustAveraging(settings, self.history, self.gate.client_of)
         self.client_eval: dict[int, dict[str, float]] = {}  # client id -> last evaluate metrics
         self.asked: dict[str, int] = {}  # phase -> nodes its latest messages went to
         self.results_dir: Path | None = None
@@ -189,13 +192,15 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         """Default: example-weighted average of the shared keys (FedAvg), or the run's robust ``aggregator``
-        (:meth:`average_models`); under central DP the unweighted mean of the clipped updates plus noise
+        (``self.robust.average_models``); under central DP the unweighted mean of the clipped updates plus noise
         (:mod:`strategies.privacy`).  Returns extra history entries."""
         if self.settings.dp_mode == "central" and self.released_keys():
             return central_aggregate(self, server_round, updates)
         if updates and self.shared_keys():
             sizes, clients = [u.num_examples for u in updates], [u.client for u in updates]
-            self.global_state = self.average_models([u.arrays for u in updates], sizes, clients, self.global_state)
+            self.global_state = self.robust.average_models(
+                [u.arrays for u in updates], sizes, clients, self.global_state
+            )
         return {}
 
     def on_evaluated(self, server_round: int, replies: list[Reply]) -> None:

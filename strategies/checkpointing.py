@@ -54,7 +54,7 @@ class Checkpointing:
         """Take back :meth:`checkpoint_state` (this strategy freshly built from the same settings) to continue after
         round ``rounds_done``; node ids change between runs, so every node is asked who it is before the next round."""
         base = saved["base"]
-        self.history = [RoundLog(**r) for r in base["history"]]
+        self.history[:] = [RoundLog(**r) for r in base["history"]]  # the same list: the parts share it
         self.client_eval = dict(base["client-eval"])
         rng = base["rng"]  # the generator's state; a checkpoint of an older format holds the generator itself
         if rng is not None and not isinstance(self.rng, random.SystemRandom):

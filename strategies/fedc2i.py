@@ -98,7 +98,7 @@ class FedC2IStrategy(PersonalizedStrategy):
         model and theirs (its own always kept; docs/robustness.md)."""
         models = [own, *(self.store[c] for c in peers)]
         who = "a newcomer" if me is None else str(me)
-        kept = self.choose_peers(models, [-1 if me is None else me, *peers], f"peers of {who}")
+        kept = self.robust.choose_peers(models, [-1 if me is None else me, *peers], f"peers of {who}")
         return list(kept[1:])
 
     def newcomer_payloads(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, RecordDict]:
@@ -175,7 +175,7 @@ class FedC2IStrategy(PersonalizedStrategy):
             u.client: {k: np.array(u.arrays.get(k, self.initial_state[k])) for k in self.initial_state} for u in updates
         }
         previous = {c: self.store.get(c, self.initial_state) for c in models}
-        self.store.update(self.bound_models(models, previous))
+        self.store.update(self.robust.bound_models(models, previous))
         for u in updates:
             self.sizes[u.client] = u.num_examples
         self.influence[server_round] = rows

@@ -137,10 +137,12 @@ class FedCACStrategy(PersonalizedStrategy):
         if self.settings.robust.aggregator == "mean":  # Eq. 9 and Eq. 10
             wbar, custom = global_average(params, weights), customized_models(params, collab)
         else:  # the run's robust rule over all participants, and over each client and its collaborators
-            wbar = self.average_rows(params, weights, pids).astype(params.dtype)
+            wbar = self.robust.average_rows(params, weights, pids).astype(params.dtype)
             custom = np.stack(
                 [
-                    self.average_rows(params[[i, *c]], None, [pids[j] for j in (i, *c)], group=f"custom {pids[i]}")
+                    self.robust.average_rows(
+                        params[[i, *c]], None, [pids[j] for j in (i, *c)], group=f"custom {pids[i]}"
+                    )
                     for i, c in enumerate(collab)
                 ]
             ).astype(params.dtype)

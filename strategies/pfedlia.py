@@ -257,7 +257,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
         local = self.settings.dp_mode == "local"
         weights = [1 if local else u.num_examples for u in updates]
         models, clients = [self.complete(u.arrays) for u in updates], [u.client for u in updates]
-        return self.average_models(models, weights, clients, reference, group)
+        return self.robust.average_models(models, weights, clients, reference, group)
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         self._note_planted(updates)

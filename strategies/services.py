@@ -4,9 +4,7 @@ The base (``strategies/base.py``) holds the hooks a method overrides and the rou
 a method calls from them, each a thin front of one part: the shared model (:attr:`global_state`, the keys a
 reply releases), clients and sampling (the reply gate's client ids, :meth:`by_client`, :meth:`draw`,
 :meth:`cohort_size`), extra phases (:meth:`send_query`, :meth:`identify`, :meth:`receive`), the time a round's
-server work took, the run's aggregation rule wherever a method averages client models (``average_models``,
-``average_rows``, ``bound_models``, ``choose_peers``: :class:`strategies.robust.RobustAveraging`,
-docs/robustness.md), and the parts of a method's declaration of what its messages carry (:meth:`sends`,
+server work took, and the parts of a method's declaration of what its messages carry (:meth:`sends`,
 :meth:`model_part`, :meth:`config_part`; see :mod:`strategies.disclosure`).  Nothing here is overridden.
 """
 
@@ -27,7 +25,6 @@ from strategies.gate import ReplyGate, cohort_size
 from strategies.history import add_seconds, note_timing
 from strategies.outcome import RoundLog
 from strategies.replies import BASE, Arrays, Dim, Reply, ReplySpec
-from strategies.robust import RobustAveraging
 from task.config import Settings
 from task.models import ModelInfo
 
@@ -37,7 +34,7 @@ if TYPE_CHECKING:
 IDENTIFY = "identify"
 
 
-class StrategyServices(RobustAveraging):
+class StrategyServices:
     """The services of a personalized strategy (see the module docstring); the base provides the state below."""
 
     settings: Settings
