@@ -46,7 +46,7 @@ def resume_point(settings: Settings, strategy: PersonalizedStrategy) -> tuple[Pa
     checkpoint, or a run with no round left fail here, before anything is written."""
     folder = resolve_results_path(settings.resume_from)
     done, state = read_checkpoint(folder, settings)
-    strategy.resume(state, done)
+    strategy.checkpoint.resume(state, done)
     return folder, done
 
 

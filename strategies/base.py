@@ -39,7 +39,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from strategies import attack_report
 from strategies.attack_report import honest_metrics, with_attack_metrics
-from strategies.checkpointing import Checkpointing
+from strategies.checkpointing import Checkpoint
 from strategies.disclosure import Disclosure, Part
 from strategies.exchange import MessageExchange, RunAborted
 from strategies.gate import ReplyGate, shared_model
@@ -61,7 +61,7 @@ __all__ = ["IDENTIFY", "PersonalizedStrategy", "Reply", "RunAborted", "log"]
 log = logging.getLogger("flwr.pflower")
 
 
-class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
+class PersonalizedStrategy(StrategyServices, Strategy):
     """Round loop, client identities and reply validation shared by all methods (see the module docstring)."""
 
     #: whether the server holds a global model whose accuracy clients report as ``global-acc``
@@ -103,6 +103,8 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         self._first_round = 1
         #: the clients held out of training (run-config ``holdout-clients``), evaluated at the end as newcomers
         self.holdout = Holdout(settings.holdout_clients)
+        #: what a checkpoint holds of the strategy, and how a resumed run takes it back (strategies/checkpointing.py)
+        self.checkpoint = Checkpoint(self)
 
     # ------------------------------------------------------------------ hooks for methods
     def shared_keys(self) -> list[str]:
@@ -373,7 +375,7 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         log.info(progress_line(self.name, server_round, self.schedule.last_round, ran, self._t0, metrics, how))
         for watch in self.round_watchers:
             watch(self.history)
-        self.after_round(server_round)
+        self.checkpoint.after_round(server_round)
         return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
 
     # ------------------------------------------------------------------ the round's pieces

@@ -504,7 +504,7 @@ def stop_for_budget(strategy: Any, server_round: int, epsilon: float) -> None:
     if strategy.history and strategy.history[-1].server_round == server_round:  # nothing of the round is recorded
         strategy.history.pop()
     if strategy.results_dir is not None and s.checkpoint_every and done:
-        write_checkpoint(strategy.results_dir, done, strategy.checkpoint_state(), s)
+        write_checkpoint(strategy.results_dir, done, strategy.checkpoint.state(), s)
     raise PrivacyBudgetExhausted(
         f"round {server_round} would take epsilon to {epsilon:.4g} (delta {s.dp_delta:g}), above dp-max-epsilon="
         f"{s.dp_max_epsilon:g}: the run stops after round {done}"

@@ -183,7 +183,7 @@ def test_when_no_held_out_client_is_connected_at_the_end_the_last_round_says_so(
 def test_a_resumed_run_holds_out_the_clients_the_interrupted_one_did():
     fed = Federation(rounds=2, **{"holdout-clients": 2}).run()
     resumed = build_strategy(fed.strategy.settings)
-    resumed.resume(fed.strategy.checkpoint_state(), 1)
+    resumed.checkpoint.resume(fed.strategy.checkpoint.state(), 1)
     assert resumed.holdout.first == 4
     # even when the held-out clients are not connected when it resumes, it does not hold out others instead
     assert resumed.holdout.training([NODE_OF[c] for c in range(4)], {NODE_OF[c]: c for c in range(4)}) == [

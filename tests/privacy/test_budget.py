@@ -154,7 +154,7 @@ def resumed_from(folder, run=LOCAL):
     cfg = {**run, "checkpoint-every": 2, "resume-from": str(folder)}
     done, saved = read_checkpoint(folder, parse_settings(cfg))
     strategy = build_strategy(parse_settings(cfg))
-    strategy.resume(saved, done)
+    strategy.checkpoint.resume(saved, done)
     strategy.results_dir = folder
     return strategy
 

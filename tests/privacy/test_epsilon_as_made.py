@@ -210,7 +210,7 @@ def test_the_reported_epsilon_is_never_below_the_exact_epsilon_of_the_releases_m
             saved_round, saved = read_checkpoint(folder, parse_settings(again))
             assert saved_round == done
             strategy = build_strategy(parse_settings(again))
-            strategy.resume(saved, done)
+            strategy.checkpoint.resume(saved, done)
             strategy.results_dir = folder
             observed(strategy, nodes, list(range(done + 1, last + 1)), made, local)
         if run["dp-mode"] == "central":  # the observed sampling is the run's: a fixed-size cohort has its size

@@ -82,11 +82,11 @@ def test_a_resumed_method_ends_in_the_state_of_the_uninterrupted_run(name, round
     assert done == stop_after
 
     resumed = build_strategy(settings)
-    resumed.resume(saved, done)
+    resumed.checkpoint.resume(saved, done)
     resumed.results_dir = tmp_path / "b"
     drive(resumed, NEW_NODES, range(stop_after + 1, rounds + 1), as_a_client_would)
 
     assert [r.server_round for r in resumed.history] == list(range(1, rounds + 1))
     assert resumed.failures == [] and whole.failures == []
-    assert_same_state(snapshot(comparable(whole.checkpoint_state())), snapshot(comparable(resumed.checkpoint_state())))
+    assert_same_state(snapshot(comparable(whole.checkpoint.state())), snapshot(comparable(resumed.checkpoint.state())))
     assert artefacts(resumed, tmp_path / "resumed") == artefacts(whole, tmp_path / "whole")

@@ -181,7 +181,7 @@ def test_a_resumed_run_reports_what_the_uninterrupted_run_reports(tmp_path, meth
     drive(interrupted, nodes, 1)
     done, saved = read_checkpoint(tmp_path / "b", settings)
     resumed = build_strategy(settings)
-    resumed.resume(saved, done)
+    resumed.checkpoint.resume(saved, done)
     resumed.results_dir = tmp_path / "b"
     drive(resumed, others, range(2, 4))
     expected = report(whole)
