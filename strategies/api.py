@@ -20,16 +20,12 @@ What every message carries out of a client and into it (:mod:`strategies.disclos
 message type, of :class:`Part` records; :data:`PER_CLIENT` sizes a record that holds one model per client and
 :data:`PER_PEER` one per other client (both :class:`Clients` counts, held to the federation's size);
 :func:`lengths_on` declares the lengths of a record's list entries.
-
-Local differential privacy's accountant for a method whose clients noise their own releases:
-:func:`account_local` (:mod:`strategies.privacy`).
 """
 
 from __future__ import annotations
 
 from strategies.base import IDENTIFY, PersonalizedStrategy, log
 from strategies.disclosure import PER_CLIENT, PER_PEER, Clients, Disclosure, Part, lengths_on
-from strategies.privacy import account_local
 from strategies.replies import (
     ACCURACY,
     INT_LIMIT,
@@ -65,7 +61,6 @@ __all__ = [
     "Reply",
     "ReplySpec",
     "Tensor",
-    "account_local",
     "lengths_on",
     "log",
 ]

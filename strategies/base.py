@@ -88,7 +88,7 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         #: draws cohorts: from the run's seed, so a run repeats; under DP from a secret only the server holds
         self.rng = cohort_generator(settings)
         #: what differential privacy keeps across rounds (noise multiplier, clip bound, release journal)
-        self.dp = ServerPrivacy(settings)
+        self.privacy = ServerPrivacy(settings)
         #: the run's aggregation rule wherever a method averages client models (strategies/robust.py)
         self.robust = RobustAveraging(settings, self.history, self.gate.client_of)
         self.client_eval: dict[int, dict[str, float]] = {}  # client id -> last evaluate metrics
@@ -158,7 +158,7 @@ class PersonalizedStrategy(StrategyServices, Strategy):
             cfg["model-dir"] = str(self.results_dir / "models" / "clients")
         for key, value in self.schedule.config(server_round, phase).items():
             cfg[key] = value
-        for key, value in self.dp.declared().items():  # under DP: the noise and clip bound of the round
+        for key, value in self.privacy.declared().items():  # under DP: the noise and clip bound of the round
             cfg[key] = value
         return cfg
 
@@ -178,7 +178,7 @@ class PersonalizedStrategy(StrategyServices, Strategy):
         """The round's cohort: ``fraction-train`` of the nodes, drawn by client id with the run's seed; under central
         DP with ``dp-sampling='poisson'`` (the default) each node independently with probability ``fraction-train``,
         drawn by the operating system's CSPRNG."""
-        if self.settings.dp_mode == "central" and self.dp.draw.get("sampling") == "poisson":
+        if self.settings.dp_mode == "central" and self.privacy.draw.get("sampling") == "poisson":
             return poisson_cohort(self.rng, self.by_client(nodes), self.settings.fraction_train)
         return self.draw(nodes, self.cohort_size(len(nodes), self.settings.fraction_train))
 
@@ -255,7 +255,7 @@ class PersonalizedStrategy(StrategyServices, Strategy):
             self.holdout.means(),
             attack_report.report(self),
             self.clustering_outcome() if self.history else None,
-            self.dp.published(),
+            self.privacy.published(),
         )
         if artifacts is not None:
             outcome.write_artifacts = functools.partial(load_object(artifacts), self)
@@ -315,11 +315,11 @@ class PersonalizedStrategy(StrategyServices, Strategy):
             self.identify_everyone = False
         nodes = self.holdout.training(nodes, self.client_of)  # a held-out client never takes part
         if self.settings.dp_mode != "off":  # calibration, budget, for the nodes the round draws from: before the
-            self.dp.before_round(self, server_round, len(nodes))  # round releases anything (a stop unlogs it)
-            self.dp.journal_local(self, server_round)  # local DP: journaled before the first release can leave
+            self.privacy.before_round(self, server_round, len(nodes))  # round releases anything (a stop unlogs it)
+            self.privacy.journal_local(self, server_round)  # local DP: journaled before the first release can leave
         self.prepare_round(grid, server_round, nodes)
         cohort = self.sample(server_round, nodes)
-        self.dp.drew(cohort)
+        self.privacy.drew(cohort)
         self.schedule.start_round()
         return self._messages(server_round, arrays, config, cohort, "train", MessageType.TRAIN)
 
@@ -335,7 +335,7 @@ class PersonalizedStrategy(StrategyServices, Strategy):
             self.schedule.fused = 0
         # under Poisson sampling a central-DP round releases noise even without a reply: an unchanged model would
         # say that nobody was drawn
-        poisson = self.settings.dp_mode == "central" and self.dp.draw.get("sampling") == "poisson"
+        poisson = self.settings.dp_mode == "central" and self.privacy.draw.get("sampling") == "poisson"
         extra = self.aggregate(server_round, updates) if updates or poisson else {}
         if not updates:
             log.warning("round %d: no valid train replies; state left unchanged", server_round)

@@ -28,7 +28,7 @@ class Checkpointed(Protocol):
     history: list[RoundLog]
     client_eval: dict[int, dict[str, float]]
     rng: random.Random
-    dp: ServerPrivacy
+    privacy: ServerPrivacy
     gate: ReplyGate
     schedule: EvaluationSchedule
     holdout: Holdout
@@ -56,7 +56,7 @@ class Checkpoint:
         base: dict[str, Any] = {"history": [asdict(r) for r in s.history], "client-eval": s.client_eval}
         # under DP the cohorts come from the operating system's CSPRNG, which has no state to keep
         rng = None if isinstance(s.rng, random.SystemRandom) else s.rng.getstate()
-        base |= {"rng": rng, "global": s.global_state, "dp": s.dp.state()}
+        base |= {"rng": rng, "global": s.global_state, "dp": s.privacy.state()}
         return {"base": base | s.gate.state() | s.schedule.state() | s.holdout.state(), "method": s.state()}
 
     def resume(self, saved: Mapping[str, Any], rounds_done: int) -> None:
@@ -73,7 +73,7 @@ class Checkpoint:
         s.schedule.restore(base)
         s.holdout.restore(base)
         if "dp" in base:  # a checkpoint from before it existed: the settings' noise multiplier and clip bound
-            s.dp.restore(base["dp"], rounds_done)
+            s.privacy.restore(base["dp"], rounds_done)
         s.restore(saved["method"])
         s.rounds_done, s.identify_everyone = rounds_done, True
 

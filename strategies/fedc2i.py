@@ -36,7 +36,6 @@ from strategies.api import (
     PersonalizedStrategy,
     Reply,
     ReplySpec,
-    account_local,
     lengths_on,
 )
 from task.methods.fedc2i import FedC2IOptions
@@ -192,5 +191,5 @@ class FedC2IStrategy(PersonalizedStrategy):
         """Under local DP: every client's epsilon after this round, also when no reply of the round was valid
         (the clients released all the same)."""
         if self.settings.dp_mode == "local":
-            self.history[-1].extra["dp"] = account_local(self, self.releases)
+            self.history[-1].extra["dp"] = self.privacy.account_local(self.releases)
         self.releases = 0

@@ -217,7 +217,7 @@ def test_the_reported_epsilon_is_never_below_the_exact_epsilon_of_the_releases_m
             if run["fraction-train"] < 1 and run["dp-sampling"] == "fixed":
                 assert {m["cohort"] for m in made} <= {max(1, round(run["fraction-train"] * population))}
             assert all(m["denominator"] > 0 for m in made)
-        reported = strategy.dp.spent()[0].epsilon
+        reported = strategy.privacy.spent()[0].epsilon
         records = [r.extra["dp"]["epsilon"] for r in strategy.history if "dp" in r.extra]
     exact = exact_epsilon(run, population, made, local)
     assert reported >= exact - 1e-9, (reported, exact, made, local)

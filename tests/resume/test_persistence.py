@@ -196,9 +196,14 @@ def test_a_resumed_dp_strategy_draws_from_the_os_csprng_and_keeps_what_dp_kept_a
     s.history = [RoundLog(1)]
     assert isinstance(s.rng, random.SystemRandom)
     made = {"id": "x", "round": 1, "mode": "central", "noise-multiplier": 1.7, "sampling": "all", "rate": 1.0}
-    s.dp.noise_multiplier, s.dp.clip, s.dp.count_stddev, s.dp.ledger = 1.7, 0.4, 0.2, [{**made, "count": 1}]
+    s.privacy.noise_multiplier, s.privacy.clip, s.privacy.count_stddev, s.privacy.ledger = (
+        1.7,
+        0.4,
+        0.2,
+        [{**made, "count": 1}],
+    )
     fresh = counting(**dp)
-    assert fresh.dp.noise_multiplier is None  # calibrated at the first round, for the population it draws from
+    assert fresh.privacy.noise_multiplier is None  # calibrated at the first round, for the population it draws from
     state = s.checkpoint.state()
     assert state["base"]["rng"] is None
     write_checkpoint(tmp_path, 1, state, s.settings)
@@ -206,8 +211,8 @@ def test_a_resumed_dp_strategy_draws_from_the_os_csprng_and_keeps_what_dp_kept_a
     fresh.checkpoint.resume(saved, done)
     assert isinstance(fresh.rng, random.SystemRandom)
     assert (
-        fresh.dp.state()
-        == s.dp.state()
+        fresh.privacy.state()
+        == s.privacy.state()
         == {
             "noise-multiplier": 1.7,
             "clip": 0.4,
@@ -215,7 +220,7 @@ def test_a_resumed_dp_strategy_draws_from_the_os_csprng_and_keeps_what_dp_kept_a
             "ledger": [{**made, "count": 1}],
         }
     )
-    assert fresh.dp.resumed_after == 1
+    assert fresh.privacy.resumed_after == 1
 
 
 @pytest.mark.parametrize("with_folder", [True, False])
