@@ -112,7 +112,7 @@ class FedCACStrategy(PersonalizedStrategy):
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         """``global`` (w_bar) and this client's ``custom`` (u_i) when the aggregation just before the message
         computed it: round r - 1's for round r's train message, round r's for its evaluate message."""
-        payload = RecordDict({"global": self.record_of(self.global_state)})
+        payload = RecordDict({"global": self.exchange.record_of(self.global_state)})
         custom = self.fresh_custom(node_id, server_round - 1 if phase == "train" else server_round)
         if custom is not None:
             payload["custom"] = to_record(custom)

@@ -142,7 +142,7 @@ def evaluate_newcomers(strategy: Any, grid: Grid, server_round: int) -> dict[str
     """After the last round (``server_round``): every connected held-out client scores what the method gives a
     newcomer (``query.newcomer``); their metrics go into ``strategy.holdout.results`` and the means, with each client's
     and the phase's bytes, into the last round's history entry (``newcomers``), which this returns."""
-    nodes = strategy.available_nodes(grid)
+    nodes = strategy.loop.available_nodes(grid)
     strategy.identify(grid, server_round, nodes)  # a held-out node that connected late is known only now
     newcomers = strategy.holdout.newcomers(nodes, strategy.client_of)
     if not newcomers:
