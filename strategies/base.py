@@ -1,19 +1,14 @@
 """The personalized base every strategy here stands on: the hooks a method overrides, what it calls, and its parts.
 
-:class:`PersonalizedStrategy` is a ``flwr.serverapp.strategy.Strategy`` (Message API) and one class: what it does
-besides the method's hooks is done by named parts, each an object of its own module that the constructor makes and
-names (``self.exchange``, ``self.gate``, ``self.schedule``, ``self.privacy``, ``self.robust``, ``self.holdout``,
-``self.checkpoint`` and ``self.loop``, Flower's round loop, strategies/rounds.py).  Per-client state is keyed by
-**client id** (the ``partition-id`` a node reports), never by Flower's node id; nodes the server has not heard from
-are asked who they are (``query.identify``) before it chooses among them, so that a seed draws the same clients in
-every run.
+:class:`PersonalizedStrategy` is one ``flwr.serverapp.strategy.Strategy`` (Message API) class: what it does besides
+a method's hooks is done by named parts, each an object of its own module that the constructor makes and says what a
+method may use of (Flower's round loop is the part ``self.loop``, strategies/rounds.py).  Per-client state is keyed by
+**client id** (the ``partition-id`` a node reports), never by Flower's node id.
 
-A method overrides the hooks of the first section below, and nothing else (docs/adding-a-method.md, step 3,
-tabulates them); the loop calls them in this order each round: ``prepare_round`` -> ``sample`` -> ``payload`` (and
-``round_config``) -> the replies, checked against ``reply_spec`` -> ``aggregate`` -> the evaluation ->
-``on_evaluated`` -> ``on_round_end``; ``state`` / ``restore`` with every checkpoint and resume.  The second section
-is what a method calls from its hooks.  Its files (JSON, PNG) are written beside it, in
-``strategies/<method>_artifacts.py``.
+A method overrides the hooks of the first section below and nothing else (docs/adding-a-method.md, step 3); each
+round the loop calls ``prepare_round`` -> ``sample`` -> ``payload`` (with ``round_config``) -> the replies, checked
+against ``reply_spec`` -> ``aggregate`` -> the evaluation -> ``on_evaluated`` -> ``on_round_end``, and ``state`` /
+``restore`` with every checkpoint and resume.  The second section is what a method calls from its hooks.
 """
 
 from __future__ import annotations
@@ -33,14 +28,14 @@ from flwr.serverapp.strategy import Result, Strategy
 from strategies import attack_report
 from strategies.attack_report import with_attack_metrics
 from strategies.checkpointing import Checkpoint
-from strategies.disclosure import Disclosure, Part, Unread, sent, stacked
+from strategies.disclosure import Unread, sent, stacked
 from strategies.exchange import MessageExchange, RunAborted
 from strategies.gate import ReplyGate, cohort_size
 from strategies.history import add_seconds
 from strategies.newcomers import NEWCOMER_SPEC, Holdout, newcomer_disclosure
 from strategies.outcome import RoundLog, RunResults
 from strategies.privacy import ServerPrivacy, central_aggregate, cohort_generator, poisson_cohort
-from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Dim, Reply, ReplySpec
+from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Dim, Disclosure, Part, Reply, ReplySpec
 from strategies.robust import RobustAveraging
 from strategies.rounds import RoundLoop
 from strategies.schedule import EvaluationSchedule
@@ -347,37 +342,22 @@ class PersonalizedStrategy(Strategy):
             entries={"server-round": True, "phase": True, **dict.fromkeys(optional + declared, False), **more},
         )
 
-    # ------------------------------------------------------------------ Flower's Strategy API: the loop runs it
+    # ------------------------------------------------------------------ Flower's Strategy API: self.loop runs it
+    def start(self, *args: Any, **kwargs: Any) -> Result:
+        """Flower's ``Strategy.start`` (its arguments and ``Result``) for the rounds after ``rounds_done``."""
+        return self.loop.start(*args, **kwargs)
+
+    def configure_train(self, *args: Any, **kwargs: Any) -> Iterable[Message]:
+        return self.loop.configure_train(*args, **kwargs)
+
+    def aggregate_train(self, *args: Any, **kwargs: Any) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        return self.loop.aggregate_train(*args, **kwargs)
+
+    def configure_evaluate(self, *args: Any, **kwargs: Any) -> Iterable[Message]:
+        return self.loop.configure_evaluate(*args, **kwargs)
+
+    def aggregate_evaluate(self, *args: Any, **kwargs: Any) -> MetricRecord | None:
+        return self.loop.aggregate_evaluate(*args, **kwargs)
+
     def summary(self) -> None:
         self.loop.summary()
-
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Flower's round loop for rounds ``rounds_done + 1 .. num_rounds`` (strategies/rounds.py)."""
-        return self.loop.start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn)
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        return self.loop.configure_train(server_round, arrays, config, grid)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        return self.loop.aggregate_train(server_round, replies)
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        return self.loop.configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return self.loop.aggregate_evaluate(server_round, replies)

@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import MessageType
 
-from strategies.disclosure import Disclosure, Part
 from strategies.exchange import RunAborted
 from strategies.outcome import NEWCOMER_METRICS
-from strategies.replies import ACCURACY, BASE, COUNT, LOSS
+from strategies.replies import ACCURACY, BASE, COUNT, LOSS, Disclosure, Part
 from task.methods import NEWCOMER
 
 if TYPE_CHECKING:

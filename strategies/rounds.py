@@ -116,11 +116,11 @@ class RoundLoop:
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
-        num_rounds: int,
-        timeout: float,
-        train_config: ConfigRecord | None,
-        evaluate_config: ConfigRecord | None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
         """Rounds ``rounds_done + 1 .. num_rounds`` (all of them unless the strategy was resumed), then the held-out
         clients as newcomers."""
