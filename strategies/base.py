@@ -51,7 +51,7 @@ IDENTIFY = "identify"
 
 
 class PersonalizedStrategy(Strategy):
-    """The hooks, the services and the parts shared by all methods (see the module docstring)."""
+    """The hooks, what a method calls, and the parts shared by all methods (see the module docstring)."""
 
     #: whether the server holds a global model whose accuracy clients report as ``global-acc``
     has_global_model = True
@@ -208,11 +208,9 @@ class PersonalizedStrategy(Strategy):
         """Called after evaluation of every round (e.g. to settle tokens or record tier tables)."""
 
     def newcomer_payloads(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, RecordDict]:
-        """What each held-out node (run-config ``holdout-clients``) gets after the last round to build the model the
-        method gives a client that never trained (:mod:`strategies.newcomers`; the client's ``newcomer_model``
-        builds it).  Default: what an evaluate message gives a node the server knows nothing about (the global
-        model; every cluster or tier model where the client chooses among them).  A method whose newcomer message
-        differs also declares it in :meth:`newcomer_receives`."""
+        """What each held-out node (``holdout-clients``) gets after the last round, from which its ``newcomer_model``
+        builds the model the method gives a client that never trained (strategies/newcomers.py).  Default: its evaluate
+        payload.  A method whose newcomer message differs declares it in :meth:`newcomer_receives`."""
         return {n: self.payload(n, server_round, "evaluate") for n in nodes}
 
     def newcomer_receives(self) -> Mapping[str, Part] | None:
@@ -230,32 +228,21 @@ class PersonalizedStrategy(Strategy):
         return None
 
     def state(self) -> dict[str, Any]:
-        """What of this method a resumed run needs, in plain values (numbers, strings, lists, dicts, numpy
-        arrays, random generators; see :mod:`task.checkpoint`); nothing derivable from the settings or the
-        model.  The base saves its own part (history, failures, the global model, the sampling generator)."""
+        """What of this method a resumed run needs, in plain values (numbers, strings, lists, dicts, numpy arrays,
+        random generators; task/checkpoint.py), nothing derivable; the base's parts save their own."""
         return {}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Put back what :meth:`state` returned, into a strategy freshly built from the same settings."""
 
     def results(self) -> RunResults:
-        """What the run produced, as the results writer takes it (server_app/results.py), read at the end of the run:
-        the rounds, the clients' last evaluations and newcomer scores, the failures, the robustness record, the
-        clustering outcome, the privacy spent, and the method's own files (``strategies/<method>_artifacts.py``)."""
-        artifacts = method_spec(self.name).artifacts
-        outcome = RunResults(
-            self.history,
-            self.client_eval,
-            self.failures,
-            self.holdout.results,
-            self.holdout.means(),
-            attack_report.report(self),
-            self.clustering_outcome() if self.history else None,
-            self.privacy.published(),
-        )
-        if artifacts is not None:
-            outcome.write_artifacts = functools.partial(load_object(artifacts), self)
-        return outcome
+        """What the run produced, as the results writer takes it (server_app/results.py; strategies/outcome.py)."""
+        out = RunResults(self.history, self.client_eval, self.failures, self.holdout.results, self.holdout.means())
+        out.robustness, out.privacy = attack_report.report(self), self.privacy.published()
+        out.clustering = self.clustering_outcome() if self.history else None
+        if (artifacts := method_spec(self.name).artifacts) is not None:  # strategies/<method>_artifacts.py
+            out.write_artifacts = functools.partial(load_object(artifacts), self)
+        return out
 
     # ------------------------------------------------------------------ what a method calls
     @property
