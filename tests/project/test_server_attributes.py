@@ -8,24 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.project.test_client_attributes import self_targets
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("strategies", "server_app")
-
-
-def self_targets(node: ast.AST) -> set[str]:
-    """Names of ``self.<name>`` assigned anywhere in ``node`` (tuple targets and annotated assignments too)."""
-    out = set()
-    for sub in ast.walk(node):
-        targets: list[ast.expr] = []
-        if isinstance(sub, ast.Assign):
-            targets = list(sub.targets)
-        elif isinstance(sub, ast.AnnAssign | ast.AugAssign):
-            targets = [sub.target]
-        for target in targets:
-            for t in ast.walk(target):
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                    out.add(t.attr)
-    return out
 
 
 def classes_of(package: str) -> dict[str, tuple[list[str], set[str], dict[str, set[str]]]]:
