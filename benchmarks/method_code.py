@@ -9,7 +9,7 @@ their commit.
 A method's files: its strategy module, its client module, the module of its options, its artefacts writer, and the
 method-math modules (``*_math``) these import.  Every method shares :data:`SHARED`: the training loop and models, the
 data (partitions, splits, domains), the client's base (with its parts: the node's data, kept state, newcomers, saved
-models) and handlers, and the server's round loop and checkpoint.
+models) and handlers, and the server's base, its round loop and its checkpoint.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ SHARED = (
     "client_app/saving.py",
     "client_app/app.py",
     "strategies/base.py",
+    "strategies/rounds.py",
     "strategies/checkpointing.py",
 )
 

@@ -46,7 +46,7 @@ def resume_point(settings: Settings, strategy: PersonalizedStrategy) -> tuple[Pa
     checkpoint, or a run with no round left fail here, before anything is written."""
     folder = resolve_results_path(settings.resume_from)
     done, state = read_checkpoint(folder, settings)
-    strategy.resume(state, done)
+    strategy.checkpoint.resume(state, done)
     return folder, done
 
 
@@ -132,7 +132,7 @@ def main(grid: Grid, context: Context) -> None:
             raise stop.with_traceback(None) from None
         if aborted is None:  # a mean over too few of the clients asked is no result (server_app/coverage.py)
             aborted = shortfall(coverage(strategy.history), settings.min_coverage)
-        summary = writer.write(strategy, time.monotonic() - start, aborted=aborted, stopped=stopped)
+        summary = writer.write(strategy.results(), time.monotonic() - start, aborted=aborted, stopped=stopped)
         failed = aborted is not None
     finally:  # also when the ServerApp stops on an error: the rounds recorded so far
         watchers.finish(strategy.history, failed)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 
 #: what each part of the coverage speaks for, in the words of the summary
 WHAT = {

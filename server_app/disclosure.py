@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from server_app.app import build_strategy
-from strategies.disclosure import Disclosure
 from strategies.disclosure_check import table
+from strategies.replies import Disclosure
 from task.config import parse_settings
 from task.methods import METHODS
 from task.models import ModelInfo

@@ -1,6 +1,8 @@
 """One results folder per run: config, per-round metrics (JSON + CSV), final per-client accuracies, failures,
-communication, method artefacts and an accuracy-curve PNG, plus a one-line summary.  :func:`round_scalars` is a
-round's numbers as ``rounds.csv``, TensorBoard and MLflow show them (:mod:`server_app.tracking`)."""
+communication, method artefacts and an accuracy-curve PNG, plus a one-line summary.  The writer takes what the run
+produced as a value (:class:`strategies.outcome.RunResults`, from the strategy's ``results()``) and knows nothing of
+the strategy.  :func:`round_scalars` is a round's numbers as ``rounds.csv``, TensorBoard and MLflow show them
+(:mod:`server_app.tracking`)."""
 
 from __future__ import annotations
 
@@ -16,13 +18,9 @@ from typing import Any
 import numpy as np
 
 from server_app.coverage import coverage, summary_entry
-from strategies import attack_report
-from strategies.history import RoundLog
-from strategies.newcomers import NEWCOMER_METRICS
+from strategies.outcome import BACKDOOR, NEWCOMER_METRICS, RoundLog, RunResults
 from strategies.plots import integer_ticks, pyplot
-from strategies.privacy import central_sampling
 from task.config import Settings
-from task.methods import load_object, method_spec
 
 RESULTS_ENV = "PFLOWER_RESULTS_DIR"
 
@@ -100,23 +98,40 @@ def resolve_results_path(path: str) -> Path:
     return p.resolve()
 
 
-def write_artifacts(strategy, method: str, folder: Path) -> None:
-    """The method's own artefacts (JSON, PNG) into ``folder``, by the writer its registry entry names (``artifacts``:
-    ``strategies.<method>_artifacts``, beside its strategy); nothing for a method without one."""
-    writer = method_spec(method).artifacts
-    if writer is not None:
-        load_object(writer)(strategy, folder)
-
-
-def clustering_outcome(strategy) -> tuple[int, str] | None:
+def clustering_line(outcome: tuple[int, str]) -> tuple[int, str]:
     """(clusters at the end, a plain sentence) of a clustering method's run, e.g. ``(1, "1 cluster: the run was
-    FedAvg (...)")``, from its ``clustering_outcome()`` (pFedLIA, the Oracle, CFL, IFCA, FedSoft); None for
-    other methods and for a run that stopped before its first round."""
-    outcome = strategy.clustering_outcome() if strategy.history else None
-    if outcome is None:
-        return None
+    FedAvg (...)")``, from its ``clustering_outcome()`` (pFedLIA, the Oracle, CFL, IFCA, FedSoft)."""
     clusters, single = outcome
     return clusters, (f"1 cluster: {single}" if clusters == 1 else f"{clusters} clusters")
+
+
+def robustness_entries(record: Mapping[str, Any], final: Mapping[str, Any]) -> dict[str, Any]:
+    """The headline of a robustness record (strategies/attack_report.py) for ``summary.json``: the attack and rule,
+    the attackers, the last evaluation's honest means and backdoor success, and each verdict ``isolated`` the record
+    holds."""
+    if not record:
+        return {}
+    verdicts = {}
+    for name, part in {**record["mechanism"], "rule": record["rule"]}.items():
+        if isinstance(part, dict) and "isolated" in part:
+            verdicts[name] = part["isolated"]
+        elif isinstance(part, dict):  # one level down (PI-FL's last tiers)
+            verdicts.update(
+                {f"{name}/{k}": v["isolated"] for k, v in part.items() if isinstance(v, dict) and "isolated" in v}
+            )
+    out = {
+        "attack": record["attack"],
+        "aggregator": record["aggregator"],
+        "attackers": record["attackers"],
+        "attackers-isolated": verdicts,
+    }
+    outside = record["rule"].get("outside-assumption")
+    if outside is not None:  # the averages in which more clients lied than the rule's guarantee allows
+        out["outside-assumption"] = outside["averages"]
+    for key in ("honest-personal-acc", "honest-global-acc", "attackers-personal-acc", BACKDOOR):
+        if key in final:
+            out[key] = final[key]
+    return out
 
 
 class ResultsWriter:
@@ -148,16 +163,18 @@ class ResultsWriter:
             )
             write_json(folder / "resumes.json", resumes)
 
-    def write(self, strategy, seconds: float, aborted: str | None = None, stopped: str | None = None) -> str:
+    def write(self, run: RunResults, seconds: float, aborted: str | None = None, stopped: str | None = None) -> str:
+        """Every file of the folder from ``run``; returns the summary line."""
+
         def acc(v: object) -> str:
             return "n/a" if v is None else f"{v:.4f}"
 
-        rows = [{"round": r.server_round, **round_scalars(r)} for r in strategy.history]
+        rows = [{"round": r.server_round, **round_scalars(r)} for r in run.history]
         write_json(
             self.folder / "rounds.json",
             [
                 {"round": r.server_round, "train": r.train, "evaluate": r.evaluate, "extra": r.extra}
-                for r in strategy.history
+                for r in run.history
             ],
         )
         fields = sorted({k for row in rows for k in row}, key=lambda k: (k != "round", k))
@@ -166,8 +183,8 @@ class ResultsWriter:
             rounds_csv.writeheader()
             rounds_csv.writerows(rows)
         # the trained clients' last evaluations, and each held-out client's newcomer scores (holdout-clients)
-        clients = sorted(strategy.client_eval.items())
-        newcomers = sorted(strategy.holdout.results.items())
+        clients = sorted(run.client_eval.items())
+        newcomers = sorted(run.newcomers.items())
         private = self.settings.dp_mode != "off"
         if not private:  # under DP no single client's value is published: every row of clients.csv is one
             client_fields = sorted({k for _, m in clients + newcomers for k in m})
@@ -176,45 +193,43 @@ class ResultsWriter:
                 w.writerow(["client", *client_fields])
                 for pid, m in sorted(clients + newcomers):
                     w.writerow([pid, *(m.get(k, "") for k in client_fields)])
-        write_json(self.folder / "failures.json", strategy.failures)
-        write_artifacts(strategy, self.settings.method, self.folder)
-        self.plot(strategy)
-        final = strategy.history[-1].evaluate if strategy.history else {}
-        summary = {
+        write_json(self.folder / "failures.json", run.failures)
+        run.write_artifacts(self.folder)
+        self.plot(run.history)
+        final = run.history[-1].evaluate if run.history else {}
+        summary: dict[str, Any] = {
             "method": self.settings.method,
             "dataset": self.settings.data.dataset,
             "partition": self.settings.data.partition,
-            "rounds": len(strategy.history),
+            "rounds": len(run.history),
             "personal-acc": final.get("personal-acc"),
             "global-acc": final.get("global-acc"),
-            "trained-acc": strategy.history[-1].train.get("trained-acc") if strategy.history else None,
+            "trained-acc": run.history[-1].train.get("trained-acc") if run.history else None,
             # the spread of the final personalized accuracy over the evaluated clients (strategies.history's
             # spread_metrics): how unequal they are, the worst client, and the bound of the worst tenth (not under DP)
             **({} if private else {k: final.get(k) for k in FAIRNESS}),
             "personal-loss": final.get("personal-loss"),
             "global-loss": final.get("global-loss"),
             "clients": len(clients),
-            "failures": len(strategy.failures),
+            "failures": len(run.failures),
             "seconds": round(seconds, 2),
             "results": str(self.folder),
         }
         # how many of the clients asked each mean speaks for (server_app/coverage.py), what a sweep must not rank
-        covered = coverage(strategy.history)
+        covered = coverage(run.history)
         summary["coverage"] = summary_entry(covered, self.settings.min_coverage)
-        robustness = attack_report.report(strategy)  # under an attack or a robust rule (docs/robustness.md)
-        if robustness:
-            write_json(self.folder / "robustness.json", robustness)
-            summary.update(attack_report.summary_entries(robustness, final))
-        outcome = clustering_outcome(strategy)
+        if run.robustness:  # under an attack or a robust rule (docs/robustness.md)
+            write_json(self.folder / "robustness.json", run.robustness)
+            summary.update(robustness_entries(run.robustness, final))
+        outcome = clustering_line(run.clustering) if run.clustering is not None else None
         if outcome is not None:
             summary["clusters"], summary["clustering"] = outcome
         held_out = ""
         if self.settings.holdout_clients:  # what the method gave the clients that never trained, before and after
-            means = strategy.holdout.means()  # fine-tuning (strategies/newcomers.py)
-            summary["holdout-clients"] = self.settings.holdout_clients
-            summary["newcomers"] = len(strategy.holdout.results)
+            summary["holdout-clients"] = self.settings.holdout_clients  # fine-tuning (strategies/newcomers.py)
+            summary["newcomers"] = len(run.newcomers)
             for key in NEWCOMER_METRICS:
-                summary[key] = means.get(key)
+                summary[key] = run.newcomer_means.get(key)
             asked = covered.get("newcomers")
             of = f" of {asked.total}" if asked is not None and asked.covered < asked.total else ""
             held_out = (
@@ -222,17 +237,17 @@ class ResultsWriter:
                 f"fine-tuned {acc(summary['newcomer-finetuned-acc'])}"
             )
         privacy = ""
-        if private:  # the (epsilon, delta) of every release made (0: none yet), from the release journal's ledger
-            bound, neighbours = strategy.dp.spent()
+        spent = run.privacy
+        if spent is not None:  # the (epsilon, delta) of every release made (0: none yet), from the release journal
             delta = self.settings.dp_delta
-            summary.update({"dp-mode": self.settings.dp_mode, "epsilon": bound.epsilon, "delta": delta})
-            summary["dp-neighbours"] = neighbours
-            summary["dp-accountant"] = bound.accountant
-            summary["dp-noise-multiplier"] = strategy.dp.noise_multiplier
-            if self.settings.dp_mode == "central":
-                summary["dp-sampling"] = central_sampling(self.settings)
-            how = f" by the {bound.accountant.upper()} accountant" if bound.accountant != "none" else ""
-            privacy = f", ({bound.epsilon:.3g}, {delta:g})-DP ({self.settings.dp_mode}){how}"
+            summary.update({"dp-mode": self.settings.dp_mode, "epsilon": spent.epsilon, "delta": delta})
+            summary["dp-neighbours"] = spent.neighbours
+            summary["dp-accountant"] = spent.accountant
+            summary["dp-noise-multiplier"] = spent.noise_multiplier
+            if spent.sampling is not None:
+                summary["dp-sampling"] = spent.sampling
+            how = f" by the {spent.accountant.upper()} accountant" if spent.accountant != "none" else ""
+            privacy = f", ({spent.epsilon:.3g}, {delta:g})-DP ({self.settings.dp_mode}){how}"
         if aborted:
             summary["aborted"] = aborted
         if stopped:
@@ -270,19 +285,19 @@ class ResultsWriter:
             + f" -> {self.folder}"
         )
 
-    def plot(self, strategy) -> None:
+    def plot(self, history: list[RoundLog]) -> None:
         plt = pyplot()
 
-        rounds = [r.server_round for r in strategy.history]
+        rounds = [r.server_round for r in history]
         fig, ax = plt.subplots(figsize=(6, 4))
         for key, label in (
             ("personal-acc", "personalized (mean over clients)"),
             ("global-acc", "global model"),
         ):
-            ys = [r.evaluate.get(key) for r in strategy.history]
+            ys = [r.evaluate.get(key) for r in history]
             if any(y is not None for y in ys):
                 ax.plot(rounds, [np.nan if y is None else y for y in ys], marker="o", label=label)
-        ys = [r.train.get("trained-acc") for r in strategy.history]
+        ys = [r.train.get("trained-acc") for r in history]
         if any(y is not None for y in ys):
             ax.plot(rounds, [np.nan if y is None else y for y in ys], ls="--", label="after local training")
         ax.set_xlabel("round")

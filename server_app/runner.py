@@ -113,6 +113,7 @@ class LocalSimulation:
         self.health_port = free_port()
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen | None = None
+        self.log_path = self.home / "superlink.log"  # what the SuperLink prints, once started
 
     @property
     def env(self) -> dict[str, str]:
@@ -129,7 +130,6 @@ class LocalSimulation:
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
             f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
         )
-        self.log_path = self.home / "superlink.log"
         cmd = [
             shutil.which("flower-superlink") or "flower-superlink",
             "--insecure",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from server_app.results import resolve_results_path, round_scalars
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from task.config import Settings
 
 log = logging.getLogger("flwr.pflower")

@@ -16,11 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from strategies.outcome import BACKDOOR
 from strategies.replies import ACCURACY, ReplySpec
 from task.attacks import BACKDOOR_ATTACKS, attackers
-
-#: the evaluation metric honest clients add under ``attack='backdoor'``
-BACKDOOR = "backdoor-success"
 
 
 def with_attack_metrics(spec: ReplySpec, settings: Any) -> ReplySpec:
@@ -235,32 +233,4 @@ def report(strategy: Any) -> dict[str, Any]:
     }
     out["mechanism"] = mechanism(strategy, bad)
     out["rule"] = rule_outcome(strategy.history, bad)
-    return out
-
-
-def summary_entries(record: Mapping[str, Any], final: Mapping[str, Any]) -> dict[str, Any]:
-    """The headline of a robustness record for ``summary.json``: the attack and rule, the attackers, the last
-    evaluation's honest means and backdoor success, and each verdict ``isolated`` the record holds."""
-    if not record:
-        return {}
-    verdicts = {}
-    for name, part in {**record["mechanism"], "rule": record["rule"]}.items():
-        if isinstance(part, dict) and "isolated" in part:
-            verdicts[name] = part["isolated"]
-        elif isinstance(part, dict):  # one level down (PI-FL's last tiers)
-            verdicts.update(
-                {f"{name}/{k}": v["isolated"] for k, v in part.items() if isinstance(v, dict) and "isolated" in v}
-            )
-    out = {
-        "attack": record["attack"],
-        "aggregator": record["aggregator"],
-        "attackers": record["attackers"],
-        "attackers-isolated": verdicts,
-    }
-    outside = record["rule"].get("outside-assumption")
-    if outside is not None:  # the averages in which more clients lied than the rule's guarantee allows
-        out["outside-assumption"] = outside["averages"]
-    for key in ("honest-personal-acc", "honest-global-acc", "attackers-personal-acc", BACKDOOR):
-        if key in final:
-            out[key] = final[key]
     return out

@@ -1,33 +1,22 @@
-"""The personalized base every strategy here stands on: the hooks a method overrides and the round loop.
+"""The personalized base every strategy here stands on: the hooks a method overrides, what it calls, and its parts.
 
-`PersonalizedStrategy` is a ``flwr.serverapp.strategy.Strategy`` (Message API) composed of parts, each in its own
-module (docs/adding-a-method.md, step 3, lists them; a method reaches them through
-:class:`strategies.services.StrategyServices`), and its checkpoint (:mod:`strategies.checkpointing`).  Per-client
-state is keyed by **client id** (the ``partition-id`` a node reports), never by Flower's node id; nodes the server
-has not heard from are asked who they are (``query.identify``) before it chooses among them, so that a seed draws
-the same clients in every run.
+:class:`PersonalizedStrategy` is one ``flwr.serverapp.strategy.Strategy`` (Message API) class: what it does besides
+a method's hooks is done by named parts, each an object of its own module that the constructor makes and says what a
+method may use of (Flower's round loop is the part ``self.loop``, strategies/rounds.py).  Per-client state is keyed by
+**client id** (the ``partition-id`` a node reports), never by Flower's node id.
 
-Flower's contract.  :meth:`start` honours ``Strategy.start``: its arguments (``initial_arrays`` is the shared
-model the run starts from, ``timeout`` the wait for each phase's replies, ``train_config`` / ``evaluate_config``
-go into every train / evaluate message's config, ``evaluate_fn`` is called before the first round and after
-each round) and its ``Result``; a resumed strategy runs the rounds after its checkpoint.  The four phase methods
-keep Flower's signatures and use every argument: ``arrays`` is the shared model the phase sends (it becomes
-:attr:`global_state`, and messages carry that very record), ``config`` is merged into each message's config.
-Each node gets its own content from :meth:`payload`, which is where a personalized method differs from Flower's
-broadcast.
-
-A method overrides the hooks of the first section below (``hooks for methods``: what the server aggregates and
-sends, what a reply must carry, what each message discloses, what one node receives, the cohort, the aggregation,
-what a held-out client gets, its models and its checkpoint state), and nothing else of the base
-(docs/adding-a-method.md, step 3, tabulates them).  Its files (JSON, PNG) are written beside it, in
-``strategies/<method>_artifacts.py``.
+A method overrides the hooks of the first section below and nothing else (docs/adding-a-method.md, step 3); each
+round the loop calls ``prepare_round`` -> ``sample`` -> ``payload`` (with ``round_config``) -> the replies, checked
+against ``reply_spec`` -> ``aggregate`` -> the evaluation -> ``on_evaluated`` -> ``on_round_end``, and ``state`` /
+``restore`` with every checkpoint and resume.  The second section is what a method calls from its hooks.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,36 +25,33 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from strategies.attack_report import honest_metrics, with_attack_metrics
-from strategies.checkpointing import Checkpointing
-from strategies.disclosure import Disclosure, Part
+from strategies import attack_report
+from strategies.attack_report import with_attack_metrics
+from strategies.checkpointing import Checkpoint
+from strategies.disclosure import Unread, sent, stacked
 from strategies.exchange import MessageExchange, RunAborted
-from strategies.gate import ReplyGate, shared_model
-from strategies.history import (
-    RoundLog,
-    close_round,
-    late_evaluation_line,
-    progress_line,
-    record_evaluation,
-    train_metrics,
-)
-from strategies.newcomers import NEWCOMER_SPEC, Holdout, evaluate_newcomers, newcomer_disclosure
+from strategies.gate import ReplyGate, cohort_size
+from strategies.history import add_seconds
+from strategies.newcomers import NEWCOMER_SPEC, Holdout, newcomer_disclosure
+from strategies.outcome import RoundLog, RunResults
 from strategies.privacy import ServerPrivacy, central_aggregate, cohort_generator, poisson_cohort
-from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Reply, ReplySpec
+from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Dim, Disclosure, Part, Reply, ReplySpec
+from strategies.robust import RobustAveraging
+from strategies.rounds import RoundLoop
 from strategies.schedule import EvaluationSchedule
-from strategies.services import IDENTIFY, StrategyServices
 from task.config import Settings
-from task.methods import NEWCOMER, method_spec
+from task.methods import NEWCOMER, load_object, method_spec
 from task.models import ModelInfo
-from task.params import to_record
 
 __all__ = ["IDENTIFY", "PersonalizedStrategy", "Reply", "RunAborted", "log"]
 
 log = logging.getLogger("flwr.pflower")
+#: the query that asks a node which client it is
+IDENTIFY = "identify"
 
 
-class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
-    """Round loop, client identities and reply validation shared by all methods (see the module docstring)."""
+class PersonalizedStrategy(Strategy):
+    """The hooks, what a method calls, and the parts shared by all methods (see the module docstring)."""
 
     #: whether the server holds a global model whose accuracy clients report as ``global-acc``
     has_global_model = True
@@ -82,28 +68,39 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         self.name = settings.method
         self.initial_state = {k: np.array(v) for k, v in initial_state.items()}
         self.model_info = model_info  # keys, shapes, dtypes, body / head / normalisation keys of the model
-        self.exchange = MessageExchange(settings.round_timeout)
-        self.gate = ReplyGate(self.reply_spec)
-        #: the gate's node id -> client id, client id -> its node, rejected replies and silent nodes (the same objects)
-        self.client_of, self.node_of, self.failures = self.gate.client_of, self.gate.node_of, self.gate.failures
-        self.schedule = EvaluationSchedule(settings, self.evaluate_in_train)
-        #: draws cohorts: from the run's seed, so a run repeats; under DP from a secret only the server holds
-        self.rng = cohort_generator(settings)
-        #: what differential privacy keeps across rounds (noise multiplier, clip bound, release journal)
-        self.dp = ServerPrivacy(settings)
-        self.history: list[RoundLog] = []
+        self.history: list[RoundLog] = []  # one entry per round (the same list for the whole run)
         self.client_eval: dict[int, dict[str, float]] = {}  # client id -> last evaluate metrics
-        self.asked: dict[str, int] = {}  # phase -> nodes its latest messages went to
-        self.results_dir: Path | None = None
+        self.results_dir: Path | None = None  # set by the ServerApp: the run's results folder
         #: called with the history after every round (the ServerApp's TensorBoard and MLflow writers)
         self.round_watchers: list[Callable[[list[RoundLog]], None]] = []
         self.rounds_done = 0  # the last complete round (a resumed strategy continues after it)
-        self._global_state: dict[str, np.ndarray] | None = None
         self.identify_everyone = False  # set on resume: ask every node who it is before the next round
-        self._t0 = self._round_start = time.monotonic()
-        self._first_round = 1
-        #: the clients held out of training (run-config ``holdout-clients``), evaluated at the end as newcomers
+        self._global_state: dict[str, np.ndarray] | None = None
+        #: draws cohorts: from the run's seed, so a run repeats; under DP from a secret only the server holds
+        self.rng = cohort_generator(settings)
+        # ---- the parts
+        #: sends messages through the Grid and collects their replies; ``record_of(state)`` makes a state the
+        #: ArrayRecord every message of the phase shares, ``comm`` the bytes per round (strategies/exchange.py)
+        self.exchange = MessageExchange(settings.round_timeout)
+        #: admits the valid replies (:meth:`reply_spec`) and binds node ids to client ids (strategies/gate.py)
+        self.gate = ReplyGate(self.reply_spec)
+        #: the gate's node id -> client id, client id -> its node, rejected replies and silent nodes (the same objects)
+        self.client_of, self.node_of, self.failures = self.gate.client_of, self.gate.node_of, self.gate.failures
+        #: which rounds are evaluated, on which message; ``fused``: the round the train replies evaluate
+        self.schedule = EvaluationSchedule(settings, self.evaluate_in_train)
+        #: what differential privacy keeps across rounds (noise multiplier, clip bound, release journal);
+        #: ``account_local(releases)``: a local-DP round's epsilon (strategies/privacy.py)
+        self.privacy = ServerPrivacy(settings)
+        #: the run's aggregation rule wherever a method averages client models: ``average_models(models, weights,
+        #: clients, reference=None, group="global")``, ``average_rows`` on rows of flattened models (weights None:
+        #: uniform), ``bound_models`` and ``choose_peers`` (FedC2I); strategies/robust.py, docs/robustness.md
+        self.robust = RobustAveraging(settings, self.history, self.gate.client_of)
+        #: the clients held out of training (``holdout-clients``), evaluated at the end as newcomers
         self.holdout = Holdout(settings.holdout_clients)
+        #: what a checkpoint holds of the strategy, and how a resumed run takes it back (strategies/checkpointing.py)
+        self.checkpoint = Checkpoint(self)
+        #: Flower's round loop over the hooks below (strategies/rounds.py)
+        self.loop = RoundLoop(self)
 
     # ------------------------------------------------------------------ hooks for methods
     def shared_keys(self) -> list[str]:
@@ -157,13 +154,13 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
             cfg["model-dir"] = str(self.results_dir / "models" / "clients")
         for key, value in self.schedule.config(server_round, phase).items():
             cfg[key] = value
-        for key, value in self.dp.declared().items():  # under DP: the noise and clip bound of the round
+        for key, value in self.privacy.declared().items():  # under DP: the noise and clip bound of the round
             cfg[key] = value
         return cfg
 
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         """What a ``phase`` ("train" or "evaluate") message to ``node_id`` carries (default: the global model)."""
-        return RecordDict({"arrays": self.record_of(self.global_state)})
+        return RecordDict({"arrays": self.exchange.record_of(self.global_state)})
 
     def prepare_round(self, grid: Grid, server_round: int, nodes: list[int]) -> None:
         """Extra phases before the round's cohort is drawn (bids, clustering, the client index); default none."""
@@ -177,7 +174,7 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         """The round's cohort: ``fraction-train`` of the nodes, drawn by client id with the run's seed; under central
         DP with ``dp-sampling='poisson'`` (the default) each node independently with probability ``fraction-train``,
         drawn by the operating system's CSPRNG."""
-        if self.settings.dp_mode == "central" and self.dp.draw.get("sampling") == "poisson":
+        if self.settings.dp_mode == "central" and self.privacy.draw.get("sampling") == "poisson":
             return poisson_cohort(self.rng, self.by_client(nodes), self.settings.fraction_train)
         return self.draw(nodes, self.cohort_size(len(nodes), self.settings.fraction_train))
 
@@ -193,13 +190,15 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         """Default: example-weighted average of the shared keys (FedAvg), or the run's robust ``aggregator``
-        (:meth:`average_models`); under central DP the unweighted mean of the clipped updates plus noise
+        (``self.robust.average_models``); under central DP the unweighted mean of the clipped updates plus noise
         (:mod:`strategies.privacy`).  Returns extra history entries."""
         if self.settings.dp_mode == "central" and self.released_keys():
             return central_aggregate(self, server_round, updates)
         if updates and self.shared_keys():
             sizes, clients = [u.num_examples for u in updates], [u.client for u in updates]
-            self.global_state = self.average_models([u.arrays for u in updates], sizes, clients, self.global_state)
+            self.global_state = self.robust.average_models(
+                [u.arrays for u in updates], sizes, clients, self.global_state
+            )
         return {}
 
     def on_evaluated(self, server_round: int, replies: list[Reply]) -> None:
@@ -209,11 +208,9 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         """Called after evaluation of every round (e.g. to settle tokens or record tier tables)."""
 
     def newcomer_payloads(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, RecordDict]:
-        """What each held-out node (run-config ``holdout-clients``) gets after the last round to build the model the
-        method gives a client that never trained (:mod:`strategies.newcomers`; the client's ``newcomer_model``
-        builds it).  Default: what an evaluate message gives a node the server knows nothing about (the global
-        model; every cluster or tier model where the client chooses among them).  A method whose newcomer message
-        differs also declares it in :meth:`newcomer_receives`."""
+        """What each held-out node (``holdout-clients``) gets after the last round, from which its ``newcomer_model``
+        builds the model the method gives a client that never trained (strategies/newcomers.py).  Default: its evaluate
+        payload.  A method whose newcomer message differs declares it in :meth:`newcomer_receives`."""
         return {n: self.payload(n, server_round, "evaluate") for n in nodes}
 
     def newcomer_receives(self) -> Mapping[str, Part] | None:
@@ -231,160 +228,123 @@ class PersonalizedStrategy(Checkpointing, StrategyServices, Strategy):
         return None
 
     def state(self) -> dict[str, Any]:
-        """What of this method a resumed run needs, in plain values (numbers, strings, lists, dicts, numpy
-        arrays, random generators; see :mod:`task.checkpoint`); nothing derivable from the settings or the
-        model.  The base saves its own part (history, failures, the global model, the sampling generator)."""
+        """What of this method a resumed run needs, in plain values (numbers, strings, lists, dicts, numpy arrays,
+        random generators; task/checkpoint.py), nothing derivable; the base's parts save their own."""
         return {}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Put back what :meth:`state` returned, into a strategy freshly built from the same settings."""
 
-    # ------------------------------------------------------------------ Flower's Strategy API
-    def summary(self) -> None:
-        s = self.settings
-        log.info(
-            "%s on %s (%s), model %s, %d rounds, fraction-train %.2f, seed %d",
-            *(self.name, s.data.dataset, s.data.partition, s.model, s.num_rounds, s.fraction_train, s.seed),
+    def results(self) -> RunResults:
+        """What the run produced, as the results writer takes it (server_app/results.py; strategies/outcome.py)."""
+        out = RunResults(self.history, self.client_eval, self.failures, self.holdout.results, self.holdout.means())
+        out.robustness, out.privacy = attack_report.report(self), self.privacy.published()
+        out.clustering = self.clustering_outcome() if self.history else None
+        if (artifacts := method_spec(self.name).artifacts) is not None:  # strategies/<method>_artifacts.py
+            out.write_artifacts = functools.partial(load_object(artifacts), self)
+        return out
+
+    # ------------------------------------------------------------------ what a method calls
+    @property
+    def global_state(self) -> dict[str, np.ndarray]:
+        """The shared model (the shared keys of the common initial model until the first aggregation)."""
+        if self._global_state is None:
+            self._global_state = {k: np.array(self.initial_state[k]) for k in self.shared_keys()}
+        return self._global_state
+
+    @global_state.setter
+    def global_state(self, value: dict[str, np.ndarray]) -> None:
+        self._global_state = value
+
+    def released_keys(self) -> list[str]:
+        """The shared keys a train reply carries: all of them, but under differential privacy only floating-point
+        arrays (an integer buffer such as BatchNorm's ``num_batches_tracked`` counts a client's batches), and under
+        central DP only trained parameters (BatchNorm's running statistics stay on the client, docs/privacy.md)."""
+        keys = self.shared_keys()
+        if self.settings.dp_mode == "off":
+            return keys
+        home = set(self.model_info.buffer_keys) if self.settings.dp_mode == "central" else set()
+        return [
+            k for k in keys if np.issubdtype(np.asarray(self.initial_state[k]).dtype, np.floating) and k not in home
+        ]
+
+    def client(self, node_id: int) -> int | None:
+        """The client id behind ``node_id`` (None until the node has replied once)."""
+        return self.gate.client_of.get(node_id)
+
+    def by_client(self, nodes: Iterable[int]) -> list[int]:
+        """``nodes`` ordered by client id (nodes not identified yet last, by node id)."""
+        return self.gate.by_client(nodes)
+
+    def draw(self, nodes: list[int], k: int) -> list[int]:
+        """``k`` of ``nodes`` drawn with the run's generator by client id (all of them when k >= len)."""
+        return self.gate.draw(self.rng, nodes, k)
+
+    #: how many of ``available`` nodes a ``fraction`` of them is: rounded, at least one, at most all
+    cohort_size = staticmethod(cohort_size)
+
+    def send_query(self, grid: Grid, server_round: int, name: str, payloads: Mapping[int, RecordDict]) -> list[Reply]:
+        """Extra phase: send ``query.<name>`` with each node's own payload; return the replies that match
+        ``reply_spec(name, node)``, ordered by client id (the others are recorded in failures)."""
+        return self.loop.query(grid, server_round, name, payloads)
+
+    def identify(self, grid: Grid, server_round: int, nodes: list[int]) -> list[Reply]:
+        """Ask nodes that never replied which client they are (a tiny ``query.identify``); their valid replies."""
+        unknown = self.gate.unknown(nodes)
+        return self.send_query(grid, server_round, IDENTIFY, {n: RecordDict() for n in unknown}) if unknown else []
+
+    def server_time(self, seconds: float) -> None:
+        """Add ``seconds`` of server work to the round's ``server-seconds``."""
+        add_seconds(self.history, seconds)
+
+    def sends(self, phase: str, what: Mapping[str, str] | None = None) -> dict[str, Part]:
+        """For :meth:`disclosure`: what a reply of ``phase`` carries: the records of its reply spec (``what``: record ->
+        in words), the metrics the method's clients send unread (:attr:`unread_metrics`), the optional timing stamps
+        and, with a train reply, the optional evaluation of the client's previous model."""
+        evaluation: dict[str, Any] | None = None
+        if phase == "train":
+            evaluation = {k: v for k, v in self.reply_spec("evaluate", -1).metrics.items() if k not in BASE.metrics}
+            evaluation.update(dict.fromkeys(self.unread_metrics.get("evaluate", ()), Unread()))
+        parts = sent(self.reply_spec(phase, -1), what, evaluation)
+        if phase in self.unread_metrics:
+            metrics = parts["metrics"]
+            unread = dict.fromkeys(self.unread_metrics[phase], True)
+            parts["metrics"] = replace(metrics, entries={**(metrics.entries or {}), **unread})
+        return parts
+
+    def model_part(self, what: str, count: int | Dim | None = None, **kw: Any) -> Part:
+        """For :meth:`disclosure`: an ArrayRecord of the model's shared keys derived from other clients; with
+        ``count``, that many models stacked."""
+        arrays = Arrays.like(self.initial_state, list(self.shared_keys()))
+        kw.setdefault("from_peers", True)
+        return Part(what, arrays=arrays if count is None else stacked(arrays, count), **kw)
+
+    def config_part(self, **more: bool) -> Part:
+        """For :meth:`disclosure`: the ``config`` record every message carries (:meth:`round_config`), and a method's
+        ``more`` entries."""
+        optional = ("run-key", "state-dir", "model-dir", "evaluate", "evaluate-round", "save-model", "save-best")
+        declared = ("dp-noise-multiplier", "dp-clip")  # under DP: the round's noise and clip bound
+        return Part(
+            "the server's instructions (nothing about other clients)",
+            entries={"server-round": True, "phase": True, **dict.fromkeys(optional + declared, False), **more},
         )
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    ) -> Result:
-        """Flower's round loop (configure, send and receive, aggregate; train then evaluate) for rounds
-        ``rounds_done + 1 .. num_rounds`` (all of them unless the strategy was resumed); see the module docstring."""
-        first = self.rounds_done + 1
-        self.schedule.last_round, self.exchange.timeout = num_rounds, timeout
-        log.info("[%s] rounds %d..%d", self.name, first, num_rounds)
-        self.summary()
-        self._t0, self._first_round, result, arrays = time.monotonic(), first, Result(), initial_arrays
-        if evaluate_fn is not None and first == 1 and (metrics := evaluate_fn(0, arrays)) is not None:
-            result.evaluate_metrics_serverapp[0] = metrics
-        for server_round in range(first, num_rounds + 1):
-            log.info("[ROUND %s/%s]", server_round, num_rounds)
-            messages = self.configure_train(server_round, arrays, train_config or ConfigRecord(), grid)
-            aggregated, metrics = self.aggregate_train(server_round, self.exchange.send(grid, messages))
-            arrays = result.arrays = aggregated if aggregated is not None else arrays
-            if metrics is not None:
-                result.train_metrics_clientapp[server_round] = metrics
-            messages = self.configure_evaluate(server_round, arrays, evaluate_config or ConfigRecord(), grid)
-            if (metrics := self.aggregate_evaluate(server_round, self.exchange.send(grid, messages))) is not None:
-                result.evaluate_metrics_clientapp[server_round] = metrics
-            if evaluate_fn is not None and (metrics := evaluate_fn(server_round, arrays)) is not None:
-                result.evaluate_metrics_serverapp[server_round] = metrics
-        if self.holdout.count:  # the held-out clients, as newcomers, after the last round
-            evaluate_newcomers(self, grid, num_rounds)
-        return result
+    # ------------------------------------------------------------------ Flower's Strategy API: self.loop runs it
+    def start(self, *args: Any, **kwargs: Any) -> Result:
+        """Flower's ``Strategy.start`` (its arguments and ``Result``) for the rounds after ``rounds_done``."""
+        return self.loop.start(*args, **kwargs)
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        self._round_start = time.monotonic()
-        nodes = self.available_nodes(grid)  # before the round is logged: a run that gives up here has no round r
-        self.history.append(RoundLog(server_round))
-        if self.identify_everyone or self.holdout.count or self.wants_client_ids(server_round, nodes):
-            self.identify(grid, server_round, nodes)
-            self.identify_everyone = False
-        nodes = self.holdout.training(nodes, self.client_of)  # a held-out client never takes part
-        if self.settings.dp_mode != "off":  # calibration, budget, for the nodes the round draws from: before the
-            self.dp.before_round(self, server_round, len(nodes))  # round releases anything (a stop unlogs it)
-            self.dp.journal_local(self, server_round)  # local DP: journaled before the first release can leave
-        self.prepare_round(grid, server_round, nodes)
-        cohort = self.sample(server_round, nodes)
-        self.dp.drew(cohort)
-        self.schedule.start_round()
-        return self._messages(server_round, arrays, config, cohort, "train", MessageType.TRAIN)
+    def configure_train(self, *args: Any, **kwargs: Any) -> Iterable[Message]:
+        return self.loop.configure_train(*args, **kwargs)
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        start = time.perf_counter()
-        updates = self.receive(server_round, "train", replies)
-        if self.schedule.fused:  # the previous round's evaluation came with these replies
-            evaluated = [Reply(u.node_id, u.client, u.num_examples, u.metrics.pop("evaluation")) for u in updates]
-            metrics = self.record_evaluation(self.schedule.fused, evaluated, self.asked.get("train"), counted=False)
-            log.info(late_evaluation_line(self.name, self.schedule.fused, metrics))
-            self.schedule.fused = 0
-        # under Poisson sampling a central-DP round releases noise even without a reply: an unchanged model would
-        # say that nobody was drawn
-        poisson = self.settings.dp_mode == "central" and self.dp.draw.get("sampling") == "poisson"
-        extra = self.aggregate(server_round, updates) if updates or poisson else {}
-        if not updates:
-            log.warning("round %d: no valid train replies; state left unchanged", server_round)
-        metrics = train_metrics(updates, asked=self.asked.get("train"), private=self.settings.dp_mode != "off")
-        self.history[-1].train = metrics
-        self.history[-1].extra.update(extra)
-        arrays = to_record(self.global_state) if self.global_state else ArrayRecord()
-        self.server_time(time.perf_counter() - start)
-        return arrays, MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    def aggregate_train(self, *args: Any, **kwargs: Any) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        return self.loop.aggregate_train(*args, **kwargs)
 
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        if self.schedule.rides_on_next_train(server_round):
-            self.schedule.defer(server_round)
-        if not self.schedule.has_evaluate_phase(server_round):
-            return []
-        nodes = self.available_nodes(grid)
-        if self.holdout.count:  # a held-out client is evaluated only as a newcomer, at the end
-            self.identify(grid, server_round, nodes)
-            nodes = self.holdout.training(nodes, self.client_of)
-        k = self.cohort_size(len(nodes), self.settings.fraction_evaluate)
-        if k < len(nodes):
-            self.identify(grid, server_round, nodes)
-        return self._messages(server_round, arrays, config, self.draw(nodes, k), "evaluate", MessageType.EVALUATE)
+    def configure_evaluate(self, *args: Any, **kwargs: Any) -> Iterable[Message]:
+        return self.loop.configure_evaluate(*args, **kwargs)
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        metrics: dict[str, float] = {}
-        if self.schedule.has_evaluate_phase(server_round):
-            evaluated = self.receive(server_round, "evaluate", replies)
-            self.record_evaluation(server_round, evaluated, asked=self.asked.get("evaluate"))
-            metrics = self.history[-1].evaluate
-        self.on_round_end(server_round)
-        close_round(self.history[-1], self.exchange.comm.pop(server_round, {}), time.monotonic() - self._round_start)
-        self.rounds_done, ran = server_round, server_round - self._first_round + 1
-        how = self.schedule.how_evaluated(server_round)
-        log.info(progress_line(self.name, server_round, self.schedule.last_round, ran, self._t0, metrics, how))
-        for watch in self.round_watchers:
-            watch(self.history)
-        self.after_round(server_round)
-        return MetricRecord({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    def aggregate_evaluate(self, *args: Any, **kwargs: Any) -> MetricRecord | None:
+        return self.loop.aggregate_evaluate(*args, **kwargs)
 
-    # ------------------------------------------------------------------ the round's pieces
-    def _messages(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int], phase: str, kind: str
-    ) -> list[Message]:
-        """The phase's messages: Flower's ``arrays`` (``start``'s ``initial_arrays``, then what ``aggregate_train``
-        returned) becomes the global model and is the record sent as it; each node's :meth:`payload`, ``config``
-        under the base's round config."""
-        start = time.perf_counter()
-        if model := shared_model(arrays, self.initial_state, self.shared_keys()):  # exactly the shared keys
-            self.global_state = model
-        payloads = {}
-        with self.exchange.sharing_records({id(self.global_state): (self.global_state, arrays)}):
-            for node in nodes:
-                payloads[node] = self.payload(node, server_round, phase)
-                payloads[node]["config"] = ConfigRecord({**config, **self.round_config(server_round, phase)})
-        messages = self.exchange.address(server_round, phase, kind, payloads)
-        self.server_time(time.perf_counter() - start)
-        return messages
-
-    def record_evaluation(
-        self, server_round: int, updates: list[Reply], asked: int | None = None, counted: bool = True
-    ) -> dict[str, float]:
-        """Round ``server_round``'s evaluation replies (of the ``asked`` nodes asked for one) into the history, then the
-        method's :meth:`on_evaluated`.  Under DP no single client's value is kept, and an evaluation that came with
-        train replies (``counted`` False) keeps no count either: its clients are the round's cohort, whose size
-        Poisson sampling does not release."""
-        private = self.settings.dp_mode != "off"
-        counted = counted or not private
-        metrics = record_evaluation(self.history, self.client_eval, server_round, updates, asked, private, counted)
-        metrics.update(honest_metrics(self.settings, updates))  # under an injected attack (docs/robustness.md)
-        self.on_evaluated(server_round, updates)
-        return metrics
+    def summary(self) -> None:
+        self.loop.summary()

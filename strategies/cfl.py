@@ -81,7 +81,7 @@ class CFLStrategy(PersonalizedStrategy):
                 )
             for group in groups:
                 target = self.cluster_of[group[0].client]
-                self.models[target] = self.average_models(
+                self.models[target] = self.robust.average_models(
                     [u.arrays for u in group],
                     [u.num_examples for u in group],
                     [u.client for u in group],

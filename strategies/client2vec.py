@@ -183,7 +183,7 @@ class Client2VecStrategy(PersonalizedStrategy):
             if replies:
                 sent = state_to_numpy(self.ign.state_dict())
                 sizes, clients = [u.num_examples for u in replies], [u.client for u in replies]
-                avg = self.average_models([u.arrays for u in replies], sizes, clients, sent, "dsa-ign")
+                avg = self.robust.average_models([u.arrays for u in replies], sizes, clients, sent, "dsa-ign")
                 load_record(self.ign, avg, strict_keys=True)
                 self.ign_history.append({"total": float(np.mean([u.metrics["ign-loss"] for u in replies]))})
             log.info(
@@ -335,7 +335,7 @@ class Client2VecStrategy(PersonalizedStrategy):
         rows = [self.index_clients.index(u.client) for u in updates]
         self.c2v.observe(rows)  # H <- gamma H + S(., C^t), C^t = this round's participants
         w = self.c2v.weights(rows, self.opts.aggregation)
-        self.global_state = self.average_models(
+        self.global_state = self.robust.average_models(
             [u.arrays for u in updates], w, [u.client for u in updates], self.global_state
         )
         self.agg_weights[server_round] = {self.index_clients[r]: float(x) for r, x in zip(rows, w, strict=True)}

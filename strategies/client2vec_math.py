@@ -117,6 +117,8 @@ class C2VServerState:
         self.last_drawn = np.zeros(0)
         self.prev_cohort: np.ndarray | None = None
         self.prev_drawn_size = 0
+        #: the pairwise cosine similarities of the feature and label halves (recomputed by :meth:`add`)
+        self.sim_f, self.sim_l = np.zeros((0, 0)), np.zeros((0, 0))
         self.add(beta_f, beta_l, n)
 
     @property

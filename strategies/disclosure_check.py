@@ -14,8 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from strategies.disclosure import PER_CLIENT, Clients, Disclosure, Part
-from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Dim
+from strategies.replies import BASE, EVALUATE, PER_CLIENT, TRAIN, Arrays, Clients, Dim, Disclosure, Part
 from task.models import ModelInfo
 
 # ---------------------------------------------------------------------- checking a recording

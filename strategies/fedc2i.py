@@ -36,7 +36,6 @@ from strategies.api import (
     PersonalizedStrategy,
     Reply,
     ReplySpec,
-    account_local,
     lengths_on,
 )
 from task.methods.fedc2i import FedC2IOptions
@@ -98,7 +97,7 @@ class FedC2IStrategy(PersonalizedStrategy):
         model and theirs (its own always kept; docs/robustness.md)."""
         models = [own, *(self.store[c] for c in peers)]
         who = "a newcomer" if me is None else str(me)
-        kept = self.choose_peers(models, [-1 if me is None else me, *peers], f"peers of {who}")
+        kept = self.robust.choose_peers(models, [-1 if me is None else me, *peers], f"peers of {who}")
         return list(kept[1:])
 
     def newcomer_payloads(self, grid: Grid, server_round: int, nodes: list[int]) -> dict[int, RecordDict]:
@@ -175,7 +174,7 @@ class FedC2IStrategy(PersonalizedStrategy):
             u.client: {k: np.array(u.arrays.get(k, self.initial_state[k])) for k in self.initial_state} for u in updates
         }
         previous = {c: self.store.get(c, self.initial_state) for c in models}
-        self.store.update(self.bound_models(models, previous))
+        self.store.update(self.robust.bound_models(models, previous))
         for u in updates:
             self.sizes[u.client] = u.num_examples
         self.influence[server_round] = rows
@@ -192,5 +191,5 @@ class FedC2IStrategy(PersonalizedStrategy):
         """Under local DP: every client's epsilon after this round, also when no reply of the round was valid
         (the clients released all the same)."""
         if self.settings.dp_mode == "local":
-            self.history[-1].extra["dp"] = account_local(self, self.releases)
+            self.history[-1].extra["dp"] = self.privacy.account_local(self.releases)
         self.releases = 0

@@ -112,7 +112,7 @@ class FedCACStrategy(PersonalizedStrategy):
     def payload(self, node_id: int, server_round: int, phase: str) -> RecordDict:
         """``global`` (w_bar) and this client's ``custom`` (u_i) when the aggregation just before the message
         computed it: round r - 1's for round r's train message, round r's for its evaluate message."""
-        payload = RecordDict({"global": self.record_of(self.global_state)})
+        payload = RecordDict({"global": self.exchange.record_of(self.global_state)})
         custom = self.fresh_custom(node_id, server_round - 1 if phase == "train" else server_round)
         if custom is not None:
             payload["custom"] = to_record(custom)
@@ -137,10 +137,12 @@ class FedCACStrategy(PersonalizedStrategy):
         if self.settings.robust.aggregator == "mean":  # Eq. 9 and Eq. 10
             wbar, custom = global_average(params, weights), customized_models(params, collab)
         else:  # the run's robust rule over all participants, and over each client and its collaborators
-            wbar = self.average_rows(params, weights, pids).astype(params.dtype)
+            wbar = self.robust.average_rows(params, weights, pids).astype(params.dtype)
             custom = np.stack(
                 [
-                    self.average_rows(params[[i, *c]], None, [pids[j] for j in (i, *c)], group=f"custom {pids[i]}")
+                    self.robust.average_rows(
+                        params[[i, *c]], None, [pids[j] for j in (i, *c)], group=f"custom {pids[i]}"
+                    )
                     for i, c in enumerate(collab)
                 ]
             ).astype(params.dtype)

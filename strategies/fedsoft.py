@@ -135,7 +135,7 @@ class FedSoftStrategy(PersonalizedStrategy):
         for s, members in self.selected.items():
             group = [by_client[c] for c in members if c in by_client]
             if group:
-                self.models[s] = self.average_models(
+                self.models[s] = self.robust.average_models(
                     [u.arrays for u in group], [1.0] * len(group), [u.client for u in group], group=f"centre {s}"
                 )
         return {"fedsoft": {"selected": {s: len(v) for s, v in self.selected.items()}}}

@@ -24,6 +24,7 @@ node ids Flower gave them.  :func:`shared_model` checks the arrays Flower hands 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -33,9 +34,59 @@ import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
 from strategies.exchange import Arrival, Arrivals, RunAborted
-from strategies.replies import TIMING, Arrays, InvalidReply, Number, Numbers, Reply, ReplySpec
+from strategies.replies import TIMING, Arrays, Dim, InvalidReply, Number, Numbers, Reply, ReplySpec, Tensor
 
 log = logging.getLogger("flwr.pflower")
+
+
+def _number_problem(value: Any, kind: type, minimum: float, maximum: float) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be {'an integer' if kind is int else 'a number'}, got {type(value).__name__}"
+    if kind is int and not isinstance(value, int):
+        return f"must be an integer, got {value!r}"
+    if not math.isfinite(value):
+        return f"must be finite, got {value!r}"
+    if value < minimum or value > maximum:
+        return f"must be in [{minimum:g}, {maximum:g}], got {value!r}"
+    return None
+
+
+def problem(rule: Number | Numbers, value: Any) -> str | None:
+    """What is wrong with a metric's ``value`` under its declared ``rule`` (None: nothing): a :class:`Number` is a
+    finite int or float in its bounds; :class:`Numbers` a list of them, of its length, distinct and summing to its
+    total where it says so."""
+    if isinstance(rule, Number):
+        return _number_problem(value, rule.kind, rule.minimum, rule.maximum)
+    if not isinstance(value, list):
+        return f"must be a list, got {type(value).__name__}"
+    if rule.length is not None and len(value) != rule.length:
+        return f"must have {rule.length} elements, got {len(value)}"
+    if rule.max_length is not None and len(value) > rule.max_length:
+        return f"must have at most {rule.max_length} elements, got {len(value)}"
+    for i, v in enumerate(value):
+        bad = _number_problem(v, rule.kind, rule.minimum, rule.maximum)
+        if bad:
+            return f"element {i} {bad}"
+    if rule.distinct and len(set(value)) != len(value):
+        return "must not repeat an element"
+    if rule.total is not None and value and abs(math.fsum(value) - rule.total) > 1e-4 * max(1.0, abs(rule.total)):
+        return f"must sum to {rule.total:g}, got {math.fsum(value)!r}"
+    return None
+
+
+def array_problem(tensor: Tensor, arr: np.ndarray) -> str | None:
+    """What is wrong with an array under its declared :class:`Tensor` (None: nothing): dtype, shape, sign, NaN."""
+    if arr.dtype != np.dtype(tensor.dtype):
+        return f"has dtype {arr.dtype}, expected {tensor.dtype}"
+    if arr.ndim != len(tensor.shape) or any(
+        (n not in d) if isinstance(d, Dim) else n != d for n, d in zip(arr.shape, tensor.shape, strict=True)
+    ):
+        return f"has shape {tuple(arr.shape)}, expected {tensor.shape}"
+    if tensor.finite and np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+        return "has non-finite values (NaN/inf)"
+    if tensor.nonnegative and arr.size and bool((arr < 0).any()):
+        return f"has negative values (min {float(arr.min()):g}); a variance cannot be negative"
+    return None
 
 
 def _parse_metrics(content: RecordDict, name: str, rules: Mapping[str, Number | Numbers]) -> dict[str, Any]:
@@ -51,10 +102,11 @@ def _parse_metrics(content: RecordDict, name: str, rules: Mapping[str, Number | 
             if rule.required:
                 raise InvalidReply(f"{where} {key!r} is missing")
             continue
-        bad = rule.problem(raw[key])
+        bad = problem(rule, raw[key])
         if bad:
             raise InvalidReply(f"{where} {key!r} {bad}")
-        metrics[key] = rule.convert(raw[key])
+        value: Any = raw[key]
+        metrics[key] = rule.kind(value) if isinstance(rule, Number) else [rule.kind(v) for v in value]
     return metrics
 
 
@@ -91,7 +143,7 @@ def parse_reply(content: RecordDict, spec: ReplySpec) -> tuple[dict[str, Any], d
                 arr = np.asarray(rec[key].numpy())
             except Exception as err:  # a malformed Array (bad bytes / header) must not escape as a crash
                 raise InvalidReply(f"record {name!r}: array {key!r} cannot be read ({type(err).__name__})") from err
-            bad = tensor.problem(arr)
+            bad = array_problem(tensor, arr)
             if bad:
                 raise InvalidReply(f"record {name!r}: array {key!r} {bad}")
             arrays[key] = arr

@@ -1,15 +1,16 @@
-"""The run's history: one :class:`RoundLog` per round (``rounds.json`` / ``rounds.csv``), the round's metric
-means over the replies, what the server spent on it, and the lines logged about it."""
+"""The run's history: one :class:`~strategies.outcome.RoundLog` per round (``rounds.json`` / ``rounds.csv``), the
+round's metric means over the replies, what the server spent on it, and the lines logged about it."""
 
 from __future__ import annotations
 
 import resource
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+
+from strategies.outcome import RoundLog
 
 #: the train metrics averaged over a round's replies (``time-*`` and ``peak-rss-mb`` also as their maximum)
 TRAIN_MEANS = ("train-loss", "train-acc", "trained-acc", "time-train", "time-method")
@@ -17,16 +18,6 @@ TRAIN_MAXIMA = ("time-train", "time-method", "peak-rss-mb")
 #: the evaluation metrics averaged over a round's replies, plainly and weighted by training examples, and spread
 #: over the clients that replied (:func:`spread_metrics`)
 EVALUATION_MEANS = ("personal-acc", "personal-loss", "global-acc", "global-loss")
-
-
-@dataclass
-class RoundLog:
-    """One round: the train and evaluate means, and anything else the round recorded (``extra``)."""
-
-    server_round: int
-    train: dict[str, float] = field(default_factory=dict)
-    evaluate: dict[str, float] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Measured(Protocol):

@@ -65,7 +65,7 @@ class IFCAStrategy(PersonalizedStrategy):
         for j in range(self.k):
             group = [u for u in updates if chosen[u.client] == j]
             if group:
-                self.models[j] = self.average_models(
+                self.models[j] = self.robust.average_models(
                     [u.arrays for u in group],
                     [u.num_examples for u in group],
                     [u.client for u in group],

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from flwr.app import MessageType
 
-from strategies.disclosure import Disclosure, Part
 from strategies.exchange import RunAborted
-from strategies.replies import ACCURACY, BASE, COUNT, LOSS
+from strategies.outcome import NEWCOMER_METRICS
+from strategies.replies import ACCURACY, BASE, COUNT, LOSS, Disclosure, Part
 from task.methods import NEWCOMER
 
 if TYPE_CHECKING:
@@ -47,8 +47,6 @@ NEWCOMER_SPEC = BASE.with_metrics(
         "test-examples": replace(COUNT, required=False),
     }
 )
-#: the numbers of a newcomer's reply the run's summary reports (means over the held-out clients)
-NEWCOMER_METRICS = ("newcomer-acc", "newcomer-finetuned-acc", "newcomer-loss", "newcomer-finetuned-loss")
 
 
 class Holdout:
@@ -143,7 +141,7 @@ def evaluate_newcomers(strategy: Any, grid: Grid, server_round: int) -> dict[str
     """After the last round (``server_round``): every connected held-out client scores what the method gives a
     newcomer (``query.newcomer``); their metrics go into ``strategy.holdout.results`` and the means, with each client's
     and the phase's bytes, into the last round's history entry (``newcomers``), which this returns."""
-    nodes = strategy.available_nodes(grid)
+    nodes = strategy.loop.available_nodes(grid)
     strategy.identify(grid, server_round, nodes)  # a held-out node that connected late is known only now
     newcomers = strategy.holdout.newcomers(nodes, strategy.client_of)
     if not newcomers:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from task.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, to_tree
-from task.config import RunOptions, Settings
+from task.config import Settings
 from task.export import model_manifest, save_model
 
 #: run-config keys that may differ between an interrupted run and its resumption
@@ -52,7 +52,7 @@ class SimulatedCrash(RuntimeError):
 def checkpoint_meta(settings: Settings) -> dict[str, Any]:
     """What a resumed run must agree on: every run-config key but those in :data:`RESUMABLE_CHANGES`, each as
     its option reads it (a deprecated spelling and its new name are the same value)."""
-    declared = {**RunOptions.declared(), **type(settings.options).declared()}
+    declared = {**Settings.declared(), **type(settings.options).declared()}
     config = {
         key: opt.convert(settings.raw.get(key, opt.default), warn=False)
         for key, opt in declared.items()

@@ -42,7 +42,6 @@ from strategies.api import (
     PersonalizedStrategy,
     Reply,
     ReplySpec,
-    account_local,
     lengths_on,
     log,
 )
@@ -257,7 +256,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
         local = self.settings.dp_mode == "local"
         weights = [1 if local else u.num_examples for u in updates]
         models, clients = [self.complete(u.arrays) for u in updates], [u.client for u in updates]
-        return self.average_models(models, weights, clients, reference, group)
+        return self.robust.average_models(models, weights, clients, reference, group)
 
     def aggregate(self, server_round: int, updates: list[Reply]) -> dict[str, Any]:
         self._note_planted(updates)
@@ -283,7 +282,7 @@ class PFedLIAStrategy(PersonalizedStrategy):
         """Under local DP: every client's epsilon after this round, composed over one release per round and one
         per lazy query (also a round whose replies were all rejected: the clients released all the same)."""
         if self.settings.dp_mode == "local":
-            self.history[-1].extra["dp"] = account_local(self, self.releases)
+            self.history[-1].extra["dp"] = self.privacy.account_local(self.releases)
         self.releases = 0
 
     # ------------------------------------------------------------------ the clustering round

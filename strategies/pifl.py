@@ -286,7 +286,7 @@ class PIFLStrategy(PersonalizedStrategy):
             if not group:
                 continue
             weights = np.array([u.num_examples for u in group], float)
-            self.tiers[k] = self.average_models(
+            self.tiers[k] = self.robust.average_models(
                 [u.arrays for u in group], weights, [u.client for u in group], self.tiers[k], f"tier {k}"
             )
             grad = self.mean_gradient(self.tiers[k])

@@ -9,7 +9,7 @@ every release made so far goes into the round's history as ``extra["dp"]``.  Wit
 bound follows the noised share of unclipped updates (Andrew et al.).
 
 Local mode: the clients clipped and noised their models themselves, with the noise multiplier the server declared
-in the round's messages; the server only accounts (:func:`account_local`).
+in the round's messages; the server only accounts (:meth:`ServerPrivacy.account_local`).
 
 Both modes, across rounds (:class:`ServerPrivacy`, kept in the server's checkpoint):
 
@@ -49,6 +49,7 @@ from flwr.serverapp.exception import PrivacyBudgetExhausted
 
 from strategies.exchange import RunAborted
 from strategies.gate import cohort_size
+from strategies.outcome import PrivacySpent
 from strategies.persistence import write_checkpoint
 from task.privacy import (
     Bound,
@@ -295,6 +296,14 @@ class ServerPrivacy:
         """(the bound, its neighbouring relation) of every release made so far (and ``planned``)."""
         return releases_bound([as_release(e) for e in self.ledger] + list(planned), self.settings.dp_delta)
 
+    def published(self) -> PrivacySpent | None:
+        """What the run's summary says of the privacy spent (None without DP)."""
+        if self.settings.dp_mode == "off":
+            return None
+        bound, neighbours = self.spent()
+        sampling = central_sampling(self.settings) if self.settings.dp_mode == "central" else None
+        return PrivacySpent(bound.epsilon, neighbours, bound.accountant, self.noise_multiplier, sampling)
+
     def charged(self) -> int:
         """Releases a resumed run took from the journal (rounds it repeats, or released before its checkpoint's
         next round), charged on top of those its rounds record."""
@@ -424,6 +433,18 @@ class ServerPrivacy:
             moved = next_clip(self.clip, released["unclipped-share"], s.dp_clip_quantile, s.dp_clip_lr)
             self.clip = min(moved, clip_bound(s.dp_clip))
 
+    def account_local(self, clients: int) -> dict[str, Any]:
+        """What a local-DP round released, with every client's epsilon after it (``extra["dp"]``): ``clients`` is the
+        number of valid releases the round's train replies brought.  The epsilon composes the ledger: each round's
+        most releases per client (one train reply; pFedLIA's clustering round also its lazy model) at the noise
+        multiplier declared in its messages, journaled before they could leave, and those a resumed run charged from
+        the journal.  Every round counts, also one whose replies were all rejected (they left their clients all the
+        same); a client that was not sent a message in some round released less."""
+        entry = next((e for e in reversed(self.ledger) if not e.get("charged")), None)
+        sigma = entry["noise-multiplier"] if entry is not None else self.sigma
+        released = {"mode": "local", "clients": clients, "noise-std": local_noise_std(sigma, self.clip)}
+        return self.report(released, entry or {"noise-multiplier": sigma})
+
     def report(self, released: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
         """A round's ``extra["dp"]``: what it released (``released``, its journal ``entry``) and the epsilon of every
         release made so far."""
@@ -495,7 +516,7 @@ def stop_for_budget(strategy: Any, server_round: int, epsilon: float) -> None:
     if strategy.history and strategy.history[-1].server_round == server_round:  # nothing of the round is recorded
         strategy.history.pop()
     if strategy.results_dir is not None and s.checkpoint_every and done:
-        write_checkpoint(strategy.results_dir, done, strategy.checkpoint_state(), s)
+        write_checkpoint(strategy.results_dir, done, strategy.checkpoint.state(), s)
     raise PrivacyBudgetExhausted(
         f"round {server_round} would take epsilon to {epsilon:.4g} (delta {s.dp_delta:g}), above dp-max-epsilon="
         f"{s.dp_max_epsilon:g}: the run stops after round {done}"
@@ -509,7 +530,7 @@ def central_aggregate(strategy: Any, server_round: int, updates: Sequence[Any]) 
     the noised average of the clipped updates (:func:`central_round`), journaled before it can leave; a round the
     journal already holds (a resumed run repeating it) releases the journaled model again.  Returns the history
     entry with the privacy spent by every release made so far."""
-    dp: ServerPrivacy = strategy.dp
+    dp: ServerPrivacy = strategy.privacy
     keys = strategy.released_keys()
     results = strategy.results_dir
     reference = {k: strategy.global_state[k] for k in keys}
@@ -551,17 +572,3 @@ def central_aggregate(strategy: Any, server_round: int, updates: Sequence[Any]) 
         dp.record(strategy, release)
     strategy.global_state = new_state
     return {"dp": dp.report(released, release)}
-
-
-def account_local(strategy: Any, clients: int) -> dict[str, Any]:
-    """What a local-DP round released, with every client's epsilon after it (``extra["dp"]``): ``clients`` is the
-    number of valid releases the round's train replies brought.  The epsilon composes the ledger: each round's most
-    releases per client (one train reply; pFedLIA's clustering round also its lazy model) at the noise multiplier
-    declared in its messages, journaled before they could leave, and those a resumed run charged from the journal.
-    Every round counts, also one whose replies were all rejected (they left their clients all the same); a client
-    that was not sent a message in some round released less."""
-    dp: ServerPrivacy = strategy.dp
-    entry = next((e for e in reversed(dp.ledger) if not e.get("charged")), None)
-    sigma = entry["noise-multiplier"] if entry is not None else dp.sigma
-    released = {"mode": "local", "clients": clients, "noise-std": local_noise_std(sigma, dp.clip)}
-    return dp.report(released, entry or {"noise-multiplier": sigma})

@@ -1,16 +1,22 @@
-"""What a client's reply must carry, declared once per phase, and what the strategy gets from a valid one.
+"""What a message carries, declared by the method: what a client's reply must carry, once per phase, what the
+strategy gets from a valid one, and what each party receives.
 
 A :class:`ReplySpec` names every metric and every array record a strategy reads from a reply of one phase
 (``train``, ``evaluate`` or a query such as ``bid``): type, length, shape, dtype, range, finiteness and
-cross-field rules.  The reply gate (:func:`strategies.gate.parse_reply`) turns a message's content into plain
-values when (and only when) everything declared is present and well-formed, and hands the strategy a
-:class:`Reply`; otherwise the reason goes into ``failures.json`` while the round goes on without that reply.
-Keys a spec does not declare are never exposed to the strategy, so no method can read an unchecked value.
+cross-field rules.  The reply gate (strategies/gate.py) turns a message's content into plain values when (and only
+when) everything declared is present and well-formed, and hands the strategy a :class:`Reply`; otherwise the reason
+goes into ``failures.json`` while the round goes on without that reply.  Keys a spec does not declare are never
+exposed to the strategy, so no method can read an unchecked value.
+
+A :class:`Disclosure` per message type (the strategy's ``disclosure()``, docs/privacy.md) declares every record a
+client's reply sends and every record the message brings, each a :class:`Part`, marking what was derived from other
+clients; sizes are written in the model's key sets, the options and :data:`PER_CLIENT` / :data:`PER_PEER`, never as
+typed numbers.  strategies/disclosure.py turns a reply spec into what a reply sends, and strategies/disclosure_check.py
+holds a recording of the run to the declaration.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -36,18 +42,6 @@ class InvalidReply(ValueError):
     """A reply that does not match its phase's :class:`ReplySpec`; the message says what and what is allowed."""
 
 
-def _check_number(value: Any, kind: type, minimum: float, maximum: float) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"must be {'an integer' if kind is int else 'a number'}, got {type(value).__name__}"
-    if kind is int and not isinstance(value, int):
-        return f"must be an integer, got {value!r}"
-    if not math.isfinite(value):
-        return f"must be finite, got {value!r}"
-    if value < minimum or value > maximum:
-        return f"must be in [{minimum:g}, {maximum:g}], got {value!r}"
-    return None
-
-
 @dataclass(frozen=True)
 class Number:
     """A scalar metric: ``int`` or ``float`` (an int is accepted where a float is declared), finite, within
@@ -61,12 +55,6 @@ class Number:
     def __post_init__(self) -> None:
         if self.minimum is None or self.maximum is None or self.minimum > self.maximum:
             raise ValueError(f"a Number needs bounds minimum <= maximum, got [{self.minimum}, {self.maximum}]")
-
-    def problem(self, value: Any) -> str | None:
-        return _check_number(value, self.kind, self.minimum, self.maximum)
-
-    def convert(self, value: Any) -> Any:
-        return self.kind(value)
 
 
 @dataclass(frozen=True)
@@ -89,26 +77,6 @@ class Numbers:
             raise ValueError(f"Numbers need bounds minimum <= maximum, got [{self.minimum}, {self.maximum}]")
         if self.length is None and self.max_length is None:
             raise ValueError("Numbers need a length or a max_length")
-
-    def problem(self, value: Any) -> str | None:
-        if not isinstance(value, list):
-            return f"must be a list, got {type(value).__name__}"
-        if self.length is not None and len(value) != self.length:
-            return f"must have {self.length} elements, got {len(value)}"
-        if self.max_length is not None and len(value) > self.max_length:
-            return f"must have at most {self.max_length} elements, got {len(value)}"
-        for i, v in enumerate(value):
-            bad = _check_number(v, self.kind, self.minimum, self.maximum)
-            if bad:
-                return f"element {i} {bad}"
-        if self.distinct and len(set(value)) != len(value):
-            return "must not repeat an element"
-        if self.total is not None and value and abs(math.fsum(value) - self.total) > 1e-4 * max(1.0, abs(self.total)):
-            return f"must sum to {self.total:g}, got {math.fsum(value)!r}"
-        return None
-
-    def convert(self, value: Any) -> list:
-        return [self.kind(v) for v in value]
 
 
 @dataclass(frozen=True)
@@ -134,19 +102,6 @@ class Tensor:
     dtype: str = "float32"
     finite: bool = True
     nonnegative: bool = False
-
-    def problem(self, arr: np.ndarray) -> str | None:
-        if arr.dtype != np.dtype(self.dtype):
-            return f"has dtype {arr.dtype}, expected {self.dtype}"
-        if arr.ndim != len(self.shape) or any(
-            (n not in d) if isinstance(d, Dim) else n != d for n, d in zip(arr.shape, self.shape, strict=True)
-        ):
-            return f"has shape {tuple(arr.shape)}, expected {self.shape}"
-        if self.finite and np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
-            return "has non-finite values (NaN/inf)"
-        if self.nonnegative and arr.size and bool((arr < 0).any()):
-            return f"has negative values (min {float(arr.min()):g}); a variance cannot be negative"
-        return None
 
 
 @dataclass(frozen=True)
@@ -262,3 +217,74 @@ EVALUATE = BASE.with_metrics(
         "global-loss": replace(LOSS, required=False),
     }
 )
+
+
+# ---------------------------------------------------------------------- what a message carries, both ways
+@dataclass(frozen=True)
+class Clients(Dim):
+    """A count bounded by the federation's size (the deployment's, not the run config's): from ``low`` to the
+    number of clients less ``fewer``.  Without the federation's size it is bounded by ``high`` only."""
+
+    fewer: int = 0
+
+    def within(self, clients: int) -> Dim:
+        """This count in a federation of ``clients`` clients."""
+        return Dim(self.low, clients - self.fewer)
+
+    def __repr__(self) -> str:
+        return f"{self.low}..N{f' - {self.fewer}' if self.fewer else ''}"
+
+
+#: one model per client of the federation
+PER_CLIENT = Clients(1, INT_LIMIT)
+#: one entry per other client of the federation (a client's peers)
+PER_PEER = Clients(1, INT_LIMIT, fewer=1)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One record of a message.  An ArrayRecord declares its ``arrays``; a metric or config record its entry
+    names (``entries``: name -> required) and the length of every entry that is a list (``lengths``; an entry
+    not named there is a single value).  ``what`` says in words what it holds; ``from_peers`` marks what a
+    client receives that was derived from other clients (their models, an aggregate of them, their ids)."""
+
+    what: str
+    arrays: Arrays | None = None
+    entries: Mapping[str, bool] | None = None
+    required: bool = True
+    from_peers: bool = False
+    lengths: Mapping[str, int | Dim] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.arrays is None) == (self.entries is None):
+            raise ValueError(f"a Part declares either arrays or entries, not {'both' if self.arrays else 'neither'}")
+        undeclared = sorted(set(self.lengths) - set(self.entries or {}))
+        if undeclared:
+            raise ValueError(f"a Part declares the lengths of entries it does not declare: {undeclared}")
+
+    def with_lengths(self, lengths: Mapping[str, int | Dim]) -> Part:
+        """This part with the lengths of more list entries declared (or declared anew)."""
+        return replace(self, lengths={**self.lengths, **lengths})
+
+    @property
+    def kind(self) -> str:
+        return "arrays" if self.arrays is not None else "entries"
+
+
+@dataclass(frozen=True)
+class Disclosure:
+    """What one message type carries: ``sends`` (the client's reply, record name -> :class:`Part`) and
+    ``receives`` (the server's message); ``reveals``: what the reply could tell about the client's data."""
+
+    sends: Mapping[str, Part]
+    receives: Mapping[str, Part] = field(default_factory=dict)
+    reveals: str = ""
+
+
+def lengths_on(parts: Mapping[str, Part], record: str, lengths: Mapping[str, int | Dim]) -> dict[str, Part]:
+    """``parts`` with the lengths of more list entries of ``record`` declared (where ``parts`` has it): a list
+    whose length the reply spec knows only during the run (e.g. one score per model the client was sent)."""
+    out = dict(parts)
+    if record in out:
+        out[record] = out[record].with_lengths(lengths)
+    return out

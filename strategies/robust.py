@@ -415,12 +415,17 @@ def root_data(settings: Settings, num_partitions: int) -> tuple[Any, Any]:
 
 
 class RobustAveraging:
-    """The run's aggregation rule wherever a method averages client models (docs/robustness.md), mixed into the
-    strategy's services (:class:`strategies.services.StrategyServices`); what the rule did goes into the history."""
+    """The run's aggregation rule wherever a method averages client models (docs/robustness.md): the strategy's part
+    ``self.robust``.  What the rule did goes into the round in progress of ``history`` (the strategy's list of rounds,
+    the same object); ``client_of`` (node id -> client id, the reply gate's) tells FLTrust how many partitions there
+    are."""
 
-    settings: Settings
-    history: list[Any]
-    client_of: dict[int, int]
+    def __init__(self, settings: Settings, history: list[Any], client_of: Mapping[int, int]) -> None:
+        self.settings = settings
+        self.history = history
+        self.client_of = client_of
+        #: FLTrust's server side: its root data set and model, built when first used
+        self.root = RootUpdate(settings)
 
     def average_models(
         self,
@@ -485,12 +490,9 @@ class RobustAveraging:
         """FLTrust: the server's model trained on its root data set from ``reference``."""
         if reference is None:
             raise ValueError("fltrust needs the model the server sent (the reference of the updates)")
-        root = getattr(self, "_root_update", None)
-        if root is None:
-            root = self._root_update = RootUpdate(self.settings)
-        known = set(getattr(self, "client_of", {}).values())
+        known = set(self.client_of.values())
         server_round = self.history[-1].server_round if self.history else 0
-        return root.trained(reference, max(known, default=0) + 1, server_round)
+        return self.root.trained(reference, max(known, default=0) + 1, server_round)
 
     def _note_rule(self, group: str, clients: Sequence[int], outcome: Outcome) -> None:
         """What the rule did with one average, by client id, into the round's ``robust`` history entry; under an

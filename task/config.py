@@ -201,10 +201,6 @@ class Settings(OptionSet):
         return dataset_info(self.data.dataset).num_classes
 
 
-#: the keys of every run, whatever the method (the name strategies/persistence.py reads them by)
-RunOptions = Settings
-
-
 def _model_name(model: str, data: Mapping[str, Any]) -> str:
     """The network run-config ``model`` names for the data settings ``data`` (:meth:`OptionSet.read`'s values)."""
     dataset, pretrained = data["dataset"], data["lm_pretrained"]

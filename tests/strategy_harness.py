@@ -413,6 +413,8 @@ _IGNORED = {
     "_server_set",
     "_holdouts",
     "spec_of",
+    # a part's reference back to the strategy it belongs to (the checkpoint, the round loop): the strategy itself
+    "strategy",
 }
 
 

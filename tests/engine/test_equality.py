@@ -69,8 +69,10 @@ def test_newcomers_give_the_same_results(simulation, engine):
     assert results(by_flwr)["summary.json"]["newcomers"] == 1
 
 
-def _stop_then_resume(runtime, config: dict[str, Any]) -> Path:
-    config = {"results-dir": str(Path(runtime.home) / "side-by-side"), **config}
+def _stop_then_resume(runtime, config: dict[str, Any], folder: Path) -> Path:
+    """Stop ``config`` after round 1 and resume it, its results under ``folder`` (both runtimes the same folder: the
+    messages carry its path, whose length counts in the bytes sent)."""
+    config = {"results-dir": str(folder), **config}
     with pytest.raises(RunFailed) as stop:
         runtime.run({**config, "stop-after": 1}, num_supernodes=NODES)
     stopped = stopped_after(stop.value.output)
@@ -80,7 +82,8 @@ def _stop_then_resume(runtime, config: dict[str, Any]) -> Path:
 
 def test_a_run_stopped_and_resumed_gives_the_same_results(simulation, engine):
     config = {**method_config("fedcac"), "num-server-rounds": 3}
-    assert_same_results(_stop_then_resume(simulation, config), _stop_then_resume(engine, config))
+    folder = Path(engine.home) / "side-by-side"
+    assert_same_results(_stop_then_resume(simulation, config, folder), _stop_then_resume(engine, config, folder))
 
 
 def shape(value: Any) -> Any:

@@ -119,9 +119,9 @@ def test_a_checkpoint_restores_the_average_and_leaves_out_what_follows_from_the_
             )
         ],
     )
-    state = s.checkpoint_state()
+    state = s.checkpoint.state()
     assert state["method"] == {}  # nothing of its own: the layers follow from the model, the average is the base's
     resumed = strategy("fedbn")
-    resumed.resume(state, 1)
+    resumed.checkpoint.resume(state, 1)
     assert resumed.model_info.norm_keys == s.model_info.norm_keys
     assert all(np.array_equal(resumed.global_state[k], s.global_state[k]) for k in s.shared_keys())

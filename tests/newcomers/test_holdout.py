@@ -183,7 +183,7 @@ def test_when_no_held_out_client_is_connected_at_the_end_the_last_round_says_so(
 def test_a_resumed_run_holds_out_the_clients_the_interrupted_one_did():
     fed = Federation(rounds=2, **{"holdout-clients": 2}).run()
     resumed = build_strategy(fed.strategy.settings)
-    resumed.resume(fed.strategy.checkpoint_state(), 1)
+    resumed.checkpoint.resume(fed.strategy.checkpoint.state(), 1)
     assert resumed.holdout.first == 4
     # even when the held-out clients are not connected when it resumes, it does not hold out others instead
     assert resumed.holdout.training([NODE_OF[c] for c in range(4)], {NODE_OF[c]: c for c in range(4)}) == [
@@ -203,7 +203,7 @@ def newcomer_scores(rnd, phase, client, metrics):
 def test_the_newcomers_scores_go_into_the_summary_the_last_rounds_history_and_clients_csv(tmp_path):
     fed = Federation(rounds=2, answer=newcomer_scores, **{"holdout-clients": 2, "results-dir": str(tmp_path)}).run()
     writer = ResultsWriter(fed.strategy.settings, run_id=1)
-    line = writer.write(fed.strategy, 1.0)
+    line = writer.write(fed.strategy.results(), 1.0)
     summary = json.loads((writer.folder / "summary.json").read_text())
     assert summary["holdout-clients"] == 2 and summary["newcomers"] == 2 and summary["clients"] == 4
     assert summary["newcomer-acc"] == pytest.approx(0.375)
@@ -222,7 +222,7 @@ def test_the_newcomers_scores_go_into_the_summary_the_last_rounds_history_and_cl
 def test_a_run_without_held_out_clients_says_nothing_of_newcomers(tmp_path):
     fed = Federation(rounds=1, **{"results-dir": str(tmp_path)}).run()
     writer = ResultsWriter(fed.strategy.settings, run_id=1)
-    line = writer.write(fed.strategy, 1.0)
+    line = writer.write(fed.strategy.results(), 1.0)
     summary = json.loads((writer.folder / "summary.json").read_text())
     assert "newcomer-acc" not in summary and "newcomers" not in line
     assert all(kind != "query.newcomer" for c in NODE_OF for kind in fed.types(c))

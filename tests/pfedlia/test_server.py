@@ -381,7 +381,7 @@ def test_theta_0_read_before_the_clustering_round_set_it_is_an_error_that_says_w
     assert s.clustered
     assert_holds(s.start_model(), fedavg(CLIENTS, 1))
     resumed = Federation(rounds=3).strategy
-    resumed.resume(s.checkpoint_state(), 2)
+    resumed.checkpoint.resume(s.checkpoint.state(), 2)
     assert_holds(resumed.start_model(), fedavg(CLIENTS, 1))  # restored without a clustering round
 
 

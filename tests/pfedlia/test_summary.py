@@ -15,7 +15,7 @@ def _summary(fed):
     from server_app.results import ResultsWriter
 
     writer = ResultsWriter(fed.strategy.settings, run_id=1)
-    line = writer.write(fed.strategy, 1.0)
+    line = writer.write(fed.strategy.results(), 1.0)
     return line, json.loads((writer.folder / "summary.json").read_text())
 
 

@@ -232,5 +232,5 @@ def test_the_ledger_used_before_the_first_round_opened_it_is_an_error_that_says_
     opened = strat.open_ledger()
     assert opened is strat.ledger and sorted(opened.balances) == sorted(NODES.values())
     resumed = pifl()
-    resumed.resume(strat.checkpoint_state(), 1)
+    resumed.checkpoint.resume(strat.checkpoint.state(), 1)
     assert resumed.open_ledger().balances == opened.balances  # restored without a round

@@ -64,7 +64,7 @@ def test_under_dp_each_client_is_drawn_by_the_operating_systems_csprng(monkeypat
     import random
 
     strategy = build_strategy(parse_settings({**COHORT_RUN, "dp-mode": "central"}))
-    assert isinstance(strategy.rng, random.SystemRandom) and strategy.checkpoint_state()["base"]["rng"] is None
+    assert isinstance(strategy.rng, random.SystemRandom) and strategy.checkpoint.state()["base"]["rng"] is None
     drawn = []
     for byte, server_round in ((b"\x00", 1), (b"\xff", 2)):
         monkeypatch.setattr(random, "_urandom", lambda n, byte=byte: byte * n)
@@ -131,7 +131,7 @@ def test_a_resumed_round_releases_nothing_that_reconstructs_one_clients_update(t
     done, saved = read_checkpoint(tmp_path, central(**{"resume-from": str(tmp_path)}))
     assert done == 2  # checkpoint-every 2: round 3's release is not in the checkpoint
     resumed = build_strategy(central(**{"resume-from": str(tmp_path)}))
-    resumed.resume(saved, done)
+    resumed.checkpoint.resume(saved, done)
     resumed.results_dir = tmp_path
     for k in keys:
         np.testing.assert_array_equal(resumed.global_state[k], reference[k])
@@ -177,7 +177,7 @@ def test_nothing_a_dp_run_writes_holds_an_un_noised_statistic_of_the_updates(tmp
         drive(strategy, NODES, [1], answering_with(strategy, updates))
         un_noised = {k: before[k] + mean_update[k] for k in keys}
         drive(strategy, NODES, [2], answering_with(strategy, updates))
-        writer.write(strategy, 1.0)
+        writer.write(strategy.results(), 1.0)
     found = []
     texts = {"log": caplog.text}
     for path in writer.folder.rglob("*"):
@@ -208,7 +208,7 @@ def test_a_journaled_release_taken_against_another_model_is_refused_not_replaced
     entry.write_text(json.dumps({**json.loads(entry.read_text()), "reference": "0" * 64}))
     done, saved = read_checkpoint(tmp_path, central(**{"resume-from": str(tmp_path)}))
     resumed = build_strategy(central(**{"resume-from": str(tmp_path)}))
-    resumed.resume(saved, done)
+    resumed.checkpoint.resume(saved, done)
     resumed.results_dir = tmp_path
     with pytest.raises(RunAborted, match=r"round 3's release in .* was taken against another model"):
         drive(resumed, NODES, [3])
@@ -251,7 +251,7 @@ def test_what_a_dp_run_publishes_holds_no_single_clients_value_only_means(tmp_pa
                         record[k] = v
 
     drive(strategy, NODES, 2, answer)
-    writer.write(strategy, 1.0)
+    writer.write(strategy.results(), 1.0)
     values = {f"client {c} {k}": float(v) for c, m in per_client.items() for k, v in m.items()}
     for k in per_client[0]:
         column = [float(m[k]) for m in per_client.values()]

@@ -67,7 +67,7 @@ def test_the_run_stops_before_a_round_that_would_exceed_the_maximum_with_its_che
     assert done == 2  # ... and round 2's checkpoint was written, though checkpoint-every is 4, to resume from
     _, saved = read_checkpoint(writer.folder, parse_settings({**cfg, "resume-from": str(writer.folder)}))
     assert [r["server_round"] for r in saved["base"]["history"]] == [1, 2]
-    line = writer.write(strategy, 1.0, stopped=reason)
+    line = writer.write(strategy.results(), 1.0, stopped=reason)
     summary = json.loads((writer.folder / "summary.json").read_text())
     assert summary["stopped"] == reason and summary["epsilon"] == pytest.approx(two) and two <= maximum
     assert f", STOPPED: {reason}" in line and "ABORTED" not in line
@@ -129,7 +129,9 @@ def test_adaptive_clipping_moves_the_bound_by_the_noised_count_and_never_above_d
     assert dp[0]["clip"] == 0.8  # it starts at dp-clip
     for before, after in itertools.pairwise(dp):  # each bound follows from the previous round's noised share
         assert after["clip"] == pytest.approx(min(next_clip(before["clip"], before["unclipped-share"], 0.5, 0.2), 0.8))
-    assert strategy.dp.clip == pytest.approx(min(next_clip(dp[-1]["clip"], dp[-1]["unclipped-share"], 0.5, 0.2), 0.8))
+    assert strategy.privacy.clip == pytest.approx(
+        min(next_clip(dp[-1]["clip"], dp[-1]["unclipped-share"], 0.5, 0.2), 0.8)
+    )
     # the count took its share of the round's budget: the update's noise is above sigma's, epsilon is sigma's
     assert all(d["noise-std"] > 1.0 * d["clip"] / 4 for d in dp)
     assert dp[-1]["epsilon"] == pytest.approx(central_epsilon(1.0, 4, 1e-5))
@@ -154,7 +156,7 @@ def resumed_from(folder, run=LOCAL):
     cfg = {**run, "checkpoint-every": 2, "resume-from": str(folder)}
     done, saved = read_checkpoint(folder, parse_settings(cfg))
     strategy = build_strategy(parse_settings(cfg))
-    strategy.resume(saved, done)
+    strategy.checkpoint.resume(saved, done)
     strategy.results_dir = folder
     return strategy
 
@@ -226,7 +228,7 @@ def test_adaptive_clipping_never_raises_the_bound_above_dp_clip():
     cfg = run_config(**{"dp-adaptive-clip": True, "dp-clip-count-stddev": 0.6, "dp-clip": 0.8})
     strategy = build_strategy(parse_settings(cfg))
     drive(strategy, NODES, 3, small_updates(strategy, norm=5.0))  # every update clipped: the bound wants to grow
-    assert [r.extra["dp"]["clip"] for r in strategy.history] == [0.8, 0.8, 0.8] and strategy.dp.clip == 0.8
+    assert [r.extra["dp"]["clip"] for r in strategy.history] == [0.8, 0.8, 0.8] and strategy.privacy.clip == 0.8
 
 
 def test_the_release_journal_keeps_every_whole_line_and_skips_one_a_crash_cut_short(tmp_path):
@@ -254,8 +256,8 @@ def test_before_its_first_round_a_local_dp_run_journals_that_rounds_releases_onl
     config: dict[str, UserConfigValue] = {"dp-mode": "local", "min-nodes": 4}
     s = strategy("fedc2i", **config)
     s.results_dir = tmp_path
-    s.dp.before_round(s, 1, 4)
-    s.dp.journal_local(s, 1)
+    s.privacy.before_round(s, 1, 4)
+    s.privacy.journal_local(s, 1)
     assert journaled_local_releases(tmp_path) == s.local_releases(1) == 1
 
 

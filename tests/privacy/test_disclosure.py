@@ -7,9 +7,9 @@ import copy
 import pytest
 
 from server_app.app import build_strategy
-from strategies.disclosure import PER_CLIENT, PER_PEER, Disclosure, Part, sent
+from strategies.disclosure import sent
 from strategies.disclosure_check import disagreements, mismatches
-from strategies.replies import BASE, Arrays, Dim, Numbers, ReplySpec, Tensor
+from strategies.replies import BASE, PER_CLIENT, PER_PEER, Arrays, Dim, Disclosure, Numbers, Part, ReplySpec, Tensor
 from task.config import parse_settings
 from tests.strategy_harness import strategy
 
@@ -306,8 +306,9 @@ def test_the_two_sides_disagree_when_the_same_message_carried_other_content(feda
 
 
 def test_an_array_record_is_described_by_the_models_key_sets_or_array_by_array():
-    from strategies.disclosure import PER_CLIENT, stacked
+    from strategies.disclosure import stacked
     from strategies.disclosure_check import describe_arrays
+    from strategies.replies import PER_CLIENT
     from task.models import ModelInfo
 
     info = ModelInfo(

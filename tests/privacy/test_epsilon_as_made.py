@@ -210,14 +210,14 @@ def test_the_reported_epsilon_is_never_below_the_exact_epsilon_of_the_releases_m
             saved_round, saved = read_checkpoint(folder, parse_settings(again))
             assert saved_round == done
             strategy = build_strategy(parse_settings(again))
-            strategy.resume(saved, done)
+            strategy.checkpoint.resume(saved, done)
             strategy.results_dir = folder
             observed(strategy, nodes, list(range(done + 1, last + 1)), made, local)
         if run["dp-mode"] == "central":  # the observed sampling is the run's: a fixed-size cohort has its size
             if run["fraction-train"] < 1 and run["dp-sampling"] == "fixed":
                 assert {m["cohort"] for m in made} <= {max(1, round(run["fraction-train"] * population))}
             assert all(m["denominator"] > 0 for m in made)
-        reported = strategy.dp.spent()[0].epsilon
+        reported = strategy.privacy.spent()[0].epsilon
         records = [r.extra["dp"]["epsilon"] for r in strategy.history if "dp" in r.extra]
     exact = exact_epsilon(run, population, made, local)
     assert reported >= exact - 1e-9, (reported, exact, made, local)

@@ -19,8 +19,7 @@ from flwr.app import ConfigRecord, Context, RecordDict, UserConfigValue
 
 from client_app.privacy import private_reply
 from server_app.app import build_strategy
-from strategies.history import RoundLog
-from strategies.privacy import account_local
+from strategies.outcome import RoundLog
 from task.config import parse_settings
 from task.methods import METHODS, load_object
 from task.params import record_to_numpy, stacked_record, to_record
@@ -145,8 +144,8 @@ def test_the_server_stores_and_forwards_each_release_with_the_initial_integer_bu
     for rnd in (1, 2):
         ups = []
         strat.history.append(RoundLog(rnd))
-        strat.dp.before_round(strat, rnd, 3)
-        strat.dp.journal_local(strat, rnd)
+        strat.privacy.before_round(strat, rnd, 3)
+        strat.privacy.journal_local(strat, rnd)
         for i, ctx in enumerate(ctxs):
             content = strat.payload(10 + i, rnd, "train")
             content["config"] = strat.round_config(rnd, "train")  # with the noise the server declares
@@ -194,9 +193,9 @@ def test_every_clients_epsilon_composes_its_releases_round_by_round():
     s = strategy("fedc2i", **run)
     for r in range(1, 5):
         s.history.append(RoundLog(r))
-        s.dp.before_round(s, r, 3)
-        s.dp.journal_local(s, r)
-        s.history[-1].extra["dp"] = account_local(s, 3 if r != 2 else 0)
+        s.privacy.before_round(s, r, 3)
+        s.privacy.journal_local(s, r)
+        s.history[-1].extra["dp"] = s.privacy.account_local(3 if r != 2 else 0)
     dp = [h.extra["dp"] for h in s.history]
     assert [d["releases"] for d in dp] == [1, 2, 3, 4]  # round 2's replies were all rejected: it counts all the same
     assert [d["clients"] for d in dp] == [3, 0, 3, 3]

@@ -274,7 +274,7 @@ def test_a_resumed_run_still_counts_the_lazy_model_released_before_the_interrupt
         for r in (1, 2):
             run_round(fed.strategy, grid, r)
         resumed = Federation(rounds=3, **LOCAL)
-        resumed.strategy.resume(fed.strategy.checkpoint_state(), 2)
+        resumed.strategy.checkpoint.resume(fed.strategy.checkpoint.state(), 2)
         run_round(resumed.strategy, ReplayGrid([NODE[c] for c in CLIENTS], resumed.respond), 3)
     assert [h.extra["dp"]["releases"] for h in resumed.strategy.history] == [1, 3, 4]
 

@@ -229,7 +229,7 @@ def test_a_node_refuses_every_round_whose_declared_noise_falls_short_also_under_
     floor = {"dp-min-noise-multiplier": 1.0, "dp-require": True}
     (tmp_path / "strict").mkdir()
     strategy, _, clients, _ = run_in_process(method, tmp_path / "strict", {1: floor}, **run)
-    sigma = strategy.dp.noise_multiplier
+    sigma = strategy.privacy.noise_multiplier
     assert sigma < 0.1  # epsilon 1,000 over two rounds: little noise
     failed = strategy.gate.failures
     assert {f["node-id"] for f in failed} == {REFUSING} and {f["round"] for f in failed} == {1, 2}

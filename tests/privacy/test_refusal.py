@@ -163,10 +163,10 @@ def test_under_local_dp_a_target_epsilon_sets_the_noise_the_server_declares_to_e
         "dp-noise-multiplier": 9.0,
     }
     s = strategy(method, **cfg)
-    assert s.dp.noise_multiplier is None and s.round_config(1, "train").get("dp-noise-multiplier") is None
-    s.dp.before_round(s, 1, 4)
+    assert s.privacy.noise_multiplier is None and s.round_config(1, "train").get("dp-noise-multiplier") is None
+    s.privacy.before_round(s, 1, 4)
     sigma = calibrate_local(6.0, 1e-5, 7 + query_releases)
-    assert s.dp.noise_multiplier == sigma
+    assert s.privacy.noise_multiplier == sigma
     assert s.round_config(1, "train")["dp-noise-multiplier"] == sigma and s.round_config(1, "train")["dp-clip"] == 1.0
 
 

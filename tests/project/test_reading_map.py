@@ -1,5 +1,7 @@
 """docs/adding-a-method.md's reading map names files that exist, and the size it states for the shared part of the
-reading list is what those files hold (within a tenth), so the map does not drift from the code it maps."""
+reading list is what those files hold (within a tenth), so the map does not drift from the code it maps; and that
+shared part stays short: at most four files and a thousand lines besides a method's own (PFLlib's whole FedCAC, its
+own files and the two bases, is four files and 791 lines)."""
 
 import re
 from pathlib import Path
@@ -21,9 +23,25 @@ def test_every_file_the_reading_map_names_exists():
     assert not missing, missing
 
 
+#: the most a newcomer reads besides a method's own files, in files and in lines
+MOST_FILES, MOST_LINES = 4, 1000
+
+
+def shared_reading_list(section: str) -> list[str]:
+    """The files of the map's items 2 on (each opens with its file)."""
+    return re.findall(r"^\d\. `([\w/]+\.py)`", section, flags=re.MULTILINE)
+
+
+def test_the_shared_reading_list_is_at_most_four_files_and_a_thousand_lines():
+    items = shared_reading_list(reading_map())
+    lines = {p: len((ROOT / p).read_text().splitlines()) for p in items}
+    assert len(items) <= MOST_FILES, f"{len(items)} shared files to read: {items}"
+    assert sum(lines.values()) <= MOST_LINES, f"the shared reading list holds {sum(lines.values())} lines: {lines}"
+
+
 def test_the_shared_reading_list_is_as_long_as_the_map_says():
     section = reading_map()
-    items = re.findall(r"^\d\. `([\w/]+\.py)`", section, flags=re.MULTILINE)  # items 2 on open with their file
+    items = shared_reading_list(section)
     assert items[0] == "strategies/api.py" and "client_app/base.py" in items
     said = re.search(r"are about ([\d,]+) lines", section)
     assert said is not None, "the map states how long the shared reading list is"

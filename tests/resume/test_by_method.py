@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from server_app.app import build_strategy
-from server_app.results import write_artifacts
 from strategies.persistence import read_checkpoint
 from task.config import parse_settings
 from tests.runtime.test_hostile_replies import COMMON, SCENARIOS
@@ -43,7 +42,7 @@ def comparable(tree):
 
 def artefacts(strategy, folder: Path) -> dict[str, object]:
     folder.mkdir()
-    write_artifacts(strategy, strategy.name, folder)
+    strategy.results().write_artifacts(folder)
     return {p.name: comparable(json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))}
 
 
@@ -83,11 +82,11 @@ def test_a_resumed_method_ends_in_the_state_of_the_uninterrupted_run(name, round
     assert done == stop_after
 
     resumed = build_strategy(settings)
-    resumed.resume(saved, done)
+    resumed.checkpoint.resume(saved, done)
     resumed.results_dir = tmp_path / "b"
     drive(resumed, NEW_NODES, range(stop_after + 1, rounds + 1), as_a_client_would)
 
     assert [r.server_round for r in resumed.history] == list(range(1, rounds + 1))
     assert resumed.failures == [] and whole.failures == []
-    assert_same_state(snapshot(comparable(whole.checkpoint_state())), snapshot(comparable(resumed.checkpoint_state())))
+    assert_same_state(snapshot(comparable(whole.checkpoint.state())), snapshot(comparable(resumed.checkpoint.state())))
     assert artefacts(resumed, tmp_path / "resumed") == artefacts(whole, tmp_path / "whole")

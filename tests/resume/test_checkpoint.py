@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from task.checkpoint import FORMAT_VERSION, CheckpointError, from_tree, load_checkpoint, save_checkpoint, to_tree
 
 

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 
 from server_app.app import build_strategy
 from strategies.base import PersonalizedStrategy
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from strategies.persistence import (
     RESUMABLE_CHANGES,
     SimulatedCrash,
@@ -169,10 +169,10 @@ def midway() -> Counting:
 
 def test_a_checkpointed_strategy_is_put_back_as_it_was_and_continues_after_its_round(tmp_path):
     s = midway()
-    write_checkpoint(tmp_path, 3, s.checkpoint_state(), s.settings)
+    write_checkpoint(tmp_path, 3, s.checkpoint.state(), s.settings)
     done, saved = read_checkpoint(tmp_path, counting(**{"resume-from": str(tmp_path)}).settings)
     back = counting()
-    back.resume(saved, done)
+    back.checkpoint.resume(saved, done)
     assert back.rounds_done == 3 and back.identify_everyone  # node ids change between runs: ask them all again
     assert [asdict(r) for r in back.history] == [asdict(r) for r in s.history]
     assert back.failures == s.failures and back.client_eval == s.client_eval and back.seen == 5
@@ -196,18 +196,23 @@ def test_a_resumed_dp_strategy_draws_from_the_os_csprng_and_keeps_what_dp_kept_a
     s.history = [RoundLog(1)]
     assert isinstance(s.rng, random.SystemRandom)
     made = {"id": "x", "round": 1, "mode": "central", "noise-multiplier": 1.7, "sampling": "all", "rate": 1.0}
-    s.dp.noise_multiplier, s.dp.clip, s.dp.count_stddev, s.dp.ledger = 1.7, 0.4, 0.2, [{**made, "count": 1}]
+    s.privacy.noise_multiplier, s.privacy.clip, s.privacy.count_stddev, s.privacy.ledger = (
+        1.7,
+        0.4,
+        0.2,
+        [{**made, "count": 1}],
+    )
     fresh = counting(**dp)
-    assert fresh.dp.noise_multiplier is None  # calibrated at the first round, for the population it draws from
-    state = s.checkpoint_state()
+    assert fresh.privacy.noise_multiplier is None  # calibrated at the first round, for the population it draws from
+    state = s.checkpoint.state()
     assert state["base"]["rng"] is None
     write_checkpoint(tmp_path, 1, state, s.settings)
     done, saved = read_checkpoint(tmp_path, counting(**dp, **{"resume-from": str(tmp_path)}).settings)
-    fresh.resume(saved, done)
+    fresh.checkpoint.resume(saved, done)
     assert isinstance(fresh.rng, random.SystemRandom)
     assert (
-        fresh.dp.state()
-        == s.dp.state()
+        fresh.privacy.state()
+        == s.privacy.state()
         == {
             "noise-multiplier": 1.7,
             "clip": 0.4,
@@ -215,7 +220,7 @@ def test_a_resumed_dp_strategy_draws_from_the_os_csprng_and_keeps_what_dp_kept_a
             "ledger": [{**made, "count": 1}],
         }
     )
-    assert fresh.dp.resumed_after == 1
+    assert fresh.privacy.resumed_after == 1
 
 
 @pytest.mark.parametrize("with_folder", [True, False])
@@ -225,10 +230,10 @@ def test_after_a_round_models_and_checkpoints_are_written_when_due_and_stop_afte
     for r in range(1, 5):
         s.history.append(RoundLog(r))
         if r < 4:
-            s.after_round(r)
+            s.checkpoint.after_round(r)
             continue
         with pytest.raises(SimulatedCrash, match=re.escape("stop-after=4") + ".*" + re.escape(f"='{s.results_dir}'")):
-            s.after_round(r)
+            s.checkpoint.after_round(r)
     if not with_folder:
         assert not any(tmp_path.iterdir()) and all("checkpoint-seconds" not in r.extra for r in s.history)
         return
@@ -247,7 +252,7 @@ def test_the_last_round_the_loop_was_given_is_checkpointed_too(tmp_path):
     s.schedule.last_round = 5  # start's num_rounds: the run's last round
     for r in range(1, 6):
         s.history.append(RoundLog(r))
-        s.after_round(r)
+        s.checkpoint.after_round(r)
     assert [r.server_round for r in s.history if "checkpoint-seconds" in r.extra] == [2, 4, 5]
 
 
@@ -255,12 +260,12 @@ def test_a_checkpoint_that_holds_the_generator_itself_still_resumes(tmp_path):
     """Checkpoints written before the base gave its parts' state as plain data held the cohort generator object, and
     no holdout; they still resume, drawing on from where the run stopped."""
     s = midway()
-    state = s.checkpoint_state()
+    state = s.checkpoint.state()
     state["base"]["rng"] = s.rng  # the older format: the generator itself
     del state["base"]["holdout-first"]
     write_checkpoint(tmp_path, 3, state, s.settings)
     done, saved = read_checkpoint(tmp_path, counting(**{"resume-from": str(tmp_path)}).settings)
     back = counting()
-    back.resume(saved, done)
+    back.checkpoint.resume(saved, done)
     assert back.rng.random() == s.rng.random() and back.holdout.first == -1
-    assert back.checkpoint_state()["base"]["rng"] == s.checkpoint_state()["base"]["rng"]
+    assert back.checkpoint.state()["base"]["rng"] == s.checkpoint.state()["base"]["rng"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from server_app.app import build_strategy, resume_point
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from strategies.persistence import write_checkpoint
 from task.checkpoint import FORMAT_VERSION, CheckpointError
 from task.config import parse_settings
@@ -25,7 +25,7 @@ def checkpointed(tmp_path: Path, rounds_done: int = 2, **over) -> Path:
     strategy = build_strategy(settings)
     for r in range(1, rounds_done + 1):
         strategy.history.append(RoundLog(r))
-        write_checkpoint(folder, r, strategy.checkpoint_state(), settings)
+        write_checkpoint(folder, r, strategy.checkpoint.state(), settings)
     return folder
 
 
@@ -122,7 +122,7 @@ def test_a_resumed_strategy_asks_every_node_who_it_is_once_before_its_first_roun
         run_round(first, federation(first, {11: 0, 12: 1}), 1)
     resumed = build_strategy(settings)
     done, state, _ = load_checkpoint(tmp_path / "checkpoints")
-    resumed.resume(state, done)
+    resumed.checkpoint.resume(state, done)
     grid = federation(resumed, {21: 1, 22: 0, 23: 2})  # the same clients on new nodes, and a newcomer later
     grid.nodes = [21, 22]
     with outgoing_messages():

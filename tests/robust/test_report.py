@@ -10,18 +10,17 @@ import pytest
 from flwr.app import MetricRecord, RecordDict
 
 from server_app.app import build_strategy
-from server_app.results import ResultsWriter
+from server_app.results import ResultsWriter, robustness_entries
 from strategies.attack_report import (
     grouping,
     honest_metrics,
     mechanism,
     report,
     rule_outcome,
-    summary_entries,
     with_attack_metrics,
 )
 from strategies.gate import parse_reply
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from strategies.persistence import read_checkpoint
 from strategies.replies import EVALUATE, InvalidReply
 from task.config import parse_settings
@@ -126,13 +125,13 @@ def test_the_rule_report_gives_fltrusts_mean_trust_and_the_averages_outside_the_
     assert out["mean-trust"] == {"attackers": pytest.approx(0.1), "honest": pytest.approx(0.8)}
     assert out["outside-assumption"] == {"averages": 1, "of": 2, "most-liars": 1}
     record = {"attack": "sign-flip", "aggregator": "bulyan", "attackers": [1], "mechanism": {}, "rule": out}
-    assert summary_entries(record, {})["outside-assumption"] == 1
+    assert robustness_entries(record, {})["outside-assumption"] == 1
 
 
 def written(strategy):
     """(summary.json, robustness.json or None, rounds.json) as the ServerApp writes them at the end of the run."""
     writer = ResultsWriter(strategy.settings, run_id=1)
-    writer.write(strategy, 1.0)
+    writer.write(strategy.results(), 1.0)
     folder = writer.folder
     robustness = folder / "robustness.json"
     record = json.loads(robustness.read_text()) if robustness.exists() else None
@@ -182,7 +181,7 @@ def test_a_resumed_run_reports_what_the_uninterrupted_run_reports(tmp_path, meth
     drive(interrupted, nodes, 1)
     done, saved = read_checkpoint(tmp_path / "b", settings)
     resumed = build_strategy(settings)
-    resumed.resume(saved, done)
+    resumed.checkpoint.resume(saved, done)
     resumed.results_dir = tmp_path / "b"
     drive(resumed, others, range(2, 4))
     expected = report(whole)

@@ -9,7 +9,7 @@ from strategies.base import PersonalizedStrategy
 from strategies.client2vec import Client2VecStrategy
 from strategies.fedc2i import FedC2IStrategy
 from strategies.gate import Reply
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from strategies.robust import RobustAveraging
 from task.config import parse_settings
 from task.params import to_record, weighted_average
@@ -106,12 +106,10 @@ def test_the_federated_dsa_ign_average_goes_through_the_runs_rule_as_its_own_gro
 
 
 class Averaging(RobustAveraging):
-    """The rule's mixin on its own: the run's settings and a history with one round."""
+    """The rule's part on its own: the run's settings, a history with one round, no client known yet."""
 
     def __init__(self, **keys):
-        self.settings = parse_settings({"method": "fedavg", **keys})
-        self.client_of: dict[int, int] = {}
-        self.history = [RoundLog(1)]
+        super().__init__(parse_settings({"method": "fedavg", **keys}), [RoundLog(1)], {})
 
     @property
     def entries(self):
@@ -328,7 +326,7 @@ def test_fltrust_trusts_an_update_the_server_would_make_and_not_its_opposite():
     server = RootUpdate(settings).trained(sent, 4, 1)
     twin = {k: np.array(v) for k, v in server.items()}
     opposite = {k: (2 * sent[k] - server[k]) if np.issubdtype(sent[k].dtype, np.floating) else sent[k] for k in sent}
-    averaging.client_of = {1: 0, 2: 1, 3: 2, 4: 3}
+    averaging.client_of = {1: 0, 2: 1, 3: 2, 4: 3}  # the gate's binding, as the strategy's part sees it
     out = averaging.average_models([twin, opposite], [1, 1], [0, 1], reference=sent)
     [entry] = averaging.entries
     assert entry["trust"] == [1.0, 0.0]

@@ -48,7 +48,7 @@ def drive(cfg: dict, rounds: int = 2, edit=None):
 def summarise(strategy, aborted=None):
     """(summary line, summary.json) as the ServerApp writes them at the end of a run."""
     writer = ResultsWriter(strategy.settings, run_id=1)
-    line = writer.write(strategy, 1.0, aborted=aborted)
+    line = writer.write(strategy.results(), 1.0, aborted=aborted)
     return line, json.loads((writer.folder / "summary.json").read_text())
 
 

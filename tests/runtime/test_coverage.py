@@ -15,7 +15,8 @@ from benchmarks.records import ok
 from server_app.app import build_strategy
 from server_app.coverage import Covered, coverage, shortfall
 from server_app.results import ResultsWriter
-from strategies.history import RoundLog, progress_line
+from strategies.history import progress_line
+from strategies.outcome import RoundLog
 from task.config import parse_settings
 from tests.strategy_harness import ReplayGrid, outgoing_messages, phase_of, reply_message, run_round, valid_content
 
@@ -45,7 +46,7 @@ def run(rejected: dict[str, set[int]], cfg: dict[str, Any], rounds: int = 2):
             run_round(strategy, grid, r)
     short = shortfall(coverage(strategy.history), settings.min_coverage)
     writer = ResultsWriter(settings, run_id=1)
-    line = writer.write(strategy, 1.0, aborted=short)
+    line = writer.write(strategy.results(), 1.0, aborted=short)
     return strategy, line, json.loads((writer.folder / "summary.json").read_text()), short
 
 

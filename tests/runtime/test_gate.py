@@ -17,7 +17,16 @@ from flwr.app import MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 
 from strategies.exchange import MessageExchange, content_bytes
-from strategies.gate import ReplyGate, RunAborted, cohort_size, gist, parse_reply, shared_model, short_reason
+from strategies.gate import (
+    ReplyGate,
+    RunAborted,
+    cohort_size,
+    gist,
+    parse_reply,
+    problem,
+    shared_model,
+    short_reason,
+)
 from strategies.replies import BASE, EVALUATE, TRAIN, Arrays, Number, Numbers, Reply, Tensor
 from task.params import to_record
 from tests.strategy_harness import outgoing_messages
@@ -266,43 +275,43 @@ def test_a_metric_out_of_its_range_is_refused_with_the_range_it_must_be_in():
     """A scalar or list metric outside its declared ``[minimum, maximum]`` is refused with both bounds and the
     value it had; the bounds themselves are allowed."""
     acc = Number(float, 0.0, 1.0)
-    assert acc.problem(0.0) is None and acc.problem(1.0) is None
-    assert acc.problem(1.5) == "must be in [0, 1], got 1.5"
-    assert acc.problem(-0.25) == "must be in [0, 1], got -0.25"
+    assert problem(acc, 0.0) is None and problem(acc, 1.0) is None
+    assert problem(acc, 1.5) == "must be in [0, 1], got 1.5"
+    assert problem(acc, -0.25) == "must be in [0, 1], got -0.25"
     tiers = Numbers(int, 0, 3, length=2)
-    assert tiers.problem([0, 3]) is None
-    assert tiers.problem([1, 4]) == "element 1 must be in [0, 3], got 4"
+    assert problem(tiers, [0, 3]) is None
+    assert problem(tiers, [1, 4]) == "element 1 must be in [0, 3], got 4"
 
 
 def test_a_list_metric_is_refused_with_what_was_wrong_with_it():
     """Each way a list metric can break its declaration is refused with its own reason, naming what it got."""
     exact = Numbers(float, 0.0, 1.0, length=3, distinct=True, total=1.0)
-    assert exact.problem([0.2, 0.3, 0.5]) is None
-    assert exact.problem(0.5) == "must be a list, got float"
-    assert exact.problem((0.2, 0.3, 0.5)) == "must be a list, got tuple"
-    assert exact.problem([0.5, 0.5]) == "must have 3 elements, got 2"
-    assert exact.problem([0.2, 0.2, 0.6]) == "must not repeat an element"
-    assert exact.problem([0.2, 0.3, 0.4]) == "must sum to 1, got 0.9"
-    assert exact.problem([-0.5, 0.5, 1.0]) == "element 0 must be in [0, 1], got -0.5"
+    assert problem(exact, [0.2, 0.3, 0.5]) is None
+    assert problem(exact, 0.5) == "must be a list, got float"
+    assert problem(exact, (0.2, 0.3, 0.5)) == "must be a list, got tuple"
+    assert problem(exact, [0.5, 0.5]) == "must have 3 elements, got 2"
+    assert problem(exact, [0.2, 0.2, 0.6]) == "must not repeat an element"
+    assert problem(exact, [0.2, 0.3, 0.4]) == "must sum to 1, got 0.9"
+    assert problem(exact, [-0.5, 0.5, 1.0]) == "element 0 must be in [0, 1], got -0.5"
     capped = Numbers(int, 0, 9, max_length=2)
-    assert capped.problem([]) is None and capped.problem([1, 2]) is None
-    assert capped.problem([1, 2, 3]) == "must have at most 2 elements, got 3"
-    assert capped.problem([1, 2.5]) == "element 1 must be an integer, got 2.5"
-    assert capped.problem([1, 10]) == "element 1 must be in [0, 9], got 10"
+    assert problem(capped, []) is None and problem(capped, [1, 2]) is None
+    assert problem(capped, [1, 2, 3]) == "must have at most 2 elements, got 3"
+    assert problem(capped, [1, 2.5]) == "element 1 must be an integer, got 2.5"
+    assert problem(capped, [1, 10]) == "element 1 must be in [0, 9], got 10"
 
 
 def test_a_list_that_must_sum_to_a_total_may_miss_it_by_float32_rounding_only():
     """Clients compute distributions in float32, so a sum within 1e-4 of the total (relative to totals above 1,
     bounds included) passes and anything further off is refused."""
     unit = Numbers(float, 0.0, 1.0, length=2, total=1.0)
-    assert unit.problem([0.5, 0.50005]) is None
-    assert unit.problem([0.5, 0.50015]) is not None  # 1.5e-4 off
+    assert problem(unit, [0.5, 0.50005]) is None
+    assert problem(unit, [0.5, 0.50015]) is not None  # 1.5e-4 off
     four = Numbers(float, 0.0, 4.0, length=2, total=4.0)
-    assert four.problem([2.0, 2.0002]) is None  # 2e-4 off, within 1e-4 of 4
-    assert four.problem([2.0, 2.0005]) is not None
+    assert problem(four, [2.0, 2.0002]) is None  # 2e-4 off, within 1e-4 of 4
+    assert problem(four, [2.0, 2.0005]) is not None
     zero = Numbers(float, -1.0, 1.0, length=1, total=0.0)
-    assert zero.problem([1e-4]) is None  # exactly the tolerance
-    assert zero.problem([-1e-4]) is None
+    assert problem(zero, [1e-4]) is None  # exactly the tolerance
+    assert problem(zero, [-1e-4]) is None
 
 
 @pytest.mark.parametrize("kind", ["Number", "Numbers"])
@@ -326,7 +335,7 @@ def test_a_list_metric_declared_without_a_length_is_refused():
 
 
 def test_a_metric_that_is_not_a_number_is_refused_naming_the_kind_declared_and_the_type_sent():
-    assert Number(int, 0, 9).problem("3") == "must be an integer, got str"
-    assert Number(float, 0.0, 1.0).problem(True) == "must be a number, got bool"
-    assert Numbers(int, 0, 9, length=1).problem([None]) == "element 0 must be an integer, got NoneType"
-    assert Numbers(float, 0.0, 1.0, length=1).problem([b"x"]) == "element 0 must be a number, got bytes"
+    assert problem(Number(int, 0, 9), "3") == "must be an integer, got str"
+    assert problem(Number(float, 0.0, 1.0), True) == "must be a number, got bool"
+    assert problem(Numbers(int, 0, 9, length=1), [None]) == "element 0 must be an integer, got NoneType"
+    assert problem(Numbers(float, 0.0, 1.0, length=1), [b"x"]) == "element 0 must be a number, got bytes"

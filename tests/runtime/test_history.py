@@ -10,7 +10,6 @@ import pytest
 
 from strategies import history
 from strategies.history import (
-    RoundLog,
     accuracies,
     add_seconds,
     close_round,
@@ -22,6 +21,7 @@ from strategies.history import (
     record_evaluation,
     train_metrics,
 )
+from strategies.outcome import RoundLog
 
 
 def reply(n: int, client: int = 0, **metrics):

@@ -158,7 +158,7 @@ def test_a_strategy_whose_nodes_left_mid_run_names_the_partition_ids_it_lost():
         )
     grid.nodes = [1003, 555]  # the nodes of clients 1 and 2 are gone
     with pytest.raises(NodeWaitTimeout) as err:
-        strategy.available_nodes(grid)
+        strategy.loop.available_nodes(grid)
     said = (
         "2 connected, min-nodes=4 required; partition ids seen earlier in this run whose nodes are not connected: "
         "[1, 2]"

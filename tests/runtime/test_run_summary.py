@@ -15,7 +15,7 @@ from tests.runtime.test_clustering_outcome import drive
 
 def summarise(strategy):
     writer = ResultsWriter(strategy.settings, run_id=1)
-    line = writer.write(strategy, 1.0)
+    line = writer.write(strategy.results(), 1.0)
     return line, json.loads((writer.folder / "summary.json").read_text())
 
 

@@ -101,7 +101,7 @@ def test_a_resumed_strategy_starts_after_its_last_round(tmp_path):
     with outgoing_messages():
         s.start(answering(s), to_record(s.global_state), num_rounds=1, timeout=60)
     resumed = strategy("fedavg", model="mlp", **{"min-nodes": 3, "num-server-rounds": 3})
-    resumed.resume(s.checkpoint_state(), s.rounds_done)
+    resumed.checkpoint.resume(s.checkpoint.state(), s.rounds_done)
     grid = answering(resumed)
     with outgoing_messages():
         result = resumed.start(grid, to_record(resumed.global_state), num_rounds=3, timeout=60)

@@ -17,7 +17,7 @@ from server_app import tracking
 from server_app.app import build_strategy
 from server_app.results import ResultsWriter, round_scalars
 from server_app.tracking import MLFLOW_FILE, RoundWatchers, TensorBoardSink, check_installed, open_watchers
-from strategies.history import RoundLog
+from strategies.outcome import RoundLog
 from task.config import parse_settings
 from tests.event_files import check_event_files_match_rounds_json, runs, scalars
 from tests.strategy_harness import drive
@@ -116,7 +116,7 @@ def test_every_complete_round_is_written_once_while_the_run_goes_and_the_last_at
 
     text = EventAccumulator(str(folder)).Reload()
     assert "run-config/text_summary" in text.Tags()["tensors"]
-    ResultsWriter(s, run_id=1, folder=folder).write(strategy, 1.0)
+    ResultsWriter(s, run_id=1, folder=folder).write(strategy.results(), 1.0)
     check_event_files_match_rounds_json(folder)
 
 
