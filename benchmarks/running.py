@@ -542,11 +542,6 @@ class Planned(Protocol):
 P = TypeVar("P", bound=Planned)
 
 
-def todo(runs: Iterable[P], raw_dir: Path | str, retry_failed: bool) -> list[P]:
-    """The runs without a record (and, with ``retry_failed``, those whose record says they failed)."""
-    return [r for r in runs if not recorded(record_path(r.grid, r.cell, raw_dir), retry_failed)]
-
-
 class Todo:
     """Which planned runs are left: no record, a failed one (``retry_failed``), or a stale one: ``is_stale(path)``
     says so (e.g. its method's code changed since the record's commit: ``reporting.freshness.stale_test``; None:
