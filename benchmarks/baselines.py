@@ -23,50 +23,42 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.reporting import print_section
-from benchmarks.running import parser, product, run_grid, split
+from benchmarks.running import Declared, method_axis
 
 PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "pathological", "classes-per-client": 2},
     "iid": {"partition": "iid"},
     "dirichlet-0.5": {"partition": "dirichlet", "alpha": 0.5},
 }
-GRIDS = {
-    "clean": {
-        "methods": "local,fedavg,fedprox,fedper,fedrep,fedrod,ditto",
-        "partitions": "pathological,iid",
-        "seeds": "0",
-        "noise_std": 0.0,
+SPEC = Declared(
+    "baselines",
+    defaults={"clients": 10},
+    axes={"partition": PARTITIONS, "method": method_axis},
+    presets={
+        "clean": {
+            "grid": "baselines-clean",
+            "methods": "local,fedavg,fedprox,fedper,fedrep,fedrod,ditto",
+            "partitions": "pathological,iid",
+            "seeds": "0",
+            "noise_std": 0.0,
+        },
+        "noisy": {
+            "grid": "baselines-noisy",
+            "methods": "local,fedavg,fedper,fedrep,ditto",
+            "partitions": "pathological,iid",
+            "seeds": "0,1,2",
+            "noise_std": 0.7,
+        },
     },
-    "noisy": {
-        "methods": "local,fedavg,fedper,fedrep,ditto",
-        "partitions": "pathological,iid",
-        "seeds": "0,1,2",
-        "noise_std": 0.7,
-    },
-}
+)
 
 
 def main() -> None:
-    ap = parser(__doc__)
-    ap.add_argument("--grid", choices=list(GRIDS), default="clean")
-    ap.add_argument("--methods")
-    ap.add_argument("--partitions")
-    ap.add_argument("--seeds")
+    ap = SPEC.parser(__doc__)
     ap.add_argument("--noise-std", type=float, help="fixed Gaussian pixel noise (0.7 makes digits harder)")
-    ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=20)
-    args = ap.parse_args()
-    for key, value in GRIDS[args.grid].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    base = {"num-server-rounds": args.rounds, "noise-std": args.noise_std}
-    axes: dict[str, dict[str, dict]] = {
-        "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
-        "method": {m: {"method": m} for m in split(args.methods)},
-    }
-    grid = f"baselines-{args.grid}"
-    run_grid(grid, product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
-    print_section(grid, args.raw_dir)
+    args = SPEC.parse(ap)
+    SPEC.run(args, SPEC.cells(args, **{"noise-std": args.noise_std}))
+    print_section(args.grid_name, args.raw_dir)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.reporting import print_section
-from benchmarks.running import OUT, parser, product, run_grid, split
+from benchmarks.running import OUT, Declared
 
 ARMS: dict[str, dict[str, Any]] = {
     "FedAvg": {"c2v-sampling": False, "c2v-aggregation": False, "c2v-local": False},
@@ -52,8 +52,6 @@ ARMS: dict[str, dict[str, Any]] = {
         "c2v-local": False,
     },
 }
-#: the arm each arm is paired with (the same model); every other arm is paired with FedAvg
-REFERENCE = {"FedBN-cnn": "FedAvg-cnn"}
 SETTINGS = {
     "4dom-a0.1": {"feature-shift": 4, "alpha": 0.1},
     "4dom-a100": {"feature-shift": 4, "alpha": 100.0},
@@ -61,21 +59,15 @@ SETTINGS = {
 }
 
 
-def main() -> None:
-    ap = parser(__doc__)
-    ap.add_argument("--seeds", default="0,1,2,3,4")
-    ap.add_argument("--rounds", type=int, default=50)
-    ap.add_argument("--clients", type=int, default=40)
-    ap.add_argument("--ign-epochs", type=int, default=5)
-    ap.add_argument("--settings", default="4dom-a0.1")
-    ap.add_argument("--arms", default=",".join(ARMS))
-    args = ap.parse_args()
-    base = {
+SPEC = Declared(
+    "client2vec",
+    axes={"setting": SETTINGS, "arm": ARMS},
+    defaults={"clients": 40, "seeds": "0,1,2,3,4", "rounds": 50, "settings": "4dom-a0.1"},
+    base={
         "method": "client2vec",
         "dataset": "digits",
         "partition": "dirichlet",
         "model": "mlp",
-        "num-server-rounds": args.rounds,
         "fraction-train": 0.1,
         "local-epochs": 5,
         "lr": 0.05,
@@ -83,24 +75,26 @@ def main() -> None:
         "batch-size": 32,
         "weight-decay": 5e-5,
         "c2v-encoder": "synthetic",
-        "c2v-ign-epochs": args.ign_epochs,
         "c2v-tau": 0.5,
         "c2v-gamma": 0.5,
         "c2v-lambda1": 1.0,
         "c2v-local-weight": 1.0,
         "c2v-cache-dir": str(OUT / "c2v-cache"),
-    }
+    },
+)
+
+
+def main() -> None:
+    ap = SPEC.parser(__doc__)
+    ap.add_argument("--ign-epochs", type=int, default=5)
+    args = SPEC.parse(ap)
     # the seed loop sits outside the arms (setting, seed, arm), so the arms of a seed run back to back
     cells = [
         ({"setting": c["setting"], "seed": c["seed"], "arm": c["arm"]}, cfg)
-        for c, cfg in product(
-            {"setting": {s: SETTINGS[s] for s in split(args.settings)}, "arm": {a: ARMS[a] for a in split(args.arms)}},
-            [int(s) for s in split(args.seeds)],
-            base,
-        )
+        for c, cfg in SPEC.cells(args, **{"c2v-ign-epochs": args.ign_epochs})
     ]
     cells.sort(key=lambda cc: (list(SETTINGS).index(cc[0]["setting"]), cc[0]["seed"]))
-    run_grid("client2vec", cells, args.clients, args.raw_dir)
+    SPEC.run(args, cells)
     print_section("client2vec", args.raw_dir)
 
 

@@ -26,36 +26,25 @@ Reproduce:  benchmarks/run_committed.sh defaults   (every method x 3 seeds: 60 r
 
 from __future__ import annotations
 
+import argparse
+
 from benchmarks.reporting import print_section
-from benchmarks.running import parser, product, run_grid, split
+from benchmarks.running import Declared
 from task.methods import METHODS
 
-GRID = "defaults"
-CLIENTS = 10  # the README's num-supernodes
+#: every method of the registry with nothing but ``method`` and ``seed`` set, on the README's 10 nodes
+SPEC = Declared("defaults", {"method": {m: {"method": m} for m in METHODS}}, defaults={"clients": 10, "rounds": None})
 
 
-def cells(methods: list[str] | None, seeds: list[int], rounds: int | None) -> list[tuple[dict, dict]]:
-    """(cell, run config) per method (None: every method of the registry) and seed, seed-major: an interrupted
-    grid has every method for the first seeds.  The run config sets ``method`` and ``seed`` only (and
-    ``num-server-rounds`` when ``rounds`` is given, for quick looks)."""
-    methods = list(METHODS) if methods is None else methods
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise SystemExit(f"unknown method(s) {', '.join(unknown)}; the registry has: {', '.join(METHODS)}")
-    base = {} if rounds is None else {"num-server-rounds": rounds}
-    grid = product({"method": {m: {"method": m} for m in methods}}, seeds, base)
-    return sorted(grid, key=lambda c: c[0]["seed"])
+def cells(args: argparse.Namespace) -> list[tuple[dict, dict]]:
+    """The declared cells seed-major: an interrupted grid has every method for the first seeds."""
+    return sorted(SPEC.cells(args), key=lambda c: c[0]["seed"])
 
 
 def main() -> None:
-    ap = parser(__doc__)
-    ap.add_argument("--methods", help="comma-separated (default: every method of the registry)")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--rounds", type=int, help="override num-server-rounds (quick looks only; default: the app's)")
-    args = ap.parse_args()
-    grid = cells(split(args.methods) if args.methods else None, [int(s) for s in split(args.seeds)], args.rounds)
-    run_grid(GRID, grid, CLIENTS, args.raw_dir)
-    print_section(GRID, args.raw_dir)
+    args = SPEC.parse(SPEC.parser(__doc__))
+    SPEC.run(args, cells(args))
+    print_section(SPEC.grid, args.raw_dir)
 
 
 if __name__ == "__main__":

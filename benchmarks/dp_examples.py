@@ -27,17 +27,11 @@ GRID = "dp-examples"
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def toml_value(text: str) -> Any:
-    """A run-config value as ``flwr run --run-config`` reads it (quoted: a string; else bool, int or float)."""
-    if text[:1] in "'\"":
-        return text[1:-1]
-    if text in ("true", "false"):
-        return text == "true"
-    return int(text) if text.lstrip("-").isdigit() else float(text)
-
-
 def pairs(text: str) -> dict[str, Any]:
-    return {k: toml_value(v) for k, _, v in (token.partition("=") for token in shlex.split(text, posix=False))}
+    """A ``--run-config`` / ``--federation-config`` text as ``flwr run`` reads it (Flower's own parser)."""
+    from flwr.common.config import parse_config_args
+
+    return dict(parse_config_args([text]))
 
 
 def examples(readme: Path = README) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.reporting import print_section
-from benchmarks.running import parser, product, run_grid, split
+from benchmarks.running import Declared
 
 METHODS: dict[str, dict[str, Any]] = {
     "local": {"method": "local"},
@@ -37,13 +37,11 @@ METHODS: dict[str, dict[str, Any]] = {
 }
 
 
-def main() -> None:
-    ap = parser(__doc__)
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--methods", default=",".join(METHODS))
-    args = ap.parse_args()
-    base = {
+SPEC = Declared(
+    "fedc2i",
+    defaults={"clients": 5},
+    axes={"method": METHODS},
+    base={
         "partition": "iid",
         "feature-shift": 5,
         "model": "c2i-small",
@@ -51,10 +49,13 @@ def main() -> None:
         "lr": 0.001,
         "local-epochs": 2,
         "batch-size": 32,
-        "num-server-rounds": args.rounds,
-    }
-    axes = {"method": {m: METHODS[m] for m in split(args.methods)}}
-    run_grid("fedc2i", product(axes, [int(s) for s in split(args.seeds)], base), 5, args.raw_dir)
+    },
+)
+
+
+def main() -> None:
+    args = SPEC.parse(SPEC.parser(__doc__))
+    SPEC.run(args)
     print_section("fedc2i", args.raw_dir)
 
 

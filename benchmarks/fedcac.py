@@ -15,24 +15,18 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.reporting import print_section
-from benchmarks.running import parser, product, run_grid, split
+from benchmarks.running import Declared, method_axis
 
 PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "pathological", "classes-per-client": 2},
     "dirichlet-0.5": {"partition": "dirichlet", "alpha": 0.5},
     "dirichlet-1.0": {"partition": "dirichlet", "alpha": 1.0},
 }
-
-
-def main() -> None:
-    ap = parser(__doc__)
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--partitions", default=",".join(PARTITIONS))
-    ap.add_argument("--methods", default="local,fedavg,fedper,fedrep,ditto,fedcac")
-    args = ap.parse_args()
-    base = {
+SPEC = Declared(
+    "fedcac",
+    axes={"partition": PARTITIONS, "method": method_axis},
+    defaults={"clients": 20, "methods": "local,fedavg,fedper,fedrep,ditto,fedcac"},
+    base={
         "noise-std": 0.7,
         "test-fraction": 0.4,
         "val-fraction": 0.0,
@@ -40,15 +34,14 @@ def main() -> None:
         "momentum": 0.9,
         "local-epochs": 5,
         "batch-size": 20,
-        "num-server-rounds": args.rounds,
         "tau": 0.5,
-        "beta": max(1, args.rounds // 2),
-    }
-    axes: dict[str, dict[str, dict]] = {
-        "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
-        "method": {m: {"method": m} for m in split(args.methods)},
-    }
-    run_grid("fedcac", product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
+    },
+)
+
+
+def main() -> None:
+    args = SPEC.parse(SPEC.parser(__doc__))
+    SPEC.run(args, SPEC.cells(args, beta=max(1, args.rounds // 2)))
     print_section("fedcac", args.raw_dir)
 
 

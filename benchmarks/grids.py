@@ -37,7 +37,7 @@ from benchmarks.protocol import (
     run_selection,
     timing_runs,
 )
-from benchmarks.records import RAW, load_records, record_path, recorded, run_config_defaults
+from benchmarks.records import RAW, load_records, run_config_defaults
 from benchmarks.reporting import print_section
 from benchmarks.reporting.choosing import render_choosing
 from benchmarks.reporting.figures import draw
@@ -212,12 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.measure:
         runs = timing_runs(design)
         with Bench(TIMING, raw_dir=raw_dir, total=len(runs)) as bench:
-            run_all(
-                [r for r in runs if not recorded(record_path(r.grid, r.cell, raw_dir))],
-                bench,
-                raw_dir,
-                Progress(len(runs)),
-            )
+            run_all(Todo(raw_dir).left(runs), bench, raw_dir, Progress(len(runs)))
     for line in plan(design, raw_dir, todo, args.seconds_per_run, seeds):
         print(f"plan: {line}")
     if args.dry_run or args.measure:

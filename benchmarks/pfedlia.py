@@ -25,7 +25,7 @@ import math
 from typing import Any
 
 from benchmarks.reporting import print_section
-from benchmarks.running import parser, product, run_grid, split
+from benchmarks.running import Declared
 
 PARTITIONS: dict[str, dict[str, Any]] = {
     "pathological": {"partition": "planted-clusters"},
@@ -54,24 +54,6 @@ METHODS: dict[str, dict[str, Any]] = {
     "pfedlia-central": {"method": "pfedlia", "lia-mode": "central"},
     "pfedlia-p2p": {"method": "pfedlia", "lia-mode": "p2p"},
 }
-GRIDS = {
-    "planted": {
-        "partitions": "pathological,noisy",
-        "methods": ",".join(METHODS),
-        "participation": "full,10%",
-        "clients": 50,
-        "rounds": 40,
-        "warmup": 20,
-    },
-    "dialects": {
-        "partitions": "dialects",
-        "methods": "fedavg,local,oracle,pfedlia-p2p",
-        "participation": "full",
-        "clients": 15,
-        "rounds": 15,
-        "warmup": 5,
-    },
-}
 
 
 def participation(label: str, clients: int) -> dict:
@@ -82,22 +64,15 @@ def participation(label: str, clients: int) -> dict:
     return {"fraction-train": share, "min-nodes": max(1, math.ceil(share * clients))}
 
 
-def main() -> None:
-    ap = parser(__doc__)
-    ap.add_argument("--grid", choices=list(GRIDS), default="planted")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--clients", type=int)
-    ap.add_argument("--rounds", type=int)
-    ap.add_argument("--warmup", type=int)
-    ap.add_argument("--lazy-epochs", type=int, default=20)
-    ap.add_argument("--methods")
-    ap.add_argument("--partitions")
-    ap.add_argument("--participation", help="comma list of 'full' and/or shares such as '10%%'")
-    args = ap.parse_args()
-    for key, value in GRIDS[args.grid].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    base = {
+SPEC = Declared(
+    "pfedlia",
+    axes={
+        "participation": lambda label, args: participation(label, args.clients),
+        "partition": PARTITIONS,
+        "method": METHODS,
+    },
+    options={"participation": "participation"},
+    base={
         "num-clusters": 5,
         "model": "mlp",
         "lr": 0.05,
@@ -106,19 +81,42 @@ def main() -> None:
         "local-epochs": 2,
         "val-fraction": 0.25,
         "test-fraction": 0.2,
-        "num-server-rounds": args.rounds,
+    },
+    presets={
+        "planted": {
+            "grid": "pfedlia",
+            "partitions": "pathological,noisy",
+            "methods": ",".join(METHODS),
+            "participation": "full,10%",
+            "clients": 50,
+            "rounds": 40,
+            "warmup": 20,
+        },
+        "dialects": {
+            "grid": "pfedlia-dialects",
+            "partitions": "dialects",
+            "methods": "fedavg,local,oracle,pfedlia-p2p",
+            "participation": "full",
+            "clients": 15,
+            "rounds": 15,
+            "warmup": 5,
+        },
+    },
+)
+
+
+def main() -> None:
+    ap = SPEC.parser(__doc__)
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--lazy-epochs", type=int, default=20)
+    args = SPEC.parse(ap)
+    base = {
         "warmup-rounds": args.warmup,
         "lazy-epochs": args.lazy_epochs,
         "optics-min-samples": max(2, min(5, args.clients // 10)),
     }
-    axes: dict[str, dict[str, dict]] = {
-        "participation": {p: participation(p, args.clients) for p in split(args.participation)},
-        "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
-        "method": {m: METHODS[m] for m in split(args.methods)},
-    }
-    grid = "pfedlia" if args.grid == "planted" else f"pfedlia-{args.grid}"
-    run_grid(grid, product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
-    print_section(grid, args.raw_dir)
+    SPEC.run(args, SPEC.cells(args, **base))
+    print_section(args.grid_name, args.raw_dir)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Reproduce: python -m benchmarks.pifl              (3 seeds, 90 runs; about 70 mi
 from __future__ import annotations
 
 from benchmarks.reporting import print_section
-from benchmarks.running import parser, product, run_grid, split
+from benchmarks.running import Declared
 
 PARTITIONS = {
     "synth-10:90": {"dataset": "synth-concept", "mixture": "10:90"},
@@ -35,27 +35,23 @@ METHODS = {
 }
 
 
-def main() -> None:
-    ap = parser(__doc__)
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--partitions", default=",".join(PARTITIONS))
-    ap.add_argument("--methods", default=",".join(METHODS))
-    args = ap.parse_args()
-    base = {
+SPEC = Declared(
+    "pifl",
+    defaults={"clients": 20, "rounds": 15},
+    axes={"partition": PARTITIONS, "method": METHODS},
+    base={
         "partition": "two-source",
-        "num-server-rounds": args.rounds,
         "local-epochs": 2,
         "val-fraction": 0.2,
         "slots-performance": 4,
         "slots-random": 1,
-    }
-    axes = {
-        "partition": {p: PARTITIONS[p] for p in split(args.partitions)},
-        "method": {m: METHODS[m] for m in split(args.methods)},
-    }
-    run_grid("pifl", product(axes, [int(s) for s in split(args.seeds)], base), args.clients, args.raw_dir)
+    },
+)
+
+
+def main() -> None:
+    args = SPEC.parse(SPEC.parser(__doc__))
+    SPEC.run(args)
     print_section("pifl", args.raw_dir)
 
 

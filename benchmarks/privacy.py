@@ -46,7 +46,7 @@ from typing import Any
 
 from benchmarks.records import run_config_defaults
 from benchmarks.reporting import print_section
-from benchmarks.running import Bench, Progress, parser, run_all, split, todo
+from benchmarks.running import Bench, Progress, Todo, parser, run_all, split
 
 GRID = "privacy"
 CLIENTS = 10  # the README's num-supernodes
@@ -225,7 +225,7 @@ def main() -> None:
     raw_dir = Path(args.raw_dir)
     targets = [float(t) for t in split(args.epsilons) if t != INF]
     runs = plan(split(args.methods), targets, [int(s) for s in split(args.seeds)])
-    left = todo(runs, raw_dir, args.retry_failed)
+    left = Todo(raw_dir, args.retry_failed).left(runs)
     shown = set()
     for r in runs:
         t = r.target

@@ -56,7 +56,7 @@ from benchmarks.attack_grid import (
 )
 from benchmarks.records import load_records, record_path, write_record
 from benchmarks.reporting import print_section
-from benchmarks.running import Bench, Progress, command_line, parser, record_from_run, run_all, split, todo
+from benchmarks.running import Bench, Progress, Todo, command_line, parser, record_from_run, run_all, split
 
 #: where a per-run time comes from before this grid has any run: runs of the same settings (10 clients, the
 #: default rounds and model) whose records keep their wall time
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     accepted, reasons = split_refused(cells())  # the refusals of the whole grid: the report lists them all
     kept = set(accepted)
     runs = [Run(c) for c in planned if c in kept]
-    left = todo(runs, raw_dir, args.retry_failed)
+    left = Todo(raw_dir, args.retry_failed).left(runs)
     print_plan(runs, left, reasons, raw_dir, args.seconds_per_run)
     if args.dry_run:
         return

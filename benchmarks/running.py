@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
@@ -514,15 +515,6 @@ def _log_tail(key: str, lines: int = 15) -> str:
     return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
 
 
-def run_grid(
-    grid: str, cells: Iterable[tuple[dict[str, Any], dict[str, Any]]], clients: int, raw_dir: Path | str = RAW
-) -> list[dict]:
-    """Run every (cell, run config) once, on the engine the script was asked for."""
-    cells = list(cells)
-    with Bench(grid, raw_dir=raw_dir, total=len(cells)) as bench:
-        return list(bench.run_many([(grid, cell, cfg, clients) for cell, cfg in cells]))
-
-
 # --------------------------------------------------------------------------- resumable grids
 class Runner(Protocol):
     """What :func:`run_all` needs of a bench (:class:`Bench`): a grid to record under and a run of one cell."""
@@ -548,11 +540,6 @@ class Planned(Protocol):
 
 
 P = TypeVar("P", bound=Planned)
-
-
-def todo(runs: Iterable[P], raw_dir: Path | str, retry_failed: bool) -> list[P]:
-    """The runs without a record (and, with ``retry_failed``, those whose record says they failed)."""
-    return [r for r in runs if not recorded(record_path(r.grid, r.cell, raw_dir), retry_failed)]
 
 
 class Todo:
@@ -641,6 +628,72 @@ def product(axes: dict[str, dict[str, dict]], seeds: list[int], base: dict[str, 
     for axis, values in axes.items():
         cells = [({**c, axis: label}, {**cfg, **over}) for c, cfg in cells for label, over in values.items()]
     return [({**c, "seed": s}, {**cfg, "seed": s}) for c, cfg in cells for s in seeds]
+
+
+#: an axis: ``{label: run-config overrides}``, or a function of a label and the command line giving them
+Axis = dict[str, dict[str, Any]] | Callable[[str, argparse.Namespace], dict[str, Any]]
+
+
+def method_axis(label: str, _: argparse.Namespace) -> dict[str, Any]:
+    """An axis of method names (any the app has): each label is the run's ``method``."""
+    return {"method": label}
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A grid of plain axes over a base run config, as data: every combination (:func:`product`) of the axes (the cell
+    keeps each label) and the seeds, over ``base`` and ``num-server-rounds``.  The command line narrows each axis
+    (``--<axis>s`` or the option ``options`` names: comma-separated labels, by default every label) and sets
+    ``--seeds``, ``--rounds`` and ``--clients``; ``defaults`` overrides those defaults, and ``presets`` are named
+    sets of them (``--grid``), each with the ``grid`` its records go to."""
+
+    grid: str
+    axes: dict[str, Axis]
+    base: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    presets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    options: dict[str, str] = field(default_factory=dict)
+
+    def parser(self, doc: str | None) -> argparse.ArgumentParser:
+        ap = parser(doc)
+        if self.presets:
+            ap.add_argument("--grid", choices=list(self.presets), default=next(iter(self.presets)))
+        ap.add_argument("--seeds")
+        ap.add_argument("--rounds", type=int)
+        ap.add_argument("--clients", type=int)
+        for axis, labels in self.axes.items():
+            shown = None if callable(labels) else "from: " + ",".join(labels).replace("%", "%%")
+            ap.add_argument(f"--{self.options.get(axis, axis + 's')}", help=shown)
+        return ap
+
+    def parse(self, ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+        """The command line; what it leaves unset comes from the preset, else the defaults."""
+        args = ap.parse_args(argv)
+        every = {self.options.get(a, a + "s"): ",".join(v) for a, v in self.axes.items() if not callable(v)}
+        chosen = self.presets[args.grid] if self.presets else {}
+        for key, value in {"seeds": "0,1,2", "rounds": 20, **every, **self.defaults, **chosen}.items():
+            if getattr(args, key, None) is None:
+                setattr(args, key, value)
+        args.grid_name = chosen.get("grid", self.grid)
+        return args
+
+    def cells(self, args: argparse.Namespace, **base: Any) -> list[tuple[dict, dict]]:
+        """Every (cell, run config) the command line asks for, ``base`` on top of the declared one."""
+        axes = {}
+        for axis, labels in self.axes.items():
+            option = self.options.get(axis, axis + "s")
+            chosen = split(getattr(args, option))
+            if not callable(labels) and (unknown := [c for c in chosen if c not in labels]):
+                raise SystemExit(f"unknown {option} {unknown}; this benchmark has: {', '.join(labels)}")
+            axes[axis] = {c: labels(c, args) if callable(labels) else labels[c] for c in chosen}
+        rounds = {} if args.rounds is None else {"num-server-rounds": args.rounds}
+        return product(axes, [int(s) for s in split(str(args.seeds))], {**self.base, **rounds, **base})
+
+    def run(self, args: argparse.Namespace, cells: list[tuple[dict, dict]] | None = None) -> list[dict]:
+        """Run every (cell, run config) of ``cells`` (default: :meth:`cells`) once, on the engine asked for."""
+        cells = self.cells(args) if cells is None else cells
+        with Bench(args.grid_name, raw_dir=args.raw_dir, total=len(cells)) as bench:
+            return list(bench.run_many([(args.grid_name, cell, cfg, args.clients) for cell, cfg in cells]))
 
 
 class _Parser(argparse.ArgumentParser):

@@ -369,6 +369,35 @@ def test_grid_cells_cover_every_combination():
     assert records.cell_name({"p": "10%", "d": "synth-10:90", "s": 0}) == "10pct__synth-10_90__0"
 
 
+def test_a_declared_grid_is_its_axes_narrowed_by_the_command_line():
+    """A grid declared as data: every combination of the chosen labels and seeds over the base; an option left out
+    comes from the chosen preset, then the defaults; a label the grid lacks is refused before anything runs."""
+    spec = running.Declared(
+        "g",
+        {"partition": {"a": {"partition": "iid"}, "b": {"partition": "dirichlet"}}, "method": running.method_axis},
+        base={"lr": 0.1},
+        defaults={"clients": 4, "methods": "fedavg"},
+        presets={"small": {"grid": "g-small", "seeds": "0"}, "big": {"grid": "g-big", "partitions": "b"}},
+    )
+    args = spec.parse(spec.parser(None), ["--rounds", "3", "--methods", "local,fedcac", "--raw-dir", "/nowhere"])
+    assert (args.grid_name, args.clients) == ("g-small", 4)
+    cells = spec.cells(args, mu=1)
+    assert [tuple(c.values()) for c, _ in cells] == [(p, m, 0) for p in "ab" for m in ("local", "fedcac")]
+    assert cells[-1][1] == {
+        "lr": 0.1,
+        "num-server-rounds": 3,
+        "mu": 1,
+        "partition": "dirichlet",
+        "method": "fedcac",
+        "seed": 0,
+    }
+    big = spec.parse(spec.parser(None), ["--grid", "big"])
+    assert big.grid_name == "g-big"
+    assert [c for c, _ in spec.cells(big)] == [{"partition": "b", "method": "fedavg", "seed": s} for s in (0, 1, 2)]
+    with pytest.raises(SystemExit, match="unknown partitions"):
+        spec.cells(spec.parse(spec.parser(None), ["--partitions", "a,c"]))
+
+
 def _with_clients(columns, rows):
     r = rec({"seed": 0})
     data_cols = [c for c in columns if c == "client" or c.endswith("examples")]
@@ -552,15 +581,18 @@ def test_the_defaults_grid_runs_every_registered_method_with_nothing_but_method_
     from benchmarks import defaults as script
     from task.methods import METHODS
 
-    grid = script.cells(None, [0, 1, 2], None)
+    def plan(*argv: str) -> list[tuple[dict, dict]]:
+        return script.cells(script.SPEC.parse(script.SPEC.parser(None), list(argv)))
+
+    grid = plan()
     assert [c["method"] for c, _ in grid] == list(METHODS) * 3  # every method of the registry, seed-major
     assert [c["seed"] for c, _ in grid] == [s for s in (0, 1, 2) for _ in METHODS]
     assert all(cfg == {"method": c["method"], "seed": c["seed"]} for c, cfg in grid)
-    assert script.cells(["local"], [0], 3) == [
+    assert plan("--methods", "local", "--seeds", "0", "--rounds", "3") == [
         ({"method": "local", "seed": 0}, {"num-server-rounds": 3, "method": "local", "seed": 0})
     ]
-    with pytest.raises(SystemExit, match=r"unknown method\(s\) fedavgg; the registry has: local, fedavg"):
-        script.cells(["fedavgg"], [0], None)
+    with pytest.raises(SystemExit, match=r"unknown methods \['fedavgg'\]; this benchmark has: local, fedavg"):
+        plan("--methods", "fedavgg")
 
 
 def test_a_record_names_the_cpu_and_the_kernels_pytorch_chose_there():
