@@ -17,8 +17,8 @@ from tests.privacy.dp_run import reported_dp, same_accuracy_every_round
 pytestmark = pytest.mark.slow
 
 
-def test_fedavg_with_the_defaults_and_central_dp(simulation):
-    summary = simulation.run({"method": "fedavg", "dp-mode": "central", "num-server-rounds": 2, "min-nodes": 4})
+def test_fedavg_with_the_defaults_and_central_dp(engine):
+    summary = engine.run({"method": "fedavg", "dp-mode": "central", "num-server-rounds": 2, "min-nodes": 4})
     expected = [central_epsilon(1.0, r, 1e-5) for r in (1, 2)]
     dp = reported_dp(summary, "central", "add-or-remove-one", expected)
     assert [d["noised-rounds"] for d in dp] == [1, 2]
@@ -28,14 +28,14 @@ def test_fedavg_with_the_defaults_and_central_dp(simulation):
     assert summary["dp-accountant"] == "pld" and "by the PLD accountant" in summary["log"]
 
 
-def test_no_noise_and_no_clipping_is_the_run_without_dp(simulation):
+def test_no_noise_and_no_clipping_is_the_run_without_dp(engine):
     """Equal client sizes (``train-samples`` caps every client at 60 examples), so FedAvg's example weights are
     the unweighted mean central DP takes; then the two runs must train the same models.  A model without BatchNorm:
     under central DP its running statistics stay on the clients (test_central_dp_keeps_every_normalisation...)."""
     base = {"method": "fedavg", "num-server-rounds": 2, "min-nodes": 4, "partition": "iid", "train-samples": 60}
     base["model"] = "lenet"
-    plain = simulation.run(base)
-    private = simulation.run({**base, "dp-mode": "central", "dp-clip": 0.0, "dp-noise-multiplier": 0.0})
+    plain = engine.run(base)
+    private = engine.run({**base, "dp-mode": "central", "dp-clip": 0.0, "dp-noise-multiplier": 0.0})
     assert private["epsilon"] == math.inf  # no noise: no guarantee, and the summary says so
     models = [load_file(str(Path(s["results"]) / "models" / "server" / "global.safetensors")) for s in (plain, private)]
     floating = [k for k, v in models[0].items() if np.issubdtype(v.dtype, np.floating)]
@@ -45,19 +45,19 @@ def test_no_noise_and_no_clipping_is_the_run_without_dp(simulation):
     same_accuracy_every_round(plain, private)
 
 
-def test_a_method_without_a_guarantee_refuses_dp_at_start_up(simulation):
+def test_a_method_without_a_guarantee_refuses_dp_at_start_up(engine):
     with pytest.raises(RunFailed) as err:
-        simulation.run({"method": "fedcac", "dp-mode": "central", "num-server-rounds": 1})
+        engine.run({"method": "fedcac", "dp-mode": "central", "num-server-rounds": 1})
     assert "dp-mode='central' is not available for method 'fedcac'" in err.value.output
     assert "masks" in err.value.output
 
 
 @pytest.mark.parametrize("nodes", [2, 10])
-def test_central_dp_on_the_default_model_keeps_every_normalisation_statistic_valid(simulation, nodes):
+def test_central_dp_on_the_default_model_keeps_every_normalisation_statistic_valid(engine, nodes):
     """The default cnn has BatchNorm.  Noise on its running variances used to leave them at zero or below (a loss
     of 8e5 after one round on two nodes, NaN in conv.4.running_var by round 10): under central DP they never leave
     the clients, and each client recomputes them on its own data before scoring a model."""
-    summary = simulation.run(
+    summary = engine.run(
         {"method": "fedavg", "dp-mode": "central", "num-server-rounds": 2, "min-nodes": nodes, "train-samples": 60},
         num_supernodes=nodes,
     )
@@ -77,15 +77,15 @@ def test_central_dp_on_the_default_model_keeps_every_normalisation_statistic_val
         assert all((model[k] > 0).all() and not np.array_equal(model[k], server[k]) for k in variances), path.name
 
 
-def test_a_target_epsilon_is_reached_in_the_planned_rounds_and_a_maximum_stops_the_run_cleanly(simulation):
-    target = simulation.run(
+def test_a_target_epsilon_is_reached_in_the_planned_rounds_and_a_maximum_stops_the_run_cleanly(engine):
+    target = engine.run(
         {"method": "fedavg", "dp-mode": "central", "dp-target-epsilon": 8.0, "num-server-rounds": 2, "min-nodes": 4}
     )
     assert 7.99 <= target["epsilon"] <= 8.0 and target["dp-noise-multiplier"] == pytest.approx(
         calibrate_central(8.0, 1e-5, 2)
     )
     maximum = (central_epsilon(1.0, 1, 1e-5) + central_epsilon(1.0, 2, 1e-5)) / 2
-    stopped = simulation.run(
+    stopped = engine.run(
         {"method": "fedavg", "dp-mode": "central", "dp-max-epsilon": maximum, "num-server-rounds": 3, "min-nodes": 4}
     )
     assert stopped["rounds"] == 1 and stopped["epsilon"] <= maximum

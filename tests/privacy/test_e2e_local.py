@@ -16,18 +16,18 @@ from tests.privacy.dp_run import reported_dp, same_accuracy_every_round
 pytestmark = pytest.mark.slow
 
 
-def test_fedc2i_with_the_defaults_and_local_dp(simulation):
-    summary = simulation.run({"method": "fedc2i", "dp-mode": "local", "num-server-rounds": 2, "min-nodes": 4})
+def test_fedc2i_with_the_defaults_and_local_dp(engine):
+    summary = engine.run({"method": "fedc2i", "dp-mode": "local", "num-server-rounds": 2, "min-nodes": 4})
     expected = [local_epsilon(1.0, r, 1e-5) for r in (1, 2)]
     dp = reported_dp(summary, "local", "replace-one-data-set", expected)
     assert [d["releases"] for d in dp] == [1, 2]
     assert all(d["clients"] == 4 and d["noise-std"] == pytest.approx(1.0 * 1.0) for d in dp)
 
 
-def test_pfedlia_with_the_defaults_and_local_dp(simulation):
+def test_pfedlia_with_the_defaults_and_local_dp(engine):
     """Round 1 is the warm-up, round 2 the clustering round: every client releases its lazy model and its train
     reply there, so after round 2 each has released three times."""
-    summary = simulation.run(
+    summary = engine.run(
         {"method": "pfedlia", "dp-mode": "local", "num-server-rounds": 2, "warmup-rounds": 1, "min-nodes": 4}
     )
     expected = [local_epsilon(1.0, r, 1e-5) for r in (1, 3)]
@@ -43,10 +43,10 @@ def client_models(summary):
     return {p.stem: load_file(str(p)) for p in sorted(folder.glob("client-*.safetensors"))}
 
 
-def test_no_noise_and_no_clipping_is_the_run_without_dp(simulation):
+def test_no_noise_and_no_clipping_is_the_run_without_dp(engine):
     base = {"method": "fedc2i", "num-server-rounds": 2, "min-nodes": 4}
-    plain = simulation.run(base)
-    private = simulation.run({**base, "dp-mode": "local", "dp-clip": 0.0, "dp-noise-multiplier": 0.0})
+    plain = engine.run(base)
+    private = engine.run({**base, "dp-mode": "local", "dp-clip": 0.0, "dp-noise-multiplier": 0.0})
     assert private["epsilon"] == math.inf  # no noise: no guarantee, and the summary says so
     models = [client_models(s) for s in (plain, private)]
     assert sorted(models[0]) == sorted(models[1]) and len(models[0]) == 4

@@ -40,9 +40,9 @@ def _runs():
 
 
 @pytest.mark.parametrize("method, options", _runs())
-def test_what_each_party_sends_and_receives_is_what_the_method_declares(simulation, method, options):
+def test_what_each_party_sends_and_receives_is_what_the_method_declares(engine, method, options):
     options = {**SHRUNK, **NEEDS.get(method, {}), **SETTINGS.get(method, {}), **options}
-    summary = simulation.run({"method": method, **options}, num_supernodes=NODES)
+    summary = engine.run({"method": method, **options}, num_supernodes=NODES)
     assert summary["rounds"] == 2 and summary["failures"] == 0
     server, clients = read_run(Path(summary["results"]))
     assert sorted(clients) == list(range(NODES))  # every node recorded, on its own

@@ -137,7 +137,7 @@ def test_selection_needs_a_validation_split():
 
 
 @pytest.mark.slow
-def test_a_flower_run_at_the_defaults_trains_on_the_cap_and_scores_on_validation(simulation):
+def test_a_flower_run_at_the_defaults_trains_on_the_cap_and_scores_on_validation(engine):
     """Through Flower with what a user gets from ``flwr run .`` (cnn with BatchNorm, SGD with momentum 0.9) and
     the two keys a selection run of the benchmark grids sets."""
     import csv
@@ -145,7 +145,7 @@ def test_a_flower_run_at_the_defaults_trains_on_the_cap_and_scores_on_validation
 
     asked = {"min-nodes": 3, "num-server-rounds": 2, "train-samples": 15, "evaluate-split": "validation"}
     asked["val-fraction"] = 0.3  # not the test share (0.2), so that the two splits differ in size
-    summary = simulation.run(asked, num_supernodes=3)
+    summary = engine.run(asked, num_supernodes=3)
     assert summary["failures"] == 0 and summary["clients"] == 3 and 0.0 <= summary["personal-acc"] <= 1.0
     with (Path(summary["results"]) / "clients.csv").open(newline="") as fh:
         rows = {int(r["client"]): r for r in csv.DictReader(fh)}
