@@ -128,6 +128,8 @@ class Family:
     question: str = ""
     #: a superseded procedure (``PREVIOUS``): why its records are not the current plan's
     superseded: str = ""
+    #: the command that runs this family, as a page names it (empty: ``benchmarks.grids --families <name>``)
+    command: str = ""
 
     @property
     def select_grid(self) -> str:

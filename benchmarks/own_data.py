@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -278,7 +280,8 @@ def arguments() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = arguments().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = arguments().parse_args(given)
     raw_dir = Path(args.raw_dir)
     if raw_dir.resolve() == RAW.resolve():
         raise SystemExit("your records are yours: give --raw-dir outside benchmarks/raw (default results/own-data/raw)")
@@ -287,7 +290,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.data_dir and not Path(args.data_dir).expanduser().exists():
         raise SystemExit(f"--data-dir {args.data_dir!r} does not exist")
     extra = run_config_values(args.run_config)
-    fam = own_family(args, extra)
+    # the page names the user's own command wherever it says how to run this family
+    fam = replace(own_family(args, extra), command=shlex.join(["python", "-m", "benchmarks.own_data", *given]))
     design = {fam.name: fam}
     select, grid = planned_runs(fam)
     check_configs(select + grid)  # a bad key or value stops here, before any run

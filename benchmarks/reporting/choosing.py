@@ -660,8 +660,9 @@ def render_family(fr: FamilyRecords, figures: str = FIGURES) -> str:
         needs = (
             f" It needs the run-config key(s) {', '.join(f'`{k}`' for k in fam.needs)} of the app." if fam.needs else ""
         )
+        command = fam.command or f"python -m benchmarks.grids --families {fam.name}"
         return (
-            f"{head}\n\n*Not run yet: no records of `python -m benchmarks.grids --families {fam.name}` "
+            f"{head}\n\n*Not run yet: no records of `{command}` "
             f"({plural(fam.clients, 'client')}, {fam.rounds()} rounds, cells "
             + "; ".join(_cell_name(*c) for c in fam.cells())
             + f"). Every cell of this family is unmeasured.*{needs}"

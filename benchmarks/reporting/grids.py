@@ -540,7 +540,7 @@ def margins_figure(fr: FamilyRecords) -> Figure | None:
 def render_family(fr: FamilyRecords, d: dict[str, Any]) -> str:
     fam = fr.family
     if not fr.grid_recs and (fam.tuned_from is not None or not fr.select_recs):
-        command = COMMAND.format(f" --families {fam.name}")
+        command = fam.command or COMMAND.format(f" --families {fam.name}")
         plan = f"{plural(fam.clients, 'client')}, {fam.rounds()} rounds, cells " + "; ".join(
             f"{samples_name(s)} samples, {h}" for s, h in fam.cells()
         )

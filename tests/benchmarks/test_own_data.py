@@ -6,6 +6,7 @@ made here from the embedded digits."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -193,3 +194,12 @@ def test_the_readmes_commands_run_shrunk_on_a_local_copy_and_write_the_users_pag
     assert "12 runs, 1 not recorded yet" in again and "progress 1/1 runs" in again
     assert setting_label({"lr": 0.05, "local-epochs": 1}) == kept["cell"]["setting"]
     assert "Every planned run has its result." in page.read_text()
+
+
+def test_a_users_page_without_records_names_the_users_own_command(tmp_path):
+    """A federation whose runs all failed (or have not run) says how to run it: the user's own_data command, not
+    the grids script's, which knows nothing of the user's federation."""
+    own = dataclasses.replace(family(), command="python -m benchmarks.own_data --dataset usps --clients 4")
+    page = choosing.build_own_page(tmp_path, tmp_path / "page.md", own)
+    assert "`python -m benchmarks.own_data --dataset usps --clients 4`" in page
+    assert "benchmarks.grids" not in page
