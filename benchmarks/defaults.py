@@ -5,7 +5,8 @@ added there is run too) is run with nothing but ``method`` and ``seed`` set, exa
 
     flwr run . --run-config "method='X' seed=S" --federation-config "num-supernodes=10 client-resources-num-cpus=1"
 
-(the README's command), on 10 simulated nodes, through Flower (a private simulation SuperLink, ``flwr run``).
+(the README's command), on 10 simulated nodes, through Flower: on the in-process engine (``server_app/engine.py``,
+``--engine flwr-run`` for a private SuperLink and ``flwr run``), which tests/engine/test_equality.py holds to it.
 The one other key set is ``min-nodes=10`` (the default is 2), so that every round waits for all ten nodes and
 no round starts with fewer clients than the user's run would have.  Seed 0 is the user's default; seeds 1 and 2
 draw other partitions (the same seed gives every method the same partition: the report pairs runs on it).
@@ -16,10 +17,9 @@ is a record with its error, and a row that shows it).  ``benchmarks/reporting/de
 seconds per run, and a flag where a method is more than 5 points below Local or more than 2 points below the
 better of Local and FedAvg) and the learning curves (``benchmarks/defaults_learning_curves.png``).
 
-Reproduce:  benchmarks/run_committed.sh defaults   (every method x 3 seeds: 60 runs for 20 methods; a run of the
-                                                     default 10 rounds takes about 20-60 s of ServerApp time on 2
-                                                     cores plus Ray's start, Client2Vec's index phase more: about
-                                                     an hour in all on an idle machine)
+Reproduce:  benchmarks/run_committed.sh defaults   (every method x 3 seeds: 60 runs for 20 methods; on the engine
+                                                     a run of the default 10 rounds takes 5-20 s on 2 cores: about
+                                                     5 minutes in all with two workers on an idle machine)
             python -m benchmarks.report                 (RESULTS.md and benchmarks/defaults_learning_curves.png)
             python -m benchmarks.defaults --methods local,fedavg --seeds 0 --rounds 3 --raw-dir /tmp/raw  (quick)
 """
