@@ -41,9 +41,9 @@ from benchmarks.records import RAW, load_records, run_config_defaults
 from benchmarks.reporting import print_section
 from benchmarks.reporting.choosing import render_choosing
 from benchmarks.reporting.figures import draw
-from benchmarks.reporting.freshness import stale_test
+from benchmarks.reporting.freshness import stale_now
 from benchmarks.reporting.grids import figures_grids, render_grids
-from benchmarks.running import Bench, Progress, Todo, code_version, parser, run_all, split
+from benchmarks.running import Bench, Progress, Todo, parser, run_all, split
 
 
 def check_methods(design: dict[str, Family]) -> None:
@@ -94,9 +94,7 @@ def restrict(design: dict[str, Family], families: list[str], methods: list[str],
 # --------------------------------------------------------------------------- what is left to run
 def make_todo(raw_dir: Path, retry_failed: bool = False, keep_stale: bool = False) -> Todo:
     """The runs left: a stale record (its method's code changed since its commit) is run again unless kept."""
-    code = code_version()
-    stamped = code["commit"] if (Path(__file__).resolve().parents[1] / ".pflower-commit").exists() else None
-    return Todo(raw_dir, retry_failed, None if keep_stale else stale_test(raw_dir, stamped))
+    return Todo(raw_dir, retry_failed, None if keep_stale else stale_now(raw_dir))
 
 
 # --------------------------------------------------------------------------- the plan and its cost

@@ -46,6 +46,7 @@ from typing import Any
 
 from benchmarks.records import run_config_defaults
 from benchmarks.reporting import print_section
+from benchmarks.reporting.freshness import stale_now
 from benchmarks.running import Bench, Progress, Todo, parser, run_all, split
 
 GRID = "privacy"
@@ -220,12 +221,14 @@ def main() -> None:
     ap.add_argument("--epsilons", default=",".join(label(t) for t in TARGETS), help="targets (inf: always run)")
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--retry-failed", action="store_true", help="rerun runs whose record says they failed")
+    ap.add_argument("--keep-stale", action="store_true", help="keep records whose method's code changed since")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the noise multipliers, run nothing")
     args = ap.parse_args()
     raw_dir = Path(args.raw_dir)
     targets = [float(t) for t in split(args.epsilons) if t != INF]
     runs = plan(split(args.methods), targets, [int(s) for s in split(args.seeds)])
-    left = Todo(raw_dir, args.retry_failed).left(runs)
+    # a record whose method's code changed since it ran is run again (unless --keep-stale)
+    left = Todo(raw_dir, args.retry_failed, None if args.keep_stale else stale_now(raw_dir)).left(runs)
     shown = set()
     for r in runs:
         t = r.target

@@ -56,6 +56,7 @@ from benchmarks.attack_grid import (
 )
 from benchmarks.records import load_records, record_path, write_record
 from benchmarks.reporting import print_section
+from benchmarks.reporting.freshness import stale_now
 from benchmarks.running import Bench, Progress, Todo, command_line, parser, record_from_run, run_all, split
 
 #: where a per-run time comes from before this grid has any run: runs of the same settings (10 clients, the
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--aggregators", default=",".join(RULES))
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--retry-failed", action="store_true", help="rerun runs whose record says they failed")
+    ap.add_argument("--keep-stale", action="store_true", help="keep records whose method's code changed since")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the estimated hours, run nothing")
     ap.add_argument("--seconds-per-run", type=float, help="for --dry-run (default: measured, see the output)")
     ap.add_argument(
@@ -243,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     accepted, reasons = split_refused(cells())  # the refusals of the whole grid: the report lists them all
     kept = set(accepted)
     runs = [Run(c) for c in planned if c in kept]
-    left = Todo(raw_dir, args.retry_failed).left(runs)
+    # a record whose method's code changed since it ran is run again (unless --keep-stale)
+    left = Todo(raw_dir, args.retry_failed, None if args.keep_stale else stale_now(raw_dir)).left(runs)
     print_plan(runs, left, reasons, raw_dir, args.seconds_per_run)
     if args.dry_run:
         return

@@ -157,6 +157,13 @@ def summary(verdicts: list[Verdict]) -> list[str]:
     ]
 
 
+def stale_now(raw_dir: Path) -> Callable[[Path], bool]:
+    """:func:`stale_test` for the code that runs now: on a tree ``run_committed.sh`` exported, its stamped commit
+    (``.pflower-commit``), else this checkout's working tree."""
+    stamp = ROOT / ".pflower-commit"
+    return stale_test(raw_dir, stamp.read_text().strip() if stamp.exists() else None)
+
+
 def stale_test(raw_dir: Path, stamped: str | None = None) -> Callable[[Path], bool]:
     """``path -> whether the record there is stale`` for the code that runs now: this checkout's working tree, or on a
     committed tree without a repository of its own (``run_committed.sh``, ``stamped``: its commit) the raw records'

@@ -455,3 +455,36 @@ def test_the_committed_refusals_are_what_the_app_says_today():
         (c["setting"], c["method"], c["attack"], c["aggregator"]): r["refused"] for r in committed if (c := r["cell"])
     }
     assert got == {k: v for k, v in reasons.items() if k in got}
+
+
+def test_a_record_whose_methods_code_changed_since_it_ran_is_run_again_unless_kept(tmp_path, capsys):
+    """The one-commit rerun: a record that keeps the digests of the files its method ran is skipped while they are
+    today's, and planned again once one differs (``--keep-stale`` keeps it)."""
+    from benchmarks.method_code import ROOT, file_digests
+
+    [first, *_] = [r for r in script.split_refused(spec.cells())[0] if r.method == "fedavg" and r.seed == 0]
+    ask = ["--dry-run", "--raw-dir", str(tmp_path), "--methods", "fedavg", "--seeds", "0", "--seconds-per-run", "1"]
+
+    def left(*extra: str) -> int:
+        script.main([*ask, *extra])
+        found = re.search(r"all that is left: (\d+) runs", capsys.readouterr().out)
+        assert found is not None
+        return int(found.group(1))
+
+    def record(files: dict[str, str]) -> dict:
+        return {
+            "grid": spec.GRID,
+            "cell": first.coordinates,
+            "run-config": first.config,
+            "error": None,
+            "summary": {},
+            "code": {"commit": "f" * 40, "files": files},
+        }
+
+    everything = left()
+    today = file_digests("fedavg", ROOT)
+    records.write_record(record(today), tmp_path)
+    assert left() == everything - 1  # today's code: skipped
+    records.write_record(record({**today, next(iter(today)): "0" * 64}), tmp_path)
+    assert left() == everything  # its method's code changed since: run again
+    assert left("--keep-stale") == everything - 1
