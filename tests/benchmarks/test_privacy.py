@@ -127,9 +127,21 @@ def test_the_committed_records_ran_the_searched_multipliers_and_reached_their_ta
             continue
         if r["error"]:  # a run that started and stopped later (e.g. its replies rejected): no final epsilon
             continue
-        # the epsilon the run's own server accountant reported is the searched one, at most the target
-        assert r["summary"]["epsilon"] == pytest.approx(t["predicted-epsilon"], rel=1e-9)
-        assert r["summary"]["epsilon"] <= t["epsilon"] and r["summary"]["delta"] == t["accounting"]["delta"]
+        # the multiplier was searched on the Renyi-DP bound; the run's own server accountant reports the tighter of
+        # it and the PLD bound at that multiplier: at most the searched epsilon, which is at most the target
+        reported = r["summary"]["epsilon"]
+        assert reported == pytest.approx(tighter_bound(t["mode"], t["noise-multiplier"], t["accounting"]), rel=1e-9)
+        assert reported <= t["predicted-epsilon"] * (1 + 1e-9) and t["predicted-epsilon"] <= t["epsilon"]
+        assert r["summary"]["delta"] == t["accounting"]["delta"]
+
+
+def tighter_bound(mode: str, sigma: float, a: dict) -> float:
+    """The epsilon the server reports at noise multiplier ``sigma``: the tighter of its two accountants."""
+    from task.privacy import central_bound, local_bound
+
+    if mode == "central":
+        return central_bound(sigma, a["rounds"], a["delta"], a["cohort"] / a["population"]).epsilon
+    return local_bound(sigma, a["rounds"], a["delta"]).epsilon
 
 
 def test_the_committed_runs_differ_from_the_defaults_only_in_the_dp_keys():
